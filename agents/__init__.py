@@ -1,0 +1,1 @@
+"""Agents and the autonomous loop: diagnostician, intervener, backtester, orchestrator (DESIGN.md §7)."""

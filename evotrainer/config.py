@@ -1,0 +1,62 @@
+"""Run configuration: what `evotrainer run CONFIG` reads (a YAML file with a `recipe:` section).
+
+The recipe is the base version's training configuration; the rest sets the autonomous loop's
+budget and mode. Validation errors name the field path (``config.budget.max_versions=...``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.recipe import Recipe, RecipeError, _format_error
+
+
+class Budget(BaseModel):
+    """Limits of one autonomous run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_versions: int = Field(6, ge=1, description="Versions trained, the base included.")
+    steps_per_version: int = Field(8, ge=1, description="GRPO steps per version.")
+    wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
+    branches_per_round: int = Field(2, ge=1, description="Children trained per round.")
+
+
+class RunConfig(BaseModel):
+    """An autonomous run: where, how (mode, brain), how much (budget), from which recipe."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    run_dir: str = Field("runs/default", description="Run folder (workspace); relative to the current directory.")
+    mode: Literal["evotrainer", "static", "recipe-search"] = Field(
+        "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna TPE)."
+    )
+    brain: Literal["auto", "heuristic", "claude"] = Field(
+        "auto", description="auto: Claude when ANTHROPIC_API_KEY is set, the offline heuristic brain otherwise."
+    )
+    claude_model: str = Field("claude-sonnet-4-5", description="Anthropic model id for the Claude brain.")
+    backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
+    seed: int = Field(0, description="Seed of the loop's own choices.")
+    budget: Budget = Field(default_factory=Budget)
+    recipe: Recipe = Field(default_factory=Recipe)
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Load a run config from YAML.
+
+    Raises:
+        RecipeError: missing file, bad YAML, or a field fails validation (message names the path).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"{p}: no such run config file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{p}: not valid YAML: {exc}") from None
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(_format_error(err, prefix="config", root=RunConfig)) from None

@@ -1,0 +1,527 @@
+"""Lineage store: versions, decisions, jobs, step metrics and eval outcomes in SQLite (WAL).
+
+Every multi-row change is one transaction (``with store.tx():``), so a crash at any point leaves a
+consistent tree: a version row exists with its recipe and intervention or not at all; a decision
+exists together with the status change it caused or not at all. Decisions are append-only.
+Jobs left ``running`` by a dead process are marked ``interrupted`` on open, so they can be resumed.
+
+Schema migrations are named and ordered (:data:`MIGRATIONS`), applied once each, recorded in
+``_migrations``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from evotrainer.intervention import Intervention, apply_all
+from evotrainer.recipe import Recipe, diff_recipes, validate_recipe
+
+Status = Literal["proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed"]
+STATUSES: tuple[str, ...] = ("proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed")
+Action = Literal["keep", "prune", "revert", "merge"]
+ACTION_STATUS = {"keep": "kept", "prune": "pruned", "revert": "reverted", "merge": "merged"}
+
+
+class LineageError(ValueError):
+    """A lineage operation is invalid (unknown version, bad parent, bad status)."""
+
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "001_core",
+        """
+        CREATE TABLE versions (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT REFERENCES versions(id),
+            recipe TEXT NOT NULL,
+            interventions TEXT NOT NULL,
+            status TEXT NOT NULL,
+            checkpoint TEXT,
+            metrics_summary TEXT NOT NULL DEFAULT '{}',
+            eval_summary TEXT NOT NULL DEFAULT '{}',
+            findings TEXT NOT NULL DEFAULT '[]',
+            note TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX versions_parent ON versions(parent_id);
+        CREATE TABLE decisions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            version_id TEXT NOT NULL REFERENCES versions(id),
+            action TEXT NOT NULL,
+            rationale TEXT NOT NULL,
+            evidence TEXT NOT NULL DEFAULT '[]',
+            author TEXT NOT NULL,
+            prev_status TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE jobs (
+            id TEXT PRIMARY KEY,
+            version_id TEXT REFERENCES versions(id),
+            kind TEXT NOT NULL,
+            status TEXT NOT NULL,
+            progress REAL NOT NULL DEFAULT 0,
+            steps_done INTEGER NOT NULL DEFAULT 0,
+            steps_total INTEGER NOT NULL DEFAULT 0,
+            pid INTEGER,
+            message TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE TABLE metrics (
+            version_id TEXT NOT NULL,
+            step INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            value REAL,
+            PRIMARY KEY (version_id, name, step)
+        ) WITHOUT ROWID;
+        CREATE TABLE eval_samples (
+            version_id TEXT NOT NULL,
+            eval_name TEXT NOT NULL,
+            problem_id TEXT NOT NULL,
+            sample_idx INTEGER NOT NULL,
+            correct REAL NOT NULL,
+            completion TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (version_id, eval_name, problem_id, sample_idx)
+        ) WITHOUT ROWID;
+        CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        """,
+    ),
+]
+
+
+class Version(BaseModel):
+    """A node of the lineage tree (DESIGN.md §2)."""
+
+    id: str
+    parent_id: str | None
+    recipe: Recipe
+    interventions: list[Intervention] = Field(default_factory=list)
+    status: Status
+    checkpoint: str | None = None
+    metrics_summary: dict[str, Any] = Field(default_factory=dict)
+    eval_summary: dict[str, Any] = Field(default_factory=dict)
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    note: str = ""
+    created_at: float
+    updated_at: float
+
+    @property
+    def intervention(self) -> Intervention | None:
+        """The single intervention of a non-merged child (None for the root)."""
+        return self.interventions[0] if len(self.interventions) == 1 else None
+
+
+class Decision(BaseModel):
+    """An append-only decision record: keep / prune / revert / merge with rationale and evidence."""
+
+    id: int
+    version_id: str
+    action: Action
+    rationale: str
+    evidence: list[str]
+    author: str
+    prev_status: str
+    created_at: float
+
+
+class Job(BaseModel):
+    """A train / eval job of a version, with progress."""
+
+    id: str
+    version_id: str | None
+    kind: str
+    status: Literal["queued", "running", "done", "failed", "cancelled", "interrupted"]
+    progress: float
+    steps_done: int
+    steps_total: int
+    pid: int | None
+    message: str
+    created_at: float
+    updated_at: float
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LineageStore:
+    """SQLite-backed lineage of one run. Thread-safe; readers never block (WAL).
+
+    Args:
+        path: the ``lineage.db`` file (created with its schema when missing).
+        readonly: open for reading only (no migrations, no job recovery).
+    """
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path = Path(path)
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        if readonly:
+            if not self.path.exists():
+                raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
+            uri = f"file:{self.path}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+            self._recover_jobs()
+        self._db.row_factory = sqlite3.Row
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT; ROLLBACK on error)."""
+        if self.readonly:
+            raise LineageError("lineage store opened read-only")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+            done = {r[0] for r in self._db.execute("SELECT name FROM _migrations")}
+            for name, sql in MIGRATIONS:
+                if name in done:
+                    continue
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in filter(str.strip, sql.split(";")):
+                        self._db.execute(stmt)
+                    self._db.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+
+    def _recover_jobs(self) -> None:
+        rows = self._db.execute("SELECT id, pid FROM jobs WHERE status IN ('running', 'queued')").fetchall()
+        dead = [r[0] for r in rows if not _pid_alive(r[1])]
+        if dead:
+            with self.tx() as db:
+                for jid in dead:
+                    db.execute(
+                        "UPDATE jobs SET status='interrupted', message='process died; resumable', updated_at=? "
+                        "WHERE id=?",
+                        (time.time(), jid),
+                    )
+
+    def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # --- versions ---------------------------------------------------------------------------------
+    def _next_id(self, db: sqlite3.Connection) -> str:
+        n = db.execute("SELECT COUNT(*) FROM versions").fetchone()[0]
+        return f"v{n}"
+
+    def create_root(self, recipe: Recipe, note: str = "base recipe") -> Version:
+        """Create the root version ``v0`` (status proposed).
+
+        Raises:
+            LineageError: a root exists already.
+        """
+        with self.tx() as db:
+            if db.execute("SELECT 1 FROM versions WHERE parent_id IS NULL").fetchone():
+                raise LineageError("this run has a root version already; branch from it instead")
+            vid = self._next_id(db)
+            now = time.time()
+            db.execute(
+                "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, created_at, updated_at)"
+                " VALUES (?, NULL, ?, '[]', 'proposed', ?, ?, ?)",
+                (vid, json.dumps(recipe.to_dict()), note, now, now),
+            )
+        return self.get(vid)
+
+    def branch(self, parent_id: str, interventions: Intervention | list[Intervention], note: str = "") -> Version:
+        """Create a proposed child of ``parent_id`` whose recipe is the parent's with the interventions applied.
+
+        Raises:
+            LineageError: unknown parent.
+            InterventionError: an intervention does not apply to the parent's recipe.
+        """
+        ivs = interventions if isinstance(interventions, list) else [interventions]
+        if not ivs:
+            raise LineageError("a child version needs at least one intervention")
+        parent = self.get(parent_id)
+        recipe = apply_all(parent.recipe, ivs)
+        with self.tx() as db:
+            vid = self._next_id(db)
+            now = time.time()
+            db.execute(
+                "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, 'proposed', ?, ?, ?)",
+                (vid, parent_id, json.dumps(recipe.to_dict()),
+                 json.dumps([iv.model_dump(mode="json") for iv in ivs]), note, now, now),
+            )
+        return self.get(vid)
+
+    def _row_to_version(self, r: sqlite3.Row) -> Version:
+        return Version(
+            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(json.loads(r["recipe"])),
+            interventions=[Intervention.model_validate(d) for d in json.loads(r["interventions"])],
+            status=r["status"], checkpoint=r["checkpoint"],
+            metrics_summary=json.loads(r["metrics_summary"]), eval_summary=json.loads(r["eval_summary"]),
+            findings=json.loads(r["findings"]), note=r["note"],
+            created_at=r["created_at"], updated_at=r["updated_at"],
+        )
+
+    def get(self, version_id: str) -> Version:
+        """One version.
+
+        Raises:
+            LineageError: no such version (the message lists the known ids).
+        """
+        rows = self._q("SELECT * FROM versions WHERE id=?", (version_id,))
+        if not rows:
+            known = ", ".join(r[0] for r in self._q("SELECT id FROM versions ORDER BY created_at")) or "none"
+            raise LineageError(f"version {version_id!r} not found; known versions: {known}")
+        return self._row_to_version(rows[0])
+
+    def versions(self) -> list[Version]:
+        """All versions in creation order."""
+        return [self._row_to_version(r) for r in self._q("SELECT * FROM versions ORDER BY created_at, id")]
+
+    def root(self) -> Version | None:
+        """The root version, or None in an empty run."""
+        rows = self._q("SELECT * FROM versions WHERE parent_id IS NULL")
+        return self._row_to_version(rows[0]) if rows else None
+
+    def children(self, version_id: str) -> list[Version]:
+        """Direct children of a version, in creation order."""
+        self.get(version_id)
+        return [self._row_to_version(r) for r in
+                self._q("SELECT * FROM versions WHERE parent_id=? ORDER BY created_at, id", (version_id,))]
+
+    def path_to_root(self, version_id: str) -> list[Version]:
+        """``[version, parent, ..., root]``."""
+        out = [self.get(version_id)]
+        while out[-1].parent_id is not None:
+            out.append(self.get(out[-1].parent_id))
+        return out
+
+    def frontier(self) -> list[Version]:
+        """Kept versions none of whose descendants is kept (the kept leaves)."""
+        versions = self.versions()
+        by_parent: dict[str | None, list[Version]] = {}
+        for v in versions:
+            by_parent.setdefault(v.parent_id, []).append(v)
+
+        def has_kept_descendant(vid: str) -> bool:
+            return any(c.status == "kept" or has_kept_descendant(c.id) for c in by_parent.get(vid, []))
+
+        return [v for v in versions if v.status == "kept" and not has_kept_descendant(v.id)]
+
+    def tree(self) -> dict[str, Any]:
+        """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root."""
+        versions = self.versions()
+        nodes = {
+            v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
+                   "intervention": [iv.describe() for iv in v.interventions],
+                   "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary, "children": []}
+            for v in versions
+        }
+        root = None
+        for v in versions:
+            if v.parent_id is None:
+                root = nodes[v.id]
+            else:
+                nodes[v.parent_id]["children"].append(nodes[v.id])
+        return root or {}
+
+    def diff(self, a: str, b: str) -> list[tuple[str, Any, Any]]:
+        """Recipe paths that differ between two versions: ``[(path, value_in_a, value_in_b)]``."""
+        return diff_recipes(self.get(a).recipe, self.get(b).recipe)
+
+    def update_version(self, version_id: str, **fields: Any) -> Version:
+        """Update status, checkpoint, metrics_summary, eval_summary, findings or note of a version.
+
+        Raises:
+            LineageError: unknown version, field or status.
+        """
+        allowed = {"status", "checkpoint", "metrics_summary", "eval_summary", "findings", "note"}
+        bad = set(fields) - allowed
+        if bad:
+            raise LineageError(f"cannot update {sorted(bad)}; updatable fields: {sorted(allowed)}")
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise LineageError(f"status={fields['status']!r}: allowed: {', '.join(STATUSES)}")
+        self.get(version_id)
+        sets, args = [], []
+        for k, v in fields.items():
+            sets.append(f"{k}=?")
+            args.append(json.dumps(v) if k in ("metrics_summary", "eval_summary", "findings") else v)
+        sets.append("updated_at=?")
+        args += [time.time(), version_id]
+        with self.tx() as db:
+            db.execute(f"UPDATE versions SET {', '.join(sets)} WHERE id=?", tuple(args))
+        return self.get(version_id)
+
+    # --- decisions --------------------------------------------------------------------------------
+    def decide(self, version_id: str, action: Action, rationale: str, evidence: list[str] | None = None,
+               author: str = "user") -> Decision:
+        """Record a decision and apply its status change in one transaction.
+
+        keep → kept, prune → pruned, revert → reverted (only a kept version), merge → merged (the
+        merged child; its parents keep their status).
+
+        Raises:
+            LineageError: unknown version or action, empty rationale, or revert of a non-kept version.
+        """
+        if action not in ACTION_STATUS:
+            raise LineageError(f"action={action!r}: allowed: keep, prune, revert, merge")
+        if not rationale.strip():
+            raise LineageError("a decision needs a rationale; say why, with the numbers")
+        v = self.get(version_id)
+        if action == "revert" and v.status != "kept":
+            raise LineageError(f"revert {version_id}: only a kept version can be reverted (status is {v.status})")
+        now = time.time()
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (version_id, action, rationale, json.dumps(evidence or []), author, v.status, now),
+            )
+            db.execute("UPDATE versions SET status=?, updated_at=? WHERE id=?", (ACTION_STATUS[action], now, version_id))
+            did = cur.lastrowid
+        return self.decisions(version_id=None, decision_id=did)[0]
+
+    def decisions(self, version_id: str | None = None, decision_id: int | None = None) -> list[Decision]:
+        """Decision records, oldest first, optionally for one version."""
+        sql, args = "SELECT * FROM decisions", ()
+        if decision_id is not None:
+            sql, args = sql + " WHERE id=?", (decision_id,)
+        elif version_id is not None:
+            sql, args = sql + " WHERE version_id=?", (version_id,)
+        return [Decision(**{**dict(r), "evidence": json.loads(r["evidence"])}) for r in self._q(sql + " ORDER BY id", args)]
+
+    # --- jobs -------------------------------------------------------------------------------------
+    def create_job(self, job_id: str, version_id: str | None, kind: str, steps_total: int = 0) -> Job:
+        """Register a job as running in this process."""
+        now = time.time()
+        with self.tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO jobs (id, version_id, kind, status, progress, steps_done, steps_total, pid,"
+                " message, created_at, updated_at) VALUES (?, ?, ?, 'running', 0, 0, ?, ?, '', ?, ?)",
+                (job_id, version_id, kind, steps_total, os.getpid(), now, now),
+            )
+        return self.job(job_id)
+
+    def update_job(self, job_id: str, **fields: Any) -> Job:
+        """Update status, progress, steps_done, steps_total or message of a job."""
+        allowed = {"status", "progress", "steps_done", "steps_total", "message"}
+        bad = set(fields) - allowed
+        if bad:
+            raise LineageError(f"cannot update job fields {sorted(bad)}; allowed: {sorted(allowed)}")
+        sets = [f"{k}=?" for k in fields] + ["updated_at=?"]
+        with self.tx() as db:
+            db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id=?", (*fields.values(), time.time(), job_id))
+        return self.job(job_id)
+
+    def job(self, job_id: str) -> Job:
+        """One job.
+
+        Raises:
+            LineageError: no such job.
+        """
+        rows = self._q("SELECT * FROM jobs WHERE id=?", (job_id,))
+        if not rows:
+            raise LineageError(f"job {job_id!r} not found")
+        return Job(**dict(rows[0]))
+
+    def jobs(self, version_id: str | None = None) -> list[Job]:
+        """All jobs, oldest first, optionally of one version."""
+        if version_id:
+            return [Job(**dict(r)) for r in self._q("SELECT * FROM jobs WHERE version_id=? ORDER BY created_at", (version_id,))]
+        return [Job(**dict(r)) for r in self._q("SELECT * FROM jobs ORDER BY created_at")]
+
+    # --- metrics ----------------------------------------------------------------------------------
+    def log_metrics(self, version_id: str, step: int, metrics: dict[str, float]) -> None:
+        """Store one step's scalar metrics (replacing values of the same step)."""
+        rows = [(version_id, int(step), k, None if v is None else float(v)) for k, v in metrics.items()]
+        with self.tx() as db:
+            db.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?)", rows)
+
+    def metric_names(self, version_id: str | None = None) -> list[str]:
+        """Names of the metrics logged (for one version or all)."""
+        if version_id:
+            return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics WHERE version_id=? ORDER BY name", (version_id,))]
+        return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics ORDER BY name")]
+
+    def metric_series(self, version_id: str, name: str) -> list[tuple[int, float]]:
+        """``[(step, value)]`` of one metric of one version, by step."""
+        return [(r[0], r[1]) for r in
+                self._q("SELECT step, value FROM metrics WHERE version_id=? AND name=? ORDER BY step", (version_id, name))]
+
+    def all_metrics(self, version_id: str) -> dict[str, list[tuple[int, float]]]:
+        """Every metric series of one version: ``{name: [(step, value)]}``."""
+        out: dict[str, list[tuple[int, float]]] = {}
+        for r in self._q("SELECT name, step, value FROM metrics WHERE version_id=? ORDER BY name, step", (version_id,)):
+            out.setdefault(r[0], []).append((r[1], r[2]))
+        return out
+
+    def last_step(self, version_id: str) -> int:
+        """Last step with logged metrics (-1 if none): where a resumed training continues."""
+        r = self._q("SELECT MAX(step) FROM metrics WHERE version_id=?", (version_id,))
+        return -1 if r[0][0] is None else int(r[0][0])
+
+    # --- eval outcomes ----------------------------------------------------------------------------
+    def log_eval_samples(self, version_id: str, eval_name: str,
+                         samples: list[tuple[str, int, float, str]]) -> None:
+        """Store per-sample eval outcomes ``[(problem_id, sample_idx, correct, completion)]`` in one transaction."""
+        with self.tx() as db:
+            db.execute("DELETE FROM eval_samples WHERE version_id=? AND eval_name=?", (version_id, eval_name))
+            db.executemany(
+                "INSERT INTO eval_samples VALUES (?, ?, ?, ?, ?, ?)",
+                [(version_id, eval_name, str(p), int(i), float(c), comp) for p, i, c, comp in samples],
+            )
+
+    def eval_matrix(self, version_id: str, eval_name: str = "heldout") -> dict[str, list[float]]:
+        """``{problem_id: [correct of sample 0..k-1]}`` for paired comparisons."""
+        out: dict[str, list[float]] = {}
+        for r in self._q("SELECT problem_id, correct FROM eval_samples WHERE version_id=? AND eval_name=?"
+                         " ORDER BY problem_id, sample_idx", (version_id, eval_name)):
+            out.setdefault(r[0], []).append(r[1])
+        return out
+
+    # --- key/value (run-level state, e.g. orchestrator cursor) ------------------------------------
+    def kv_get(self, key: str, default: Any = None) -> Any:
+        """Run-level JSON value stored under ``key``."""
+        r = self._q("SELECT value FROM kv WHERE key=?", (key,))
+        return json.loads(r[0][0]) if r else default
+
+    def kv_set(self, key: str, value: Any) -> None:
+        """Store a run-level JSON value."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))

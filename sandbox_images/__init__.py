@@ -1,0 +1,1 @@
+"""Dockerfiles of the sandbox images (analyzer, code-runner, swe-runner)."""

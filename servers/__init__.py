@@ -1,0 +1,1 @@
+"""MCP servers: training control, rollouts, logs, analyzers, skills (DESIGN.md §6)."""
