@@ -292,9 +292,9 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to ``{dotted.path: leaf}``; lists and tuples are leaves."""
+    """Flatten nested dicts to ``{dotted.path: leaf}``; lists and tuples are leaves, empty dicts vanish."""
     out: dict[str, Any] = {}
-    if isinstance(data, dict) and data:
+    if isinstance(data, dict):
         for k, v in data.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     else:
