@@ -90,9 +90,9 @@ class Intervention(BaseModel):
         except RecipeError as exc:
             raise InterventionError(f"intervention on {self.path}: {exc}") from None
         changed = diff_recipes(recipe, child)
-        if len(changed) != 1:
+        if [p for p, _, _ in changed] != [self.path]:
             raise InterventionError(
-                f"intervention on {self.path} changes {len(changed)} leaf paths "
+                f"intervention on {self.path} changes {len(changed)} leaf path(s) "
                 f"({', '.join(p for p, _, _ in changed)}); point it at one leaf field"
             )
         return child

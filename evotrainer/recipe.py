@@ -105,7 +105,7 @@ class DataSpec(_Strict):
     def _band(cls, v: tuple[float, float]) -> tuple[float, float]:
         lo, hi = v
         if not (0.0 <= lo <= hi <= 1.0):
-            raise ValueError(f"{list(v)}: need 0 <= low <= high <= 1, e.g. [0.1, 0.9]")
+            raise ValueError("need 0 <= low <= high <= 1, e.g. [0.1, 0.9]")
         return v
 
 
@@ -212,7 +212,7 @@ class Recipe(_Strict):
     @classmethod
     def _dyn_range(cls, v: tuple[float, float]) -> tuple[float, float]:
         if not v[0] < v[1]:
-            raise ValueError(f"{list(v)}: need low < high, e.g. [0.0, 1.0]")
+            raise ValueError("need low < high, e.g. [0.0, 1.0]")
         return v
 
     # --- convenience ------------------------------------------------------------------------------

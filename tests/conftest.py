@@ -1,0 +1,20 @@
+"""Shared fixtures: offline hubs, user directories moved into a temp dir (like simonw/llm's conftest)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory, monkeypatch):
+    """Skills memory and caches of one test never touch the user's real folders."""
+    if "EVOTRAINER_SKILLS_DIR" not in os.environ or os.environ["EVOTRAINER_SKILLS_DIR"].startswith("/tmp"):
+        monkeypatch.setenv("EVOTRAINER_SKILLS_DIR", str(tmp_path_factory.mktemp("skills")))
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    yield

@@ -1,0 +1,68 @@
+"""Core CLI: init, lineage show / diff, recipe validate — exit codes and exact output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from evotrainer.intervention import Intervention
+from evotrainer.workspace import Workspace
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "evotrainer.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+def test_help_lists_core_commands():
+    r = cli("--help")
+    assert r.returncode == 0
+    for cmd in ("init", "lineage", "recipe"):
+        assert cmd in r.stdout
+
+
+def test_init_show_diff(tmp_path):
+    run = tmp_path / "run"
+    r = cli("init", str(run))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"created run {run} with base version v0"
+    with Workspace(run) as ws:
+        ws.lineage.branch("v0", Intervention(path="temperature", old=1.0, new=0.8, category="rollout"))
+        ws.lineage.decide("v1", "keep", "gain", author="test")
+    r = cli("lineage", "show", str(run))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("v0 proposed base")
+    assert "v1 kept temperature: 1.0 -> 0.8" in lines[1]
+    r = cli("lineage", "show", str(run), "--json")
+    data = json.loads(r.stdout)
+    assert data["tree"]["children"][0]["id"] == "v1" and data["decisions"][0]["rationale"] == "gain"
+    r = cli("lineage", "diff", "v0", "v1", "--run", str(run), "--json")
+    assert json.loads(r.stdout) == [{"path": "temperature", "v0": 1.0, "v1": 0.8}]
+    r = cli("lineage", "diff", "v0", "v7", "--run", str(run))
+    assert r.returncode == 1
+    assert r.stderr.strip() == "error: version 'v7' not found; known versions: v0, v1"
+
+
+def test_recipe_validate(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("n_samples_per_prompt: 4\n")
+    r = cli("recipe", "validate", str(good))
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"{good}: valid recipe (1 reward components, task arithmetic)"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("n_samples_per_prompt: 1\ntemprature: 0.7\n")
+    r = cli("recipe", "validate", str(bad))
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()
+    assert err[0] == "error: recipe.n_samples_per_prompt=1: group-relative advantages need at least 2 samples per prompt; set 2 or more"
+    assert err[1].startswith("recipe.temprature: unknown field; allowed: name, seed, model,")
+
+
+def test_missing_run_folder_is_one_clear_line(tmp_path):
+    r = cli("lineage", "show", str(tmp_path / "nope"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        f"error: {tmp_path / 'nope'}: not a run folder (no lineage.db); create one with `evotrainer init`"
+    )

@@ -1,0 +1,174 @@
+"""Lineage store: tree queries, append-only decisions, jobs, metrics, and crash safety under SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from evotrainer.intervention import Intervention
+from evotrainer.lineage import LineageError, LineageStore
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace, WorkspaceError
+
+
+def _iv(path, old, new, cat="rollout"):
+    return Intervention(path=path, old=old, new=new, category=cat)
+
+
+def test_tree_frontier_path_and_diff(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    v0 = s.create_root(Recipe())
+    v1 = s.branch(v0.id, _iv("temperature", 1.0, 0.8))
+    v2 = s.branch(v0.id, _iv("data.level", 1, 2, "data"))
+    v3 = s.branch(v1.id, _iv("eps_clip_high", 0.28, 0.3, "optimizer"))
+    assert [v.id for v in (v0, v1, v2, v3)] == ["v0", "v1", "v2", "v3"]
+    s.decide("v0", "keep", "base", author="orchestrator")
+    s.decide("v1", "keep", "gain +0.05, CI [0.01, 0.09]", evidence=["eval/avg@k"], author="backtester")
+    s.decide("v2", "prune", "no gain")
+    assert [v.id for v in s.frontier()] == ["v1"]
+    s.decide("v3", "keep", "gain")
+    assert [v.id for v in s.frontier()] == ["v3"]
+    assert [v.id for v in s.path_to_root("v3")] == ["v3", "v1", "v0"]
+    assert s.diff("v2", "v3") == [("data.level", 2, 1), ("eps_clip_high", 0.28, 0.3), ("temperature", 1.0, 0.8)]
+    tree = s.tree()
+    assert tree["id"] == "v0" and [c["id"] for c in tree["children"]] == ["v1", "v2"]
+    assert tree["children"][0]["children"][0]["intervention"] == ["eps_clip_high: 0.28 -> 0.3"]
+    s.decide("v3", "revert", "held-out regressed on re-evaluation")
+    assert s.get("v3").status == "reverted" and [v.id for v in s.frontier()] == ["v1"]
+    d = s.decisions("v3")
+    assert [(x.action, x.prev_status) for x in d] == [("keep", "proposed"), ("revert", "kept")]
+
+
+def test_errors_name_the_fix(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    s.create_root(Recipe())
+    with pytest.raises(LineageError, match="version 'v9' not found; known versions: v0"):
+        s.get("v9")
+    with pytest.raises(LineageError, match="has a root version already"):
+        s.create_root(Recipe())
+    with pytest.raises(LineageError, match="only a kept version can be reverted"):
+        s.decide("v0", "revert", "x")
+    with pytest.raises(LineageError, match="needs a rationale"):
+        s.decide("v0", "keep", "  ")
+    with pytest.raises(LineageError, match="action='drop': allowed: keep, prune, revert, merge"):
+        s.decide("v0", "drop", "x")
+
+
+def test_metrics_eval_jobs_kv(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    s.create_root(Recipe())
+    s.log_metrics("v0", 0, {"reward/mean": 0.25, "policy/kl": 0.0})
+    s.log_metrics("v0", 1, {"reward/mean": 0.5})
+    assert s.metric_series("v0", "reward/mean") == [(0, 0.25), (1, 0.5)]
+    assert s.last_step("v0") == 1 and s.metric_names() == ["policy/kl", "reward/mean"]
+    s.log_eval_samples("v0", "heldout", [("p1", 0, 1.0, "5"), ("p1", 1, 0.0, "6"), ("p2", 0, 1.0, "7")])
+    assert s.eval_matrix("v0") == {"p1": [1.0, 0.0], "p2": [1.0]}
+    s.create_job("j1", "v0", "train", steps_total=4)
+    s.update_job("j1", steps_done=2, progress=0.5)
+    assert s.job("j1").progress == 0.5 and s.job("j1").pid == os.getpid()
+    s.kv_set("cursor", {"round": 2})
+    assert s.kv_get("cursor") == {"round": 2}
+
+
+def test_dead_jobs_become_interrupted(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    s.create_root(Recipe())
+    s.create_job("j1", "v0", "train")
+    with s.tx() as db:  # a job owned by a process that no longer exists
+        db.execute("UPDATE jobs SET pid=? WHERE id='j1'", (2**22 + 12345,))
+    s.close()
+    s2 = LineageStore(tmp_path / "lineage.db")
+    assert s2.job("j1").status == "interrupted"
+
+
+def test_workspace_writer_lock(tmp_path):
+    ws = Workspace(tmp_path / "run", writer=True)
+    with pytest.raises(WorkspaceError, match="another process is writing this run"):
+        Workspace(tmp_path / "run", writer=True)
+    reader = Workspace.open(tmp_path / "run")  # readers never block
+    assert reader.lineage.versions() == []
+    ws.close()
+    Workspace(tmp_path / "run", writer=True).close()
+    with pytest.raises(WorkspaceError, match="not a run folder"):
+        Workspace.open(tmp_path / "nowhere")
+
+
+WRITER = textwrap.dedent(
+    """
+    import random, sys
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import LineageStore
+    from evotrainer.recipe import Recipe
+    s = LineageStore(sys.argv[1])
+    rng = random.Random(int(sys.argv[2]))
+    if s.root() is None:
+        s.create_root(Recipe()); print("version v0", flush=True)
+    while True:
+        vs = s.versions()
+        parent = rng.choice(vs)
+        t = round(rng.uniform(0.1, 2.0), 6)
+        if t == parent.recipe.temperature:
+            continue
+        v = s.branch(parent.id, Intervention(path="temperature", old=parent.recipe.temperature, new=t, category="rollout"))
+        print("version", v.id, flush=True)
+        s.log_metrics(v.id, 0, {f"m{i}": float(i) for i in range(20)})
+        print("metrics", v.id, flush=True)
+        d = s.decide(v.id, rng.choice(["keep", "prune"]), "random decision", evidence=["x"], author="test")
+        print("decision", d.id, v.id, d.action, flush=True)
+    """
+)
+
+
+def _check_consistent(db_path, committed):
+    s = LineageStore(db_path)  # reopening also recovers jobs
+    vs = {v.id: v for v in s.versions()}
+    for v in vs.values():  # no orphan version; every child is its parent's recipe + one intervention
+        if v.parent_id is not None:
+            assert v.parent_id in vs
+            assert len(v.interventions) == 1
+            assert v.interventions[0].apply(vs[v.parent_id].recipe) == v.recipe
+    decisions = s.decisions()
+    last = {}
+    for d in decisions:  # no half decision: the status matches the decision that set it
+        last[d.version_id] = d
+    for vid, d in last.items():
+        assert vs[vid].status == {"keep": "kept", "prune": "pruned"}[d.action]
+    for v in vs.values():
+        if v.id not in last and v.parent_id is not None:
+            assert v.status == "proposed"
+    for kind, *rest in committed:  # every committed record is present
+        if kind == "version":
+            assert rest[0] in vs
+        elif kind == "metrics":
+            assert len(s.metric_series(rest[0], "m19")) == 1
+            assert len(s.all_metrics(rest[0])) == 20  # all or nothing
+        elif kind == "decision":
+            assert any(d.id == int(rest[0]) and d.version_id == rest[1] for d in decisions)
+    n_metric_rows = sqlite3.connect(db_path).execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+    assert n_metric_rows % 20 == 0
+    s.close()
+
+
+def test_sigkill_during_writes_leaves_consistent_store(tmp_path):
+    db = tmp_path / "lineage.db"
+    rng = random.Random(7)
+    committed: list[list[str]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for trial in range(12):
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(trial)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+        time.sleep(0.6 + rng.random() * 1.2)  # interpreter start-up ~0.5 s, then writes
+        p.send_signal(signal.SIGKILL)
+        out, _ = p.communicate()
+        committed += [line.split() for line in out.splitlines() if line.strip()]
+        _check_consistent(db, committed)
+    assert sum(1 for c in committed if c[0] == "decision") > 10  # the kills landed mid-stream

@@ -1,0 +1,82 @@
+"""Recipe validation: exact error messages naming the field path, the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from evotrainer.recipe import (
+    Recipe,
+    RecipeError,
+    diff_recipes,
+    get_path,
+    load_recipe,
+    set_path,
+    validate_recipe,
+)
+
+
+def test_defaults_follow_the_evotrainer_recipe():
+    r = Recipe()
+    assert r.advantage_estimator == "group_norm"
+    assert (r.eps_clip_low, r.eps_clip_high) == (0.2, 0.28)
+    assert r.kl_estimator == "k3" and r.init_kl_coef == 1e-3 and r.kl_enabled
+    assert r.loss_agg_mode == "token-mean"
+    assert list(r.reward) == ["correctness"]
+
+
+def test_group_size_error_names_field_value_and_fix():
+    with pytest.raises(RecipeError) as e:
+        validate_recipe({"n_samples_per_prompt": 1})
+    assert str(e.value) == (
+        "recipe.n_samples_per_prompt=1: group-relative advantages need at least 2 samples per prompt; set 2 or more"
+    )
+
+
+def test_unknown_key_lists_allowed_fields():
+    with pytest.raises(RecipeError) as e:
+        validate_recipe({"lora": {"r": 8}})
+    msg = str(e.value)
+    assert msg.startswith("recipe.lora: unknown field; allowed: name, seed, model, advantage_estimator,")
+
+
+def test_nested_unknown_key_and_literal():
+    with pytest.raises(RecipeError) as e:
+        validate_recipe({"model": {"lora": {"rank": 8}}, "kl_estimator": "k4"})
+    lines = str(e.value).splitlines()
+    assert "recipe.model.lora.rank: unknown field; allowed: enabled, r, alpha, dropout, target_modules" in lines
+    assert "recipe.kl_estimator='k4': not allowed; allowed values: 'k1', 'k2' or 'k3'" in lines
+
+
+def test_unknown_reward_component():
+    with pytest.raises(RecipeError) as e:
+        validate_recipe({"reward": {"bogus": {"weight": 1}}})
+    assert str(e.value).startswith("recipe.reward={'bogus': {'weight': 1}}: unknown reward component 'bogus'; allowed: correctness,")
+
+
+def test_band_and_range_rules():
+    with pytest.raises(RecipeError, match=r"^recipe.data.difficulty_band=\[0.9, 0.1\]: need 0 <= low <= high <= 1, e.g. \[0.1, 0.9\]$"):
+        validate_recipe({"data": {"difficulty_band": [0.9, 0.1]}})
+    with pytest.raises(RecipeError, match=r"need low < high"):
+        validate_recipe({"dynamic_filtering_range": [0.5, 0.5]})
+
+
+def test_paths_get_set_diff():
+    r = Recipe()
+    assert get_path(r, "data.level") == 1
+    r2 = set_path(r, "data.level", 2)
+    assert diff_recipes(r, r2) == [("data.level", 1, 2)]
+    r3 = set_path(r, "reward.format.weight", 0.1)
+    assert diff_recipes(r, r3) == [("reward.format.weight", None, 0.1)]
+    with pytest.raises(RecipeError, match=r"recipe.data.nope: no such field path"):
+        set_path(r, "data.nope", 1)
+    with pytest.raises(RecipeError, match=r"recipe.temperature=-1.0: Input should be greater than 0"):
+        set_path(r, "temperature", -1.0)
+
+
+def test_load_recipe_yaml(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("recipe:\n  n_samples_per_prompt: 4\n  data: {task: arithmetic, level: 2}\n")
+    r = load_recipe(p)
+    assert r.n_samples_per_prompt == 4 and r.data.level == 2
+    with pytest.raises(RecipeError, match="no such recipe file"):
+        load_recipe(tmp_path / "missing.yaml")
