@@ -83,10 +83,8 @@ class RolloutStore:
 
     def _table(self, create: bool = False):
         with self._lock:
-            names = self._db.table_names() if hasattr(self._db, "table_names") else list(self._db.list_tables())
-            if TABLE in names:
-                tbl = self._db.open_table(TABLE)
-                return tbl
+            if TABLE in self._db.list_tables().tables:
+                return self._db.open_table(TABLE)
             if not create:
                 return None
             return self._db.create_table(TABLE, schema=SCHEMA)
@@ -156,8 +154,10 @@ class RolloutStore:
         n = tbl.count_rows()
         with self._lock:
             if n != self._fts_rows:
-                tbl.create_fts_index("completion", replace=True)
-                tbl.create_fts_index("prompt", replace=True)
+                from lancedb.index import FTS
+
+                tbl.create_index("completion", config=FTS(), replace=True)
+                tbl.create_index("prompt", config=FTS(), replace=True)
                 self._fts_rows = n
         out: dict[str, dict[str, Any]] = {}
         for col in ("completion", "prompt"):

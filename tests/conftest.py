@@ -14,7 +14,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     """Skills memory and caches of one test never touch the user's real folders."""
-    if "EVOTRAINER_SKILLS_DIR" not in os.environ or os.environ["EVOTRAINER_SKILLS_DIR"].startswith("/tmp"):
-        monkeypatch.setenv("EVOTRAINER_SKILLS_DIR", str(tmp_path_factory.mktemp("skills")))
+    monkeypatch.setenv("EVOTRAINER_SKILLS_DIR", str(tmp_path_factory.mktemp("skills")))
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     yield
