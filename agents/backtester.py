@@ -1,0 +1,60 @@
+"""The backtester agent: judges interventions before training is paid for, and gates versions.
+
+Tools (roles ``backtester`` and ``decider``): re-score stored rollouts with a changed reward
+(``rescore_rollouts``), replay a changed group filter on stored groups (``replay_filter``), analyzer
+backtests, and the promotion gate (``gate_version``). Returns a
+:class:`~evotrainer.agents.decisions.Ranking` of the proposal and, after training, a
+:class:`~evotrainer.agents.decisions.Verdict` per version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
+from evotrainer.agents.mcp_client import RoleTools, ToolBox, ToolCallError
+
+
+class Backtester:
+    """Ranks candidates and gates trained versions through MCP tools."""
+
+    role = "backtester"
+
+    def __init__(self, brain: Any, toolbox: ToolBox):
+        self.brain = brain
+        self.tools = RoleTools(toolbox, self.role)
+        self.decider_tools = RoleTools(toolbox, "decider")
+
+    def rank(self, parent_id: str, proposal: Proposal, diagnosis: Diagnosis, n_choose: int) -> Ranking:
+        """Scores for every candidate and the ``n_choose`` to train (distinct recipe paths)."""
+        r = self.brain.rank(self.tools, parent_id, proposal, diagnosis, n_choose)
+        n = len(proposal.candidates)
+        chosen, paths = [], set()
+        for i in r.chosen:
+            if 0 <= i < n and i not in chosen and proposal.candidates[i].path not in paths:
+                chosen.append(i)
+                paths.add(proposal.candidates[i].path)
+        r.chosen = chosen[:n_choose]
+        return r
+
+    def gate(self, version_id: str, baseline_eval: str | None = None) -> dict[str, Any]:
+        """The promotion gate's verdict on ``version_id`` (``gate_version``): promote, gain, ci, p_value, blocking.
+
+        Raises:
+            ToolCallError: the gate tool failed.
+        """
+        args: dict[str, Any] = {"version_id": version_id}
+        if baseline_eval:
+            args["baseline_eval"] = baseline_eval
+        try:
+            return self.decider_tools.call("gate_version", args)
+        except ToolCallError:
+            if baseline_eval:  # older gate without a baseline argument
+                return self.decider_tools.call("gate_version", {"version_id": version_id})
+            raise
+
+    def decide(self, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
+        """Keep / prune verdict on a trained, evaluated version."""
+        v = self.brain.decide(self.decider_tools, version_id, gate, diagnosis)
+        v.version_id = version_id
+        return v

@@ -1,0 +1,131 @@
+"""Typed outputs of the agents (DESIGN.md §7): both brains (Claude, heuristic) produce these models.
+
+- :class:`Diagnosis` (diagnostician): findings on a version, and whether its held-out move is unexplained;
+- :class:`Proposal` (intervener): single-factor intervention candidates for a parent version;
+- :class:`Ranking` (backtester): a score per candidate from backtests and track record, and the chosen ones;
+- :class:`Verdict` (decider): keep / prune / revert / merge with rationale and evidence refs;
+- :class:`AnalyzerDraft` (diagnostician, harness evolution): code of a new analyzer.
+
+Every model is stored as JSON in the lineage store's kv (the orchestrator's stage records), so a
+resumed run replays the same decisions instead of asking the brain again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evotrainer.intervention import CATEGORIES, ExpectedEffect, Intervention, category_of
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FindingRef(_Out):
+    """A finding as the analyzer tools return it (harness ``Finding``, read over MCP)."""
+
+    kind: str = Field(..., description="Finding kind, e.g. 'truncation', 'reward_hacking'.")
+    severity: Literal["info", "warn", "blocking"] = Field("warn", description="info | warn | blocking.")
+    versions: list[str] = Field(default_factory=list, description="Versions the finding is about.")
+    steps: list[int] = Field(default_factory=list, description="Steps (first/last or list).")
+    evidence: list[str] = Field(default_factory=list, description="Evidence refs: metric names, rollout ids.")
+    explanation: str = Field("", description="One paragraph with the numbers.")
+    analyzer: str = Field("", description="Analyzer that produced it.")
+
+
+class Diagnosis(_Out):
+    """What is wrong (or right) with one version's training."""
+
+    version_id: str
+    findings: list[FindingRef] = Field(default_factory=list)
+    summary: str = Field("", description="Two or three sentences: the main problem and the numbers behind it.")
+    unexplained: bool = Field(
+        False, description="Held-out moved significantly and no finding explains it (triggers analyzer evolution)."
+    )
+
+    def kinds(self) -> list[str]:
+        """Distinct finding kinds, warn/blocking first."""
+        order = {"blocking": 0, "warn": 1, "info": 2}
+        seen: list[str] = []
+        for f in sorted(self.findings, key=lambda f: order[f.severity]):
+            if f.kind not in seen:
+                seen.append(f.kind)
+        return seen
+
+    def blocking(self) -> list[FindingRef]:
+        """The blocking findings."""
+        return [f for f in self.findings if f.severity == "blocking"]
+
+
+class Candidate(_Out):
+    """One single-factor intervention candidate: set recipe ``path`` to ``new``."""
+
+    path: str = Field(..., description="Dotted recipe path, e.g. 'generate_max_len' or 'reward.format_token.weight'.")
+    new: Any = Field(..., description="New value (JSON).")
+    category: str = Field("", description="reward | data | rollout | optimizer | tool_use (derived from the path if empty).")
+    hypothesis: str = Field("", description="Why this should help, citing the finding.")
+    expected_metric: str = Field("eval/avg@k", description="Metric expected to move (a name from evotrainer/metrics.py).")
+    expected_direction: Literal["up", "down"] = Field("up", description="Expected direction of that metric.")
+    addresses: list[str] = Field(default_factory=list, description="Finding kinds this candidate addresses.")
+    source: str = Field("", description="skill:<id>, or the brain that invented it.")
+
+    def to_intervention(self, old: Any) -> Intervention:
+        """The core :class:`Intervention` from ``old`` (the parent's value) to ``new``."""
+        cat = self.category if self.category in CATEGORIES else category_of(self.path)
+        return Intervention(
+            path=self.path, old=old, new=self.new, category=cat, hypothesis=self.hypothesis,
+            expected_effect=ExpectedEffect(metric=self.expected_metric, direction=self.expected_direction),
+            source=self.source or "intervener",
+        )
+
+    def key(self) -> str:
+        """Identity of the change: ``path=new`` (JSON)."""
+        import json
+
+        return f"{self.path}={json.dumps(self.new, sort_keys=True)}"
+
+
+class Proposal(_Out):
+    """Candidates for children of ``parent_id``, best idea first."""
+
+    parent_id: str
+    candidates: list[Candidate] = Field(default_factory=list)
+    skills_used: list[str] = Field(default_factory=list, description="Skill ids retrieved for the findings.")
+    rationale: str = ""
+
+
+class Score(_Out):
+    """Backtest score of one candidate (higher is better)."""
+
+    index: int = Field(..., description="Index into the proposal's candidates.")
+    score: float
+    method: str = Field("prior", description="rescore | replay | prior (track record / finding match).")
+    detail: str = ""
+
+
+class Ranking(_Out):
+    """Candidates ranked by backtests; ``chosen`` are the indices to branch and train."""
+
+    scores: list[Score] = Field(default_factory=list)
+    chosen: list[int] = Field(default_factory=list)
+    rationale: str = ""
+
+
+class Verdict(_Out):
+    """A keep / prune / revert / merge decision on one version."""
+
+    version_id: str
+    action: Literal["keep", "prune", "revert", "merge"]
+    rationale: str = Field(..., min_length=1, description="Why, with the numbers (gain, CI, findings).")
+    evidence: list[str] = Field(default_factory=list, description="Refs: metric names, rollout ids, eval names.")
+
+
+class AnalyzerDraft(_Out):
+    """A new analyzer written at run time (code run sandboxed, kept only if it discriminates)."""
+
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_]{2,40}$")
+    kind: str = Field(..., description="Finding kind the analyzer emits.")
+    description: str = ""
+    code: str = Field(..., description="Python source reading the evidence files and printing findings JSON.")

@@ -1,0 +1,365 @@
+"""The offline heuristic brain: deterministic rules over the MCP tools (no API key needed).
+
+Same typed outputs as the Claude brain (:mod:`evotrainer.agents.decisions`):
+
+- diagnose: run the built-in analyzers on the version (``run_analyzer``), keep their findings;
+  "unexplained" when the held-out gain over the parent is significant and no warn/blocking finding
+  stands;
+- propose: for each finding kind (blocking first), the skills that address it (``search_skills``
+  with ``finding_kinds``), then the built-in fix table :data:`FIXES`; each becomes one
+  single-factor candidate on the parent's recipe; already-tried changes are skipped;
+- rank: prior (finding severity matched + skill track record) plus backtests: re-score stored
+  rollouts for reward changes (``rescore_rollouts``), replay the group filter for filter changes
+  (``replay_filter``);
+- decide: the promotion gate (``gate_version``): keep only when the held-out gain's CI is above 0
+  and no blocking finding stands; prune otherwise.
+
+Ties break on candidate order, so equal inputs give equal outputs (the crash test relies on it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from evotrainer.agents.decisions import (
+    AnalyzerDraft,
+    Candidate,
+    Diagnosis,
+    FindingRef,
+    Proposal,
+    Ranking,
+    Score,
+    Verdict,
+)
+from evotrainer.agents.mcp_client import RoleTools, ToolCallError
+
+from evotrainer.recipe import Recipe, RecipeError, get_path
+
+# Built-in fixes per finding kind: (path, rule, hypothesis, expected metric, direction). Rules:
+# ("mul", x), ("add", x), ("set", v), ("weight0",) = zero the weight of the suspect reward component.
+FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
+    "truncation": [
+        ("generate_max_len", ("mul", 2), "completions hit the length cap; a longer budget lets answers finish",
+         "completions/clipped_ratio", "down"),
+        ("reward.overlong.weight", ("set", 1.0), "DAPO overlong shaping teaches the policy to stop before the cap",
+         "completions/clipped_ratio", "down"),
+    ],
+    "zero_variance_groups": [
+        ("dynamic_filtering", ("set", True), "DAPO dynamic sampling refills the batch with informative groups",
+         "reward/frac_zero_std", "down"),
+        ("data.level", ("difficulty",), "move the data to the difficulty where groups disagree",
+         "reward/frac_zero_std", "down"),
+        ("n_samples_per_prompt", ("mul", 2), "larger groups are less often all-equal", "reward/frac_zero_std", "down"),
+    ],
+    "entropy_collapse": [
+        ("actor_learning_rate", ("mul", 0.1), "a smaller step keeps the policy from collapsing",
+         "policy/entropy", "up"),
+        ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO) keeps low-probability tokens explorable",
+         "policy/entropy", "up"),
+        ("temperature", ("add", 0.2), "hotter sampling keeps exploration alive", "policy/entropy", "up"),
+    ],
+    "template_collapse": [
+        ("temperature", ("add", 0.2), "hotter sampling breaks the shared template", "completions/distinct_2", "up"),
+        ("actor_learning_rate", ("mul", 0.3), "slower updates keep diversity", "completions/distinct_2", "up"),
+    ],
+    "length_collapse": [
+        ("temperature", ("add", 0.2), "exploration of longer reasoning", "completions/mean_length", "up"),
+        ("actor_learning_rate", ("mul", 0.3), "slower updates keep the length distribution", "completions/mean_length", "up"),
+    ],
+    "length_blowup": [
+        ("reward.overlong.weight", ("set", 1.0), "overlong shaping penalises run-on answers",
+         "completions/mean_length", "down"),
+        ("reward.length_penalty.weight", ("set", 0.5), "a per-token penalty beyond the target length",
+         "completions/mean_length", "down"),
+    ],
+    "nan_blowup": [
+        ("actor_learning_rate", ("mul", 0.1), "the update diverged; a 10x smaller step", "loss/total", "down"),
+        ("max_norm", ("set", 0.5), "tighter gradient clipping", "policy/grad_norm", "down"),
+    ],
+    "kl_blowup": [
+        ("actor_learning_rate", ("mul", 0.3), "the policy drifts too fast from the reference", "policy/kl", "down"),
+        ("init_kl_coef", ("mul", 10), "a stronger KL anchor", "policy/kl", "down"),
+    ],
+    "grad_spike": [
+        ("max_norm", ("set", 0.5), "tighter gradient clipping absorbs spikes", "policy/grad_norm", "down"),
+        ("actor_learning_rate", ("mul", 0.3), "smaller steps", "policy/grad_norm", "down"),
+    ],
+    "reward_hacking": [
+        ("reward.*.weight", ("weight0",), "the reward pays for something other than correctness; stop paying it",
+         "eval/avg@k", "up"),
+    ],
+    "train_eval_divergence": [
+        ("reward.*.weight", ("weight0",), "train reward rises without held-out gains: a component is misaligned",
+         "eval/avg@k", "up"),
+        ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
+    ],
+}
+# Exploration when no failure finding stands (the recipe works; look for more gain).
+EXPLORE: list[tuple[str, tuple, str, str, str]] = [
+    ("actor_learning_rate", ("mul", 3.0), "no failure stands; a larger step may learn faster", "eval/avg@k", "up"),
+    ("n_samples_per_prompt", ("mul", 2), "larger groups give lower-variance advantages", "eval/avg@k", "up"),
+    ("temperature", ("add", -0.2), "cooler sampling concentrates on likely-correct answers", "eval/avg@k", "up"),
+    ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO)", "eval/avg@k", "up"),
+]
+SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
+
+
+def findings_from(result: Any) -> list[FindingRef]:
+    """Findings out of an analyzer tool result (``{"findings": [...]}`` or a list)."""
+    items = result.get("findings", []) if isinstance(result, dict) else (result or [])
+    out = []
+    for f in items:
+        try:
+            out.append(FindingRef.model_validate(f))
+        except Exception:  # noqa: BLE001 (a malformed finding is dropped, not fatal)
+            continue
+    return out
+
+
+def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
+    """New value for ``path`` from a rule and the current value (None: the rule does not apply)."""
+    op = rule[0]
+    if op == "set":
+        return rule[1]
+    if op in ("mul", "add"):
+        if not isinstance(current, (int, float)) or isinstance(current, bool):
+            return None
+        new = current * rule[1] if op == "mul" else current + rule[1]
+        if isinstance(current, int) and not isinstance(rule[1], float):
+            new = int(new)
+        return round(new, 10) if isinstance(new, float) else new
+    if op == "difficulty":
+        return None  # resolved by the caller, which knows the reward level
+    return None
+
+
+def resolve_skill_value(value: Any, current: Any) -> Any:
+    """A skill's value (plain, or a rule ``{"op": "mul"|"add"|"set", ...}``) applied to ``current``."""
+    if isinstance(value, dict) and "op" in value:
+        op = value["op"]
+        if op == "set":
+            return value.get("value")
+        if op in ("mul", "add") and isinstance(current, (int, float)) and not isinstance(current, bool):
+            by = value.get("by", 1)
+            new = current * by if op == "mul" else current + by
+            return int(new) if isinstance(current, int) and float(new).is_integer() else new
+        return None
+    return value
+
+
+class HeuristicBrain:
+    """Deterministic rules over the role tools; see the module docstring."""
+
+    name = "heuristic"
+
+    def __init__(self) -> None:
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "turns": 0}
+
+    # --- diagnostician --------------------------------------------------------------------------------
+    def diagnose(self, tools: RoleTools, version_id: str, context: dict[str, Any]) -> Diagnosis:
+        """Run the built-in analyzers on ``version_id`` (and its parent, for paired analyzers)."""
+        ids = [version_id] + ([context["parent_id"]] if context.get("parent_id") else [])
+        findings = findings_from(tools.call("run_analyzer", {"version_ids": ids}))
+        findings = [f for f in findings if not f.versions or version_id in f.versions]
+        failures = [f for f in findings if f.severity != "info"]
+        gain = context.get("gain")
+        significant = bool(context.get("significant"))
+        unexplained = significant and not failures
+        if failures:
+            top = failures[0]
+            summary = f"{len(failures)} failure finding(s) on {version_id}: " + ", ".join(
+                sorted({f.kind for f in failures})) + f". First: {top.explanation[:300]}"
+        else:
+            summary = f"no failure finding on {version_id}"
+        if gain is not None:
+            summary += f"; held-out gain over parent {gain:+.3f}"
+        return Diagnosis(version_id=version_id, findings=findings, summary=summary, unexplained=unexplained)
+
+    # --- intervener -------------------------------------------------------------------------------------
+    def propose(self, tools: RoleTools, parent_id: str, recipe: Recipe, diagnosis: Diagnosis,
+                tried: set[str], context: dict[str, Any]) -> Proposal:
+        """Candidates for the parent's findings: matching skills first, then the built-in fixes."""
+        kinds = diagnosis.kinds() if diagnosis.findings else []
+        failures = [k for k in kinds if any(f.kind == k and f.severity != "info" for f in diagnosis.findings)]
+        out: list[Candidate] = []
+        seen = set(tried)
+        skills_used: list[str] = []
+
+        def add(c: Candidate) -> None:
+            try:
+                current = get_path(recipe, c.path)
+            except RecipeError:
+                current = None
+                if not c.path.startswith("reward."):
+                    return
+            if c.new is None or json.dumps(c.new) == json.dumps(current) or c.key() in seen:
+                return
+            try:
+                c.to_intervention(current).apply(recipe)
+            except Exception:  # noqa: BLE001 (an inapplicable candidate is skipped)
+                return
+            seen.add(c.key())
+            out.append(c)
+
+        for kind in failures:
+            for sk in self._skills_for(tools, kind, diagnosis):
+                path, value = sk.get("path") or sk.get("recipe_path"), sk.get("value")
+                if not path:
+                    continue
+                try:
+                    current = get_path(recipe, path)
+                except RecipeError:
+                    current = None
+                new = resolve_skill_value(value, current)
+                before = len(out)
+                add(Candidate(path=path, new=new, hypothesis=sk.get("description", "")[:300] or sk.get("name", ""),
+                              addresses=[kind], source=f"skill:{sk.get('id')}",
+                              expected_metric=sk.get("expected_metric") or "eval/avg@k",
+                              expected_direction=sk.get("expected_direction") or "up"))
+                if len(out) > before:
+                    skills_used.append(str(sk.get("id")))
+            for path, rule, hyp, metric, direction in FIXES.get(kind, []):
+                for c in self._expand(path, rule, hyp, metric, direction, recipe, kind, diagnosis, context):
+                    add(c)
+        if not failures:
+            for path, rule, hyp, metric, direction in EXPLORE:
+                for c in self._expand(path, rule, hyp, metric, direction, recipe, "", diagnosis, context):
+                    add(c)
+        return Proposal(parent_id=parent_id, candidates=out, skills_used=skills_used,
+                        rationale=f"findings {failures or 'none'} on {parent_id}; {len(out)} untried single-factor changes")
+
+    def _skills_for(self, tools: RoleTools, kind: str, diagnosis: Diagnosis) -> list[dict[str, Any]]:
+        if not tools.has("search_skills"):
+            return []
+        text = " ".join(f.explanation for f in diagnosis.findings if f.kind == kind)[:400] or kind
+        try:
+            res = tools.call("search_skills", {"query": f"{kind}: {text}", "finding_kinds": [kind],
+                                               "kind": "intervention", "limit": 5})
+        except ToolCallError:
+            return []
+        items = res.get("skills", res.get("results", [])) if isinstance(res, dict) else res
+        return [s for s in items if isinstance(s, dict)]
+
+    def _expand(self, path: str, rule: tuple, hyp: str, metric: str, direction: str, recipe: Recipe,
+                kind: str, diagnosis: Diagnosis, context: dict[str, Any]) -> list[Candidate]:
+        src = "heuristic"
+        if rule[0] == "weight0":
+            suspects = _suspect_components(recipe, diagnosis)
+            return [Candidate(path=f"reward.{name}.weight", new=0.0, hypothesis=f"{hyp} ({name})", addresses=[kind],
+                              expected_metric=metric, expected_direction=direction, source=src) for name in suspects]
+        try:
+            current = get_path(recipe, path)
+        except RecipeError:
+            current = None
+        if rule[0] == "difficulty":
+            reward_mean = context.get("reward_mean")
+            if reward_mean is None or not isinstance(current, int):
+                return []
+            new = current + 1 if reward_mean >= 0.5 else max(1, current - 1)
+        else:
+            new = _resolve(rule, current, recipe, path)
+        if new is None:
+            return []
+        return [Candidate(path=path, new=new, hypothesis=hyp, addresses=[kind] if kind else [],
+                          expected_metric=metric, expected_direction=direction, source=src)]
+
+    # --- backtester ---------------------------------------------------------------------------------------
+    def rank(self, tools: RoleTools, parent_id: str, proposal: Proposal, diagnosis: Diagnosis,
+             n_choose: int) -> Ranking:
+        """Score each candidate: finding match + skill track record + backtest signal; choose the top ``n_choose``."""
+        sev = {}
+        for f in diagnosis.findings:
+            sev[f.kind] = max(sev.get(f.kind, 0.0), SEVERITY_WEIGHT[f.severity])
+        scores: list[Score] = []
+        for i, c in enumerate(proposal.candidates):
+            prior = max([sev.get(k, 0.0) for k in c.addresses] or [0.0]) - 0.01 * i
+            method, detail, bt = "prior", "", 0.0
+            if c.path.startswith("reward.") and tools.has("rescore_rollouts"):
+                bt, detail = self._rescore(tools, parent_id, c)
+                method = "rescore"
+            elif c.category == "data" or c.path in ("dynamic_filtering", "group_filter_top_p",
+                                                     "drop_zero_variance_groups", "dynamic_filtering_range"):
+                if tools.has("replay_filter"):
+                    bt, detail = self._replay(tools, parent_id, c)
+                    method = "replay"
+            scores.append(Score(index=i, score=round(prior + bt, 6), method=method, detail=detail))
+        order = sorted(scores, key=lambda s: (-s.score, s.index))
+        chosen: list[int] = []
+        paths: set[str] = set()
+        for s in order:
+            c = proposal.candidates[s.index]
+            if c.path in paths:
+                continue
+            chosen.append(s.index)
+            paths.add(c.path)
+            if len(chosen) >= n_choose:
+                break
+        return Ranking(scores=scores, chosen=chosen,
+                       rationale="ranked by finding severity, skill record and backtests: "
+                       + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5]))
+
+    def _rescore(self, tools: RoleTools, parent_id: str, c: Candidate) -> tuple[float, str]:
+        try:
+            res = tools.call("rescore_rollouts", {"version_id": parent_id, "path": c.path, "value": c.new})
+        except ToolCallError as exc:
+            return 0.0, f"rescore failed: {exc.message[:120]}"
+        corr_new = res.get("corr_with_correct_new", res.get("correlation_new"))
+        corr_old = res.get("corr_with_correct_old", res.get("correlation_old"))
+        if isinstance(corr_new, (int, float)) and isinstance(corr_old, (int, float)):
+            return float(corr_new) - float(corr_old), f"reward/correctness correlation {corr_old:.2f} -> {corr_new:.2f}"
+        return 0.0, json.dumps(res)[:160]
+
+    def _replay(self, tools: RoleTools, parent_id: str, c: Candidate) -> tuple[float, str]:
+        try:
+            res = tools.call("replay_filter", {"version_id": parent_id, "path": c.path, "value": c.new})
+        except ToolCallError as exc:
+            return 0.0, f"replay failed: {exc.message[:120]}"
+        kept_old, kept_new = res.get("informative_frac_old"), res.get("informative_frac_new")
+        if isinstance(kept_old, (int, float)) and isinstance(kept_new, (int, float)):
+            return float(kept_new) - float(kept_old), f"informative groups {kept_old:.2f} -> {kept_new:.2f}"
+        return 0.0, json.dumps(res)[:160]
+
+    # --- decider ----------------------------------------------------------------------------------------
+    def decide(self, tools: RoleTools, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
+        """Keep when the gate promotes (CI of the held-out gain above 0, no blocking finding); else prune."""
+        blocking = sorted(set(gate.get("blocking", [])) | {f.kind for f in diagnosis.blocking()})
+        promote = bool(gate.get("promote")) and not blocking
+        gain, ci, p = gate.get("gain"), gate.get("ci"), gate.get("p_value")
+        nums = _gate_numbers(gain, ci, p)
+        if promote:
+            why = f"keep {version_id}: held-out gain {nums}; CI above 0 and no blocking finding"
+        elif blocking:
+            why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums})"
+        else:
+            why = f"prune {version_id}: held-out gain not significant ({nums})"
+        evidence = [str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"]
+        return Verdict(version_id=version_id, action="keep" if promote else "prune", rationale=why, evidence=evidence)
+
+    # --- harness evolution ------------------------------------------------------------------------------
+    def write_analyzer(self, tools: RoleTools, version_id: str, diagnosis: Diagnosis,
+                       context: dict[str, Any]) -> AnalyzerDraft | None:
+        """A length-shift analyzer: flags a version whose mean completion length moved > 30% from its parent."""
+        from evotrainer.agents.analyzer_templates import LENGTH_SHIFT
+
+        return AnalyzerDraft(name="length_shift", kind="length_shift",
+                             description="mean completion length moved more than 30% from the parent version",
+                             code=LENGTH_SHIFT)
+
+
+def _gate_numbers(gain: Any, ci: Any, p: Any) -> str:
+    parts = []
+    if isinstance(gain, (int, float)):
+        parts.append(f"{gain:+.3f}")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+        parts.append(f"95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]")
+    if isinstance(p, (int, float)):
+        parts.append(f"p={p:.3f}")
+    return ", ".join(parts) or "no paired held-out comparison"
+
+
+def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:
+    """Reward components other than correctness with a non-zero weight, those named in evidence first."""
+    named = " ".join(" ".join(f.evidence) + " " + f.explanation for f in diagnosis.findings)
+    comps = [n for n, c in recipe.reward.items() if n != "correctness" and c.weight != 0]
+    return sorted(comps, key=lambda n: (n not in named, n))

@@ -1,0 +1,440 @@
+"""The orchestrator: EvoTrainer's autonomous loop (DESIGN.md §7, issue 8).
+
+    evaluate the base model (no-RL row) → train the base recipe → evaluate → gate
+    repeat within the budget (versions, steps per version, wall clock):
+      parent = best kept version (the root while none is kept)
+      diagnose the parent → retrieve skills → propose single-factor children → backtest and rank
+      → branch and train the chosen → evaluate → diagnose → gate → keep / prune
+      → record outcomes, failed cases and the search trace in memory
+      → revert kept versions whose evidence turned bad → merge kept siblings
+      → evolve analyzers when a held-out move is unexplained
+
+Everything acts through MCP tools (:class:`~evotrainer.agents.mcp_client.ToolBox`); the core
+lineage store is read for state and its kv holds the loop's stage records.
+
+Crash safety: every stage is idempotent. A stage's typed output is stored in kv
+(``loop/<key>``) when it completes, and replayed on resume instead of asking the brain again;
+side effects are find-or-create (a child with the same intervention, a version already trained,
+evaluated or decided is not redone). So ``evotrainer run --resume`` after a SIGKILL at any point
+neither loses nor repeats a decision, and ends with the same lineage as an uninterrupted run with
+the same seed (the heuristic brain and the backend are deterministic).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
+from evotrainer.agents.mcp_client import ToolBox, ToolCallError
+from pydantic import BaseModel
+
+from evotrainer.config import RunConfig
+from evotrainer.workspace import Workspace
+
+DECIDED = ("kept", "pruned", "reverted")
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class LoopError(RuntimeError):
+    """The loop cannot continue (a tool it needs is missing, the run folder belongs to another config)."""
+
+
+class LoopBase:
+    """Stage records, idempotent train / evaluate / decide helpers shared by all modes.
+
+    Args:
+        config: the run config (budget, recipe, seed).
+        toolbox: an open MCP session on the ``all`` server of this run.
+        ws: the run's workspace (opened without the writer lock: jobs take it).
+        on_event: callback ``(kind, data)`` for the live display (``stage``, ``progress``, ``decision``, ``lineage``).
+    """
+
+    mode = "base"
+
+    def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, on_event: Event | None = None):
+        self.config = config
+        self.tb = toolbox
+        self.ws = ws
+        self.lineage = ws.lineage
+        self.emit: Event = on_event or (lambda kind, data: None)
+
+    # --- stage records -------------------------------------------------------------------------------
+    def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None) -> Any:
+        """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash."""
+        k = f"loop/{key}"
+        stored = self.lineage.kv_get(k)
+        if stored is not None:
+            return model.model_validate(stored) if model else stored
+        self.emit("stage", {"key": key})
+        out = fn()
+        self.lineage.kv_set(k, out.model_dump(mode="json") if isinstance(out, BaseModel) else out)
+        return out
+
+    def done(self, key: str) -> bool:
+        """True when stage ``key`` has completed."""
+        return self.lineage.kv_get(f"loop/{key}") is not None
+
+    def log(self, message: str, version: str | None = None, **extra: Any) -> None:
+        """A run log record (source = this mode) and a display event."""
+        self.ws.log(message, version=version, source=f"agents.{self.mode}", **extra)
+        self.emit("log", {"message": message, "version": version})
+
+    # --- budget ----------------------------------------------------------------------------------------
+    def started_at(self) -> float:
+        """Wall-clock start of the run (kept across resumes)."""
+        t = self.lineage.kv_get("loop/started_at")
+        if t is None:
+            t = time.time()
+            self.lineage.kv_set("loop/started_at", t)
+        return float(t)
+
+    def out_of_time(self) -> bool:
+        """True once the wall-clock budget is spent (no new version is started after that)."""
+        return (time.time() - self.started_at()) / 60.0 > self.config.budget.wall_clock_minutes
+
+    def n_versions(self) -> int:
+        """Versions in the lineage (each is trained once: the budget counts them)."""
+        return len(self.lineage.versions())
+
+    # --- root ------------------------------------------------------------------------------------------
+    def ensure_root(self) -> str:
+        """Create the root version from the config's recipe (once); check a resumed run matches the config.
+
+        Raises:
+            LoopError: the run folder's root recipe differs from the config's.
+        """
+        root = self.lineage.root()
+        if root is None:
+            root = self.lineage.create_root(self.config.recipe, note=f"base recipe ({self.mode} mode)")
+            self.lineage.kv_set("loop/config", self.config.model_dump(mode="json"))
+            self.emit("lineage", {})
+        elif root.recipe != self.config.recipe:
+            raise LoopError(f"{self.ws.root}: this run was started with another base recipe; use a new run_dir "
+                            "or the original config")
+        return root.id
+
+    # --- idempotent actions (MCP) ----------------------------------------------------------------------
+    def version(self, vid: str) -> dict[str, Any]:
+        """``get_version`` of one version."""
+        return self.tb.call("get_version", {"version_id": vid})
+
+    def _wait_job(self, job: dict[str, Any], vid: str, what: str) -> dict[str, Any]:
+        while job.get("status") == "running":
+            self.emit("progress", {"version": vid, "what": what, "done": job.get("steps_done", 0),
+                                   "total": job.get("steps_total", 0), "message": job.get("message", "")})
+            job = self.tb.call("job_status", {"job_id": job["id"], "wait_s": 2.0})
+        self.emit("progress", {"version": vid, "what": what, "done": job.get("steps_done", 0),
+                               "total": job.get("steps_total", 0), "finished": True})
+        return job
+
+    def train(self, vid: str, steps: int) -> bool:
+        """Train ``vid`` for ``steps`` (resumes a partly trained version); False when training failed."""
+        v = self.version(vid)
+        if v["status"] in ("trained", *DECIDED) or v["status"] == "failed":
+            return v["status"] != "failed"
+        self.log(f"training {vid} for {steps} steps", version=vid)
+        job = self.tb.call("start_training", {"version_id": vid, "steps": steps})
+        job = self._wait_job(job, vid, "train")
+        self.emit("lineage", {})
+        if job["status"] != "done":
+            self.log(f"training of {vid} ended {job['status']}: {job.get('message', '')}", version=vid)
+            return False
+        return True
+
+    def evaluate(self, vid: str, eval_name: str = "heldout") -> dict[str, Any]:
+        """Held-out evaluation of ``vid`` (once per eval name); returns the eval summary."""
+        key = f"eval/{vid}/{eval_name}"
+
+        def run() -> dict[str, Any]:
+            self.log(f"evaluating {vid} ({eval_name})", version=vid)
+            job = self.tb.call("evaluate_version", {"version_id": vid, "eval_name": eval_name})
+            job = self._wait_job(job, vid, f"eval:{eval_name}")
+            if job["status"] != "done":
+                raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
+            res = job.get("result") or {}
+            return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
+
+        return self.stage(key, run)
+
+    def record_decision(self, verdict: Verdict, author: str) -> None:
+        """Apply a verdict with the ``decide`` tool unless this version was decided already."""
+        v = self.version(verdict.version_id)
+        if v["status"] in DECIDED and verdict.action in ("keep", "prune"):
+            return
+        self.tb.call("decide", {"version_id": verdict.version_id, "action": verdict.action,
+                                "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author})
+        self.log(f"{verdict.action} {verdict.version_id}: {verdict.rationale}", version=verdict.version_id)
+        self.emit("decision", verdict.model_dump())
+        self.emit("lineage", {})
+
+    def fail_version(self, vid: str, author: str) -> None:
+        """Prune a version whose training or evaluation failed (rationale says so)."""
+        v = self.version(vid)
+        if v["status"] in DECIDED:
+            return
+        job_msgs = [j.get("message", "") for j in v.get("jobs", []) if j.get("status") != "done"]
+        why = f"prune {vid}: training/evaluation did not finish ({'; '.join(m for m in job_msgs if m)[:300] or 'failed'})"
+        self.record_decision(Verdict(version_id=vid, action="prune", rationale=why, evidence=["jobs"]), author)
+
+    def best_kept(self) -> str | None:
+        """Kept version with the highest held-out Avg@k (earliest on ties), None when none is kept."""
+        kept = [v for v in self.lineage.versions() if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
+        if not kept:
+            return None
+        return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id
+
+
+class Orchestrator(LoopBase):
+    """The EvoTrainer mode: harness + agents (see the module docstring).
+
+    Args:
+        brain: the brain every agent uses (:class:`~evotrainer.agents.heuristic.HeuristicBrain` or
+            :class:`~evotrainer.agents.claude.ClaudeBrain`).
+    """
+
+    mode = "evotrainer"
+
+    def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, brain: Any,
+                 on_event: Event | None = None):
+        super().__init__(config, toolbox, ws, on_event)
+        from evotrainer.agents.backtester import Backtester
+        from evotrainer.agents.diagnostician import Diagnostician
+        from evotrainer.agents.intervener import Intervener
+
+        self.brain = brain
+        self.diagnostician = Diagnostician(brain, toolbox)
+        self.intervener = Intervener(brain, toolbox)
+        self.backtester = Backtester(brain, toolbox)
+        self.author = f"orchestrator/{brain.name}"
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) the loop to the end of the budget; returns the run summary."""
+        self.started_at()
+        root = self.ensure_root()
+        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
+        self.process_child(root, parent_id=None, round_no=0)
+        r = int(self.lineage.kv_get("loop/round", 1))
+        while True:
+            if self.n_versions() >= self.config.budget.max_versions or self.out_of_time():
+                break
+            if not self.round(r):
+                self.log(f"round {r}: no untried intervention left; stopping")
+                break
+            r += 1
+            self.lineage.kv_set("loop/round", r)
+        self.lineage.kv_set("loop/finished", True)
+        return self.summary()
+
+    def round(self, r: int) -> bool:
+        """One round: diagnose the parent, propose, rank, branch, train, gate, decide, learn. False: nothing to try."""
+        budget = self.config.budget
+        parent = self.stage(f"r{r}/parent", lambda: self.best_kept() or self.lineage.root().id)
+        pv = self.lineage.get(parent)
+        diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
+                          Diagnosis)
+        tried = {self._key(c.interventions[0]) for c in self.lineage.children(parent) if len(c.interventions) == 1}
+        proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
+            parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
+        if not proposal.candidates:
+            return False
+        room = max(0, budget.max_versions - self.n_versions())
+        n_choose = min(budget.branches_per_round, room)
+        ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose), Ranking)
+        children = self.stage(f"r{r}/branch", lambda: [self._branch(parent, proposal.candidates[i])
+                                                       for i in ranking.chosen])
+        for vid in children:
+            self.process_child(vid, parent_id=parent, round_no=r)
+        self.stage(f"r{r}/memory", lambda: self._record_round(r, parent, diag, proposal, ranking, children))
+        self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=children))
+        merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children))
+        if merged:
+            self.process_child(merged, parent_id=parent, round_no=r)
+        self.stage(f"r{r}/evolve", lambda: self._evolve(r, [*children, *([merged] if merged else [])]))
+        return True
+
+    def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
+        """Train → evaluate → diagnose → gate → decide one version (each step once)."""
+        if self.lineage.get(vid).status in DECIDED:
+            return
+        if not self.train(vid, self.config.budget.steps_per_version):
+            self.fail_version(vid, self.author)
+            return
+        try:
+            self.evaluate(vid)
+        except LoopError as exc:
+            self.log(str(exc), version=vid)
+            self.fail_version(vid, self.author)
+            return
+        gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid, None if parent_id else "no_rl"))
+        ctx = {**self._ctx(vid), "gain": gate.get("gain"), "significant": _significant(gate)}
+        diag = self.stage(f"diagnose/{vid}", lambda: self.diagnostician.diagnose(vid, ctx), Diagnosis)
+        verdict = self.stage(f"verdict/{vid}", lambda: self.backtester.decide(vid, gate, diag), Verdict)
+        self.record_decision(verdict, self.author)
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _ctx(self, vid: str) -> dict[str, Any]:
+        v = self.lineage.get(vid)
+        return {"parent_id": v.parent_id, "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary,
+                "recipe": v.recipe.to_dict()}
+
+    @staticmethod
+    def _key(iv: Any) -> str:
+        import json
+
+        return f"{iv.path}={json.dumps(iv.new, sort_keys=True)}"
+
+    def _branch(self, parent: str, cand: Any) -> str:
+        """Find-or-create the child of ``parent`` with this candidate's intervention."""
+        for c in self.lineage.children(parent):
+            if len(c.interventions) == 1 and self._key(c.interventions[0]) == cand.key():
+                return c.id
+        args = {"parent_id": parent, "path": cand.path, "new_value": cand.new, "hypothesis": cand.hypothesis,
+                "expected_metric": cand.expected_metric, "expected_direction": cand.expected_direction,
+                "source": cand.source or self.author, "note": f"addresses {', '.join(cand.addresses) or 'exploration'}"}
+        if cand.category:
+            args["category"] = cand.category
+        v = self.tb.call("propose_intervention", args)
+        self.emit("lineage", {})
+        return v["id"]
+
+    def _record_round(self, r: int, parent: str, diag: Diagnosis, proposal: Proposal, ranking: Ranking,
+                      children: list[str]) -> dict[str, Any]:
+        """Skill outcomes, failed cases and the search trace, in memory (skills tools)."""
+        outcomes = []
+        for vid in children:
+            v = self.lineage.get(vid)
+            iv = v.interventions[0]
+            kept = v.status == "kept"
+            gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
+            outcomes.append({"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain})
+            if iv.source.startswith("skill:"):
+                self._call_opt("record_skill_outcome", {"skill_id": iv.source.split(":", 1)[1], "helped": kept,
+                                                        "gain": gain, "domain": v.recipe.data.task,
+                                                        "version_id": vid})
+            if not kept:
+                self._call_opt("add_failed_case", {
+                    "description": f"{iv.describe()} on {parent} ({v.status}): {iv.hypothesis}"[:500],
+                    "finding_kinds": diag.kinds(), "recipe_path": iv.path, "value": iv.new,
+                    "version_id": vid, "reason": self._rationale(vid)})
+        trace = {"round": r, "parent": parent, "findings": diag.kinds(),
+                 "candidates": [c.key() for c in proposal.candidates], "scores": [s.score for s in ranking.scores],
+                 "chosen": [proposal.candidates[i].key() for i in ranking.chosen], "outcomes": outcomes}
+        self._call_opt("add_search_trace", {"summary": f"round {r} from {parent}", "trace": trace})
+        return trace
+
+    def _rationale(self, vid: str) -> str:
+        ds = self.lineage.decisions(vid)
+        return ds[-1].rationale if ds else ""
+
+    def _call_opt(self, tool: str, args: dict[str, Any]) -> Any:
+        """Call a memory tool; a missing tool or a tool error is logged, not fatal (memory is best effort)."""
+        if not self.tb.has(tool):
+            self.log(f"memory tool {tool} not available; skipped")
+            return None
+        try:
+            return self.tb.call(tool, args)
+        except ToolCallError as exc:
+            self.log(f"{tool} failed: {exc.message[:200]}")
+            return None
+
+    def _revert_check(self, r: int, exclude: list[str]) -> list[str]:
+        """Revert kept versions whose gate now fails with a blocking finding (e.g. a new analyzer fired)."""
+        reverted = []
+        for v in self.lineage.versions():
+            if v.status != "kept" or v.id in exclude:
+                continue
+            try:
+                gate = self.backtester.gate(v.id, None if v.parent_id else "no_rl")
+            except ToolCallError:
+                continue
+            if gate.get("blocking"):
+                why = (f"revert {v.id}: blocking finding(s) {', '.join(map(str, gate['blocking']))} now stand "
+                       f"against it (round {r}); the frontier moves back to its parent")
+                self.record_decision(Verdict(version_id=v.id, action="revert", rationale=why,
+                                             evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["gate"]),
+                                     self.author)
+                reverted.append(v.id)
+        return reverted
+
+    def _merge(self, parent: str, children: list[str]) -> str | None:
+        """Merged child of the two best kept siblings of this round, when the budget allows."""
+        kept = [self.lineage.get(c) for c in children]
+        kept = [v for v in kept if v.status == "kept" and len(v.interventions) == 1]
+        if len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions or self.out_of_time():
+            return None
+        kept.sort(key=lambda v: -(v.eval_summary or {}).get("avg@k", 0.0))
+        a, b = kept[0], kept[1]
+        note = f"merge of {a.id} and {b.id}"
+        for c in self.lineage.children(parent):
+            if c.note == note:
+                return c.id
+        res = self.tb.call("decide", {"version_id": a.id, "action": "merge", "merge_with": b.id, "author": self.author,
+                                      "rationale": f"{a.id} and {b.id} were both kept with independent single-factor "
+                                                   f"changes ({a.interventions[0].describe()}; "
+                                                   f"{b.interventions[0].describe()}); try both together",
+                                      "evidence": [a.id, b.id]})
+        self.emit("lineage", {})
+        return res["version"]["id"]
+
+    def _evolve(self, r: int, children: list[str]) -> list[dict[str, Any]]:
+        """Harness evolution: a new analyzer when a child's held-out move is unexplained."""
+        out = []
+        labels = {v.id: v.status in ("pruned", "reverted") for v in self.lineage.versions()
+                  if v.status in ("kept", "pruned", "reverted") and v.parent_id is not None}
+        for vid in children:
+            diag = self.lineage.kv_get(f"loop/diagnose/{vid}")
+            if not diag or not diag.get("unexplained"):
+                continue
+            if len(set(labels.values())) < 2:
+                out.append({"version": vid, "registered": False,
+                            "reason": "no kept and pruned versions yet to backtest a new analyzer on"})
+                continue
+            res = self.diagnostician.evolve_analyzer(vid, Diagnosis.model_validate(diag), self._ctx(vid), labels)
+            res["version"] = vid
+            self.log(f"analyzer evolution on {vid}: {res.get('name')}: {res.get('reason')}", version=vid)
+            out.append(res)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k."""
+        return run_summary(self.ws, self.mode, getattr(self.brain, "usage", None))
+
+
+def _significant(gate: dict[str, Any]) -> bool:
+    ci = gate.get("ci")
+    return isinstance(ci, (list, tuple)) and len(ci) == 2 and (ci[0] > 0 or ci[1] < 0)
+
+
+def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Headline numbers of a run from its lineage: per-version status / Avg@k, best kept, the no-RL row."""
+    versions = ws.lineage.versions()
+    no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
+    kept = [v for v in versions if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
+    best = max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)) if kept else None
+    return {
+        "run_dir": str(ws.root), "mode": mode, "n_versions": len(versions),
+        "statuses": {v.id: v.status for v in versions},
+        "avg_at_k": {v.id: (v.eval_summary or {}).get("avg@k") for v in versions},
+        "no_rl_avg_at_k": no_rl.get("avg@k"), "best_version": best.id if best else None,
+        "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
+        "decisions": len(ws.lineage.decisions()), "usage": usage or {},
+        "finished": bool(ws.lineage.kv_get("loop/finished")),
+    }
+
+
+def open_toolbox(run_dir: str | Path, backend: str = "local") -> ToolBox:
+    """An in-process MCP session on the ``all`` server of ``run_dir``.
+
+    Raises:
+        LoopError: the servers package is not installed.
+    """
+    try:
+        from evotrainer.servers import build_server
+    except ImportError as exc:
+        raise LoopError(f"the MCP servers are not available ({exc})") from None
+    server = build_server("all", str(run_dir))
+    return ToolBox(server)
