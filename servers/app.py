@@ -1,0 +1,142 @@
+"""Build the MCP servers: one per toolset, or all of them as one server (DESIGN.md §6).
+
+``build_server(name, run_dir)`` returns an ``MCPServer`` (official SDK 2.x) for ``training``,
+``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each server has the shared
+:class:`~evotrainer.servers.common.ServerState` as its lifespan context and the prompts
+``diagnose_run`` and ``propose_next_intervention``. Transports live in :mod:`evotrainer.servers.http`
+(streamable HTTP with a bearer token) and :func:`run_stdio`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+from evotrainer.servers.common import ServerState, make_lifespan
+from mcp.server.mcpserver import MCPServer
+from pydantic import Field
+
+TOOLSETS: dict[str, str] = {
+    "training": "evotrainer.servers.training",
+    "rollouts": "evotrainer.servers.rollouts",
+    "logs": "evotrainer.servers.logs",
+}
+SERVER_NAMES: tuple[str, ...] = (*TOOLSETS, "all")
+
+INSTRUCTIONS = {
+    "training": "Training control of an EvoTrainer run: versions (lineage), recipe diffs, proposing single-factor "
+                "interventions, training / evaluation jobs with progress, keep / prune / revert / merge decisions.",
+    "rollouts": "Rollout inspection of an EvoTrainer run: sample and filter rollouts, groups and their reward "
+                "variance, full-text search, side-by-side comparison of versions on the same prompts.",
+    "logs": "Log and metric search of an EvoTrainer run: run log records, metric names, downsampled series, "
+            "summaries (trend, last values).",
+    "analyzers": "Diagnostic analyzers of an EvoTrainer run: run built-in analyzers, run sandboxed analyzer code, "
+                 "register and backtest analyzers, re-score rollouts, replay filters, the promotion gate.",
+    "skills": "EvoTrainer's skill memory: search, read and add skills (interventions, analyzers), record outcomes, "
+              "failed cases and search traces.",
+}
+
+
+def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> MCPServer:
+    """An MCP server with the tools of ``name`` (one toolset or ``all``) over the run in ``run_dir``.
+
+    Args:
+        name: ``training`` | ``rollouts`` | ``logs`` | ``analyzers`` | ``skills`` | ``all``.
+        run_dir: the run folder (a workspace made by ``evotrainer init`` / ``run``); tools that need a
+            run return a tool error when it is missing. The skills server works without one.
+        backend: training backend for start_training / evaluate_version (``local`` | ``openrlhf``).
+
+    Raises:
+        ValueError: unknown server name.
+    """
+    if name not in SERVER_NAMES:
+        raise ValueError(f"server {name!r}: choose one of {', '.join(SERVER_NAMES)}")
+    state = ServerState(run_dir)
+    state.extras["backend_name"] = backend
+    sets = list(TOOLSETS) if name == "all" else [name]
+    instructions = " ".join(INSTRUCTIONS[s] for s in sets)
+    server = MCPServer(f"evotrainer-{name}", instructions=instructions, lifespan=make_lifespan(state),
+                       log_level="WARNING", version=_version())
+    for s in sets:
+        importlib.import_module(TOOLSETS[s]).register(server, state)
+    _add_prompts(server, state)
+    server.evotrainer_state = state  # type: ignore[attr-defined]  (tests and the CLI reach jobs through it)
+    return server
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("evotrainer")
+    except Exception:
+        return "0"
+
+
+def _lineage_table(state: ServerState) -> str:
+    try:
+        ws = state.workspace()
+    except Exception as exc:
+        return f"(run not available: {exc})"
+    rows = []
+    for v in ws.lineage.versions():
+        ivs = "; ".join(iv.describe() for iv in v.interventions) or "base"
+        ev = v.eval_summary.get("avg@k")
+        rew = v.metrics_summary.get("reward/mean")
+        rows.append(f"- {v.id} (parent {v.parent_id}) {v.status}: {ivs}"
+                    + (f"; Avg@k={ev:.3f}" if isinstance(ev, (int, float)) else "")
+                    + (f"; reward/mean={rew:.3f}" if isinstance(rew, (int, float)) else ""))
+    return "\n".join(rows) or "(empty lineage)"
+
+
+def _add_prompts(server: MCPServer, state: ServerState) -> None:
+    @server.prompt()
+    def diagnose_run(
+        version_id: Annotated[str | None, Field(description="Version to diagnose (default: the latest trained).")]
+        = None,
+    ) -> str:
+        """Diagnose a trained version: read its metrics, rollouts and logs, run analyzers, and report findings
+        with evidence."""
+        target = version_id or "the most recently trained version"
+        return (
+            f"Diagnose {target} of this EvoTrainer run.\n\nLineage now:\n{_lineage_table(state)}\n\n"
+            "Steps: (1) metric_summary and get_metric_series for reward/mean, reward/frac_zero_std, policy/entropy, "
+            "completions/mean_length, completions/clipped_ratio, policy/kl; (2) group_stats and sample_rollouts "
+            "(look at zero-variance groups, truncated completions, high-reward completions that look wrong); "
+            "(3) list_analyzers then run_analyzer on the version; (4) search_logs for warnings and errors. "
+            "Report each finding as: kind, severity (info | warn | blocking), steps, evidence refs (metric "
+            "names, rollout ids), and a one-line explanation. Do not propose fixes yet."
+        )
+
+    @server.prompt()
+    def propose_next_intervention(
+        version_id: Annotated[str, Field(description="Parent version of the next child.")],
+        findings: Annotated[str, Field(description="Findings of the diagnosis (text or JSON).")] = "",
+    ) -> str:
+        """Propose the next single-factor intervention on a version from its findings and the skill memory."""
+        return (
+            f"Propose the next intervention on {version_id}.\n\nLineage now:\n{_lineage_table(state)}\n\n"
+            f"Findings:\n{findings or '(run diagnose_run first, or call run_analyzer)'}\n\n"
+            "Steps: (1) search_skills with the finding kinds; (2) pick ONE recipe path to change (single factor), "
+            "with a hypothesis and the metric expected to move; (3) where possible backtest it first "
+            "(rescore_rollouts for a reward change, replay_filter for a filter change); (4) call "
+            "propose_intervention(parent_id, path, new_value, hypothesis, expected_metric, expected_direction, "
+            "source='skill:<id>'). Avoid interventions already tried in the lineage above."
+        )
+
+
+def run_stdio(name: str, run_dir: str | Path | None, backend: str = "local") -> None:
+    """Serve ``name`` over stdio until the client closes the pipe."""
+    build_server(name, run_dir, backend=backend).run("stdio")
+
+
+def describe(name: str) -> str:
+    """JSON list of the tools of a server (name and first line of the description), for docs and --json."""
+    import anyio
+
+    server = build_server(name, None)
+    tools = anyio.run(server.list_tools)
+    return json.dumps([{"name": t.name, "description": (t.description or "").strip().splitlines()[0]}
+                       for t in tools], indent=2)

@@ -1,0 +1,177 @@
+"""Shared plumbing of the MCP servers: server state (lifespan context), error mapping, pagination.
+
+Every toolset module (``training``, ``rollouts``, ``logs``, ``analyzers``, ``skills``) exposes
+``register(server)``; its tools reach the run through :func:`state_of` (the lifespan context,
+as in the SDK's ``lifespan_example.py``) and raise :class:`ToolError` with a message that says what
+to fix. :func:`tool` registers a function with that error mapping: a known domain error
+(``LineageError``, ``RecipeError``, ...) becomes a tool error with its own message; anything else
+becomes a tool error that names the exception (the server keeps serving either way).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_LIMIT = 500  # the largest page any list tool returns
+
+
+class ServerState:
+    """Handles shared by all tools of one server process (the lifespan context).
+
+    The workspace is opened lazily and read-only in spirit (no writer lock): training and
+    evaluation jobs open their own writer handle (:mod:`evotrainer.servers.training`). SQLite WAL
+    and Lance snapshots give readers consistent views while a job writes.
+
+    Args:
+        run_dir: the run folder the tools act on (None: the tools that need a run say so).
+    """
+
+    def __init__(self, run_dir: str | Path | None):
+        self.run_dir = Path(run_dir).expanduser().resolve() if run_dir else None
+        self._ws = None
+        self._lock = threading.Lock()
+        self.jobs: Any = None  # training.JobManager, set by training.register
+        self.extras: dict[str, Any] = {}  # lazily opened handles of other toolsets (skill store, ...)
+
+    def workspace(self):
+        """The run's :class:`~evotrainer.workspace.Workspace` (opened on first use).
+
+        Raises:
+            ToolError: no run folder was given, or it is not a run folder.
+        """
+        from evotrainer.workspace import Workspace, WorkspaceError
+
+        with self._lock:
+            if self._ws is None:
+                if self.run_dir is None:
+                    raise ToolError("this server was started without a run folder; restart it with --run PATH")
+                try:
+                    self._ws = Workspace.open(self.run_dir)
+                except WorkspaceError as exc:
+                    raise ToolError(str(exc)) from None
+            return self._ws
+
+    def extra(self, key: str, factory: Callable[[], Any]) -> Any:
+        """A lazily created shared handle (one per server process), e.g. the skill store."""
+        with self._lock:
+            if key not in self.extras:
+                self.extras[key] = factory()
+            return self.extras[key]
+
+    def close(self) -> None:
+        """Close the workspace (jobs keep their own handles)."""
+        with self._lock:
+            if self._ws is not None:
+                self._ws.close()
+                self._ws = None
+
+
+def make_lifespan(state: ServerState):
+    """A lifespan that hands ``state`` to every session (state outlives sessions: jobs keep running)."""
+
+    @asynccontextmanager
+    async def lifespan(_server: MCPServer) -> AsyncIterator[ServerState]:
+        yield state
+
+    return lifespan
+
+
+def state_of(ctx: Context) -> ServerState:
+    """The :class:`ServerState` of the server handling this request."""
+    return ctx.request_context.lifespan_context
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from evotrainer.intervention import InterventionError
+    from evotrainer.lineage import LineageError
+    from evotrainer.recipe import RecipeError
+    from evotrainer.workspace import WorkspaceError
+
+    return (LineageError, RecipeError, InterventionError, WorkspaceError, ValueError, KeyError,
+            FileNotFoundError, PermissionError, TimeoutError)
+
+
+def _to_tool_error(name: str, exc: BaseException) -> ToolError:
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, _known_errors()):
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        return ToolError(str(msg))
+    return ToolError(f"{name} failed: {type(exc).__name__}: {exc}")
+
+
+def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False) -> Callable[[F], F]:
+    """Register ``fn`` as a tool of ``server`` with domain errors mapped to tool errors.
+
+    The docstring is the tool description; arguments carry ``Field(description=...)``; the return
+    annotation (a pydantic model) is the output schema.
+    """
+
+    def deco(fn: F) -> F:
+        name = fn.__name__
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def wrapped(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception as exc:
+                    raise _to_tool_error(name, exc) from exc
+        else:
+            @functools.wraps(fn)
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as exc:
+                    raise _to_tool_error(name, exc) from exc
+
+        server.add_tool(wrapped, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
+                                                              open_world_hint=False))
+        return fn
+
+    return deco
+
+
+# --- pagination ---------------------------------------------------------------------------------
+class Page(BaseModel):
+    """Pagination fields of every list result: pass ``next_offset`` as ``offset`` for the next page."""
+
+    total: int = Field(..., description="Number of items matching the query.")
+    offset: int = Field(..., description="Offset of the first item of this page.")
+    next_offset: int | None = Field(None, description="Offset of the next page; null on the last page.")
+
+
+def page_fields(total: int, offset: int, n_returned: int) -> dict[str, Any]:
+    """``{total, offset, next_offset}`` for a page of ``n_returned`` items starting at ``offset``."""
+    nxt = offset + n_returned
+    return {"total": total, "offset": offset, "next_offset": nxt if nxt < total and n_returned > 0 else None}
+
+
+def clip_text(text: str | None, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters with a marker saying how much was cut."""
+    text = text or ""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"... [{len(text) - max_chars} more chars]"
+
+
+def require_version(ws: Any, version_id: str) -> Any:
+    """The version ``version_id`` of the run, or a tool error listing the known ids."""
+    from evotrainer.lineage import LineageError
+
+    try:
+        return ws.lineage.get(version_id)
+    except LineageError as exc:
+        raise ToolError(f"{exc}; call list_versions to see them") from None

@@ -1,0 +1,190 @@
+"""Background train / evaluate jobs of the training-control server.
+
+A job runs a backend call (``Backend.train`` / ``Backend.evaluate``, docs/interfaces.md) in a
+daemon thread with its own writer handle on the workspace (the run's writer lock: one writing job
+per run at a time). Its row in the lineage store (``jobs`` table) is updated after each step, so
+any client, in this process or another, reads its progress; cancellation sets an event that the
+backend polls through ``should_stop``. Jobs of a dead server process are marked ``interrupted`` by
+the lineage store on the next open (resumable: training continues from the last logged step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+
+RunFn = Callable[[Any, Callable[[dict[str, Any]], None], Callable[[], bool]], Any]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """A backend result (pydantic model, dataclass, mapping) as plain JSON-able data."""
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+@dataclasses.dataclass
+class RunningJob:
+    """In-memory side of a job started by this process."""
+
+    id: str
+    kind: str
+    version_id: str
+    steps_total: int
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    steps_done: int = 0
+    last: dict[str, Any] = dataclasses.field(default_factory=dict)
+    result: Any = None
+    started_at: float = dataclasses.field(default_factory=time.time)
+    thread: threading.Thread | None = None
+
+
+class JobManager:
+    """Starts, tracks and cancels the background jobs of one server process.
+
+    Args:
+        run_dir: the run folder (a writer handle is opened on it per job).
+    """
+
+    def __init__(self, run_dir: Any):
+        self.run_dir = run_dir
+        self._jobs: dict[str, RunningJob] = {}
+        self._lock = threading.Lock()
+
+    def running(self) -> list[RunningJob]:
+        """Jobs of this process that have not finished."""
+        with self._lock:
+            return [j for j in self._jobs.values() if not j.done.is_set()]
+
+    def get(self, job_id: str) -> RunningJob | None:
+        """The in-memory job (None if it was started by another process)."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def start(self, kind: str, version_id: str, steps_total: int, run: RunFn) -> RunningJob:
+        """Open a writer handle, register the job row and start ``run(ws, progress, should_stop)`` in a thread.
+
+        Raises:
+            ToolError: no run folder, or another job / process holds the run's writer lock.
+        """
+        from evotrainer.workspace import Workspace, WorkspaceError
+
+        if self.run_dir is None:
+            raise ToolError("this server was started without a run folder; restart it with --run PATH")
+        try:
+            ws = Workspace.open(self.run_dir, writer=True)
+        except WorkspaceError as exc:
+            busy = ", ".join(f"{j.id} ({j.kind} {j.version_id})" for j in self.running())
+            hint = f"; running here: {busy} (wait with job_status or stop it with cancel_job)" if busy else ""
+            raise ToolError(f"{exc}{hint}") from None
+        job = RunningJob(id=f"{kind}-{version_id}-{uuid.uuid4().hex[:8]}", kind=kind, version_id=version_id,
+                         steps_total=steps_total)
+        try:
+            ws.lineage.create_job(job.id, version_id, kind, steps_total=steps_total)
+        except BaseException:
+            ws.close()
+            raise
+        with self._lock:
+            self._jobs[job.id] = job
+        job.thread = threading.Thread(target=self._run, args=(job, ws, run), name=job.id, daemon=True)
+        job.thread.start()
+        return job
+
+    def _run(self, job: RunningJob, ws: Any, run: RunFn) -> None:
+        def progress(info: dict[str, Any]) -> None:
+            job.last = dict(info)
+            if "done" in info and "total" in info:  # evaluation reports problems done / total
+                job.steps_done, job.steps_total = int(info["done"]), int(info["total"])
+            else:
+                job.steps_done += 1
+            frac = job.steps_done / job.steps_total if job.steps_total else 0.0
+            ws.lineage.update_job(job.id, steps_done=job.steps_done, steps_total=job.steps_total,
+                                  progress=min(1.0, frac), message=_progress_message(info))
+
+        try:
+            job.result = run(ws, progress, job.cancel.is_set)
+            status = "cancelled" if job.cancel.is_set() else "done"
+            ws.lineage.update_job(job.id, status=status, progress=1.0 if status == "done" else
+                                  (job.steps_done / job.steps_total if job.steps_total else 0.0),
+                                  message=_result_message(job.result, status))
+            ws.log(f"{job.kind} job {job.id} {status}", version=job.version_id, source="mcp")
+        except BaseException as exc:  # the job fails, the server keeps serving
+            job.result = {"error": f"{type(exc).__name__}: {exc}"}
+            try:
+                ws.lineage.update_job(job.id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+                ws.log(f"{job.kind} job {job.id} failed: {exc}", level="error", version=job.version_id, source="mcp")
+            except Exception:
+                pass
+        finally:
+            ws.close()
+            job.done.set()
+
+    def cancel(self, job_id: str) -> RunningJob:
+        """Ask a running job to stop after its current step.
+
+        Raises:
+            ToolError: the job is not running in this process.
+        """
+        job = self.get(job_id)
+        if job is None:
+            raise ToolError(f"job {job_id!r} was not started by this server process; cancel it where it runs")
+        if job.done.is_set():
+            raise ToolError(f"job {job_id!r} has finished already; nothing to cancel")
+        job.cancel.set()
+        return job
+
+    async def wait(self, ctx: Context | None, job_id: str, wait_s: float) -> None:
+        """Wait up to ``wait_s`` seconds for a job to finish, sending MCP progress notifications per step."""
+        job = self.get(job_id)
+        if job is None or wait_s <= 0:
+            return
+        deadline = time.monotonic() + wait_s
+        reported = -1
+        while time.monotonic() < deadline:
+            if job.steps_done != reported and ctx is not None:
+                reported = job.steps_done
+                try:
+                    await ctx.report_progress(job.steps_done, job.steps_total or None,
+                                              f"{job.kind} {job.version_id}: {_progress_message(job.last)}")
+                except Exception:
+                    pass  # a client that cannot take notifications still gets the result
+            if job.done.is_set():
+                return
+            await anyio.sleep(0.05)
+
+
+def _progress_message(info: dict[str, Any]) -> str:
+    if not info:
+        return "starting"
+    parts = []
+    if "step" in info:
+        parts.append(f"step {info['step']}" + (f"/{info['steps']}" if "steps" in info else ""))
+    for key in ("reward", "tokens_per_sec"):
+        if isinstance(info.get(key), (int, float)):
+            parts.append(f"{key}={info[key]:.3g}")
+    return ", ".join(parts) or ", ".join(f"{k}={v}" for k, v in list(info.items())[:4])
+
+
+def _result_message(result: Any, status: str) -> str:
+    data = to_jsonable(result)
+    if isinstance(data, dict):
+        brief = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80}
+        return f"{status}: " + ", ".join(f"{k}={v}" for k, v in list(brief.items())[:8])
+    return status

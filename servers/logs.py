@@ -1,0 +1,277 @@
+"""Log- and metric-search tools: the run log (``logs/run.jsonl``) and the step metrics of the lineage store.
+
+Tools: ``search_logs`` (substring or regex, version, level, time range), ``list_metrics``,
+``get_metric_series`` (downsampled to at most ``max_points`` buckets: mean value with min / max per
+bucket, as TensorBoard's and W&B's line charts do), ``metric_summary`` (first / last / min / max /
+mean and the least-squares slope per step). Metric names are those of ``evotrainer.metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from evotrainer.servers.common import (
+    MAX_LIMIT,
+    Page,
+    ServerState,
+    clip_text,
+    page_fields,
+    require_version,
+    state_of,
+    tool,
+)
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+LEVELS = ("debug", "info", "warning", "error")
+TimeArg = Annotated[str | None, Field(description="Unix seconds (e.g. '1767225600') or ISO 8601 "
+                                                   "(e.g. '2026-01-01T00:00:00Z').")]
+
+
+class LogRecord(BaseModel):
+    """One log record."""
+
+    time: float = Field(description="Unix seconds.")
+    iso_time: str = Field(description="UTC, ISO 8601.")
+    level: str
+    version: str | None
+    source: str
+    message: str
+    extra: dict[str, Any] = Field(default_factory=dict, description="Other fields of the record.")
+
+
+class LogList(Page):
+    """A page of log records, oldest first."""
+
+    records: list[LogRecord]
+
+
+class MetricVersion(BaseModel):
+    """Which metrics a version has and over how many steps."""
+
+    version_id: str
+    n_steps: int
+    last_step: int
+    names: list[str]
+
+
+class MetricList(BaseModel):
+    """Metric names logged in the run, per version."""
+
+    names: list[str] = Field(description="All metric names (slash namespaces, e.g. reward/mean).")
+    versions: list[MetricVersion]
+
+
+class SeriesPoint(BaseModel):
+    """One (possibly downsampled) point of a series."""
+
+    step: int = Field(description="Last step of the bucket.")
+    value: float | None = Field(description="Mean over the bucket (null if only NaN / missing values).")
+    min: float | None
+    max: float | None
+    n: int = Field(description="Raw points in the bucket.")
+
+
+class MetricSeries(BaseModel):
+    """A metric of a version over steps."""
+
+    version_id: str
+    name: str
+    n_raw: int = Field(description="Raw points in the step range.")
+    downsampled: bool
+    points: list[SeriesPoint]
+
+
+class MetricStats(BaseModel):
+    """Summary of one metric series."""
+
+    name: str
+    n: int
+    first: float | None
+    last: float | None
+    min: float | None
+    max: float | None
+    mean: float | None
+    slope_per_step: float | None = Field(description="Least-squares slope (value units per step).")
+    last_k_mean: float | None = Field(description="Mean of the last min(10, n) values.")
+
+
+class MetricSummary(BaseModel):
+    """Summary of a version's metrics and its eval summary."""
+
+    version_id: str
+    metrics: list[MetricStats]
+    eval_summary: dict[str, Any]
+
+
+def parse_time(value: str | None, field: str) -> float | None:
+    """Unix seconds from a unix-seconds or ISO-8601 string (None passes through).
+
+    Raises:
+        ToolError: neither form.
+    """
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ToolError(f"{field}={value!r}: give unix seconds (1767225600) or ISO 8601 (2026-01-01T00:00:00Z)") \
+            from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def downsample(series: list[tuple[int, float | None]], max_points: int) -> list[SeriesPoint]:
+    """Bucket ``series`` into at most ``max_points`` contiguous buckets (mean, min, max; NaN / None skipped)."""
+    n = len(series)
+    if n == 0:
+        return []
+    buckets = min(n, max_points)
+    out = []
+    for b in range(buckets):
+        chunk = series[b * n // buckets:(b + 1) * n // buckets]
+        vals = [v for _, v in chunk if v is not None and not math.isnan(v)]
+        out.append(SeriesPoint(step=chunk[-1][0], value=sum(vals) / len(vals) if vals else None,
+                               min=min(vals) if vals else None, max=max(vals) if vals else None, n=len(chunk)))
+    return out
+
+
+def stats_of(name: str, series: list[tuple[int, float | None]]) -> MetricStats:
+    """First / last / min / max / mean and least-squares slope of a series (NaN / None skipped)."""
+    pts = [(s, v) for s, v in series if v is not None and not math.isnan(v)]
+    if not pts:
+        return MetricStats(name=name, n=0, first=None, last=None, min=None, max=None, mean=None,
+                           slope_per_step=None, last_k_mean=None)
+    vals = [v for _, v in pts]
+    slope = None
+    if len(pts) >= 2:
+        sx = sum(s for s, _ in pts) / len(pts)
+        sy = sum(vals) / len(vals)
+        sxx = sum((s - sx) ** 2 for s, _ in pts)
+        slope = sum((s - sx) * (v - sy) for s, v in pts) / sxx if sxx > 0 else 0.0
+    tail = vals[-10:]
+    return MetricStats(name=name, n=len(vals), first=vals[0], last=vals[-1], min=min(vals), max=max(vals),
+                       mean=sum(vals) / len(vals), slope_per_step=slope, last_k_mean=sum(tail) / len(tail))
+
+
+def register(server: MCPServer, state: ServerState) -> None:
+    """Add the log- and metric-search tools to ``server``."""
+
+    @tool(server)
+    def search_logs(
+        ctx: Context,
+        query: Annotated[str | None, Field(description="Text to find in the message (case-insensitive), or a "
+                                                       "Python regex with regex=true.", max_length=1000)] = None,
+        regex: Annotated[bool, Field(description="Treat query as a regular expression.")] = False,
+        version_id: Annotated[str | None, Field(description="Only records of this version.")] = None,
+        level: Annotated[Literal["debug", "info", "warning", "error"] | None, Field(
+            description="Minimum level (debug < info < warning < error).")] = None,
+        since: TimeArg = None,
+        until: TimeArg = None,
+        offset: Annotated[int, Field(description="Index of the first record.", ge=0)] = 0,
+        limit: Annotated[int, Field(description="Records per page.", ge=1, le=MAX_LIMIT)] = 50,
+        max_chars: Annotated[int, Field(description="Cut messages to this many characters (0 = no cut).", ge=0)]
+        = 2000,
+    ) -> LogList:
+        """Search the run log (training, jobs, decisions, errors) by text or regex, version, level and time."""
+        ws = state_of(ctx).workspace()
+        t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+        if t0 is not None and t1 is not None and t0 > t1:
+            raise ToolError(f"since={since!r} is after until={until!r}: give since <= until")
+        pattern = None
+        if query and regex:
+            try:
+                pattern = re.compile(query, re.IGNORECASE)
+            except re.error as exc:
+                raise ToolError(f"query={query!r} is not a valid regex ({exc}); fix it or pass regex=false") from None
+        min_level = LEVELS.index(level) if level else 0
+        out = []
+        for rec in ws.read_logs():
+            msg = str(rec.get("message", ""))
+            lvl = str(rec.get("level", "info")).lower()
+            t = rec.get("time")
+            if version_id is not None and rec.get("version") != version_id:
+                continue
+            if (LEVELS.index(lvl) if lvl in LEVELS else len(LEVELS)) < min_level:
+                continue
+            if not isinstance(t, (int, float)) or (t0 is not None and t < t0) or (t1 is not None and t > t1):
+                continue
+            if query and not (pattern.search(msg) if pattern else query.lower() in msg.lower()):
+                continue
+            out.append(rec)
+        page = out[offset:offset + limit]
+        skip = {"time", "level", "version", "source", "message"}
+        records = [LogRecord(time=r["time"], iso_time=datetime.fromtimestamp(r["time"], timezone.utc).isoformat(),
+                             level=str(r.get("level", "info")), version=r.get("version"),
+                             source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
+                             extra={k: v for k, v in r.items() if k not in skip}) for r in page]
+        return LogList(records=records, **page_fields(len(out), offset, len(page)))
+
+    @tool(server)
+    def list_metrics(
+        ctx: Context,
+        version_id: Annotated[str | None, Field(description="Only this version (default: every version).")] = None,
+    ) -> MetricList:
+        """Metric names logged in the run and, per version, the metrics and number of steps."""
+        ws = state_of(ctx).workspace()
+        vids = [require_version(ws, version_id).id] if version_id else [v.id for v in ws.lineage.versions()]
+        per = []
+        for vid in vids:
+            allm = ws.lineage.all_metrics(vid)
+            if not allm and version_id is None:
+                continue
+            steps = {s for series in allm.values() for s, _ in series}
+            per.append(MetricVersion(version_id=vid, n_steps=len(steps), last_step=max(steps, default=-1),
+                                     names=sorted(allm)))
+        return MetricList(names=sorted({n for p in per for n in p.names}), versions=per)
+
+    @tool(server)
+    def get_metric_series(
+        ctx: Context,
+        version_id: Annotated[str, Field(description="Version id.")],
+        name: Annotated[str, Field(description="Metric name, e.g. 'reward/mean' (list_metrics shows them).")],
+        max_points: Annotated[int, Field(description="Most points returned; longer series are bucket-averaged.",
+                                         ge=1, le=5000)] = 200,
+        step_min: Annotated[int | None, Field(description="First step (inclusive).", ge=0)] = None,
+        step_max: Annotated[int | None, Field(description="Last step (inclusive).", ge=0)] = None,
+    ) -> MetricSeries:
+        """A metric of a version over training steps, downsampled to at most max_points (mean, min, max per
+        bucket)."""
+        ws = state_of(ctx).workspace()
+        require_version(ws, version_id)
+        series = ws.lineage.metric_series(version_id, name)
+        if not series:
+            names = ws.lineage.metric_names(version_id)
+            raise ToolError(f"metric {name!r} not logged for {version_id}; "
+                            + (f"it has: {', '.join(names)}" if names else "it has no metrics yet (train it first)"))
+        series = [(s, v) for s, v in series if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)]
+        return MetricSeries(version_id=version_id, name=name, n_raw=len(series), downsampled=len(series) > max_points,
+                            points=downsample(series, max_points))
+
+    @tool(server)
+    def metric_summary(
+        ctx: Context,
+        version_id: Annotated[str, Field(description="Version id.")],
+        names: Annotated[list[str] | None, Field(description="Metric names (default: all logged).")] = None,
+    ) -> MetricSummary:
+        """Per metric of a version: n, first, last, min, max, mean, slope per step and mean of the last 10
+        values; plus the version's eval summary."""
+        ws = state_of(ctx).workspace()
+        v = require_version(ws, version_id)
+        allm = ws.lineage.all_metrics(version_id)
+        if names:
+            missing = [n for n in names if n not in allm]
+            if missing:
+                raise ToolError(f"metrics not logged for {version_id}: {', '.join(missing)}; it has: "
+                                f"{', '.join(sorted(allm)) or 'none (train it first)'}")
+        return MetricSummary(version_id=version_id, eval_summary=v.eval_summary,
+                             metrics=[stats_of(n, allm[n]) for n in (names or sorted(allm))])
