@@ -1,0 +1,201 @@
+"""Analyzer registry: one protocol (evidence in, findings out) for built-in and runtime analyzers.
+
+An analyzer is a callable ``fn(evidence: Evidence) -> list[Finding]``. Built-ins
+(``harness/builtin_analyzers.py``) register themselves with :func:`analyzer`; agents and users
+register more at run time with :func:`register_analyzer`, either as a Python callable or as
+analyzer CODE, which runs in the sandbox (``evotrainer.sandbox.run_in_sandbox``) against the
+evidence written as files (:meth:`Evidence.to_dir`) and mounted read-only; the code prints
+findings JSON (``[{"kind", "severity", "versions", "steps", "evidence", "explanation"}]``) to
+stdout. See :func:`run_analyzer_code` for the code contract.
+
+``run_analyzers(evidence, names=None)`` runs all (or the named) analyzers. A failing runtime
+analyzer yields an ``info`` finding of kind ``analyzer_error`` instead of stopping the others;
+a failing built-in raises (it is a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import Finding, parse_findings, sort_findings
+
+AnalyzerFn = Callable[[Evidence], list[Finding]]
+
+
+class AnalyzerError(ValueError):
+    """Unknown analyzer, bad registration, or analyzer code that failed / printed invalid findings."""
+
+
+@dataclass
+class AnalyzerSpec:
+    """A registered analyzer."""
+
+    name: str
+    fn: AnalyzerFn
+    kinds: tuple[str, ...] = ()
+    description: str = ""
+    builtin: bool = False
+    code: str | None = None  # source of a sandboxed analyzer
+    options: dict = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, AnalyzerSpec] = {}
+
+
+def analyzer(name: str, kinds: tuple[str, ...] = (), description: str = "") -> Callable[[AnalyzerFn], AnalyzerFn]:
+    """Decorator the built-ins use: register ``fn`` under ``name`` as a built-in analyzer."""
+
+    def deco(fn: AnalyzerFn) -> AnalyzerFn:
+        _REGISTRY[name] = AnalyzerSpec(name=name, fn=fn, kinds=tuple(kinds or (name,)),
+                                       description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                                       builtin=True)
+        return fn
+
+    return deco
+
+
+def register_analyzer(name: str, fn_or_code: AnalyzerFn | str, kinds: tuple[str, ...] | list[str] = (),
+                      description: str = "", replace: bool = False, timeout_s: float = 60.0,
+                      memory_mb: int = 1024) -> AnalyzerSpec:
+    """Register a runtime analyzer: a Python callable, or analyzer code run in the sandbox.
+
+    Args:
+        name: unique snake_case name.
+        fn_or_code: ``fn(evidence) -> list[Finding]``, or Python source (see :func:`run_analyzer_code`).
+        kinds: finding kinds it may report (documentation and backtest filters).
+        description: one line for listings.
+        replace: overwrite an existing runtime analyzer of the same name.
+        timeout_s, memory_mb: sandbox limits for code analyzers.
+
+    Raises:
+        AnalyzerError: bad name, a built-in of that name, or a duplicate without ``replace``.
+    """
+    if not name or not name.replace("_", "").isalnum():
+        raise AnalyzerError(f"analyzer name {name!r}: use a snake_case name such as 'reward_spike'")
+    old = _REGISTRY.get(name)
+    if old is not None and old.builtin:
+        raise AnalyzerError(f"analyzer {name!r} is a built-in; pick another name")
+    if old is not None and not replace:
+        raise AnalyzerError(f"analyzer {name!r} is registered already; pass replace=True to overwrite it")
+    if isinstance(fn_or_code, str):
+        code = fn_or_code
+        try:
+            compile(code, f"<analyzer {name}>", "exec")
+        except SyntaxError as exc:
+            raise AnalyzerError(f"analyzer {name!r}: syntax error line {exc.lineno}: {exc.msg}") from None
+
+        def fn(ev: Evidence) -> list[Finding]:
+            return run_analyzer_code(code, ev, name=name, timeout_s=timeout_s, memory_mb=memory_mb)
+
+        spec = AnalyzerSpec(name=name, fn=fn, kinds=tuple(kinds), description=description, code=code,
+                            options={"timeout_s": timeout_s, "memory_mb": memory_mb})
+    elif callable(fn_or_code):
+        spec = AnalyzerSpec(name=name, fn=fn_or_code, kinds=tuple(kinds),
+                            description=description or (fn_or_code.__doc__ or "").strip().split("\n")[0])
+    else:
+        raise AnalyzerError(f"analyzer {name!r}: pass a callable or Python source, got {type(fn_or_code).__name__}")
+    _REGISTRY[name] = spec
+    return spec
+
+
+def unregister_analyzer(name: str) -> None:
+    """Remove a runtime analyzer.
+
+    Raises:
+        AnalyzerError: unknown name, or a built-in.
+    """
+    spec = get_analyzer(name)
+    if spec.builtin:
+        raise AnalyzerError(f"analyzer {name!r} is a built-in and cannot be removed")
+    del _REGISTRY[name]
+
+
+def get_analyzer(name: str) -> AnalyzerSpec:
+    """One registered analyzer.
+
+    Raises:
+        AnalyzerError: unknown name (the message lists the registered ones).
+    """
+    if name not in _REGISTRY:
+        raise AnalyzerError(f"unknown analyzer {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def list_analyzers(builtin: bool | None = None) -> list[AnalyzerSpec]:
+    """Registered analyzers (built-ins first, then runtime ones), optionally only one sort."""
+    specs = [s for s in _REGISTRY.values() if builtin is None or s.builtin == builtin]
+    return sorted(specs, key=lambda s: (not s.builtin, s.name))
+
+
+def run_analyzers(evidence: Evidence, names: list[str] | None = None) -> list[Finding]:
+    """Run all (or the named) analyzers on the evidence; findings sorted most severe first.
+
+    Raises:
+        AnalyzerError: an unknown name.
+    """
+    specs = [get_analyzer(n) for n in names] if names else list_analyzers()
+    out: list[Finding] = []
+    for spec in specs:
+        if spec.builtin:
+            found = spec.fn(evidence)
+        else:
+            try:
+                found = spec.fn(evidence)
+            except Exception as exc:  # a runtime analyzer must not stop the diagnosis
+                found = [Finding(kind="analyzer_error", severity="info", analyzer=spec.name,
+                                 explanation=f"analyzer {spec.name} failed: {type(exc).__name__}: {exc}")]
+        for f in found:
+            if not f.analyzer:
+                f.analyzer = spec.name
+        out.extend(found)
+    return sort_findings(out)
+
+
+def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", timeout_s: float = 60.0,
+                      memory_mb: int = 1024) -> list[Finding]:
+    """Run analyzer source in the sandbox against the evidence; return the findings it prints.
+
+    Code contract: the evidence folder (:meth:`Evidence.to_dir` files: ``metrics.json``,
+    ``metrics.parquet``, ``rollouts.parquet`` when there are rollouts, ``evals.json``,
+    ``meta.json``) is mounted read-only; its path is in the environment variable
+    ``EVIDENCE_DIR``. The code prints a JSON list of findings (or ``{"findings": [...]}``) as the
+    last line of stdout; ``analyzer`` is filled in with ``name``.
+
+    Raises:
+        AnalyzerError: the code exited non-zero, hit a sandbox limit, or printed no valid findings
+            JSON (the message quotes the end of stderr / stdout).
+    """
+    from evotrainer.sandbox import run_in_sandbox
+
+    with tempfile.TemporaryDirectory(prefix="evidence-") as tmp:
+        evidence_dir = evidence.to_dir(Path(tmp) / "evidence")
+        res = _call_sandbox(run_in_sandbox, code, evidence_dir, timeout_s, memory_mb)
+    if res.exit_code != 0 or getattr(res, "limit_hit", None):
+        tail = (res.stderr or res.stdout or "")[-600:].strip()
+        limit = f" (limit hit: {res.limit_hit})" if getattr(res, "limit_hit", None) else ""
+        raise AnalyzerError(f"analyzer {name!r} exited {res.exit_code}{limit}: {tail}")
+    lines = [ln for ln in (res.stdout or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        raise AnalyzerError(f"analyzer {name!r} printed nothing; print a JSON list of findings as the last line")
+    try:
+        payload = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise AnalyzerError(f"analyzer {name!r}: last stdout line is not JSON: {lines[-1][:200]!r}") from None
+    try:
+        return parse_findings(payload, analyzer=name)
+    except ValueError as exc:
+        raise AnalyzerError(f"analyzer {name!r}: {exc}") from None
+
+
+def _call_sandbox(run_in_sandbox: Callable, code: str, evidence_dir: Path, timeout_s: float, memory_mb: int):
+    """Adapter to ``evotrainer.sandbox.run_in_sandbox`` (code, read-only evidence mount, limits)."""
+    return run_in_sandbox(code, ro_mounts={str(evidence_dir): "/evidence"}, env={"EVIDENCE_DIR": "/evidence"},
+                          timeout_s=timeout_s, memory_mb=memory_mb)
+
+
+from evotrainer.harness import builtin_analyzers as _builtin_analyzers  # noqa: E402,F401  (registers the built-ins)

@@ -1,0 +1,243 @@
+"""Evidence: everything an analyzer may look at, in one object (DESIGN.md §4).
+
+* ``metrics``: per-step series per version, ``{version: {metric: (steps, values)}}`` held as numpy
+  arrays (int64 steps, float64 values, sorted by step; NaN / inf kept: they are evidence). Names
+  are ``evotrainer/metrics.py`` names after ingest's alias table; unknown foreign keys are kept
+  under their own names.
+* ``rollouts``: an Arrow table in the :data:`evotrainer.rollouts.SCHEMA` layout (or None).
+* ``evals``: held-out outcome matrices ``{version: {problem_id: [0/1 per sample]}}``.
+* ``recipes`` (``{version: recipe dict}``), ``parents`` (``{version: parent or None}``),
+  ``statuses`` (``{version: status}``), ``eval_summaries`` (``{version: {"avg@k": ...}}``).
+
+Build one with :meth:`Evidence.from_workspace` (an EvoTrainer run) or ``harness.ingest`` (a run
+of another framework). :meth:`Evidence.to_dir` writes the files a sandboxed analyzer reads
+(``metrics.json``, ``metrics.parquet``, ``rollouts.parquet``, ``evals.json``, ``meta.json``);
+:meth:`Evidence.from_dir` reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+SeriesArrays = tuple[np.ndarray, np.ndarray]
+_EMPTY: SeriesArrays = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+
+
+def to_arrays(series: Any) -> SeriesArrays:
+    """``[(step, value)]`` (or a ``(steps, values)`` pair of arrays) → sorted ``(int64 steps, float64 values)``.
+
+    ``None`` values become NaN. Duplicate steps keep the last value logged.
+    """
+    if isinstance(series, tuple) and len(series) == 2 and isinstance(series[0], np.ndarray):
+        steps, values = np.asarray(series[0], dtype=np.int64), np.asarray(series[1], dtype=np.float64)
+    else:
+        pairs = list(series)
+        if not pairs:
+            return _EMPTY
+        steps = np.fromiter((int(s) for s, _ in pairs), dtype=np.int64, count=len(pairs))
+        values = np.fromiter((np.nan if v is None else float(v) for _, v in pairs), dtype=np.float64,
+                             count=len(pairs))
+    if len(steps) > 1 and np.any(np.diff(steps) <= 0):
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        keep = np.append(steps[1:] != steps[:-1], True)  # last value of a repeated step
+        steps, values = steps[keep], values[keep]
+    return steps, values
+
+
+@dataclass
+class Evidence:
+    """Metric series, rollouts, eval matrices and lineage of one or more versions (see module docstring)."""
+
+    metrics: dict[str, dict[str, SeriesArrays]] = field(default_factory=dict)
+    rollouts: pa.Table | None = None
+    evals: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    recipes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parents: dict[str, str | None] = field(default_factory=dict)
+    statuses: dict[str, str] = field(default_factory=dict)
+    eval_summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str = ""
+    _derived: dict[str, dict[str, SeriesArrays]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = {v: {k: to_arrays(s) for k, s in ms.items()} for v, ms in self.metrics.items()}
+
+    # --- access -------------------------------------------------------------------------------------
+    @property
+    def versions(self) -> list[str]:
+        """Version ids with any evidence, in first-seen order (lineage order for workspaces)."""
+        seen: dict[str, None] = {}
+        for d in (self.parents, self.metrics, self.evals, self.recipes):
+            for v in d:
+                seen.setdefault(v, None)
+        if self.rollouts is not None and self.rollouts.num_rows:
+            for v in self.rollouts.column("version_id").unique().to_pylist():
+                seen.setdefault(v, None)
+        return list(seen)
+
+    def metric_names(self, version: str) -> list[str]:
+        """Names of the series of a version (logged and rollout-derived)."""
+        names = set(self.metrics.get(version, {}))
+        names |= set(self.derived_metrics().get(version, {}))
+        return sorted(names)
+
+    def series(self, version: str, name: str) -> SeriesArrays:
+        """``(steps, values)`` of one metric; logged values first, rollout-derived ones otherwise.
+
+        Returns empty arrays when the version has no such series.
+        """
+        s = self.metrics.get(version, {}).get(name)
+        if s is not None and len(s[0]):
+            return s
+        return self.derived_metrics().get(version, {}).get(name, _EMPTY)
+
+    def has(self, version: str, name: str) -> bool:
+        """True when the version has at least one value of ``name``."""
+        return len(self.series(version, name)[0]) > 0
+
+    def first(self, version: str, *names: str) -> str | None:
+        """The first of ``names`` the version has, or None."""
+        return next((n for n in names if self.has(version, n)), None)
+
+    def add_series(self, version: str, name: str, series: Any) -> None:
+        """Add (or replace) one metric series of a version."""
+        self.metrics.setdefault(version, {})[name] = to_arrays(series)
+
+    def rollouts_of(self, version: str, split: str | None = "train") -> pa.Table | None:
+        """Rollouts of one version (and split), or None when there are none."""
+        if self.rollouts is None or not self.rollouts.num_rows:
+            return None
+        import pyarrow.compute as pc
+
+        mask = pc.equal(self.rollouts.column("version_id"), version)
+        if split is not None and "split" in self.rollouts.column_names:
+            mask = pc.and_(mask, pc.equal(self.rollouts.column("split"), split))
+        t = self.rollouts.filter(mask)
+        return t if t.num_rows else None
+
+    def derived_metrics(self) -> dict[str, dict[str, SeriesArrays]]:
+        """Per-step metrics computed from the stored rollouts (cached; see ``harness.rollout_metrics``)."""
+        if self._derived is None:
+            if self.rollouts is None or not self.rollouts.num_rows:
+                self._derived = {}
+            else:
+                from evotrainer.harness.rollout_metrics import step_metrics_from_rollouts
+
+                self._derived = step_metrics_from_rollouts(self.rollouts, skip=self.metrics)
+        return self._derived
+
+    def summary(self) -> dict[str, Any]:
+        """Counts per version: metrics, steps, rollouts, eval problems (for CLI headers and MCP tools)."""
+        out: dict[str, Any] = {"source": self.source, "versions": {}}
+        counts: dict[str, int] = {}
+        if self.rollouts is not None and self.rollouts.num_rows:
+            vc = self.rollouts.column("version_id").value_counts()
+            counts = {d["values"]: d["counts"] for d in vc.to_pylist()}
+        for v in self.versions:
+            ms = self.metrics.get(v, {})
+            steps = [int(s[0][-1]) for s in ms.values() if len(s[0])]
+            out["versions"][v] = {"n_metrics": len(ms), "last_step": max(steps) if steps else None,
+                                  "n_rollouts": counts.get(v, 0), "n_eval_problems": len(self.evals.get(v, {})),
+                                  "parent": self.parents.get(v), "status": self.statuses.get(v)}
+        return out
+
+    # --- construction -----------------------------------------------------------------------------------
+    @classmethod
+    def from_workspace(cls, ws: Any, version_ids: Iterable[str] | None = None, rollouts: bool = True,
+                       eval_name: str = "heldout") -> Evidence:
+        """Evidence of an EvoTrainer run folder.
+
+        Args:
+            ws: an :class:`evotrainer.workspace.Workspace`.
+            version_ids: versions to include (default: all); their parents' lineage is recorded too.
+            rollouts: load the versions' rollouts from the rollout store.
+            eval_name: which eval matrix to load (``ws.lineage.eval_matrix``).
+
+        Raises:
+            LineageError: an unknown version id (the message lists the known ones).
+        """
+        all_versions = ws.lineage.versions()
+        if version_ids is None:
+            chosen = all_versions
+        else:
+            chosen = [ws.lineage.get(v) for v in version_ids]
+        ev = cls(source=str(ws.root))
+        for v in chosen:
+            ev.parents[v.id] = v.parent_id
+            ev.statuses[v.id] = v.status
+            ev.recipes[v.id] = v.recipe.to_dict()
+            ev.eval_summaries[v.id] = dict(v.eval_summary or {})
+            ev.metrics[v.id] = {k: to_arrays(s) for k, s in ws.lineage.all_metrics(v.id).items()}
+            m = ws.lineage.eval_matrix(v.id, eval_name)
+            if m:
+                ev.evals[v.id] = m
+        if rollouts and chosen:
+            ids = ", ".join("'" + v.id.replace("'", "''") + "'" for v in chosen)
+            t = ws.rollouts.to_arrow(where=f"version_id IN ({ids})")
+            ev.rollouts = t if t.num_rows else None
+        return ev
+
+    # --- files (for sandboxed analyzers) ----------------------------------------------------------------
+    def to_dir(self, path: str | Path) -> Path:
+        """Write the evidence as files a sandboxed analyzer reads; returns the folder.
+
+        Files: ``metrics.json`` (``{version: {metric: [[step, value], ...]}}``, NaN as null),
+        ``metrics.parquet`` (long: version_id, name, step, value), ``rollouts.parquet`` (store
+        schema; only when there are rollouts), ``evals.json`` (``{version: {problem_id: [0/1]}}``),
+        ``meta.json`` (recipes, parents, statuses, eval_summaries, source).
+        """
+        import pyarrow.parquet as pq
+
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        as_json: dict[str, dict[str, list]] = {}
+        cols: dict[str, list] = {"version_id": [], "name": [], "step": [], "value": []}
+        for v, ms in self.metrics.items():
+            as_json[v] = {}
+            for name, (steps, values) in ms.items():
+                vals = [None if not np.isfinite(x) else float(x) for x in values]
+                as_json[v][name] = [[int(s), x] for s, x in zip(steps.tolist(), vals, strict=True)]
+                cols["version_id"] += [v] * len(steps)
+                cols["name"] += [name] * len(steps)
+                cols["step"] += steps.tolist()
+                cols["value"] += values.tolist()
+        (p / "metrics.json").write_text(json.dumps(as_json))
+        pq.write_table(pa.table({"version_id": pa.array(cols["version_id"], pa.string()),
+                                 "name": pa.array(cols["name"], pa.string()),
+                                 "step": pa.array(cols["step"], pa.int64()),
+                                 "value": pa.array(cols["value"], pa.float64())}), p / "metrics.parquet")
+        if self.rollouts is not None and self.rollouts.num_rows:
+            pq.write_table(self.rollouts, p / "rollouts.parquet")
+        (p / "evals.json").write_text(json.dumps(self.evals))
+        meta = {"recipes": self.recipes, "parents": self.parents, "statuses": self.statuses,
+                "eval_summaries": self.eval_summaries, "source": self.source}
+        (p / "meta.json").write_text(json.dumps(meta, default=str))
+        return p
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Evidence:
+        """Read evidence written by :meth:`to_dir`.
+
+        Raises:
+            FileNotFoundError: ``metrics.json`` is missing (not an evidence folder).
+        """
+        import pyarrow.parquet as pq
+
+        p = Path(path)
+        if not (p / "metrics.json").exists():
+            raise FileNotFoundError(f"{p}: no metrics.json; write evidence with Evidence.to_dir first")
+        raw = json.loads((p / "metrics.json").read_text())
+        metrics = {v: {k: [(s, x) for s, x in pairs] for k, pairs in ms.items()} for v, ms in raw.items()}
+        meta = json.loads((p / "meta.json").read_text()) if (p / "meta.json").exists() else {}
+        evals = json.loads((p / "evals.json").read_text()) if (p / "evals.json").exists() else {}
+        rollouts = pq.read_table(p / "rollouts.parquet") if (p / "rollouts.parquet").exists() else None
+        return cls(metrics=metrics, rollouts=rollouts, evals=evals, recipes=meta.get("recipes", {}),
+                   parents=meta.get("parents", {}), statuses=meta.get("statuses", {}),
+                   eval_summaries=meta.get("eval_summaries", {}), source=meta.get("source", str(p)))

@@ -1,0 +1,110 @@
+"""Findings: what an analyzer reports (DESIGN.md §4).
+
+A :class:`Finding` names a failure kind (one of :data:`KINDS` for built-in analyzers; runtime
+analyzers may report new kinds), a severity (``info`` | ``warn`` | ``blocking``), the versions and
+steps it covers, evidence references and a one-paragraph explanation with the numbers that
+triggered it. ``warn`` and ``blocking`` are failure findings; ``info`` is context ("insufficient
+evidence", a benign artefact). ``blocking`` findings stop the promotion gate (``harness/gate.py``).
+
+Evidence references are strings: a metric name (``policy/entropy``, from ``evotrainer/metrics.py``)
+or ``rollout:<rollout_id>`` for a stored rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Severity = Literal["info", "warn", "blocking"]
+SEVERITY_RANK = {"info": 0, "warn": 1, "blocking": 2}
+
+# Built-in failure kinds (issue 4). Runtime analyzers may report other kinds.
+KINDS: tuple[str, ...] = (
+    "truncation",
+    "zero_variance_groups",
+    "entropy_collapse",
+    "template_collapse",
+    "length_collapse",
+    "length_blowup",
+    "nan_blowup",
+    "kl_blowup",
+    "reward_hacking",
+    "train_eval_divergence",
+    "grad_spike",
+)
+
+
+class Finding(BaseModel):
+    """One diagnosis: a failure kind seen in some versions over some steps.
+
+    Attributes:
+        kind: failure kind, e.g. ``entropy_collapse`` (see :data:`KINDS`).
+        severity: ``info`` (context only), ``warn`` (a failure to act on) or ``blocking`` (the
+            version must not be promoted while it stands).
+        versions: version ids the finding covers.
+        steps: ``[first, last]`` step of the evidence, or the list of steps (e.g. spike steps).
+        evidence: metric names and ``rollout:<id>`` references that support it.
+        explanation: one paragraph with the numbers that triggered it.
+        analyzer: name of the analyzer that produced it.
+        data: the numbers behind the explanation, machine-readable (early/late levels, p-values, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(..., min_length=1)
+    severity: Severity
+    versions: list[str] = Field(default_factory=list)
+    steps: list[int] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+    explanation: str = Field(..., min_length=1)
+    analyzer: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if not v.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"kind={v!r}: use a snake_case name such as 'entropy_collapse'")
+        return v
+
+    @property
+    def is_failure(self) -> bool:
+        """True for ``warn`` and ``blocking`` findings."""
+        return self.severity != "info"
+
+    @property
+    def is_blocking(self) -> bool:
+        """True when this finding stops promotion."""
+        return self.severity == "blocking"
+
+    def headline(self) -> str:
+        """``kind [severity] versions steps`` for tables and logs."""
+        steps = f" steps {self.steps[0]}..{self.steps[-1]}" if self.steps else ""
+        return f"{self.kind} [{self.severity}] {','.join(self.versions)}{steps}"
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then by kind and first version (stable, deterministic)."""
+    return sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.kind, f.versions[:1], f.steps[:1]))
+
+
+def parse_findings(payload: Any, analyzer: str = "") -> list[Finding]:
+    """Validate findings from JSON (a list of dicts, or ``{"findings": [...]}``), e.g. printed by sandboxed code.
+
+    Raises:
+        ValueError: the payload is not a list of finding objects; the message names the bad item.
+    """
+    items = payload.get("findings") if isinstance(payload, dict) else payload
+    if not isinstance(items, list):
+        raise ValueError("findings JSON must be a list of objects or {\"findings\": [...]}")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"findings[{i}] is {type(item).__name__}; each finding must be a JSON object")
+        item = {"analyzer": analyzer, **item}
+        try:
+            out.append(Finding.model_validate(item))
+        except Exception as exc:  # pydantic ValidationError: restate with the index
+            raise ValueError(f"findings[{i}] invalid: {exc}") from None
+    return out
