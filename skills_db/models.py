@@ -1,0 +1,262 @@
+"""Records of the skills memory (pydantic) and the value rules of intervention skills.
+
+A :class:`Skill` is one reusable piece of know-how:
+
+- ``intervention``: a single-factor recipe change: ``recipe_path`` and ``value``, where ``value``
+  is a literal (``0.28``, ``true``, ``[0.1, 0.9]``) or a rule relative to the current value
+  (:func:`resolve_value`): ``{"op": "set", "value": V}``, ``{"op": "mul", "by": F}``,
+  ``{"op": "add", "by": D}``, ``{"op": "toggle"}``, each with optional ``"min"`` / ``"max"`` bounds.
+- ``analyzer``: code that turns evidence into findings (``code``; ``builtin:<name>`` names a
+  built-in of ``evotrainer.harness.analyzers``).
+- ``procedure``: a way of working (how to backtest, when to merge), described in text.
+
+``addresses`` lists the finding kinds (harness/findings.py) the skill is meant for; ``track_record``
+counts, per domain (``math``, ``code``, ``swe``, ...), how often it was tried, helped and hurt.
+Other records: :class:`FailedCase`, :class:`SearchTrace`, :class:`VersionSummary`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SkillKind = Literal["intervention", "analyzer", "procedure"]
+SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
+RULE_OPS: tuple[str, ...] = ("set", "mul", "add", "toggle")
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
+
+
+class SkillError(ValueError):
+    """A skill record is malformed or its value rule cannot apply; the message says what to fix."""
+
+
+def new_id(prefix: str) -> str:
+    """A fresh record id ``<prefix>-<12 hex>``."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class TrackRecord(BaseModel):
+    """Outcomes of a skill in one domain: tried = helped + hurt + neutral."""
+
+    model_config = ConfigDict(extra="forbid")
+    tried: int = Field(0, ge=0, description="Times an intervention from this skill was trained and judged.")
+    helped: int = Field(0, ge=0, description="Times the version was kept (held-out gain with CI above 0).")
+    hurt: int = Field(0, ge=0, description="Times held-out score dropped or a blocking finding appeared.")
+
+
+class Skill(BaseModel):
+    """One skill of the memory (see the module docstring for the kinds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(..., description="Stable id: lowercase letters, digits, '_', '-', '.', ':'.")
+    kind: SkillKind = Field(..., description="intervention | analyzer | procedure")
+    name: str = Field(..., min_length=1, description="Short human name.")
+    description: str = Field(..., min_length=1, description="What it does, when it helps, what it costs.")
+    addresses: list[str] = Field(default_factory=list, description="Finding kinds this skill is meant for.")
+    recipe_path: str | None = Field(None, description="Interventions: the one dotted recipe path it changes.")
+    value: Any = Field(None, description="Interventions: literal new value or a rule {op: set|mul|add|toggle}.")
+    code: str | None = Field(None, description="Analyzers: Python source, or 'builtin:<name>'.")
+    tags: list[str] = Field(default_factory=list, description="Free tags (domain, category, paper).")
+    source: str = Field("user", description="Where it comes from: paper, report, run id, or 'user'.")
+    track_record: dict[str, TrackRecord] = Field(default_factory=dict, description="Outcomes per domain.")
+    created_at: float = Field(default_factory=time.time, description="Unix seconds.")
+    updated_at: float = Field(default_factory=time.time, description="Unix seconds.")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID_RE.match(v):
+            raise ValueError(f"{v!r}: use lowercase letters, digits and _ - . : (max 128), e.g. 'clip_higher'")
+        return v
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> Skill:
+        if self.kind == "intervention":
+            if not self.recipe_path:
+                raise ValueError(f"skill {self.id}: an intervention needs recipe_path (e.g. 'eps_clip_high')")
+            if self.value is None:
+                raise ValueError(f"skill {self.id}: an intervention needs value (a literal or {{op: ...}} rule)")
+            check_rule(self.value, self.id)
+        if self.kind == "analyzer" and not self.code:
+            raise ValueError(f"skill {self.id}: an analyzer needs code (Python source or 'builtin:<name>')")
+        return self
+
+    def totals(self) -> TrackRecord:
+        """Track record summed over domains."""
+        recs = list(self.track_record.values())
+        return TrackRecord(tried=sum(r.tried for r in recs), helped=sum(r.helped for r in recs),
+                           hurt=sum(r.hurt for r in recs))
+
+    def search_text(self) -> str:
+        """The text that is embedded and full-text indexed: name, description, finding kinds, path, tags."""
+        kinds = ", ".join(k.replace("_", " ") + f" ({k})" for k in self.addresses)
+        parts = [f"{self.name}.", self.description]
+        if kinds:
+            parts.append(f"Addresses: {kinds}.")
+        if self.recipe_path:
+            parts.append(f"Changes {self.recipe_path}.")
+        if self.tags:
+            parts.append("Tags: " + ", ".join(self.tags) + ".")
+        return " ".join(parts)
+
+
+class SkillHit(BaseModel):
+    """A search result: the skill, its score under the search mode, and its summed track record."""
+
+    skill: Skill
+    score: float = Field(..., description="hybrid: RRF relevance; vector: 1 - cosine distance; fts: BM25.")
+    mode: Literal["hybrid", "vector", "fts"]
+    record: TrackRecord = Field(..., description="Track record summed over domains.")
+
+    def summary(self) -> dict[str, Any]:
+        """The CLI / tool JSON object: id, kind, name, score, addresses, recipe_path (+ value, record)."""
+        s = self.skill
+        return {"id": s.id, "kind": s.kind, "name": s.name, "score": round(self.score, 6),
+                "addresses": list(s.addresses), "recipe_path": s.recipe_path, "value": s.value,
+                "track_record": self.record.model_dump()}
+
+
+class FailedCase(BaseModel):
+    """A version that went wrong and why: what was tried, what came out."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(default_factory=lambda: new_id("case"))
+    run: str = Field("", description="Run folder or name.")
+    version_id: str = Field(..., description="The failed version.")
+    domain: str = Field("", description="Task domain (math, code, swe, ...).")
+    findings: list[str] = Field(default_factory=list, description="Finding kinds raised against it.")
+    intervention: str = Field("", description="The intervention, e.g. 'eps_clip_high: 0.28 -> 0.4'.")
+    skill_id: str | None = Field(None, description="The skill the intervention came from, if any.")
+    outcome: str = Field(..., description="pruned | reverted | failed | ... with the held-out delta.")
+    evidence_summary: str = Field("", description="One paragraph with the numbers.")
+    created_at: float = Field(default_factory=time.time)
+
+    def search_text(self) -> str:
+        return (f"{self.intervention}. Outcome: {self.outcome}. Findings: {', '.join(self.findings)}. "
+                f"{self.evidence_summary}")
+
+
+class SearchTrace(BaseModel):
+    """What an agent searched, what it found, what it chose and why."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(default_factory=lambda: new_id("trace"))
+    run: str = Field("")
+    agent: str = Field(..., description="Agent role or client name.")
+    query: str
+    filters: dict[str, Any] = Field(default_factory=dict)
+    results: list[str] = Field(default_factory=list, description="Skill ids returned, best first.")
+    chosen: str | None = Field(None, description="Skill id acted on, if any.")
+    rationale: str = Field("")
+    created_at: float = Field(default_factory=time.time)
+
+
+class VersionSummary(BaseModel):
+    """A version in a few lines, for later runs: recipe change, scores, findings, decision."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(..., description="'<run>/<version_id>'.")
+    run: str
+    version_id: str
+    domain: str = Field("")
+    intervention: str = Field("", description="e.g. 'temperature: 1.0 -> 1.2'; empty for a root.")
+    status: str = Field("", description="Lineage status (kept, pruned, ...).")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Headline metrics by metric name.")
+    findings: list[str] = Field(default_factory=list)
+    summary: str = Field("", description="One paragraph.")
+    created_at: float = Field(default_factory=time.time)
+
+    def search_text(self) -> str:
+        return f"{self.intervention}. Status: {self.status}. Findings: {', '.join(self.findings)}. {self.summary}"
+
+
+# --- value rules --------------------------------------------------------------------------------
+def check_rule(value: Any, skill_id: str = "?") -> None:
+    """Check the shape of a value rule (literals pass).
+
+    Raises:
+        SkillError: a dict with ``op`` that is not a known rule or lacks its operand.
+    """
+    if not (isinstance(value, dict) and "op" in value):
+        return
+    op = value["op"]
+    if op not in RULE_OPS:
+        raise SkillError(f"skill {skill_id}: value rule op={op!r}: allowed ops: {', '.join(RULE_OPS)}")
+    need = {"set": "value", "mul": "by", "add": "by"}.get(op)
+    if need and need not in value:
+        raise SkillError(f"skill {skill_id}: value rule op={op!r} needs {need!r}, e.g. {{op: {op}, {need}: 2}}")
+    extra = set(value) - {"op", "value", "by", "min", "max"}
+    if extra:
+        raise SkillError(f"skill {skill_id}: value rule has unknown keys {sorted(extra)}; allowed: op, value, by, min, max")
+
+
+def resolve_value(skill: Skill, current_value: Any) -> Any:
+    """The new value an intervention skill proposes, given the recipe's current value at its path.
+
+    Rules: a literal → itself; ``{"op": "set", "value": V}`` → V; ``{"op": "mul", "by": F}`` →
+    current × F; ``{"op": "add", "by": D}`` → current + D; ``{"op": "toggle"}`` → not current.
+    Optional ``min`` / ``max`` clamp numeric results. An int current value stays an int
+    (rounded: ``generate_max_len`` 64 × 0.5 → 32). Floats are rounded to 12 significant digits so
+    that 1e-6 × 0.5 gives 5e-07, not 4.9999999999999996e-07.
+
+    Raises:
+        SkillError: the skill is not an intervention, or the rule needs a number (mul, add) or a
+            bool (toggle) and the current value is not one (e.g. the reward component is absent).
+    """
+    if skill.kind != "intervention":
+        raise SkillError(f"skill {skill.id} is a {skill.kind}, not an intervention; it has no value")
+    rule = skill.value
+    if not (isinstance(rule, dict) and "op" in rule):
+        return rule
+    check_rule(rule, skill.id)
+    op = rule["op"]
+    if op == "set":
+        return rule["value"]
+    if op == "toggle":
+        if not isinstance(current_value, bool):
+            raise SkillError(f"skill {skill.id}: toggle needs a bool at {skill.recipe_path}, found {current_value!r}")
+        return not current_value
+    if isinstance(current_value, bool) or not isinstance(current_value, (int, float)):
+        raise SkillError(f"skill {skill.id}: op {op} needs a number at {skill.recipe_path}, found "
+                         f"{current_value!r}; set the field first or use {{op: set, value: ...}}")
+    out = current_value * rule["by"] if op == "mul" else current_value + rule["by"]
+    if "min" in rule:
+        out = max(out, rule["min"])
+    if "max" in rule:
+        out = min(out, rule["max"])
+    if isinstance(current_value, int):
+        return int(round(out))
+    return float(f"{out:.12g}") if math.isfinite(out) else out
+
+
+def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> Any:
+    """The :class:`evotrainer.intervention.Intervention` that applies ``skill`` to ``recipe``.
+
+    ``old`` is the recipe's current value at the skill's path (``None`` when a reward component is
+    absent), ``new`` is :func:`resolve_value`; ``source`` is ``skill:<id>``. Call ``.apply(recipe)``
+    on the result to get the child recipe (that validates it).
+
+    Raises:
+        SkillError: the skill is not an intervention or its rule cannot apply to the current value.
+        evotrainer.recipe.RecipeError: the path does not exist in the recipe (outside ``reward.*``).
+    """
+    from evotrainer.intervention import Intervention, category_of
+    from evotrainer.recipe import RecipeError, get_path
+
+    if skill.kind != "intervention" or not skill.recipe_path:
+        raise SkillError(f"skill {skill.id} is a {skill.kind}; only intervention skills build interventions")
+    try:
+        old = get_path(recipe, skill.recipe_path)
+    except RecipeError:
+        if not skill.recipe_path.startswith("reward."):
+            raise
+        old = None
+    new = resolve_value(skill, old)
+    return Intervention(path=skill.recipe_path, old=old, new=new, category=category_of(skill.recipe_path),
+                        hypothesis=hypothesis or skill.description.split(". ")[0],
+                        source=f"skill:{skill.id}")

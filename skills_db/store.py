@@ -1,0 +1,401 @@
+"""SkillStore: the user-level LanceDB memory of skills, failed cases, search traces and version summaries.
+
+Location: the ``path`` argument, else ``$EVOTRAINER_SKILLS_DIR``, else the XDG data dir
+(``platformdirs.user_data_path("evotrainer") / "skills"``). Tables:
+
+- ``skills``: one row per :class:`Skill`; ``text`` (name, description, finding kinds, path, tags)
+  is embedded into ``vector`` (all-MiniLM-L6-v2, D = 384, cosine) by the registered
+  :class:`~evotrainer.skills_db.embeddings.MiniLMEmbeddings` on add, and indexed by LanceDB's
+  native full-text index (BM25). JSON columns: ``value``, ``track_record``.
+- ``failed_cases`` and ``version_summaries``: embedded and full-text searchable like skills.
+- ``search_traces``: a log (no vectors).
+
+Retrieval (:meth:`SkillStore.search`): ``vector`` (score = 1 - cosine distance), ``fts`` (score =
+BM25) or ``hybrid`` (LanceDB hybrid query: both, fused by reciprocal rank, Cormack et al. 2009;
+score = RRF relevance), with SQL pre-filters on kind, tags and finding kinds. The seed library
+(:mod:`~evotrainer.skills_db.seed`) is loaded when the skills table is created. Every write is a
+new LanceDB table version: :meth:`history` lists them and :meth:`restore` rolls a table back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+from evotrainer.skills_db.embeddings import NDIMS, embedding_function
+from evotrainer.skills_db.models import (
+    FailedCase,
+    SearchTrace,
+    Skill,
+    SkillError,
+    SkillHit,
+    TrackRecord,
+    VersionSummary,
+)
+
+SKILLS_DIR_ENV = "EVOTRAINER_SKILLS_DIR"
+SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIES = "skills", "failed_cases", "search_traces", "version_summaries"
+TABLES: tuple[str, ...] = (SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIES)
+SearchMode = Literal["hybrid", "vector", "fts"]
+Outcome = Literal["helped", "hurt", "neutral"]
+_FTS_REBUILD_UNINDEXED = 2000  # rebuild the FTS index once this many rows are unindexed (they are still searched)
+
+_STR, _F64, _I32, _STRS = pa.string(), pa.float64(), pa.int32(), pa.list_(pa.string())
+_VEC = pa.list_(pa.float32(), NDIMS)
+SCHEMAS: dict[str, pa.Schema] = {
+    SKILLS: pa.schema([
+        ("id", _STR), ("kind", _STR), ("name", _STR), ("description", _STR), ("addresses", _STRS),
+        ("recipe_path", _STR), ("value", _STR), ("code", _STR), ("tags", _STRS), ("source", _STR),
+        ("track_record", _STR), ("tried", _I32), ("helped", _I32), ("hurt", _I32),
+        ("created_at", _F64), ("updated_at", _F64), ("text", _STR), ("vector", _VEC),
+    ]),
+    FAILED_CASES: pa.schema([
+        ("id", _STR), ("run", _STR), ("version_id", _STR), ("domain", _STR), ("findings", _STRS),
+        ("intervention", _STR), ("skill_id", _STR), ("outcome", _STR), ("evidence_summary", _STR),
+        ("created_at", _F64), ("text", _STR), ("vector", _VEC),
+    ]),
+    SEARCH_TRACES: pa.schema([
+        ("id", _STR), ("run", _STR), ("agent", _STR), ("query", _STR), ("filters", _STR),
+        ("results", _STRS), ("chosen", _STR), ("rationale", _STR), ("created_at", _F64),
+    ]),
+    VERSION_SUMMARIES: pa.schema([
+        ("id", _STR), ("run", _STR), ("version_id", _STR), ("domain", _STR), ("intervention", _STR),
+        ("status", _STR), ("metrics", _STR), ("findings", _STRS), ("summary", _STR),
+        ("created_at", _F64), ("text", _STR), ("vector", _VEC),
+    ]),
+}
+_MODELS: dict[str, type] = {SKILLS: Skill, FAILED_CASES: FailedCase, SEARCH_TRACES: SearchTrace,
+                            VERSION_SUMMARIES: VersionSummary}
+_JSON_COLS = {"value", "track_record", "filters", "metrics"}
+
+
+def default_skills_dir() -> Path:
+    """``$EVOTRAINER_SKILLS_DIR`` if set, else ``<XDG data dir>/evotrainer/skills``."""
+    env = os.environ.get(SKILLS_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("evotrainer") / "skills"
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal (single quotes doubled)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def build_filter(kind: str | None = None, finding_kinds: Iterable[str] | None = None,
+                 tags: Iterable[str] | None = None) -> str | None:
+    """SQL predicate on the skills table: kind equals, addresses / tags share at least one value."""
+    parts = []
+    if kind:
+        if kind not in ("intervention", "analyzer", "procedure"):
+            raise SkillError(f"kind={kind!r}: allowed kinds: intervention, analyzer, procedure")
+        parts.append(f"kind = {sql_str(kind)}")
+    for col, vals in (("addresses", finding_kinds), ("tags", tags)):
+        vals = [v for v in (vals or []) if v]
+        if vals:
+            parts.append(f"array_has_any({col}, [{', '.join(sql_str(v) for v in vals)}])")
+    return " AND ".join(parts) or None
+
+
+def _to_row(record: Any, table: str) -> dict[str, Any]:
+    data = record.model_dump(mode="json")
+    row: dict[str, Any] = {}
+    for field in SCHEMAS[table].names:
+        if field == "vector":
+            continue
+        if field == "text":
+            row["text"] = record.search_text()
+        elif field in ("tried", "helped", "hurt"):
+            row[field] = getattr(record.totals(), field)
+        elif field in _JSON_COLS:
+            row[field] = json.dumps(data.get(field))
+        else:
+            row[field] = data.get(field)
+    return row
+
+
+def _from_row(row: dict[str, Any], table: str) -> Any:
+    model = _MODELS[table]
+    data = {k: row[k] for k in model.model_fields if k in row}
+    for k in _JSON_COLS & set(data):
+        data[k] = json.loads(data[k]) if data[k] else None
+    if table == SKILLS and data.get("track_record") is None:
+        data["track_record"] = {}
+    return model.model_validate({k: v for k, v in data.items() if v is not None or k == "value"})
+
+
+class SkillStore:
+    """Handle on the skills memory folder (see the module docstring).
+
+    Args:
+        path: the LanceDB folder; default :func:`default_skills_dir`.
+        seed: load the seed library when the skills table is created (default True).
+
+    Opening reads no model; the embedding model loads on the first add or search (a few seconds,
+    once per process). Safe to share between threads; other processes' writes become visible
+    within one second.
+    """
+
+    def __init__(self, path: str | Path | None = None, seed: bool = True):
+        import lancedb
+
+        self.path = Path(path).expanduser() if path else default_skills_dir()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._seed = seed
+        self._db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(seconds=1))
+        self._lock = threading.RLock()
+        self._tables: dict[str, Any] = {}
+
+    # --- tables ------------------------------------------------------------------------------------
+    def _table(self, name: str) -> Any:
+        with self._lock:
+            if name in self._tables:
+                return self._tables[name]
+            if name in self._db.table_names():
+                tbl = self._db.open_table(name)
+            else:
+                tbl = self._create(name)
+            self._tables[name] = tbl
+            return tbl
+
+    def _create(self, name: str) -> Any:
+        from lancedb.embeddings import EmbeddingFunctionConfig
+
+        schema = SCHEMAS[name]
+        funcs = None
+        if "vector" in schema.names:
+            funcs = [EmbeddingFunctionConfig(source_column="text", vector_column="vector",
+                                             function=embedding_function())]
+        tbl = self._db.create_table(name, schema=schema, embedding_functions=funcs, exist_ok=True)
+        if tbl.count_rows() == 0:
+            if name == SKILLS and self._seed:
+                from evotrainer.skills_db.seed import seed_skills
+
+                tbl.add([_to_row(s, SKILLS) for s in seed_skills()])
+            if "text" in schema.names:
+                self._build_fts(tbl)
+        return tbl
+
+    @staticmethod
+    def _build_fts(tbl: Any) -> None:
+        from lancedb.index import FTS
+
+        tbl.create_index("text", config=FTS(), replace=True, name="text_idx")
+
+    def _maybe_reindex(self, tbl: Any) -> None:
+        stats = tbl.index_stats("text_idx")
+        if stats is None or stats.num_unindexed_rows >= _FTS_REBUILD_UNINDEXED:
+            self._build_fts(tbl)
+
+    def _add_rows(self, name: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        tbl = self._table(name)
+        tbl.add(rows)
+        if "text" in SCHEMAS[name].names:
+            self._maybe_reindex(tbl)
+
+    # --- skills ------------------------------------------------------------------------------------
+    def add(self, skills: Skill | Iterable[Skill], replace: bool = False) -> list[str]:
+        """Add skills (embedded on add); returns their ids.
+
+        Raises:
+            SkillError: an id already exists and ``replace`` is False (pass ``replace=True`` to
+                overwrite it; the old row stays in the table history).
+        """
+        items = [skills] if isinstance(skills, Skill) else list(skills)
+        ids = [s.id for s in items]
+        if len(set(ids)) != len(ids):
+            raise SkillError(f"duplicate ids in one add: {sorted({i for i in ids if ids.count(i) > 1})}")
+        tbl = self._table(SKILLS)
+        with self._lock:
+            existing = self._existing_ids(tbl, ids)
+            if existing and not replace:
+                raise SkillError(f"skill id(s) {sorted(existing)} exist already; pick a new id or pass replace=True")
+            if existing:
+                tbl.delete(f"id IN ({', '.join(sql_str(i) for i in existing)})")
+            for s in items:
+                s.updated_at = time.time()
+            self._add_rows(SKILLS, [_to_row(s, SKILLS) for s in items])
+        return ids
+
+    @staticmethod
+    def _existing_ids(tbl: Any, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            where = f"id IN ({', '.join(sql_str(x) for x in chunk)})"
+            found |= set(tbl.search().where(where).select(["id"]).limit(len(chunk)).to_arrow()["id"].to_pylist())
+        return found
+
+    def get(self, skill_id: str) -> Skill:
+        """The skill with this id.
+
+        Raises:
+            SkillError: no such skill (list ids with ``evotrainer skills list``).
+        """
+        rows = (self._table(SKILLS).search().where(f"id = {sql_str(skill_id)}")
+                .select([c for c in SCHEMAS[SKILLS].names if c != "vector"]).limit(1).to_list())
+        if not rows:
+            raise SkillError(f"no skill {skill_id!r}; list ids with `evotrainer skills list`")
+        return _from_row(rows[0], SKILLS)
+
+    def list(self, kind: str | None = None, finding_kinds: Iterable[str] | None = None,
+             tags: Iterable[str] | None = None, limit: int | None = None) -> list[Skill]:
+        """Skills matching the filters, sorted by (kind, id)."""
+        where = build_filter(kind, finding_kinds, tags)
+        q = self._table(SKILLS).search()
+        if where:
+            q = q.where(where)
+        rows = q.select([c for c in SCHEMAS[SKILLS].names if c != "vector"]).limit(None).to_list()
+        skills = sorted((_from_row(r, SKILLS) for r in rows), key=lambda s: (s.kind, s.id))
+        return skills[:limit] if limit else skills
+
+    def count(self, table: str = SKILLS) -> int:
+        """Rows in a table."""
+        return self._table(self._check_table(table)).count_rows()
+
+    def search(self, query: str, kind: str | None = None, finding_kinds: Iterable[str] | None = None,
+               tags: Iterable[str] | None = None, mode: SearchMode = "hybrid", limit: int = 10) -> list[SkillHit]:
+        """Skills most relevant to ``query`` (free text, e.g. a finding's explanation), best first.
+
+        Filters are applied before ranking (pre-filter). Scores: hybrid = RRF relevance (k = 60),
+        vector = 1 - cosine distance, fts = BM25.
+
+        Raises:
+            SkillError: empty query, unknown mode or kind, or limit < 1.
+        """
+        rows = self._search_rows(SKILLS, query, build_filter(kind, finding_kinds, tags), mode, limit)
+        score_col = {"hybrid": "_relevance_score", "vector": "_distance", "fts": "_score"}[mode]
+        hits = []
+        for r in rows:
+            s = _from_row(r, SKILLS)
+            score = 1.0 - float(r[score_col]) if mode == "vector" else float(r[score_col])
+            hits.append(SkillHit(skill=s, score=score, mode=mode, record=s.totals()))
+        return hits
+
+    def _search_rows(self, table: str, query: str, where: str | None, mode: str, limit: int) -> list[dict]:
+        if not query or not query.strip():
+            raise SkillError("query is empty; pass a few words, e.g. a finding's explanation")
+        if mode not in ("hybrid", "vector", "fts"):
+            raise SkillError(f"mode={mode!r}: allowed modes: hybrid, vector, fts")
+        if limit < 1:
+            raise SkillError(f"limit={limit}: must be at least 1")
+        cols = [c for c in SCHEMAS[table].names if c not in ("vector", "text")]
+        tbl = self._table(table)
+        if mode == "fts":
+            q = tbl.search(query, query_type="fts", fts_columns="text")
+        else:
+            q = tbl.search(query, query_type=mode, vector_column_name="vector").distance_type("cosine")
+        if where:
+            q = q.where(where, prefilter=True)
+        if mode == "hybrid":
+            from lancedb.rerankers import RRFReranker
+
+            q = q.rerank(RRFReranker())
+        return q.select(cols).limit(limit).to_list()
+
+    def record_outcome(self, skill_id: str, domain: str, outcome: Outcome) -> TrackRecord:
+        """Count one trial of a skill in ``domain``: ``helped``, ``hurt`` or ``neutral`` (tried only).
+
+        Returns the skill's updated track record in that domain.
+
+        Raises:
+            SkillError: no such skill, or an unknown outcome.
+        """
+        if outcome not in ("helped", "hurt", "neutral"):
+            raise SkillError(f"outcome={outcome!r}: allowed: helped, hurt, neutral")
+        domain = domain or "general"
+        with self._lock:
+            skill = self.get(skill_id)
+            rec = skill.track_record.setdefault(domain, TrackRecord())
+            rec.tried += 1
+            if outcome != "neutral":
+                setattr(rec, outcome, getattr(rec, outcome) + 1)
+            tot = skill.totals()
+            self._table(SKILLS).update(where=f"id = {sql_str(skill_id)}", values={
+                "track_record": json.dumps({k: v.model_dump() for k, v in skill.track_record.items()}),
+                "tried": tot.tried, "helped": tot.helped, "hurt": tot.hurt, "updated_at": time.time()})
+        return rec
+
+    # --- failed cases, traces, version summaries ---------------------------------------------------------
+    def add_failed_case(self, case: FailedCase) -> str:
+        """Store a failed case (embedded); returns its id."""
+        self._add_rows(FAILED_CASES, [_to_row(case, FAILED_CASES)])
+        return case.id
+
+    def search_failed_cases(self, query: str, limit: int = 5, mode: SearchMode = "hybrid") -> list[FailedCase]:
+        """Failed cases most similar to ``query``, best first."""
+        return [_from_row(r, FAILED_CASES) for r in self._search_rows(FAILED_CASES, query, None, mode, limit)]
+
+    def add_search_trace(self, trace: SearchTrace) -> str:
+        """Log what an agent searched, found and chose; returns the trace id."""
+        self._add_rows(SEARCH_TRACES, [_to_row(trace, SEARCH_TRACES)])
+        return trace.id
+
+    def add_version_summary(self, summary: VersionSummary) -> str:
+        """Store (or replace) a version summary, keyed by ``<run>/<version_id>``; returns its id."""
+        with self._lock:
+            tbl = self._table(VERSION_SUMMARIES)
+            tbl.delete(f"id = {sql_str(summary.id)}")
+            self._add_rows(VERSION_SUMMARIES, [_to_row(summary, VERSION_SUMMARIES)])
+        return summary.id
+
+    def search_version_summaries(self, query: str, limit: int = 5, mode: SearchMode = "hybrid") -> list[VersionSummary]:
+        """Version summaries most similar to ``query``, best first."""
+        return [_from_row(r, VERSION_SUMMARIES) for r in self._search_rows(VERSION_SUMMARIES, query, None, mode, limit)]
+
+    def records(self, table: str, where: str | None = None, limit: int | None = 100) -> list[Any]:
+        """Records of a table (newest first), optionally filtered by a SQL predicate."""
+        name = self._check_table(table)
+        q = self._table(name).search()
+        if where:
+            q = q.where(where)
+        rows = q.select([c for c in SCHEMAS[name].names if c not in ("vector", "text")]).limit(None).to_list()
+        rows.sort(key=lambda r: -r["created_at"])
+        return [_from_row(r, name) for r in rows[:limit]]
+
+    # --- versions -----------------------------------------------------------------------------------
+    @staticmethod
+    def _check_table(table: str) -> str:
+        if table not in TABLES:
+            raise SkillError(f"table={table!r}: allowed tables: {', '.join(TABLES)}")
+        return table
+
+    def history(self, table: str = SKILLS) -> list[dict[str, Any]]:
+        """Versions of a table, oldest first: ``{version, timestamp (ISO, UTC), rows}``."""
+        tbl = self._table(self._check_table(table))
+        out = []
+        for v in tbl.list_versions():
+            ts = v["timestamp"]
+            out.append({"version": int(v["version"]), "timestamp": ts.isoformat() if hasattr(ts, "isoformat") else str(ts),
+                        "rows": int(v.get("metadata", {}).get("total_rows", -1))})
+        return out
+
+    def restore(self, version: int, table: str = SKILLS) -> int:
+        """Roll a table back to ``version``: its content becomes a new latest version (history kept).
+
+        Returns the new latest version number.
+
+        Raises:
+            SkillError: no such version (see :meth:`history`).
+        """
+        tbl = self._table(self._check_table(table))
+        versions = [int(v["version"]) for v in tbl.list_versions()]
+        if version not in versions:
+            raise SkillError(f"{table} has no version {version}; versions are {min(versions)}..{max(versions)} "
+                             "(see `evotrainer skills history`)")
+        with self._lock:
+            tbl.restore(version)
+            if "text" in SCHEMAS[table].names:
+                self._maybe_reindex(tbl)
+        return int(tbl.version)
