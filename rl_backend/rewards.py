@@ -41,9 +41,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
+
+from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 
 
 class RewardError(ValueError):
