@@ -1,9 +1,135 @@
-"""CLI commands of evotrainer.servers, added to the main app by :func:`register`."""
+"""CLI commands of evotrainer.servers: ``serve`` and ``mcp-config`` (added to the main app by :func:`register`).
+
+``evotrainer serve [training|rollouts|logs|analyzers|skills|all] [--transport stdio|http] [--run PATH]
+[--host H] [--port P] [--allow-public]`` runs an MCP server; ``evotrainer mcp-config [--install]``
+prints (or merges into Claude Desktop's ``claude_desktop_config.json``) the ``mcpServers`` entry.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+DEFAULT_RUN = Path("runs/default")
+SERVER_CHOICES = ("training", "rollouts", "logs", "analyzers", "skills", "all")
+
+
+def fail(message: str) -> None:
+    """Print one clear error line and exit 1 (SystemExit passes through click's standalone_mode=False)."""
+    from evotrainer.cli import err_console
+
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise SystemExit(1)
+
+
+def claude_config_path() -> Path:
+    """Where Claude Desktop reads its config on this OS."""
+    home = Path.home()
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json"
+    if sys.platform.startswith("win"):
+        return Path(os.environ.get("APPDATA", home / "AppData" / "Roaming")) / "Claude" / "claude_desktop_config.json"
+    return Path(os.environ.get("XDG_CONFIG_HOME", home / ".config")) / "Claude" / "claude_desktop_config.json"
+
+
+def server_entry(name: str, run_dir: Path) -> dict:
+    """The ``mcpServers`` entry that starts ``evotrainer serve NAME --run RUN`` with this interpreter (stdio)."""
+    env = {"HF_HUB_OFFLINE": "1"}
+    if os.environ.get("EVOTRAINER_SKILLS_DIR"):
+        env["EVOTRAINER_SKILLS_DIR"] = os.environ["EVOTRAINER_SKILLS_DIR"]
+    return {"command": sys.executable,
+            "args": ["-m", "evotrainer.cli", "serve", name, "--transport", "stdio", "--run", str(run_dir)],
+            "env": env}
+
+
+def merge_config(path: Path, key: str, entry: dict) -> dict:
+    """Merge ``{mcpServers: {key: entry}}`` into the JSON config at ``path`` (other keys kept); write atomically.
+
+    Raises:
+        ValueError: the existing file is not a JSON object.
+    """
+    data: dict = {}
+    if path.exists() and path.read_text().strip():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); fix or move it, then rerun --install") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object at the top level")
+    servers = data.setdefault("mcpServers", {})
+    if not isinstance(servers, dict):
+        raise ValueError(f"{path}: 'mcpServers' must be an object")
+    servers[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return data
 
 
 def register(app: typer.Typer) -> None:
-    """Add this subpackage's commands to the main evotrainer app."""
+    """Add ``serve`` and ``mcp-config`` to the main evotrainer app."""
+
+    @app.command()
+    def serve(
+        name: str = typer.Argument("all", help="Server: training | rollouts | logs | analyzers | skills | all."),
+        transport: str = typer.Option("stdio", "--transport", help="stdio (for Claude Desktop and agents) or http "
+                                                                   "(streamable HTTP, bearer token)."),
+        run_dir: Annotated[Path, typer.Option("--run", help="Run folder the tools act on.")] = DEFAULT_RUN,
+        host: str = typer.Option("127.0.0.1", "--host", help="HTTP bind address (loopback unless --allow-public)."),
+        port: int = typer.Option(8765, "--port", help="HTTP port."),
+        allow_public: bool = typer.Option(False, "--allow-public", help="Allow a non-loopback --host."),
+        backend: str = typer.Option("local", "--backend", help="Training backend: local | openrlhf."),
+    ) -> None:
+        """Run an MCP server over stdio or streamable HTTP."""
+        if name not in SERVER_CHOICES:
+            fail(f"server {name!r}: choose one of {', '.join(SERVER_CHOICES)}")
+        if transport not in ("stdio", "http"):
+            fail(f"--transport {transport!r}: choose stdio or http")
+        if backend not in ("local", "openrlhf"):
+            fail(f"--backend {backend!r}: choose local or openrlhf")
+        from evotrainer.servers.app import build_server
+        from evotrainer.servers.http import ServeError, serve_http
+
+        server = build_server(name, run_dir, backend=backend)
+        if transport == "stdio":
+            server.run("stdio")
+            return
+
+        def announce(url: str, token: str, generated: bool) -> None:
+            src = "generated; set EVOTRAINER_MCP_TOKEN to choose one" if generated else "from EVOTRAINER_MCP_TOKEN"
+            sys.stderr.write(f"evotrainer MCP server '{name}' on {url}\nbearer token ({src}): {token}\n")
+            sys.stderr.flush()
+
+        try:
+            serve_http(server, host=host, port=port, allow_public=allow_public, announce=announce)
+        except ServeError as exc:
+            fail(str(exc))
+
+    @app.command("mcp-config")
+    def mcp_config(
+        run_dir: Annotated[Path, typer.Option("--run", help="Run folder the server acts on.")] = DEFAULT_RUN,
+        name: str = typer.Option("all", "--server", help="Which server: training | ... | all."),
+        install: bool = typer.Option(False, "--install", help="Merge the entry into Claude Desktop's config."),
+        config_path: Annotated[Path | None, typer.Option(
+            "--config-path", help="Config file to merge into (default: Claude Desktop's).")] = None,
+        key: str = typer.Option("evotrainer", "--key", help="Name of the entry under mcpServers."),
+    ) -> None:
+        """Print (or --install) the Claude Desktop mcpServers entry for this install."""
+        if name not in SERVER_CHOICES:
+            fail(f"--server {name!r}: choose one of {', '.join(SERVER_CHOICES)}")
+        entry = server_entry(name, run_dir.expanduser().resolve())
+        if not install:
+            sys.stdout.write(json.dumps({"mcpServers": {key: entry}}, indent=2) + "\n")
+            return
+        path = config_path or claude_config_path()
+        try:
+            merge_config(path, key, entry)
+        except ValueError as exc:
+            fail(str(exc))
+        sys.stdout.write(f"installed mcpServers.{key} into {path}; restart Claude Desktop to load it\n")

@@ -1,0 +1,143 @@
+"""Streamable-HTTP transport with the project's security rules (DESIGN.md §6).
+
+- binds 127.0.0.1 by default; a non-loopback address needs ``allow_public=True`` (``--allow-public``);
+- every request needs ``Authorization: Bearer <token>`` (token from ``EVOTRAINER_MCP_TOKEN`` or
+  generated and printed at start); a wrong or missing token gets 401 with ``WWW-Authenticate``;
+- a request with a foreign ``Origin`` header gets 403 (DNS-rebinding protection: only
+  ``http(s)://127.0.0.1|localhost|[::1]`` on any port, plus ``allowed_origins``). The SDK's own
+  ``Host`` header check stays on for loopback binds.
+
+The check is a plain ASGI middleware around the SDK's ``streamable_http_app`` (``/mcp``); tokens are
+compared in constant time (``hmac.compare_digest``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import secrets
+from typing import Any
+from urllib.parse import urlsplit
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+TOKEN_ENV = "EVOTRAINER_MCP_TOKEN"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+MCP_PATH = "/mcp"
+
+
+class ServeError(ValueError):
+    """The server cannot be started with these options (public bind without consent, bad token)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, allow_public: bool) -> None:
+    """Refuse a non-loopback bind address unless ``allow_public``.
+
+    Raises:
+        ServeError: ``host`` is reachable from other machines and ``allow_public`` is False.
+    """
+    if not is_loopback(host) and not allow_public:
+        raise ServeError(f"--host {host} exposes the MCP server (training control, code execution) beyond this "
+                         "machine; pass --allow-public to do it deliberately (the bearer token stays required)")
+
+
+def resolve_token(token: str | None = None) -> tuple[str, bool]:
+    """``(token, generated)``: the given token, else ``$EVOTRAINER_MCP_TOKEN``, else a new random one.
+
+    Raises:
+        ServeError: the token is shorter than 16 characters.
+    """
+    tok = token or os.environ.get(TOKEN_ENV)
+    generated = not tok
+    tok = tok or secrets.token_urlsafe(32)
+    if len(tok) < 16:
+        raise ServeError(f"the MCP token must be at least 16 characters (got {len(tok)}); set {TOKEN_ENV} "
+                         "to a longer secret or unset it to generate one")
+    return tok, generated
+
+
+def origin_allowed(origin: str | None, extra: tuple[str, ...] = ()) -> bool:
+    """True when there is no Origin header, or it is a loopback origin, or it is listed in ``extra``."""
+    if not origin:
+        return True
+    if origin in extra:
+        return True
+    try:
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and is_loopback(parts.hostname or "")
+    except ValueError:
+        return False
+
+
+class SecurityMiddleware:
+    """ASGI middleware: reject foreign Origins (403) and requests without the bearer token (401)."""
+
+    def __init__(self, app: Any, token: str, allowed_origins: tuple[str, ...] = ()):
+        self.app = app
+        self._token = token.encode()
+        self.allowed_origins = allowed_origins
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not origin_allowed(headers.get("origin"), self.allowed_origins):
+            await _respond(send, 403, "forbidden: foreign Origin header (DNS-rebinding protection)")
+            return
+        auth = headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+            await _respond(send, 401, f"unauthorized: send 'Authorization: Bearer <token>' (the token printed at "
+                                      f"start or ${TOKEN_ENV})", [(b"www-authenticate", b'Bearer realm="evotrainer"')])
+            return
+        await self.app(scope, receive, send)
+
+
+async def _respond(send: Any, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()), *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def http_app(server: MCPServer, token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = ()) -> Any:
+    """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` wrapped in :class:`SecurityMiddleware`."""
+    security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    inner = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security)
+    return SecurityMiddleware(inner, token, allowed_origins)
+
+
+def serve_http(server: MCPServer, *, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
+               allow_public: bool = False, allowed_origins: tuple[str, ...] = (),
+               announce: Any = None) -> None:
+    """Serve ``server`` over streamable HTTP until interrupted.
+
+    Args:
+        announce: called with ``(url, token, generated)`` before serving (the CLI prints them).
+
+    Raises:
+        ServeError: public bind without ``allow_public``, or a too-short token.
+    """
+    import uvicorn
+
+    check_bind(host, allow_public)
+    tok, generated = resolve_token(token)
+    app = http_app(server, tok, host, allowed_origins)
+    if announce is not None:
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
