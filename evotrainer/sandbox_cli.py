@@ -1,9 +1,81 @@
-"""CLI: `evotrainer sandbox info|run` (the untrusted-code sandbox)."""
+"""CLI: ``evotrainer sandbox info|run`` (the untrusted-code sandbox, :mod:`evotrainer.sandbox`)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import typer
+
+sandbox_app = typer.Typer(help="Run untrusted code in the sandbox (no network, no secrets, limits).",
+                          no_args_is_help=True)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+@sandbox_app.command("info")
+def info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The backend in use (docker | bwrap), why, its limits and mounts."""
+    from evotrainer.sandbox import sandbox_info
+
+    data = sandbox_info()
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table("key", "value", title="sandbox")
+        for k, v in data.items():
+            t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
+        Console().print(t)
+    if data["backend"] is None:
+        raise typer.Exit(1)
+
+
+@sandbox_app.command("run")
+def run(
+    file: Path = typer.Argument(..., help="Python file to run (mounted read-only at /sandbox/main.py)."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Wall-clock limit, seconds."),
+    memory: int = typer.Option(1024, "--memory", help="Address-space limit per process, MiB."),
+    inputs: list[Path] = typer.Option([], "--input", help="File or folder mounted read-only at "
+                                      "/evidence/<its name>; repeatable."),
+    unsafe_local: bool = typer.Option(False, "--unsafe-local", help="Run unisolated if no sandbox exists."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run FILE.py in the sandbox; print exit_code, stdout, stderr, limit_hit, backend (and resource use).
+
+    Exits with the program's exit code (1 when it died of a signal or a limit stopped it).
+    """
+    from evotrainer.sandbox import SandboxError, run_in_sandbox
+
+    if not file.is_file():
+        _fail(f"{file}: no such file")
+    named: dict[str, Path] = {}
+    for p in inputs:
+        if p.name in named:
+            _fail(f"--input {p}: two inputs named {p.name!r}; rename one")
+        named[p.name] = p
+    try:
+        r = run_in_sandbox(code=file.read_text(), inputs=named, timeout_s=timeout, memory_mb=memory,
+                           unsafe_local=unsafe_local)
+    except SandboxError as e:
+        _fail(str(e))
+    if as_json:
+        sys.stdout.write(json.dumps(r.model_dump(), indent=2) + "\n")
+    else:
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+        typer.echo(f"[sandbox] backend={r.backend} exit_code={r.exit_code} limit_hit={r.limit_hit} "
+                   f"wall_s={r.wall_s} cpu_s={r.cpu_s} max_rss_mb={r.max_rss_mb}", err=True)
+    if r.exit_code != 0 or r.limit_hit:
+        raise typer.Exit(r.exit_code if 0 < r.exit_code < 128 else 1)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``sandbox`` command group to the main app."""
+    app.add_typer(sandbox_app, name="sandbox")
