@@ -21,11 +21,11 @@ import json
 import os
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
 from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis, Proposal, Ranking, Verdict
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
+from pydantic import BaseModel, ValidationError
+
 from evotrainer.recipe import Recipe
 
 # USD per million tokens (input, output), by model-id prefix (Anthropic price list).

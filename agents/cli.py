@@ -1,9 +1,223 @@
-"""CLI commands of evotrainer.agents, added to the main app by :func:`register`."""
+"""CLI commands of evotrainer.agents: ``evotrainer run CONFIG`` and ``evotrainer report RUN``.
+
+``run`` drives the autonomous loop (or a baseline mode) with rich progress bars and a live lineage
+table, then writes the HTML report and prints its path and a summary table. Heavy modules are
+imported inside the commands so ``evotrainer --help`` stays fast.
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
 
 import typer
 
 
+def pick_brain(choice: str, config: Any) -> Any:
+    """The brain for ``--brain``: ``auto`` is Claude when ANTHROPIC_API_KEY is set, else heuristic.
+
+    Raises:
+        ValueError: ``claude`` was asked for but ANTHROPIC_API_KEY is not set.
+    """
+    from evotrainer.agents.heuristic import HeuristicBrain
+
+    if choice == "auto":
+        choice = "claude" if os.environ.get("ANTHROPIC_API_KEY") else "heuristic"
+    if choice == "claude":
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            raise ValueError("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
+        from evotrainer.agents.claude import ClaudeBrain
+
+        return ClaudeBrain(model=config.claude_model)
+    return HeuristicBrain()
+
+
+class LiveView:
+    """Rich live display: a progress bar for the running job, the lineage table and the last event."""
+
+    def __init__(self, ws: Any, console: Any):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.ws = ws
+        self.console = console
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console)
+        self.tasks: dict[str, int] = {}
+        self.last = ""
+        self.live = None
+
+    def render(self) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(lineage_table(self.ws), self.progress, Text(self.last[:200], style="dim"))
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "progress":
+            key = f"{data['version']} {data['what']}"
+            total = max(int(data.get("total") or 0), int(data.get("done") or 0), 1)
+            if key not in self.tasks:
+                self.tasks[key] = self.progress.add_task(key, total=total)
+            self.progress.update(self.tasks[key], completed=int(data.get("done") or 0), total=total)
+            if data.get("finished"):
+                self.progress.update(self.tasks[key], completed=total)
+        elif kind in ("log", "stage"):
+            self.last = data.get("message") or f"stage {data.get('key')}"
+        elif kind == "decision":
+            self.last = f"{data['action']} {data['version_id']}: {data['rationale']}"
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def __enter__(self) -> LiveView:
+        from rich.live import Live
+
+        self.live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+            self.live.__exit__(*exc)
+            self.live = None
+
+
+def lineage_table(ws: Any) -> Any:
+    """A rich table of the lineage: id, parent, status, change, reward/mean, held-out Avg@k."""
+    from rich.table import Table
+
+    t = Table(title="lineage", expand=False)
+    for col in ("version", "parent", "status", "change", "reward", "Avg@k"):
+        t.add_column(col)
+    style = {"kept": "green", "pruned": "red", "reverted": "magenta", "failed": "red", "training": "yellow",
+             "trained": "cyan", "proposed": "dim", "merged": "blue"}
+    for v in ws.lineage.versions():
+        rew = (v.metrics_summary or {}).get("reward/mean")
+        avg = (v.eval_summary or {}).get("avg@k") if (v.eval_summary or {}).get("eval_name", "heldout") == "heldout" else None
+        t.add_row(v.id, v.parent_id or "-", f"[{style.get(v.status, '')}]{v.status}[/]",
+                  "; ".join(iv.describe() for iv in v.interventions)[:60] or "base",
+                  f"{rew:.3f}" if isinstance(rew, (int, float)) else "", f"{avg:.3f}" if isinstance(avg, (int, float)) else "")
+    return t
+
+
+def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: bool, on_event: Any = None,
+             backend: str | None = None) -> dict[str, Any]:
+    """Run (or resume) one autonomous run; returns its summary. Used by the CLI and the tests.
+
+    Raises:
+        ValueError: the run folder has a lineage and ``resume`` is False, or another orchestrator runs it.
+    """
+    from evotrainer.agents.orchestrator import Orchestrator, open_toolbox
+    from evotrainer.agents.search import RecipeSearch, StaticRun
+    from filelock import FileLock, Timeout
+
+    from evotrainer.workspace import Workspace
+
+    run_dir = Path(run_dir)
+    if (run_dir / "lineage.db").exists() and not resume:
+        raise ValueError(f"{run_dir} holds a run already; pass --resume to continue it, or choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_dir / ".orchestrator.lock"))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        raise ValueError(f"{run_dir}: another `evotrainer run` is driving this run; wait for it") from None
+    try:
+        ws = Workspace(run_dir)
+        stored_mode = ws.lineage.kv_get("loop/mode")
+        if stored_mode and stored_mode != mode:
+            raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
+        ws.lineage.kv_set("loop/mode", mode)
+        (run_dir / "run.yaml").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+        with open_toolbox(run_dir, backend or config.backend) as tb:
+            if mode == "static":
+                loop = StaticRun(config, tb, ws, on_event)
+            elif mode == "recipe-search":
+                loop = RecipeSearch(config, tb, ws, on_event)
+            else:
+                loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
+            summary = loop.run()
+        ws.close()
+        return summary
+    finally:
+        lock.release()
+
+
 def register(app: typer.Typer) -> None:
-    """Add this subpackage's commands to the main evotrainer app."""
+    """Add ``run`` and ``report`` to the main evotrainer app."""
+
+    @app.command()
+    def run(
+        config: Path = typer.Argument(..., help="Run config YAML (see examples/default.yaml)."),
+        brain: str = typer.Option(None, "--brain", help="auto | heuristic | claude (default: the config's)."),
+        mode: str = typer.Option(None, "--mode", help="evotrainer | static | recipe-search (default: the config's)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in the config's run_dir."),
+        run_dir: Path = typer.Option(None, "--run-dir", help="Override the config's run_dir."),
+        no_live: bool = typer.Option(False, "--no-live", help="Plain log lines instead of the live display."),
+        as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON at the end."),
+    ) -> None:
+        """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
+        from evotrainer.agents.report import summary_table, write_report
+        from rich.console import Console
+
+        from evotrainer.config import load_run_config
+        from evotrainer.workspace import Workspace
+
+        cfg = load_run_config(config)
+        brain = brain or cfg.brain
+        mode = mode or cfg.mode
+        for name, val, allowed in (("--brain", brain, ("auto", "heuristic", "claude")),
+                                   ("--mode", mode, ("evotrainer", "static", "recipe-search"))):
+            if val not in allowed:
+                raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)
+        rd = Path(run_dir or cfg.run_dir)
+        console = Console(stderr=as_json)
+        try:
+            if no_live or not console.is_terminal:
+                def on_event(kind: str, data: dict[str, Any]) -> None:
+                    if kind in ("log", "decision"):
+                        msg = data.get("message") or f"{data['action']} {data['version_id']}: {data['rationale']}"
+                        console.print(msg, highlight=False)
+                summary = run_loop(cfg, rd, brain, mode, resume, on_event)
+            else:
+                with Workspace(rd) as view_ws, LiveView(view_ws, console) as view:
+                    summary = run_loop(cfg, rd, brain, mode, resume, view)
+        except ValueError as exc:
+            Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        ws = Workspace.open(rd)
+        path = write_report(ws)
+        summary["report"] = str(path)
+        if as_json:
+            sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        else:
+            console.print(summary_table(ws))
+            console.print(f"report: {path}")
+        ws.close()
+
+    @app.command()
+    def report(
+        run_dir: Path = typer.Argument(Path("runs/default"), help="Run folder."),
+        as_json: bool = typer.Option(False, "--json", help="Print {report, summary} as JSON."),
+    ) -> None:
+        """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
+        from evotrainer.agents.orchestrator import run_summary
+        from evotrainer.agents.report import summary_table, write_report
+        from rich.console import Console
+
+        from evotrainer.workspace import Workspace
+
+        ws = Workspace.open(run_dir)
+        path = write_report(ws)
+        if as_json:
+            mode = ws.lineage.kv_get("loop/mode", "evotrainer")
+            sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode)}, indent=2,
+                                        default=str) + "\n")
+        else:
+            console = Console()
+            console.print(summary_table(ws))
+            console.print(f"report: {path}")
+        ws.close()

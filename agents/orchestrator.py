@@ -214,6 +214,8 @@ class Orchestrator(LoopBase):
     def run(self) -> dict[str, Any]:
         """Run (or resume) the loop to the end of the budget; returns the run summary."""
         self.started_at()
+        self._usage0 = dict(self.lineage.kv_get("loop/usage") or {})
+        self.lineage.kv_set("loop/brain", self.brain.name)
         root = self.ensure_root()
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
         self.process_child(root, parent_id=None, round_no=0)
@@ -226,6 +228,8 @@ class Orchestrator(LoopBase):
                 break
             r += 1
             self.lineage.kv_set("loop/round", r)
+            self._save_usage()
+        self._save_usage()
         self.lineage.kv_set("loop/finished", True)
         return self.summary()
 
@@ -399,9 +403,17 @@ class Orchestrator(LoopBase):
             out.append(res)
         return out
 
+    def _save_usage(self) -> None:
+        """Brain usage (tokens, cost, turns) summed over this process and earlier (resumed) ones, in kv."""
+        cur = getattr(self.brain, "usage", {}) or {}
+        out = dict(self._usage0)
+        for k, v in cur.items():
+            out[k] = out.get(k, 0) + v if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+        self.lineage.kv_set("loop/usage", out)
+
     def summary(self) -> dict[str, Any]:
         """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k."""
-        return run_summary(self.ws, self.mode, getattr(self.brain, "usage", None))
+        return run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage"))
 
 
 def _significant(gate: dict[str, Any]) -> bool:

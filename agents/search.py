@@ -19,6 +19,7 @@ from typing import Any
 
 from evotrainer.agents.decisions import Verdict
 from evotrainer.agents.orchestrator import LoopBase, run_summary
+
 from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import get_path
 
