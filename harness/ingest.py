@@ -1,0 +1,366 @@
+"""Ingest runs we did not train: metrics and samples of other frameworks → :class:`Evidence`.
+
+Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names go through
+``harness.aliases`` once, in :func:`series_to_evidence`):
+
+* verl console logs: lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
+  ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
+  metrics: {...}`` is the held-out score at step 0, ``Final validation metrics`` at the last step);
+* TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
+* TensorBoard event files (OpenRLHF, TRL, ours) through ``tensorboard``'s EventAccumulator;
+* JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step``);
+* rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
+  of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
+  one column per reward function, ``advantage``).
+
+:func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
+above) or a single file, and returns one Evidence with one version per run (the version id is
+the file or folder name).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from evotrainer.harness.aliases import map_record
+from evotrainer.harness.evidence import Evidence
+
+RawSeries = dict[str, list[tuple[int, float]]]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
+_STEP = re.compile(r"(?:^|[\s)])step:(\d+)\s+-\s+(.*)$")
+_VALIDATION = re.compile(r"(Initial|Final) validation metrics: (\{.*\})")
+
+
+class IngestError(ValueError):
+    """A path holds nothing we can read, or a file is malformed (the message names the file and line)."""
+
+
+def _num(text: str) -> float | None:
+    t = text.strip().rstrip(",")
+    low = t.lower()
+    if low in ("nan", "-nan"):
+        return math.nan
+    if low in ("inf", "+inf", "infinity"):
+        return math.inf
+    if low in ("-inf", "-infinity"):
+        return -math.inf
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _add(out: dict[int, dict[str, float]], step: int, key: str, value: float) -> None:
+    out.setdefault(step, {})[key] = value
+
+
+def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
+    """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring)."""
+    out: dict[int, dict[str, float]] = {}
+    final: dict[str, float] = {}
+    for line in text.splitlines():
+        line = _ANSI.sub("", line)
+        m = _STEP.search(line)
+        if m:
+            step = int(m.group(1))
+            for part in m.group(2).split(" - "):
+                key, sep, val = part.rpartition(":")
+                x = _num(val) if sep else None
+                if key and x is not None:
+                    _add(out, step, key.strip(), x)
+            continue
+        v = _VALIDATION.search(line)
+        if v:
+            try:
+                d = ast.literal_eval(v.group(2))
+            except (ValueError, SyntaxError):
+                continue
+            vals = {str(k): float(x) for k, x in d.items() if isinstance(x, (int, float))}
+            if v.group(1) == "Initial":
+                for k, x in vals.items():
+                    out.setdefault(0, {}).setdefault(k, x)
+            else:
+                final = vals
+    if final and out:
+        last = max(out)
+        for k, x in final.items():
+            out[last].setdefault(k, x)
+    return out
+
+
+def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Per-step records of a TRL / HF ``trainer_state.json`` (``log_history``).
+
+    Raises:
+        IngestError: no ``log_history`` list.
+    """
+    hist = data.get("log_history")
+    if not isinstance(hist, list):
+        raise IngestError("trainer_state.json has no log_history list")
+    out: dict[int, dict[str, float]] = {}
+    for rec in hist:
+        if not isinstance(rec, dict) or "step" not in rec:
+            continue
+        step = int(rec["step"])
+        for k, x in rec.items():
+            if k in ("step", "epoch", "total_flos") or isinstance(x, bool):
+                continue
+            if isinstance(x, (int, float)) or x is None:
+                _add(out, step, k, math.nan if x is None else float(x))
+    return out
+
+
+def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dict[str, float]]:
+    """Per-step records of a JSONL metrics file (one object per line with a step key).
+
+    Raises:
+        IngestError: a line is not JSON or has no ``step`` / ``global_step`` / ``_step``.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{source}:{i}: not JSON ({exc.msg})") from None
+        step = next((rec[k] for k in ("step", "global_step", "_step", "train/global_step") if k in rec), None)
+        if step is None:
+            raise IngestError(f"{source}:{i}: no step key; each line needs 'step' (or 'global_step')")
+        for k, x in rec.items():
+            if k in ("step", "global_step", "_step", "train/global_step") or isinstance(x, bool):
+                continue
+            if isinstance(x, (int, float)):
+                _add(out, int(step), k, float(x))
+            elif isinstance(x, str) and _num(x) is not None and x.strip().lower() in ("nan", "inf", "-inf"):
+                _add(out, int(step), k, _num(x))  # type: ignore[arg-type]
+    return out
+
+
+def parse_tensorboard(path: str | Path) -> dict[int, dict[str, float]]:
+    """Per-step records of the scalar summaries in a TensorBoard event file or folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    out: dict[int, dict[str, float]] = {}
+    tags = ea.Tags()
+    for tag in tags.get("scalars", []):
+        for e in ea.Scalars(tag):
+            _add(out, int(e.step), tag, float(e.value))
+    for tag in tags.get("tensors", []):  # TF2-style scalar summaries
+        for e in ea.Tensors(tag):
+            arr = np.frombuffer(e.tensor_proto.tensor_content, dtype=np.float32) if e.tensor_proto.tensor_content \
+                else np.array(e.tensor_proto.float_val, dtype=np.float32)
+            if arr.size == 1:
+                _add(out, int(e.step), tag, float(arr[0]))
+    return out
+
+
+def records_to_series(records: dict[int, dict[str, float]]) -> RawSeries:
+    """``{step: {foreign: value}}`` → ``{our name: [(step, value)]}`` through the alias table."""
+    series: RawSeries = {}
+    for step in sorted(records):
+        for name, x in map_record(records[step]).items():
+            series.setdefault(name, []).append((step, x))
+    return series
+
+
+# --- rollout dumps ------------------------------------------------------------------------------------
+def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    from evotrainer.rollouts import SCHEMA
+
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if x is None:
+        return ""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return json.dumps(x, default=str)
+
+
+def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
+    """Rollout rows of a verl generations dump ``{step}.jsonl`` (``input``, ``output``, ``score``)."""
+    from evotrainer.rollouts import make_record
+
+    rows: list[dict[str, Any]] = []
+    stem_step = int(path.stem) if path.stem.isdigit() else 0
+    seen: dict[tuple[int, str], int] = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        step = int(rec.get("step", stem_step))
+        prompt = _text(rec.get("input", ""))
+        pid = f"p{abs(hash(prompt)) % 10**12}"
+        k = seen.get((step, pid), 0)
+        seen[(step, pid)] = k + 1
+        extras = {key: float(x) for key, x in rec.items()
+                  if key not in ("input", "output", "score", "step", "gts") and isinstance(x, (int, float))}
+        score = float(rec.get("score", 0.0) or 0.0)
+        rows.append(make_record(version_id=version, step=step, prompt_id=pid, group_id=pid, sample_idx=k,
+                                prompt=prompt, completion=_text(rec.get("output", "")), reward=score,
+                                components=extras or None, answer=_text(rec.get("gts", "")),
+                                length=len(_text(rec.get("output", "")).split())))
+    return rows
+
+
+def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
+    """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``)."""
+    import pyarrow.parquet as pq
+
+    from evotrainer.rollouts import make_record
+
+    t = pq.read_table(path).to_pylist()
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple[int, str], int] = {}
+    fixed = {"step", "prompt", "completion", "advantage", "mode", "image"}
+    for rec in t:
+        if rec.get("mode", "train") not in ("train", None):
+            continue
+        step = int(rec.get("step", 0))
+        prompt = _text(rec.get("prompt"))
+        pid = f"p{abs(hash(prompt)) % 10**12}"
+        k = seen.get((step, pid), 0)
+        seen[(step, pid)] = k + 1
+        comps = {c: float(x) for c, x in rec.items() if c not in fixed and isinstance(x, (int, float))
+                 and not isinstance(x, bool) and x == x}
+        rows.append(make_record(version_id=version, step=step, prompt_id=pid, group_id=pid, sample_idx=k,
+                                prompt=prompt, completion=_text(rec.get("completion")),
+                                reward=float(sum(comps.values())), components=comps,
+                                advantage=float(rec.get("advantage") or 0.0),
+                                length=len(_text(rec.get("completion")).split())))
+    return rows
+
+
+# --- dispatch ------------------------------------------------------------------------------------------
+def _is_verl_dump(path: Path) -> bool:
+    with open(path) as f:
+        first = f.readline()
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(rec, dict) and "output" in rec and ("input" in rec or "score" in rec)
+
+
+def _read_file(path: Path, version: str) -> tuple[dict[int, dict[str, float]], list[dict[str, Any]]]:
+    """Records and rollout rows of one file, by name and content."""
+    name = path.name
+    if name == "trainer_state.json":
+        return parse_trainer_state(json.loads(path.read_text())), []
+    if name.startswith("events.out.tfevents"):
+        return parse_tensorboard(path), []
+    if path.suffix == ".jsonl":
+        if _is_verl_dump(path):
+            return {}, read_verl_dump(path, version)
+        return parse_jsonl_metrics(path.read_text().splitlines(), str(path)), []
+    if path.suffix == ".parquet" and "completions" in name:
+        return {}, read_trl_completions(path, version)
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "log_history" in data:
+            return parse_trainer_state(data), []
+        raise IngestError(f"{path}: a JSON file we cannot read (expected a trainer_state.json with log_history)")
+    text = path.read_text(errors="replace")
+    records = parse_verl_log(text)
+    if not records:
+        raise IngestError(f"{path}: no 'step:N - key:value' lines found; pass a verl console log, a "
+                          f"trainer_state.json, a TensorBoard event file, JSONL metrics or a rollout dump")
+    return records, []
+
+
+_SKIP_DIRS = {"checkpoints", "rollouts", ".git", "__pycache__", "reports", "plots"}
+
+
+def _run_files(folder: Path) -> list[Path]:
+    files = []
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file() or any(part in _SKIP_DIRS for part in p.relative_to(folder).parts[:-1]):
+            continue
+        n = p.name
+        if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl")
+                or (p.suffix == ".parquet" and "completions" in n)):
+            files.append(p)
+    # HF checkpoints each hold a trainer_state.json: keep the most complete (the latest) one.
+    states = [p for p in files if p.name == "trainer_state.json"]
+    if len(states) > 1:
+        best = max(states, key=lambda p: len(json.loads(p.read_text()).get("log_history", [])))
+        files = [p for p in files if p.name != "trainer_state.json" or p == best]
+    return files
+
+
+def series_to_evidence(series: dict[str, RawSeries], rollouts: list[dict[str, Any]], source: str) -> Evidence:
+    """Build an Evidence from ``{version: {our name: [(step, value)]}}`` and rollout rows."""
+    ev = Evidence(metrics=series, source=source)
+    for v in series:
+        ev.parents.setdefault(v, None)
+    if rollouts:
+        ev.rollouts = _rows_to_table(rollouts)
+        for v in ev.rollouts.column("version_id").unique().to_pylist():
+            ev.parents.setdefault(v, None)
+    return ev
+
+
+def ingest(path: str | Path, version: str | None = None) -> Evidence:
+    """Evidence of a run folder or file (see module docstring).
+
+    Args:
+        path: an EvoTrainer run folder (has ``lineage.db``), a foreign run folder, or one file.
+        version: version id for a foreign run (default: the folder or file stem).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        IngestError: nothing readable there.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or folder")
+    if p.is_dir() and (p / "lineage.db").exists():
+        from evotrainer.workspace import Workspace
+
+        ws = Workspace.open(p)
+        try:
+            return Evidence.from_workspace(ws)
+        finally:
+            ws.close()
+    vid = version or (p.name if p.is_dir() else p.stem)
+    files = _run_files(p) if p.is_dir() else [p]
+    if not files:
+        raise IngestError(f"{p}: no run files (verl .log, trainer_state.json, events.out.tfevents.*, "
+                          f".jsonl, completions parquet)")
+    merged: dict[int, dict[str, float]] = {}
+    rows: list[dict[str, Any]] = []
+    errors = []
+    for f in files:
+        try:
+            recs, rws = _read_file(f, vid)
+        except IngestError as exc:
+            if len(files) == 1:
+                raise
+            errors.append(str(exc))
+            continue
+        for step, rec in recs.items():
+            merged.setdefault(step, {}).update(rec)
+        rows += rws
+    if not merged and not rows:
+        raise IngestError(f"{p}: nothing readable; " + "; ".join(errors[:3]))
+    ev = series_to_evidence({vid: records_to_series(merged)} if merged else {}, rows, str(p))
+    return ev
