@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -151,13 +151,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def run(
-        config: Path = typer.Argument(..., help="Run config YAML (see examples/default.yaml)."),
-        brain: str = typer.Option(None, "--brain", help="auto | heuristic | claude (default: the config's)."),
-        mode: str = typer.Option(None, "--mode", help="evotrainer | static | recipe-search (default: the config's)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the run in the config's run_dir."),
-        run_dir: Path = typer.Option(None, "--run-dir", help="Override the config's run_dir."),
-        no_live: bool = typer.Option(False, "--no-live", help="Plain log lines instead of the live display."),
-        as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON at the end."),
+        config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/default.yaml).")],
+        brain: Annotated[str | None, typer.Option("--brain", help="auto | heuristic | claude (default: the config's).")] = None,
+        mode: Annotated[str | None, typer.Option("--mode", help="evotrainer | static | recipe-search (default: the config's).")] = None,
+        resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the config's run_dir.")] = False,
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Override the config's run_dir.")] = None,
+        no_live: Annotated[bool, typer.Option("--no-live", help="Plain log lines instead of the live display.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON at the end.")] = False,
     ) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
         from evotrainer.agents.report import summary_table, write_report
@@ -200,8 +200,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def report(
-        run_dir: Path = typer.Argument(Path("runs/default"), help="Run folder."),
-        as_json: bool = typer.Option(False, "--json", help="Print {report, summary} as JSON."),
+        run_dir: Annotated[Path, typer.Argument(help="Run folder.")] = Path("runs/default"),
+        as_json: Annotated[bool, typer.Option("--json", help="Print {report, summary} as JSON.")] = False,
     ) -> None:
         """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
         from evotrainer.agents.orchestrator import run_summary
