@@ -43,6 +43,17 @@ TOOLS_INVALID_FRAC = "tools/invalid_call_frac"
 TOOLS_TEST_EDIT_FRAC = "tools/test_file_edit_frac"
 TOOLS_SUBMIT_WITHOUT_TEST_FRAC = "tools/submit_without_test_frac"
 TOOLS_BUDGET_EXCEEDED_FRAC = "tools/budget_exceeded_frac"
+TOOLS_TEST_RUNS_MEAN = "tools/test_runs_mean"  # run_tests calls per episode
+TOOLS_EDITS_MEAN = "tools/edits_mean"  # successful edits per episode
+TOOLS_FILES_TOUCHED_MEAN = "tools/files_touched_mean"  # distinct files edited per episode
+TOOLS_COLLECTION_ERROR_FRAC = "tools/collection_error_frac"  # episodes whose hidden tests failed to collect
+TOOLS_SUBMIT_FRAC = "tools/submit_frac"  # episodes ended by submit (not by a limit)
+TOOLS_RESOLVED_FRAC = "tools/resolved_frac"  # episodes whose hidden tests all pass
+
+
+def tool_calls(tool: str) -> str:
+    """Metric name of the mean calls per episode of one tool, e.g. ``tools/calls/search_mean``."""
+    return f"tools/calls/{tool}_mean"
 
 # --- evaluation (per version, held-out) -----------------------------------------------------------
 EVAL_AVG_AT_K = "eval/avg@k"
@@ -77,6 +88,7 @@ ALL_STEP_METRICS: tuple[str, ...] = (
     COMPLETIONS_MEAN_LENGTH, COMPLETIONS_P95_LENGTH, COMPLETIONS_MAX_LENGTH, COMPLETIONS_CLIPPED_RATIO,
     COMPLETIONS_DISTINCT_2, COMPLETIONS_REPETITION, COMPLETIONS_DUPLICATE_FRAC,
     TOOLS_TURNS_MEAN, TOOLS_CALLS_MEAN, TOOLS_INVALID_FRAC, TOOLS_TEST_EDIT_FRAC,
-    TOOLS_SUBMIT_WITHOUT_TEST_FRAC, TOOLS_BUDGET_EXCEEDED_FRAC,
+    TOOLS_SUBMIT_WITHOUT_TEST_FRAC, TOOLS_BUDGET_EXCEEDED_FRAC, TOOLS_TEST_RUNS_MEAN, TOOLS_EDITS_MEAN,
+    TOOLS_FILES_TOUCHED_MEAN, TOOLS_COLLECTION_ERROR_FRAC, TOOLS_SUBMIT_FRAC, TOOLS_RESOLVED_FRAC,
     PERF_TOKENS_PER_SEC, PERF_STEP_SECONDS, PERF_PEAK_MEMORY_MB,
 )
