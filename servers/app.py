@@ -22,6 +22,8 @@ TOOLSETS: dict[str, str] = {
     "training": "evotrainer.servers.training",
     "rollouts": "evotrainer.servers.rollouts",
     "logs": "evotrainer.servers.logs",
+    "analyzers": "evotrainer.servers.analyzers",
+    "skills": "evotrainer.servers.skills",
 }
 SERVER_NAMES: tuple[str, ...] = (*TOOLSETS, "all")
 

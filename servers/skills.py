@@ -1,0 +1,211 @@
+"""Skill-retrieval tools over the skills memory (``skills_db.store.SkillStore``, LanceDB, user-level).
+
+Tools: ``search_skills`` (hybrid vector + full-text, pre-filtered by kind / finding kinds / tags),
+``get_skill``, ``add_skill``, ``record_skill_outcome``, ``add_failed_case``, ``add_search_trace``.
+The store lives outside runs (``$EVOTRAINER_SKILLS_DIR`` or the user data dir), so this server works
+without ``--run``. The embedding model (all-MiniLM-L6-v2, offline) loads on the first search or add.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from evotrainer.servers.common import ServerState, state_of, tool
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel, Field
+
+SkillKindArg = Literal["intervention", "analyzer", "procedure"]
+
+
+class SkillRecord(BaseModel):
+    """Outcomes of a skill: tried = helped + hurt + neutral."""
+
+    tried: int
+    helped: int
+    hurt: int
+
+
+class SkillHitInfo(BaseModel):
+    """A search hit: the skill's key fields, its relevance score and its summed track record."""
+
+    id: str
+    kind: str
+    name: str
+    description: str
+    addresses: list[str] = Field(description="Finding kinds the skill is meant for.")
+    recipe_path: str | None
+    value: Any = Field(description="Interventions: literal new value or a rule {op: set|mul|add|toggle}.")
+    tags: list[str]
+    score: float = Field(description="hybrid: RRF relevance; vector: 1 - cosine distance; fts: BM25.")
+    record: SkillRecord
+
+
+class SkillSearchResult(BaseModel):
+    """Skills most relevant to the query, best first."""
+
+    query: str
+    mode: str
+    hits: list[SkillHitInfo]
+
+
+class SkillInfo(BaseModel):
+    """A full skill record."""
+
+    id: str
+    kind: str
+    name: str
+    description: str
+    addresses: list[str]
+    recipe_path: str | None
+    value: Any
+    code: str | None
+    tags: list[str]
+    source: str
+    track_record: dict[str, SkillRecord] = Field(description="Outcomes per domain (math, code, swe, ...).")
+    record: SkillRecord = Field(description="Outcomes summed over domains.")
+    created_at: float
+    updated_at: float
+
+
+class OutcomeResult(BaseModel):
+    """A skill's track record in one domain after recording an outcome."""
+
+    skill_id: str
+    domain: str
+    record: SkillRecord
+
+
+class RecordId(BaseModel):
+    """Id of a stored record."""
+
+    id: str
+
+
+def skill_store(state: ServerState) -> Any:
+    """The process-wide :class:`SkillStore` (opened on first use; seed library loaded on first open)."""
+    from evotrainer.skills_db.store import SkillStore
+
+    return state.extra("skills", SkillStore)
+
+
+def _info(s: Any) -> SkillInfo:
+    tot = s.totals()
+    return SkillInfo(id=s.id, kind=s.kind, name=s.name, description=s.description, addresses=list(s.addresses),
+                     recipe_path=s.recipe_path, value=s.value, code=s.code, tags=list(s.tags), source=s.source,
+                     track_record={k: SkillRecord(**v.model_dump()) for k, v in s.track_record.items()},
+                     record=SkillRecord(**tot.model_dump()), created_at=s.created_at, updated_at=s.updated_at)
+
+
+def register(server: MCPServer, state: ServerState) -> None:
+    """Add the skill-retrieval tools to ``server``."""
+
+    @tool(server)
+    def search_skills(
+        ctx: Context,
+        query: Annotated[str, Field(description="Free text, e.g. a finding's kind and explanation.", min_length=1,
+                                    max_length=2000)],
+        kind: Annotated[SkillKindArg | None, Field(description="Only this kind of skill.")] = None,
+        finding_kinds: Annotated[list[str] | None, Field(description="Only skills addressing one of these finding "
+                                                                     "kinds, e.g. ['entropy_collapse'].")] = None,
+        tags: Annotated[list[str] | None, Field(description="Only skills with one of these tags.")] = None,
+        mode: Annotated[Literal["hybrid", "vector", "fts"], Field(description="hybrid (vector + BM25, RRF), vector "
+                                                                              "or fts.")] = "hybrid",
+        limit: Annotated[int, Field(description="Hits, best first.", ge=1, le=100)] = 10,
+    ) -> SkillSearchResult:
+        """Search the skill memory (interventions, analyzers, procedures) for what addresses a problem; each
+        hit has its track record (tried / helped / hurt)."""
+        hits = skill_store(state_of(ctx)).search(query, kind=kind, finding_kinds=finding_kinds, tags=tags, mode=mode,
+                                                 limit=limit)
+        return SkillSearchResult(query=query, mode=mode, hits=[
+            SkillHitInfo(id=h.skill.id, kind=h.skill.kind, name=h.skill.name, description=h.skill.description,
+                         addresses=list(h.skill.addresses), recipe_path=h.skill.recipe_path, value=h.skill.value,
+                         tags=list(h.skill.tags), score=h.score, record=SkillRecord(**h.record.model_dump()))
+            for h in hits])
+
+    @tool(server)
+    def get_skill(
+        ctx: Context,
+        skill_id: Annotated[str, Field(description="Skill id (search_skills shows them).", min_length=1)],
+    ) -> SkillInfo:
+        """The full record of one skill: description, recipe path and value rule or analyzer code, track record."""
+        return _info(skill_store(state_of(ctx)).get(skill_id))
+
+    @tool(server, read_only=False)
+    def add_skill(
+        ctx: Context,
+        kind: Annotated[SkillKindArg, Field(description="intervention (recipe change), analyzer (code) or "
+                                                        "procedure (text).")],
+        name: Annotated[str, Field(description="Short human name.", min_length=1)],
+        description: Annotated[str, Field(description="What it does, when it helps, what it costs.", min_length=1)],
+        skill_id: Annotated[str | None, Field(description="Stable id (lowercase, digits, _ - . :); generated when "
+                                                          "omitted.")] = None,
+        addresses: Annotated[list[str], Field(description="Finding kinds it is meant for.")] = [],  # noqa: B006
+        recipe_path: Annotated[str | None, Field(description="Interventions: the dotted recipe path.")] = None,
+        value: Annotated[Any, Field(description="Interventions: literal value or rule {op: set|mul|add|toggle, "
+                                                "value|by, min, max}.")] = None,
+        code: Annotated[str | None, Field(description="Analyzers: Python source or 'builtin:<name>'.")] = None,
+        tags: Annotated[list[str], Field(description="Free tags (domain, category, paper).")] = [],  # noqa: B006
+        source: Annotated[str, Field(description="Paper, report, run id, or 'user'.")] = "mcp-client",
+        replace: Annotated[bool, Field(description="Overwrite an existing skill with this id.")] = False,
+    ) -> SkillInfo:
+        """Add a skill to the memory (embedded for search)."""
+        from evotrainer.skills_db.models import Skill, new_id
+
+        skill = Skill(id=skill_id or new_id(kind[:5]), kind=kind, name=name, description=description,
+                      addresses=addresses, recipe_path=recipe_path, value=value, code=code, tags=tags, source=source)
+        store = skill_store(state_of(ctx))
+        store.add(skill, replace=replace)
+        return _info(store.get(skill.id))
+
+    @tool(server, read_only=False)
+    def record_skill_outcome(
+        ctx: Context,
+        skill_id: Annotated[str, Field(description="Skill the intervention came from.", min_length=1)],
+        outcome: Annotated[Literal["helped", "hurt", "neutral"], Field(
+            description="helped (version kept), hurt (held-out drop or blocking finding), neutral.")],
+        domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "general",
+    ) -> OutcomeResult:
+        """Count one trial of a skill in a domain (tried += 1, and helped or hurt += 1)."""
+        rec = skill_store(state_of(ctx)).record_outcome(skill_id, domain, outcome)
+        return OutcomeResult(skill_id=skill_id, domain=domain or "general", record=SkillRecord(**rec.model_dump()))
+
+    @tool(server, read_only=False)
+    def add_failed_case(
+        ctx: Context,
+        version_id: Annotated[str, Field(description="The failed version.", min_length=1)],
+        outcome: Annotated[str, Field(description="pruned | reverted | failed ... with the held-out delta.",
+                                      min_length=1)],
+        intervention: Annotated[str, Field(description="e.g. 'eps_clip_high: 0.28 -> 0.4'.")] = "",
+        findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
+        skill_id: Annotated[str | None, Field(description="Skill the intervention came from.")] = None,
+        domain: Annotated[str, Field(description="Task domain.")] = "",
+        evidence_summary: Annotated[str, Field(description="One paragraph with the numbers.")] = "",
+        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+    ) -> RecordId:
+        """Remember a version that went wrong and why, so later runs avoid it."""
+        from evotrainer.skills_db.models import FailedCase
+
+        st = state_of(ctx)
+        case = FailedCase(run=run or str(st.run_dir or ""), version_id=version_id, domain=domain, findings=findings,
+                          intervention=intervention, skill_id=skill_id, outcome=outcome,
+                          evidence_summary=evidence_summary)
+        return RecordId(id=skill_store(st).add_failed_case(case))
+
+    @tool(server, read_only=False)
+    def add_search_trace(
+        ctx: Context,
+        agent: Annotated[str, Field(description="Agent role or client name.", min_length=1)],
+        query: Annotated[str, Field(description="What was searched.", min_length=1)],
+        results: Annotated[list[str], Field(description="Skill ids returned, best first.")] = [],  # noqa: B006
+        chosen: Annotated[str | None, Field(description="Skill id acted on, if any.")] = None,
+        rationale: Annotated[str, Field(description="Why it was chosen (or why none).")] = "",
+        filters: Annotated[dict[str, Any], Field(description="Filters used.")] = {},  # noqa: B006
+        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+    ) -> RecordId:
+        """Log what an agent searched, found and chose, and why."""
+        from evotrainer.skills_db.models import SearchTrace
+
+        st = state_of(ctx)
+        trace = SearchTrace(run=run or str(st.run_dir or ""), agent=agent, query=query, filters=filters,
+                            results=results, chosen=chosen, rationale=rationale)
+        return RecordId(id=skill_store(st).add_search_trace(trace))
