@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -18,7 +19,7 @@ def _fail(message: str) -> None:
 
 
 @sandbox_app.command("info")
-def info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """The backend in use (docker | bwrap), why, its limits and mounts."""
     from evotrainer.sandbox import sandbox_info
 
@@ -39,13 +40,13 @@ def info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
 
 @sandbox_app.command("run")
 def run(
-    file: Path = typer.Argument(..., help="Python file to run (mounted read-only at /sandbox/main.py)."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Wall-clock limit, seconds."),
-    memory: int = typer.Option(1024, "--memory", help="Address-space limit per process, MiB."),
-    inputs: list[Path] = typer.Option([], "--input", help="File or folder mounted read-only at "
-                                      "/evidence/<its name>; repeatable."),
-    unsafe_local: bool = typer.Option(False, "--unsafe-local", help="Run unisolated if no sandbox exists."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    file: Annotated[Path, typer.Argument(help="Python file to run (mounted read-only at /sandbox/main.py).")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit, seconds.")] = 30.0,
+    memory: Annotated[int, typer.Option("--memory", help="Address-space limit per process, MiB.")] = 1024,
+    inputs: Annotated[list[Path] | None, typer.Option(
+        "--input", help="File or folder mounted read-only at /evidence/<its name>; repeatable.")] = None,
+    unsafe_local: Annotated[bool, typer.Option("--unsafe-local", help="Run unisolated if no sandbox exists.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Run FILE.py in the sandbox; print exit_code, stdout, stderr, limit_hit, backend (and resource use).
 
@@ -56,7 +57,7 @@ def run(
     if not file.is_file():
         _fail(f"{file}: no such file")
     named: dict[str, Path] = {}
-    for p in inputs:
+    for p in inputs or []:
         if p.name in named:
             _fail(f"--input {p}: two inputs named {p.name!r}; rename one")
         named[p.name] = p
