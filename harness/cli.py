@@ -1,9 +1,102 @@
-"""CLI commands of evotrainer.harness, added to the main app by :func:`register`."""
+"""CLI commands of evotrainer.harness, added to the main app by :func:`register`.
+
+``evotrainer diagnose PATH [--json] [--out DIR]``: ingest a run folder (EvoTrainer workspace or a
+run of verl / TRL / OpenRLHF) or a log file, run every analyzer, print the findings (rich table,
+or JSON with ``--json``) and write plots of the key series. ``evotrainer analyzers list`` shows
+the registered analyzers.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import typer
+
+analyzers_app = typer.Typer(help="List the diagnostic analyzers.", no_args_is_help=True)
+
+SEVERITY_STYLE = {"blocking": "bold red", "warn": "yellow", "info": "dim"}
+
+
+def diagnose(
+    path: Path = typer.Argument(..., help="Run folder (EvoTrainer workspace or foreign run) or a log file."),
+    as_json: bool = typer.Option(False, "--json", help="Print findings and a summary as JSON."),
+    out: Path | None = typer.Option(None, "--out", help="Folder for plots (default: <run>/reports/diagnose for "
+                                    "a workspace, ./diagnose/<name> otherwise)."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Do not write plots."),
+    analyzer: list[str] = typer.Option([], "--analyzer", "-a", help="Run only these analyzers (repeatable)."),
+    fail_on: str = typer.Option("none", "--fail-on", help="Exit 2 when a finding of this severity or worse "
+                                "stands: none | warn | blocking."),
+) -> None:
+    """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.findings import SEVERITY_RANK
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import plot_evidence
+
+    if fail_on not in ("none", "warn", "blocking"):
+        raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
+    ev = ingest(path)
+    findings = run_analyzers(ev, names=analyzer or None)
+    plots: list[str] = []
+    if not no_plots:
+        is_ws = path.is_dir() and (path / "lineage.db").exists()
+        out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (path.stem or "run"))
+        plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
+    if as_json:
+        payload = {"source": str(path), "summary": ev.summary(), "findings": [f.model_dump() for f in findings],
+                   "plots": plots}
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        summ = ev.summary()["versions"]
+        console.print(f"[bold]{path}[/]: {len(summ)} version(s), "
+                      + ", ".join(f"{v} ({s['n_metrics']} metrics to step {s['last_step']}, {s['n_rollouts']} rollouts)"
+                                  for v, s in summ.items()))
+        if findings:
+            t = Table(show_lines=True)
+            t.add_column("severity", no_wrap=True)
+            t.add_column("kind", no_wrap=True)
+            t.add_column("versions", max_width=24)
+            t.add_column("steps", no_wrap=True)
+            t.add_column("explanation", ratio=1)
+            for f in findings:
+                steps = f"{f.steps[0]}..{f.steps[-1]}" if f.steps else ""
+                t.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.kind, ", ".join(f.versions), steps,
+                          f.explanation)
+            console.print(t)
+        else:
+            console.print("no findings")
+        for p in plots:
+            console.print(f"plot: {p}")
+    if fail_on != "none" and any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on] for f in findings):
+        raise typer.Exit(2)
+
+
+@analyzers_app.command("list")
+def analyzers_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Registered analyzers with the finding kinds they report."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from evotrainer.harness.analyzers import list_analyzers
+
+    specs = list_analyzers()
+    if as_json:
+        sys.stdout.write(json.dumps([{"name": s.name, "kinds": list(s.kinds), "builtin": s.builtin,
+                                      "description": s.description} for s in specs], indent=2) + "\n")
+        return
+    t = Table("name", "kinds", "builtin", "description")
+    for s in specs:
+        t.add_row(s.name, ", ".join(s.kinds), "yes" if s.builtin else "no", s.description)
+    Console().print(t)
 
 
 def register(app: typer.Typer) -> None:
     """Add this subpackage's commands to the main evotrainer app."""
+    app.command("diagnose")(diagnose)
+    app.add_typer(analyzers_app, name="analyzers")

@@ -3,7 +3,7 @@
 Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names go through
 ``harness.aliases`` once, in :func:`series_to_evidence`):
 
-* verl console logs: lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
+* verl console logs (``.log``, or ``.log.gz``): lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
   ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
   metrics: {...}`` is the held-out score at step 0, ``Final validation metrics`` at the last step);
 * TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
@@ -279,7 +279,12 @@ def _read_file(path: Path, version: str) -> tuple[dict[int, dict[str, float]], l
         if isinstance(data, dict) and "log_history" in data:
             return parse_trainer_state(data), []
         raise IngestError(f"{path}: a JSON file we cannot read (expected a trainer_state.json with log_history)")
-    text = path.read_text(errors="replace")
+    if path.suffix == ".gz":
+        import gzip
+
+        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+    else:
+        text = path.read_text(errors="replace")
     records = parse_verl_log(text)
     if not records:
         raise IngestError(f"{path}: no 'step:N - key:value' lines found; pass a verl console log, a "
@@ -296,7 +301,7 @@ def _run_files(folder: Path) -> list[Path]:
         if not p.is_file() or any(part in _SKIP_DIRS for part in p.relative_to(folder).parts[:-1]):
             continue
         n = p.name
-        if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl")
+        if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl") or n.endswith(".log.gz")
                 or (p.suffix == ".parquet" and "completions" in n)):
             files.append(p)
     # HF checkpoints each hold a trainer_state.json: keep the most complete (the latest) one.
@@ -341,7 +346,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
             return Evidence.from_workspace(ws)
         finally:
             ws.close()
-    vid = version or (p.name if p.is_dir() else p.stem)
+    vid = version or (p.name if p.is_dir() else p.name.split(".log")[0] if ".log" in p.name else p.stem)
     files = _run_files(p) if p.is_dir() else [p]
     if not files:
         raise IngestError(f"{p}: no run files (verl .log, trainer_state.json, events.out.tfevents.*, "

@@ -1,0 +1,99 @@
+"""Promotion gate: keep a version only if it beats its parent on held-out problems and nothing blocks it.
+
+``gate(ws, version_id)`` compares the version's held-out outcome matrix with its parent's on the
+common problems (paired bootstrap CI and paired permutation test, ``harness.stats``), runs the
+analyzers on both versions' evidence, and promotes only when the CI's lower bound is above 0 and no
+``blocking`` finding stands against the version (fresh analysis, plus blocking findings stored on
+the version). The verdict lists its evidence references so a decision can cite them. The root
+version has no parent: it is promoted as the baseline when nothing blocks it (reason says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from evotrainer.harness.findings import Finding
+
+
+class GateVerdict(BaseModel):
+    """The gate's decision and everything it rests on."""
+
+    version_id: str
+    parent_id: str | None
+    promote: bool
+    gain: float | None = Field(None, description="Held-out Avg@k gain over the parent (fraction, paired problems).")
+    ci: tuple[float, float] | None = Field(None, description="Bootstrap CI of the gain at `confidence`.")
+    p_value: float | None = Field(None, description="Two-sided paired permutation p-value of the gain.")
+    confidence: float = 0.95
+    n_problems: int = 0
+    blocking: list[Finding] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+
+def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float = 0.95,
+         n_resamples: int = 10_000, seed: int = 0, findings: list[Finding] | None = None) -> GateVerdict:
+    """Decide whether ``version_id`` may be kept (see module docstring).
+
+    Args:
+        ws: the run's :class:`evotrainer.workspace.Workspace`.
+        version_id: the version to judge.
+        eval_name: which held-out evaluation to compare.
+        confidence, n_resamples, seed: bootstrap settings (seeded, reproducible).
+        findings: findings to use instead of running the analyzers (e.g. already computed).
+
+    Raises:
+        LineageError: unknown version.
+    """
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.evidence import Evidence
+    from evotrainer.harness.stats import compare_versions
+
+    v = ws.lineage.get(version_id)
+    parent = v.parent_id
+    ids = [version_id] + ([parent] if parent else [])
+    if findings is None:
+        findings = run_analyzers(Evidence.from_workspace(ws, ids))
+    blocking = [f for f in findings if f.is_blocking and version_id in f.versions]
+    seen = {f.kind for f in blocking}
+    for stored in v.findings or []:
+        if stored.get("severity") == "blocking" and stored.get("kind") not in seen:
+            try:
+                blocking.append(Finding.model_validate({**stored, "versions": stored.get("versions") or [version_id]}))
+            except Exception:  # a malformed stored finding still blocks, with what we know
+                blocking.append(Finding(kind=str(stored.get("kind") or "stored_finding"), severity="blocking",
+                                        versions=[version_id], explanation=str(stored)[:500], analyzer="stored"))
+    evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
+    evidence += [m for f in blocking for m in f.evidence[:3]]
+    verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
+                          blocking=blocking, evidence=evidence)
+    if parent is None:
+        verdict.promote = not blocking
+        verdict.reason = ("root version: the baseline, nothing to compare with" if not blocking else
+                          f"root version blocked by {len(blocking)} finding(s): {', '.join(sorted(seen))}")
+        return verdict
+    a, b = ws.lineage.eval_matrix(parent, eval_name), ws.lineage.eval_matrix(version_id, eval_name)
+    if not a or not b:
+        missing = [x for x, m in ((parent, a), (version_id, b)) if not m]
+        verdict.reason = f"no held-out '{eval_name}' outcomes for {', '.join(missing)}; evaluate before gating"
+        return verdict
+    try:
+        cmp = compare_versions(a, b, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    except ValueError as exc:
+        verdict.reason = f"cannot compare {version_id} with {parent}: {exc}"
+        return verdict
+    verdict.gain, verdict.ci, verdict.p_value, verdict.n_problems = cmp.gain, cmp.ci, cmp.p_value, cmp.n_problems
+    verdict.evidence = [f"eval:{eval_name}:{parent}", f"eval:{eval_name}:{version_id}"] + verdict.evidence
+    pct = int(round(100 * confidence))
+    stats = (f"held-out Avg@k {cmp.score_a:.3f} -> {cmp.score_b:.3f}, gain {cmp.gain:+.3f} "
+             f"({pct}% CI [{cmp.ci[0]:+.3f}, {cmp.ci[1]:+.3f}], p={cmp.p_value:.3g}, {cmp.n_problems} problems)")
+    if blocking:
+        verdict.reason = f"blocked by {', '.join(sorted(seen | {f.kind for f in blocking}))}; {stats}"
+    elif cmp.ci[0] <= 0:
+        verdict.reason = f"gain not established: the CI's lower bound is not above 0; {stats}"
+    else:
+        verdict.promote = True
+        verdict.reason = f"promote: {stats}; no blocking finding"
+    return verdict

@@ -1,0 +1,85 @@
+"""Plots of the key series of a diagnosis (matplotlib, Agg backend; PNG files).
+
+One figure per version: a grid of the key metrics (reward and correctness, held-out score,
+entropy, KL, grad norm, completion length, clipped ratio, zero-variance groups, reward
+components) with the step spans of warn / blocking findings shaded.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from evotrainer import metrics as M
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import Finding
+
+PANELS: list[tuple[str, tuple[str, ...]]] = [
+    ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"))),
+    ("held-out", (M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_1)),
+    ("entropy (nats/token)", (M.POLICY_ENTROPY,)),
+    ("KL (nats/token)", (M.POLICY_KL,)),
+    ("grad norm", (M.POLICY_GRAD_NORM,)),
+    ("completion length (tokens)", (M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_P95_LENGTH)),
+    ("clipped ratio", (M.COMPLETIONS_CLIPPED_RATIO,)),
+    ("zero-variance groups", (M.REWARD_FRAC_ZERO_STD,)),
+    ("duplicates / distinct-2", (M.COMPLETIONS_DUPLICATE_FRAC, M.COMPLETIONS_DISTINCT_2)),
+]
+_COLORS = {"warn": "#f0a030", "blocking": "#d03030"}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80] or "version"
+
+
+def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: str | Path) -> Path | None:
+    """Write ``<out_dir>/<version>.png``; None when the version has none of the key series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = [n for n in ev.metric_names(version)
+             if n.startswith("reward/") and n.endswith("/mean") and n.count("/") == 2 and n != M.CORRECT_MEAN]
+    panels = [(t, tuple(n for n in names if ev.has(version, n))) for t, names in PANELS]
+    if comps:
+        panels.append(("reward components", tuple(comps)))
+    panels = [(t, names) for t, names in panels if names]
+    if not panels:
+        return None
+    cols = 3
+    rows = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False)
+    mine = [f for f in findings if version in f.versions and f.is_failure and f.steps]
+    for ax, (title, names) in zip(axes.flat, panels, strict=False):
+        for n in names:
+            s, x = ev.series(version, n)
+            x = np.where(np.isfinite(x), x, np.nan)
+            ax.plot(s, x, lw=1, marker="." if len(s) < 60 else None, label=n)
+            bad = ~np.isfinite(ev.series(version, n)[1])
+            if bad.any():
+                ax.scatter(s[bad], np.zeros(bad.sum()), marker="x", color="red", s=12, label=f"{n} non-finite")
+        for f in mine:
+            ax.axvspan(min(f.steps), max(f.steps), color=_COLORS[f.severity], alpha=0.08)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    kinds = ", ".join(sorted({f.kind for f in mine})) or "no failure findings"
+    fig.suptitle(f"{version}: {kinds}", fontsize=10)
+    fig.tight_layout()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{_safe(version)}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_evidence(ev: Evidence, findings: list[Finding], out_dir: str | Path) -> list[Path]:
+    """One PNG per version with metric series; returns the files written."""
+    return [p for v in ev.versions if (p := plot_version(ev, v, findings, out_dir)) is not None]
