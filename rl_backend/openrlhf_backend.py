@@ -13,7 +13,7 @@ Flag spellings (read from OpenRLHF's own ``openrlhf/cli/train_ppo_ray.py``): 0.1
 the flat flags (``--pretrain``, ``--remote_rm_url``, ``--dynamic_filtering``, ...; 0.10.0-0.10.1 and
 0.9.x) to dotted groups (``--actor.model_name_or_path``, ``--reward.remote_url``,
 ``--algo.dynamic_filtering_enable``, ...; 0.10.2 - 0.11.x). ``--actor.loss_agg_mode`` exists from
-0.11.0 only. :data:`FLAGS` holds both spellings; the tests parse generated commands with the real
+0.11.2 only. :data:`FLAGS` holds both spellings; the tests parse generated commands with the real
 parsers of 0.11.2, 0.10.4 and 0.10.1.
 
 Mapping notes (departures are listed in ``job.warnings``): one EvoTrainer step = one OpenRLHF
@@ -170,13 +170,18 @@ def installed_openrlhf_version() -> str | None:
         return None
 
 
+def _vtuple(version: str) -> tuple[int, int, int]:
+    nums = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in version.split("+")[0].split(".")[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
 def flag_scheme(version: str) -> Literal["dotted", "flat"]:
     """``dotted`` for OpenRLHF >= 0.10.2, ``flat`` before (the release that renamed the flags).
 
     Raises:
         OpenRLHFError: a version older than 0.9 (never checked against its parser).
     """
-    parts = tuple(int(p) for p in (version.split("+")[0].split(".") + ["0", "0"])[:3] if p.isdigit())
+    parts = _vtuple(version)
     if parts < (0, 9, 0):
         raise OpenRLHFError(f"openrlhf {version}: versions before 0.9 are not supported; install {PINNED_VERSION}")
     return "dotted" if parts >= (0, 10, 2) else "flat"
@@ -261,7 +266,7 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
                             "give OpenRLHF a HF model id or folder")
     if recipe.data.task == "swe":
         raise OpenRLHFError("recipe.data.task='swe': multi-turn tool-use episodes run on the local backend only")
-    has_agg = scheme == "dotted" and tuple(int(x) for x in version.split(".")[:2]) >= (0, 11)
+    has_agg = _vtuple(version) >= (0, 11, 2)  # --actor.loss_agg_mode appeared in 0.11.2
     if recipe.loss_agg_mode == "seq-mean-token-sum" or (recipe.loss_agg_mode != "token-mean" and not has_agg):
         raise OpenRLHFError(f"recipe.loss_agg_mode={recipe.loss_agg_mode!r}: openrlhf {version} supports "
                             f"{'token-mean and seq-mean-token-mean' if has_agg else 'token-mean only'}; set token-mean")
@@ -291,6 +296,9 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
     write_reward_file(job_dir / files["reward"], recipe, model)
 
     dyn = recipe.dynamic_filtering or recipe.drop_zero_variance_groups
+    if dyn:
+        warnings.append("dynamic filtering draws refill prompts from the same prompt file: the job can end "
+                        f"before {steps} steps when many groups are filtered out")
     if recipe.drop_zero_variance_groups and not recipe.dynamic_filtering:
         warnings.append("drop_zero_variance_groups: mapped to OpenRLHF dynamic filtering on the correctness score "
                         f"with range {list(recipe.dynamic_filtering_range)} (drops all-wrong / all-right groups)")

@@ -24,7 +24,7 @@ Component values (unweighted; the total is ``sum(weight * value)``):
   completion at the cap gets -1).
 - ``repetition`` in [-1, 0]: minus the repeated word n-gram rate (params ``n``, default 4).
 - ``code_tests`` 1/0: the problem's unit tests pass in the sandbox
-  (``evotrainer.rl_backend.code_tasks.score_completion``).
+  (``evotrainer.rl_backend.code_tasks.score_batch``, one sandbox run per batch).
 - ``swe_tests``: ``extras["swe_tests"][i]`` (1 resolved / fraction of hidden tests passed).
 - ``test_file_edit``, ``tool_budget``, ``submit_without_test``: ``-extras[name][i]`` where the
   outcome is 1 when the behaviour happened (edited a test file, exceeded the tool budget,
@@ -82,7 +82,10 @@ class RewardContext:
     def correct(self) -> list[float]:
         """(B,) task-appropriate correctness, computed once per batch."""
         if self._correct is None:
-            self._correct = [_correct_one(self, i) for i in range(len(self.completions))]
+            code = [i for i, p in enumerate(self.problems) if _task(p) == "humaneval"]
+            scores = dict(zip(code, _code_scores([self.problems[i] for i in code],
+                                                 [self.completions[i] for i in code]), strict=True))
+            self._correct = [scores[i] if i in scores else _correct_one(self, i) for i in range(len(self.completions))]
         return self._correct
 
     def extra(self, name: str) -> list[float]:
@@ -117,25 +120,22 @@ def _task(p: Problem) -> str:
     return str(p.meta.get("task", "arithmetic"))
 
 
-def _code_score(problem: Problem, completion: str) -> float:
+def _code_scores(problems: list[Problem], completions: list[str]) -> list[float]:
+    """Unit-test pass (1/0) of each completion, one sandbox batch (``code_tasks.score_batch``)."""
+    if not problems:
+        return []
     try:
         from evotrainer.rl_backend import code_tasks
     except ImportError as exc:
         raise RewardError("reward component 'code_tests' needs evotrainer.rl_backend.code_tasks "
                           f"(the sandboxed unit-test runner), which failed to import: {exc}") from None
-    res = code_tasks.score_completion(problem, completion)
-    for attr in ("reward", "passed", "score"):
-        if hasattr(res, attr):
-            return float(getattr(res, attr))
-    if isinstance(res, Mapping):
-        return float(res.get("reward", res.get("passed", 0.0)))
-    return float(res)
+    return [float(x) for x in code_tasks.score_batch(problems, completions)]
 
 
 def _correct_one(ctx: RewardContext, i: int) -> float:
     p, task = ctx.problems[i], _task(ctx.problems[i])
     if task == "humaneval":
-        return _code_score(p, ctx.completions[i])
+        return _code_scores([p], [ctx.completions[i]])[0]
     if task == "swe":
         return ctx.extra("swe_tests")[i] if "swe_tests" in ctx.extras else math.nan
     return 1.0 if is_correct(ctx.completions[i], p.answer) else 0.0
@@ -225,8 +225,10 @@ def repetition(ctx: RewardContext, params: dict[str, Any]) -> list[float]:
 @register("code_tests")
 def code_tests(ctx: RewardContext, params: dict[str, Any]) -> list[float]:
     """1 if the problem's unit tests pass in the sandbox (code_tasks.score_completion), else 0."""
-    return [ctx.correct[i] if _task(p) == "humaneval" else _code_score(p, ctx.completions[i])
-            for i, p in enumerate(ctx.problems)]
+    other = [i for i, p in enumerate(ctx.problems) if _task(p) != "humaneval"]
+    extra = dict(zip(other, _code_scores([ctx.problems[i] for i in other], [ctx.completions[i] for i in other]),
+                     strict=True))
+    return [extra[i] if i in extra else ctx.correct[i] for i in range(len(ctx.problems))]
 
 
 @register("swe_tests")
