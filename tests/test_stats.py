@@ -1,0 +1,96 @@
+"""Avg@k, unbiased pass@k and paired statistics, checked by hand and against scipy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from evotrainer.harness.stats import (avg_at_k, compare_versions, paired_bootstrap_ci, paired_permutation_test,
+                                      pass_at_k, pass_at_k_single)
+
+
+def test_avg_at_k_by_hand():
+    # problem a: 2/4 correct, problem b: 1/4 -> (0.5 + 0.25) / 2 = 0.375
+    assert avg_at_k({"a": [1, 0, 1, 0], "b": [0, 0, 0, 1]}) == pytest.approx(0.375)
+
+
+def test_pass_at_k_unbiased_by_hand():
+    # n=4, c=1, k=2: 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5
+    assert pass_at_k_single(4, 1, 2) == pytest.approx(0.5)
+    # n=5, c=2, k=3: 1 - C(3,3)/C(5,3) = 1 - 1/10 = 0.9
+    assert pass_at_k_single(5, 2, 3) == pytest.approx(0.9)
+    # n - c < k: every draw of k contains a correct sample
+    assert pass_at_k_single(4, 3, 2) == 1.0
+    assert pass_at_k_single(4, 0, 4) == 0.0
+    # matrix: problem a (c=1 of 4) -> 0.5 at k=2, problem b (c=0) -> 0: mean 0.25
+    assert pass_at_k({"a": [1, 0, 0, 0], "b": [0, 0, 0, 0]}, 2) == pytest.approx(0.25)
+    # pass@1 equals Avg@k
+    m = {"a": [1, 0, 1, 1], "b": [0, 1, 0, 0]}
+    assert pass_at_k(m, 1) == pytest.approx(avg_at_k(m))
+
+
+def test_pass_at_k_matches_comb_formula():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                want = 1.0 - (math.comb(n - c, k) / math.comb(n, k))
+                assert pass_at_k_single(n, c, k) == pytest.approx(want, abs=1e-12)
+
+
+def test_pass_at_k_errors_name_the_rule():
+    with pytest.raises(ValueError, match="k=5"):
+        pass_at_k({"a": [1, 0]}, 5)
+    with pytest.raises(ValueError, match="empty"):
+        avg_at_k({})
+
+
+def test_paired_bootstrap_matches_scipy():
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0, 1, 60)
+    b = np.clip(a + rng.normal(0.05, 0.1, 60), 0, 1)
+    gain, lo, hi = paired_bootstrap_ci(a, b, n_resamples=20_000, seed=3)
+    ref = sps.bootstrap((a, b), lambda x, y, axis: np.mean(y - x, axis=axis), paired=True, n_resamples=20_000,
+                        method="percentile", confidence_level=0.95, rng=np.random.default_rng(7))
+    assert gain == pytest.approx(np.mean(b - a))
+    # Different RNG streams: the percentile bounds agree to Monte-Carlo error (~0.002 here).
+    assert lo == pytest.approx(ref.confidence_interval.low, abs=0.004)
+    assert hi == pytest.approx(ref.confidence_interval.high, abs=0.004)
+    # seeded: the same seed gives the same interval
+    assert paired_bootstrap_ci(a, b, n_resamples=20_000, seed=3) == (gain, lo, hi)
+
+
+def test_paired_permutation_exact_matches_scipy():
+    # 10 pairs: 2^10 = 1024 <= n_resamples, so both enumerate all sign flips exactly.
+    a = np.array([0.1, 0.5, 0.3, 0.2, 0.6, 0.4, 0.0, 0.7, 0.2, 0.3])
+    b = np.array([0.3, 0.6, 0.3, 0.5, 0.6, 0.7, 0.1, 0.9, 0.1, 0.6])
+    p = paired_permutation_test(a, b, n_resamples=10_000)
+    ref = sps.permutation_test((a, b), lambda x, y, axis: np.mean(y - x, axis=axis), permutation_type="samples",
+                               n_resamples=10_000, alternative="two-sided")
+    assert p == pytest.approx(ref.pvalue, abs=1e-12)
+
+
+def test_paired_permutation_monte_carlo_close_to_scipy():
+    rng = np.random.default_rng(5)
+    a = rng.uniform(0, 1, 40)
+    b = a + rng.normal(0.03, 0.15, 40)
+    p = paired_permutation_test(a, b, n_resamples=20_000, seed=1)
+    ref = sps.permutation_test((a, b), lambda x, y, axis: np.mean(y - x, axis=axis), permutation_type="samples",
+                               n_resamples=20_000, alternative="two-sided", rng=np.random.default_rng(2))
+    assert p == pytest.approx(ref.pvalue, abs=0.015)
+
+
+def test_compare_versions_on_common_problems():
+    a = {"p1": [0, 0, 0, 0], "p2": [1, 0, 0, 0], "p3": [1, 1, 0, 0], "only_a": [1, 1, 1, 1]}
+    b = {"p1": [1, 1, 0, 0], "p2": [1, 1, 1, 0], "p3": [1, 1, 1, 1], "only_b": [0, 0, 0, 0]}
+    c = compare_versions(a, b, n_resamples=2000)
+    # common p1..p3: a = (0 + .25 + .5)/3 = .25, b = (.5 + .75 + 1)/3 = .75, gain .5 (every pair +.5)
+    assert c.n_problems == 3
+    assert (c.score_a, c.score_b, c.gain) == pytest.approx((0.25, 0.75, 0.5))
+    assert c.ci == pytest.approx((0.5, 0.5))  # every difference is 0.5: no spread
+    # exact test over 2^3 = 8 flips: only all-plus and all-minus reach |mean| 0.5 -> p = 2 * 1/8
+    assert c.p_value == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="no common problem"):
+        compare_versions({"x": [1]}, {"y": [0]})
