@@ -86,7 +86,7 @@ class ClaudeBrain:
 
     name = "claude"
 
-    def __init__(self, model: str = "claude-sonnet-4-5", api_key: str | None = None, base_url: str | None = None,
+    def __init__(self, model: str = "claude-sonnet-5-5", api_key: str | None = None, base_url: str | None = None,
                  max_turns: int = 12, max_retries: int = 3, max_tokens: int = 2048, timeout_s: float = 120.0):
         import anthropic
 

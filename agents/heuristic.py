@@ -135,17 +135,28 @@ def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
 
 
 def resolve_skill_value(value: Any, current: Any) -> Any:
-    """A skill's value (plain, or a rule ``{"op": "mul"|"add"|"set", ...}``) applied to ``current``."""
-    if isinstance(value, dict) and "op" in value:
-        op = value["op"]
-        if op == "set":
-            return value.get("value")
-        if op in ("mul", "add") and isinstance(current, (int, float)) and not isinstance(current, bool):
-            by = value.get("by", 1)
-            new = current * by if op == "mul" else current + by
-            return int(new) if isinstance(current, int) and float(new).is_integer() else new
+    """A skill's value applied to ``current`` (the rules of skills_db's ``resolve_value``, read over MCP).
+
+    A literal is itself; ``{"op": "set", "value": V}`` → V; ``{"op": "mul"|"add", "by": x}`` → current × / + x
+    (clamped by ``min`` / ``max``; an int stays an int); ``{"op": "toggle"}`` → not current. None when the
+    rule does not fit the current value (e.g. a number rule on an absent reward component).
+    """
+    if not (isinstance(value, dict) and "op" in value):
+        return value
+    op = value["op"]
+    if op == "set":
+        return value.get("value")
+    if op == "toggle":
+        return (not current) if isinstance(current, bool) else None
+    if op not in ("mul", "add") or isinstance(current, bool) or not isinstance(current, (int, float)):
         return None
-    return value
+    by = value.get("by", 1)
+    out = current * by if op == "mul" else current + by
+    if "min" in value:
+        out = max(out, value["min"])
+    if "max" in value:
+        out = min(out, value["max"])
+    return int(round(out)) if isinstance(current, int) else float(f"{out:.12g}")
 
 
 class HeuristicBrain:
@@ -204,7 +215,7 @@ class HeuristicBrain:
 
         for kind in failures:
             for sk in self._skills_for(tools, kind, diagnosis):
-                path, value = sk.get("path") or sk.get("recipe_path"), sk.get("value")
+                path, value = sk.get("recipe_path"), sk.get("value")
                 if not path:
                     continue
                 try:
@@ -238,8 +249,10 @@ class HeuristicBrain:
                                                "kind": "intervention", "limit": 5})
         except ToolCallError:
             return []
-        items = res.get("skills", res.get("results", [])) if isinstance(res, dict) else res
-        return [s for s in items if isinstance(s, dict)]
+        hits = [h for h in res.get("hits", []) if isinstance(h, dict)]
+        # track record first (helped - hurt), then relevance order: a skill that worked before is tried first
+        return sorted(hits, key=lambda h: -((h.get("record") or {}).get("helped", 0)
+                                            - (h.get("record") or {}).get("hurt", 0)))
 
     def _expand(self, path: str, rule: tuple, hyp: str, metric: str, direction: str, recipe: Recipe,
                 kind: str, diagnosis: Diagnosis, context: dict[str, Any]) -> list[Candidate]:

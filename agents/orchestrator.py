@@ -315,19 +315,30 @@ class Orchestrator(LoopBase):
             kept = v.status == "kept"
             gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
             outcomes.append({"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain})
-            if iv.source.startswith("skill:"):
-                self._call_opt("record_skill_outcome", {"skill_id": iv.source.split(":", 1)[1], "helped": kept,
-                                                        "gain": gain, "domain": v.recipe.data.task,
-                                                        "version_id": vid})
+            skill_id = iv.source.split(":", 1)[1] if iv.source.startswith("skill:") else None
+            domain = _domain(v.recipe.data.task)
+            if skill_id:
+                hurt = not kept and (v.status == "failed" or (isinstance(gain, (int, float)) and gain < 0)
+                                     or bool((self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("blocking")))
+                self._call_opt("record_skill_outcome", {"skill_id": skill_id, "domain": domain,
+                                                        "outcome": "helped" if kept else "hurt" if hurt else "neutral"})
             if not kept:
+                diag_v = self.lineage.kv_get(f"loop/diagnose/{vid}") or {}
                 self._call_opt("add_failed_case", {
-                    "description": f"{iv.describe()} on {parent} ({v.status}): {iv.hypothesis}"[:500],
-                    "finding_kinds": diag.kinds(), "recipe_path": iv.path, "value": iv.new,
-                    "version_id": vid, "reason": self._rationale(vid)})
+                    "version_id": vid, "outcome": f"{v.status} (held-out gain {gain})", "intervention": iv.describe(),
+                    "findings": sorted({f["kind"] for f in diag_v.get("findings", []) if f.get("severity") != "info"}),
+                    "skill_id": skill_id, "domain": domain, "evidence_summary": self._rationale(vid)[:1000]})
         trace = {"round": r, "parent": parent, "findings": diag.kinds(),
                  "candidates": [c.key() for c in proposal.candidates], "scores": [s.score for s in ranking.scores],
                  "chosen": [proposal.candidates[i].key() for i in ranking.chosen], "outcomes": outcomes}
-        self._call_opt("add_search_trace", {"summary": f"round {r} from {parent}", "trace": trace})
+        chosen_skills = [proposal.candidates[i].source.split(":", 1)[1] for i in ranking.chosen
+                         if proposal.candidates[i].source.startswith("skill:")]
+        self._call_opt("add_search_trace", {
+            "agent": "intervener", "query": f"round {r} from {parent}: findings {', '.join(diag.kinds()) or 'none'}",
+            "results": proposal.skills_used, "chosen": chosen_skills[0] if chosen_skills else None,
+            "rationale": (ranking.rationale + " | outcomes: " + "; ".join(
+                f"{o['version_id']} {o['change']} {o['status']}" for o in outcomes))[:2000],
+            "filters": {"finding_kinds": diag.kinds()}})
         return trace
 
     def _rationale(self, vid: str) -> str:
@@ -414,6 +425,10 @@ class Orchestrator(LoopBase):
     def summary(self) -> dict[str, Any]:
         """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k."""
         return run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage"))
+
+
+def _domain(task: str) -> str:
+    return {"humaneval": "code", "swe": "swe"}.get(task, "math")
 
 
 def _significant(gate: dict[str, Any]) -> bool:

@@ -1,0 +1,116 @@
+"""The Claude brain against a fake Anthropic Messages API on 127.0.0.1, through real MCP servers.
+
+The fake records what the anthropic SDK sends and answers with scripted tool_use blocks; the tools
+run on the real ``all`` server of a fresh run (``evotrainer.servers.build_server``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from evotrainer.agents.claude import BrainError, ClaudeBrain, price_of
+from evotrainer.agents.decisions import Diagnosis, Proposal
+from evotrainer.agents.mcp_client import RoleTools, ToolBox
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+from fake_anthropic import FakeAnthropic, last_tool_results, tool_use, turn
+
+
+@pytest.fixture()
+def toolbox(tmp_path):
+    from evotrainer.servers import build_server
+
+    with Workspace(tmp_path / "run") as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+    with ToolBox(build_server("all", str(tmp_path / "run"))) as tb:
+        yield tb
+
+
+def test_role_loop_sends_tools_runs_them_and_accounts_tokens(toolbox):
+    def policy(body):
+        if turn(body) == 0:
+            return [tool_use("get_version", {"version_id": "v0"})]
+        got = last_tool_results(body)[0]["content"]
+        return [tool_use("submit_proposal", {"parent_id": got["id"], "candidates": [
+            {"path": "generate_max_len", "new": got["recipe"]["generate_max_len"] * 2, "addresses": ["truncation"],
+             "hypothesis": "answers are cut at the cap"}]})]
+
+    with FakeAnthropic(policy, usage=(1000, 200)) as fake:
+        brain = ClaudeBrain(model="claude-sonnet-4-6", api_key="test-key", base_url=fake.url)
+        tools = RoleTools(toolbox, "intervener")
+        out = brain.run_role(tools, "propose children of v0", Proposal, "submit_proposal")
+    assert isinstance(out, Proposal)
+    assert out.parent_id == "v0" and out.candidates[0].path == "generate_max_len"
+    assert out.candidates[0].new == 128  # default generate_max_len 64 × 2
+    # What the SDK sent: model, the role's tools plus the submit tool, the key in the header.
+    first = fake.requests[0]
+    assert first["model"] == "claude-sonnet-4-6"
+    names = [t["name"] for t in first["tools"]]
+    assert "get_version" in names and "search_skills" in names and names[-1] == "submit_proposal"
+    assert "start_training" not in names  # the intervener may not train
+    h = fake.headers[0]
+    assert h.get("x-api-key") == "test-key" or h.get("authorization") == "Bearer test-key"
+    # The second request carries the tool result of get_version (the real server's answer).
+    res = last_tool_results(fake.requests[1])[0]
+    assert not res["is_error"] and res["content"]["status"] == "proposed"
+    # 2 turns × (1000 in, 200 out) at Sonnet prices $3 / $15 per M: (2000×3 + 400×15) / 1e6 = 0.012
+    assert brain.usage["input_tokens"] == 2000 and brain.usage["output_tokens"] == 400
+    assert brain.usage["cost_usd"] == pytest.approx(0.012)
+    assert brain.usage["turns"] == 2 and brain.usage["calls"] == 1
+
+
+def test_tool_errors_go_back_to_the_model_and_invalid_answers_are_refused(toolbox):
+    def policy(body):
+        t = turn(body)
+        if t == 0:
+            return [tool_use("get_version", {"version_id": "v9"})]
+        if t == 1:
+            assert last_tool_results(body)[0]["is_error"]
+            return [tool_use("submit_diagnosis", {"summary": "missing version_id"})]
+        if t == 2:
+            res = last_tool_results(body)[0]
+            assert res["is_error"] and "version_id" in res["content"]
+            return [tool_use("submit_diagnosis", {"version_id": "v0", "summary": "nothing trained yet"})]
+        raise AssertionError("too many turns")
+
+    with FakeAnthropic(policy) as fake:
+        brain = ClaudeBrain(api_key="k", base_url=fake.url)
+        out = brain.run_role(RoleTools(toolbox, "diagnostician"), "diagnose v0", Diagnosis, "submit_diagnosis")
+    assert out.version_id == "v0" and out.findings == []
+    err = last_tool_results(fake.requests[1])[0]["content"]
+    assert "v9" in err and "v0" in err  # the server's message names the bad id and the known ones
+
+
+def test_retries_on_overload_then_succeeds(toolbox):
+    def policy(body):
+        return [tool_use("submit_diagnosis", {"version_id": "v0", "summary": "ok"})]
+
+    with FakeAnthropic(policy, fail_first=2, fail_status=529) as fake:
+        brain = ClaudeBrain(api_key="k", base_url=fake.url, max_retries=3)
+        out = brain.run_role(RoleTools(toolbox, "diagnostician"), "diagnose v0", Diagnosis, "submit_diagnosis")
+    assert out.summary == "ok"
+    assert sum(1 for r in fake.requests if r.get("failed")) == 2 and len(fake.requests) == 3
+
+
+def test_turn_cap_then_heuristic_fallback(toolbox):
+    def policy(body):
+        return [tool_use("list_versions", {})]  # never submits
+
+    with FakeAnthropic(policy) as fake:
+        brain = ClaudeBrain(api_key="k", base_url=fake.url, max_turns=3)
+        tools = RoleTools(toolbox, "intervener")
+        with pytest.raises(BrainError, match="within 3 turns"):
+            brain.run_role(tools, "x", Proposal, "submit_proposal")
+        assert len(fake.requests) == 3
+        # The role method falls back to the heuristic brain and counts it.
+        diag = Diagnosis(version_id="v0", findings=[{"kind": "truncation", "severity": "warn",
+                                                     "explanation": "62% of completions hit the cap"}])
+        p = brain.propose(tools, "v0", Recipe(), diag, set(), {})
+    assert brain.usage["fallbacks"] == 1
+    assert any(c.path == "generate_max_len" and c.new == 128 for c in p.candidates)
+
+
+def test_prices():
+    assert price_of("claude-sonnet-4-5") == (3.0, 15.0)
+    assert price_of("claude-opus-4-5-20251101") == (5.0, 25.0)
+    assert price_of("claude-haiku-4-5") == (1.0, 5.0)
