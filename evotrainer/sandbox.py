@@ -52,12 +52,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+import evotrainer.sandbox_images as _images_pkg
+
 SANDBOX_ENV = "EVOTRAINER_SANDBOX"  # auto | docker | bwrap | unsafe-local
 EVIDENCE_DIR = "/evidence"
 WORK_DIR = "/sandbox/work"
 CODE_PATH = "/sandbox/main.py"
 SANDBOX_UID = 65534  # "nobody"
-IMAGES_DIR = Path(__file__).resolve().parent.parent / "sandbox_images"
+IMAGES_DIR = Path(_images_pkg.__file__).resolve().parent  # sandbox_images/ (installed as evotrainer.sandbox_images)
 IMAGE_PREFIX = "evotrainer-sandbox-"
 
 LimitHit = Literal["timeout", "cpu", "memory", "file_size", "procs", "output"]

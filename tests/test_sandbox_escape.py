@@ -1,0 +1,440 @@
+"""Escape suite: untrusted code tries to break out of the sandbox; every attempt is contained and
+the host is checked unchanged afterwards (files, processes, listeners, secrets).
+
+Runs the real backend of this machine (bubblewrap here, `make sandbox-deps` installs it; Docker
+where a daemon answers). No backend is a failure, not a skip: these tests are the proof.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from evotrainer.sandbox import run_in_sandbox, sandbox_info
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _backend():
+    info = sandbox_info()
+    if info["backend"] not in ("bwrap", "docker"):
+        pytest.fail(f"no isolating sandbox backend here ({info['reason']}); run `make sandbox-deps`")
+
+
+def run(code: str, **kw):
+    return run_in_sandbox(code=textwrap.dedent(code), **kw)
+
+
+def stray_processes(marker: str) -> list[int]:
+    """Host pids whose environment carries ``marker`` (the sandboxed processes of one test)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "environ").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_01_cannot_connect_to_a_host_loopback_listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.5)
+    port = srv.getsockname()[1]
+    accepted = []
+    done = threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                accepted.append(srv.accept())
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    r = run(f"""
+        import socket
+        for host in ("127.0.0.1", "localhost", "::1"):
+            try:
+                socket.create_connection((host, {port}), timeout=2); print("CONNECTED", host)
+            except OSError as e:
+                print("refused", host, type(e).__name__)
+    """)
+    done.set()
+    t.join(2)
+    srv.close()
+    assert "CONNECTED" not in r.stdout and r.stdout.count("refused") == 3, r
+    assert accepted == []  # host: the listener never saw a connection
+
+
+def test_02_no_dns_and_no_outbound_network():
+    r = run("""
+        import os, socket
+        for what, fn in [("dns", lambda: socket.getaddrinfo("example.com", 80)),
+                         ("tcp", lambda: socket.create_connection(("1.1.1.1", 53), timeout=2)),
+                         ("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)))]:
+            try:
+                fn(); print("REACHED", what)
+            except OSError as e:
+                print("blocked", what)
+        print("ifaces", sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]))
+        print("netns", os.readlink("/proc/self/ns/net"))
+    """)
+    assert "REACHED" not in r.stdout and r.stdout.count("blocked") == 3, r
+    assert "ifaces ['lo']" in r.stdout
+    # host: the sandbox lived in another network namespace than ours
+    assert f"netns {os.readlink('/proc/self/ns/net')}" not in r.stdout
+
+
+def test_03_cannot_write_outside_the_work_dir(tmp_path):
+    tag = uuid.uuid4().hex
+    targets = [Path("/tmp") / f"escape-{tag}", Path.home() / f"escape-{tag}", REPO / f"escape-{tag}",
+               tmp_path / f"escape-{tag}", Path("/") / f"escape-{tag}"]
+    r = run(f"""
+        for p in {[str(t) for t in targets]!r}:
+            try:
+                open(p, "w").write("pwned")
+                print("wrote", p)
+            except OSError as e:
+                print("denied", p, e.errno)
+        open("inside.txt", "w").write("fine")  # the private work dir is writable
+        print("workdir ok")
+    """)
+    assert "workdir ok" in r.stdout
+    for t in targets:
+        assert not t.exists(), f"{t} was created on the host"  # host unchanged
+    # /tmp inside is a private tmpfs (the write may succeed there), every other target is denied
+    assert r.stdout.count("denied") >= 4, r
+
+
+def test_04_cannot_read_a_secret_file_outside_the_inputs(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-4242")
+    (tmp_path / "public.txt").write_text("public")
+    r = run(f"""
+        import os
+        for p in [{str(secret)!r}, "/proc/1/root{secret}", "/evidence/public.txt/../secret.txt"]:
+            try:
+                print("READ", open(p).read())
+            except OSError as e:
+                print("denied", type(e).__name__)
+        print(os.listdir("/evidence"))
+    """, inputs={"public.txt": tmp_path / "public.txt"})
+    assert "TOP-SECRET" not in r.stdout + r.stderr and r.stdout.count("denied") == 3, r
+    assert "['public.txt']" in r.stdout
+    assert secret.read_text() == "TOP-SECRET-4242"  # host unchanged
+
+
+def test_05_planted_env_secrets_are_not_visible(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_test_secret")
+    r = run("""
+        import os, glob
+        print(sorted(os.environ))
+        blob = ""
+        for p in glob.glob("/proc/*/environ"):
+            try:
+                blob += open(p, "rb").read().decode(errors="replace")
+            except OSError:  # the launcher is non-dumpable: its environ is closed to us
+                pass
+        print("proc-environ", "sk-test-secret" in blob, "hf_test_secret" in blob)
+    """)
+    assert r.exit_code == 0, r
+    assert "sk-test-secret" not in r.stdout and "ANTHROPIC_API_KEY" not in r.stdout and "HF_TOKEN" not in r.stdout
+    assert "proc-environ False False" in r.stdout
+    assert os.environ["ANTHROPIC_API_KEY"] == "sk-test-secret"  # host: ours untouched
+
+
+def test_06_cannot_remount_root_writable_and_has_no_capabilities():
+    r = run("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        MS_REMOUNT, MS_BIND = 32, 4096
+        print("remount", libc.mount(None, b"/", None, MS_REMOUNT, None), ctypes.get_errno())
+        print("remount-usr", libc.mount(None, b"/usr", None, MS_REMOUNT | MS_BIND, None), ctypes.get_errno())
+        try:
+            open("/evil", "w"); print("WROTE /")
+        except OSError as e:
+            print("ro", e.errno)
+        st = dict(l.split(":\\t") for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)
+        print("caps", st["CapEff"], st["CapPrm"], st["CapBnd"], "nnp", st["NoNewPrivs"])
+    """)
+    assert "remount -1 1" in r.stdout and "remount-usr -1 1" in r.stdout, r  # EPERM
+    assert "ro 30" in r.stdout  # EROFS
+    assert "caps 0000000000000000 0000000000000000 0000000000000000 nnp 1" in r.stdout
+    assert not Path("/evil").exists()  # host unchanged
+
+
+def test_07_fork_bomb_is_contained():
+    marker = uuid.uuid4().hex
+    before = len([p for p in os.listdir("/proc") if p.isdigit()])
+    r = run("""
+        import os, time
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                time.sleep(0.05)
+    """, timeout_s=3, max_procs=16, env={"ESCAPE_MARKER": marker})
+    assert r.limit_hit == "procs", r
+    assert r.wall_s < 6
+    time.sleep(0.2)
+    assert stray_processes(marker) == []  # host: every forked process is gone
+    after = len([p for p in os.listdir("/proc") if p.isdigit()])
+    assert after < before + 16
+
+
+def test_08_memory_bomb_is_contained():
+    r = run("""
+        chunks = []
+        while True:
+            chunks.append(bytearray(64 << 20))
+    """, memory_mb=512, timeout_s=20)
+    assert r.limit_hit == "memory" and r.exit_code != 0, r
+    assert "MemoryError" in r.stderr
+    assert r.max_rss_mb is None or r.max_rss_mb < 600
+    assert r.wall_s < 15
+
+
+def test_09_fill_the_disk_with_one_file_hits_the_file_size_limit():
+    free_before = shutil.disk_usage("/tmp").free
+    r = run("""
+        with open("big.bin", "wb") as f:
+            for _ in range(100):
+                f.write(b"x" * (4 << 20))
+    """, max_file_mb=8)
+    assert r.limit_hit == "file_size" and r.exit_code != 0, r
+    assert "File too large" in r.stderr
+    assert shutil.disk_usage("/tmp").free > free_before - (64 << 20)  # host: no 400 MB landed on disk
+
+
+def test_10_fill_the_disk_with_many_files_hits_the_disk_cap():
+    free_before = shutil.disk_usage("/tmp").free
+    r = run("""
+        i = 0
+        while True:
+            with open(f"f{i}.bin", "wb") as f:
+                f.write(b"x" * (4 << 20))
+            i += 1
+    """, max_file_mb=8, disk_mb=32, timeout_s=20)
+    assert r.limit_hit == "file_size" and "No space left on device" in r.stderr, r
+    assert shutil.disk_usage("/tmp").free > free_before - (64 << 20)
+
+
+def test_11_sleep_forever_is_killed_with_its_whole_tree():
+    marker = uuid.uuid4().hex
+    r = run("""
+        import os, subprocess, time
+        subprocess.Popen(["sleep", "1000"])
+        if os.fork() == 0:          # a daemon: new session, parent exits
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(1000)
+            os._exit(0)
+        print("started", flush=True)
+        time.sleep(1000)
+    """, timeout_s=2, env={"ESCAPE_MARKER": marker})
+    assert r.limit_hit == "timeout" and "started" in r.stdout, r
+    assert 1.9 < r.wall_s < 6
+    time.sleep(0.2)
+    assert stray_processes(marker) == []  # host: no sleeper, no daemon survived
+
+
+def test_12_cannot_kill_the_parent():
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run(f"""
+            import os, signal
+            for pid in ({os.getpid()}, os.getppid(), 1, {bystander.pid}):
+                try:
+                    os.kill(pid, signal.SIGKILL); print("sent", pid)
+                except OSError as e:
+                    print("failed", pid, type(e).__name__)
+            print("done", flush=True)
+        """)
+        assert "done" in r.stdout, r
+        assert bystander.poll() is None  # host: the parent (us) and its child are alive
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_13_cannot_signal_other_host_processes():
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run(f"""
+            import os, signal
+            try:
+                os.kill({victim.pid}, signal.SIGKILL); print("sent")
+            except ProcessLookupError:
+                print("no such process")
+            try:
+                os.kill(-1, signal.SIGTERM)  # everything we may signal: only our own namespace
+            except OSError:
+                pass
+            print("alive")
+        """)
+        assert "sent" not in r.stdout.split() or "no such process" in r.stdout, r
+        time.sleep(0.2)
+        assert victim.poll() is None  # host: the victim still runs
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_14_cannot_ptrace_a_host_process():
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run(f"""
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
+            for req in (PTRACE_ATTACH, PTRACE_SEIZE):
+                print("ptrace", libc.ptrace(req, {victim.pid}, None, None), ctypes.get_errno())
+        """)
+        assert r.stdout.count("ptrace -1") == 2, r
+        status = Path(f"/proc/{victim.pid}/status").read_text()
+        assert "TracerPid:\t0" in status  # host: nobody traces the victim
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_15_cannot_write_the_read_only_inputs(tmp_path):
+    data = tmp_path / "evidence"
+    data.mkdir()
+    (data / "metrics.csv").write_text("step,reward\n1,0.5\n")
+    digest = hashlib.sha256((data / "metrics.csv").read_bytes()).hexdigest()
+    r = run("""
+        import os
+        base = "/evidence/data"
+        attempts = [lambda: open(base + "/metrics.csv", "a").write("2,9.9\\n"),
+                    lambda: open(base + "/new.txt", "w").write("x"),
+                    lambda: os.unlink(base + "/metrics.csv"),
+                    lambda: os.rename(base + "/metrics.csv", base + "/m2.csv"),
+                    lambda: os.chmod(base + "/metrics.csv", 0o777)]
+        for a in attempts:
+            try:
+                a(); print("CHANGED")
+            except OSError as e:
+                print("denied", e.errno)
+        print(open(base + "/metrics.csv").read())
+    """, inputs={"data": data})
+    assert "CHANGED" not in r.stdout and r.stdout.count("denied") == 5 and "1,0.5" in r.stdout, r
+    assert sorted(p.name for p in data.iterdir()) == ["metrics.csv"]  # host unchanged
+    assert hashlib.sha256((data / "metrics.csv").read_bytes()).hexdigest() == digest
+
+
+def test_16_setuid_escalation_fails():
+    setuid_bins = [p for p in ("/usr/bin/su", "/usr/bin/mount", "/usr/bin/passwd", "/usr/bin/newgrp")
+                   if Path(p).exists() and Path(p).stat().st_mode & 0o4000]
+    r = run(f"""
+        import os, subprocess
+        for fn in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setresuid(0, 0, 0)):
+            try:
+                fn(); print("BECAME ROOT")
+            except OSError as e:  # EINVAL: uid 0 is not even mapped in the sandbox's user namespace
+                print("denied", e.errno)
+        for b in {setuid_bins!r}:  # setuid bits are ignored (nosuid mounts, no_new_privs)
+            p = subprocess.run([b, "-c", "id -u"] if b.endswith("su") else [b], capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=5)
+            print("bin", b, p.returncode, p.stdout.strip())
+        p = subprocess.run(["/usr/bin/mount", "-t", "tmpfs", "none", "/tmp"], capture_output=True, text=True)
+        print("mount rc", p.returncode)
+        print("ids", os.getuid(), os.geteuid(), os.getgid())
+    """)
+    assert "BECAME ROOT" not in r.stdout and r.stdout.count("denied") == 3, r
+    assert "ids 65534 65534 65534" in r.stdout
+    assert "mount rc 0" not in r.stdout and "bin /usr/bin/su 0" not in r.stdout
+    assert setuid_bins  # host: the setuid binaries exist (so the attempt was real) and are unchanged
+    assert all(Path(b).stat().st_mode & 0o4000 for b in setuid_bins)
+
+
+def test_17_host_processes_are_invisible_in_proc():
+    r = run(f"""
+        import os
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        print("pids", pids)
+        print("host-pid-visible", os.path.exists("/proc/{os.getpid()}/environ") and
+              "PYTEST" in open("/proc/{os.getpid()}/environ", errors="replace").read())
+        print("init", open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode())
+    """)
+    assert "host-pid-visible False" in r.stdout, r
+    pids = eval(r.stdout.split("pids ", 1)[1].splitlines()[0])
+    assert len(pids) < 10  # bwrap's init, the launcher, the program: not the host's hundreds
+    host_pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    assert len(host_pids) > len(pids)
+
+
+def test_18_no_nested_user_namespace_to_regain_capabilities():
+    r = run("""
+        import ctypes, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
+        for flag in (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET):
+            print("unshare", libc.unshare(flag), ctypes.get_errno())
+        p = subprocess.run(["unshare", "-U", "-r", "id"], capture_output=True, text=True)
+        print("unshare-cli", p.returncode, p.stdout.strip())
+    """)
+    assert r.stdout.count("unshare -1") == 3, r
+    assert "uid=0" not in r.stdout
+
+
+def test_19_no_inherited_file_descriptors(tmp_path):
+    secret = tmp_path / "fd-secret"
+    secret.write_text("FD-SECRET-77")
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    try:
+        r = run("""
+            import os
+            print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
+            for n in range(3, 64):
+                try:
+                    print("LEAK", os.pread(n, 64, 0))
+                except OSError:
+                    pass
+        """)
+    finally:
+        os.close(fd)
+    assert "FD-SECRET" not in r.stdout and "LEAK" not in r.stdout, r
+    fds = eval(r.stdout.split("fds ", 1)[1].splitlines()[0])
+    assert fds[:3] == [0, 1, 2] and len(fds) <= 4  # 0-2 plus the listdir handle
+
+
+def test_20_cpu_burner_and_output_flood_are_stopped():
+    r = run("while True: pass", cpu_s=1, timeout_s=10)
+    assert r.limit_hit == "cpu" and r.cpu_s is not None and 0.8 < r.cpu_s < 2.5, r
+    r = run("while True: print('y' * 1000)", max_output_kb=64, timeout_s=10)
+    assert r.limit_hit == "output" and r.stdout_truncated and len(r.stdout) == 64 * 1024, r
+
+
+def test_21_no_host_devices_or_sysfs():
+    r = run("""
+        import os
+        print("dev", sorted(os.listdir("/dev")))
+        print("sys", os.path.exists("/sys/class"), os.path.exists("/dev/vda"), os.path.exists("/dev/mem"))
+        try:
+            open("/dev/kmsg").read(1); print("KMSG")
+        except OSError:
+            print("no kmsg")
+    """)
+    assert "sys False False False" in r.stdout and "no kmsg" in r.stdout, r
+    devs = eval(r.stdout.split("dev ", 1)[1].splitlines()[0])
+    assert set(devs) <= {"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm",
+                         "stderr", "stdin", "stdout", "tty", "urandom", "zero"}
