@@ -1,0 +1,201 @@
+"""The sandbox API: results, mounts, limits, backend choice, Dockerfiles and the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from evotrainer import sandbox
+from evotrainer.sandbox import (
+    SandboxError,
+    SandboxUnavailable,
+    run_in_sandbox,
+    sandbox_info,
+)
+
+IMAGES = sandbox.IMAGES_DIR
+
+
+@pytest.fixture(scope="module")
+def backend() -> str:
+    info = sandbox_info()
+    if info["backend"] not in ("bwrap", "docker"):
+        pytest.fail(f"no isolating sandbox backend here ({info['reason']}); run `make sandbox-deps`")
+    return info["backend"]
+
+
+def run(code: str, **kw):
+    return run_in_sandbox(code=textwrap.dedent(code), **kw)
+
+
+def test_runs_code_and_reports_the_result(backend):
+    r = run("""
+        import os, sys
+        print(6 * 7)
+        print("to stderr", file=sys.stderr)
+        print(os.getcwd(), os.environ["HOME"], os.environ["EVOTRAINER_SANDBOX_BACKEND"])
+        sys.exit(3)
+    """)
+    assert r.exit_code == 3 and r.limit_hit is None and not r.ok
+    assert r.stdout.splitlines() == ["42", f"/sandbox/work /sandbox/work {backend}"]
+    assert r.stderr == "to stderr\n" and r.backend == backend
+    assert r.wall_s > 0 and (r.cpu_s is None or r.cpu_s > 0)
+
+
+def test_cmd_python_alias_code_placeholder_and_env(backend):
+    r = run_in_sandbox(["python", "{code}", "a", "b"], code="import sys, os; print(sys.argv[1:], os.environ['K'])",
+                       env={"K": "v"})
+    assert r.ok and r.stdout == "['a', 'b'] v\n"
+    r = run_in_sandbox(["sh", "-c", "echo $((2 + 3))"])
+    assert r.ok and r.stdout == "5\n"
+
+
+def test_inputs_read_only_at_evidence_and_analyzer_libraries(tmp_path, backend):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"step": [1, 2, 3], "reward": [0.5, 0.25, 1.0]}), tmp_path / "m.parquet")
+    r = run("""
+        import duckdb, numpy as np, pyarrow.parquet as pq
+        t = pq.read_table("/evidence/metrics/m.parquet")
+        print(float(np.mean(t.column("reward").to_numpy())))
+        print(duckdb.sql("select sum(step) from '/evidence/metrics/m.parquet'").fetchall()[0][0])
+    """, inputs={"metrics": tmp_path})
+    assert r.ok, r
+    assert r.stdout.splitlines() == ["0.5833333333333334", "6"]  # (0.5 + 0.25 + 1.0) / 3; 1 + 2 + 3
+
+
+def test_workdir_is_private_unless_the_caller_binds_one(tmp_path, backend):
+    r = run("open('out.txt', 'w').write('kept'); print(sorted(__import__('os').listdir('.')))", workdir=tmp_path)
+    assert r.ok and (tmp_path / "out.txt").read_text() == "kept"
+    r = run("import os; print(os.listdir('.')); open('x', 'w').write('gone')")
+    assert r.ok and r.stdout == "[]\n"  # a fresh tmpfs each time, discarded afterwards
+
+
+@pytest.mark.parametrize(("code", "kw", "limit"), [
+    ("import time; time.sleep(60)", {"timeout_s": 1}, "timeout"),
+    ("while True: pass", {"cpu_s": 1, "timeout_s": 10}, "cpu"),
+    ("x = bytearray(4 << 30)", {"memory_mb": 256}, "memory"),
+    ("open('f', 'wb').write(b'x' * (3 << 20))", {"max_file_mb": 1}, "file_size"),
+    ("print('z' * 100_000)", {"max_output_kb": 4}, "output"),
+])
+def test_each_limit_is_reported(code, kw, limit, backend):
+    r = run(code, **kw)
+    assert r.limit_hit == limit and not r.ok, r
+
+
+def test_bad_arguments_name_the_field(tmp_path):
+    with pytest.raises(SandboxError, match="give cmd"):
+        run_in_sandbox()
+    with pytest.raises(SandboxError, match="cmd='python x.py'"):
+        run_in_sandbox("python x.py")  # type: ignore[arg-type]
+    with pytest.raises(SandboxError, match="timeout_s=0"):
+        run_in_sandbox(code="pass", timeout_s=0)
+    with pytest.raises(SandboxError, match=r"inputs name '\.\./x'"):
+        run_in_sandbox(code="pass", inputs={"../x": tmp_path})
+    with pytest.raises(SandboxError, match="no such file"):
+        run_in_sandbox(code="pass", inputs={"x": tmp_path / "missing"})
+    with pytest.raises(SandboxError, match="image='gpu'"):
+        run_in_sandbox(code="pass", image="gpu")
+
+
+def test_refuses_without_a_backend_unless_unsafe_local_is_asked(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "_docker_client", lambda: None)
+    monkeypatch.setattr(sandbox, "_bwrap_status", lambda: (None, "bwrap not installed"))
+    monkeypatch.delenv(sandbox.SANDBOX_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match="Refusing to run untrusted code.*unsafe_local=True"):
+        run_in_sandbox(code="print(1)")
+    assert sandbox_info()["backend"] is None
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-secret")
+    (tmp_path / "in.txt").write_text("evidence")
+    r = run_in_sandbox(code="import os; print(open(os.environ['EVOTRAINER_EVIDENCE'] + '/in.txt').read(), "
+                            "'ANTHROPIC_API_KEY' in os.environ)", inputs={"in.txt": tmp_path / "in.txt"},
+                       unsafe_local=True)
+    assert r.backend == "unsafe-local" and r.stdout == "evidence False\n", r
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, "unsafe-local")
+    assert run_in_sandbox(code="print(2)").backend == "unsafe-local"
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, "chroot")
+    with pytest.raises(SandboxError, match="EVOTRAINER_SANDBOX='chroot': use auto, docker, bwrap or unsafe-local"):
+        run_in_sandbox(code="pass")
+
+
+def test_sandbox_info_reports_backend_and_limits(backend):
+    info = sandbox_info()
+    assert info["backend"] == backend and info["network"] == "none" and info["uid"] == 65534
+    assert info["defaults"]["memory_mb"] == 1024 and info["mounts"]["work"] == "/sandbox/work"
+
+
+# --- Dockerfiles -------------------------------------------------------------------------------------
+INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
+                "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "MAINTAINER"}
+
+
+def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(instruction, arguments) pairs: comments dropped, backslash continuations joined."""
+    out, buf = [], ""
+    for line in path.read_text().splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        buf += line.rstrip()
+        if buf.endswith("\\"):
+            buf = buf[:-1] + " "
+            continue
+        word, _, rest = buf.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    assert not buf, f"{path}: dangling line continuation"
+    return out
+
+
+@pytest.mark.parametrize("image", ["analyzer", "code-runner", "swe-runner"])
+def test_dockerfile_parses(image):
+    folder = IMAGES / image
+    steps = parse_dockerfile(folder / "Dockerfile")
+    first = [w for w, _ in steps if w != "ARG"][0]
+    assert first == "FROM", f"{image}: the first instruction is {first}"
+    assert {w for w, _ in steps} <= INSTRUCTIONS
+    assert ("USER", "65534:65534") in steps  # never root inside
+    for word, args in steps:
+        if word == "COPY":
+            for src in args.split()[:-1]:
+                assert (folder / src).exists(), f"{image}: COPY source {src} missing"
+        if word in ("CMD", "ENTRYPOINT") and args.startswith("["):
+            json.loads(args)
+    assert re.search(rf"`docker build -t evotrainer-sandbox-{image} sandbox_images/{image}`",
+                     (IMAGES / "README.md").read_text())
+
+
+@pytest.mark.parametrize("image", ["analyzer", "code-runner", "swe-runner"])
+def test_dockerfile_builds_where_docker_exists(image):
+    client = sandbox._docker_client()
+    if client is None:
+        pytest.skip("no Docker daemon answers on this machine, so the image cannot be built here")
+    from evotrainer.sandbox_docker import ensure_image
+
+    assert ensure_image(client, image) == f"evotrainer-sandbox-{image}:latest"
+
+
+# --- CLI ---------------------------------------------------------------------------------------------
+def test_cli_info_and_run(tmp_path, backend):
+    from evotrainer.cli import app
+
+    cli = CliRunner()
+    res = cli.invoke(app, ["sandbox", "info", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["backend"] == backend
+    (tmp_path / "data.txt").write_text("3 4")
+    script = tmp_path / "job.py"
+    script.write_text("a, b = open('/evidence/data.txt').read().split(); print(int(a) * int(b))")
+    res = cli.invoke(app, ["sandbox", "run", str(script), "--input", str(tmp_path / "data.txt"), "--json"])
+    out = json.loads(res.stdout)
+    assert res.exit_code == 0 and out["stdout"] == "12\n" and out["exit_code"] == 0  # 3 * 4
+    assert out["limit_hit"] is None and out["backend"] == backend
+    script.write_text("import time; time.sleep(30)")
+    res = cli.invoke(app, ["sandbox", "run", str(script), "--timeout", "1", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["limit_hit"] == "timeout"
+    res = cli.invoke(app, ["sandbox", "run", str(tmp_path / "nope.py")])
+    assert res.exit_code == 1 and "nope.py: no such file" in res.output
