@@ -1,0 +1,459 @@
+"""The SWE episode environment: a task repository, five tools, tool-call parsing and the limits.
+
+The policy sees a system prompt listing the tools and a user message with the problem statement.
+Each reply may hold one or more tool calls in the Hermes / Qwen format (the one chat templates with
+tool support emit)::
+
+    <tool_call>{"name": "view", "arguments": {"path": "pkg/mod.py", "start": 1, "end": 40}}</tool_call>
+
+A bare JSON object with ``name`` / ``arguments`` (or a fenced ```json block) is accepted too. A
+reply with no parsable call, an unknown tool or bad arguments gets an error observation that says
+what to fix (never an exception): it counts as an invalid call and against the tool budget.
+
+Tools (arguments in braces): ``search {pattern, path?}`` regex grep over the repo; ``view {path,
+start?, end?}`` numbered lines (at most :data:`VIEW_MAX_LINES`); ``edit {path, old, new}`` exact
+string replacement (``old`` must occur exactly once); ``run_tests {tests?}`` pytest on a chosen
+subset (node ids or files; default: the test files of the hidden tests) in the sandbox; ``submit {}``
+ends the episode.
+
+Limits from the recipe's ``tool_use`` section (:class:`evotrainer.recipe.ToolUseSpec`):
+``max_turns`` policy replies; ``tool_budget`` tool calls in all (the call that would exceed it is
+not run and ends the episode with ``budget_exceeded``); ``per_call_timeout_s`` for a test run;
+``per_episode_timeout_s`` wall clock from :meth:`SweEnv.reset` (policy time included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evotrainer.rl_backend.swe_tasks import (
+    TASKSET_DIR,
+    SweTask,
+    is_test_file,
+    materialize,
+    run_pytest,
+    test_file_digests,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.recipe import ToolUseSpec
+
+TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")
+VIEW_MAX_LINES = 80
+SEARCH_MAX_HITS = 40
+OBS_MAX_CHARS = 2500
+
+SYSTEM_PROMPT = """You fix bugs in a Python repository by calling tools. Reply with one or more tool calls, each as
+<tool_call>{"name": TOOL, "arguments": {...}}</tool_call>
+Tools:
+- search {"pattern": regex, "path": folder or file (optional)}: matching lines as path:line: text
+- view {"path": file, "start": first line, "end": last line}: numbered lines (at most 80)
+- edit {"path": file, "old": exact text, "new": replacement}: replace the one occurrence of old
+- run_tests {"tests": ["file.py::test_name", ...] (optional)}: run tests with pytest
+- submit {}: finish; hidden tests then grade the repository
+Fix the library code, not the tests. Run the failing tests before you submit."""
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchArgs(_Args):
+    pattern: str = Field(..., min_length=1)
+    path: str = "."
+
+
+class ViewArgs(_Args):
+    path: str
+    start: int = Field(1, ge=1)
+    end: int | None = Field(None, ge=1)
+
+
+class EditArgs(_Args):
+    path: str
+    old: str = Field(..., min_length=1)
+    new: str
+
+
+class RunTestsArgs(_Args):
+    tests: list[str] | str | None = None
+
+
+class SubmitArgs(_Args):
+    pass
+
+
+ARGS: dict[str, type[_Args]] = {"search": SearchArgs, "view": ViewArgs, "edit": EditArgs,
+                                 "run_tests": RunTestsArgs, "submit": SubmitArgs}
+
+
+class ToolError(ValueError):
+    """A tool call that cannot run as given (bad path, ambiguous edit); shown to the policy as an error."""
+
+
+@dataclass
+class ToolCall:
+    """A parsed call: tool ``name`` and validated ``args``; ``error`` set (and ``args`` None) when invalid."""
+
+    name: str | None
+    args: _Args | None
+    raw: str
+    error: str | None = None
+
+
+_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCE_RE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
+
+
+def _json_objects(text: str) -> list[tuple[str, Any]]:
+    """Every top-level JSON object in ``text`` (scanning each ``{``), with its raw text."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        out.append((text[i:end], obj))
+        i = end
+    return out
+
+
+def _to_call(raw: str, obj: Any) -> ToolCall:
+    if not isinstance(obj, dict):
+        return ToolCall(None, None, raw, "a tool call must be a JSON object {\"name\": ..., \"arguments\": {...}}")
+    name = obj.get("name", obj.get("tool"))
+    args = obj.get("arguments", obj.get("args", obj.get("parameters", {})))
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return ToolCall(name, None, raw, f"arguments of {name!r} are not valid JSON")
+    if name not in ARGS:
+        return ToolCall(name if isinstance(name, str) else None, None, raw,
+                        f"unknown tool {name!r}; use one of: {', '.join(TOOLS)}")
+    if not isinstance(args, dict):
+        return ToolCall(name, None, raw, f"arguments of {name!r} must be a JSON object")
+    try:
+        return ToolCall(name, ARGS[name].model_validate(args), raw)
+    except ValidationError as exc:
+        errs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+        return ToolCall(name, None, raw, f"bad arguments for {name}: {errs}")
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """All tool calls in a policy reply, in order; invalid ones carry an ``error`` (never raises).
+
+    Looks for ``<tool_call>...</tool_call>`` blocks first (a missing closing tag at the end of the
+    reply is tolerated), then fenced ```json blocks, then bare JSON objects. A reply with none of
+    these gives one invalid call whose error shows the expected format.
+    """
+    blocks = _CALL_RE.findall(text)
+    if blocks:
+        calls = []
+        for b in blocks:
+            objs = _json_objects(b)
+            calls.append(_to_call(objs[0][0], objs[0][1]) if objs else
+                         ToolCall(None, None, b, "the <tool_call> block holds no JSON object"))
+        return calls
+    objs = [(raw, json.loads(raw)) for raw in _FENCE_RE.findall(text) if _safe_json(raw)] or _json_objects(text)
+    objs = [(r, o) for r, o in objs if isinstance(o, dict) and ("name" in o or "tool" in o)]
+    if objs:
+        return [_to_call(r, o) for r, o in objs]
+    return [ToolCall(None, None, text[:200], 'no tool call found; reply with <tool_call>{"name": "search", '
+                                             '"arguments": {"pattern": "def foo"}}</tool_call>')]
+
+
+def _safe_json(raw: str) -> bool:
+    try:
+        json.loads(raw)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def _clip(text: str, limit: int = OBS_MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit // 2] + "\n...[truncated]...\n" + text[-limit // 2:]
+
+
+@dataclass
+class EpisodeStats:
+    """Counters of one episode (the harness's tool-use metrics are means of these over episodes)."""
+
+    turns: int = 0
+    calls: int = 0
+    calls_by_tool: dict[str, int] = field(default_factory=lambda: {t: 0 for t in TOOLS})
+    invalid_calls: int = 0
+    test_runs: int = 0
+    edits: int = 0
+    files_touched: set[str] = field(default_factory=set)
+    test_file_edit_calls: int = 0
+    searches: list[str] = field(default_factory=list)
+    submitted: bool = False
+    submit_without_test: bool = False
+    budget_exceeded: bool = False
+    stop_reason: str = ""  # submit | max_turns | tool_budget | timeout
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["files_touched"] = sorted(self.files_touched)
+        return d
+
+
+class SweEnv:
+    """One episode on one task: :meth:`reset` builds the repo, :meth:`step` runs a policy reply's calls.
+
+    Args:
+        task: the task.
+        workdir: a folder for this episode (the repo is built in ``workdir/repo``).
+        limits: the recipe's ``tool_use`` section.
+        taskset_root / repos_root: where snapshots (generated) or clones (SWE-bench) live.
+    """
+
+    def __init__(self, task: SweTask, workdir: str | Path, limits: ToolUseSpec | None = None,
+                 taskset_root: str | Path = TASKSET_DIR, repos_root: str | Path | None = None):
+        self.task, self.limits = task, limits or ToolUseSpec()
+        self.workdir = Path(workdir)
+        self.repo = self.workdir / "repo"
+        self.taskset_root, self.repos_root = taskset_root, repos_root
+        self.stats = EpisodeStats()
+        self.done = False
+        self.t0 = 0.0
+        self.test_digests: dict[str, str] = {}
+        self.test_originals: dict[str, bytes] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def reset(self) -> list[dict[str, str]]:
+        """Build the task repo and return the opening messages ``[system, user]``."""
+        if self.repo.exists():
+            shutil.rmtree(self.repo)
+        materialize(self.task, self.repo, self.taskset_root, self.repos_root)
+        self.test_digests = test_file_digests(self.repo, self.task.test_patterns)
+        self.test_originals = {p: (self.repo / p).read_bytes() for p in self.test_digests}
+        self.stats, self.done, self.t0 = EpisodeStats(), False, time.monotonic()
+        user = (f"Repository: {self.task.repo} (files under ./). Problem:\n\n{self.task.problem_statement}")
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+    def elapsed(self) -> float:
+        """Seconds since :meth:`reset`."""
+        return time.monotonic() - self.t0
+
+    def step(self, reply: str) -> str:
+        """Run the tool calls of one policy reply; returns the observation text (one block per call).
+
+        Ends the episode (``self.done``) on submit, when the tool budget would be exceeded, at
+        ``max_turns`` replies, or past ``per_episode_timeout_s``.
+
+        Raises:
+            RuntimeError: the episode is already done.
+        """
+        if self.done:
+            raise RuntimeError("episode is done; call reset() for a new one")
+        st, lim = self.stats, self.limits
+        st.turns += 1
+        parts = []
+        for call in parse_tool_calls(reply):
+            if self.elapsed() > lim.per_episode_timeout_s:
+                st.stop_reason, self.done = "timeout", True
+                parts.append(f"[episode time limit {lim.per_episode_timeout_s:g} s reached]")
+                break
+            if st.calls >= lim.tool_budget:
+                st.budget_exceeded, st.stop_reason, self.done = True, "tool_budget", True
+                parts.append(f"[tool budget of {lim.tool_budget} calls exhausted; episode over]")
+                break
+            st.calls += 1
+            if call.error:
+                st.invalid_calls += 1
+                parts.append(f"[error] {call.error}")
+                continue
+            st.calls_by_tool[call.name] += 1
+            try:
+                out = getattr(self, f"_tool_{call.name}")(call.args)
+            except ToolError as exc:
+                st.invalid_calls += 1
+                out = f"[error] {exc}"
+            parts.append(f"[{call.name}] {out}" if not out.startswith("[error]") else out)
+            if self.done:
+                break
+        if not self.done and self.elapsed() > lim.per_episode_timeout_s:
+            st.stop_reason, self.done = "timeout", True
+        if not self.done and st.turns >= lim.max_turns:
+            st.stop_reason, self.done = "max_turns", True
+            parts.append(f"[turn limit of {lim.max_turns} reached; episode over]")
+        return _clip("\n\n".join(parts))
+
+    # --- tools --------------------------------------------------------------------------------------
+    def _resolve(self, path: str, must_exist: bool = True) -> Path:
+        raw = path.strip() or "."
+        if raw.startswith(("/", "~")):
+            raise ToolError(f"path {path!r} is absolute; use a path relative to the repository root ./")
+        p = (self.repo / raw).resolve()
+        root = self.repo.resolve()
+        if p != root and root not in p.parents:
+            raise ToolError(f"path {path!r} is outside the repository; use a path relative to ./")
+        if must_exist and not p.exists():
+            raise ToolError(f"no such file or folder {path!r}; use search to find files")
+        return p
+
+    def _rel(self, p: Path) -> str:
+        return p.relative_to(self.repo.resolve()).as_posix()
+
+    def _tool_search(self, a: SearchArgs) -> str:
+        base = self._resolve(a.path)
+        try:
+            rx, note = re.compile(a.pattern), ""
+        except re.error:
+            rx, note = re.compile(re.escape(a.pattern)), " (invalid regex: searched as plain text)"
+        self.stats.searches.append(a.pattern)
+        files = [base] if base.is_file() else sorted(q for q in base.rglob("*") if q.is_file()
+                                                     and "__pycache__" not in q.parts and q.suffix != ".pyc")
+        hits = []
+        for f in files:
+            try:
+                lines = f.read_text().splitlines()
+            except (UnicodeDecodeError, OSError):
+                continue
+            hits += [f"{self._rel(f)}:{n}: {line.strip()[:160]}" for n, line in enumerate(lines, 1) if rx.search(line)]
+        if not hits:
+            return f"no match for {a.pattern!r}{note}"
+        more = f"\n({len(hits) - SEARCH_MAX_HITS} more matches not shown)" if len(hits) > SEARCH_MAX_HITS else ""
+        return f"{len(hits)} matches{note}:\n" + "\n".join(hits[:SEARCH_MAX_HITS]) + more
+
+    def _tool_view(self, a: ViewArgs) -> str:
+        p = self._resolve(a.path)
+        if p.is_dir():
+            items = sorted(self._rel(q) + ("/" if q.is_dir() else "") for q in p.iterdir() if q.name != "__pycache__")
+            return f"{self._rel(p) or '.'} is a folder:\n" + "\n".join(items)
+        lines = p.read_text(errors="replace").splitlines()
+        end = min(len(lines), a.end or a.start + VIEW_MAX_LINES - 1, a.start + VIEW_MAX_LINES - 1)
+        if a.start > len(lines):
+            raise ToolError(f"start={a.start} is past the end of {a.path} ({len(lines)} lines)")
+        body = "\n".join(f"{n:5d} {lines[n - 1]}" for n in range(a.start, end + 1))
+        return f"{self._rel(p)} lines {a.start}-{end} of {len(lines)}:\n{body}"
+
+    def _tool_edit(self, a: EditArgs) -> str:
+        p = self._resolve(a.path)
+        if not p.is_file():
+            raise ToolError(f"{a.path!r} is not a file")
+        text = p.read_text()
+        n = text.count(a.old)
+        if n != 1:
+            raise ToolError(f"old text occurs {n} times in {a.path}; " + (
+                "view the file and copy the exact text (spaces and indentation count)" if n == 0
+                else "include more surrounding lines so it is unique"))
+        p.write_text(text.replace(a.old, a.new, 1))
+        rel = self._rel(p)
+        self.stats.edits += 1
+        self.stats.files_touched.add(rel)
+        if is_test_file(rel, self.task.test_patterns):
+            self.stats.test_file_edit_calls += 1
+        return f"edited {rel} (replaced {a.old.count(chr(10)) + 1} line(s) with {a.new.count(chr(10)) + 1})"
+
+    def _tool_run_tests(self, a: RunTestsArgs) -> str:
+        targets = [a.tests] if isinstance(a.tests, str) else list(a.tests or self.task.test_files)
+        for t in targets:
+            if t.startswith("-"):
+                raise ToolError(f"test {t!r}: give test files or node ids (file.py::test_name), not options")
+            self._resolve(t.split("::")[0])
+        budget = min(self.limits.per_call_timeout_s, max(1.0, self.limits.per_episode_timeout_s - self.elapsed()))
+        res = run_pytest(self.repo, targets, timeout_s=budget)
+        self.stats.test_runs += 1
+        counts: dict[str, int] = {}
+        for o in res.outcomes.values():
+            counts[o] = counts.get(o, 0) + 1
+        summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "no test ran"
+        if res.timed_out:
+            summary += f"; stopped at the {budget:.0f} s time limit"
+        if res.collection_error:
+            summary += "; collection error"
+        failed = [n for n, o in res.outcomes.items() if o in ("FAILED", "ERROR")]
+        if not failed and not res.collection_error:
+            return summary
+        detail = res.output
+        m = re.search(r"^=+ (FAILURES|ERRORS) =+$", detail, re.M)
+        detail = detail[m.start():] if m else detail
+        return f"{summary}\n{_clip(detail, 1800)}"
+
+    def _tool_submit(self, a: SubmitArgs) -> str:
+        self.stats.submitted = True
+        self.stats.submit_without_test = self.stats.test_runs == 0
+        self.stats.stop_reason, self.done = "submit", True
+        return "submitted; the hidden tests will grade the repository"
+
+
+
+    # --- grading ------------------------------------------------------------------------------------
+    def grade(self, mode: str = "all") -> SweOutcome:
+        """Run the hidden tests on the final repo state (in the sandbox) and score the episode.
+
+        Test files are compared with their state at :meth:`reset` (changed, added or deleted files
+        matching the task's test patterns); then the original test files are restored (as SWE-bench
+        applies ``test_patch``), ``test_patch`` is applied for SWE-bench tasks, and the test files
+        holding FAIL_TO_PASS / PASS_TO_PASS run. A hidden test missing from the output, a collection
+        error, or any test-file edit counts as failure, never as a pass.
+
+        Args:
+            mode: ``all`` (1 only when every hidden test passes) or ``fraction`` (the fraction of
+                FAIL_TO_PASS that pass, when every PASS_TO_PASS passes; else 0).
+
+        Raises:
+            ValueError: unknown ``mode``.
+        """
+        if mode not in ("all", "fraction"):
+            raise ValueError(f"reward.swe_tests.params.mode={mode!r}: allowed: all, fraction")
+        now = test_file_digests(self.repo, self.task.test_patterns)
+        edited = sorted(p for p in set(now) | set(self.test_digests) if now.get(p) != self.test_digests.get(p))
+        for p in edited:  # restore the original test files (and drop planted ones)
+            f = self.repo / p
+            if p in self.test_originals:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_bytes(self.test_originals[p])
+            elif f.exists():
+                f.unlink()
+        if self.task.test_patch:
+            import subprocess
+
+            subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=self.repo,
+                           capture_output=True, timeout=60)
+        res = run_pytest(self.repo, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
+        f2p = [t for t in self.task.FAIL_TO_PASS if res.outcomes.get(t) == "PASSED"]
+        p2p = [t for t in self.task.PASS_TO_PASS if res.outcomes.get(t) == "PASSED"]
+        missing = [t for t in self.task.FAIL_TO_PASS + self.task.PASS_TO_PASS if t not in res.outcomes]
+        valid = not edited and not res.collection_error and not res.timed_out
+        resolved = valid and len(f2p) == len(self.task.FAIL_TO_PASS) and len(p2p) == len(self.task.PASS_TO_PASS)
+        if mode == "all":
+            score = 1.0 if resolved else 0.0
+        else:
+            ok = valid and len(p2p) == len(self.task.PASS_TO_PASS)
+            score = len(f2p) / len(self.task.FAIL_TO_PASS) if ok else 0.0
+        return SweOutcome(resolved=resolved, swe_tests=score, f2p_passed=len(f2p), f2p_total=len(self.task.FAIL_TO_PASS),
+                          p2p_passed=len(p2p), p2p_total=len(self.task.PASS_TO_PASS), missing_tests=len(missing),
+                          collection_error=res.collection_error, timed_out=res.timed_out, test_files_edited=edited,
+                          backend=res.backend, grade_seconds=round(res.wall_s, 3))
+
+
+@dataclass
+class SweOutcome:
+    """Hidden-test verdict of one episode (see :meth:`SweEnv.grade`)."""
+
+    resolved: bool
+    swe_tests: float
+    f2p_passed: int
+    f2p_total: int
+    p2p_passed: int
+    p2p_total: int
+    missing_tests: int
+    collection_error: bool
+    timed_out: bool
+    test_files_edited: list[str]
+    backend: str = ""
+    grade_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

@@ -1,0 +1,358 @@
+"""SWE tasks in SWE-bench form: the shipped generated set, a SWE-bench JSONL loader, the test runner.
+
+A task (:class:`SweTask`) is a repository snapshot with a bug, a problem statement, and two lists
+of hidden tests: ``FAIL_TO_PASS`` (fail on the task repo, pass once fixed) and ``PASS_TO_PASS``
+(pass before and after). Field names follow SWE-bench (Jimenez et al. 2024, ``princeton-nlp/SWE-bench``).
+
+Two sources:
+
+- the shipped set in ``rl_backend/data/swe_tasks/`` (``tasks.jsonl`` + ``manifest.json`` + one
+  ``repos/<project>-<version>.tar.gz`` snapshot per project), made offline by
+  ``scripts/gen_swe_tasks.py`` from real PyPI sdists with an AST-mutation bug per task. A generated
+  task carries ``snapshot`` (the tarball) and ``bug`` (the exact string the mutation replaced), so
+  its repo is the clean snapshot with ``bug.old`` replaced by ``bug.new``;
+- :func:`load_swebench_jsonl`: SWE-bench-style JSONL (``instance_id``, ``repo``, ``base_commit``,
+  ``problem_statement``, ``patch``, ``test_patch``, ``FAIL_TO_PASS``, ``PASS_TO_PASS`` as lists or
+  JSON strings); the repo is ``git archive <base_commit>`` of a local clone
+  ``<repos_root>/<owner>__<name>`` (no network at run time).
+
+Tests run with pytest in the sandbox (:func:`run_pytest`, ``evotrainer.sandbox.run_in_sandbox``);
+outcomes come from pytest's ``-rA`` summary, one ``OUTCOME node_id`` line per test.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TASKSET_DIR = Path(__file__).parent / "data" / "swe_tasks"
+DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "tests/*", "test/*",
+                                          "testing/*", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+"""Paths (fnmatch on the repo-relative path, and on its file name) that count as test files or test config."""
+
+
+class SweTaskError(ValueError):
+    """A task file or repo cannot be loaded or built; the message names the task / field and the fix."""
+
+
+class BugSpec(BaseModel):
+    """The injected bug of a generated task: in ``path``, the clean text ``old`` became ``new`` (each unique)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str
+    old: str
+    new: str
+    operator: str = ""
+
+
+class SweTask(BaseModel):
+    """One SWE task (SWE-bench fields, plus ``snapshot`` / ``bug`` for generated tasks).
+
+    Attributes:
+        instance_id: unique id, e.g. ``cachetools-5.5.0__003``.
+        repo: project name (generated) or ``owner/name`` (SWE-bench).
+        problem_statement: the issue text shown to the policy.
+        FAIL_TO_PASS / PASS_TO_PASS: pytest node ids of the hidden tests.
+        patch: the gold fix as a unified diff (informational for generated tasks).
+        test_patch: SWE-bench only: applied to the final repo state before the hidden tests run.
+        snapshot: generated only: tarball name under the task set's ``repos/``.
+        bug: generated only: the injected mutation (:class:`BugSpec`).
+        test_patterns: globs of files that count as test files (editing one fails the episode).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    instance_id: str = Field(..., min_length=1)
+    repo: str
+    base_commit: str = ""
+    problem_statement: str = Field(..., min_length=1)
+    FAIL_TO_PASS: list[str] = Field(..., min_length=1)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    patch: str = ""
+    test_patch: str = ""
+    snapshot: str | None = None
+    bug: BugSpec | None = None
+    test_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_TEST_PATTERNS))
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # SWE-bench stores these lists as JSON strings
+            try:
+                return json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError(f"{v[:60]!r} is not a JSON list of test ids; write e.g. '[\"tests/test_a.py::test_x\"]'"
+                                 ) from None
+        return v
+
+    @property
+    def test_files(self) -> list[str]:
+        """Test files that hold the hidden tests (the path part of each node id), sorted."""
+        return sorted({t.split("::")[0] for t in self.FAIL_TO_PASS + self.PASS_TO_PASS})
+
+
+def is_test_file(relpath: str, patterns: list[str] | tuple[str, ...] = DEFAULT_TEST_PATTERNS) -> bool:
+    """True when a repo-relative path matches a test-file pattern (on the full path or the file name)."""
+    rel = relpath.replace(os.sep, "/").lstrip("./")
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in patterns)
+
+
+# --- loading ----------------------------------------------------------------------------------------
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise SweTaskError(f"{path}: no such task file")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise SweTaskError(f"{path}:{n}: not valid JSON ({exc.msg}); one task object per line") from None
+    return rows
+
+
+def _validate(rows: list[dict[str, Any]], where: Path) -> list[SweTask]:
+    tasks, seen = [], set()
+    for n, row in enumerate(rows, 1):
+        try:
+            t = SweTask.model_validate(row)
+        except Exception as exc:
+            first = str(exc).splitlines()
+            raise SweTaskError(f"{where}: task {n} ({row.get('instance_id', '?')}): {' '.join(first[:3])}") from None
+        if t.instance_id in seen:
+            raise SweTaskError(f"{where}: duplicate instance_id {t.instance_id!r}; ids must be unique")
+        seen.add(t.instance_id)
+        tasks.append(t)
+    return tasks
+
+
+def load_taskset(root: str | Path = TASKSET_DIR) -> list[SweTask]:
+    """The generated task set in ``root`` (``tasks.jsonl``; snapshots in ``repos/``).
+
+    Raises:
+        SweTaskError: missing or malformed ``tasks.jsonl``, or a snapshot it names is absent.
+    """
+    root = Path(root)
+    tasks = _validate(_read_jsonl(root / "tasks.jsonl"), root / "tasks.jsonl")
+    for t in tasks:
+        if t.snapshot and not (root / "repos" / t.snapshot).is_file():
+            raise SweTaskError(f"{t.instance_id}: snapshot {root / 'repos' / t.snapshot} is missing; "
+                               "regenerate with scripts/gen_swe_tasks.py")
+    return tasks
+
+
+def load_manifest(root: str | Path = TASKSET_DIR) -> dict[str, Any]:
+    """The generator's record (seed, sources with sdist sha256 and licence, counts) of a task set."""
+    p = Path(root) / "manifest.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def load_swebench_jsonl(path: str | Path) -> list[SweTask]:
+    """Tasks from SWE-bench-style JSONL (``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as lists or JSON strings).
+
+    Raises:
+        SweTaskError: missing file, bad JSON, or a row without the required fields (names the row).
+    """
+    path = Path(path)
+    rows = _read_jsonl(path)
+    for n, row in enumerate(rows, 1):
+        missing = [k for k in ("instance_id", "repo", "problem_statement", "FAIL_TO_PASS") if k not in row]
+        if missing:
+            raise SweTaskError(f"{path}:{n}: missing field(s) {missing}; SWE-bench rows need instance_id, repo, "
+                               "base_commit, problem_statement, FAIL_TO_PASS, PASS_TO_PASS")
+    return _validate(rows, path)
+
+
+# --- building a task's repository -----------------------------------------------------------------
+def write_snapshot(src: Path, tar_path: Path) -> str:
+    """Write ``src`` as a reproducible ``.tar.gz`` (sorted names, mtime 0, root owner); returns its sha256."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for p in sorted(src.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                info = tarfile.TarInfo(p.relative_to(src).as_posix())
+                data = p.read_bytes()
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+    raw = gzip.compress(buf.getvalue(), compresslevel=9, mtime=0)
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    tar_path.write_bytes(raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _extract(tar_path: Path, dest: Path) -> None:
+    with tarfile.open(tar_path, "r:gz") as tar:
+        for m in tar.getmembers():
+            if not m.isfile() or m.name.startswith(("/", "..")) or "/../" in m.name:
+                raise SweTaskError(f"{tar_path}: unsafe member {m.name!r}; snapshots hold plain relative files")
+        tar.extractall(dest, filter="data")
+
+
+def apply_bug(repo: Path, bug: BugSpec) -> None:
+    """Replace the unique ``bug.old`` by ``bug.new`` in ``repo/bug.path``.
+
+    Raises:
+        SweTaskError: the file is missing or ``bug.old`` does not occur exactly once.
+    """
+    f = repo / bug.path
+    if not f.is_file():
+        raise SweTaskError(f"bug.path={bug.path!r}: no such file in the snapshot")
+    text = f.read_text()
+    if text.count(bug.old) != 1:
+        raise SweTaskError(f"bug.old occurs {text.count(bug.old)} times in {bug.path}; it must occur once")
+    f.write_text(text.replace(bug.old, bug.new, 1))
+
+
+def materialize(task: SweTask, dest: str | Path, taskset_root: str | Path = TASKSET_DIR,
+                repos_root: str | Path | None = None) -> Path:
+    """Build the task's repository (with the bug, without the fix) in ``dest`` (created, must be empty).
+
+    Generated tasks: the snapshot tarball with the bug applied. SWE-bench tasks: ``git archive`` of
+    ``task.base_commit`` from the local clone ``<repos_root>/<owner>__<name>``.
+
+    Raises:
+        SweTaskError: ``dest`` is not empty, the snapshot / clone is missing, or git fails.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise SweTaskError(f"{dest}: not empty; materialize into a fresh folder")
+    if task.snapshot:
+        _extract(Path(taskset_root) / "repos" / task.snapshot, dest)
+        if task.bug:
+            apply_bug(dest, task.bug)
+        return dest
+    if repos_root is None:
+        raise SweTaskError(f"{task.instance_id}: a SWE-bench task needs repos_root, a folder with a local clone "
+                           f"named {task.repo.replace('/', '__')}")
+    clone = Path(repos_root) / task.repo.replace("/", "__")
+    if not clone.exists():
+        raise SweTaskError(f"{task.instance_id}: no local clone {clone}; clone {task.repo} there first")
+    arch = subprocess.run(["git", "-C", str(clone), "archive", "--format=tar", task.base_commit or "HEAD"],
+                          capture_output=True, timeout=300)
+    if arch.returncode != 0:
+        raise SweTaskError(f"{task.instance_id}: git archive {task.base_commit} failed: "
+                           f"{arch.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=io.BytesIO(arch.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = DEFAULT_TEST_PATTERNS
+                      ) -> dict[str, str]:
+    """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`)."""
+    repo = Path(repo)
+    out = {}
+    for p in sorted(repo.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            rel = p.relative_to(repo).as_posix()
+            if is_test_file(rel, patterns):
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# --- running tests ----------------------------------------------------------------------------------
+OUTCOME_RE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S.*?)(?: - .*)?$")
+
+
+@dataclass
+class PytestResult:
+    """Outcome of one pytest run.
+
+    Attributes:
+        outcomes: ``{node_id: PASSED | FAILED | ERROR | SKIPPED | XFAIL | XPASS}`` from the ``-rA`` summary.
+        exit_code: pytest's exit status (0 ok, 1 failures, 2 interrupted / collection error, 4 usage,
+            5 no tests collected); -1 when a limit (time, memory) ended it.
+        collection_error: an error while collecting (a module failed to import, a syntax error).
+        output: combined stdout + stderr (tail kept by callers).
+        wall_s: seconds. backend: the sandbox backend that ran it.
+    """
+
+    outcomes: dict[str, str]
+    exit_code: int
+    collection_error: bool
+    output: str
+    wall_s: float = 0.0
+    timed_out: bool = False
+    backend: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_pytest_output(text: str) -> tuple[dict[str, str], bool]:
+    """``({node_id: outcome}, collection_error)`` from pytest output run with ``-rA``.
+
+    A collection error shows as ``ERROR <file>`` for a module (no ``::``) or an ``ERROR collecting``
+    section; such a line sets ``collection_error``.
+    """
+    outcomes: dict[str, str] = {}
+    coll = "ERROR collecting" in text or "errors during collection" in text
+    for line in text.splitlines():
+        m = OUTCOME_RE.match(line.strip())
+        if not m:
+            continue
+        kind, node = m.group(1), m.group(2).strip()
+        if kind == "ERROR" and "::" not in node:
+            coll = True
+            continue
+        if node not in outcomes or kind in ("FAILED", "ERROR"):  # setup ERROR after a PASSED call wins
+            outcomes[node] = kind
+    return outcomes, coll
+
+
+def pytest_argv(targets: list[str] | None = None, python: str = sys.executable) -> list[str]:
+    """The pytest command line: ``-rA`` summary, short tracebacks, no cache, no colour."""
+    return [python, "-m", "pytest", "-rA", "-q", "--tb=short", "-p", "no:cacheprovider",
+            "--color=no", *(targets or [])]
+
+
+def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: float = 60.0,
+               memory_mb: int = 2048, sandbox: bool = True) -> PytestResult:
+    """Run pytest on ``targets`` (files or node ids; all tests when None) in ``repo``.
+
+    With ``sandbox=True`` (episodes: the repo holds policy-written code) the run goes through
+    ``evotrainer.sandbox.run_in_sandbox`` with the repo as its writable work dir. ``sandbox=False``
+    runs a plain subprocess and is for trusted code only (the generator running a PyPI project's
+    own suite). Output lines are parsed by :func:`parse_pytest_output`.
+
+    Raises:
+        evotrainer.sandbox.SandboxUnavailable: no isolating backend (its message says how to get one).
+    """
+    if sandbox:
+        from evotrainer.sandbox import run_in_sandbox
+
+        res = run_in_sandbox(pytest_argv(targets, python="python"), workdir=Path(repo), timeout_s=timeout_s,
+                             memory_mb=memory_mb, image="swe-runner", env={"PYTHONDONTWRITEBYTECODE": "1"})
+        text = (res.stdout or "") + (res.stderr or "")
+        limit, code, wall, backend = bool(res.limit_hit), int(res.exit_code), float(res.wall_s or 0.0), str(res.backend)
+    else:
+        import time
+
+        t0 = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        try:
+            cp = subprocess.run(pytest_argv(targets), cwd=repo, capture_output=True, text=True, timeout=timeout_s, env=env)
+            text, code, limit = cp.stdout + cp.stderr, cp.returncode, False
+        except subprocess.TimeoutExpired as exc:
+            text, code, limit = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+                else (exc.stdout or ""), -1, True
+        wall, backend = time.monotonic() - t0, "subprocess"
+    outcomes, coll = parse_pytest_output(text)
+    if code in (2, 3, 4) and not outcomes:
+        coll = True
+    return PytestResult(outcomes=outcomes, exit_code=-1 if limit else code, collection_error=coll, output=text,
+                        wall_s=wall, timed_out=limit, backend=backend)
