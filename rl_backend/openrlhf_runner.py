@@ -46,6 +46,7 @@ def submit(job: OpenRLHFJob) -> str:
         return f"ray:{sid}"
     d = Path(job.job_dir)
     (d / "exit_code").unlink(missing_ok=True)
+    (d / "cancelled").unlink(missing_ok=True)
     script = f"{job.entrypoint} > job.log 2>&1; echo $? > exit_code"
     proc = subprocess.Popen(["bash", "-c", script], cwd=d, env={**os.environ, **job.env}, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -61,15 +62,27 @@ def job_status(job: OpenRLHFJob, ref: str) -> str:
     kind, _, ident = ref.partition(":")
     if kind == "ray":
         return RAY_STATUS.get(str(_ray_client(job.ray_address or "").get_job_status(ident)).split(".")[-1], "running")
-    rc = Path(job.job_dir) / "exit_code"
-    if rc.exists():
-        code = rc.read_text().strip()
-        return "done" if code == "0" else ("cancelled" if code in ("130", "137", "143", "-15") else "failed")
+    d = Path(job.job_dir)
+    code = (d / "exit_code").read_text().strip() if (d / "exit_code").exists() else ""
+    if code:  # (empty while bash is still writing it)
+        return "done" if code == "0" else ("cancelled" if code in ("130", "137", "143") else "failed")
+    if _alive(int(ident)):
+        return "running"
+    return "cancelled" if (d / "cancelled").exists() else "failed"  # gone without writing its exit code
+
+
+def _alive(pid: int) -> bool:
+    try:  # reap it if it is our child (a killed child stays a zombie until its parent waits)
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
-        os.kill(int(ident), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return "failed"  # died without writing its exit code
-    return "running"
+        return False
+    return True
 
 
 def job_logs(job: OpenRLHFJob, ref: str) -> str:
@@ -87,6 +100,7 @@ def cancel_job(job: OpenRLHFJob, ref: str) -> None:
     if kind == "ray":
         _ray_client(job.ray_address or "").stop_job(ident)
         return
+    (Path(job.job_dir) / "cancelled").touch()
     try:
         os.killpg(int(ident), signal.SIGTERM)
     except ProcessLookupError:

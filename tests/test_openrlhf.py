@@ -1,0 +1,276 @@
+"""OpenRLHF backend on CPU: commands checked by OpenRLHF's own parsers, the reward file, runner, ingest.
+
+Parsers: 0.11.2 (the pinned version; its installed source, or its wheel) and the previous minor
+0.10.x in both spellings it shipped: 0.10.4 (dotted, like 0.11) and 0.10.1 (flat, before the 0.10.2
+rename). Wheels are fetched with ``pip download --no-deps`` into the pytest cache (PyPI is reachable
+in CI); without network those cases skip and say so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from evotrainer.rl_backend.openrlhf_backend import (
+    FLAGS,
+    ClusterSpec,
+    OpenRLHFError,
+    build_job,
+    flag_scheme,
+    format_job,
+    installed_openrlhf_version,
+)
+from evotrainer.rl_backend.openrlhf_runner import (
+    cancel_job,
+    check_job,
+    job_logs,
+    job_status,
+    load_parser,
+    submit,
+)
+
+from evotrainer.recipe import Recipe, set_path
+
+DATA = Path(__file__).parent / "data"
+VERSIONS = ["0.11.2", "0.10.4", "0.10.1"]
+
+
+@pytest.fixture(scope="session")
+def parser_source(request):
+    """``version -> path of openrlhf/cli/train_ppo_ray.py`` of that release (utils/config.py beside it)."""
+    cache = Path(request.config.cache.mkdir("openrlhf-wheels"))
+
+    def get(version: str) -> Path:
+        if installed_openrlhf_version() == version:
+            spec = importlib.util.find_spec("openrlhf")
+            return Path(list(spec.submodule_search_locations)[0]) / "cli" / "train_ppo_ray.py"
+        root = cache / version
+        target = next(root.rglob("cli/train_ppo_ray.py"), None) if root.exists() else None
+        if target is None:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"openrlhf=={version}",
+                                "-d", str(cache)], capture_output=True, text=True, timeout=300)
+            wheels = sorted(cache.glob(f"openrlhf-{version}-*.whl"))
+            if r.returncode != 0 or not wheels:
+                pytest.skip(f"cannot download openrlhf=={version} (no network?): {r.stderr.strip()[-200:]}")
+            with zipfile.ZipFile(wheels[0]) as z:
+                for n in z.namelist():
+                    if n.endswith(("cli/train_ppo_ray.py", "utils/config.py")):
+                        z.extract(n, root)
+            target = next(root.rglob("cli/train_ppo_ray.py"))
+        return target
+
+    return get
+
+
+def _job(tmp_path, version, recipe=None, steps=3, **cluster):
+    return build_job(recipe or Recipe(), tmp_path, version_id="v1", steps=steps,
+                     cluster=ClusterSpec(openrlhf_version=version, **cluster))
+
+
+def _get(args, scheme, dotted, flat):
+    node = args
+    for part in (dotted if scheme == "dotted" else flat).split("."):
+        node = getattr(node, part)
+    return node
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_default_recipe_parses_and_passes_openrlhf_checks(tmp_path, parser_source, version):
+    job = _job(tmp_path, version)
+    assert job.scheme == ("flat" if version == "0.10.1" else "dotted")
+    args = check_job(job, parser_source(version))
+    s = job.scheme
+    assert _get(args, s, "rollout.n_samples_per_prompt", "n_samples_per_prompt") == 8
+    assert list(_get(args, s, "actor.eps_clip_low_high", "eps_clip_low_high")) == [0.2, 0.28]
+    assert _get(args, s, "algo.kl.init_coef", "init_kl_coef") == 1e-3
+    assert _get(args, s, "algo.kl.estimator", "kl_estimator") == "k3"
+    assert _get(args, s, "algo.kl.use_loss", "use_kl_loss") is True
+    assert _get(args, s, "algo.advantage.estimator", "advantage_estimator") == "group_norm"
+    assert _get(args, s, "algo.dynamic_filtering_enable", "dynamic_filtering") is True  # drop_zero_variance_groups
+    assert _get(args, s, "reward.remote_url", "remote_rm_url") == ["reward_func.py"]  # split on "," by OpenRLHF
+    assert _get(args, s, "train.batch_size", "train_batch_size") == 32  # 4 prompts x 8 samples: 1 update per step
+    assert _get(args, s, "data.max_len", "max_len") == 512 + 64
+    assert _get(args, s, "logger.tensorboard_dir", "use_tensorboard").endswith("tensorboard")
+    # 3 steps x 4 prompts per step = 12 prompt rows; every file the command names exists in the job dir
+    assert len((Path(job.job_dir) / "train.jsonl").read_text().splitlines()) == 12
+    assert all(Path(f).exists() for f in job.files.values())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_flag_exists_in_the_parser(parser_source, version):
+    parser = load_parser(parser_source(version))
+    known = {o for a in parser._actions for o in a.option_strings}
+    scheme = flag_scheme(version)
+    names = [d if scheme == "dotted" else f for d, f in FLAGS.values()]
+    missing = [n for n in names if n is not None and n not in known]
+    if version != "0.11.2":
+        assert missing == (["--actor.loss_agg_mode"] if scheme == "dotted" else [])
+    else:
+        assert missing == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_variant_recipe(tmp_path, parser_source, version):
+    r = Recipe()
+    for path, value in [("advantage_estimator", "dr_grpo"), ("init_kl_coef", 0.0), ("model.lora.enabled", True),
+                        ("model.lora.r", 8), ("dynamic_filtering", True), ("dynamic_filtering_range", [0.1, 0.9]),
+                        ("drop_zero_variance_groups", False), ("model.name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")]:
+        r = set_path(r, path, value)
+    job = _job(tmp_path, version, r, num_gpus_per_node=2, vllm_num_engines=2)
+    args = check_job(job, parser_source(version))
+    s = job.scheme
+    assert _get(args, s, "algo.advantage.estimator", "advantage_estimator") == "dr_grpo"
+    assert _get(args, s, "algo.kl.use_loss", "use_kl_loss") is False  # β = 0: no KL loss, no reference
+    assert _get(args, s, "ds.lora.rank", "lora_rank") == 8
+    assert list(_get(args, s, "algo.dynamic_filtering_range", "dynamic_filtering_reward_range")) == [0.1, 0.9]
+    assert _get(args, s, "actor.model_name_or_path", "pretrain") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert _get(args, s, "vllm.num_engines", "vllm_num_engines") == 2
+
+
+def test_unsupported_settings_say_what_to_change(tmp_path):
+    with pytest.raises(OpenRLHFError, match="seq-mean-token-sum.*set token-mean"):
+        _job(tmp_path, "0.11.2", set_path(Recipe(), "loss_agg_mode", "seq-mean-token-sum"))
+    with pytest.raises(OpenRLHFError, match="openrlhf 0.10.4 supports token-mean only"):
+        _job(tmp_path, "0.10.4", set_path(Recipe(), "loss_agg_mode", "seq-mean-token-mean"))
+    with pytest.raises(OpenRLHFError, match="tiny-random"):
+        _job(tmp_path, "0.11.2", set_path(Recipe(), "model.name_or_path", "tiny-random"))
+    with pytest.raises(OpenRLHFError, match="set vllm_num_engines=4"):
+        _job(tmp_path, "0.11.2", num_gpus_per_node=4)
+    with pytest.raises(OpenRLHFError, match="versions before 0.9"):
+        flag_scheme("0.8.11")
+    job = _job(tmp_path, "0.11.2", set_path(Recipe(), "group_filter_top_p", 0.5))
+    assert any("group_filter_top_p=0.5" in w for w in job.warnings)
+    text = format_job(job)
+    assert "# warning: group_filter_top_p=0.5" in text and "    --rollout.n_samples_per_prompt 8 \\" in text
+
+
+def test_parser_rejects_a_flag_of_the_other_scheme(tmp_path, parser_source):
+    job = _job(tmp_path, "0.11.2")
+    bad = job.model_copy(update={"argv": job.argv + ["--remote_rm_url", "x.py"]})
+    with pytest.raises(OpenRLHFError, match="unrecognized arguments: --remote_rm_url"):
+        check_job(bad, parser_source("0.11.2"))
+
+
+def _tokenizer_dir(tmp_path: Path) -> str:
+    """A tiny real tokenizer (whitespace word level, ChatML specials) saved like a HF model folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "<unk> <|im_start|> <|im_end|> What is 3 + 4 ? 7 9 Answer: the answer".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(tmp_path / "tok")
+    return str(tmp_path / "tok")
+
+
+def test_reward_file_imported_as_openrlhf_does(tmp_path):
+    import torch
+
+    r = Recipe()
+    r = set_path(r, "reward.format_token.weight", 0.5)
+    r = set_path(r, "reward.overlong.params", {"buffer_len": 2})
+    r = set_path(r, "generate_max_len", 4)
+    job = build_job(r, tmp_path, version_id="v1", steps=1, model_path=_tokenizer_dir(tmp_path))
+    path = job.files["reward"]
+    spec = importlib.util.spec_from_file_location("reward_func", path)  # exactly OpenRLHF's loading code
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    row = json.loads(Path(job.files["train"]).read_text().splitlines()[0])
+    label = json.loads(row["label"])
+    prompt = f"<|im_start|>user\n{row['prompt'][-1]['content']}<|im_end|>\n<|im_start|>assistant\n"
+    wrong = str(int(label["answer"]) + 1)
+    completions = [f"{label['answer']}<|im_end|>",  # right, 1 token, eos
+                   f"Answer: {wrong}<|im_end|>",  # wrong, leaky token, 2 tokens
+                   f"the answer is {label['answer']}"]  # right, 4 tokens = generate_max_len, no eos: truncated
+    outs = [module.reward_func([prompt + c], [prompt], [row["label"]]) for c in completions]  # one per call, as 0.11.2
+    rewards = torch.cat([o["rewards"] for o in outs])
+    # correctness 1,0,1; format_token 0,1,0 (x0.5); overlong (max 4, buffer 2: 0 up to 2 tokens, -1 when truncated)
+    # totals: 1 + 0 + 0 = 1; 0 + 0.5 + 0 = 0.5; 1 + 0 - 1 = 0
+    torch.testing.assert_close(rewards, torch.tensor([1.0, 0.5, 0.0]))
+    torch.testing.assert_close(torch.cat([o["scores"] for o in outs]), torch.tensor([1.0, 0.0, 1.0]))
+    logs = {k: torch.cat([o["extra_logs"][k] for o in outs]) for k in outs[0]["extra_logs"]}
+    assert set(logs) == {"correctness", "format_token", "overlong", "correct"}
+    torch.testing.assert_close(logs["overlong"], torch.tensor([0.0, 0.0, -1.0]))
+    torch.testing.assert_close(logs["format_token"], torch.tensor([0.0, 1.0, 0.0]))
+    batch = module.reward_func([prompt + c for c in completions], [prompt] * 3, [row["label"]] * 3)  # batched too
+    torch.testing.assert_close(batch["rewards"], rewards)
+
+
+def test_local_runner_status_logs_cancel(tmp_path):
+    job = _job(tmp_path, "0.11.2")
+
+    def run(code: str):
+        j = job.model_copy(update={"argv": [sys.executable, "-c", code]})
+        return j, submit(j)
+
+    j, ref = run("print('done', flush=True)")
+    for _ in range(100):
+        if job_status(j, ref) != "running":
+            break
+        time.sleep(0.1)
+    assert job_status(j, ref) == "done" and "done" in job_logs(j, ref)
+    j, ref = run("import sys; sys.exit(3)")
+    for _ in range(100):
+        if job_status(j, ref) != "running":
+            break
+        time.sleep(0.1)
+    assert job_status(j, ref) == "failed"
+    j, ref = run("import time; print('started', flush=True); time.sleep(60)")
+    for _ in range(100):
+        if "started" in job_logs(j, ref):
+            break
+        time.sleep(0.1)
+    assert job_status(j, ref) == "running"
+    cancel_job(j, ref)
+    for _ in range(100):
+        if job_status(j, ref) != "running":
+            break
+        time.sleep(0.1)
+    assert job_status(j, ref) == "cancelled"
+
+
+def test_ray_submission_needs_ray(tmp_path):
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed here; this checks the message shown without it")
+    job = _job(tmp_path, "0.11.2", ray_address="http://127.0.0.1:8265")
+    with pytest.raises(OpenRLHFError, match=r"pip install 'evotrainer\[openrlhf\]'"):
+        submit(job)
+
+
+def test_ingest_recorded_tensorboard_feeds_the_analyzers(tmp_path):
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.evidence import Evidence
+    from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
+
+    from evotrainer import metrics as M
+    from evotrainer.workspace import Workspace
+
+    recipe = set_path(Recipe(), "reward.format_token.weight", 0.5)
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(recipe)
+        ckpt = tmp_path / "final"
+        ckpt.mkdir()
+        last = ingest_run(ws, v.id, DATA / "openrlhf_tb", recipe.reward, checkpoint=ckpt)
+        assert last == 16
+        series = ws.lineage.all_metrics(v.id)
+        # the recorded run: correctness 0.35 -> 0.15, format_token 0.1 -> 1.0, entropy 1.2 -> 0.12 (float32)
+        assert series[M.CORRECT_MEAN][0] == (1, pytest.approx(0.35))
+        assert series[M.reward_component("format_token")][-1] == (16, pytest.approx(1.0))
+        assert series[M.POLICY_ENTROPY][-1] == (16, pytest.approx(0.12, abs=1e-6))
+        assert series[M.REWARD_MEAN][0] == (1, pytest.approx(0.35 + 0.5 * 0.1))
+        assert [s for s, _ in series[M.EVAL_PASS_AT_1]] == [4, 8, 12, 16]
+        assert summarize(ws, v.id)[M.REWARD_KEPT_GROUP_FRAC] == 0.75
+        assert ws.lineage.get(v.id).checkpoint == str(ckpt)
+        assert ws.rollouts.count() == 16
+        assert ingest_run(ws, v.id, DATA / "openrlhf_tb", recipe.reward, since_step=16) == 16  # nothing new
+        assert ws.rollouts.count() == 16
+        kinds = {f.kind for f in run_analyzers(Evidence.from_workspace(ws))}
+    assert {"reward_hacking", "entropy_collapse"} <= kinds
