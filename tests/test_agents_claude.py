@@ -98,16 +98,29 @@ def test_turn_cap_then_heuristic_fallback(toolbox):
 
     with FakeAnthropic(policy) as fake:
         brain = ClaudeBrain(api_key="k", base_url=fake.url, max_turns=3)
-        tools = RoleTools(toolbox, "intervener")
         with pytest.raises(BrainError, match="within 3 turns"):
-            brain.run_role(tools, "x", Proposal, "submit_proposal")
+            brain.run_role(RoleTools(toolbox, "intervener"), "x", Proposal, "submit_proposal")
         assert len(fake.requests) == 3
         # The role method falls back to the heuristic brain and counts it.
         diag = Diagnosis(version_id="v0", findings=[{"kind": "truncation", "severity": "warn",
                                                      "explanation": "62% of completions hit the cap"}])
-        p = brain.propose(tools, "v0", Recipe(), diag, set(), {})
-    assert brain.usage["fallbacks"] == 1
-    assert any(c.path == "generate_max_len" and c.new == 128 for c in p.candidates)
+        gate = {"promote": False, "gain": -0.05, "ci": [-0.12, 0.01], "p_value": 0.2, "blocking": []}
+        v = brain.decide(RoleTools(toolbox, "decider"), "v0", gate, diag)
+    assert brain.usage["fallbacks"] == 1 and len(fake.requests) == 6
+    assert v.action == "prune" and "-0.050" in v.rationale and "[-0.120, +0.010]" in v.rationale
+
+
+def test_model_cannot_promote_what_the_gate_refuses(toolbox):
+    def policy(body):
+        return [tool_use("submit_verdict", {"version_id": "v0", "action": "keep", "rationale": "looks great"})]
+
+    with FakeAnthropic(policy) as fake:
+        brain = ClaudeBrain(api_key="k", base_url=fake.url)
+        diag = Diagnosis(version_id="v0", findings=[{"kind": "reward_hacking", "severity": "blocking",
+                                                     "explanation": "format_token reward up, correctness flat"}])
+        gate = {"promote": True, "gain": 0.2, "ci": [0.1, 0.3], "blocking": []}
+        v = brain.decide(RoleTools(toolbox, "decider"), "v0", gate, diag)
+    assert v.action == "prune" and "reward_hacking" in v.rationale
 
 
 def test_prices():
