@@ -26,6 +26,8 @@ sandbox-deps:
 	  echo "installing bubblewrap (sandbox backend)"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi; }
+	@bwrap --unshare-all --unshare-user --disable-userns --cap-drop ALL --ro-bind / / -- /bin/true \
+	  || echo "warning: bwrap cannot create namespaces here; sandbox tests need Docker or user namespaces (see evotrainer sandbox info)"
 
 run: install sandbox-deps
 	$(VENV)/bin/evotrainer run $(CONFIG)
