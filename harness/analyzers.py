@@ -162,8 +162,9 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
 
     Code contract: the evidence folder (:meth:`Evidence.to_dir` files: ``metrics.json``,
     ``metrics.parquet``, ``rollouts.parquet`` when there are rollouts, ``evals.json``,
-    ``meta.json``) is mounted read-only; its path is in the environment variable
-    ``EVIDENCE_DIR``. The code prints a JSON list of findings (or ``{"findings": [...]}``) as the
+    ``meta.json``) is mounted read-only at ``/evidence/<file>``; the folder is also in the
+    environment variable ``EVIDENCE_DIR``. The code may import numpy, pandas, pyarrow and duckdb.
+    It prints a JSON list of findings (or ``{"findings": [...]}``) as the
     last line of stdout; ``analyzer`` is filled in with ``name``.
 
     Raises:
@@ -193,9 +194,10 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
 
 
 def _call_sandbox(run_in_sandbox: Callable, code: str, evidence_dir: Path, timeout_s: float, memory_mb: int):
-    """Adapter to ``evotrainer.sandbox.run_in_sandbox`` (code, read-only evidence mount, limits)."""
-    return run_in_sandbox(code, ro_mounts={str(evidence_dir): "/evidence"}, env={"EVIDENCE_DIR": "/evidence"},
-                          timeout_s=timeout_s, memory_mb=memory_mb)
+    """Run ``code`` with each evidence file mounted read-only at ``/evidence/<file>``."""
+    inputs = {p.name: p for p in sorted(evidence_dir.iterdir())}
+    return run_in_sandbox(code=code, inputs=inputs, env={"EVIDENCE_DIR": "/evidence"}, timeout_s=timeout_s,
+                          memory_mb=memory_mb)
 
 
 from evotrainer.harness import builtin_analyzers as _builtin_analyzers  # noqa: E402,F401  (registers the built-ins)

@@ -188,7 +188,8 @@ class Evidence:
     def to_dir(self, path: str | Path) -> Path:
         """Write the evidence as files a sandboxed analyzer reads; returns the folder.
 
-        Files: ``metrics.json`` (``{version: {metric: [[step, value], ...]}}``, NaN as null),
+        Files: ``metrics.json`` (``{version: {metric: [[step, value], ...]}}``, NaN as null; logged
+        series and those derived from rollouts),
         ``metrics.parquet`` (long: version_id, name, step, value), ``rollouts.parquet`` (store
         schema; only when there are rollouts), ``evals.json`` (``{version: {problem_id: [0/1]}}``),
         ``meta.json`` (recipes, parents, statuses, eval_summaries, source).
@@ -199,9 +200,10 @@ class Evidence:
         p.mkdir(parents=True, exist_ok=True)
         as_json: dict[str, dict[str, list]] = {}
         cols: dict[str, list] = {"version_id": [], "name": [], "step": [], "value": []}
-        for v, ms in self.metrics.items():
+        for v in self.versions:
             as_json[v] = {}
-            for name, (steps, values) in ms.items():
+            for name in self.metric_names(v):  # logged series, and those derived from rollouts
+                steps, values = self.series(v, name)
                 vals = [None if not np.isfinite(x) else float(x) for x in values]
                 as_json[v][name] = [[int(s), x] for s, x in zip(steps.tolist(), vals, strict=True)]
                 cols["version_id"] += [v] * len(steps)

@@ -1,0 +1,292 @@
+"""Built-in analyzers on hand-built runs: each fires on its failure, stays quiet on healthy and benign runs.
+
+Series are synthetic but shaped like real runs (seeded noise); rollout tables use the store schema.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from evotrainer import metrics as M
+from evotrainer.harness.analyzers import (AnalyzerError, get_analyzer, list_analyzers, register_analyzer,
+                                          run_analyzers, unregister_analyzer)
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import KINDS, Finding
+from evotrainer.harness.rollout_metrics import distinct_n, duplicate_frac, frac_zero_std_groups, repetition_rate
+from evotrainer.rollouts import SCHEMA, make_record
+
+RNG = np.random.default_rng(0)
+N = 100
+STEPS = np.arange(N)
+
+
+def noisy(start: float, end: float, sd: float = 0.01, n: int = N) -> np.ndarray:
+    return np.linspace(start, end, n) + RNG.normal(0, sd, n)
+
+
+def healthy(**override: np.ndarray) -> dict[str, np.ndarray]:
+    base = {
+        M.REWARD_MEAN: noisy(0.2, 0.6), M.CORRECT_MEAN: noisy(0.2, 0.6), M.REWARD_STD: noisy(0.4, 0.35),
+        M.REWARD_FRAC_ZERO_STD: noisy(0.2, 0.25, 0.02), M.POLICY_ENTROPY: noisy(0.6, 0.5, 0.02),
+        M.POLICY_KL: noisy(0.001, 0.02, 0.001), M.POLICY_GRAD_NORM: noisy(0.3, 0.3, 0.02),
+        M.COMPLETIONS_MEAN_LENGTH: noisy(120, 140, 3), M.COMPLETIONS_CLIPPED_RATIO: noisy(0.02, 0.02, 0.005),
+        M.LOSS_POLICY: noisy(0.01, 0.01, 0.005),
+    }
+    base.update(override)
+    return base
+
+
+def ev_of(series: dict[str, np.ndarray], version: str = "v1", **kw) -> Evidence:
+    return Evidence(metrics={version: {k: (STEPS[: len(x)].copy(), np.asarray(x, float)) for k, x in series.items()}},
+                    **kw)
+
+
+def failures(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.kind: f for f in findings if f.is_failure}
+
+
+def test_every_builtin_kind_is_registered():
+    builtin = {s.name for s in list_analyzers(builtin=True)}
+    assert builtin == set(KINDS)
+
+
+def test_healthy_run_raises_nothing():
+    assert failures(run_analyzers(ev_of(healthy()))) == {}
+
+
+def test_benign_zero_loss_raises_nothing():
+    # GRPO's surrogate prints 0.0 at the on-policy point; grad norm and reward still move: not a failure.
+    ev = ev_of(healthy(**{M.LOSS_POLICY: np.zeros(N), M.LOSS_TOTAL: np.zeros(N)}))
+    assert failures(run_analyzers(ev)) == {}
+
+
+def test_entropy_collapse_with_numbers():
+    ent = 0.8 * np.exp(-STEPS / 20) + 0.02 + RNG.normal(0, 0.005, N)
+    f = failures(run_analyzers(ev_of(healthy(**{M.POLICY_ENTROPY: ent}))))["entropy_collapse"]
+    assert f.severity == "warn" and f.versions == ["v1"] and f.steps == [0, 99]
+    # early window = first 20 points: median of 0.8 e^{-t/20} + 0.02 over t=0..19 ~ 0.8 e^{-0.475} + 0.02 = 0.52
+    assert f.data["early"] == pytest.approx(0.52, abs=0.03)
+    # late window t=80..99: median ~ 0.8 e^{-89.5/20} + 0.02 = 0.029
+    assert f.data["late"] == pytest.approx(0.029, abs=0.005) and "fell from" in f.explanation
+
+
+def test_kl_blowup_level_shift():
+    kl = np.where(STEPS < 60, 0.01, 2.0) + RNG.normal(0, 0.002, N)
+    f = failures(run_analyzers(ev_of(healthy(**{M.POLICY_KL: kl}))))["kl_blowup"]
+    assert f.severity == "warn" and f.data["late"] == pytest.approx(2.0, abs=0.01)
+    assert f.data["change_step"] == 60  # the split that minimises the squared error
+
+
+def test_grad_spikes_repeated_warn_and_isolated_info():
+    g = np.full(N, 1.0) + RNG.normal(0, 0.05, N)
+    g3 = g.copy()
+    g3[[30, 55, 80]] = 20.0
+    f = failures(run_analyzers(ev_of(healthy(**{M.POLICY_GRAD_NORM: g3}))))["grad_spike"]
+    assert f.steps == [30, 55, 80] and f.data["n_spikes"] == 3
+    g1 = g.copy()
+    g1[50] = 20.0
+    found = [x for x in run_analyzers(ev_of(healthy(**{M.POLICY_GRAD_NORM: g1}))) if x.kind == "grad_spike"]
+    assert [(x.severity, x.steps) for x in found] == [("info", [50])]
+
+
+def test_length_collapse_and_blowup():
+    f = failures(run_analyzers(ev_of(healthy(**{M.COMPLETIONS_MEAN_LENGTH: noisy(400, 60, 5)}))))
+    assert "length_collapse" in f and "length_blowup" not in f
+    grow = healthy(**{M.COMPLETIONS_MEAN_LENGTH: noisy(100, 900, 5), M.COMPLETIONS_CLIPPED_RATIO: noisy(0.0, 0.4),
+                      M.CORRECT_MEAN: noisy(0.3, 0.3)})
+    f = failures(run_analyzers(ev_of(grow)))
+    assert f["length_blowup"].severity == "warn" and "clipped ratio" in f["length_blowup"].explanation
+    assert f["truncation"].severity == "warn"  # late clipped ratio ~0.36: between 0.2 and 0.5
+
+
+def test_nan_blowup_persistent_blocking_isolated_warn():
+    loss = noisy(0.01, 0.01)
+    loss[70:] = np.nan
+    f = failures(run_analyzers(ev_of(healthy(**{M.LOSS_POLICY: loss}))))["nan_blowup"]
+    assert f.severity == "blocking" and f.steps == [70, 99] and f.data["series"] == {M.LOSS_POLICY: 30}
+    g = noisy(0.3, 0.3)
+    g[40] = np.inf
+    f = failures(run_analyzers(ev_of(healthy(**{M.POLICY_GRAD_NORM: g}))))["nan_blowup"]
+    assert f.severity == "warn" and f.steps == [40, 40]
+
+
+def test_truncation_from_clipped_ratio_and_from_cap():
+    f = failures(run_analyzers(ev_of(healthy(**{M.COMPLETIONS_CLIPPED_RATIO: noisy(0.1, 0.9)}))))["truncation"]
+    assert f.severity == "blocking"
+    # No clipped ratio logged: mean length pinned at the recipe's generate_max_len (64) means all truncated.
+    s = healthy(**{M.COMPLETIONS_MEAN_LENGTH: np.full(N, 64.0)})
+    del s[M.COMPLETIONS_CLIPPED_RATIO]
+    ev = ev_of(s, recipes={"v1": {"generate_max_len": 64}})
+    assert failures(run_analyzers(ev))["truncation"].severity == "blocking"
+
+
+def test_insufficient_evidence_is_info():
+    ev = ev_of({M.POLICY_ENTROPY: np.array([0.9, 0.5, 0.2, 0.05, 0.01])})
+    found = run_analyzers(ev, names=["entropy_collapse"])
+    assert len(found) == 1 and found[0].severity == "info"
+    assert found[0].explanation.startswith("insufficient evidence: policy/entropy has 5 finite point(s)")
+
+
+def test_reward_hacking_component_up_correctness_down():
+    s = healthy(**{"reward/format/mean": noisy(0.4, 0.9), M.CORRECT_MEAN: noisy(0.3, 0.1),
+                   M.REWARD_MEAN: noisy(0.7, 1.0)})
+    f = failures(run_analyzers(ev_of(s)))["reward_hacking"]
+    assert f.severity == "blocking" and "reward/format/mean" in f.evidence and M.CORRECT_MEAN in f.evidence
+
+
+def test_train_eval_divergence_series_and_versus_parent():
+    evals = np.full(N, np.nan)
+    evals[::10] = 0.40 + RNG.normal(0, 0.005, 10)  # flat held-out score, every 10 steps
+    f = failures(run_analyzers(ev_of(healthy(**{M.EVAL_AVG_AT_K: evals}))))
+    assert f["train_eval_divergence"].severity == "warn"
+    # across versions: child's train reward up by 0.3, its held-out matrix worse than the parent's
+    parent = {f"p{i}": [1, 1, 0, 0] for i in range(30)}
+    child = {f"p{i}": [1, 0, 0, 0] for i in range(30)}
+    ev = Evidence(metrics={"v0": {M.REWARD_MEAN: (STEPS, noisy(0.3, 0.3))}, "v1": {M.REWARD_MEAN: (STEPS, noisy(0.6, 0.6))}},
+                  evals={"v0": parent, "v1": child}, parents={"v0": None, "v1": "v0"})
+    found = [x for x in run_analyzers(ev, names=["train_eval_divergence"]) if x.versions == ["v1", "v0"]]
+    assert found and found[0].severity == "blocking"
+    assert found[0].data["heldout_gain"] == pytest.approx(-0.25)  # 0.25 - 0.5 on every problem
+
+
+# --- rollout-based ----------------------------------------------------------------------------------------
+def rollouts(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def test_rollout_metric_helpers_by_hand():
+    # distinct-2: "a b c" + "a b d" -> bigrams ab, bc, ab, bd: 3 distinct of 4
+    assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(0.75)
+    # repetition: "x y z w x y z w" has 5 4-grams, 4 distinct -> 1/5; "a" has none -> 0; mean 0.1
+    assert repetition_rate(["x y z w x y z w", "a"], 4) == pytest.approx(0.1)
+    # "same" answers prompts p1 and p2 -> 2 of 3 completions are cross-prompt duplicates
+    assert duplicate_frac(["same", "same ", "other"], ["p1", "p2", "p1"]) == pytest.approx(2 / 3)
+    # groups g1 (1,1,1) zero std, g2 (0,1,0) not -> 1/2
+    assert frac_zero_std_groups([1, 1, 1, 0, 1, 0], ["g1"] * 3 + ["g2"] * 3) == 0.5
+
+
+def _run_rows(n_steps: int, completion_of, reward_of, answer_of=lambda p: "", prompt_of=lambda p: f"question {p}",
+              turns_of=None) -> pa.Table:
+    rows = []
+    for step in range(n_steps):
+        for p in range(2):  # 2 prompts x 3 samples
+            for k in range(3):
+                rows.append(make_record(version_id="v1", step=step, prompt_id=f"q{p}", group_id=f"{step}-{p}",
+                                        sample_idx=k, prompt=prompt_of(p), completion=completion_of(step, p, k),
+                                        reward=reward_of(step, p, k), answer=answer_of(p), length=10,
+                                        turns=turns_of(step, p, k) if turns_of else None))
+    return rollouts(rows)
+
+
+def test_zero_variance_groups_from_rollouts():
+    # prompt q0 always all-correct (zero std), q1 mixed: frac zero std = 1/2 at every step
+    t = _run_rows(10, lambda s, p, k: f"answer {p} {k}", lambda s, p, k: 1.0 if p == 0 else float(k == 0))
+    ev = Evidence(rollouts=t)
+    steps, x = ev.series("v1", M.REWARD_FRAC_ZERO_STD)
+    assert steps.tolist() == list(range(10)) and x.tolist() == [0.5] * 10
+    # reward mean per step: (1+1+1 + 1+0+0) / 6 = 4/6
+    assert ev.series("v1", M.REWARD_MEAN)[1] == pytest.approx([4 / 6] * 10)
+    f = failures(run_analyzers(ev))["zero_variance_groups"]
+    assert f.severity == "warn" and f.data["late_frac"] == 0.5
+
+
+def test_template_collapse_from_rollouts():
+    # steps 0-9: every completion distinct; steps 10-19: every completion is the same template
+    t = _run_rows(20, lambda s, p, k: f"step {s} prompt {p} sample {k} text" if s < 10 else "The answer is 42.",
+                  lambda s, p, k: float(k == 0))
+    ev = Evidence(rollouts=t)
+    dup = ev.series("v1", M.COMPLETIONS_DUPLICATE_FRAC)[1]
+    assert dup[:10].tolist() == [0.0] * 10 and dup[10:].tolist() == [1.0] * 10
+    f = failures(run_analyzers(ev))["template_collapse"]
+    assert M.COMPLETIONS_DUPLICATE_FRAC in f.evidence
+
+
+def test_reward_hacking_leaked_answer_in_prompt():
+    answers = {0: "1234", 1: "5678"}
+    t = _run_rows(10, lambda s, p, k: answers[p], lambda s, p, k: 1.0, answer_of=lambda p: answers[p],
+                  prompt_of=lambda p: f"Compute it. (hint: the result is {answers[p]})")
+    f = failures(run_analyzers(Evidence(rollouts=t), names=["reward_hacking"]))["reward_hacking"]
+    assert f.severity == "blocking" and f.data == {"leaked_frac": 1.0, "n_prompts": 2}
+    # the same answers not in the prompts: nothing
+    t2 = _run_rows(10, lambda s, p, k: answers[p], lambda s, p, k: 1.0, answer_of=lambda p: answers[p])
+    assert failures(run_analyzers(Evidence(rollouts=t2), names=["reward_hacking"])) == {}
+
+
+def test_reward_hacking_test_file_edits_in_turns():
+    def turns(s, p, k):
+        path = "tests/test_core.py" if (s, p, k) == (3, 1, 2) else "src/core.py"
+        return [{"role": "assistant", "content": "", "tool": "edit", "args": {"path": path}, "ok": True}]
+
+    t = _run_rows(5, lambda s, p, k: "done", lambda s, p, k: 1.0, turns_of=turns)
+    f = failures(run_analyzers(Evidence(rollouts=t), names=["reward_hacking"]))["reward_hacking"]
+    assert f.evidence == ["rollout:v1/train/3/3-1/2"] and f.data == {"episodes": 1, "rewarded": 1}
+
+
+# --- registry -----------------------------------------------------------------------------------------------
+def test_register_runtime_analyzer_and_errors():
+    def reward_floor(ev: Evidence) -> list[Finding]:
+        """Reward mean below 0.5 at the last step."""
+        out = []
+        for v in ev.versions:
+            s, x = ev.series(v, M.REWARD_MEAN)
+            if len(x) and x[-1] < 0.5:
+                out.append(Finding(kind="low_reward", severity="warn", versions=[v], explanation=f"last {x[-1]:.2f}"))
+        return out
+
+    try:
+        register_analyzer("reward_floor", reward_floor, kinds=["low_reward"])
+        ev = ev_of({M.REWARD_MEAN: noisy(0.4, 0.3)})
+        found = run_analyzers(ev, names=["reward_floor"])
+        assert [(f.kind, f.analyzer) for f in found] == [("low_reward", "reward_floor")]
+        assert get_analyzer("reward_floor").description == "Reward mean below 0.5 at the last step."
+        with pytest.raises(AnalyzerError, match="registered already"):
+            register_analyzer("reward_floor", reward_floor)
+        register_analyzer("reward_floor", lambda ev: 1 / 0, replace=True)
+        err = run_analyzers(ev, names=["reward_floor"])
+        assert err[0].kind == "analyzer_error" and "ZeroDivisionError" in err[0].explanation
+    finally:
+        unregister_analyzer("reward_floor")
+    with pytest.raises(AnalyzerError, match="is a built-in"):
+        register_analyzer("entropy_collapse", reward_floor)
+    with pytest.raises(AnalyzerError, match="unknown analyzer 'nope'"):
+        run_analyzers(ev_of({}), names=["nope"])
+    with pytest.raises(AnalyzerError, match="syntax error"):
+        register_analyzer("broken", "def (:")
+
+
+def test_sandboxed_analyzer_code_reads_evidence_files():
+    code = """
+import json, os
+d = os.environ["EVIDENCE_DIR"]
+m = json.load(open(os.path.join(d, "metrics.json")))
+out = []
+for v, series in m.items():
+    vals = [x for _, x in series.get("reward/mean", []) if x is not None]
+    if vals and vals[-1] < vals[0]:
+        out.append({"kind": "reward_decline", "severity": "warn", "versions": [v],
+                    "evidence": ["reward/mean"], "explanation": f"reward {vals[0]:.2f} -> {vals[-1]:.2f}"})
+print(json.dumps(out))
+"""
+    try:
+        register_analyzer("reward_decline", code, kinds=["reward_decline"], timeout_s=60)
+        ev = ev_of({M.REWARD_MEAN: np.linspace(0.8, 0.2, 20)})
+        found = run_analyzers(ev, names=["reward_decline"])
+        assert [(f.kind, f.versions, f.explanation) for f in found] == [("reward_decline", ["v1"], "reward 0.80 -> 0.20")]
+        # code that writes outside its work dir or prints garbage gives an analyzer_error finding, not a crash
+        register_analyzer("reward_decline", "print('not json')", replace=True)
+        err = run_analyzers(ev, names=["reward_decline"])
+        assert err[0].kind == "analyzer_error" and "not JSON" in err[0].explanation
+    finally:
+        unregister_analyzer("reward_decline")
+
+
+def test_finding_json_round_trip():
+    f = Finding(kind="entropy_collapse", severity="warn", versions=["v1"], steps=[0, 9], evidence=[M.POLICY_ENTROPY],
+                explanation="x", analyzer="entropy_collapse", data={"early": 0.5})
+    assert Finding.model_validate(json.loads(f.model_dump_json())) == f
+    with pytest.raises(ValueError):
+        Finding(kind="bad kind!", severity="warn", explanation="x")
