@@ -3,8 +3,8 @@
 Tools: ``list_analyzers``, ``run_analyzer`` (registered analyzers over ``Evidence.from_workspace``),
 ``run_analyzer_code`` (untrusted code in ``evotrainer.sandbox``, evidence mounted read-only),
 ``register_analyzer`` (kept in the run's lineage store, re-registered in every server process),
-and, where ``harness.backtest`` / ``harness.gate`` are installed, ``backtest_analyzer``,
-``rescore_rollouts``, ``replay_filter`` and ``gate_version`` (:mod:`evotrainer.servers.backtests`).
+plus ``backtest_analyzer``, ``rescore_rollouts``, ``replay_filter`` and ``gate_version``
+(:mod:`evotrainer.servers.backtests`).
 """
 
 from __future__ import annotations
@@ -207,3 +207,7 @@ def register(server: MCPServer, state: ServerState) -> None:
         ws.log(f"registered analyzer {name}", source="mcp")
         return AnalyzerInfo(name=spec.name, description=spec.description, kinds=list(spec.kinds), builtin=False,
                             sandboxed=True)
+
+    from evotrainer.servers import backtests
+
+    backtests.register(server, state)
