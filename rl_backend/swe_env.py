@@ -227,6 +227,7 @@ class SweEnv:
         self.t0 = 0.0
         self.test_digests: dict[str, str] = {}
         self.test_originals: dict[str, bytes] = {}
+        self.tests_edited: set[str] = set()
 
     # --- lifecycle --------------------------------------------------------------------------------
     def reset(self) -> list[dict[str, str]]:
@@ -237,6 +238,7 @@ class SweEnv:
         self.test_digests = test_file_digests(self.repo, self.task.test_patterns)
         self.test_originals = {p: (self.repo / p).read_bytes() for p in self.test_digests}
         self.stats, self.done, self.t0 = EpisodeStats(), False, time.monotonic()
+        self.tests_edited: set[str] = set()
         user = (f"Repository: {self.task.repo} (files under ./). Problem:\n\n{self.task.problem_statement}")
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -283,6 +285,7 @@ class SweEnv:
                 break
         if not self.done and self.elapsed() > lim.per_episode_timeout_s:
             st.stop_reason, self.done = "timeout", True
+            parts.append(f"[episode time limit {lim.per_episode_timeout_s:g} s reached]")
         if not self.done and st.turns >= lim.max_turns:
             st.stop_reason, self.done = "max_turns", True
             parts.append(f"[turn limit of {lim.max_turns} reached; episode over]")
@@ -389,6 +392,19 @@ class SweEnv:
 
 
     # --- grading ------------------------------------------------------------------------------------
+    def _restore_tests(self) -> list[str]:
+        """Put test files back as they were at reset (planted ones removed); returns the changed paths."""
+        now = test_file_digests(self.repo, self.task.test_patterns)
+        changed = sorted(p for p in set(now) | set(self.test_digests) if now.get(p) != self.test_digests.get(p))
+        for p in changed:
+            f = self.repo / p
+            if p in self.test_originals:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_bytes(self.test_originals[p])
+            elif f.exists():
+                f.unlink()
+        return changed
+
     def grade(self, mode: str = "all") -> SweOutcome:
         """Run the hidden tests on the final repo state (in the sandbox) and score the episode.
 
@@ -407,21 +423,17 @@ class SweEnv:
         """
         if mode not in ("all", "fraction"):
             raise ValueError(f"reward.swe_tests.params.mode={mode!r}: allowed: all, fraction")
-        now = test_file_digests(self.repo, self.task.test_patterns)
-        edited = sorted(p for p in set(now) | set(self.test_digests) if now.get(p) != self.test_digests.get(p))
-        for p in edited:  # restore the original test files (and drop planted ones)
-            f = self.repo / p
-            if p in self.test_originals:
-                f.parent.mkdir(parents=True, exist_ok=True)
-                f.write_bytes(self.test_originals[p])
-            elif f.exists():
-                f.unlink()
+        self.tests_edited |= set(self._restore_tests())
+        edited = sorted(self.tests_edited)
         if self.task.test_patch:
             import subprocess
 
             subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=self.repo,
                            capture_output=True, timeout=60)
-        res = run_pytest(self.repo, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
+        try:
+            res = run_pytest(self.repo, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
+        finally:
+            self._restore_tests()  # undo test_patch: grading twice gives the same verdict
         f2p = [t for t in self.task.FAIL_TO_PASS if res.outcomes.get(t) == "PASSED"]
         p2p = [t for t in self.task.PASS_TO_PASS if res.outcomes.get(t) == "PASSED"]
         missing = [t for t in self.task.FAIL_TO_PASS + self.task.PASS_TO_PASS if t not in res.outcomes]
