@@ -213,7 +213,7 @@ def _args(opts: dict[str, Any], scheme: str, version: str) -> list[str]:
 def _dataset_rows(problems: list, recipe: Recipe) -> list[dict[str, Any]]:
     from evotrainer.rl_backend.tasks import build_messages
 
-    return [{"prompt": build_messages(p, recipe.data),
+    return [{"prompt": build_messages(p, recipe.data), "datasource": p.meta.get("split", "train"),
              "label": json.dumps({"id": p.id, "prompt": p.prompt, "answer": p.answer, "meta": p.meta})}
             for p in problems]
 

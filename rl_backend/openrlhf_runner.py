@@ -187,3 +187,117 @@ def check_job(job: OpenRLHFJob, source: str | Path | None = None):
     except AssertionError as exc:
         raise OpenRLHFError(f"OpenRLHF's argument checks failed: {exc}") from None
     return captured.get("args", ns["args"])
+
+
+# --- the backend: a workspace version trained by OpenRLHF ------------------------------------------
+def _hf_folder(path: str | None) -> str | None:
+    return path if path and (Path(path) / "config.json").exists() else None
+
+
+class OpenRLHFBackend:
+    """The ``openrlhf`` training backend (``rl_backend.base.Backend`` protocol, docs/interfaces.md).
+
+    ``train`` builds the version's job (starting from the parent's checkpoint when it is a HF
+    folder, else from the recipe's model), submits it, follows it (ingesting TensorBoard scalars
+    and samples every ``poll_s`` seconds, calling ``progress``, cancelling when ``should_stop()``)
+    and records status, checkpoint and ``metrics_summary``. The job reference is kept in the
+    lineage kv store (``openrlhf/<version>``) so another process can follow or cancel it.
+    ``evaluate`` reads OpenRLHF's own held-out evaluation of the last step (k samples per
+    problem, scored by correctness): Avg@k and pass@k, without per-sample outcomes.
+
+    Args:
+        cluster: hardware and submission settings (:class:`~evotrainer.rl_backend.openrlhf_backend.ClusterSpec`).
+        poll_s: seconds between status polls.
+    """
+
+    name = "openrlhf"
+
+    def __init__(self, cluster: Any = None, poll_s: float = 10.0):
+        self.cluster = cluster
+        self.poll_s = poll_s
+
+    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None) -> dict[str, Any]:
+        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns ``{version_id, status, steps, checkpoint,
+        metrics_summary, job_ref}``.
+
+        Raises:
+            OpenRLHFError: the recipe cannot run on OpenRLHF or the job failed (the log tail is in the message).
+        """
+        import time
+
+        from evotrainer.rl_backend.openrlhf_backend import build_job
+        from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
+
+        from evotrainer import metrics as M
+
+        v = ws.lineage.get(version_id)
+        parent_ckpt = ws.lineage.get(v.parent_id).checkpoint if v.parent_id else None
+        job = build_job(v.recipe, ws.root, version_id=version_id, steps=steps, cluster=self.cluster,
+                        model_path=_hf_folder(parent_ckpt))
+        ws.lineage.update_version(version_id, status="training")
+        ref = submit(job)
+        job_id = f"{version_id}/train/openrlhf"
+        ws.lineage.create_job(job_id, version_id, "train", steps_total=steps)
+        ws.lineage.update_job(job_id, status="running", message=ref)
+        ws.lineage.kv_set(f"openrlhf/{version_id}", {"ref": ref, "job": job.model_dump()})
+        ws.log(f"openrlhf job {ref} submitted ({job.openrlhf_version}, {steps} steps)", version=version_id,
+               source="openrlhf")
+        last = 0
+        status = job_status(job, ref)
+        while status in ("queued", "running"):
+            time.sleep(self.poll_s)
+            try:
+                new = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, since_step=last)
+            except FileNotFoundError:
+                new = last
+            if new > last and progress is not None:
+                s = summarize(ws, version_id)
+                progress({"step": new, "steps": steps, "reward": s.get(M.REWARD_MEAN),
+                          "tokens_per_sec": s.get(M.PERF_TOKENS_PER_SEC)})
+            last = new
+            ws.lineage.update_job(job_id, steps_done=last, progress=last / steps)
+            if should_stop is not None and should_stop():
+                cancel_job(job, ref)
+            status = job_status(job, ref)
+        try:
+            last = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, checkpoint=job.save_path,
+                              since_step=last)
+        except FileNotFoundError:
+            pass
+        summary = summarize(ws, version_id)
+        final = {"done": "trained", "cancelled": "failed"}.get(status, "failed")
+        ws.lineage.update_version(version_id, status=final, metrics_summary=summary)
+        ws.lineage.update_job(job_id, status=status, steps_done=last, progress=last / steps)
+        if status != "done":
+            tail = job_logs(job, ref)[-2000:]
+            raise OpenRLHFError(f"openrlhf job {ref} of {version_id} ended {status} after {last} step(s); "
+                                f"log tail:\n{tail}")
+        return {"version_id": version_id, "status": final, "steps": last, "checkpoint": ws.lineage.get(version_id).checkpoint,
+                "metrics_summary": summary, "job_ref": ref}
+
+    def evaluate(self, ws, version_id: str, k: int | None = None, eval_name: str = "heldout",
+                 progress=None) -> dict[str, Any]:
+        """Held-out Avg@k / pass@k from OpenRLHF's evaluation at the last training step.
+
+        Raises:
+            OpenRLHFError: the version has no OpenRLHF evaluation (not trained here, or no eval step),
+                or ``k`` differs from the ``recipe.eval.k`` the job evaluated with.
+        """
+        from evotrainer import metrics as M
+
+        v = ws.lineage.get(version_id)
+        if k is not None and k != v.recipe.eval.k:
+            raise OpenRLHFError(f"k={k}: the OpenRLHF job evaluated with recipe.eval.k={v.recipe.eval.k}; "
+                                "evaluate other k with the local backend on the checkpoint")
+        series = ws.lineage.all_metrics(version_id)
+        if not series.get(M.EVAL_PASS_AT_1):
+            raise OpenRLHFError(f"{version_id}: no OpenRLHF held-out evaluation stored (eval/pass@1); train it with "
+                                "the openrlhf backend first")
+        job = ws.lineage.kv_get(f"openrlhf/{version_id}") or {}
+        n = len(Path(job["job"]["files"]["heldout"]).read_text().splitlines()) if job else None
+        avg = series[M.EVAL_PASS_AT_1][-1][1]
+        passk = series.get(M.EVAL_PASS_AT_K, [(0, avg)])[-1][1]
+        summary = {"k": v.recipe.eval.k, "avg@k": avg, "pass@k": passk, "pass@1": avg, "n_problems": n,
+                   "eval_name": eval_name, "source": "openrlhf", "per_sample": False}
+        ws.lineage.update_version(version_id, eval_summary=summary)
+        return summary

@@ -19,7 +19,9 @@ Per sample:
   ``config["tokenizer"]``; whitespace words if it cannot be loaded); the finish reason is ``eos``
   when an EOS token ended the text, else ``length`` when the length reached ``generate_max_len``.
 
-Returned: ``rewards`` = the weighted total, ``scores`` = correctness (0/1; OpenRLHF's dynamic
+Returned: ``rewards`` = the weighted total (for held-out problems, ``meta["split"] == "heldout"``:
+the correctness, so OpenRLHF's ``eval_heldout_pass1`` / ``eval_heldout_pass<k>``, which average
+the reward / take its max over the k samples, are Avg@k and pass@k), ``scores`` = correctness (0/1; OpenRLHF's dynamic
 filtering reads it), ``extra_logs`` = each component's unweighted value plus ``correct``, which
 OpenRLHF logs as ``train/<name>``.
 """
@@ -103,7 +105,10 @@ def make_reward_func(config: dict[str, Any]) -> Callable[..., dict[str, Any]]:
         correct = [0.0 if c != c else c for c in out.correct]  # NaN (no verdict) -> 0
         logs = {name: torch.tensor(v, dtype=torch.float32) for name, v in out.components.items()}
         logs["correct"] = torch.tensor(correct, dtype=torch.float32)
-        return {"rewards": torch.tensor(out.total, dtype=torch.float32),
+        # held-out problems are scored by correctness alone, so OpenRLHF's eval pass1 / pass<k> are Avg@k / pass@k
+        total = [c if p.meta.get("split") == "heldout" else t for p, c, t in zip(problems, correct, out.total,
+                                                                                  strict=True)]
+        return {"rewards": torch.tensor(total, dtype=torch.float32),
                 "scores": torch.tensor(correct, dtype=torch.float32), "extra_logs": logs}
 
     return reward_func

@@ -202,6 +202,13 @@ def test_reward_file_imported_as_openrlhf_does(tmp_path):
     torch.testing.assert_close(logs["format_token"], torch.tensor([0.0, 1.0, 0.0]))
     batch = module.reward_func([prompt + c for c in completions], [prompt] * 3, [row["label"]] * 3)  # batched too
     torch.testing.assert_close(batch["rewards"], rewards)
+    # held-out rows are scored by correctness alone (OpenRLHF's eval pass1 averages the reward): 1, 0, 1
+    held = json.loads(Path(job.files["heldout"]).read_text().splitlines()[0])
+    assert held["datasource"] == "heldout" and row["datasource"] == "train"
+    ans = json.loads(held["label"])["answer"]
+    hq = [f"{ans}<|im_end|>", f"Answer: {int(ans) + 1}<|im_end|>", f"the answer is {ans}"]
+    out = module.reward_func([prompt + c for c in hq], [prompt] * 3, [held["label"]] * 3)
+    torch.testing.assert_close(out["rewards"], torch.tensor([1.0, 0.0, 1.0]))
 
 
 def test_local_runner_status_logs_cancel(tmp_path):
@@ -274,3 +281,67 @@ def test_ingest_recorded_tensorboard_feeds_the_analyzers(tmp_path):
         assert ws.rollouts.count() == 16
         kinds = {f.kind for f in run_analyzers(Evidence.from_workspace(ws))}
     assert {"reward_hacking", "entropy_collapse"} <= kinds
+
+
+FAKE_TRAINER = '''
+"""Stand-in for `python -m openrlhf.cli.train_ppo_ray` (no GPU here): parses the command with OpenRLHF's
+real parser, calls the job's reward file on each training row with the right answer, and writes
+TensorBoard scalars and the final HF folder where OpenRLHF would."""
+import importlib.util, json, sys
+from pathlib import Path
+from evotrainer.rl_backend.openrlhf_runner import load_parser
+from torch.utils.tensorboard import SummaryWriter
+
+args = load_parser().parse_args(sys.argv[1:])
+a = vars(args)
+spec = importlib.util.spec_from_file_location("reward_func", a["reward.remote_url"])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+rows = [json.loads(l) for l in Path(a["data.prompt_dataset"]).read_text().splitlines()]
+bs = a["rollout.batch_size"]
+w = SummaryWriter(str(Path(a["logger.tensorboard_dir"]) / a["logger.wandb.run_name"]))
+for step in range(1, len(rows) // bs + 1):
+    batch = rows[(step - 1) * bs: step * bs]
+    labels = [r["label"] for r in batch]
+    answers = [json.loads(l)["answer"] for l in labels]
+    out = mod.reward_func([f"P{x}<|im_end|>" for x in answers], ["P"] * bs, labels)
+    w.add_scalar("train/reward", out["rewards"].mean().item(), step)
+    for k, v in out["extra_logs"].items():
+        w.add_scalar(f"train/{k}", v.mean().item(), step)
+    w.add_scalar("train/policy_loss", 0.1 / step, step)
+    print(f"step {step}", flush=True)
+w.add_scalar("eval/eval_heldout_pass1", 0.25, step)
+w.add_scalar("eval/eval_heldout_pass8", 0.5, step)
+w.close()
+out = Path(a["ckpt.output_dir"]); out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text("{}")
+'''
+
+
+def test_backend_train_and_evaluate_through_the_runner(tmp_path):
+    """The backend's real loop (build, submit, poll, ingest, status) around a stand-in trainer program."""
+    from evotrainer.rl_backend.openrlhf_runner import OpenRLHFBackend
+
+    from evotrainer import metrics as M
+    from evotrainer.workspace import Workspace
+
+    (tmp_path / "fake_trainer.py").write_text(FAKE_TRAINER)
+    wrapper = tmp_path / "python"  # replaces `python3 -m openrlhf.cli.train_ppo_ray ARGS` by the stand-in
+    wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {tmp_path / "fake_trainer.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    backend = OpenRLHFBackend(ClusterSpec(python=str(wrapper), openrlhf_version="0.11.2"), poll_s=0.5)
+    seen = []
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(Recipe())
+        res = backend.train(ws, v.id, steps=2, progress=seen.append)
+        assert res["status"] == "trained" and res["steps"] == 2
+        ver = ws.lineage.get(v.id)
+        assert ver.status == "trained" and ver.checkpoint.endswith("final")
+        # the stand-in answers every problem right: correctness 1 at both steps, via the real reward file
+        assert ws.lineage.metric_series(v.id, M.reward_component("correctness")) == [(1, 1.0), (2, 1.0)]
+        assert ws.lineage.metric_series(v.id, M.CORRECT_MEAN) == [(1, 1.0), (2, 1.0)]
+        assert ver.metrics_summary[M.LOSS_POLICY] == pytest.approx(0.05)  # 0.1 / step 2
+        assert ws.lineage.jobs(v.id)[0].status == "done"
+        ev = backend.evaluate(ws, v.id)
+        assert (ev["avg@k"], ev["pass@k"], ev["k"], ev["n_problems"]) == (0.25, 0.5, 8, 20)
+        with pytest.raises(OpenRLHFError, match="k=4"):
+            backend.evaluate(ws, v.id, k=4)
