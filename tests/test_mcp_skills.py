@@ -1,0 +1,60 @@
+"""Skill-memory server: search (hybrid / fts), get, add, outcomes, failed cases, search traces (no run needed)."""
+
+from __future__ import annotations
+
+import pytest
+from evotrainer.servers import build_server
+from mcp_testlib import SyncClient
+
+
+@pytest.fixture(scope="module")
+def client():
+    # the store opens on the first call, in the temp EVOTRAINER_SKILLS_DIR of conftest, and is shared
+    # by the module's tests (one embedding-model load)
+    c = SyncClient(build_server("skills", None))
+    yield c
+    c.close()
+
+
+def test_search_get_and_filters(client):
+    res = client.ok("search_skills", {"query": "policy entropy collapses, the model stops exploring",
+                                      "kind": "intervention", "finding_kinds": ["entropy_collapse"], "limit": 3})
+    assert res["hits"] and all(h["kind"] == "intervention" and "entropy_collapse" in h["addresses"]
+                               for h in res["hits"])
+    top = client.ok("get_skill", {"skill_id": res["hits"][0]["id"]})
+    assert top["recipe_path"] and top["record"] == {"tried": 0, "helped": 0, "hurt": 0}
+    fts = client.ok("search_skills", {"query": "Clip-Higher", "mode": "fts", "limit": 5})
+    assert fts["mode"] == "fts" and any("eps_clip_high" == h["recipe_path"] for h in fts["hits"])
+    assert "no skill 'nope'" in client.err("get_skill", {"skill_id": "nope"})
+    assert "query" in client.err("search_skills", {"query": ""})
+    assert "mode" in client.err("search_skills", {"query": "x", "mode": "semantic"})
+
+
+def test_add_skill_and_record_outcomes(client):
+    s = client.ok("add_skill", {"skill_id": "test.cooler_sampling", "kind": "intervention", "name": "Cooler sampling",
+                                "description": "Lower the rollout temperature when completions are incoherent.",
+                                "addresses": ["template_collapse"], "recipe_path": "temperature",
+                                "value": {"op": "mul", "by": 0.8, "min": 0.3}, "tags": ["math"]})
+    assert s["id"] == "test.cooler_sampling" and s["value"] == {"op": "mul", "by": 0.8, "min": 0.3}
+    assert "exist already" in client.err("add_skill", {"skill_id": "test.cooler_sampling", "kind": "procedure",
+                                                       "name": "x", "description": "y"})
+    assert "recipe_path" in client.err("add_skill", {"kind": "intervention", "name": "x", "description": "y"})
+    for outcome in ("helped", "hurt", "neutral"):
+        r = client.ok("record_skill_outcome", {"skill_id": "test.cooler_sampling", "outcome": outcome,
+                                               "domain": "math"})
+    # three trials: helped 1, hurt 1, neutral counts as tried only
+    assert r["record"] == {"tried": 3, "helped": 1, "hurt": 1}
+    assert client.ok("get_skill", {"skill_id": "test.cooler_sampling"})["track_record"]["math"]["tried"] == 3
+    assert "outcome" in client.err("record_skill_outcome", {"skill_id": "test.cooler_sampling", "outcome": "great"})
+    hits = client.ok("search_skills", {"query": "incoherent completions temperature", "tags": ["math"]})["hits"]
+    assert hits[0]["id"] == "test.cooler_sampling" and hits[0]["record"]["tried"] == 3
+
+
+def test_failed_cases_and_traces(client):
+    case = client.ok("add_failed_case", {"version_id": "v3", "outcome": "pruned: held-out -0.04",
+                                         "intervention": "eps_clip_high: 0.28 -> 0.5", "findings": ["kl_blowup"]})
+    assert case["id"].startswith("case-")
+    trace = client.ok("add_search_trace", {"agent": "intervener", "query": "kl blowup", "results": ["kl_coef_up"],
+                                           "chosen": "kl_coef_up", "rationale": "best record"})
+    assert trace["id"].startswith("trace-")
+    assert "outcome" in client.err("add_failed_case", {"version_id": "v3"})
