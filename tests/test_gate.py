@@ -1,0 +1,84 @@
+"""The promotion gate on a real run folder: paired CI above 0 and no blocking finding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from evotrainer import metrics as M
+from evotrainer.harness.gate import gate
+from evotrainer.intervention import Intervention
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+
+
+def _evals(ws: Workspace, vid: str, k_correct: list[int], k: int = 4) -> None:
+    ws.lineage.log_eval_samples(vid, "heldout", [(f"p{i:02d}", j, float(j < c), "") for i, c in enumerate(k_correct)
+                                                 for j in range(k)])
+
+
+def _child(ws: Workspace, parent: str, lr: float):
+    iv = Intervention(path="actor_learning_rate", old=1e-6, new=lr, category="optimizer", hypothesis="test")
+    return ws.lineage.branch(parent, iv)
+
+
+def test_gate_promotes_clear_gain_and_blocks_the_rest(tmp_path):
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        _evals(ws, root.id, [1] * 20)  # every problem 1 of 4 correct: Avg@4 0.25
+        good = _child(ws, root.id, 2e-6)
+        _evals(ws, good.id, [3] * 20)  # 3 of 4: gain +0.5 on every problem
+        small = _child(ws, root.id, 3e-6)
+        _evals(ws, small.id, [1, 2] * 10)  # gain 0 or +0.25, alternating
+        flat_worse = _child(ws, root.id, 4e-6)
+        _evals(ws, flat_worse.id, [0, 2] * 10)  # -0.25 / +0.25: mean 0
+        broken = _child(ws, root.id, 5e-6)
+        _evals(ws, broken.id, [3] * 20)
+        for step in range(20):  # the loss goes NaN from step 12 and stays there
+            ws.lineage.log_metrics(broken.id, step, {M.LOSS_POLICY: math.nan if step >= 12 else 0.01,
+                                                     M.REWARD_MEAN: 0.3})
+
+        g = gate(ws, good.id, n_resamples=2000)
+        assert g.promote and g.gain == pytest.approx(0.5) and g.ci == pytest.approx((0.5, 0.5))
+        assert g.n_problems == 20 and g.blocking == []
+        # exact-size permutation null is Monte Carlo here (2^20 > 2000): only the observed sign pattern
+        # reaches 0.5, p = 2 * (0 + 1) / (2000 + 1)
+        assert g.p_value == pytest.approx(2 / 2001)
+        assert g.evidence[:2] == [f"eval:heldout:{root.id}", f"eval:heldout:{good.id}"]
+
+        g = gate(ws, small.id, n_resamples=2000)
+        # gain mean(0, .25) = 0.125; bootstrap sd of a mean of 20 draws of {0, .25}: .125 / sqrt(20) = .028,
+        # so the 95% CI is about .125 +- .055: a small but consistent gain is promoted
+        assert g.gain == pytest.approx(0.125) and g.ci[0] == pytest.approx(0.07, abs=0.02) and g.promote
+
+        g = gate(ws, flat_worse.id, n_resamples=2000)
+        assert not g.promote and g.gain == pytest.approx(0.0) and "lower bound is not above 0" in g.reason
+
+        g = gate(ws, broken.id, n_resamples=2000)
+        assert not g.promote and g.gain == pytest.approx(0.5)  # held-out gain alone would promote it
+        assert [f.kind for f in g.blocking] == ["nan_blowup"] and g.reason.startswith("blocked by nan_blowup")
+
+        g = gate(ws, root.id)
+        assert g.promote and g.parent_id is None and "baseline" in g.reason
+
+
+def test_gate_needs_evaluations(tmp_path):
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        child = _child(ws, root.id, 2e-6)
+        _evals(ws, root.id, [1] * 5)
+        g = gate(ws, child.id)
+        assert not g.promote and g.gain is None and f"no held-out 'heldout' outcomes for {child.id}" in g.reason
+
+
+def test_gate_stored_blocking_finding_blocks(tmp_path):
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        child = _child(ws, root.id, 2e-6)
+        _evals(ws, root.id, [0] * 10)
+        _evals(ws, child.id, [4] * 10)
+        ws.lineage.update_version(child.id, findings=[{"kind": "reward_hacking", "severity": "blocking",
+                                                       "explanation": "test files edited", "analyzer": "swe"}])
+        g = gate(ws, child.id, n_resamples=1000)
+        assert not g.promote and [f.kind for f in g.blocking] == ["reward_hacking"]
