@@ -37,21 +37,14 @@ class Backtester:
         r.chosen = chosen[:n_choose]
         return r
 
-    def gate(self, version_id: str, baseline_eval: str | None = None) -> dict[str, Any]:
-        """The promotion gate's verdict on ``version_id`` (``gate_version``): promote, gain, ci, p_value, blocking.
+    def gate(self, version_id: str) -> dict[str, Any]:
+        """The promotion gate's verdict on ``version_id`` (``gate_version``): promote, gain, ci, p_value,
+        blocking findings, reason. The root is judged on its findings only (it is the baseline).
 
         Raises:
             ToolCallError: the gate tool failed.
         """
-        args: dict[str, Any] = {"version_id": version_id}
-        if baseline_eval:
-            args["baseline_eval"] = baseline_eval
-        try:
-            return self.decider_tools.call("gate_version", args)
-        except ToolCallError:
-            if baseline_eval:  # older gate without a baseline argument
-                return self.decider_tools.call("gate_version", {"version_id": version_id})
-            raise
+        return self.decider_tools.call("gate_version", {"version_id": version_id})
 
     def decide(self, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
         """Keep / prune verdict on a trained, evaluated version."""

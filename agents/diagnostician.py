@@ -75,5 +75,5 @@ class Diagnostician:
 
 
 def _bt_numbers(bt: dict[str, Any]) -> str:
-    keys = ("precision", "recall", "accuracy", "n_bad", "n_good")
+    keys = ("tp", "fp", "fn", "tn", "precision", "recall")
     return ", ".join(f"{k}={bt[k]}" for k in keys if k in bt) or "no numbers"

@@ -336,16 +336,17 @@ class HeuristicBrain:
     # --- decider ----------------------------------------------------------------------------------------
     def decide(self, tools: RoleTools, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
         """Keep when the gate promotes (CI of the held-out gain above 0, no blocking finding); else prune."""
-        blocking = sorted(set(gate.get("blocking", [])) | {f.kind for f in diagnosis.blocking()})
+        blocking = sorted(set(blocking_kinds(gate)) | {f.kind for f in diagnosis.blocking()})
         promote = bool(gate.get("promote")) and not blocking
         gain, ci, p = gate.get("gain"), gate.get("ci"), gate.get("p_value")
         nums = _gate_numbers(gain, ci, p)
+        reason = f" Gate: {gate['reason']}" if gate.get("reason") else ""
         if promote:
-            why = f"keep {version_id}: held-out gain {nums}; CI above 0 and no blocking finding"
+            why = f"keep {version_id}: held-out gain {nums}; no blocking finding.{reason}"
         elif blocking:
-            why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums})"
+            why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"
         else:
-            why = f"prune {version_id}: held-out gain not significant ({nums})"
+            why = f"prune {version_id}: held-out gain not established ({nums}).{reason}"
         evidence = [str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"]
         return Verdict(version_id=version_id, action="keep" if promote else "prune", rationale=why, evidence=evidence)
 
@@ -358,6 +359,11 @@ class HeuristicBrain:
         return AnalyzerDraft(name="length_shift", kind="length_shift",
                              description="mean completion length moved more than 30% from the parent version",
                              code=LENGTH_SHIFT)
+
+
+def blocking_kinds(gate: dict[str, Any]) -> list[str]:
+    """Finding kinds of the gate's blocking findings (dicts from ``gate_version``, or plain kinds)."""
+    return [b.get("kind", "?") if isinstance(b, dict) else str(b) for b in gate.get("blocking", []) or []]
 
 
 def _gate_numbers(gain: Any, ci: Any, p: Any) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
+from evotrainer.agents.heuristic import blocking_kinds
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from pydantic import BaseModel
 
@@ -273,7 +274,7 @@ class Orchestrator(LoopBase):
             self.log(str(exc), version=vid)
             self.fail_version(vid, self.author)
             return
-        gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid, None if parent_id else "no_rl"))
+        gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid))
         ctx = {**self._ctx(vid), "gain": gate.get("gain"), "significant": _significant(gate)}
         diag = self.stage(f"diagnose/{vid}", lambda: self.diagnostician.diagnose(vid, ctx), Diagnosis)
         verdict = self.stage(f"verdict/{vid}", lambda: self.backtester.decide(vid, gate, diag), Verdict)
@@ -363,11 +364,11 @@ class Orchestrator(LoopBase):
             if v.status != "kept" or v.id in exclude:
                 continue
             try:
-                gate = self.backtester.gate(v.id, None if v.parent_id else "no_rl")
+                gate = self.backtester.gate(v.id)
             except ToolCallError:
                 continue
             if gate.get("blocking"):
-                why = (f"revert {v.id}: blocking finding(s) {', '.join(map(str, gate['blocking']))} now stand "
+                why = (f"revert {v.id}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
                        f"against it (round {r}); the frontier moves back to its parent")
                 self.record_decision(Verdict(version_id=v.id, action="revert", rationale=why,
                                              evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["gate"]),

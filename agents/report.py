@@ -128,10 +128,11 @@ def _metric_plots(ws: Workspace) -> str:
     comps = sorted({n for v in versions for n in ws.lineage.metric_names(v.id)
                     if n.startswith("reward/") and n.endswith("/mean") and n not in (M.REWARD_MEAN, M.CORRECT_MEAN)})
     names += [(c, c) for c in comps]
+    series = {v.id: ws.lineage.all_metrics(v.id) for v in versions}
+    names = [(n, t) for n, t in names if any(any(x is not None for _, x in series[v].get(n, [])) for v in series)]
     cols = 3
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-    series = {v.id: ws.lineage.all_metrics(v.id) for v in versions}
     for ax, (name, title) in zip(axes.flat, names, strict=False):
         for v in versions:
             pts = series[v.id].get(name, [])

@@ -36,7 +36,9 @@ SEARCH_SPACE: dict[str, tuple] = {
 def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
     from evotrainer.agents.heuristic import _gate_numbers
 
-    blocking = list(gate.get("blocking", []))
+    from evotrainer.agents.heuristic import blocking_kinds
+
+    blocking = blocking_kinds(gate)
     promote = bool(gate.get("promote")) and not blocking
     nums = _gate_numbers(gate.get("gain"), gate.get("ci"), gate.get("p_value"))
     why = (f"keep {vid}: held-out gain {nums}" if promote else
@@ -50,10 +52,7 @@ class _Gated(LoopBase):
     def gate_and_decide(self, vid: str, baseline: str | None) -> None:
         if self.lineage.get(vid).status in ("kept", "pruned", "reverted"):
             return
-        args: dict[str, Any] = {"version_id": vid}
-        if baseline:
-            args["baseline_eval"] = baseline
-        gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", args))
+        gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", {"version_id": vid}))
         verdict = self.stage(f"verdict/{vid}", lambda: _gate_verdict(vid, gate), Verdict)
         self.record_decision(verdict, f"{self.mode}")
 
