@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
-from evotrainer.agents.mcp_client import RoleTools, ToolBox, ToolCallError
+from evotrainer.agents.mcp_client import RoleTools, ToolBox
 
 
 class Backtester:

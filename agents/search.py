@@ -34,9 +34,7 @@ SEARCH_SPACE: dict[str, tuple] = {
 
 
 def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
-    from evotrainer.agents.heuristic import _gate_numbers
-
-    from evotrainer.agents.heuristic import blocking_kinds
+    from evotrainer.agents.heuristic import _gate_numbers, blocking_kinds
 
     blocking = blocking_kinds(gate)
     promote = bool(gate.get("promote")) and not blocking

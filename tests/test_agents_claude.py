@@ -7,13 +7,13 @@ run on the real ``all`` server of a fresh run (``evotrainer.servers.build_server
 from __future__ import annotations
 
 import pytest
-
 from evotrainer.agents.claude import BrainError, ClaudeBrain, price_of
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
+from fake_anthropic import FakeAnthropic, last_tool_results, tool_use, turn
+
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
-from fake_anthropic import FakeAnthropic, last_tool_results, tool_use, turn
 
 
 @pytest.fixture()

@@ -6,9 +6,9 @@ import base64
 import re
 
 import pytest
+from evotrainer.agents.report import bootstrap_ci, render_html, score_rows, write_report
 
 from evotrainer import metrics as M
-from evotrainer.agents.report import bootstrap_ci, render_html, score_rows, write_report
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
@@ -21,7 +21,7 @@ def _run(tmp_path):
     lin.kv_set("loop/mode", "evotrainer")
     lin.kv_set("loop/brain", "heuristic")
     v0 = lin.create_root(Recipe())
-    v1 = lin.branch(v0.id, Intervention(path="generate_max_len", old=64, new=128, category="rollout",
+    lin.branch(v0.id, Intervention(path="generate_max_len", old=64, new=128, category="rollout",
                                         hypothesis="answers are cut at the cap", source="skill:overlong_cap"))
     for vid, rewards in (("v0", [0.1, 0.2, 0.3]), ("v1", [0.2, 0.2, 0.1])):
         for step, r in enumerate(rewards):
