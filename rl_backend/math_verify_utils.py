@@ -13,8 +13,20 @@ works in the main thread; in other threads they are disabled.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """Drop math-verify's per-call notice that timeouts are off (we turn them off on purpose outside the main thread)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _NUM_RE = re.compile(_NUM)
