@@ -1,9 +1,221 @@
-"""CLI commands of evotrainer.skills_db, added to the main app by :func:`register`."""
+"""``evotrainer skills``: list, search, show, add, history, restore the skills memory.
+
+``--json`` on list, search and show prints skill objects with exactly the fields ``id``, ``kind``,
+``name``, ``score`` (null outside search), ``addresses`` (finding kinds) and ``recipe_path``;
+``show --json`` adds the full record under ``skill``. The memory folder is ``--dir``, else
+``$EVOTRAINER_SKILLS_DIR``, else the XDG data dir.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+skills_app = typer.Typer(help="The skills memory: interventions, analyzers and procedures that worked.",
+                         no_args_is_help=True)
+_STATE: dict[str, Any] = {"dir": None}
+
+
+@skills_app.callback()
+def _skills_root(
+    skills_dir: Annotated[Path | None, typer.Option("--dir", help="Skills folder (default: $EVOTRAINER_SKILLS_DIR "
+                                           "or the user data dir).")] = None,
+) -> None:
+    _STATE["dir"] = skills_dir
+
+
+def _fail(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # SystemExit, not typer.Exit: evotrainer.cli.main runs click with standalone_mode=False, where
+    # click turns typer.Exit into a return value and the process would exit 0.
+    raise SystemExit(1)
+
+
+def _store() -> Any:
+    from evotrainer.skills_db.store import SkillStore
+
+    return SkillStore(_STATE["dir"])
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _table(rows: list[dict[str, Any]], with_score: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("id", "kind", "name", "addresses", "recipe_path", *(["score"] if with_score else []))
+    for r in rows:
+        extra = [f"{r['score']:.4f}"] if with_score else []
+        t.add_row(r["id"], r["kind"], r["name"], ", ".join(r["addresses"]), r["recipe_path"] or "", *extra)
+    Console().print(t)
+
+
+@skills_app.command("list")
+def list_cmd(
+    kind: Annotated[str | None, typer.Option("--kind", help="intervention | analyzer | procedure")] = None,
+    finding: Annotated[list[str] | None, typer.Option("--finding", help="Only skills addressing this finding kind (repeatable).")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Only skills with this tag (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """List skills (sorted by kind, id)."""
+    from evotrainer.skills_db.models import SkillError, skill_summary
+
+    try:
+        rows = [skill_summary(s) for s in _store().list(kind=kind, finding_kinds=finding, tags=tag)]
+    except SkillError as exc:
+        _fail(str(exc))
+    if as_json:
+        _print_json(rows)
+    else:
+        _table(rows, with_score=False)
+
+
+@skills_app.command("search")
+def search_cmd(
+    query: Annotated[str, typer.Argument(help="Free text, e.g. a finding's explanation.")],
+    kind: Annotated[str | None, typer.Option("--kind", help="intervention | analyzer | procedure")] = None,
+    finding: Annotated[list[str] | None, typer.Option("--finding", help="Only skills addressing this finding kind (repeatable).")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Only skills with this tag (repeatable).")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid (vector + full-text, RRF) | vector | fts")] = "hybrid",
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Number of results.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """Search skills, best first (score: RRF for hybrid, 1 - cosine distance for vector, BM25 for fts)."""
+    from evotrainer.skills_db.models import SkillError
+
+    try:
+        hits = _store().search(query, kind=kind, finding_kinds=finding, tags=tag, mode=mode, limit=limit)
+    except SkillError as exc:
+        _fail(str(exc))
+    rows = [h.summary() for h in hits]
+    if as_json:
+        _print_json(rows)
+    else:
+        _table(rows, with_score=True)
+
+
+@skills_app.command("show")
+def show_cmd(
+    skill_id: Annotated[str, typer.Argument(help="Skill id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show one skill: description, change or code, source, track record per domain."""
+    from evotrainer.skills_db.models import SkillError, skill_summary
+
+    try:
+        s = _store().get(skill_id)
+    except SkillError as exc:
+        _fail(str(exc))
+    if as_json:
+        _print_json({**skill_summary(s), "skill": s.model_dump(mode="json")})
+        return
+    from rich.console import Console
+
+    c = Console()
+    c.print(f"[bold]{s.id}[/] ({s.kind}) {s.name}", highlight=False)
+    c.print(s.description, highlight=False)
+    c.print(f"addresses: {', '.join(s.addresses) or '-'}   tags: {', '.join(s.tags) or '-'}", highlight=False)
+    if s.recipe_path:
+        c.print(f"change: {s.recipe_path} <- {json.dumps(s.value)}", highlight=False)
+    if s.code:
+        c.print(f"code: {s.code}", highlight=False)
+    c.print(f"source: {s.source}", highlight=False)
+    for domain, r in sorted(s.track_record.items()):
+        c.print(f"  {domain}: tried {r.tried}, helped {r.helped}, hurt {r.hurt}", highlight=False)
+
+
+def load_skill_file(path: Path) -> list[Any]:
+    """Skills from a YAML or JSON file: one skill object, a list, or ``{skills: [...]}``.
+
+    Raises:
+        SkillError: the file is missing, unparsable, or a skill fails validation (message names
+            the entry and field).
+    """
+    import yaml
+    from evotrainer.skills_db.models import Skill, SkillError
+    from pydantic import ValidationError
+
+    if not path.is_file():
+        raise SkillError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        raise SkillError(f"{path}: not valid YAML/JSON: {exc}") from None
+    if isinstance(data, dict) and "skills" in data:
+        data = data["skills"]
+    entries = data if isinstance(data, list) else [data]
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise SkillError(f"{path}: entry {i} is not a mapping of skill fields")
+        try:
+            out.append(Skill.model_validate(entry))
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "skill"
+            msg = first["msg"].removeprefix("Value error, ")
+            raise SkillError(f"{path}: entry {i} ({entry.get('id', '?')}): {loc}: {msg}") from None
+    return out
+
+
+@skills_app.command("add")
+def add_cmd(
+    file: Annotated[Path, typer.Argument(help="YAML or JSON: one skill, a list, or {skills: [...]}.")],
+    replace: Annotated[bool, typer.Option("--replace", help="Overwrite skills whose id exists.")] = False,
+) -> None:
+    """Add skills from a file (embedded on add; one new table version)."""
+    from evotrainer.skills_db.models import SkillError
+
+    try:
+        skills = load_skill_file(file)
+        ids = _store().add(skills, replace=replace)
+    except SkillError as exc:
+        _fail(str(exc))
+    typer.echo(f"added {len(ids)} skill(s): {', '.join(ids)}")
+
+
+@skills_app.command("history")
+def history_cmd(
+    table: Annotated[str, typer.Option("--table", help="skills | failed_cases | search_traces | version_summaries")] = "skills",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Versions of a memory table (every write is one); roll back with `skills restore VERSION`."""
+    from evotrainer.skills_db.models import SkillError
+
+    try:
+        versions = _store().history(table)
+    except SkillError as exc:
+        _fail(str(exc))
+    if as_json:
+        _print_json(versions)
+        return
+    for v in versions:
+        typer.echo(f"{v['version']:>5}  {v['timestamp']}  {v['rows']} rows")
+
+
+@skills_app.command("restore")
+def restore_cmd(
+    version: Annotated[int, typer.Argument(help="Version number from `evotrainer skills history`.")],
+    table: Annotated[str, typer.Option("--table", help="skills | failed_cases | search_traces | version_summaries")] = "skills",
+) -> None:
+    """Roll a memory table back to VERSION (written as a new version; nothing is lost)."""
+    from evotrainer.skills_db.models import SkillError
+
+    try:
+        new = _store().restore(version, table)
+    except SkillError as exc:
+        _fail(str(exc))
+    typer.echo(f"restored {table} to version {version} (now version {new})")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this subpackage's commands to the main evotrainer app."""
+    """Add ``evotrainer skills ...`` to the main app."""
+    app.add_typer(skills_app, name="skills")

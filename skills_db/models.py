@@ -114,11 +114,15 @@ class SkillHit(BaseModel):
     record: TrackRecord = Field(..., description="Track record summed over domains.")
 
     def summary(self) -> dict[str, Any]:
-        """The CLI / tool JSON object: id, kind, name, score, addresses, recipe_path (+ value, record)."""
-        s = self.skill
-        return {"id": s.id, "kind": s.kind, "name": s.name, "score": round(self.score, 6),
-                "addresses": list(s.addresses), "recipe_path": s.recipe_path, "value": s.value,
-                "track_record": self.record.model_dump()}
+        """The CLI ``--json`` object, exactly: id, kind, name, score, addresses, recipe_path."""
+        return skill_summary(self.skill, self.score)
+
+
+def skill_summary(skill: Skill, score: float | None = None) -> dict[str, Any]:
+    """JSON object of a skill for listings: exactly id, kind, name, score, addresses, recipe_path."""
+    return {"id": skill.id, "kind": skill.kind, "name": skill.name,
+            "score": None if score is None else round(float(score), 6),
+            "addresses": list(skill.addresses), "recipe_path": skill.recipe_path}
 
 
 class FailedCase(BaseModel):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
-from evotrainer.skills_db.embeddings import NDIMS, embedding_function
+from evotrainer.skills_db.embeddings import NDIMS, embed, embedding_function
 from evotrainer.skills_db.models import (
     FailedCase,
     SearchTrace,
@@ -133,6 +133,23 @@ def _from_row(row: dict[str, Any], table: str) -> Any:
     return model.model_validate({k: v for k, v in data.items() if v is not None or k == "value"})
 
 
+def _seed_rows() -> list[dict[str, Any]]:
+    """Rows of the seed library with their vectors; embedded once per process, then reused."""
+    from evotrainer.skills_db.seed import seed_skills
+
+    skills = seed_skills()
+    rows = [_to_row(s, SKILLS) for s in skills]
+    key = tuple(r["text"] for r in rows)
+    if _SEED_VECTORS.get("key") != key:
+        _SEED_VECTORS.update(key=key, vectors=embed(list(key)))
+    for r, v in zip(rows, _SEED_VECTORS["vectors"], strict=True):
+        r["vector"] = v
+    return rows
+
+
+_SEED_VECTORS: dict[str, Any] = {}
+
+
 class SkillStore:
     """Handle on the skills memory folder (see the module docstring).
 
@@ -160,7 +177,7 @@ class SkillStore:
         with self._lock:
             if name in self._tables:
                 return self._tables[name]
-            if name in self._db.table_names():
+            if name in self._db.list_tables().tables:
                 tbl = self._db.open_table(name)
             else:
                 tbl = self._create(name)
@@ -178,9 +195,7 @@ class SkillStore:
         tbl = self._db.create_table(name, schema=schema, embedding_functions=funcs, exist_ok=True)
         if tbl.count_rows() == 0:
             if name == SKILLS and self._seed:
-                from evotrainer.skills_db.seed import seed_skills
-
-                tbl.add([_to_row(s, SKILLS) for s in seed_skills()])
+                tbl.add(_seed_rows())
             if "text" in schema.names:
                 self._build_fts(tbl)
         return tbl
