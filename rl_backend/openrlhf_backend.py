@@ -381,7 +381,28 @@ def format_job(job: OpenRLHFJob) -> str:
     return "\n".join(lines)
 
 
+def dry_run(recipe: Recipe, run_dir: str | Path, *, steps: int = 8, version_id: str = "v0",
+            cluster: ClusterSpec | None = None) -> str:
+    """What ``evotrainer train RECIPE --backend openrlhf --dry-run`` prints: the job (input files written,
+    nothing submitted) and whether the installed OpenRLHF's own parser and checks accept it.
+
+    Raises:
+        OpenRLHFError: the recipe cannot be expressed, or the installed OpenRLHF rejects the command.
+    """
+    from evotrainer.rl_backend.openrlhf_runner import check_job
+
+    job = build_job(recipe, run_dir, version_id=version_id, steps=steps, cluster=cluster)
+    text = format_job(job)
+    installed = installed_openrlhf_version()
+    if installed is None:
+        return text + f"\n# not checked: openrlhf is not installed here (pip install --no-deps openrlhf=={PINNED_VERSION})"
+    if installed != job.openrlhf_version:
+        return text + f"\n# not checked: installed openrlhf {installed} is not the target {job.openrlhf_version}"
+    check_job(job)
+    return text + f"\n# checked: accepted by the installed OpenRLHF {installed} argument parser and checks"
+
+
 if __name__ == "__main__":  # pragma: no cover - convenience: python -m ... RECIPE
     from evotrainer.recipe import load_recipe
 
-    print(format_job(build_job(load_recipe(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "runs/openrlhf")))
+    print(dry_run(load_recipe(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "runs/openrlhf"))

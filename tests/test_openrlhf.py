@@ -345,3 +345,18 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
         assert (ev["avg@k"], ev["pass@k"], ev["k"], ev["n_problems"]) == (0.25, 0.5, 8, 20)
         with pytest.raises(OpenRLHFError, match="k=4"):
             backend.evaluate(ws, v.id, k=4)
+
+
+def test_dry_run_text(tmp_path):
+    from evotrainer.rl_backend.openrlhf_backend import dry_run
+
+    text = dry_run(Recipe(), tmp_path, steps=2, cluster=ClusterSpec(openrlhf_version="0.11.2"))
+    lines = text.splitlines()
+    assert lines[0] == "# OpenRLHF 0.11.2 (dotted flags), version v0, 2 steps"
+    assert lines[2] == f"cd {tmp_path.resolve() / 'openrlhf' / 'v0'}"
+    assert lines[3] == "python3 -m openrlhf.cli.train_ppo_ray \\"
+    assert "    --reward.remote_url reward_func.py \\" in lines
+    if installed_openrlhf_version() == "0.11.2":
+        assert lines[-1] == "# checked: accepted by the installed OpenRLHF 0.11.2 argument parser and checks"
+    else:
+        assert lines[-1].startswith("# not checked:")
