@@ -21,9 +21,7 @@ SERVER_CHOICES = ("training", "rollouts", "logs", "analyzers", "skills", "all")
 
 def fail(message: str) -> None:
     """Print one clear error line and exit 1 (SystemExit passes through click's standalone_mode=False)."""
-    from evotrainer.cli import err_console
-
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.stderr.write(f"error: {message}\n")  # plain write: rich would wrap the line at the terminal width
     raise SystemExit(1)
 
 
