@@ -29,7 +29,8 @@ Backends, picked automatically (override with ``EVOTRAINER_SANDBOX=docker|bwrap|
 * ``unsafe-local``: a plain subprocess with rlimits and a cleared environment; *no* isolation of
   the file system or network. Only with ``unsafe_local=True`` or ``EVOTRAINER_SANDBOX=unsafe-local``.
 
-In ``cmd``, ``"python"`` means the sandbox's Python (this venv under bwrap, the image's under
+The bwrap and unsafe-local backends live in :mod:`evotrainer.sandbox_bwrap`, Docker in
+:mod:`evotrainer.sandbox_docker`. In ``cmd``, ``"python"`` means the sandbox's Python (this venv under bwrap, the image's under
 Docker) and ``"{code}"`` is replaced by the path of ``code``.
 """
 
@@ -38,15 +39,11 @@ from __future__ import annotations
 import functools
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -204,30 +201,18 @@ def sandbox_info() -> dict:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _BASE_ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
              "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": "/tmp"}
-# Runs inside the sandbox (after the user namespace exists): forks; the child sets the rlimits
-# and execs the command; the parent, made non-dumpable so the program cannot reach its fds, waits
-# and writes "cpu_seconds max_rss_kb" of the program's tree to the report fd, then exits with the
-# program's status (128+N for signal N).
-_LAUNCHER = r"""
-import os,resource as r,sys
-a=sys.argv;fd=int(a[6])
-try:
- import ctypes;ctypes.CDLL(None).prctl(4,0)
-except Exception:pass
-pid=os.fork()
-if pid==0:
- os.close(fd)
- for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE'),a[1:6]):
-  v=int(v)
-  if v>=0:r.setrlimit(getattr(r,n),(v,v+1 if n=='RLIMIT_CPU' else v))
- try:os.execvp(a[7],a[7:])
- except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[7]!r}: {e}\n');os._exit(127)
-_,st,ru=os.wait4(pid,0)
-try:os.write(fd,f'{ru.ru_utime+ru.ru_stime} {ru.ru_maxrss}'.encode())
-except OSError:pass
-c=os.waitstatus_to_exitcode(st)
-os._exit(c if c>=0 else 128-c)
-"""
+
+
+class _Limits(BaseModel):
+    """The limits of one run, as the backends take them (bytes where noted)."""
+
+    timeout_s: float
+    cpu_s: int
+    memory_mb: int
+    max_file_mb: int
+    max_procs: int
+    disk_mb: int
+    max_output: int  # bytes per stream
 
 
 def run_in_sandbox(
@@ -305,203 +290,15 @@ def run_in_sandbox(
             return run_docker(_docker_client(), image, argv, inputs=inputs, workdir=workdir, code_file=code_file,
                               limits=limits, env={**_BASE_ENV, "HOME": WORK_DIR, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
                                                   "EVOTRAINER_SANDBOX_BACKEND": "docker", **env_extra})
+        from evotrainer.sandbox_bwrap import run_bwrap, run_unsafe_local
+
         if backend == "bwrap":
             argv = [sys.executable if a in ("python", "python3") and i == 0 else a for i, a in enumerate(cmd)]
             argv = [CODE_PATH if a == "{code}" else a for a in argv]
-            return _run_bwrap(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
-                              env_extra=env_extra, tmp=Path(tmp))
-        return _run_unsafe_local(cmd, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
-                                 env_extra=env_extra, tmp=Path(tmp))
-
-
-class _Limits(BaseModel):
-    timeout_s: float
-    cpu_s: int
-    memory_mb: int
-    max_file_mb: int
-    max_procs: int
-    disk_mb: int
-    max_output: int  # bytes per stream
-
-
-# --- bubblewrap --------------------------------------------------------------------------------
-def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
-                limits: _Limits, env: dict[str, str]) -> list[str]:
-    a = [_bwrap_status()[0], "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-         "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-         "--hostname", "sandbox", "--clearenv", "--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        p = Path(top)
-        if p.is_symlink():
-            a += ["--symlink", os.readlink(p), top]
-        elif p.is_dir():
-            a += ["--ro-bind", top, top]
-    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime"):
-        a += ["--ro-bind-try", etc, etc]
-    for prefix in sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
-                         | {sys.prefix}):
-        if not prefix.startswith("/usr/") and prefix != "/usr":
-            a += ["--ro-bind", prefix, prefix]
-    a += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp"]
-    if workdir is not None:
-        a += ["--bind", str(Path(workdir).resolve()), WORK_DIR]
-    else:
-        a += ["--size", str(limits.disk_mb << 20), "--tmpfs", WORK_DIR]
-    for name, src in sorted(inputs.items()):
-        a += ["--ro-bind", str(src.resolve()), f"{EVIDENCE_DIR}/{name}"]
-    if code_file is not None:
-        a += ["--ro-bind", str(code_file), CODE_PATH]
-    for k, v in env.items():
-        a += ["--setenv", k, v]
-    a += ["--chdir", WORK_DIR, "--remount-ro", "/", "--"]
-    nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0]
-    return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
-
-
-def _run_bwrap(argv: list[str], *, inputs, workdir, code_file, limits: _Limits, env_extra, tmp: Path) -> SandboxResult:
-    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    env = {**_BASE_ENV, "HOME": WORK_DIR, "PATH": path, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
-           "EVOTRAINER_SANDBOX_BACKEND": "bwrap", **env_extra}
-    full = _bwrap_argv(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env)
-    cgroup = _make_pids_cgroup(limits.max_procs) if os.geteuid() == 0 else None
-    if cgroup is not None:  # enter the cgroup before bwrap forks anything, then become bwrap
-        full = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *full]
-    try:
-        result = _supervise(full, limits, backend="bwrap", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                            cwd=tmp)
-        if cgroup is not None and _cgroup_forks_refused(cgroup) and result.limit_hit in (None, "timeout"):
-            result.limit_hit = "procs"
-        return result
-    finally:
-        if cgroup is not None:
-            _remove_cgroup(cgroup)
-
-
-def _make_pids_cgroup(max_procs: int) -> Path:
-    root, kind = _pids_cgroup_root()
-    parent = root / "evotrainer-sandbox"
-    if not parent.exists():
-        parent.mkdir(exist_ok=True)
-        if kind == "v2":
-            (root / "cgroup.subtree_control").write_text("+pids")
-            (parent / "cgroup.subtree_control").write_text("+pids")
-    cg = parent / uuid.uuid4().hex[:12]
-    cg.mkdir()
-    (cg / "pids.max").write_text(str(max_procs + 2))  # + the sh/bwrap supervisor and bwrap's init
-    return cg
-
-
-def _cgroup_forks_refused(cg: Path) -> bool:
-    try:
-        for line in (cg / "pids.events").read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if k == "max" and int(v) > 0:
-                return True
-    except OSError:
-        pass
-    return False
-
-
-def _remove_cgroup(cg: Path) -> None:
-    """Kill whatever is left in the cgroup (nothing, normally: the pid namespace died) and remove it."""
-    for _ in range(100):
-        try:
-            pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    try:
-        cg.rmdir()
-    except OSError:
-        pass
-
-
-# --- supervision: wall clock, output caps, resource use ------------------------------------------
-def _supervise(argv: list[str], limits: _Limits, *, backend: str, env: dict[str, str], cwd: Path) -> SandboxResult:
-    """Start ``argv`` in its own process group, enforce the wall clock and output caps, reap it."""
-    report_r, report_w = os.pipe()  # the launcher reports the program's CPU time and peak RSS here
-    argv = [str(report_w) if a == "{report_fd}" else a for a in argv]
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=cwd, start_new_session=True, close_fds=True, bufsize=0,
-                                pass_fds=(report_w,))
-    finally:
-        os.close(report_w)
-    over = threading.Event()
-    bufs: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-    truncated = {"stdout": False, "stderr": False}
-
-    def pump(name: str, stream) -> None:
-        buf = bufs[name]
-        while chunk := stream.read(65536):
-            room = limits.max_output - len(buf)
-            buf += chunk[:max(room, 0)]
-            if len(chunk) > room:
-                truncated[name] = True
-                over.set()
-        stream.close()
-
-    threads = [threading.Thread(target=pump, args=(n, s), daemon=True)
-               for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))]
-    for t in threads:
-        t.start()
-    pidfd = os.pidfd_open(proc.pid)
-    killed_for: LimitHit | None = None
-    try:
-        while True:
-            left = limits.timeout_s - (time.monotonic() - t0)
-            if select.select([pidfd], [], [], max(0.0, min(left, 0.05)))[0]:
-                break
-            if over.is_set():
-                killed_for = "output"
-            elif time.monotonic() - t0 >= limits.timeout_s:
-                killed_for = "timeout"
-            if killed_for:
-                _killpg(proc.pid)
-                break
-        _, status, ru = os.wait4(proc.pid, 0)
-    finally:
-        os.close(pidfd)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    for t in threads:
-        t.join(timeout=5)
-    wall = time.monotonic() - t0
-    stdout = bufs["stdout"].decode(errors="replace")
-    stderr = bufs["stderr"].decode(errors="replace")
-    cpu, rss_kb = _read_report(report_r, ru)
-    limit = killed_for or _infer_limit(proc.returncode, stderr, cpu, limits)
-    return SandboxResult(exit_code=proc.returncode, stdout=stdout, stderr=stderr, limit_hit=limit,
-                         backend=backend, wall_s=round(wall, 4), cpu_s=round(cpu, 4),
-                         max_rss_mb=round(rss_kb / 1024, 2), stdout_truncated=truncated["stdout"],
-                         stderr_truncated=truncated["stderr"])
-
-
-def _read_report(fd: int, ru) -> tuple[float, float]:
-    """(CPU seconds, peak RSS KiB) from the launcher's report; the supervisor's rusage if none came."""
-    os.set_blocking(fd, False)
-    try:
-        data = os.read(fd, 256).decode(errors="replace").split()
-        return float(data[0]), float(data[1])
-    except (OSError, ValueError, IndexError):
-        return ru.ru_utime + ru.ru_stime, float(ru.ru_maxrss)
-    finally:
-        os.close(fd)
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+            return run_bwrap(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
+                             env_extra=env_extra, tmp=Path(tmp))
+        return run_unsafe_local(cmd, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
+                                env_extra=env_extra, tmp=Path(tmp))
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -509,6 +306,7 @@ _FILE_MARKERS = ("File too large", "No space left on device", "Errno 27", "Errno
 
 
 def _infer_limit(exit_code: int, stderr: str, cpu: float, limits: _Limits) -> LimitHit | None:
+    """The rlimit behind a non-zero exit: the signal it sends, else the error it makes the program print."""
     if exit_code == 0:
         return None
     if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU) or (exit_code in (137, -9) and cpu >= limits.cpu_s):
@@ -523,23 +321,3 @@ def _infer_limit(exit_code: int, stderr: str, cpu: float, limits: _Limits) -> Li
     if "Resource temporarily unavailable" in tail or "BlockingIOError" in tail:
         return "procs"
     return None
-
-
-# --- unsafe local (explicit opt-in only) ----------------------------------------------------------
-def _run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: _Limits, env_extra,
-                      tmp: Path) -> SandboxResult:
-    """No isolation: a subprocess with rlimits (no NPROC) and a cleared environment, in a temp dir."""
-    evidence = tmp / "evidence"
-    evidence.mkdir()
-    for name, src in inputs.items():
-        (evidence / name).symlink_to(src.resolve())
-    work = Path(workdir).resolve() if workdir is not None else tmp / "work"
-    work.mkdir(exist_ok=True)
-    argv = [sys.executable if a in ("python", "python3") and i == 0 else a for i, a in enumerate(cmd)]
-    argv = [str(code_file) if a == "{code}" else a for a in argv]
-    env = {**_BASE_ENV, "HOME": str(work), "TMPDIR": str(work), "EVOTRAINER_EVIDENCE": str(evidence),
-           "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-           "EVOTRAINER_SANDBOX_BACKEND": "unsafe-local", **env_extra}
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0]
-    full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
-    return _supervise(full, limits, backend="unsafe-local", env=env, cwd=work)

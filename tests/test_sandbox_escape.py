@@ -192,7 +192,7 @@ def test_07_fork_bomb_is_contained():
                 time.sleep(0.05)
     """, timeout_s=3, max_procs=16, env={"ESCAPE_MARKER": marker})
     assert r.limit_hit == "procs", r
-    assert r.wall_s < 6
+    assert r.wall_s < 15  # 3 s limit; generous for a loaded machine
     time.sleep(0.2)
     assert stray_processes(marker) == []  # host: every forked process is gone
     after = len([p for p in os.listdir("/proc") if p.isdigit()])
@@ -234,6 +234,12 @@ def test_10_fill_the_disk_with_many_files_hits_the_disk_cap():
     """, max_file_mb=8, disk_mb=32, timeout_s=20)
     assert r.limit_hit == "file_size" and "No space left on device" in r.stderr, r
     assert shutil.disk_usage("/tmp").free > free_before - (64 << 20)
+    for where in ("/tmp", "/dev/shm"):  # the other writable places are capped too (RAM-backed tmpfs)
+        r = run(f"""
+            for i in range(1000):
+                open(f"{where}/f{{i}}", "wb").write(b"x" * (4 << 20))
+        """, max_file_mb=8, disk_mb=32, timeout_s=20)
+        assert r.limit_hit == "file_size" and "No space left on device" in r.stderr, (where, r)
 
 
 def test_11_sleep_forever_is_killed_with_its_whole_tree():
@@ -250,7 +256,7 @@ def test_11_sleep_forever_is_killed_with_its_whole_tree():
         time.sleep(1000)
     """, timeout_s=2, env={"ESCAPE_MARKER": marker})
     assert r.limit_hit == "timeout" and "started" in r.stdout, r
-    assert 1.9 < r.wall_s < 6
+    assert 1.9 < r.wall_s < 15
     time.sleep(0.2)
     assert stray_processes(marker) == []  # host: no sleeper, no daemon survived
 
@@ -260,14 +266,15 @@ def test_12_cannot_kill_the_parent():
     try:
         r = run(f"""
             import os, signal
-            for pid in ({os.getpid()}, os.getppid(), 1, {bystander.pid}):
+            # host pids first; then the sandbox's own parents (killing those may end this run early)
+            for pid in ({os.getpid()}, {bystander.pid}, os.getppid(), 1):
                 try:
-                    os.kill(pid, signal.SIGKILL); print("sent", pid)
+                    os.kill(pid, signal.SIGKILL); print("sent", pid, flush=True)
                 except OSError as e:
-                    print("failed", pid, type(e).__name__)
-            print("done", flush=True)
+                    print("failed", pid, type(e).__name__, flush=True)
         """)
-        assert "done" in r.stdout, r
+        assert f"failed {os.getpid()} ProcessLookupError" in r.stdout, r  # our pid does not exist in there
+        assert f"failed {bystander.pid} ProcessLookupError" in r.stdout
         assert bystander.poll() is None  # host: the parent (us) and its child are alive
     finally:
         bystander.kill()
@@ -418,7 +425,7 @@ def test_19_no_inherited_file_descriptors(tmp_path):
 
 
 def test_20_cpu_burner_and_output_flood_are_stopped():
-    r = run("while True: pass", cpu_s=1, timeout_s=10)
+    r = run("while True: pass", cpu_s=1, timeout_s=30)
     assert r.limit_hit == "cpu" and r.cpu_s is not None and 0.8 < r.cpu_s < 2.5, r
     r = run("while True: print('y' * 1000)", max_output_kb=64, timeout_s=10)
     assert r.limit_hit == "output" and r.stdout_truncated and len(r.stdout) == 64 * 1024, r
