@@ -10,7 +10,7 @@ import pytest
 from evotrainer.agents.claude import BrainError, ClaudeBrain, price_of
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
-from fake_anthropic import FakeAnthropic, last_tool_results, tool_use, turn
+from fake_anthropic import FakeAnthropic, last_tool_results, submit_tool, tool_use, turn
 
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
@@ -127,3 +127,72 @@ def test_prices():
     assert price_of("claude-sonnet-4-5") == (3.0, 15.0)
     assert price_of("claude-opus-4-5-20251101") == (5.0, 25.0)
     assert price_of("claude-haiku-4-5") == (1.0, 5.0)
+
+
+def test_full_cycle_diagnose_propose_rank_decide_through_real_servers(toolbox, tmp_path):
+    """Claude (scripted by the fake API) drives diagnose -> propose -> rank -> decide on a real run via MCP."""
+    from evotrainer.agents.backtester import Backtester
+    from evotrainer.agents.diagnostician import Diagnostician
+    from evotrainer.agents.intervener import Intervener
+    from evotrainer.agents.orchestrator import Orchestrator
+    from evotrainer.config import RunConfig
+
+    def policy(body):
+        sub, t = submit_tool(body), turn(body)
+        if sub == "submit_diagnosis":
+            if t == 0:
+                return [tool_use("run_analyzer", {"version_ids": ["v0"]})]
+            res = last_tool_results(body)[0]["content"]
+            return [tool_use("submit_diagnosis", {
+                "version_id": "v0", "findings": res["findings"] + [
+                    {"kind": "truncation", "severity": "warn", "evidence": ["completions/clipped_ratio"],
+                     "explanation": "read from the logs: 70% of completions end at the 64-token cap"}],
+                "summary": f"{len(res['analyzers'])} analyzers ran; completions are cut at the cap"})]
+        if sub == "submit_proposal":
+            if t == 0:
+                return [tool_use("search_skills", {"query": "completions truncated at max length",
+                                                   "finding_kinds": ["truncation"], "limit": 3})]
+            return [tool_use("submit_proposal", {"parent_id": "v0", "candidates": [
+                {"path": "generate_max_len", "new": 128, "addresses": ["truncation"], "hypothesis": "cut answers",
+                 "expected_metric": "completions/clipped_ratio", "expected_direction": "down"},
+                {"path": "generate_max_len", "new": 64, "hypothesis": "a no-op: must be dropped"},
+                {"path": "no_such_field", "new": 1, "hypothesis": "invalid: must be dropped"}]})]
+        if sub == "submit_ranking":
+            if t == 0:  # no rollouts stored yet: the backtest tool answers with an error the model sees
+                return [tool_use("replay_filter", {"version_id": "v0", "path": "dynamic_filtering", "value": True})]
+            return [tool_use("submit_ranking", {"scores": [{"index": 0, "score": 1.0, "method": "prior"}],
+                                                "chosen": [0, 7]})]
+        if sub == "submit_verdict":
+            if t == 0:
+                return [tool_use("gate_version", {"version_id": "v0"})]
+            gate = last_tool_results(body)[0]["content"]
+            return [tool_use("submit_verdict", {"version_id": "v0", "action": "keep" if gate["promote"] else "prune",
+                                                "rationale": f"gate: {gate['reason']}", "evidence": gate["evidence"]})]
+        raise AssertionError(sub)
+
+    with FakeAnthropic(policy) as fake:
+        brain = ClaudeBrain(api_key="k", base_url=fake.url)
+        diag = Diagnostician(brain, toolbox).diagnose("v0", {"parent_id": None})
+        assert "truncation" in diag.kinds()
+        prop = Intervener(brain, toolbox).propose("v0", Recipe(model={"name_or_path": "tiny-random"}), diag, set(), {})
+        assert [c.key() for c in prop.candidates] == ["generate_max_len=128"]  # no-op and bad path dropped
+        bt = Backtester(brain, toolbox)
+        rank = bt.rank("v0", prop, diag, n_choose=2)
+        assert rank.chosen == [0]  # out-of-range index 7 dropped
+        gate = bt.gate("v0")
+        verdict = bt.decide("v0", gate, diag)
+        assert verdict.action == "keep" and "root version" in verdict.rationale
+        ws = Workspace.open(tmp_path / "run")
+        orch = Orchestrator(RunConfig(), toolbox, ws, brain)
+        orch.record_decision(verdict, "orchestrator/claude")
+        child = orch._branch("v0", prop.candidates[0])
+    # The decision and the child landed in the lineage through the MCP tools.
+    d = ws.lineage.decisions("v0")
+    assert [x.action for x in d] == ["keep"] and d[0].author == "orchestrator/claude"
+    assert ws.lineage.get(child).interventions[0].describe() == "generate_max_len: 64 -> 128"
+    assert orch._branch("v0", prop.candidates[0]) == child  # find-or-create: no duplicate child
+    # The model saw the backtest tool's error (no stored rollouts) as an is_error tool_result.
+    rank_reqs = [r for r in fake.requests if submit_tool(r) == "submit_ranking"]
+    assert last_tool_results(rank_reqs[1])[0]["is_error"]
+    assert brain.usage["calls"] == 4 and brain.usage["fallbacks"] == 0
+    ws.close()
