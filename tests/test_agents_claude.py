@@ -135,6 +135,7 @@ def test_full_cycle_diagnose_propose_rank_decide_through_real_servers(toolbox, t
     from evotrainer.agents.diagnostician import Diagnostician
     from evotrainer.agents.intervener import Intervener
     from evotrainer.agents.orchestrator import Orchestrator
+
     from evotrainer.config import RunConfig
 
     def policy(body):
