@@ -445,3 +445,49 @@ def test_21_no_host_devices_or_sysfs():
     devs = eval(r.stdout.split("dev ", 1)[1].splitlines()[0])
     assert set(devs) <= {"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm",
                          "stderr", "stdin", "stdout", "tty", "urandom", "zero"}
+
+
+def test_22_fork_limit_also_holds_for_a_non_root_caller():
+    """The other path: as a normal user there is no cgroup; RLIMIT_NPROC inside the user namespace holds."""
+    import sys
+    import sysconfig
+
+    if os.geteuid() != 0:
+        pytest.skip("already running as a normal user: every other test here exercises this path")
+    system_py = Path("/usr/bin/python3")
+    if not shutil.which("setpriv") or not system_py.exists():
+        pytest.skip("needs setpriv and /usr/bin/python3 to act as uid 65534 (this venv's Python lives under /root)")
+    ver = subprocess.run([system_py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if ver.stdout.strip() != str(sys.version_info[:2]):
+        pytest.skip(f"/usr/bin/python3 is {ver.stdout.strip()}, not {sys.version_info[:2]}: cannot load this venv")
+    marker = uuid.uuid4().hex
+    script = textwrap.dedent(f"""
+        import site
+        site.addsitedir({sysconfig.get_paths()["purelib"]!r})
+        from evotrainer.sandbox import run_in_sandbox, sandbox_info
+        print(sandbox_info()["process_limit"])
+        r = run_in_sandbox(code='''
+        import os, time
+        n = 0
+        for i in range(200):
+            try:
+                if os.fork() == 0:
+                    time.sleep(30); os._exit(0)
+                n += 1
+            except OSError:
+                break
+        print("forked", n, os.getuid())
+        ''', max_procs=16, timeout_s=20, env={{"ESCAPE_MARKER": "{marker}"}})
+        print(r.stdout, r.backend)
+    """)
+    p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", str(system_py), "-c",
+                        script], capture_output=True, text=True, timeout=120, cwd="/tmp",
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.split()
+    assert "RLIMIT_NPROC in a user namespace" in p.stdout and "bwrap" in lines
+    forked = int(lines[lines.index("forked") + 1])
+    # 16 processes: bwrap's init, the launcher and the program take 3, so at most 13 children
+    assert 0 < forked <= 13 and "65534" in lines, p.stdout
+    time.sleep(0.2)
+    assert stray_processes(marker) == []  # the 30 s sleepers died with the sandbox
