@@ -7,7 +7,8 @@ pids cgroup limits, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp`` and (
 ``workdir``) tmpfs ``/sandbox/work``, inputs bound read-only at ``/evidence/<name>``. The wall clock
 is enforced by ``container.wait(timeout=...)`` and a kill; the container is always removed.
 
-Not exercised on the development machine (it has no Docker daemon); the bwrap backend is.
+Tested against a fake Engine API on 127.0.0.1 (tests/test_sandbox.py: the container config sent, the
+wall-clock kill, the removal); the development machine has no Docker daemon, so never against a real one.
 """
 
 from __future__ import annotations

@@ -199,3 +199,124 @@ def test_cli_info_and_run(tmp_path, backend):
     assert res.exit_code == 1 and json.loads(res.stdout)["limit_hit"] == "timeout"
     res = cli.invoke(app, ["sandbox", "run", str(tmp_path / "nope.py")])
     assert res.exit_code == 1 and "nope.py: no such file" in res.output
+
+
+# --- Docker backend against a fake Engine API on 127.0.0.1 (no daemon here) -------------------------
+class FakeDocker:
+    """A minimal Docker Engine API: records the container config, 'runs' it as ``exit_code`` + output."""
+
+    def __init__(self, stdout: bytes = b"", stderr: bytes = b"", exit_code: int = 0, wait_s: float = 0.0):
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, dict]] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, body=None, raw: bytes | None = None):
+                data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json" if raw is None else "application/vnd.docker.raw-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self, method: str):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
+                path = re.sub(r"^/v[\d.]+", "", self.path)
+                fake.requests.append((method, path, body))
+                inspect = {"Id": "c1", "Config": {"Tty": False}, "State": {"OOMKilled": False, "ExitCode": exit_code},
+                           "HostConfig": {"LogConfig": {"Type": "json-file"}}}
+                if path == "/_ping":
+                    return self._send(200, raw=b"OK")
+                if path.startswith("/images/"):
+                    return self._send(200, {"Id": "sha256:fake"})
+                if path.startswith("/containers/create"):
+                    return self._send(201, {"Id": "c1", "Warnings": []})
+                if path.endswith("/start") or path.endswith("/kill"):
+                    return self._send(204)
+                if path.endswith("/wait"):
+                    import time as _t
+
+                    _t.sleep(wait_s)
+                    return self._send(200, {"StatusCode": exit_code})
+                if "/logs" in path:
+                    want = stdout if "stdout=1" in path else stderr
+                    frame = (bytes([1 if "stdout=1" in path else 2, 0, 0, 0]) + len(want).to_bytes(4, "big") + want
+                             if want else b"")
+                    return self._send(200, raw=frame)
+                if path.endswith("/json"):
+                    return self._send(200, inspect)
+                if method == "DELETE":
+                    return self._send(204)
+                return self._send(404, {"message": f"fake docker: no route {method} {path}"})
+
+            def do_GET(self):
+                self._route("GET")
+
+            def do_POST(self):
+                self._route("POST")
+
+            def do_DELETE(self):
+                self._route("DELETE")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"tcp://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _fake_client(monkeypatch, fake: FakeDocker):
+    import docker
+
+    client = docker.DockerClient(base_url=fake.url, version="1.43", timeout=10)
+    monkeypatch.setattr(sandbox, "_docker_client", lambda: client)
+    monkeypatch.delenv(sandbox.SANDBOX_ENV, raising=False)
+    return client
+
+
+def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
+    fake = FakeDocker(stdout=b"42\n", stderr=b"warn\n", exit_code=0)
+    try:
+        _fake_client(monkeypatch, fake)
+        (tmp_path / "m.csv").write_text("x")
+        r = run_in_sandbox(code="print(42)", inputs={"m.csv": tmp_path / "m.csv"}, memory_mb=512, max_procs=32,
+                           max_file_mb=8, cpu_s=5, env={"K": "v"}, image="analyzer")
+    finally:
+        fake.close()
+    assert r.backend == "docker" and r.exit_code == 0 and r.stdout == "42\n" and r.stderr == "warn\n"
+    assert r.limit_hit is None and r.cpu_s is None
+    (create,) = [b for m, p, b in fake.requests if p.startswith("/containers/create")]
+    hc = create["HostConfig"]
+    assert create["Image"] == "evotrainer-sandbox-analyzer:latest" and create["User"] == "65534:65534"
+    assert create["Cmd"] == ["python", "/sandbox/main.py"] and create["WorkingDir"] == "/sandbox/work"
+    assert "K=v" in create["Env"] and not any(e.startswith("ANTHROPIC") for e in create["Env"])
+    assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"] and hc["ReadonlyRootfs"] is True
+    assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32
+    assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == 512 << 20  # no swap beyond the limit
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
+        "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
+    assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
+    assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
+    assert set(hc["Tmpfs"]) == {"/tmp", "/sandbox/work"}
+    assert ("DELETE", "/containers/c1?v=False&link=False&force=True") in [(m, p) for m, p, _ in fake.requests]
+
+
+def test_docker_backend_kills_at_the_wall_clock(monkeypatch):
+    fake = FakeDocker(exit_code=0, wait_s=3.0)
+    try:
+        _fake_client(monkeypatch, fake)
+        r = run_in_sandbox(code="import time; time.sleep(60)", timeout_s=1)
+    finally:
+        fake.close()
+    assert r.limit_hit == "timeout" and r.exit_code == -9 and 0.9 < r.wall_s < 3
+    assert any(p.endswith("/kill") for _, p, _ in fake.requests)
+    assert any(m == "DELETE" for m, _, _ in fake.requests)  # removed even after a kill
