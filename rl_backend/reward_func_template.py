@@ -12,7 +12,8 @@ Per sample:
 
 - ``queries[i]`` is the decoded prompt + completion (special tokens kept) and ``prompts[i]`` the
   templated prompt, so the completion is ``queries[i][len(prompts[i]):]`` minus trailing EOS / pad
-  tokens.
+  tokens (when the decode does not reproduce the prompt exactly, the text after the last
+  occurrence of the prompt's longest tail found, of 64 down to 8 characters).
 - ``labels[i]`` is the JSON label EvoTrainer wrote into the prompt dataset:
   ``{"id", "answer", "meta"}`` (the :class:`~evotrainer.rl_backend.tasks.Problem`).
 - the completion length in tokens comes from the policy's tokenizer (loaded once from
@@ -49,7 +50,15 @@ def _load_tokenizer(name: str | None):
 
 def split_completion(query: str, prompt: str, eos_tokens: tuple[str, ...] = ()) -> tuple[str, bool]:
     """``(completion, ended_by_eos)`` from OpenRLHF's decoded query and templated prompt."""
-    text = query[len(prompt):] if query.startswith(prompt) else query
+    if query.startswith(prompt):
+        text = query[len(prompt):]
+    else:  # the decode did not reproduce the prompt exactly: cut after the longest prompt tail found
+        text = query
+        for n in (64, 32, 16, 8):
+            tail = prompt[-n:]
+            if len(prompt) >= n and tail in query:
+                text = query[query.rfind(tail) + n:]
+                break
     ended = False
     while True:
         stripped = text.rstrip()

@@ -360,3 +360,79 @@ def test_dry_run_text(tmp_path):
         assert lines[-1] == "# checked: accepted by the installed OpenRLHF 0.11.2 argument parser and checks"
     else:
         assert lines[-1].startswith("# not checked:")
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+EXECUTOR_RUN = '''
+"""OpenRLHF 0.11.2's own SingleTurnAgentExecutor loads the reward file and scores one generated sample.
+openrlhf/__init__ and openrlhf/utils/__init__ import GPU libraries, so both are registered as bare
+packages; aiohttp (used only by its HTTP reward path) is an empty module; the engine stands in for vLLM."""
+import asyncio, importlib.util, json, sys, types
+from types import SimpleNamespace as NS
+root = list(importlib.util.find_spec("openrlhf").submodule_search_locations)[0]
+for name, path in (("openrlhf", root), ("openrlhf.utils", root + "/utils")):
+    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m
+sys.modules.setdefault("aiohttp", types.ModuleType("aiohttp"))
+from openrlhf.utils.agent import SingleTurnAgentExecutor
+from transformers import AutoTokenizer
+
+tok_dir, reward_file, row_json, completion, reason = sys.argv[1:6]
+row = json.loads(row_json)
+tok = AutoTokenizer.from_pretrained(tok_dir)
+prompt = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+ids = tok(completion, add_special_tokens=False)["input_ids"]
+
+class Engine:
+    async def generate(self, prompt_ids, params, multi_modal_data=None):
+        return NS(outputs=[NS(token_ids=ids, finish_reason=reason, logprobs=None)])
+
+ex = SingleTurnAgentExecutor(remote_rm_url=reward_file)
+out = asyncio.run(ex.execute(prompt, row["label"], NS(max_tokens=32, logprobs=None), 256, tok, Engine()))
+print(json.dumps({"reward": float(out["reward"]), "scores": float(out["scores"]),
+                  "extra": {k: float(v) for k, v in out["extra_logs"].items()}}))
+'''
+
+
+def _bpe_tokenizer_dir(tmp_path: Path, corpus: list[str]) -> str:
+    """A tiny byte-level BPE tokenizer (exact decode round trip, ChatML template) trained on ``corpus``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(tmp_path / "bpe")
+    return str(tmp_path / "bpe")
+
+
+def test_openrlhf_executor_scores_with_our_reward_file(tmp_path):
+    if installed_openrlhf_version() != "0.11.2":
+        pytest.skip("needs openrlhf 0.11.2 installed (pip install --no-deps openrlhf==0.11.2)")
+    r = set_path(set_path(Recipe(), "reward.format_token.weight", 0.5), "reward.format.weight", 0.25)
+    rows_job = build_job(r, tmp_path, version_id="v1", steps=1)
+    rows = [json.loads(x) for x in Path(rows_job.files["train"]).read_text().splitlines()]
+    tok_dir = _bpe_tokenizer_dir(tmp_path, [x["prompt"][-1]["content"] for x in rows] + ["Answer: 0123456789"])
+    job = build_job(r, tmp_path, version_id="v1", steps=1, model_path=tok_dir)
+    row = json.loads(Path(job.files["train"]).read_text().splitlines()[0])
+    answer = json.loads(row["label"])["answer"]
+    (tmp_path / "run.py").write_text(EXECUTOR_RUN)
+
+    def score(completion: str, reason: str = "stop") -> dict:
+        p = subprocess.run([sys.executable, str(tmp_path / "run.py"), tok_dir, job.files["reward"], json.dumps(row),
+                            completion, reason], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    right = score(f"{answer}<|im_end|>")
+    # correctness 1, format (just the number) 1 x 0.25, no "Answer:" token: 1 + 0.25 = 1.25
+    assert right == {"reward": 1.25, "scores": 1.0,
+                     "extra": {"correctness": 1.0, "format": 1.0, "format_token": 0.0, "correct": 1.0}}
+    leaky = score(f"Answer: {int(answer) + 1}<|im_end|>")
+    # wrong, not just a number, pays the leaky token: 0 + 0 + 0.5 = 0.5
+    assert leaky["reward"] == 0.5 and leaky["scores"] == 0.0 and leaky["extra"]["format_token"] == 1.0
