@@ -222,7 +222,8 @@ class Orchestrator(LoopBase):
         self.process_child(root, parent_id=None, round_no=0)
         r = int(self.lineage.kv_get("loop/round", 1))
         while True:
-            if self.n_versions() >= self.config.budget.max_versions or self.out_of_time():
+            in_progress = self.done(f"r{r}/parent") and not self.done(f"r{r}/done")
+            if not in_progress and (self.n_versions() >= self.config.budget.max_versions or self.out_of_time()):
                 break
             if not self.round(r):
                 self.log(f"round {r}: no untried intervention left; stopping")
@@ -245,6 +246,7 @@ class Orchestrator(LoopBase):
         proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
             parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
         if not proposal.candidates:
+            self.stage(f"r{r}/done", lambda: True)
             return False
         room = max(0, budget.max_versions - self.n_versions())
         n_choose = min(budget.branches_per_round, room)
@@ -259,6 +261,7 @@ class Orchestrator(LoopBase):
         if merged:
             self.process_child(merged, parent_id=parent, round_no=r)
         self.stage(f"r{r}/evolve", lambda: self._evolve(r, [*children, *([merged] if merged else [])]))
+        self.stage(f"r{r}/done", lambda: True)
         return True
 
     def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
@@ -309,26 +312,7 @@ class Orchestrator(LoopBase):
     def _record_round(self, r: int, parent: str, diag: Diagnosis, proposal: Proposal, ranking: Ranking,
                       children: list[str]) -> dict[str, Any]:
         """Skill outcomes, failed cases and the search trace, in memory (skills tools)."""
-        outcomes = []
-        for vid in children:
-            v = self.lineage.get(vid)
-            iv = v.interventions[0]
-            kept = v.status == "kept"
-            gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
-            outcomes.append({"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain})
-            skill_id = iv.source.split(":", 1)[1] if iv.source.startswith("skill:") else None
-            domain = _domain(v.recipe.data.task)
-            if skill_id:
-                hurt = not kept and (v.status == "failed" or (isinstance(gain, (int, float)) and gain < 0)
-                                     or bool((self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("blocking")))
-                self._call_opt("record_skill_outcome", {"skill_id": skill_id, "domain": domain,
-                                                        "outcome": "helped" if kept else "hurt" if hurt else "neutral"})
-            if not kept:
-                diag_v = self.lineage.kv_get(f"loop/diagnose/{vid}") or {}
-                self._call_opt("add_failed_case", {
-                    "version_id": vid, "outcome": f"{v.status} (held-out gain {gain})", "intervention": iv.describe(),
-                    "findings": sorted({f["kind"] for f in diag_v.get("findings", []) if f.get("severity") != "info"}),
-                    "skill_id": skill_id, "domain": domain, "evidence_summary": self._rationale(vid)[:1000]})
+        outcomes = [self.stage(f"memory/{vid}", lambda vid=vid: self._record_child(parent, vid)) for vid in children]
         trace = {"round": r, "parent": parent, "findings": diag.kinds(),
                  "candidates": [c.key() for c in proposal.candidates], "scores": [s.score for s in ranking.scores],
                  "chosen": [proposal.candidates[i].key() for i in ranking.chosen], "outcomes": outcomes}
@@ -341,6 +325,27 @@ class Orchestrator(LoopBase):
                 f"{o['version_id']} {o['change']} {o['status']}" for o in outcomes))[:2000],
             "filters": {"finding_kinds": diag.kinds()}})
         return trace
+
+    def _record_child(self, parent: str, vid: str) -> dict[str, Any]:
+        """One child's outcome in memory: the skill's track record, and a failed case when not kept."""
+        v = self.lineage.get(vid)
+        iv = v.interventions[0]
+        kept = v.status == "kept"
+        gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
+        skill_id = iv.source.split(":", 1)[1] if iv.source.startswith("skill:") else None
+        domain = _domain(v.recipe.data.task)
+        if skill_id:
+            hurt = not kept and (v.status == "failed" or (isinstance(gain, (int, float)) and gain < 0)
+                                 or bool((self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("blocking")))
+            self._call_opt("record_skill_outcome", {"skill_id": skill_id, "domain": domain,
+                                                    "outcome": "helped" if kept else "hurt" if hurt else "neutral"})
+        if not kept:
+            diag_v = self.lineage.kv_get(f"loop/diagnose/{vid}") or {}
+            self._call_opt("add_failed_case", {
+                "version_id": vid, "outcome": f"{v.status} (held-out gain {gain})", "intervention": iv.describe(),
+                "findings": sorted({f["kind"] for f in diag_v.get("findings", []) if f.get("severity") != "info"}),
+                "skill_id": skill_id, "domain": domain, "evidence_summary": self._rationale(vid)[:1000]})
+        return {"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain}
 
     def _rationale(self, vid: str) -> str:
         ds = self.lineage.decisions(vid)
