@@ -76,7 +76,8 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         tag, argv, detach=True, network_mode="none", user=f"{SANDBOX_UID}:{SANDBOX_UID}", cap_drop=["ALL"],
         security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs, volumes=volumes,
         mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.max_procs,
-        ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False)
+        ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False,
+        init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     killed = None
     try:
         try:

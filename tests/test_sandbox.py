@@ -300,7 +300,7 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
     assert create["Cmd"] == ["python", "/sandbox/main.py"] and create["WorkingDir"] == "/sandbox/work"
     assert "K=v" in create["Env"] and not any(e.startswith("ANTHROPIC") for e in create["Env"])
     assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"] and hc["ReadonlyRootfs"] is True
-    assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32
+    assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32 and hc["Init"] is True
     assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == 512 << 20  # no swap beyond the limit
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
         "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
