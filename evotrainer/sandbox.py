@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -243,6 +244,10 @@ def run_in_sandbox(
     killed; ``env`` extra variables (the rest of the environment is cleared); ``image`` the Docker
     image (analyzer | code-runner | swe-runner; ignored by bwrap).
 
+    A caller's ``workdir`` gets its setuid/setgid bits stripped after the run (see
+    :func:`strip_setid_bits`); keep it unreadable to other host users while the run lasts, and do
+    not follow symlinks the sandbox may have planted in it when reading it back.
+
     Raises :class:`SandboxError` on bad arguments (the message names the field) and
     :class:`SandboxUnavailable` when no isolating backend exists and ``unsafe_local`` is False.
     """
@@ -277,6 +282,15 @@ def run_in_sandbox(
     limits = _Limits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
                      memory_mb=int(memory_mb), max_file_mb=int(max_file_mb), max_procs=int(max_procs),
                      disk_mb=int(disk_mb), max_output=int(max_output_kb) * 1024)
+    try:
+        return _dispatch(backend, cmd, code, inputs, workdir, limits, env_extra, image)
+    finally:
+        if workdir is not None:
+            strip_setid_bits(Path(workdir))
+
+
+def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,
+              limits: _Limits, env_extra: dict[str, str], image: str) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="evotrainer-sandbox-") as tmp:
         code_file = None
         if code is not None:
@@ -299,6 +313,26 @@ def run_in_sandbox(
                              env_extra=env_extra, tmp=Path(tmp))
         return run_unsafe_local(cmd, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
                                 env_extra=env_extra, tmp=Path(tmp))
+
+
+def strip_setid_bits(root: Path) -> int:
+    """Clear setuid/setgid bits on regular files under ``root`` (symlinks not followed); returns the count.
+
+    A sandbox run as host root writes files owned by host uid 0 into a caller's work dir, and an owner
+    may ``chmod u+s`` without any capability: left alone, a setuid-root shell would land on the host.
+    """
+    n = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    n += 1
+            except OSError:
+                pass
+    return n
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

@@ -491,3 +491,14 @@ def test_22_fork_limit_also_holds_for_a_non_root_caller():
     assert 0 < forked <= 13 and "65534" in lines, p.stdout
     time.sleep(0.2)
     assert stray_processes(marker) == []  # the 30 s sleepers died with the sandbox
+
+
+def test_23_no_setuid_file_is_left_in_a_bound_work_dir(tmp_path):
+    """As host root, files the sandbox writes into a caller's work dir are root-owned on the host and
+    the owner may chmod u+s without capabilities: the sandbox must strip those bits afterwards."""
+    r = run_in_sandbox(["sh", "-c", "cp /bin/sh ./rootsh && chmod 6755 ./rootsh && mkdir -p d && "
+                        "cp /bin/sh d/sh2 && chmod 4755 d/sh2 && ls -l rootsh d/sh2"], workdir=tmp_path)
+    assert r.ok and r.stdout.count("-rws") == 2, r  # inside, the bits were set
+    for f in (tmp_path / "rootsh", tmp_path / "d" / "sh2"):
+        assert f.stat().st_mode & 0o6000 == 0, oct(f.stat().st_mode)  # host: no setuid / setgid file left
+        assert f.stat().st_mode & 0o777 == 0o755
