@@ -100,7 +100,7 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
     from evotrainer.rollouts import SCHEMA
 
     eps = run_episodes(tasks, ScriptedPolicy(kind, tasks, taskset_root), limits=limits, taskset_root=taskset_root,
-                       progress=progress)
+                       progress=progress, skip_unchanged=False)
     by_id = {t.instance_id: t for t in tasks}
     problems = [Problem(id=e.task_id, prompt=by_id[e.task_id].problem_statement, answer=e.task_id,
                         meta={"task": "swe"}) for e in eps]

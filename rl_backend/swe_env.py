@@ -24,6 +24,7 @@ not run and ends the episode with ``budget_exceeded``); ``per_call_timeout_s`` f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -91,6 +92,15 @@ class SubmitArgs(_Args):
 
 ARGS: dict[str, type[_Args]] = {"search": SearchArgs, "view": ViewArgs, "edit": EditArgs,
                                  "run_tests": RunTestsArgs, "submit": SubmitArgs}
+
+
+def repo_digest(repo: Path) -> str:
+    """sha256 over the relative paths and contents of every file of a repo (``__pycache__`` skipped)."""
+    h = hashlib.sha256()
+    for p in sorted(repo.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(repo).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 class ToolError(ValueError):
@@ -228,6 +238,7 @@ class SweEnv:
         self.test_digests: dict[str, str] = {}
         self.test_originals: dict[str, bytes] = {}
         self.tests_edited: set[str] = set()
+        self.base_digest = ""
 
     # --- lifecycle --------------------------------------------------------------------------------
     def reset(self) -> list[dict[str, str]]:
@@ -237,6 +248,7 @@ class SweEnv:
         materialize(self.task, self.repo, self.taskset_root, self.repos_root)
         self.test_digests = test_file_digests(self.repo, self.task.test_patterns)
         self.test_originals = {p: (self.repo / p).read_bytes() for p in self.test_digests}
+        self.base_digest = repo_digest(self.repo)
         self.stats, self.done, self.t0 = EpisodeStats(), False, time.monotonic()
         self.tests_edited: set[str] = set()
         user = (f"Repository: {self.task.repo} (files under ./). Problem:\n\n{self.task.problem_statement}")
@@ -405,7 +417,7 @@ class SweEnv:
                 f.unlink()
         return changed
 
-    def grade(self, mode: str = "all") -> SweOutcome:
+    def grade(self, mode: str = "all", skip_unchanged: bool = False) -> SweOutcome:
         """Run the hidden tests on the final repo state (in the sandbox) and score the episode.
 
         Test files are compared with their state at :meth:`reset` (changed, added or deleted files
@@ -417,12 +429,21 @@ class SweEnv:
         Args:
             mode: ``all`` (1 only when every hidden test passes) or ``fraction`` (the fraction of
                 FAIL_TO_PASS that pass, when every PASS_TO_PASS passes; else 0).
+            skip_unchanged: when no file of the repo changed since :meth:`reset`, return the task's
+                base verdict without running tests (every FAIL_TO_PASS fails there by construction:
+                the generator / SWE-bench measured it); ``ran_tests`` is then False. Saves a test run
+                per idle episode in training.
 
         Raises:
             ValueError: unknown ``mode``.
         """
         if mode not in ("all", "fraction"):
             raise ValueError(f"reward.swe_tests.params.mode={mode!r}: allowed: all, fraction")
+        if skip_unchanged and not self.task.test_patch and repo_digest(self.repo) == self.base_digest:
+            n_f, n_p = len(self.task.FAIL_TO_PASS), len(self.task.PASS_TO_PASS)
+            return SweOutcome(resolved=False, swe_tests=0.0, f2p_passed=0, f2p_total=n_f, p2p_passed=n_p,
+                              p2p_total=n_p, missing_tests=0, collection_error=False, timed_out=False,
+                              test_files_edited=[], ran_tests=False)
         self.tests_edited |= set(self._restore_tests())
         edited = sorted(self.tests_edited)
         if self.task.test_patch:
@@ -466,6 +487,7 @@ class SweOutcome:
     test_files_edited: list[str]
     backend: str = ""
     grade_seconds: float = 0.0
+    ran_tests: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -67,7 +67,8 @@ class Episode:
         outcome: the hidden-test verdict.
         extras: ``{component: value}`` for the behaviour and test reward components.
         finish_reason: ``submit`` when the policy submitted, else ``budget`` (turns, tool budget or time).
-        seconds: wall clock of the episode including grading.
+        seconds: time spent in this episode's tool calls and grading (the policy's time is shared
+            by the batch and not counted).
     """
 
     task_id: str
@@ -100,6 +101,7 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
                  samples_per_task: int = 1, reward_mode: str = "all", workdir: str | Path | None = None,
                  taskset_root: str | Path = TASKSET_DIR, repos_root: str | Path | None = None,
                  observation_role: str = "tool", count_tokens: Callable[[str], int] | None = None,
+                 skip_unchanged: bool = True,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> list[Episode]:
     """Run ``samples_per_task`` episodes of each task with ``policy``; returns B episodes, task-major.
 
@@ -112,6 +114,8 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
         observation_role: chat role of environment observations (``tool``; ``user`` for templates
             without a tool role).
         count_tokens: token counter for observations (the tokenizer's); counts are 0 without it.
+        skip_unchanged: grade an episode that changed no file without running its tests (see
+            :meth:`SweEnv.grade`); ``swe check`` turns this off to measure every verdict.
         progress: called with ``{"episode", "episodes", "task", "reward"}`` as each episode ends.
 
     Raises:
@@ -123,14 +127,14 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
     tmp = tempfile.TemporaryDirectory(prefix="swe-") if workdir is None else None
     root = Path(tmp.name if tmp else workdir)
     try:
-        envs, chats, turns, starts = [], [], [], []
+        envs, chats, turns, env_s = [], [], [], []
         for i, task in enumerate(tasks):
             for s in range(samples_per_task):
                 env = SweEnv(task, root / f"{i:04d}-{s:02d}", limits, taskset_root, repos_root)
                 chats.append(env.reset())
                 envs.append(env)
                 turns.append([])
-                starts.append(time.monotonic())
+                env_s.append(0.0)
         episodes: list[Episode | None] = [None] * len(envs)
         live = list(range(len(envs)))
         while live:
@@ -139,7 +143,9 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
                 raise ValueError(f"policy returned {len(actions)} actions for {len(live)} chats; return one per chat")
             for i, act in zip(live, actions, strict=True):
                 calls = parse_tool_calls(act.text)
+                t0 = time.monotonic()
                 obs = envs[i].step(act.text)
+                env_s[i] += time.monotonic() - t0
                 names = ",".join(c.name or "invalid" for c in calls)
                 ok = all(c.error is None for c in calls) and not obs.startswith("[error]")
                 n_act = len(act.token_ids) if act.token_ids is not None else (count_tokens(act.text) if count_tokens else 0)
@@ -150,7 +156,8 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
                 chats[i] = chats[i] + [{"role": "assistant", "content": act.text},
                                        {"role": observation_role, "content": obs}]
             for i in [i for i in live if envs[i].done]:
-                episodes[i] = _finish(envs[i], i % samples_per_task, chats[i], turns[i], reward_mode, starts[i])
+                episodes[i] = _finish(envs[i], i % samples_per_task, chats[i], turns[i], reward_mode, env_s[i],
+                                      skip_unchanged)
                 if progress:
                     progress({"episode": sum(e is not None for e in episodes), "episodes": len(envs),
                               "task": envs[i].task.instance_id, "reward": episodes[i].outcome.swe_tests})
@@ -162,8 +169,9 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
 
 
 def _finish(env: SweEnv, sample_idx: int, chat: list[dict[str, str]], turns: list[dict[str, Any]],
-            reward_mode: str, t0: float) -> Episode:
-    outcome = env.grade(reward_mode)
+            reward_mode: str, env_seconds: float, skip_unchanged: bool) -> Episode:
+    t0 = time.monotonic()
+    outcome = env.grade(reward_mode, skip_unchanged=skip_unchanged)
     st = env.stats
     extras = {"swe_tests": outcome.swe_tests,
               "test_file_edit": 1.0 if (outcome.test_files_edited or st.test_file_edit_calls) else 0.0,
@@ -173,7 +181,7 @@ def _finish(env: SweEnv, sample_idx: int, chat: list[dict[str, str]], turns: lis
     return Episode(task_id=env.task.instance_id, sample_idx=sample_idx, messages=chat, turns=turns,
                    stats=st.to_dict(), outcome=outcome, extras=extras,
                    finish_reason="submit" if st.stop_reason == "submit" else "budget",
-                   seconds=round(time.monotonic() - t0, 3), policy_tokens=policy_tokens)
+                   seconds=round(env_seconds + time.monotonic() - t0, 3), policy_tokens=policy_tokens)
 
 
 def episode_extras(episodes: Sequence[Episode]) -> dict[str, list[float]]:
