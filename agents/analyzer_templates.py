@@ -16,8 +16,9 @@ CONTRACT = (
     "names], explanation: text with the numbers}."
 )
 
-# A version whose mean completion length moved > 30% relative to its parent's (last-half means):
-# a distribution shift that the built-in collapse / blow-up thresholds may not flag.
+# A version whose mean completion length moved > 30%: against its parent's last-half mean when the
+# parent is in the evidence, else from its own first quarter of training to its last quarter. A
+# distribution shift the built-in collapse (x0.5) / blow-up (x2) thresholds do not flag.
 LENGTH_SHIFT = r'''
 import json, os
 d = os.environ["EVIDENCE_DIR"]
@@ -26,26 +27,32 @@ meta = json.load(open(os.path.join(d, "meta.json")))
 parents = meta.get("parents", {})
 NAME = "completions/mean_length"
 
-def late_mean(vid):
-    pts = [v for _, v in metrics.get(vid, {}).get(NAME, []) if v is not None]
-    if not pts:
-        return None
-    half = pts[len(pts) // 2:]
-    return sum(half) / len(half)
+def points(vid):
+    return [(s, v) for s, v in metrics.get(vid, {}).get(NAME, []) if v is not None]
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
 
 out = []
-for vid, parent in sorted(parents.items()):
-    if not parent:
+for vid in sorted(metrics):
+    pts = points(vid)
+    if len(pts) < 4:
         continue
-    a, b = late_mean(parent), late_mean(vid)
-    if a is None or b is None or a <= 0:
+    q = max(1, len(pts) // 4)
+    late = mean([v for _, v in pts[-q:]])
+    parent = parents.get(vid)
+    ppts = points(parent) if parent else []
+    if ppts:
+        ref, what = mean([v for _, v in ppts[len(ppts) // 2:]]), f"its parent {parent}"
+    else:
+        ref, what = mean([v for _, v in pts[:q]]), "its first quarter of training"
+    if not ref or ref <= 0:
         continue
-    rel = (b - a) / a
+    rel = (late - ref) / ref
     if abs(rel) > 0.30:
-        steps = [s for s, _ in metrics[vid][NAME]]
         out.append({"kind": "length_shift", "severity": "warn", "versions": [vid],
-                    "steps": [min(steps), max(steps)], "evidence": [NAME],
-                    "explanation": f"mean completion length of {vid} is {b:.1f} tokens vs {a:.1f} for its parent "
-                                   f"{parent} ({rel:+.0%}) over the last half of training"})
+                    "steps": [pts[0][0], pts[-1][0]], "evidence": [NAME],
+                    "explanation": f"mean completion length of {vid} ends at {late:.1f} tokens vs {ref:.1f} for "
+                                   f"{what} ({rel:+.0%})"})
 print(json.dumps(out))
 '''
