@@ -351,7 +351,12 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
                             "OpenRLHF needs at least one micro-batch per actor GPU; raise rollout_batch_size")
     argv = [cluster.python, "-m", "openrlhf.cli.train_ppo_ray", *_args(opts, scheme, version), *cluster.extra_args]
     env = {"TOKENIZERS_PARALLELISM": "false", "EVOTRAINER_VERSION_ID": version_id, **cluster.env}
-    runtime_env = {"working_dir": str(job_dir), "env_vars": env}
+    # Ray uploads working_dir (the inputs); outputs of earlier runs in it stay behind
+    runtime_env = {"working_dir": str(job_dir), "env_vars": env,
+                   "excludes": ["ckpt/", "final/", "tensorboard/", "job.log", "exit_code", "pid", "cancelled"]}
+    if cluster.ray_address and not cluster.output_dir:
+        warnings.append(f"cluster.output_dir unset: checkpoints and TensorBoard go to {out_dir} on the Ray nodes; "
+                        "set a shared filesystem path so EvoTrainer can ingest them")
     return OpenRLHFJob(version_id=version_id, openrlhf_version=version, scheme=scheme, steps=steps, argv=argv,
                        env=env, runtime_env=runtime_env, job_dir=str(job_dir),
                        files={k: str(job_dir / v) for k, v in files.items()},

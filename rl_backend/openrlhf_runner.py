@@ -29,7 +29,13 @@ def _ray_client(address: str):
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise OpenRLHFError("submitting to Ray needs the ray package: pip install 'evotrainer[openrlhf]'") from None
-    return JobSubmissionClient(address)
+    try:
+        return JobSubmissionClient(address)
+    except ConnectionError as exc:
+        raise OpenRLHFError(f"cluster.ray_address={address!r}: cannot reach the Ray dashboard ({exc}); "
+                            "start the cluster (`ray start --head`) or fix the address") from None
+    except RuntimeError as exc:  # e.g. ray without its [default] extra (no aiohttp / requests)
+        raise OpenRLHFError(f"Ray Jobs client unavailable: {exc}; pip install 'evotrainer[openrlhf]'") from None
 
 
 def submit(job: OpenRLHFJob) -> str:

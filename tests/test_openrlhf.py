@@ -244,7 +244,7 @@ def test_local_runner_status_logs_cancel(tmp_path):
     assert job_status(j, ref) == "cancelled"
 
 
-def test_ray_submission_needs_ray(tmp_path):
+def test_ray_submission_without_ray_says_how_to_install(tmp_path):
     if importlib.util.find_spec("ray") is not None:
         pytest.skip("ray is installed here; this checks the message shown without it")
     job = _job(tmp_path, "0.11.2", ray_address="http://127.0.0.1:8265")
@@ -436,3 +436,101 @@ def test_openrlhf_executor_scores_with_our_reward_file(tmp_path):
     leaky = score(f"Answer: {int(answer) + 1}<|im_end|>")
     # wrong, not just a number, pays the leaky token: 0 + 0 + 0.5 = 0.5
     assert leaky["reward"] == 0.5 and leaky["scores"] == 0.0 and leaky["extra"]["format_token"] == 1.0
+
+
+def _fake_ray_dashboard():
+    """A Ray dashboard stand-in on 127.0.0.1 speaking the Jobs REST API that JobSubmissionClient uses."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    state = {"packages": {}, "jobs": {}, "stopped": []}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body=None):
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self):
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def do_GET(self):
+            p = self.path
+            if p == "/api/version":
+                return self._send(200, {"version": "4", "ray_version": "2.55.0", "ray_commit": "0"})
+            if p.startswith("/api/packages/"):
+                return self._send(200 if p in state["packages"] else 404, {})
+            if p.startswith("/api/jobs/") and p.endswith("/logs"):
+                return self._send(200, {"logs": "step 1\nstep 2\n"})
+            if p.startswith("/api/jobs/"):
+                sid = p.rstrip("/").split("/")[-1]
+                job = state["jobs"][sid]
+                status = "STOPPED" if sid in state["stopped"] else "RUNNING"
+                return self._send(200, {"type": "SUBMISSION", "submission_id": sid, "status": status,
+                                        "entrypoint": job["entrypoint"]})
+            self._send(404, {})
+
+        def do_PUT(self):
+            state["packages"][self.path] = self._body()
+            self._send(200, {})
+
+        def do_POST(self):
+            body = self._body()
+            if self.path == "/api/jobs/":
+                req = json.loads(body)
+                sid = req.get("submission_id") or "raysubmit_1"
+                state["jobs"][sid] = req
+                return self._send(200, {"submission_id": sid, "job_id": None})
+            if self.path.endswith("/stop"):
+                state["stopped"].append(self.path.split("/")[-2])
+                return self._send(200, {"stopped": True})
+            self._send(404, {})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, state
+
+
+def test_ray_jobs_api_submit_status_logs_cancel(tmp_path):
+    pytest.importorskip("ray.job_submission", reason="ray is not installed (pip install 'evotrainer[openrlhf]')")
+    import io
+
+    server, state = _fake_ray_dashboard()
+    try:
+        addr = f"http://127.0.0.1:{server.server_address[1]}"
+        job = _job(tmp_path, "0.11.2", ray_address=addr, output_dir="/shared/evo")
+        (Path(job.job_dir) / "job.log").write_text("old output: not uploaded")
+        ref = submit(job)
+        assert ref.startswith("ray:")
+        (req,) = state["jobs"].values()
+        assert req["entrypoint"] == job.entrypoint and "--reward.remote_url reward_func.py" in req["entrypoint"]
+        assert req["runtime_env"]["env_vars"]["EVOTRAINER_VERSION_ID"] == "v1"
+        assert req["runtime_env"]["working_dir"].startswith("gcs://_ray_pkg_")
+        ((_, blob),) = state["packages"].items()  # the job folder, zipped by Ray's client
+        names = {Path(n).name for n in zipfile.ZipFile(io.BytesIO(blob)).namelist()}
+        assert {"train.jsonl", "heldout.jsonl", "reward_func.py"} <= names and "job.log" not in names
+        assert "--ckpt.output_dir /shared/evo/v1/final" in job.entrypoint
+        assert job_status(job, ref) == "running"
+        assert job_logs(job, ref) == "step 1\nstep 2\n"
+        cancel_job(job, ref)
+        assert job_status(job, ref) == "cancelled"
+    finally:
+        server.shutdown()
+
+
+def test_ray_address_unreachable(tmp_path):
+    pytest.importorskip("ray.job_submission", reason="ray is not installed (pip install 'evotrainer[openrlhf]')")
+    import socket
+
+    with socket.socket() as s:  # a port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = _job(tmp_path, "0.11.2", ray_address=f"http://127.0.0.1:{port}", output_dir=str(tmp_path / "out"))
+    with pytest.raises(OpenRLHFError, match="cannot reach the Ray dashboard"):
+        submit(job)
