@@ -146,6 +146,13 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
         lock.release()
 
 
+def _error(message: str) -> None:
+    """One error line on stderr, exit 1 (a ClickException: evotrainer.cli.main prints it and exits 1)."""
+    import click
+
+    raise click.ClickException(message)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``run`` and ``report`` to the main evotrainer app."""
 
@@ -173,6 +180,8 @@ def register(app: typer.Typer) -> None:
                                    ("--mode", mode, ("evotrainer", "static", "recipe-search"))):
             if val not in allowed:
                 raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)
+        if brain == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
+            _error("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
         rd = Path(run_dir or cfg.run_dir)
         console = Console(stderr=as_json)
         try:
@@ -186,8 +195,7 @@ def register(app: typer.Typer) -> None:
                 with Workspace(rd) as view_ws, LiveView(view_ws, console) as view:
                     summary = run_loop(cfg, rd, brain, mode, resume, view)
         except ValueError as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-            raise typer.Exit(1) from None
+            _error(str(exc))
         ws = Workspace.open(rd)
         path = write_report(ws)
         summary["report"] = str(path)
