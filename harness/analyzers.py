@@ -1,7 +1,8 @@
 """Analyzer registry: one protocol (evidence in, findings out) for built-in and runtime analyzers.
 
 An analyzer is a callable ``fn(evidence: Evidence) -> list[Finding]``. Built-ins
-(``harness/builtin_analyzers.py``) register themselves with :func:`analyzer`; agents and users
+(``harness/builtin_analyzers.py``, ``behaviour_analyzers.py``, and the SWE-episode ones in
+``swe_analyzers.py``) register themselves with :func:`analyzer`; agents and users
 register more at run time with :func:`register_analyzer`, either as a Python callable or as
 analyzer CODE, which runs in the sandbox (``evotrainer.sandbox.run_in_sandbox``) against the
 evidence written as files (:meth:`Evidence.to_dir`) and mounted read-only; the code prints
@@ -201,3 +202,4 @@ def _call_sandbox(run_in_sandbox: Callable, code: str, evidence_dir: Path, timeo
 
 
 from evotrainer.harness import builtin_analyzers as _builtin_analyzers  # noqa: E402,F401  (registers the built-ins)
+from evotrainer.harness import swe_analyzers as _swe_analyzers  # noqa: E402,F401  (SWE-episode built-ins)

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-from evotrainer import metrics as M
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
+
+from evotrainer import metrics as M
 
 
 def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:
@@ -47,7 +47,6 @@ def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:
 def _advantages(rewards: np.ndarray, groups: list[np.ndarray], estimator: str) -> np.ndarray:
     """Per-row group advantages with ``rl_backend.grpo.group_advantages``, batched by group size."""
     import torch
-
     from evotrainer.rl_backend.grpo import group_advantages
 
     out = np.zeros(len(rewards))
@@ -99,10 +98,9 @@ def rescore_rollouts(rollouts: pa.Table, reward_spec: Mapping[str, Any], *, gene
         ValueError: an empty table.
         RewardError: a component cannot be computed (e.g. missing extras).
     """
-    from scipy.stats import kendalltau
-
     from evotrainer.rl_backend.rewards import compute_rewards
     from evotrainer.rl_backend.tasks import Problem
+    from scipy.stats import kendalltau
 
     if rollouts is None or rollouts.num_rows == 0:
         raise ValueError("no rollouts to re-score; pass a table with at least one row")
@@ -159,7 +157,6 @@ def filter_keep(rewards: np.ndarray, group_size: int, *, drop_zero_variance_grou
     ``top_p_std_keep``); a group is kept when every enabled filter keeps it.
     """
     import torch
-
     from evotrainer.rl_backend import grpo
 
     r = torch.tensor(np.asarray(rewards, dtype=np.float64))

@@ -18,17 +18,18 @@ import re
 
 import numpy as np
 import pyarrow.compute as pc
-
-from evotrainer import metrics as M
 from evotrainer.harness import builtin_analyzers as B
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import fmt
 
+from evotrainer import metrics as M
+
 _TEST_PATH = re.compile(r"(^|[/\s\"'])(tests?/|test_[\w.-]*\.py|[\w.-]*_test\.py|conftest\.py)")
 _EDIT_TOOLS = ("edit", "write", "create", "str_replace", "apply_patch", "patch")
 EVAL_SERIES = (M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_1)
+LEAK_SAMPLE = 20_000  # distinct prompts checked for a leaked answer (all of them below this)
 
 
 @analyzer("template_collapse", description="outputs stop depending on the input / near-duplicate completions")
@@ -95,12 +96,17 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
 
 
 def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
-    """Prompts that contain their own ground-truth answer (word-bounded, answers of >= 2 characters)."""
+    """Prompts that contain their own ground-truth answer (word-bounded, answers of >= 2 characters).
+
+    Checks every distinct prompt up to :data:`LEAK_SAMPLE`, an evenly spaced sample of them beyond.
+    """
     t = ev.rollouts_of(v, split=None)
     if t is None or "answer" not in t.column_names:
         return []
     codes = pc.dictionary_encode(t.column("prompt_id")).combine_chunks().indices.to_numpy()
     _, rows = np.unique(codes, return_index=True)  # first row of each prompt
+    if len(rows) > LEAK_SAMPLE:  # a seeded, evenly spaced sample estimates the fraction to +-0.4% (sd)
+        rows = rows[np.linspace(0, len(rows) - 1, LEAK_SAMPLE).astype(np.int64)]
     sub = t.take(rows).select(["prompt_id", "prompt", "answer", "reward"]).to_pydict()
     leaked, n = [], 0
     for pid, prompt, ans in zip(sub["prompt_id"], sub["prompt"], sub["answer"], strict=True):
@@ -127,10 +133,12 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
     steps, vals = ev.series(v, M.TOOLS_TEST_EDIT_FRAC)
     t = ev.rollouts_of(v, split=None)
     hits = []
-    if t is not None and "turns" in t.column_names:
+    if t is not None and "turns" in t.column_names and pc.max(pc.binary_length(t.column("turns"))).as_py():
         turns = t.column("turns")
         cand = pc.and_(pc.match_substring_regex(turns, _TEST_PATH.pattern),
                        pc.match_substring_regex(turns, "|".join(_EDIT_TOOLS)))
+        # SWE episodes with a graded outcome turn are judged by swe_analyzers.swe_hacking
+        cand = pc.and_(cand, pc.invert(pc.match_substring(turns, '"role": "outcome"')))
         rows = pc.indices_nonzero(pc.fill_null(cand, False))
         if len(rows):
             sub = t.take(rows).select(["rollout_id", "turns", "reward"]).to_pydict()

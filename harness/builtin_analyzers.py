@@ -14,12 +14,12 @@ on-policy point with group-normalised advantages) is not a failure while grad no
 from __future__ import annotations
 
 import numpy as np
-
-from evotrainer import metrics as M
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import MIN_POINTS, Trend, fmt, spikes, trend
+
+from evotrainer import metrics as M
 
 ALPHA = 0.01  # Mann-Kendall significance for "rising" / "falling"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -20,23 +21,23 @@ SEVERITY_STYLE = {"blocking": "bold red", "warn": "yellow", "info": "dim"}
 
 
 def diagnose(
-    path: Path = typer.Argument(..., help="Run folder (EvoTrainer workspace or foreign run) or a log file."),
-    as_json: bool = typer.Option(False, "--json", help="Print findings and a summary as JSON."),
-    out: Path | None = typer.Option(None, "--out", help="Folder for plots (default: <run>/reports/diagnose for "
-                                    "a workspace, ./diagnose/<name> otherwise)."),
-    no_plots: bool = typer.Option(False, "--no-plots", help="Do not write plots."),
-    analyzer: list[str] = typer.Option([], "--analyzer", "-a", help="Run only these analyzers (repeatable)."),
-    fail_on: str = typer.Option("none", "--fail-on", help="Exit 2 when a finding of this severity or worse "
-                                "stands: none | warn | blocking."),
+    path: Annotated[Path, typer.Argument(help="Run folder (EvoTrainer workspace or foreign run) or a log file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print findings and a summary as JSON.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder for plots (default: <run>/reports/diagnose "
+                                             "for a workspace, ./diagnose/<name> otherwise).")] = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not write plots.")] = False,
+    analyzer: Annotated[list[str] | None, typer.Option("--analyzer", "-a",
+                                                       help="Run only these analyzers (repeatable).")] = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 2 when a finding of this severity or worse "
+                                         "stands: none | warn | blocking.")] = "none",
 ) -> None:
     """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
-    from rich.console import Console
-    from rich.table import Table
-
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.ingest import ingest
     from evotrainer.harness.plots import plot_evidence
+    from rich.console import Console
+    from rich.table import Table
 
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
@@ -78,12 +79,11 @@ def diagnose(
 
 
 @analyzers_app.command("list")
-def analyzers_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def analyzers_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Registered analyzers with the finding kinds they report."""
+    from evotrainer.harness.analyzers import list_analyzers
     from rich.console import Console
     from rich.table import Table
-
-    from evotrainer.harness.analyzers import list_analyzers
 
     specs = list_analyzers()
     if as_json:
@@ -91,6 +91,7 @@ def analyzers_list(as_json: bool = typer.Option(False, "--json", help="Print JSO
                                       "description": s.description} for s in specs], indent=2) + "\n")
         return
     t = Table("name", "kinds", "builtin", "description")
+    t.columns[0].no_wrap = t.columns[1].no_wrap = True
     for s in specs:
         t.add_row(s.name, ", ".join(s.kinds), "yes" if s.builtin else "no", s.description)
     Console().print(t)

@@ -77,10 +77,18 @@ class Evidence:
         for d in (self.parents, self.metrics, self.evals, self.recipes):
             for v in d:
                 seen.setdefault(v, None)
-        if self.rollouts is not None and self.rollouts.num_rows:
-            for v in self.rollouts.column("version_id").unique().to_pylist():
-                seen.setdefault(v, None)
+        for v in self._rollout_versions():
+            seen.setdefault(v, None)
         return list(seen)
+
+    def _rollout_versions(self) -> list[str]:
+        if self.rollouts is None or not self.rollouts.num_rows:
+            return []
+        key = id(self.rollouts)
+        if getattr(self, "_rv_key", None) != key:
+            self._rv = self.rollouts.column("version_id").unique().to_pylist()
+            self._rv_key = key
+        return self._rv
 
     def metric_names(self, version: str) -> list[str]:
         """Names of the series of a version (logged and rollout-derived)."""
@@ -116,9 +124,13 @@ class Evidence:
             return None
         import pyarrow.compute as pc
 
+        if version not in self._rollout_versions():
+            return None
         mask = pc.equal(self.rollouts.column("version_id"), version)
         if split is not None and "split" in self.rollouts.column_names:
             mask = pc.and_(mask, pc.equal(self.rollouts.column("split"), split))
+        if pc.all(mask).as_py():  # filtering copies every column: skip it when all rows match
+            return self.rollouts
         t = self.rollouts.filter(mask)
         return t if t.num_rows else None
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from evotrainer.harness.findings import Finding
+from pydantic import BaseModel, Field
 
 
 class GateVerdict(BaseModel):

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from evotrainer.harness.gate import gate
 
 from evotrainer import metrics as M
-from evotrainer.harness.gate import gate
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace

@@ -6,10 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from evotrainer.harness.stats import (
+    avg_at_k,
+    compare_versions,
+    paired_bootstrap_ci,
+    paired_permutation_test,
+    pass_at_k,
+    pass_at_k_single,
+)
 from scipy import stats as sps
-
-from evotrainer.harness.stats import (avg_at_k, compare_versions, paired_bootstrap_ci, paired_permutation_test,
-                                      pass_at_k, pass_at_k_single)
 
 
 def test_avg_at_k_by_hand():
