@@ -156,6 +156,9 @@ class LoopBase:
             if job["status"] != "done":
                 raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
             res = job.get("result") or {}
+            if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
+                return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
+                        "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name}
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
         return self.stage(key, run)
