@@ -131,7 +131,9 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
         if stored_mode and stored_mode != mode:
             raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
         ws.lineage.kv_set("loop/mode", mode)
-        (run_dir / "run.yaml").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+        import yaml
+
+        (run_dir / "run.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         with open_toolbox(run_dir, backend or config.backend) as tb:
             if mode == "static":
                 loop = StaticRun(config, tb, ws, on_event)
