@@ -205,7 +205,8 @@ def length_collapse(ev: Evidence) -> list[Finding]:
 
 @analyzer("length_blowup", description="completions grow to a multiple of their start")
 def length_blowup(ev: Evidence) -> list[Finding]:
-    """Mean length late/early >= LEN_BLOWUP_RATIO and rising; warn when truncation rises or correctness does not."""
+    """Mean length late/early >= LEN_BLOWUP_RATIO and rising; warn when truncation rises or correctness
+    (else the reward) does not, info otherwise."""
     out = []
     for v in ev.versions:
         t = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
@@ -214,23 +215,26 @@ def length_blowup(ev: Evidence) -> list[Finding]:
         if not (t.rising(ALPHA) or (t.change_step is not None and t.after >= 1.5 * t.before)):
             continue
         ct = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
-        cname = ev.first(v, *CORRECTNESS)
+        cname = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
         cor = _trend(ev, v, cname) if cname else None
         clip_up = ct is not None and (ct.late >= TRUNC_WARN or ct.late >= ct.early + 0.1)
         no_gain = cor is not None and cor.late <= cor.early + 0.01
-        sev = "warn" if clip_up or no_gain or cor is None else "info"
+        sev = "warn" if clip_up or no_gain else "info"
         why = []
         if clip_up:
             why.append(f"clipped ratio {fmt(ct.early)} -> {fmt(ct.late)}")
         if cor is not None:
-            why.append(f"correctness {fmt(cor.early)} -> {fmt(cor.late)}")
+            why.append(f"{cname} {fmt(cor.early)} -> {fmt(cor.late)}")
         out.append(Finding(kind="length_blowup", severity=sev, versions=[v], steps=_span(t),
                            evidence=[M.COMPLETIONS_MEAN_LENGTH] + ([M.COMPLETIONS_CLIPPED_RATIO] if ct else []),
                            data=_tdata(t),
                            explanation=f"{v}: mean completion length grew from {fmt(t.early)} to {fmt(t.late)} tokens "
                                        f"(x{fmt(t.ratio)}){'; ' + ', '.join(why) if why else ''}."
-                                       + (" Longer answers are buying no accuracy." if sev == "warn" else
-                                          " Correctness rose with it, so this may be useful reasoning.")))
+                                       + (f" Longer answers are buying no gain in {cname}." if no_gain else
+                                          " More completions hit the length cap." if clip_up else
+                                          " The reward rose with it, so this may be useful reasoning." if cor else
+                                          " No reward or correctness series: insufficient evidence to call it a "
+                                          "failure.")))
     return out
 
 

@@ -332,3 +332,9 @@ def test_vectorised_step_metrics_match_a_plain_loop():
         for name, value in want.items():
             steps, vals = out[name]
             assert steps[i] == step and vals[i] == pytest.approx(value), name
+
+
+def test_length_blowup_with_rising_reward_is_info():
+    s = healthy(**{M.COMPLETIONS_MEAN_LENGTH: noisy(100, 400, 5), M.CORRECT_MEAN: noisy(0.2, 0.7)})
+    found = [f for f in run_analyzers(ev_of(s)) if f.kind == "length_blowup"]
+    assert [f.severity for f in found] == ["info"] and "may be useful reasoning" in found[0].explanation

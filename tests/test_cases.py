@@ -58,3 +58,25 @@ def test_real_verl_logs_diagnose(log: Path, tmp_path: Path):
         assert {"entropy_collapse", "grad_spike"} <= kinds
     if "sft" in name:
         assert report["findings"] == []  # an SFT log: loss and lr only, nothing to judge
+
+
+def test_diagnose_an_evotrainer_workspace(tmp_path: Path):
+    import numpy as np
+
+    from evotrainer import metrics as M
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import Workspace
+
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(Recipe())
+        for step in range(40):  # entropy decays 0.8 -> ~0.01; reward and grad norm healthy
+            ws.lineage.log_metrics(v.id, step, {M.POLICY_ENTROPY: 0.8 * np.exp(-step / 6) + 0.01,
+                                                M.REWARD_MEAN: 0.3 + 0.005 * step, M.POLICY_GRAD_NORM: 0.3})
+    res = CliRunner().invoke(app, ["diagnose", str(tmp_path / "run"), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert _kinds(report) == {"entropy_collapse"}
+    assert report["plots"] == [str(tmp_path / "run" / "reports" / "diagnose" / "v0.png")]
+    # --fail-on warn turns a warn finding into exit code 2 for scripts / CI
+    res = CliRunner().invoke(app, ["diagnose", str(tmp_path / "run"), "--no-plots", "--fail-on", "warn"])
+    assert res.exit_code == 2 and "entropy_collapse" in res.stdout
