@@ -206,8 +206,9 @@ class OpenRLHFBackend:
     ``train`` builds the version's job (starting from the parent's checkpoint when it is a HF
     folder, else from the recipe's model), submits it, follows it (ingesting TensorBoard scalars
     and samples every ``poll_s`` seconds, calling ``progress``, cancelling when ``should_stop()``)
-    and records status, checkpoint and ``metrics_summary``. The job reference is kept in the
-    lineage kv store (``openrlhf/<version>``) so another process can follow or cancel it.
+    and records status (``trained``; ``failed`` when the job failed or was cancelled), checkpoint
+    and ``metrics_summary``. The job reference is kept in the lineage kv store
+    (``openrlhf/<version>``: ``{ref, job}``) so another process can follow or cancel it.
     ``evaluate`` reads OpenRLHF's own held-out evaluation of the last step (k samples per
     problem, scored by correctness): Avg@k and pass@k, without per-sample outcomes.
 
@@ -223,8 +224,8 @@ class OpenRLHFBackend:
         self.poll_s = poll_s
 
     def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None) -> dict[str, Any]:
-        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns ``{version_id, status, steps, checkpoint,
-        metrics_summary, job_ref}``.
+        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns ``{version_id, status (done | cancelled),
+        steps, checkpoint, metrics_summary, job_ref}``. ``progress`` gets one call per step.
 
         Raises:
             OpenRLHFError: the recipe cannot run on OpenRLHF or the job failed (the log tail is in the message).
@@ -242,13 +243,19 @@ class OpenRLHFBackend:
                         model_path=_hf_folder(parent_ckpt))
         ws.lineage.update_version(version_id, status="training")
         ref = submit(job)
-        job_id = f"{version_id}/train/openrlhf"
-        ws.lineage.create_job(job_id, version_id, "train", steps_total=steps)
-        ws.lineage.update_job(job_id, status="running", message=ref)
         ws.lineage.kv_set(f"openrlhf/{version_id}", {"ref": ref, "job": job.model_dump()})
         ws.log(f"openrlhf job {ref} submitted ({job.openrlhf_version}, {steps} steps)", version=version_id,
                source="openrlhf")
-        last = 0
+        def emit(done: int, new: int) -> None:  # one progress call per new step
+            if new <= done or progress is None:
+                return
+            series = ws.lineage.all_metrics(version_id)
+            for step in range(done + 1, new + 1):
+                at = {name: dict(pts).get(step) for name, pts in series.items()}
+                progress({"step": step, "steps": steps, "reward": at.get(M.REWARD_MEAN),
+                          "tokens_per_sec": at.get(M.PERF_TOKENS_PER_SEC)})
+
+        last, stopped = 0, False
         status = job_status(job, ref)
         while status in ("queued", "running"):
             time.sleep(self.poll_s)
@@ -256,30 +263,30 @@ class OpenRLHFBackend:
                 new = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, since_step=last)
             except FileNotFoundError:
                 new = last
-            if new > last and progress is not None:
-                s = summarize(ws, version_id)
-                progress({"step": new, "steps": steps, "reward": s.get(M.REWARD_MEAN),
-                          "tokens_per_sec": s.get(M.PERF_TOKENS_PER_SEC)})
+            emit(last, new)
             last = new
-            ws.lineage.update_job(job_id, steps_done=last, progress=last / steps)
-            if should_stop is not None and should_stop():
+            if not stopped and should_stop is not None and should_stop():
                 cancel_job(job, ref)
+                stopped = True
             status = job_status(job, ref)
         try:
-            last = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, checkpoint=job.save_path,
-                              since_step=last)
+            new = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, checkpoint=job.save_path,
+                             since_step=last)
+            emit(last, new)
+            last = new
         except FileNotFoundError:
             pass
         summary = summarize(ws, version_id)
-        final = {"done": "trained", "cancelled": "failed"}.get(status, "failed")
+        final = "trained" if status == "done" else "failed"
         ws.lineage.update_version(version_id, status=final, metrics_summary=summary)
-        ws.lineage.update_job(job_id, status=status, steps_done=last, progress=last / steps)
-        if status != "done":
+        ws.log(f"openrlhf job {ref} {status} after {last} step(s)", version=version_id, source="openrlhf",
+               level="info" if status in ("done", "cancelled") else "error")
+        if status not in ("done", "cancelled"):
             tail = job_logs(job, ref)[-2000:]
             raise OpenRLHFError(f"openrlhf job {ref} of {version_id} ended {status} after {last} step(s); "
                                 f"log tail:\n{tail}")
-        return {"version_id": version_id, "status": final, "steps": last, "checkpoint": ws.lineage.get(version_id).checkpoint,
-                "metrics_summary": summary, "job_ref": ref}
+        return {"version_id": version_id, "status": status, "steps": last,
+                "checkpoint": ws.lineage.get(version_id).checkpoint, "metrics_summary": summary, "job_ref": ref}
 
     def evaluate(self, ws, version_id: str, k: int | None = None, eval_name: str = "heldout",
                  progress=None) -> dict[str, Any]:

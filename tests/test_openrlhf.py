@@ -286,7 +286,7 @@ FAKE_TRAINER = '''
 """Stand-in for `python -m openrlhf.cli.train_ppo_ray` (no GPU here): parses the command with OpenRLHF's
 real parser, calls the job's reward file on each training row with the right answer, and writes
 TensorBoard scalars and the final HF folder where OpenRLHF would."""
-import importlib.util, json, sys
+import importlib.util, json, os, sys, time
 from pathlib import Path
 from evotrainer.rl_backend.openrlhf_runner import load_parser
 from torch.utils.tensorboard import SummaryWriter
@@ -307,7 +307,9 @@ for step in range(1, len(rows) // bs + 1):
     for k, v in out["extra_logs"].items():
         w.add_scalar(f"train/{k}", v.mean().item(), step)
     w.add_scalar("train/policy_loss", 0.1 / step, step)
+    w.flush()
     print(f"step {step}", flush=True)
+    time.sleep(float(os.environ.get("FAKE_STEP_SECONDS", "0")))
 w.add_scalar("eval/eval_heldout_pass1", 0.25, step)
 w.add_scalar("eval/eval_heldout_pass8", 0.5, step)
 w.close()
@@ -332,14 +334,17 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
     with Workspace(tmp_path / "run", writer=True) as ws:
         v = ws.lineage.create_root(Recipe())
         res = backend.train(ws, v.id, steps=2, progress=seen.append)
-        assert res["status"] == "trained" and res["steps"] == 2
+        assert res["status"] == "done" and res["steps"] == 2
+        # one progress call per step; the stand-in's reward: correctness 1 (the only component) -> 1.0
+        assert seen == [{"step": 1, "steps": 2, "reward": 1.0, "tokens_per_sec": None},
+                        {"step": 2, "steps": 2, "reward": 1.0, "tokens_per_sec": None}]
         ver = ws.lineage.get(v.id)
         assert ver.status == "trained" and ver.checkpoint.endswith("final")
         # the stand-in answers every problem right: correctness 1 at both steps, via the real reward file
         assert ws.lineage.metric_series(v.id, M.reward_component("correctness")) == [(1, 1.0), (2, 1.0)]
         assert ws.lineage.metric_series(v.id, M.CORRECT_MEAN) == [(1, 1.0), (2, 1.0)]
         assert ver.metrics_summary[M.LOSS_POLICY] == pytest.approx(0.05)  # 0.1 / step 2
-        assert ws.lineage.jobs(v.id)[0].status == "done"
+        assert ws.lineage.kv_get(f"openrlhf/{v.id}")["ref"] == res["job_ref"]
         ev = backend.evaluate(ws, v.id)
         assert (ev["avg@k"], ev["pass@k"], ev["k"], ev["n_problems"]) == (0.25, 0.5, 8, 20)
         with pytest.raises(OpenRLHFError, match="k=4"):
@@ -533,3 +538,22 @@ def test_ray_address_unreachable(tmp_path):
     job = _job(tmp_path, "0.11.2", ray_address=f"http://127.0.0.1:{port}", output_dir=str(tmp_path / "out"))
     with pytest.raises(OpenRLHFError, match="cannot reach the Ray dashboard"):
         submit(job)
+
+
+def test_backend_cancel_stops_the_job(tmp_path):
+    from evotrainer.rl_backend.openrlhf_runner import OpenRLHFBackend
+
+    from evotrainer.workspace import Workspace
+
+    (tmp_path / "fake_trainer.py").write_text(FAKE_TRAINER)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {tmp_path / "fake_trainer.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    cluster = ClusterSpec(python=str(wrapper), openrlhf_version="0.11.2", env={"FAKE_STEP_SECONDS": "60"})
+    backend = OpenRLHFBackend(cluster, poll_s=0.5)
+    seen = []
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(Recipe())
+        res = backend.train(ws, v.id, steps=3, progress=seen.append, should_stop=lambda: bool(seen))
+        assert res["status"] == "cancelled" and res["steps"] == 1  # stopped during step 2's 60 s
+        assert ws.lineage.get(v.id).status == "failed"
