@@ -63,8 +63,8 @@ def _span(t: Trend) -> list[int]:
 
 
 def _tdata(t: Trend) -> dict:
-    return {"early": t.early, "late": t.late, "tau": t.tau, "p_value": t.p_value, "slope": t.slope,
-            "change_step": t.change_step, "n_points": t.n}
+    return {"early": t.early, "late": t.late, "head": t.head, "tail": t.tail, "tau": t.tau, "p_value": t.p_value,
+            "slope": t.slope, "change_step": t.change_step, "n_points": t.n}
 
 
 @analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
@@ -178,7 +178,8 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
             out.append(Finding(kind="entropy_collapse", severity="warn", versions=[v], steps=_span(t),
                                evidence=[M.POLICY_ENTROPY], data=_tdata(t),
                                explanation=f"{v}: policy entropy fell from {fmt(t.early)} to {fmt(t.late)} nats/token "
-                                           f"(x{fmt(t.ratio)}; Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
+                                           f"(medians of the first and last 20% of steps; {fmt(t.head)} at the start, "
+                                           f"{fmt(t.tail)} at the end; x{fmt(t.ratio)}; Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
                                            f"{f', level shift at step {t.change_step}' if t.change_step is not None else ''}); "
                                            f"the policy stops exploring and groups lose reward variance."))
     return out

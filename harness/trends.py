@@ -36,6 +36,8 @@ class Trend:
     change_step: int | None
     before: float
     after: float
+    head: float = float("nan")  # median of the first 5 finite points (the start of the run)
+    tail: float = float("nan")  # median of the last 5
 
     @property
     def ratio(self) -> float:
@@ -114,7 +116,8 @@ def trend(steps: np.ndarray, values: np.ndarray, window: float = 0.2, max_points
     idx, before, after = change_point(ys)
     cstep = None if idx is None else int(round(xs[idx]))
     return Trend(n=int(len(fv)), first_step=int(fs[0]), last_step=int(fs[-1]), early=early, late=late,
-                 tau=tau, p_value=p, slope=slope, change_step=cstep, before=before, after=after)
+                 tau=tau, p_value=p, slope=slope, change_step=cstep, before=before, after=after,
+                 head=float(np.median(fv[:5])), tail=float(np.median(fv[-5:])))
 
 
 def spikes(values: np.ndarray, window: int = 25, k: float = 10.0, min_ratio: float = 3.0) -> np.ndarray:
