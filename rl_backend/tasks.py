@@ -16,9 +16,11 @@ Task families (``DataSpec.task``, DESIGN.md §3):
   (the tests run in the sandbox through ``rl_backend/code_tasks.py``).
 
 Splits are deterministic (seeded), deduplicated and disjoint: the held-out set is drawn first,
-then every training problem whose question key (normalised prompt) is held out is dropped. When a
-task has fewer distinct problems than ``n_train + n_heldout`` (level 1 has 100), the pool is split
-in the requested proportion instead. Every problem records ``meta["split"]``; :func:`split_manifest`
+then every training problem whose question key (normalised prompt) is held out is dropped. The
+held-out set depends on the task, data, seed and ``n_heldout`` only (not on ``n_train`` or the
+band), so versions that change those stay comparable. ``n_heldout`` problems are held out when
+the task has at least twice as many distinct problems, else a fifth of them (level 1 has 100:
+20 held out); training gets at most ``n_train`` of the rest. Every problem records ``meta["split"]``; :func:`split_manifest`
 gives the ids and a digest to store with the version.
 
 The difficulty band (``data.difficulty_band``) keeps training problems whose estimated pass rate
@@ -124,11 +126,19 @@ def _arith_problem(level: int, parts: tuple) -> Problem:
 def arithmetic_problems(level: int, n: int, seed: int) -> list[Problem]:
     """``n`` distinct arithmetic problems of one level, drawn without replacement (seeded).
 
+    Prefix-stable: the first ``k`` problems of a draw of ``n >= k`` are the draw of ``k``, so the
+    held-out set (drawn first) does not move when ``n_train`` changes.
+
     Raises:
         TaskError: unknown level.
     """
     size, make = _level_space(level)
-    idx = random.Random(f"arith-{level}-{seed}").sample(range(size), min(n, size))
+    rng, seen, idx = random.Random(f"arith-{level}-{seed}"), set(), []
+    while len(idx) < min(n, size):  # draws with rejection: the first k of n draws are the k draws
+        i = rng.randrange(size)
+        if i not in seen:
+            seen.add(i)
+            idx.append(i)
     return [_arith_problem(level, make(i)) for i in idx]
 
 
@@ -238,12 +248,14 @@ def _tag(problems: list[Problem], split: str) -> list[Problem]:
 
 
 def _sizes(pool: int, n_train: int, n_heldout: int) -> tuple[int, int]:
-    if pool >= n_train + n_heldout:
-        return n_train, n_heldout
-    heldout = max(1, round(pool * n_heldout / (n_train + n_heldout)))
+    """(train, held-out) sizes: ``n_heldout`` when the pool holds at least twice that, else a fifth of it.
+
+    The held-out size never depends on ``n_train``, so changing ``n_train`` keeps the held-out set.
+    """
+    heldout = n_heldout if pool >= 2 * n_heldout else max(1, pool // 5)
     if pool - heldout < 1:
         raise TaskError(f"only {pool} distinct problem(s): need at least 2 for disjoint train / held-out splits")
-    return pool - heldout, heldout
+    return min(n_train, pool - heldout), heldout
 
 
 def estimate_pass_rates(outcomes: Iterable[tuple[str, float]]) -> dict[str, float]:
@@ -325,8 +337,10 @@ def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
     rng = random.Random(f"split-{data.task}-{data.seed}")
     if test_pool is None:
         pool = list(pool)
-        rng.shuffle(pool)
-        n_train, n_heldout = _sizes(len(pool), data.n_train, data.n_heldout)
+        if data.task != "arithmetic":  # the generator's draw order is already seeded and prefix-stable
+            rng.shuffle(pool)
+        size = _level_space(data.level)[0] if data.task == "arithmetic" else len(pool)
+        n_train, n_heldout = _sizes(size, data.n_train, data.n_heldout)
         heldout, rest = pool[:n_heldout], pool[n_heldout:]
     else:
         heldout = rng.sample(test_pool, min(data.n_heldout, len(test_pool)))

@@ -44,13 +44,19 @@ def test_arithmetic_level_shapes():
         assert 10 <= int(a) <= 99 and 0 <= int(b) <= 9
 
 
-def test_level1_pool_is_split_in_proportion_and_disjoint():
-    # Level 1 has 10 x 10 = 100 distinct questions < 256 + 64 requested: held-out gets
-    # round(100 * 64 / 320) = 20 and train the other 80.
+def test_level1_small_pool_and_disjoint():
+    # Level 1 has 10 x 10 = 100 distinct questions < 2 x 64: a fifth (20) is held out, train gets the other 80
     train, heldout = load_problems(DataSpec(level=1))
     assert (len(train), len(heldout)) == (80, 20)
     assert not {p.prompt for p in train} & {p.prompt for p in heldout}
     assert {p.meta["split"] for p in train} == {"train"} and {p.meta["split"] for p in heldout} == {"heldout"}
+
+
+@pytest.mark.parametrize("spec", [dict(level=1), dict(level=3, n_heldout=10), dict(task="gsm8k", n_heldout=30),
+                                  dict(task="humaneval")])
+def test_heldout_does_not_move_with_n_train(spec):
+    held = [[p.id for p in load_problems(DataSpec(**spec, n_train=n))[1]] for n in (5, 40, 300)]
+    assert held[0] == held[1] == held[2]
 
 
 def test_splits_are_deterministic_and_seeded():
