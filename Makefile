@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.evotrainer-installed
 CONFIG ?= examples/default.yaml
 
-.PHONY: run test test-slow bench lint install sandbox-deps clean
+.PHONY: run test test-slow bench lint install sandbox-deps mcp-inspector clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,16 @@ sandbox-deps:
 run: install sandbox-deps
 	$(VENV)/bin/evotrainer run $(CONFIG)
 
-test: install sandbox-deps
+# The MCP Inspector CLI (a third-party MCP client) for tests/test_mcp_inspector.py; outside the repo.
+INSPECTOR_DIR ?= $(HOME)/.cache/evotrainer/inspector
+mcp-inspector:
+	@test -x $(INSPECTOR_DIR)/node_modules/.bin/mcp-inspector || { \
+	  if command -v npm >/dev/null 2>&1; then echo "installing the MCP Inspector into $(INSPECTOR_DIR)"; \
+	    mkdir -p $(INSPECTOR_DIR) && cd $(INSPECTOR_DIR) && \
+	    npm install -s --no-audit --no-fund @modelcontextprotocol/inspector@2.12.0; \
+	  else echo "npm not found: tests/test_mcp_inspector.py will be skipped"; fi; }
+
+test: install sandbox-deps mcp-inspector
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install sandbox-deps

@@ -12,7 +12,7 @@ import math
 from typing import Annotated, Any
 
 from evotrainer.servers.analyzers import FindingInfo, evidence_of, finding_info, sync_registry
-from evotrainer.servers.common import ServerState, require_version, state_of, tool
+from evotrainer.servers.common import JsonValue, ServerState, require_version, state_of, tool
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
@@ -25,8 +25,8 @@ class RescoreInfo(BaseModel):
 
     version_id: str
     path: str
-    old_value: Any
-    new_value: Any
+    old_value: JsonValue
+    new_value: JsonValue
     n_rollouts: int
     n_groups: int
     old_reward_mean: float
@@ -126,7 +126,7 @@ def register(server: MCPServer, state: ServerState) -> None:
         ctx: Context,
         version_id: Annotated[str, Field(description="Trained version whose stored rollouts to re-score.")],
         path: Annotated[str, Field(description="Reward path to change, e.g. 'reward.format.weight'.")],
-        value: Annotated[Any, Field(description="New value (null removes a reward component).")],
+        value: Annotated[JsonValue, Field(description="New value (null removes a reward component).")],
     ) -> RescoreInfo:
         """Re-score a version's stored rollouts under a changed reward (the trainer's own reward code) and
         recompute group advantages: does the new reward track correctness better, and how many groups change?"""
@@ -163,7 +163,7 @@ def register(server: MCPServer, state: ServerState) -> None:
         ctx: Context,
         version_id: Annotated[str, Field(description="Trained version whose stored groups to replay.")],
         path: Annotated[str, Field(description=f"Filter setting to change: {', '.join(FILTER_PATHS)}.")],
-        value: Annotated[Any, Field(description="New value, e.g. true, 0.5 or [0.1, 0.9].")],
+        value: Annotated[JsonValue, Field(description="New value, e.g. true, 0.5 or [0.1, 0.9].")],
     ) -> FilterReplayInfo:
         """Replay a changed group filter on a version's stored groups, step by step: kept (informative) group
         fraction and effective batch under the current and the changed setting."""

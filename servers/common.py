@@ -26,6 +26,9 @@ from pydantic import BaseModel, Field
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_LIMIT = 500  # the largest page any list tool returns
+# A JSON value (recipe values, rules): declared as a union of the JSON types so the schema constrains it.
+JsonScalar = str | int | float | bool | None
+JsonValue = str | int | float | bool | list[JsonScalar | dict[str, Any]] | dict[str, Any] | None
 
 
 class ServerState:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from evotrainer.servers.common import ServerState, state_of, tool
+from evotrainer.servers.common import JsonValue, ServerState, state_of, tool
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
@@ -34,7 +34,7 @@ class SkillHitInfo(BaseModel):
     description: str
     addresses: list[str] = Field(description="Finding kinds the skill is meant for.")
     recipe_path: str | None
-    value: Any = Field(description="Interventions: literal new value or a rule {op: set|mul|add|toggle}.")
+    value: JsonValue = Field(description="Interventions: literal new value or a rule {op: set|mul|add|toggle}.")
     tags: list[str]
     score: float = Field(description="hybrid: RRF relevance; vector: 1 - cosine distance; fts: BM25.")
     record: SkillRecord
@@ -57,7 +57,7 @@ class SkillInfo(BaseModel):
     description: str
     addresses: list[str]
     recipe_path: str | None
-    value: Any
+    value: JsonValue
     code: str | None
     tags: list[str]
     source: str
@@ -141,7 +141,7 @@ def register(server: MCPServer, state: ServerState) -> None:
                                                           "omitted.")] = None,
         addresses: Annotated[list[str], Field(description="Finding kinds it is meant for.")] = [],  # noqa: B006
         recipe_path: Annotated[str | None, Field(description="Interventions: the dotted recipe path.")] = None,
-        value: Annotated[Any, Field(description="Interventions: literal value or rule {op: set|mul|add|toggle, "
+        value: Annotated[JsonValue, Field(description="Interventions: literal value or rule {op: set|mul|add|toggle, "
                                                 "value|by, min, max}.")] = None,
         code: Annotated[str | None, Field(description="Analyzers: Python source or 'builtin:<name>'.")] = None,
         tags: Annotated[list[str], Field(description="Free tags (domain, category, paper).")] = [],  # noqa: B006

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from evotrainer.servers.common import (
     MAX_LIMIT,
+    JsonValue,
     Page,
     ServerState,
     page_fields,
@@ -113,8 +114,8 @@ class RecipeChange(BaseModel):
     """One recipe path whose value differs."""
 
     path: str
-    a_value: Any = Field(description="Value in version a (null: absent).")
-    b_value: Any = Field(description="Value in version b (null: absent).")
+    a_value: JsonValue = Field(description="Value in version a (null: absent).")
+    b_value: JsonValue = Field(description="Value in version b (null: absent).")
 
 
 class RecipeDiff(BaseModel):
@@ -230,7 +231,7 @@ def register(server: MCPServer, state: ServerState) -> None:
         parent_id: VersionId,
         path: Annotated[str, Field(description="Dotted recipe path to change, e.g. 'eps_clip_high', "
                                                "'reward.format.weight', 'data.level'.", min_length=1)],
-        new_value: Annotated[Any, Field(description="New value (JSON): number, string, bool, list or object.")],
+        new_value: Annotated[JsonValue, Field(description="New value (JSON): number, string, bool, list or object.")],
         hypothesis: Annotated[str, Field(description="Why this should help, citing the evidence.")] = "",
         expected_metric: Annotated[str | None, Field(description="Metric expected to move, e.g. 'eval/avg@k'.")] = None,
         expected_direction: Annotated[Literal["up", "down"] | None, Field(

@@ -1,0 +1,77 @@
+"""A third-party client: the MCP Inspector CLI (@modelcontextprotocol/inspector 2.12.0) against `evotrainer serve all`.
+
+It lists every tool of the combined server (the same catalogue as the in-process server, with no schema-
+portability warning under ``--strict``) and calls one tool of each toolset. The Inspector is installed by
+``make mcp-inspector`` (a ``make test`` prerequisite) into ``$EVOTRAINER_INSPECTOR_DIR`` (default
+``~/.cache/evotrainer/inspector``); the test is skipped, saying so, where node or the install is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from evotrainer.servers import build_server
+from mcp_testlib import SyncClient, make_run
+
+INSPECTOR_DIR = Path(os.environ.get("EVOTRAINER_INSPECTOR_DIR", Path.home() / ".cache" / "evotrainer" / "inspector"))
+INSPECTOR = INSPECTOR_DIR / "node_modules" / ".bin" / "mcp-inspector"
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (the Inspector is a node CLI)"),
+    pytest.mark.skipif(not INSPECTOR.exists(), reason=f"MCP Inspector not installed at {INSPECTOR}; run "
+                                                      "`make mcp-inspector`"),
+]
+
+
+def _inspector(tmp: Path, run: Path, *method_args: str) -> subprocess.Popen:
+    env = {**os.environ, "MCP_CATALOG_PATH": str(tmp / "catalog.json"), "HF_HUB_OFFLINE": "1"}
+    cmd = [str(INSPECTOR), "--cli", "--connect-timeout", "300000", *(["--strict"] if "tools/list" in method_args else []),
+           sys.executable, "-m", "evotrainer.cli", "serve", "all", "--run", str(run), *method_args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_inspector_lists_all_tools_and_calls_one_per_server(tmp_path):
+    run = make_run(tmp_path)
+    calls = {  # one tool of each server, run concurrently (each starts its own server process)
+        "training": ("diff_versions", ["a=v0", "b=v1"]),
+        "rollouts": ("group_stats", ["version_id=v0"]),
+        "logs": ("get_metric_series", ["version_id=v0", "name=reward/mean", "max_points=2"]),
+        "analyzers": ("list_analyzers", []),
+        "skills": ("get_skill", ["skill_id=clip_higher"]),
+    }
+    procs = {"list": _inspector(tmp_path, run, "--method", "tools/list")}
+    for server, (tool, args) in calls.items():
+        targs = [x for a in args for x in ("--tool-arg", a)]
+        procs[server] = _inspector(tmp_path, run, "--method", "tools/call", "--tool-name", tool, *targs)
+    out = {}
+    for key, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, f"{key}: exit {p.returncode}\n{stderr[-2000:]}"
+        out[key] = (json.loads(stdout), stderr)
+
+    listed, stderr = out["list"]
+    c = SyncClient(build_server("all", run))
+    try:
+        expected = {t.name for t in c.tools()}
+    finally:
+        c.close()
+    assert {t["name"] for t in listed["tools"]} == expected and len(expected) == 33
+    assert all(t.get("outputSchema") and t.get("description") for t in listed["tools"])
+    assert "warning" not in stderr.lower() or "0 warnings" in stderr.lower()
+
+    def structured(key: str) -> dict:
+        res = out[key][0]
+        assert res.get("isError") is False, res
+        return res["structuredContent"]
+
+    assert structured("training")["changes"] == [{"path": "eps_clip_high", "a_value": 0.28, "b_value": 0.3}]
+    assert structured("rollouts")["n_groups"] == 4 and structured("rollouts")["frac_zero_variance"] == 0.5
+    assert [p["value"] for p in structured("logs")["points"]] == [0.375, 0.625]
+    assert "truncation" in {a["name"] for a in structured("analyzers")["analyzers"]}
+    assert structured("skills")["recipe_path"] == "eps_clip_high"
