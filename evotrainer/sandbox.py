@@ -21,7 +21,9 @@ Backends, picked automatically (override with ``EVOTRAINER_SANDBOX=docker|bwrap|
   memory / pids cgroup limits, cpu / fsize ulimits.
 * ``bwrap`` (bubblewrap): every namespace unshared (user, pid, net, ipc, uts, cgroup, mount),
   nested user namespaces disabled, all capabilities dropped, uid/gid 65534, new session, root
-  remounted read-only. Process count: the kernel ignores ``RLIMIT_NPROC`` for processes whose real
+  remounted read-only, ``/proc/sys`` read-only, a seccomp filter refusing keyring / bpf / perf /
+  io_uring / module syscalls (as host root the sandbox uid maps to host uid 0, which sysctl and
+  keyring ownership checks treat as root whatever the capabilities). Process count: the kernel ignores ``RLIMIT_NPROC`` for processes whose real
   uid is host root (bwrap as root maps sandbox uid 65534 to host uid 0), so as root the sandbox
   runs in its own pids cgroup (v1 or v2); as a normal user ``RLIMIT_NPROC`` is set inside the new
   user namespace, where the kernel counts it per namespace (checked: a fork loop stops at the
@@ -191,11 +193,22 @@ def sandbox_info() -> dict:
         "host_euid": os.geteuid(),
         "network": "none",
         "process_limit": procs,
+        "seccomp": _seccomp_summary(backend),
         "python": sys.executable,
         "mounts": {"work": WORK_DIR, "code": CODE_PATH, "inputs": f"{EVIDENCE_DIR}/<name> (read-only)"},
         "defaults": {"timeout_s": 30, "cpu_s": None, "memory_mb": 1024, "max_file_mb": 64, "max_procs": 64,
                      "disk_mb": 256, "max_output_kb": 1024},
     }
+
+
+def _seccomp_summary(backend: str | None) -> str | None:
+    if backend == "docker":
+        return "docker default profile"
+    if backend == "bwrap":
+        from evotrainer.sandbox_bwrap import _BLOCKED, seccomp_filter
+
+        return f"{len(_BLOCKED)} syscalls refused (keyrings, bpf, perf, io_uring, ...)" if seccomp_filter() else None
+    return None
 
 
 # --- the one API -------------------------------------------------------------------------------

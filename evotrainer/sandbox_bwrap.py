@@ -64,6 +64,49 @@ os._exit(c if c>=0 else 128-c)
 """
 
 
+# --- seccomp: syscalls no sandboxed program needs ------------------------------------------------
+# As host root, bwrap maps the sandbox uid to host uid 0: file-style ownership checks that ignore
+# namespaces then see the owner. Kernel keyrings are one (root's keys are "user"-readable by
+# kuid 0), so the key syscalls are refused, with the rest of Docker's default-profile blocklist that
+# matters here (eBPF, perf, userfaultfd, io_uring, modules, kexec, swap, reboot, acct, quotas,
+# file handles). The filter is a classic-BPF program assembled here (struct sock_filter).
+_BLOCKED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+            "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+            "delete_module", "acct", "swapon", "swapoff", "reboot", "quotactl", "fanotify_init",
+            "name_to_handle_at", "open_by_handle_at")
+_SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64)
+    "x86_64": (0xC000003E, dict(zip(_BLOCKED, (248, 249, 250, 321, 298, 323, 425, 426, 427, 246, 320, 175, 313,
+                                               176, 163, 167, 168, 169, 179, 300, 303, 304), strict=True))),
+    "aarch64": (0xC00000B7, dict(zip(_BLOCKED, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105, 273,
+                                                106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
+}
+
+
+def seccomp_filter() -> bytes | None:
+    """The BPF program bwrap loads with ``--seccomp``: EPERM for :data:`_BLOCKED` (and x32 calls), kill
+    on a foreign architecture, allow the rest. None on architectures without a table here."""
+    import platform
+    import struct
+
+    arch = _SYSCALLS.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, numbers = arch
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, errno_eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000
+    nrs = sorted(set(numbers.values()))
+    prog = [(ld_abs, 0, 0, 4),                         # A = seccomp_data.arch
+            (jeq, 1, 0, audit_arch),                   # our arch: skip the kill
+            (ret, 0, 0, kill),
+            (ld_abs, 0, 0, 0)]                         # A = seccomp_data.nr
+    if audit_arch == 0xC000003E:
+        prog.append((jge, len(nrs) + 1, 0, 0x40000000))  # x32 ABI calls -> EPERM
+    for i, nr in enumerate(nrs):
+        prog.append((jeq, len(nrs) - i, 0, nr))        # blocked -> jump to the EPERM return
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, errno_eperm)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
 # --- bubblewrap --------------------------------------------------------------------------------
 def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
                 limits: _Limits, env: dict[str, str]) -> list[str]:
@@ -82,7 +125,11 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
                          | {sys.prefix}):
         if not prefix.startswith("/usr/") and prefix != "/usr":
             a += ["--ro-bind", prefix, prefix]
-    a += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp",
+    # A fresh /proc, but its global writable files read-only: as host root the sandbox uid is host uid 0,
+    # which sysctl permission checks (test_perm) treat as root whatever the namespace or capabilities.
+    a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
+          "/proc/sysrq-trigger", "--ro-bind-try", "/proc/pressure", "/proc/pressure"]
+    a += ["--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp",
           "--size", str(limits.disk_mb << 20), "--tmpfs", "/dev/shm"]  # /dev's own tmpfs has no size cap
     if workdir is not None:
         a += ["--bind", str(Path(workdir).resolve()), WORK_DIR]
@@ -94,6 +141,8 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
         a += ["--ro-bind", str(code_file), CODE_PATH]
     for k, v in env.items():
         a += ["--setenv", k, v]
+    if seccomp_filter() is not None:
+        a += ["--seccomp", "{seccomp_fd}"]
     a += ["--chdir", WORK_DIR, "--remount-ro", "/", "--"]
     nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0]
@@ -173,19 +222,32 @@ def _remove_cgroup(cg: Path) -> None:
 
 # --- supervision: wall clock, output caps, resource use ------------------------------------------
 def supervise(argv: list[str], limits: _Limits, *, backend: str, env: dict[str, str], cwd: Path) -> SandboxResult:
-    """Start ``argv`` in its own process group, enforce the wall clock and output caps, reap it."""
+    """Start ``argv`` in its own process group, enforce the wall clock and output caps, reap it.
+
+    Placeholders in ``argv``: ``{report_fd}`` (the launcher's report pipe) and ``{seccomp_fd}`` (a
+    pipe holding :func:`seccomp_filter`'s program, for bwrap's ``--seccomp``).
+    """
     report_r, report_w = os.pipe()  # the launcher reports the program's CPU time and peak RSS here
-    argv = [str(report_w) if a == "{report_fd}" else a for a in argv]
+    fds = {"{report_fd}": report_w}
+    to_close = [report_w]
+    if "{seccomp_fd}" in argv:
+        sec_r, sec_w = os.pipe()
+        os.write(sec_w, seccomp_filter())  # a few hundred bytes: fits the pipe buffer
+        os.close(sec_w)
+        fds["{seccomp_fd}"] = sec_r
+        to_close.append(sec_r)
+    argv = [str(fds[a]) if a in fds else a for a in argv]
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=cwd, start_new_session=True, close_fds=True, bufsize=0,
-                                pass_fds=(report_w,))
+                                pass_fds=tuple(fds.values()))
     except OSError as e:
         os.close(report_r)
         raise SandboxError(f"{backend} sandbox failed to start ({argv[0]}): {e}") from e
     finally:
-        os.close(report_w)
+        for fd in to_close:
+            os.close(fd)
     over = threading.Event()
     bufs: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
     truncated = {"stdout": False, "stderr": False}

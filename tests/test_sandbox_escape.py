@@ -502,3 +502,44 @@ def test_23_no_setuid_file_is_left_in_a_bound_work_dir(tmp_path):
     for f in (tmp_path / "rootsh", tmp_path / "d" / "sh2"):
         assert f.stat().st_mode & 0o6000 == 0, oct(f.stat().st_mode)  # host: no setuid / setgid file left
         assert f.stat().st_mode & 0o777 == 0o755
+
+
+def test_24_kernel_tunables_are_read_only():
+    """As host root the sandbox uid is host uid 0, which sysctl checks treat as root: /proc/sys must be read-only.
+    Only open(O_WRONLY) is tried, so a regression cannot change the host."""
+    before = Path("/proc/sys/kernel/core_pattern").read_text()
+    r = run("""
+        import os
+        for p in ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/hostname",
+                  "/proc/sysrq-trigger", "/proc/pressure/cpu"]:
+            try:
+                os.close(os.open(p, os.O_WRONLY)); print("WRITABLE", p)
+            except OSError as e:
+                print("denied", p, e.errno)
+    """)
+    assert "WRITABLE" not in r.stdout and r.stdout.count("denied") == 5, r
+    assert "denied /proc/sys/kernel/core_pattern 30" in r.stdout  # EROFS
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == before  # host unchanged
+
+
+def test_25_keyrings_bpf_perf_and_io_uring_are_refused():
+    """Root's kernel keys are owner-readable by host uid 0; seccomp refuses the key syscalls and friends."""
+    keys_before = Path("/proc/keys").read_text() if Path("/proc/keys").exists() else ""
+    r = run("""
+        import ctypes, platform
+        libc = ctypes.CDLL(None, use_errno=True)
+        nr = {"x86_64": dict(add_key=248, request_key=249, keyctl=250, bpf=321, perf_event_open=298,
+                             userfaultfd=323, io_uring_setup=425),
+              "aarch64": dict(add_key=217, request_key=218, keyctl=219, bpf=280, perf_event_open=241,
+                              userfaultfd=282, io_uring_setup=425)}[platform.machine()]
+        for name, n in nr.items():
+            print(name, libc.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno())
+        keys = open("/proc/keys").read() if __import__("os").path.exists("/proc/keys") else ""
+        print("keys-visible", len([l for l in keys.splitlines() if l.strip()]))
+        print("seccomp", open("/proc/self/status").read().split("Seccomp:")[1].split()[0])
+    """)
+    assert r.exit_code == 0, r
+    for name in ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup"):
+        assert f"{name} -1 1\n" in r.stdout, (name, r.stdout)  # EPERM from the filter
+    assert "seccomp 2" in r.stdout  # filter mode
+    assert (Path("/proc/keys").read_text() if Path("/proc/keys").exists() else "") == keys_before  # host unchanged
