@@ -16,7 +16,6 @@ import types
 
 import pytest
 import torch
-
 from evotrainer.rl_backend import grpo
 
 L2 = math.log(2.0)

