@@ -75,10 +75,11 @@ def _spec(problem: Any) -> _Spec:
 
 def extract_code(completion: str, entry_point: str | None = None) -> str:
     """The code in a completion: the fenced block defining ``entry_point`` (else the first fenced
-    block), or the whole text when there is no fence (a raw body continuation, as in HumanEval)."""
+    block), or the text before any closing fence when no block opens (a raw body continuation, as
+    in HumanEval)."""
     blocks = _FENCE.findall(completion)
-    if not blocks:
-        return completion
+    if not blocks:  # a raw continuation; drop a closing fence the model may have added
+        return completion.split("```")[0]
     if entry_point:
         for b in blocks:
             if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", b, re.MULTILINE):

@@ -59,6 +59,7 @@ def test_problem_objects_and_chat_replies():
 
 def test_extract_code_and_program_layout():
     assert extract_code("no fence\n    return 1") == "no fence\n    return 1"
+    assert extract_code("    return 1\n```\nDone.") == "    return 1\n"  # a continuation closed by a fence
     text = "```python\nimport os\n```\ntext\n```python\ndef f(x):\n    return x\n```"
     assert extract_code(text, "f") == "def f(x):\n    return x\n"
     assert extract_code(text) == "import os\n"
