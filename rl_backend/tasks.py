@@ -24,8 +24,10 @@ the task has at least twice as many distinct problems, else a fifth of them (lev
 gives the ids and a digest to store with the version.
 
 The difficulty band (``data.difficulty_band``) keeps training problems whose estimated pass rate
-lies in ``[low, high]``: see :func:`filter_by_pass_rate`. Held-out problems are never filtered, so
-versions stay comparable when the harness moves the band.
+lies in ``[low, high]``: see :func:`filter_by_pass_rate`. The estimate is a measured pass rate
+(``load_problems(data, pass_rates=workspace_pass_rates(ws))``: mean correctness of each problem
+over the run's stored rollouts) or, without one, the arithmetic level estimate. Held-out problems
+are never filtered, so versions stay comparable when the harness moves the band.
 """
 
 from __future__ import annotations
@@ -265,6 +267,18 @@ def estimate_pass_rates(outcomes: Iterable[tuple[str, float]]) -> dict[str, floa
         if c is not None and not math.isnan(float(c)):
             tot.setdefault(str(pid), []).append(float(c))
     return {k: sum(v) / len(v) for k, v in tot.items()}
+
+
+def workspace_pass_rates(ws, version_ids: list[str] | None = None) -> dict[str, float]:
+    """Measured pass rate per problem id: mean ``correct`` over a workspace's stored rollouts (train and
+    eval splits) of ``version_ids`` (all versions when None). Feed it to :func:`load_problems`."""
+    t = ws.rollouts.to_arrow(columns=["version_id", "prompt_id", "correct"])
+    if t.num_rows == 0:
+        return {}
+    d = t.to_pydict()
+    keep = set(version_ids) if version_ids is not None else None
+    return estimate_pass_rates((p, c) for v, p, c in zip(d["version_id"], d["prompt_id"], d["correct"], strict=True)
+                               if keep is None or v in keep)
 
 
 def filter_by_pass_rate(problems: list[Problem], band: tuple[float, float],

@@ -146,3 +146,26 @@ def test_difficulty_band_filter():
     measured = {p.id: (0.0 if i % 2 else 0.5) for i, p in enumerate(train)}
     kept, held2 = load_problems(DataSpec(level=1, difficulty_band=(0.1, 0.9)), pass_rates=measured)
     assert len(kept) == 40 and [p.id for p in held2] == [p.id for p in heldout]
+
+
+def test_workspace_pass_rates_move_the_band(tmp_path):
+    from evotrainer.rl_backend.tasks import workspace_pass_rates
+
+    from evotrainer.recipe import Recipe
+    from evotrainer.rollouts import make_record
+    from evotrainer.workspace import Workspace
+
+    train, _ = load_problems(DataSpec(level=1))
+    a, b = train[0].id, train[1].id
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(Recipe())
+        rows = [make_record(version_id=v.id, step=1, prompt_id=pid, group_id=f"{pid}-g", sample_idx=i, prompt="q",
+                            completion="c", reward=c, correct=c)
+                for pid, outcomes in ((a, [1, 1, 1, 1]), (b, [1, 0, 0, 0])) for i, c in enumerate(outcomes)]
+        ws.rollouts.add(rows)
+        rates = workspace_pass_rates(ws)
+        assert rates == {a: 1.0, b: 0.25}  # 4/4 and 1/4
+        assert workspace_pass_rates(ws, ["other"]) == {}
+        kept, _ = load_problems(DataSpec(level=1, difficulty_band=(0.1, 0.9)), pass_rates=rates)
+    ids = {p.id for p in kept}
+    assert b in ids and a not in ids and len(kept) == 79  # a (always solved) leaves; unmeasured 0.36 estimates stay
