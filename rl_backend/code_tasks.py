@@ -34,7 +34,8 @@ from evotrainer.sandbox import IMAGES_DIR, run_in_sandbox
 
 RUNNER = IMAGES_DIR / "code-runner" / "runner.py"
 DEFAULT_TIMEOUT_S = 5.0
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+# A block opens with ```python (closed by ``` or the end of the text) or with a bare ``` that is closed.
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)|```[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
 class CodeTaskError(ValueError):
@@ -77,7 +78,7 @@ def extract_code(completion: str, entry_point: str | None = None) -> str:
     """The code in a completion: the fenced block defining ``entry_point`` (else the first fenced
     block), or the text before any closing fence when no block opens (a raw body continuation, as
     in HumanEval)."""
-    blocks = _FENCE.findall(completion)
+    blocks = [a or b for a, b in _FENCE.findall(completion)]
     if not blocks:  # a raw continuation; drop a closing fence the model may have added
         return completion.split("```")[0]
     if entry_point:
