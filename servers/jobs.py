@@ -110,8 +110,9 @@ class JobManager:
     def _run(self, job: RunningJob, ws: Any, run: RunFn) -> None:
         def progress(info: dict[str, Any]) -> None:
             job.last = dict(info)
-            if "done" in info and "total" in info:  # evaluation reports problems done / total
-                job.steps_done, job.steps_total = int(info["done"]), int(info["total"])
+            if isinstance(info.get("step"), int) and isinstance(info.get("steps"), int):
+                # train: 1-based step of the version (resumed steps included) / eval: problems done
+                job.steps_done, job.steps_total = info["step"], info["steps"]
             else:
                 job.steps_done += 1
             frac = job.steps_done / job.steps_total if job.steps_total else 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from evotrainer.servers.common import (
@@ -281,6 +282,11 @@ def register(server: MCPServer, state: ServerState) -> None:
         v = require_version(ws, version_id)
         if v.status in ("kept", "pruned", "reverted"):
             raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
+        if v.parent_id is not None:  # fail now rather than in the job (the backend starts from this checkpoint)
+            parent = ws.lineage.get(v.parent_id)
+            if not parent.checkpoint or not Path(parent.checkpoint).is_dir():
+                raise ToolError(f"parent {parent.id} of {version_id} has no checkpoint (status {parent.status}); "
+                                f"train {parent.id} first")
         busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
         if busy:
             raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")

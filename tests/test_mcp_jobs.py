@@ -1,0 +1,73 @@
+"""Training and evaluation jobs through MCP with the real local backend on the tiny random model (1-2 steps):
+progress notifications, one writer per run, consistent reads while training writes, cancellation, eval summary."""
+
+from __future__ import annotations
+
+import pytest
+from evotrainer.servers import build_server
+from mcp_testlib import SyncClient
+
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+
+
+@pytest.fixture
+def client(tmp_path):
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}, n_samples_per_prompt=2,
+                                      rollout_batch_size=2, generate_max_len=8,
+                                      data={"n_train": 8, "n_heldout": 2}, eval={"k": 2}))
+    c = SyncClient(build_server("all", run))
+    yield c
+    c.close()
+
+
+def test_train_progress_cancel_and_evaluate(client):
+    job = client.ok("start_training", {"version_id": "v0", "steps": 1})
+    assert job["status"] == "running" and job["steps_total"] == 1 and job["id"].startswith("train-v0-")
+    # one writer per run: a second job on the run is refused while this one writes
+    assert "has a running job" in client.err("start_training", {"version_id": "v0", "steps": 1})
+    err = client.err("evaluate_version", {"version_id": "v0"})
+    assert "another process is writing" in err and job["id"] in err
+    # reads stay consistent while training writes (WAL + Lance snapshots)
+    for _ in range(5):
+        assert client.ok("get_version", {"version_id": "v0"})["status"] in ("proposed", "training", "trained")
+        client.ok("sample_rollouts", {"version_id": "v0"})
+    notes = []
+
+    async def on_progress(progress, total, message):
+        notes.append((progress, total, message))
+
+    done = client.ok("job_status", {"job_id": job["id"], "wait_s": 600}, progress=on_progress)
+    assert done["status"] == "done" and done["steps_done"] == 1 and done["progress"] == 1.0
+    assert done["result"]["steps_done"] == 1 and done["result"]["checkpoint"]
+    assert notes and notes[-1][:2] == (1, 1) and "train v0" in notes[-1][2]
+    v0 = client.ok("get_version", {"version_id": "v0"})
+    assert v0["status"] == "trained" and v0["checkpoint"] and "reward/mean" in v0["metrics_summary"]
+    assert [j["status"] for j in v0["jobs"]] == ["done"]
+    # 1 step x 2 prompts x 2 samples = 4 train rollouts
+    assert client.ok("sample_rollouts", {"version_id": "v0", "split": "train"})["total"] == 4
+    assert client.ok("list_metrics", {"version_id": "v0"})["versions"][0]["n_steps"] == 1
+
+    # a child trained for 2 steps, cancelled at once: it stops after its current step
+    client.ok("propose_intervention", {"parent_id": "v0", "path": "temperature", "new_value": 0.7})
+    child = client.ok("start_training", {"version_id": "v1", "steps": 2})
+    stopped = client.ok("cancel_job", {"job_id": child["id"], "wait_s": 600})
+    assert stopped["status"] == "cancelled" and stopped["steps_done"] < 2
+    assert stopped["result"]["stopped_early"] is True
+    assert "finished already" in client.err("cancel_job", {"job_id": child["id"]})
+
+    ev = client.ok("evaluate_version", {"version_id": "v0", "k": 2, "wait_s": 600})
+    assert ev["status"] == "done" and ev["kind"] == "eval"
+    summary = client.ok("get_version", {"version_id": "v0"})["eval_summary"]
+    assert summary["k"] == 2 and summary["n_problems"] == 2 and 0.0 <= summary["avg@k"] <= 1.0
+    # per-sample outcomes make eval rollouts: 2 problems x k=2
+    assert client.ok("sample_rollouts", {"version_id": "v0", "split": "eval"})["total"] == 4
+    assert [j["kind"] for j in client.ok("list_jobs")["jobs"]] == ["train", "train", "eval"]
+
+
+def test_untrained_parent_fails_fast(client):
+    client.ok("propose_intervention", {"parent_id": "v0", "path": "temperature", "new_value": 0.7})
+    err = client.err("start_training", {"version_id": "v1", "steps": 1})
+    assert "parent v0 of v1 has no checkpoint" in err and "train v0 first" in err
