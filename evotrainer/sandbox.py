@@ -39,6 +39,7 @@ Docker) and ``"{code}"`` is replaced by the path of ``code``.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import shutil
@@ -196,8 +197,9 @@ def sandbox_info() -> dict:
         "seccomp": _seccomp_summary(backend),
         "python": sys.executable,
         "mounts": {"work": WORK_DIR, "code": CODE_PATH, "inputs": f"{EVIDENCE_DIR}/<name> (read-only)"},
-        "defaults": {"timeout_s": 30, "cpu_s": None, "memory_mb": 1024, "max_file_mb": 64, "max_procs": 64,
-                     "disk_mb": 256, "max_output_kb": 1024},
+        "defaults": {k: p.default for k, p in inspect.signature(run_in_sandbox).parameters.items()
+                     if k in ("timeout_s", "cpu_s", "memory_mb", "max_file_mb", "max_procs", "disk_mb",
+                              "max_output_kb")},
     }
 
 
