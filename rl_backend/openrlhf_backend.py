@@ -160,6 +160,15 @@ class OpenRLHFJob(BaseModel):
         return shlex.join(self.argv)
 
 
+def __getattr__(name: str) -> Any:
+    """``OpenRLHFBackend`` lives in :mod:`evotrainer.rl_backend.openrlhf_runner` (imported lazily: no cycle)."""
+    if name == "OpenRLHFBackend":
+        from evotrainer.rl_backend.openrlhf_runner import OpenRLHFBackend
+
+        return OpenRLHFBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def installed_openrlhf_version() -> str | None:
     """Version of the installed ``openrlhf`` distribution, or None (read from metadata, nothing imported)."""
     from importlib.metadata import PackageNotFoundError, version

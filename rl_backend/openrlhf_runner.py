@@ -223,20 +223,22 @@ class OpenRLHFBackend:
         self.cluster = cluster
         self.poll_s = poll_s
 
-    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None) -> dict[str, Any]:
-        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns ``{version_id, status (done | cancelled),
-        steps, checkpoint, metrics_summary, job_ref}``. ``progress`` gets one call per step.
+    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None):
+        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns a ``rl_backend.base.TrainResult``
+        (``stopped_early`` when ``should_stop`` cancelled the job). ``progress`` gets one call per step.
 
         Raises:
             OpenRLHFError: the recipe cannot run on OpenRLHF or the job failed (the log tail is in the message).
         """
         import time
 
+        from evotrainer.rl_backend.base import TrainResult
         from evotrainer.rl_backend.openrlhf_backend import build_job
         from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
 
         from evotrainer import metrics as M
 
+        t0 = time.monotonic()
         v = ws.lineage.get(version_id)
         parent_ckpt = ws.lineage.get(v.parent_id).checkpoint if v.parent_id else None
         job = build_job(v.recipe, ws.root, version_id=version_id, steps=steps, cluster=self.cluster,
@@ -285,17 +287,22 @@ class OpenRLHFBackend:
             tail = job_logs(job, ref)[-2000:]
             raise OpenRLHFError(f"openrlhf job {ref} of {version_id} ended {status} after {last} step(s); "
                                 f"log tail:\n{tail}")
-        return {"version_id": version_id, "status": status, "steps": last,
-                "checkpoint": ws.lineage.get(version_id).checkpoint, "metrics_summary": summary, "job_ref": ref}
+        return TrainResult(version_id=version_id, steps_done=last, steps_requested=steps,
+                           checkpoint=ws.lineage.get(version_id).checkpoint, metrics_summary=summary,
+                           stopped_early=status == "cancelled", wall_s=round(time.monotonic() - t0, 3))
 
     def evaluate(self, ws, version_id: str, k: int | None = None, eval_name: str = "heldout",
-                 progress=None) -> dict[str, Any]:
-        """Held-out Avg@k / pass@k from OpenRLHF's evaluation at the last training step.
+                 progress=None):
+        """Held-out Avg@k / pass@k (``rl_backend.base.EvalResult``) from OpenRLHF's evaluation at the last
+        training step: k samples per problem scored by correctness, so its pass1 is Avg@k (= unbiased
+        pass@1) and its pass<k> (max over the k samples) the unbiased pass@k with n = k.
 
         Raises:
             OpenRLHFError: the version has no OpenRLHF evaluation (not trained here, or no eval step),
                 or ``k`` differs from the ``recipe.eval.k`` the job evaluated with.
         """
+        from evotrainer.rl_backend.base import EvalResult
+
         from evotrainer import metrics as M
 
         v = ws.lineage.get(version_id)
@@ -307,10 +314,11 @@ class OpenRLHFBackend:
             raise OpenRLHFError(f"{version_id}: no OpenRLHF held-out evaluation stored (eval/pass@1); train it with "
                                 "the openrlhf backend first")
         job = ws.lineage.kv_get(f"openrlhf/{version_id}") or {}
-        n = len(Path(job["job"]["files"]["heldout"]).read_text().splitlines()) if job else None
+        held = Path(job["job"]["files"]["heldout"]) if job else None
+        n = len(held.read_text().splitlines()) if held is not None and held.exists() else 0
         avg = series[M.EVAL_PASS_AT_1][-1][1]
         passk = series.get(M.EVAL_PASS_AT_K, [(0, avg)])[-1][1]
-        summary = {"k": v.recipe.eval.k, "avg@k": avg, "pass@k": passk, "pass@1": avg, "n_problems": n,
-                   "eval_name": eval_name, "source": "openrlhf", "per_sample": False}
-        ws.lineage.update_version(version_id, eval_summary=summary)
-        return summary
+        res = EvalResult(version_id=version_id, eval_name=eval_name, k=v.recipe.eval.k, avg_at_k=avg,
+                         pass_at_k=passk, pass_at_1=avg, n_problems=n, checkpoint=v.checkpoint)
+        ws.lineage.update_version(version_id, eval_summary={**res.summary(), "source": "openrlhf", "per_sample": False})
+        return res

@@ -320,7 +320,7 @@ out = Path(a["ckpt.output_dir"]); out.mkdir(parents=True, exist_ok=True)
 
 def test_backend_train_and_evaluate_through_the_runner(tmp_path):
     """The backend's real loop (build, submit, poll, ingest, status) around a stand-in trainer program."""
-    from evotrainer.rl_backend.openrlhf_runner import OpenRLHFBackend
+    from evotrainer.rl_backend.base import get_backend
 
     from evotrainer import metrics as M
     from evotrainer.workspace import Workspace
@@ -329,12 +329,14 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
     wrapper = tmp_path / "python"  # replaces `python3 -m openrlhf.cli.train_ppo_ray ARGS` by the stand-in
     wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {tmp_path / "fake_trainer.py"} "$@"\n')
     wrapper.chmod(0o755)
-    backend = OpenRLHFBackend(ClusterSpec(python=str(wrapper), openrlhf_version="0.11.2"), poll_s=0.5)
+    cluster = ClusterSpec(python=str(wrapper), openrlhf_version="0.11.2")
+    backend = get_backend("openrlhf", cluster=cluster, poll_s=0.5)
+    assert backend.name == "openrlhf"
     seen = []
     with Workspace(tmp_path / "run", writer=True) as ws:
         v = ws.lineage.create_root(Recipe())
         res = backend.train(ws, v.id, steps=2, progress=seen.append)
-        assert res["status"] == "done" and res["steps"] == 2
+        assert (res.steps_done, res.steps_requested, res.stopped_early) == (2, 2, False)
         # one progress call per step; the stand-in's reward: correctness 1 (the only component) -> 1.0
         assert seen == [{"step": 1, "steps": 2, "reward": 1.0, "tokens_per_sec": None},
                         {"step": 2, "steps": 2, "reward": 1.0, "tokens_per_sec": None}]
@@ -344,9 +346,10 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
         assert ws.lineage.metric_series(v.id, M.reward_component("correctness")) == [(1, 1.0), (2, 1.0)]
         assert ws.lineage.metric_series(v.id, M.CORRECT_MEAN) == [(1, 1.0), (2, 1.0)]
         assert ver.metrics_summary[M.LOSS_POLICY] == pytest.approx(0.05)  # 0.1 / step 2
-        assert ws.lineage.kv_get(f"openrlhf/{v.id}")["ref"] == res["job_ref"]
+        assert ws.lineage.kv_get(f"openrlhf/{v.id}")["ref"].startswith("local:")
         ev = backend.evaluate(ws, v.id)
-        assert (ev["avg@k"], ev["pass@k"], ev["k"], ev["n_problems"]) == (0.25, 0.5, 8, 20)
+        assert (ev.avg_at_k, ev.pass_at_k, ev.k, ev.n_problems) == (0.25, 0.5, 8, 20)
+        assert ws.lineage.get(v.id).eval_summary["avg@k"] == 0.25
         with pytest.raises(OpenRLHFError, match="k=4"):
             backend.evaluate(ws, v.id, k=4)
 
@@ -555,5 +558,5 @@ def test_backend_cancel_stops_the_job(tmp_path):
     with Workspace(tmp_path / "run", writer=True) as ws:
         v = ws.lineage.create_root(Recipe())
         res = backend.train(ws, v.id, steps=3, progress=seen.append, should_stop=lambda: bool(seen))
-        assert res["status"] == "cancelled" and res["steps"] == 1  # stopped during step 2's 60 s
+        assert res.stopped_early and res.steps_done == 1  # stopped during step 2's 60 s
         assert ws.lineage.get(v.id).status == "failed"
