@@ -140,7 +140,7 @@ def rescore_rollouts(rollouts: pa.Table, reward_spec: Mapping[str, Any], *, gene
         "frac_groups_best_changed": best_changed / max(1, sum(len(r) >= 2 for r in rows)),
         "frac_advantage_sign_flips": float(np.mean(np.sign(old_adv) != np.sign(new_adv))),
         "mean_group_kendall_tau": float(np.mean(taus)) if taus else None,
-        "frac_zero_std_old": zero_old / len(rows), "frac_zero_std_new": zero_new / len(rows),
+        "frac_zero_std_old": float(zero_old / len(rows)), "frac_zero_std_new": float(zero_new / len(rows)),
     }
     return RescoreResult(rollout_ids=list(d.get("rollout_id") or []), old_reward=old, new_reward=new,
                          old_advantage=old_adv, new_advantage=new_adv,
@@ -152,21 +152,25 @@ def filter_keep(rewards: np.ndarray, group_size: int, *, drop_zero_variance_grou
                 group_filter_top_p: float = 1.0) -> np.ndarray:
     """``(N,)`` bool keep mask of N groups of G rewards ``(N*G,)``, with the trainer's filter functions.
 
-    Order: drop zero-variance groups, then the dynamic-sampling range, then the top-p by reward
-    std among all groups (``rl_backend.grpo``: ``zero_variance_groups``, ``dynamic_filter_keep``,
-    ``top_p_std_keep``); a group is kept when every enabled filter keeps it.
+    Order as the local trainer (``rl_backend/local.py``): drop zero-variance groups, then the
+    dynamic-sampling range, then keep the top-p by reward std *among the groups still kept*
+    (``rl_backend.grpo``: ``zero_variance_groups``, ``dynamic_filter_keep``, ``top_p_std_keep``).
     """
     import torch
     from evotrainer.rl_backend import grpo
 
     r = torch.tensor(np.asarray(rewards, dtype=np.float64))
-    keep = torch.ones(len(rewards) // group_size, dtype=torch.bool)
+    n_groups = len(rewards) // group_size
+    keep = torch.ones(n_groups, dtype=torch.bool)
     if drop_zero_variance_groups:
         keep &= ~grpo.zero_variance_groups(r, group_size)
     if dynamic_filtering:
         keep &= grpo.dynamic_filter_keep(r, group_size, *dynamic_filtering_range)
-    if group_filter_top_p < 1.0:
-        keep &= grpo.top_p_std_keep(r, group_size, group_filter_top_p)
+    if group_filter_top_p < 1.0 and keep.any():
+        kept_idx = keep.nonzero().squeeze(-1)
+        sub = r.reshape(n_groups, group_size)[kept_idx].reshape(-1)
+        top = grpo.top_p_std_keep(sub, group_size, group_filter_top_p)
+        keep[kept_idx[~top]] = False
     return keep.numpy()
 
 

@@ -68,6 +68,9 @@ def test_filter_keep_by_hand():
     # no zero-variance drop, top-p 0.5 by std: the two groups with std 0.577 (ties keep the earlier)
     assert filter_keep(r, 3, drop_zero_variance_groups=False, group_filter_top_p=0.5).tolist() == \
         [False, False, True, True]
+    # as the trainer: top-p applies among the groups still kept -> ceil(0.5 x 2) = 1 of (1,0,0), (1,1,0);
+    # equal std, the earlier wins
+    assert filter_keep(r, 3, group_filter_top_p=0.5).tolist() == [False, False, True, False]
 
 
 def test_replay_filter_reproduces_logged_kept_fraction(tmp_path):
@@ -110,3 +113,32 @@ def test_backtest_analyzer_precision_recall():
     assert (bt2.precision, bt2.recall) == (1.0, 1.0)
     with pytest.raises(ValueError, match="no version of known outcome"):
         backtest_analyzer("entropy_collapse", Evidence(metrics={"v1": {M.POLICY_ENTROPY: stable}}))
+
+
+def test_replay_and_rescore_on_a_version_trained_by_the_local_backend(tmp_path):
+    """The real trainer (tiny random model, 2 steps) with a leaky reward and the top-p filter."""
+    from evotrainer.rl_backend.base import get_backend
+
+    r = Recipe()
+    for path, value in [("model.name_or_path", "tiny-random"), ("n_samples_per_prompt", 4),
+                        ("rollout_batch_size", 4), ("generate_max_len", 8), ("group_filter_top_p", 0.5),
+                        ("reward.format_token", {"weight": 1.0, "params": {"token": "ing"}})]:
+        r = set_path(r, path, value)
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        v = ws.lineage.create_root(r)
+        get_backend("local").train(ws, v.id, steps=2)
+        t = ws.rollouts.to_arrow()
+        rep = replay_filter(t, v.id, ws.lineage.get(v.id).recipe, evidence=Evidence.from_workspace(ws))
+        logged = [x for _, x in ws.lineage.metric_series(v.id, M.REWARD_KEPT_GROUP_FRAC)]
+        res = rescore_rollouts(t, FIXED, generate_max_len=8, task=r.data.task)
+    # the replay reproduces, step by step, the kept-group fraction the trainer logged
+    assert rep.steps.tolist() == [0, 1]
+    assert rep.kept_frac.tolist() == pytest.approx(logged) and rep.summary()["max_abs_diff_vs_logged"] == 0.0
+    # stored rewards are what the trainer paid (format_token "ing" + correctness); the fixed reward pays
+    # correctness only, so every sample's reward drops by exactly its format_token component
+    from evotrainer.harness.backtest import components_of
+
+    paid = components_of(t)
+    assert res.old_reward == pytest.approx(paid["format_token"] + paid["correctness"])
+    assert res.new_reward == pytest.approx(paid["correctness"])
+    assert paid["format_token"].sum() > 0 and res.summary["new_reward_mean"] < res.summary["old_reward_mean"]
