@@ -311,10 +311,14 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
     if recipe.drop_zero_variance_groups and not recipe.dynamic_filtering:
         warnings.append("drop_zero_variance_groups: mapped to OpenRLHF dynamic filtering on the correctness score "
                         f"with range {list(recipe.dynamic_filtering_range)} (drops all-wrong / all-right groups)")
+    # Ray Jobs: relative paths inside the uploaded working_dir (OpenRLHF's actors inherit it; Ray merges the
+    # job's runtime_env with the one train_ppo_ray passes to ray.init). Local: absolute paths, since the
+    # local Ray cluster train_ppo_ray starts does not move its workers into the job folder.
+    arg = {k: (v if cluster.ray_address else str(job_dir / v)) for k, v in files.items()}
     lora = recipe.model.lora
     n_gpus = cluster.num_nodes * cluster.num_gpus_per_node
     opts: dict[str, Any] = {
-        "pretrain": model, "remote_rm_url": files["reward"], "prompt_data": files["train"],
+        "pretrain": model, "remote_rm_url": arg["reward"], "prompt_data": arg["train"],
         "input_key": "prompt", "label_key": "label", "apply_chat_template": True,
         "max_samples": len(order), "num_episodes": 1,
         "advantage_estimator": recipe.advantage_estimator, "n_samples_per_prompt": recipe.n_samples_per_prompt,
@@ -348,7 +352,7 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
         "save_path": str(out_dir / "final"), "ckpt_path": str(out_dir / "ckpt"), "save_steps": steps,
         "save_hf_ckpt": True, "logging_steps": 1, "tensorboard_dir": str(out_dir / "tensorboard"),
         "run_name": version_id,
-        "eval_dataset": files["heldout"], "eval_steps": steps, "eval_temperature": recipe.eval.temperature,
+        "eval_dataset": arg["heldout"], "eval_steps": steps, "eval_temperature": recipe.eval.temperature,
         "eval_n_samples_per_prompt": recipe.eval.k,
     }
     engines = cluster.vllm_num_engines * cluster.vllm_tensor_parallel_size

@@ -93,7 +93,7 @@ def test_default_recipe_parses_and_passes_openrlhf_checks(tmp_path, parser_sourc
     assert _get(args, s, "algo.kl.use_loss", "use_kl_loss") is True
     assert _get(args, s, "algo.advantage.estimator", "advantage_estimator") == "group_norm"
     assert _get(args, s, "algo.dynamic_filtering_enable", "dynamic_filtering") is True  # drop_zero_variance_groups
-    assert _get(args, s, "reward.remote_url", "remote_rm_url") == ["reward_func.py"]  # split on "," by OpenRLHF
+    assert _get(args, s, "reward.remote_url", "remote_rm_url") == [job.files["reward"]]  # split on "," by OpenRLHF
     assert _get(args, s, "train.batch_size", "train_batch_size") == 32  # 4 prompts x 8 samples: 1 update per step
     assert _get(args, s, "data.max_len", "max_len") == 512 + 64
     assert _get(args, s, "logger.tensorboard_dir", "use_tensorboard").endswith("tensorboard")
@@ -362,7 +362,7 @@ def test_dry_run_text(tmp_path):
     assert lines[0] == "# OpenRLHF 0.11.2 (dotted flags), version v0, 2 steps"
     assert lines[2] == f"cd {tmp_path.resolve() / 'openrlhf' / 'v0'}"
     assert lines[3] == "python3 -m openrlhf.cli.train_ppo_ray \\"
-    assert "    --reward.remote_url reward_func.py \\" in lines
+    assert f"    --reward.remote_url {tmp_path.resolve() / 'openrlhf' / 'v0' / 'reward_func.py'} \\" in lines
     if installed_openrlhf_version() == "0.11.2":
         assert lines[-1] == "# checked: accepted by the installed OpenRLHF 0.11.2 argument parser and checks"
     else:
