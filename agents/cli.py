@@ -189,9 +189,8 @@ def register(app: typer.Typer) -> None:
         try:
             if no_live or not console.is_terminal:
                 def on_event(kind: str, data: dict[str, Any]) -> None:
-                    if kind in ("log", "decision"):
-                        msg = data.get("message") or f"{data['action']} {data['version_id']}: {data['rationale']}"
-                        console.print(msg, highlight=False)
+                    if kind == "log":
+                        console.print(data["message"], highlight=False, soft_wrap=True)
                 summary = run_loop(cfg, rd, brain, mode, resume, on_event)
             else:
                 with Workspace(rd) as view_ws, LiveView(view_ws, console) as view:

@@ -198,6 +198,8 @@ class HeuristicBrain:
         skills_used: list[str] = []
 
         def add(c: Candidate) -> None:
+            if c.path.startswith("tool_use.") and recipe.data.task != "swe":
+                return  # tool-use limits only matter for agentic (SWE) tasks
             try:
                 current = get_path(recipe, c.path)
             except RecipeError:

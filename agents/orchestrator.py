@@ -170,7 +170,10 @@ class LoopBase:
             return
         self.tb.call("decide", {"version_id": verdict.version_id, "action": verdict.action,
                                 "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author})
-        self.log(f"{verdict.action} {verdict.version_id}: {verdict.rationale}", version=verdict.version_id)
+        rationale = verdict.rationale
+        if not rationale.startswith(f"{verdict.action} {verdict.version_id}"):
+            rationale = f"{verdict.action} {verdict.version_id}: {rationale}"
+        self.log(rationale, version=verdict.version_id)
         self.emit("decision", verdict.model_dump())
         self.emit("lineage", {})
 

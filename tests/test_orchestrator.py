@@ -34,7 +34,9 @@ def lineage_signature(run_dir) -> dict:
 
 
 def test_tiny_loop_runs_to_budget_and_every_version_is_decided(tmp_path):
-    cfg = _cfg()
+    # 2 versions x 2 steps keeps this in the fast suite (the analyzers then report "insufficient
+    # evidence", so round 1 explores); the 8-step scenarios exercise the findings.
+    cfg = _cfg(max_versions=2, steps_per_version=2, branches_per_round=1)
     events = []
     summary = run_loop(cfg, tmp_path / "run", "heuristic", "evotrainer", resume=False,
                        on_event=lambda k, d: events.append(k))
@@ -54,6 +56,7 @@ def test_tiny_loop_runs_to_budget_and_every_version_is_decided(tmp_path):
     kids = [v for v in versions if v.parent_id]
     assert kids and all(len(v.interventions) == 1 and v.parent_id == "v0" for v in kids)
     assert len({v.interventions[0].path for v in kids}) == len(kids)
+    assert ws.lineage.last_step("v1") == 1  # 2 steps, 0-based
     # stage records: diagnosis, proposal, ranking of round 1 replayable from kv
     assert ws.lineage.kv_get("loop/r1/propose")["candidates"]
     assert ws.lineage.kv_get("loop/diagnose/v0")["version_id"] == "v0"
