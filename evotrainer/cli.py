@@ -185,7 +185,8 @@ def main() -> None:
     known: tuple[type[BaseException], ...] = (RecipeError, InterventionError, LineageError, WorkspaceError,
                                               FileNotFoundError)
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
+        sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):

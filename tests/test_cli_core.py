@@ -66,3 +66,12 @@ def test_missing_run_folder_is_one_clear_line(tmp_path):
     assert r.stderr.strip() == (
         f"error: {tmp_path / 'nope'}: not a run folder (no lineage.db); create one with `evotrainer init`"
     )
+
+
+def test_exit_code_of_a_command_reaches_the_shell(tmp_path):
+    # A command ending with typer.Exit(1) (here: a missing run folder) must exit 1 from the console
+    # script too; click returns that code instead of raising when standalone_mode=False.
+    script = tmp_path / "exit3.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    r = cli("sandbox", "run", str(script), "--json")
+    assert r.returncode == 3, (r.stdout, r.stderr)
