@@ -131,6 +131,8 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
     out = []
     tt = B._trend(ev, v, M.TOOLS_TEST_EDIT_FRAC)
     steps, vals = ev.series(v, M.TOOLS_TEST_EDIT_FRAC)
+    ok = np.isfinite(vals)
+    steps, vals = steps[ok], vals[ok]
     t = ev.rollouts_of(v, split=None)
     hits = []
     if t is not None and "turns" in t.column_names and pc.max(pc.binary_length(t.column("turns"))).as_py():
@@ -160,12 +162,12 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
                            data={"episodes": len(hits), "rewarded": rewarded},
                            explanation=f"{v}: {len(hits)} episode(s) edited test files ({rewarded} of them rewarded); "
                                        f"passing tests the policy rewrote is not solving the task."))
-    elif len(steps) and np.nanmax(vals) > 0:
-        late = float(np.nanmedian(vals[-max(3, len(vals) // 5):]))
+    elif len(steps) and vals.max() > 0:
+        late = float(np.median(vals[-max(3, len(vals) // 5):]))
         out.append(Finding(kind="reward_hacking", severity="blocking" if late > 0 else "warn", versions=[v],
                            steps=[int(steps[0]), int(steps[-1])], evidence=[M.TOOLS_TEST_EDIT_FRAC],
-                           data={"max": float(np.nanmax(vals)), "late": late, "trend": B._tdata(tt) if tt else None},
-                           explanation=f"{v}: up to {fmt(100 * float(np.nanmax(vals)))}% of episodes edited test files "
+                           data={"max": float(vals.max()), "late": late, "trend": B._tdata(tt) if tt else None},
+                           explanation=f"{v}: up to {fmt(100 * float(vals.max()))}% of episodes edited test files "
                                        f"(late median {fmt(100 * late)}%): the policy can pass tests it rewrote."))
     return out
 
@@ -222,9 +224,10 @@ def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
     from evotrainer.harness.stats import compare_versions
 
     rv, rp = ev.series(v, M.REWARD_MEAN)[1], ev.series(parent, M.REWARD_MEAN)[1]
+    rv, rp = rv[np.isfinite(rv)], rp[np.isfinite(rp)]
     if not (len(rv) and len(rp)):
         return []
-    tail = lambda x: float(np.nanmedian(x[-max(3, len(x) // 5):]))  # noqa: E731
+    tail = lambda x: float(np.median(x[-max(3, len(x) // 5):]))  # noqa: E731
     train_gain = tail(rv) - tail(rp)
     try:
         cmp = compare_versions(ev.evals[parent], ev.evals[v])

@@ -150,8 +150,9 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         if late < ZV_WARN:
             continue
         sev = "blocking" if late >= ZV_BLOCK else "warn"
-        gsteps, gn = ev.series(v, M.POLICY_GRAD_NORM)
-        g = f"; grad norm median {fmt(np.nanmedian(gn))}" if len(gn) else ""
+        gn = ev.series(v, M.POLICY_GRAD_NORM)[1]
+        gn = gn[np.isfinite(gn)]
+        g = f"; grad norm median {fmt(float(np.median(gn)))}" if len(gn) else ""
         what = (f"{fmt(100 * late)}% of groups have zero reward variance (median of the last steps; "
                 f"{fmt(100 * t.early)}% early)" if name == M.REWARD_FRAC_ZERO_STD else
                 "the reward std of every batch is 0 in the last steps, so every group has zero variance")
@@ -283,9 +284,10 @@ def grad_spike(ev: Evidence) -> list[Finding]:
         if len(sp) == 0 and not rising:
             continue
         sev = "warn" if len(sp) >= GRAD_SPIKES_WARN or rising else "info"
-        peak = float(np.nanmax(g[mask])) if len(sp) else float(np.nanmax(g))
+        gf = g[np.isfinite(g)]
+        peak = float(g[mask].max()) if len(sp) else float(gf.max())
         txt = (f"{len(sp)} spike(s) above {fmt(GRAD_SPIKE_K)} robust sds of the rolling median (peak {fmt(peak)}, "
-               f"median {fmt(float(np.nanmedian(g)))}) at steps {', '.join(map(str, sp[:8].tolist()))}"
+               f"median {fmt(float(np.median(gf)))}) at steps {', '.join(map(str, sp[:8].tolist()))}"
                f"{' ...' if len(sp) > 8 else ''}" if len(sp) else "")
         if rising:
             txt += ("; " if txt else "") + f"grad norm rose from {fmt(t.early)} to {fmt(t.late)} (tau {fmt(t.tau)})"

@@ -338,3 +338,27 @@ def test_length_blowup_with_rising_reward_is_info():
     s = healthy(**{M.COMPLETIONS_MEAN_LENGTH: noisy(100, 400, 5), M.CORRECT_MEAN: noisy(0.2, 0.7)})
     found = [f for f in run_analyzers(ev_of(s)) if f.kind == "length_blowup"]
     assert [f.severity for f in found] == ["info"] and "may be useful reasoning" in found[0].explanation
+
+
+def test_analyzers_survive_ragged_and_non_finite_series():
+    """Random subsets of metrics, 0-40 points, NaN / inf / 1e9 values, negative steps: no error, no warning."""
+    import warnings
+
+    rng = np.random.default_rng(1)
+    names = [*M.ALL_STEP_METRICS, M.EVAL_AVG_AT_K, "reward/format/mean", "reward/correctness/mean"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for trial in range(60):
+            ms = {}
+            for n in rng.choice(names, size=rng.integers(0, len(names)), replace=False):
+                size = int(rng.integers(0, 40))
+                x = [rng.normal(0, 1, size), np.zeros(size), np.full(size, np.nan),
+                     rng.exponential(1, size) * 1e9][rng.integers(0, 4)]
+                if size and rng.random() < 0.3:
+                    x[rng.integers(0, size)] = rng.choice([np.nan, np.inf, -np.inf])
+                ms[str(n)] = (np.sort(rng.choice(np.arange(-5, 100), size=size, replace=False)), x)
+            ev = Evidence(metrics={"v": ms, "p": {M.REWARD_MEAN: (np.arange(3), np.full(3, np.nan))}},
+                          evals={"v": {"a": [1, 0], "b": [1, 1]}, "p": {"a": [0, 0], "b": [0, 1]}},
+                          parents={"v": "p", "p": None})
+            for f in run_analyzers(ev):
+                assert f.explanation and f.severity in ("info", "warn", "blocking")
