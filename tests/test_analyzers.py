@@ -348,7 +348,7 @@ def test_analyzers_survive_ragged_and_non_finite_series():
     names = [*M.ALL_STEP_METRICS, M.EVAL_AVG_AT_K, "reward/format/mean", "reward/correctness/mean"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for trial in range(60):
+        for _ in range(60):
             ms = {}
             for n in rng.choice(names, size=rng.integers(0, len(names)), replace=False):
                 size = int(rng.integers(0, 40))
