@@ -45,7 +45,9 @@ SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIES = "skills", "failed_cases
 TABLES: tuple[str, ...] = (SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIES)
 SearchMode = Literal["hybrid", "vector", "fts"]
 Outcome = Literal["helped", "hurt", "neutral"]
-_FTS_REBUILD_UNINDEXED = 2000  # rebuild the FTS index once this many rows are unindexed (they are still searched)
+# Rows added after the FTS index was built are still searched, but flat (tokenised at query time, about
+# 0.1 ms per row here); rebuild the index once this many are unindexed (a rebuild of 10k rows takes < 1 s).
+_FTS_REBUILD_UNINDEXED = 64
 
 _STR, _F64, _I32, _STRS = pa.string(), pa.float64(), pa.int32(), pa.list_(pa.string())
 _VEC = pa.list_(pa.float32(), NDIMS)
@@ -220,14 +222,21 @@ class SkillStore:
             self._maybe_reindex(tbl)
 
     # --- skills ------------------------------------------------------------------------------------
-    def add(self, skills: Skill | Iterable[Skill], replace: bool = False) -> list[str]:
+    def add(self, skills: Skill | Iterable[Skill], replace: bool = False, vectors: Any = None) -> list[str]:
         """Add skills (embedded on add); returns their ids.
 
+        Args:
+            skills: one skill or several (one table version per call).
+            replace: overwrite skills whose id exists (the old rows stay in the table history).
+            vectors: optional precomputed embeddings, shape (N, 384), of each skill's
+                ``search_text()`` (e.g. copied from another store); skips the model.
+
         Raises:
-            SkillError: an id already exists and ``replace`` is False (pass ``replace=True`` to
-                overwrite it; the old row stays in the table history).
+            SkillError: an id already exists and ``replace`` is False, or ``vectors`` has the wrong shape.
         """
         items = [skills] if isinstance(skills, Skill) else list(skills)
+        if vectors is not None and (len(vectors) != len(items) or any(len(v) != NDIMS for v in vectors)):
+            raise SkillError(f"vectors: need shape ({len(items)}, {NDIMS}), one embedding per skill")
         ids = [s.id for s in items]
         if len(set(ids)) != len(ids):
             raise SkillError(f"duplicate ids in one add: {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -240,7 +249,11 @@ class SkillStore:
                 tbl.delete(f"id IN ({', '.join(sql_str(i) for i in existing)})")
             for s in items:
                 s.updated_at = time.time()
-            self._add_rows(SKILLS, [_to_row(s, SKILLS) for s in items])
+            rows = [_to_row(s, SKILLS) for s in items]
+            if vectors is not None:
+                for r, v in zip(rows, vectors, strict=True):
+                    r["vector"] = [float(x) for x in v]
+            self._add_rows(SKILLS, rows)
         return ids
 
     @staticmethod

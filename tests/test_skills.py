@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
-from evotrainer.skills_db.embeddings import FUNCTION_NAME, embed, load_model
+from evotrainer.skills_db.embeddings import FUNCTION_NAME, embed, embed_query, load_model
 from evotrainer.skills_db.models import (
     FailedCase,
     SearchTrace,
@@ -148,6 +149,8 @@ def test_embeddings_are_unit_vectors(model):
     assert v.shape == (3, 384)
     assert abs(float((v[0] ** 2).sum()) - 1.0) < 1e-5
     assert float(v[0] @ v[1]) > float(v[0] @ v[2])  # near-synonyms closer than an unrelated phrase
+    # the direct query path (transformer + mean pooling) gives encode()'s vector
+    np.testing.assert_allclose(embed_query("entropy collapse"), v[0], atol=1e-5)
 
 
 # --- retrieval ----------------------------------------------------------------------------------------

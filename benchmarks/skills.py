@@ -1,0 +1,194 @@
+"""Skills memory benchmark: add throughput and hybrid query latency with 10k skills.
+
+Builds a fresh store in a temp dir (the seed library plus N synthetic variants of the seed
+interventions, about 60 words each, embedded on add by all-MiniLM-L6-v2 on CPU), then times:
+
+- add throughput: skills/s for batched adds (``--batch`` skills per call, embedding included) and
+  the p50 latency of a single-skill add;
+- query latency (ms): p50 / p95 of hybrid (vector + native FTS, RRF), vector and fts searches,
+  ``limit=10``, over distinct queries (cold: the query embedding is computed each time), and of
+  hybrid searches that repeat a query (warm: the query embedding comes from the LRU cache).
+
+``--embedded M`` (default: all N) sends only the first M skills through the embedding model (timed
+for the add throughput); the other N - M rows are written with stand-in vectors (their base seed
+skill's vector plus Gaussian noise, re-normalised) through ``SkillStore.add(vectors=...)``, so the
+table reaches N rows on a CPU too busy to embed them all. Query latency does not depend on the vector
+values (flat cosine scan over all rows; the FTS index holds the real texts).
+
+Usage: ``python benchmarks/skills.py [--n 10000] [--embedded M] [--queries 200] [--batch 500] [--json]``.
+Goal (issue 6): hybrid p50 under 20 ms with 10k skills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DOMAINS = ("math", "code", "swe", "gsm8k", "arithmetic", "humaneval")
+SYMPTOMS = (
+    "{p:.0%} of completions were truncated at generate_max_len={n}",
+    "reward std was zero in {p:.0%} of groups over steps {a}-{b}",
+    "policy entropy fell to {x:.3f} nats per token by step {b}",
+    "KL to the reference grew to {y:.1f} nats per token at step {b}",
+    "mean completion length rose from {a} to {n} tokens without accuracy gains",
+    "loss became NaN at step {b} after a gradient norm of {y:.0f}",
+    "format reward rose to {p:.2f} while correctness fell to {x:.2f}",
+    "train reward {p:.2f} but held-out avg@8 flat at {x:.2f}",
+    "near-duplicate completions across prompts: distinct-2 {x:.2f}",
+    "completions shrank to {a} tokens; answers lost their reasoning",
+    "grad norm spiked to {y:.0f}, {a}x the running median",
+)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The q-quantile (0..1) of xs, nearest-rank."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def synthetic_skills(n: int, seed: int = 0) -> list:
+    """N variants of the seed interventions: same path and finding kinds, new run notes and tags."""
+    from evotrainer.skills_db.models import Skill
+    from evotrainer.skills_db.seed import seed_skills
+
+    rng = random.Random(seed)
+    base = [s for s in seed_skills() if s.kind == "intervention"]
+    out = []
+    for i in range(n):
+        b = base[i % len(base)]
+        dom = rng.choice(DOMAINS)
+        note = rng.choice(SYMPTOMS).format(p=rng.random(), x=rng.random(), y=rng.uniform(1, 900),
+                                           n=rng.choice((64, 256, 1024, 4096)), a=rng.randint(2, 90),
+                                           b=rng.randint(91, 900))
+        out.append(Skill(id=f"bench_{i}", kind="intervention", name=f"{b.name} ({dom}, run r{i % 97})",
+                         description=f"{b.description} Observed in run r{i % 97} on {dom}: {note}.",
+                         addresses=b.addresses, recipe_path=b.recipe_path, value=b.value,
+                         tags=[*b.tags, dom], source=f"run:r{i % 97}/v{i % 13}"))
+    return out
+
+
+def _fill_with_stand_in_vectors(store, skills: list, batch: int) -> None:
+    """Write skills with their base seed skill's vector plus noise (see the module docstring)."""
+    import numpy as np
+    from evotrainer.skills_db.embeddings import embed
+    from evotrainer.skills_db.seed import seed_skills
+
+    base = [s for s in seed_skills() if s.kind == "intervention"]
+    base_vecs = embed([s.search_text() for s in base])  # (36, 384)
+    rng = np.random.default_rng(0)
+    for i in range(0, len(skills), batch):
+        chunk = skills[i:i + batch]
+        idx = [int(s.id.split("_")[1]) % len(base) for s in chunk]
+        vecs = base_vecs[idx] + rng.normal(0, 0.02, size=(len(chunk), base_vecs.shape[1]))  # (b, 384)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        store.add(chunk, vectors=vecs.astype(np.float32))
+
+
+def queries(n: int, seed: int = 1) -> list[str]:
+    """N distinct finding-like queries (numbers differ, so no query-cache hits)."""
+    rng = random.Random(seed)
+    qs: list[str] = []
+    while len(qs) < n:
+        q = rng.choice(SYMPTOMS).format(p=rng.random(), x=rng.random(), y=rng.uniform(1, 900),
+                                        n=rng.choice((64, 256, 1024)), a=rng.randint(2, 90), b=rng.randint(91, 900))
+        if q not in qs:
+            qs.append(q)
+    return qs
+
+
+def main() -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=10_000, help="Synthetic skills to add (besides the seed).")
+    ap.add_argument("--queries", type=int, default=200, help="Distinct queries per mode.")
+    ap.add_argument("--batch", type=int, default=500, help="Skills per add call.")
+    ap.add_argument("--embedded", type=int, default=None,
+                    help="Skills embedded by the model on add (default: all); the rest get stand-in vectors.")
+    ap.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    args = ap.parse_args()
+
+    from evotrainer.skills_db.embeddings import QUERY_CACHE, load_model
+    from evotrainer.skills_db.store import SkillStore
+    from rich.progress import Progress
+
+    t0 = time.perf_counter()
+    load_model()
+    load_s = time.perf_counter() - t0
+    res: dict = {"n_skills_added": args.n, "model_load_s": round(load_s, 2)}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SkillStore(os.path.join(tmp, "skills"))
+        store.count()  # seed
+        skills = synthetic_skills(args.n)
+        m = args.n if args.embedded is None else min(args.embedded, args.n)
+        t0 = time.perf_counter()
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"adding {m} skills (embedding on add)", total=m)
+            for i in range(0, m, args.batch):
+                chunk = skills[i:min(i + args.batch, m)]
+                store.add(chunk)
+                bar.advance(task, len(chunk))
+        add_s = time.perf_counter() - t0
+        res.update(n_embedded_on_add=m, add_s=round(add_s, 2), add_skills_per_s=round(m / add_s, 1))
+        if m < args.n:
+            t0 = time.perf_counter()
+            _fill_with_stand_in_vectors(store, skills[m:], args.batch)
+            res["stand_in_fill_s"] = round(time.perf_counter() - t0, 2)
+        res["total_skills"] = store.count()
+        singles = []
+        for j, s in enumerate(synthetic_skills(20, seed=7)):
+            s.id = f"single_{j}"
+            t = time.perf_counter()
+            store.add(s)
+            singles.append((time.perf_counter() - t) * 1000)
+        res["single_add_p50_ms"] = round(statistics.median(singles), 1)
+
+        qs = queries(args.queries)
+        store.search("warm-up query", mode="hybrid")  # first-query setup (index load)
+        for mode in ("hybrid", "vector", "fts"):
+            QUERY_CACHE.clear()
+            lat = []
+            for q in qs:
+                t = time.perf_counter()
+                store.search(q, mode=mode, limit=10)
+                lat.append((time.perf_counter() - t) * 1000)
+            res[f"{mode}_p50_ms"] = round(percentile(lat, 0.5), 2)
+            res[f"{mode}_p95_ms"] = round(percentile(lat, 0.95), 2)
+        lat = []
+        for q in qs[:50]:
+            store.search(q, mode="hybrid", limit=10)
+            t = time.perf_counter()
+            store.search(q, mode="hybrid", limit=10)
+            lat.append((time.perf_counter() - t) * 1000)
+        res["hybrid_warm_p50_ms"] = round(percentile(lat, 0.5), 2)
+        QUERY_CACHE.clear()
+        from evotrainer.skills_db.embeddings import embed
+
+        lat = []
+        for q in qs[:100]:
+            t = time.perf_counter()
+            embed([q])
+            lat.append((time.perf_counter() - t) * 1000)
+        res["query_embed_p50_ms"] = round(percentile(lat, 0.5), 2)
+    res["goal_hybrid_p50_under_20ms"] = res["hybrid_p50_ms"] < 20.0
+    res["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    res["cpus"] = os.cpu_count()
+    import torch
+
+    res["torch_threads"] = torch.get_num_threads()
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        for k, v in res.items():
+            print(f"{k:28s} {v}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
