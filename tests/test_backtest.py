@@ -142,3 +142,30 @@ def test_replay_and_rescore_on_a_version_trained_by_the_local_backend(tmp_path):
     assert res.old_reward == pytest.approx(paid["format_token"] + paid["correctness"])
     assert res.new_reward == pytest.approx(paid["correctness"])
     assert paid["format_token"].sum() > 0 and res.summary["new_reward_mean"] < res.summary["old_reward_mean"]
+
+
+def test_backtest_builtin_analyzers_on_the_diagnosis_cases():
+    """Each case is a version of known outcome per kind (must: bad, must_not: good)."""
+    import json
+    from pathlib import Path
+
+    from evotrainer.harness.ingest import ingest
+
+    cases = sorted((Path(__file__).parent / "data" / "cases").glob("*/expected.json"))
+    ev = Evidence()
+    labels: dict[str, dict[str, bool]] = {}
+    for exp in cases:
+        one = ingest(exp.parent)
+        v = one.versions[0]
+        ev.metrics[v] = one.metrics[v]
+        ev.parents[v] = None
+        e = json.loads(exp.read_text())
+        for kind in e["must"]:
+            labels.setdefault(kind, {})[v] = True
+        for kind in e["must_not"]:
+            labels.setdefault(kind, {})[v] = False
+    assert set(labels) == {"reward_hacking", "nan_blowup", "truncation", "zero_variance_groups"}
+    for kind, outcomes in labels.items():
+        bt = backtest_analyzer(kind, ev, outcomes=outcomes, kinds=(kind,))
+        # every kind has at least one bad version, so tp >= 1 and precision is defined
+        assert (bt.precision, bt.recall, bt.fp, bt.fn) == (1.0, 1.0, 0, 0), bt.to_dict()
