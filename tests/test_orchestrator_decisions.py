@@ -1,0 +1,62 @@
+"""Merge and revert through the real MCP servers on a hand-made lineage (no training needed)."""
+
+from __future__ import annotations
+
+import pytest
+from evotrainer.agents.heuristic import HeuristicBrain
+from evotrainer.agents.mcp_client import ToolBox
+from evotrainer.agents.orchestrator import Orchestrator
+
+from evotrainer.config import RunConfig
+from evotrainer.intervention import Intervention
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+
+
+@pytest.fixture()
+def orch(tmp_path):
+    from evotrainer.servers import build_server
+
+    ws = Workspace(tmp_path / "run")
+    lin = ws.lineage
+    lin.create_root(Recipe())
+    lin.branch("v0", Intervention(path="temperature", old=1.0, new=1.2, category="rollout"))
+    lin.branch("v0", Intervention(path="eps_clip_high", old=0.28, new=0.35, category="optimizer"))
+    for vid, avg in (("v0", 0.2), ("v1", 0.4), ("v2", 0.3)):
+        lin.update_version(vid, eval_summary={"avg@k": avg, "eval_name": "heldout"})
+        lin.decide(vid, "keep", f"{vid} kept for the test")
+    cfg = RunConfig(budget={"max_versions": 6})
+    with ToolBox(build_server("all", str(tmp_path / "run"))) as tb:
+        yield Orchestrator(cfg, tb, ws, HeuristicBrain())
+    ws.close()
+
+
+def test_merge_of_two_kept_siblings_composes_their_interventions(orch):
+    merged = orch._merge("v0", ["v1", "v2"])
+    v = orch.lineage.get(merged)
+    assert v.parent_id == "v0" and v.note == "merge of v1 and v2"  # v1 first: higher Avg@k (0.4 > 0.3)
+    assert [iv.describe() for iv in v.interventions] == ["temperature: 1.0 -> 1.2", "eps_clip_high: 0.28 -> 0.35"]
+    assert v.recipe.temperature == 1.2 and v.recipe.eps_clip_high == 0.35
+    d = orch.lineage.decisions(merged)
+    assert [x.action for x in d] == ["merge"] and "independent single-factor" in d[0].rationale
+    assert orch._merge("v0", ["v1", "v2"]) == merged  # idempotent: a resumed run finds the same child
+    assert len(orch.lineage.versions()) == 4
+
+
+def test_no_merge_without_budget(orch):
+    orch.config = orch.config.model_copy(update={"budget": orch.config.budget.model_copy(update={"max_versions": 3})})
+    assert orch._merge("v0", ["v1", "v2"]) is None
+
+
+def test_revert_a_kept_version_when_a_blocking_finding_now_stands(orch):
+    # later evidence: a blocking reward_hacking finding recorded against v1 (as run_analyzer record=True does)
+    orch.lineage.update_version("v1", findings=[{"kind": "reward_hacking", "severity": "blocking", "versions": ["v1"],
+                                                 "explanation": "format_token reward 0.1 -> 0.9 while correctness fell",
+                                                 "analyzer": "reward_hacking"}])
+    reverted = orch._revert_check(2, exclude=[])
+    assert reverted == ["v1"]
+    assert orch.lineage.get("v1").status == "reverted" and orch.lineage.get("v2").status == "kept"
+    d = orch.lineage.decisions("v1")[-1]
+    assert d.action == "revert" and "reward_hacking" in d.rationale and d.prev_status == "kept"
+    # the frontier moves back: v2 is now the best kept version
+    assert orch.best_kept() == "v2"
