@@ -49,7 +49,7 @@ def diagnose(
         out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (path.stem or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
     if as_json:
-        payload = {"source": str(path), "summary": ev.summary(), "findings": [f.model_dump() for f in findings],
+        payload = {"source": str(path), "summary": ev.summary(), "findings": [f.model_dump(mode="json") for f in findings],
                    "plots": plots}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
