@@ -187,6 +187,8 @@ def episodes_cmd(
     max_turns: Annotated[int, typer.Option("--max-turns", min=1)] = 3,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens per reply.")] = 96,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.7,
+    episode_timeout: Annotated[float, typer.Option("--episode-timeout", min=1.0,
+                                                   help="tool_use.per_episode_timeout_s (policy time included).")] = 600.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Write trajectories as JSON lines here.")] = None,
     taskset: TasksetOpt = None,
@@ -208,7 +210,8 @@ def episodes_cmd(
     bundle.model.eval()
     tok = bundle.tokenizer
     pol = ChatModelPolicy(bundle.model, tok, max_new_tokens=max_new_tokens, temperature=temperature)
-    eps = run_episodes(ts, pol, limits=ToolUseSpec(max_turns=max_turns), samples_per_task=samples,
+    eps = run_episodes(ts, pol, limits=ToolUseSpec(max_turns=max_turns, per_episode_timeout_s=episode_timeout),
+                       samples_per_task=samples,
                        taskset_root=taskset or TASKSET_DIR,
                        count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]))
     rows = []

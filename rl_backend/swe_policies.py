@@ -140,7 +140,7 @@ class ChatModelPolicy:
             tail -= 2
 
     def act(self, batch: list[list[dict[str, str]]]) -> list[Action]:
-        """One sampled reply per chat: text (special tokens removed), token ids up to and including EOS."""
+        """One sampled reply per chat: text (without the end-of-turn token), token ids up to and including it."""
         import torch
 
         texts = [self._prompt(c) for c in batch]
@@ -157,6 +157,8 @@ class ChatModelPolicy:
         for row in new:
             cut = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
             ids = row[: cut + 1] if cut is not None else row
-            actions.append(Action(self.tok.decode(ids, skip_special_tokens=True), ids,
-                                  "eos" if cut is not None else "length"))
+            # the text keeps any special token sampled mid-reply, so the chat template re-renders exactly
+            # the sampled ids (encode_trajectory then finds no mismatch); only the end-of-turn token is dropped
+            text = self.tok.decode(ids[:cut] if cut is not None else ids, skip_special_tokens=False)
+            actions.append(Action(text, ids, "eos" if cut is not None else "length"))
         return actions

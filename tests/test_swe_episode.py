@@ -157,3 +157,29 @@ def test_encode_trajectory_uses_the_sampled_ids(tok):
         encode_trajectory(tok, msgs, [a1])
     with pytest.raises(ValueError, match="no assistant turn"):
         encode_trajectory(tok, msgs[:1])
+
+
+def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_tasks, tmp_path):
+    """A tiny random model plays 2 turns: its replies are no tool calls, the ids and mask still line up."""
+    import torch
+    from evotrainer.rl_backend.models import load_policy
+    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+
+    from evotrainer.recipe import ModelSpec
+
+    torch.manual_seed(0)
+    bundle = load_policy(ModelSpec(name_or_path="tiny-random"), device=torch.device("cpu"))
+    tok = bundle.tokenizer
+    pol = ChatModelPolicy(bundle.model, tok, max_new_tokens=8, temperature=1.0)
+    (e,) = run_episodes(two_tasks[:1], pol, limits=ToolUseSpec(max_turns=2), workdir=tmp_path,
+                        count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]))
+    acts = [t for t in e.turns if t["role"] == "assistant"]
+    assert len(acts) == 2 and all(1 <= len(t["token_ids"]) <= 8 and t["tokens"] == len(t["token_ids"]) for t in acts)
+    assert e.stats["stop_reason"] == "max_turns" and e.outcome.swe_tests == 0.0
+    enc = encode_trajectory(tok, e.messages, e.policy_token_ids())
+    # every sampled id is trained on, nothing else: mask sum = policy tokens of the episode
+    assert sum(enc.completion_mask) == e.policy_tokens == sum(len(t["token_ids"]) for t in acts)
+    assert [enc.input_ids[a:b] for a, b in enc.spans] == [t["token_ids"] for t in acts] and enc.mismatches == 0
+    m = episode_metrics([e])
+    # random text: each of the 2 replies is one invalid call (no tool call found)
+    assert m[M.TOOLS_CALLS_MEAN] == 2.0 and m[M.TOOLS_INVALID_FRAC] == 1.0
