@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-from evotrainer.servers.common import ServerState, make_lifespan
+from evotrainer.servers.common import ServerState, make_lifespan, tool
 from mcp.server.mcpserver import MCPServer
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 TOOLSETS: dict[str, str] = {
     "training": "evotrainer.servers.training",
@@ -63,6 +63,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
                        log_level="WARNING", version=_version())
     for s in sets:
         importlib.import_module(TOOLSETS[s]).register(server, state)
+    _add_server_info(server, state, name, sets)
     _add_prompts(server, state)
     server.evotrainer_state = state  # type: ignore[attr-defined]  (tests and the CLI reach jobs through it)
     return server
@@ -91,6 +92,29 @@ def _lineage_table(state: ServerState) -> str:
                     + (f"; Avg@k={ev:.3f}" if isinstance(ev, (int, float)) else "")
                     + (f"; reward/mean={rew:.3f}" if isinstance(rew, (int, float)) else ""))
     return "\n".join(rows) or "(empty lineage)"
+
+
+class ServerInfo(BaseModel):
+    """What this server is and what it acts on."""
+
+    server: str = Field(description="Server name, e.g. evotrainer-all.")
+    version: str = Field(description="EvoTrainer version.")
+    toolsets: list[str]
+    run_dir: str | None = Field(description="Run folder the tools act on (null: none given).")
+    run_exists: bool = Field(description="The run folder has a lineage database.")
+    backend: str = Field(description="Training backend of start_training / evaluate_version.")
+    running_jobs: list[str] = Field(description="Jobs running in this server process.")
+
+
+def _add_server_info(server: MCPServer, state: ServerState, name: str, sets: list[str]) -> None:
+    @tool(server)
+    async def server_info() -> ServerInfo:
+        """Which EvoTrainer server this is, its run folder and running jobs: a cheap health check."""
+        return ServerInfo(server=f"evotrainer-{name}", version=server.version, toolsets=sets,
+                          run_dir=str(state.run_dir) if state.run_dir else None,
+                          run_exists=bool(state.run_dir and (state.run_dir / "lineage.db").exists()),
+                          backend=state.extras.get("backend_name", "local"),
+                          running_jobs=[j.id for j in state.jobs.running()] if state.jobs else [])
 
 
 def _add_prompts(server: MCPServer, state: ServerState) -> None:

@@ -93,8 +93,12 @@ def make_lifespan(state: ServerState):
 
 
 def state_of(ctx: Context) -> ServerState:
-    """The :class:`ServerState` of the server handling this request."""
-    return ctx.request_context.lifespan_context
+    """The :class:`ServerState` of the server handling this request (the lifespan context; for a direct
+    ``server.call_tool`` without a session, the state :func:`~evotrainer.servers.app.build_server` attached)."""
+    try:
+        return ctx.request_context.lifespan_context
+    except ValueError:
+        return ctx.mcp_server.evotrainer_state  # type: ignore[attr-defined]
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
@@ -142,9 +146,35 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
 
         server.add_tool(wrapped, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
                                                               open_world_hint=False))
+        registered = server._tool_manager.get_tool(name)  # SDK: fields of fn_metadata are read live
+        if registered is not None and registered.fn_metadata.output_schema:
+            registered.fn_metadata.output_schema = inline_refs(registered.fn_metadata.output_schema)
         return fn
 
     return deco
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every local ``$ref`` to ``#/$defs/X`` replaced by the definition (no ``$defs`` left).
+
+    Clients validate each structured result against the output schema (the SDK client with
+    ``jsonschema``), and resolving ``$ref`` is most of that cost; our models are not recursive,
+    so inlining is exact and makes validation several times faster.
+    """
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
+                rest = {k: walk(v) for k, v in node.items() if k != "$ref"}
+                return {**walk(defs[ref[8:]]), **rest}
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
 
 
 # --- pagination ---------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from evotrainer.servers import build_server
 from mcp_testlib import SyncClient, make_run
 
 TRAINING_TOOLS = {"list_versions", "get_version", "diff_versions", "propose_intervention", "start_training",
-                  "evaluate_version", "job_status", "list_jobs", "cancel_job", "decide"}
+                  "evaluate_version", "job_status", "list_jobs", "cancel_job", "decide", "server_info"}
 
 
 @pytest.fixture
@@ -29,6 +29,12 @@ def test_tool_catalogue_has_schemas_and_descriptions(client):
         assert t.description and t.output_schema, t.name
     # arguments carry descriptions (units) for the model
     assert "GRPO steps" in tools["start_training"].input_schema["properties"]["steps"]["description"]
+
+
+def test_server_info(client, run):
+    info = client.ok("server_info")
+    assert info["server"] == "evotrainer-training" and info["toolsets"] == ["training"]
+    assert info["run_dir"] == str(run.resolve()) and info["run_exists"] and info["running_jobs"] == []
 
 
 def test_list_get_diff(client):

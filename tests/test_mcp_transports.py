@@ -35,7 +35,8 @@ def test_stdio_server_subprocess(run):
                                                                  str(run)], env={"HF_HUB_OFFLINE": "1"})
     c = SyncClient(params)
     try:
-        assert {t.name for t in c.tools()} == {"search_logs", "list_metrics", "get_metric_series", "metric_summary"}
+        assert {t.name for t in c.tools()} == {"search_logs", "list_metrics", "get_metric_series", "metric_summary",
+                                             "server_info"}
         assert c.ok("list_metrics")["names"] == ["reward/mean"]
         assert "not a valid regex" in c.err("search_logs", {"query": "[", "regex": True})
         assert c.ok("search_logs", {"level": "error"})["total"] == 1  # still serving after the error
