@@ -356,3 +356,46 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
         coll = True
     return PytestResult(outcomes=outcomes, exit_code=-1 if limit else code, collection_error=coll, output=text,
                         wall_s=wall, timed_out=limit, backend=backend)
+
+
+def load_swe_problems(data: Any, root: str | Path | None = None) -> tuple[list[Any], list[Any]]:
+    """Train and held-out problems for ``data.task == "swe"`` (the trainer's ``Problem`` objects).
+
+    ``data.path`` names a task set folder (with ``tasks.jsonl``) or a SWE-bench JSONL file; default
+    the shipped set. The split is seeded (``data.seed``) and disjoint **by project** when there
+    are several projects (held-out tasks come from repositories the policy never trained on),
+    else by task. ``Problem.prompt`` is the problem statement, ``answer`` the instance id and
+    ``meta`` holds ``task="swe"``, ``instance_id``, ``repo`` and ``split``.
+
+    Raises:
+        SweTaskError: the path cannot be loaded, or a split would be empty.
+    """
+    import random
+
+    from evotrainer.rl_backend.tasks import Problem
+
+    src = Path(root or data.path or TASKSET_DIR)
+    tasks = load_taskset(src) if src.is_dir() else load_swebench_jsonl(src)
+    repos = sorted({t.repo for t in tasks})
+    rng = random.Random(f"split-swe-{data.seed}")
+    if len(repos) > 1:
+        rng.shuffle(repos)
+        n_held = max(1, round(len(repos) * data.n_heldout / (data.n_train + data.n_heldout)))
+        held_repos = set(repos[:n_held])
+        train = [t for t in tasks if t.repo not in held_repos]
+        held = [t for t in tasks if t.repo in held_repos]
+    else:
+        order = list(tasks)
+        rng.shuffle(order)
+        n_held = max(1, round(len(order) * data.n_heldout / (data.n_train + data.n_heldout)))
+        held, train = order[:n_held], order[n_held:]
+    train, held = train[: data.n_train], held[: data.n_heldout]
+    if not train or not held:
+        raise SweTaskError(f"data: {len(train)} train / {len(held)} held-out SWE tasks; use a bigger task set")
+
+    def prob(t: SweTask, split: str) -> Any:
+        return Problem(id=t.instance_id, prompt=t.problem_statement, answer=t.instance_id,
+                       meta={"task": "swe", "instance_id": t.instance_id, "repo": t.repo, "split": split,
+                             "source": str(src)})
+
+    return [prob(t, "train") for t in train], [prob(t, "heldout") for t in held]

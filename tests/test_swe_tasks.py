@@ -139,3 +139,18 @@ def test_generator_mutations_and_unique_snippets():
     old, new = gen.unique_snippets(clean, mutated, 2)
     # line 2 alone ("x = 1") is not unique in clean; the window grows to lines 1..3
     assert (old, new) == ("y = 2\nx = 1\nz = 3\n", "y = 2\nx = 2\nz = 3\n")
+
+
+def test_load_swe_problems_splits_by_project():
+    from evotrainer.rl_backend.swe_tasks import load_swe_problems
+
+    from evotrainer.recipe import DataSpec
+
+    train, held = load_swe_problems(DataSpec(task="swe", n_train=100, n_heldout=25, seed=0))
+    # 4 projects, held-out share 25/125 -> round(0.8) = 1 project (9 tasks) held out, 27 train tasks
+    assert (len(train), len(held)) == (27, 9)
+    assert len({p.meta["repo"] for p in held}) == 1
+    assert not {p.meta["repo"] for p in held} & {p.meta["repo"] for p in train}
+    assert held[0].meta["task"] == "swe" and held[0].answer == held[0].id
+    again, _ = load_swe_problems(DataSpec(task="swe", n_train=100, n_heldout=25, seed=0))
+    assert [p.id for p in again] == [p.id for p in train]
