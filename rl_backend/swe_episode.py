@@ -301,7 +301,9 @@ def episode_record(ep: Episode, *, version_id: str, step: int, group_id: str, re
     """A rollout-store row for an episode (``evotrainer.rollouts.make_record``) with its ``turns`` JSON.
 
     ``completion`` is the transcript; ``length`` the policy's own tokens; ``answer`` the task id;
-    the episode counters and outcome go into the last turn-free field ``components`` (as numbers).
+    ``correct`` the hidden-test reward. The episode counters and the grader's outcome are appended as
+    a last turn ``{"role": "outcome", "content": json({"outcome", "stats"})}`` (read by
+    ``harness/swe_analyzers.py``); sampled ``token_ids`` stay in the assistant turns.
     """
     from evotrainer.rollouts import make_record
 
