@@ -16,7 +16,9 @@ Sources of the foreign names:
 * OpenRLHF TensorBoard (``TensorboardLogger.log_train`` writes ``train/<key>``; keys from
   ``ppo_actor.py`` / ``ppo_trainer.py``): ``policy_loss``, ``kl``, ``reward``, ``response_length``,
   ``actor_grad_norm``, ``actor_lr``, ``entropy_loss``, ``rollout/truncated_rate``,
-  ``dynamic_filtering_pass_rate``; eval ``eval_<dataset>_pass1`` / ``eval_<dataset>_pass<n>``.
+  ``dynamic_filtering_pass_rate``; eval ``eval_<dataset>_pass1`` / ``eval_<dataset>_pass<n>``;
+  and the ``extra_logs`` of EvoTrainer's own OpenRLHF reward file, ``train/<reward component>`` and
+  ``train/correct``. OpenRLHF's ``score`` (the reward function's filter score) is kept as is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import re
 
 from evotrainer import metrics as M
+from evotrainer.recipe import REWARD_COMPONENTS
 
 ALIASES: dict[str, str] = {
     # --- verl ---------------------------------------------------------------------------------
@@ -89,6 +92,10 @@ PATTERNS: list[tuple[re.Pattern[str], object]] = [
     (re.compile(r"^eval/eval_(?!response|truncated|num).+_pass\d+$"), lambda m: M.EVAL_PASS_AT_K),
 ]
 
+# EvoTrainer's OpenRLHF reward file logs each component and ``correct`` as extra_logs, which
+# OpenRLHF's TensorBoard logger writes as ``train/<name>`` (rl_backend/reward_func_template.py).
+_OWN_TB = {f"train/{c}": M.reward_component(c) for c in REWARD_COMPONENTS} | {"train/correct": M.CORRECT_MEAN}
+
 _OURS = set(M.ALL_STEP_METRICS) | {M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_K, M.EVAL_PASS_AT_1}
 _SCALED = re.compile(r"^(?P<name>.+)\((?P<scale>[0-9.eE+-]+)\)$")
 
@@ -111,6 +118,8 @@ def canonical(name: str) -> str:
     """
     if name in _OURS or (name.startswith("reward/") and name.count("/") == 2):
         return name
+    if name in _OWN_TB:
+        return _OWN_TB[name]
     for cand in (name, name[len("train/"):] if name.startswith("train/") else None):
         if cand is None:
             continue

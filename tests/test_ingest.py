@@ -97,6 +97,19 @@ def test_ingest_openrlhf_tensorboard():
     assert "train/ppo_clip_ratio" in ev.metrics[ev.versions[0]]  # kept under its own name
 
 
+def test_diagnose_openrlhf_run_with_our_reward_file_tags():
+    # tests/data/openrlhf_tb (written by make_openrlhf_tb.py with OpenRLHF's tags): the leaky format_token
+    # term rises 0.1 -> 1.0 (train/format_token) while train/correct falls 0.35 -> 0.15
+    from evotrainer.harness.analyzers import run_analyzers
+
+    ev = ingest(DATA / "openrlhf_tb")
+    assert _s(ev, "reward/format_token/mean")[0] == (1, pytest.approx(0.1))
+    assert _s(ev, M.CORRECT_MEAN)[-1] == (16, pytest.approx(0.15))
+    kinds = {f.kind: f for f in run_analyzers(ev) if f.is_failure}
+    assert kinds["reward_hacking"].severity == "blocking"
+    assert "reward/format_token/mean" in kinds["reward_hacking"].evidence
+
+
 def test_ingest_trl_tensorboard():
     ev = ingest(ING / "trl_tb")
     assert _s(ev, M.REWARD_MEAN) == [(10, pytest.approx(0.1)), (20, pytest.approx(0.2))]
