@@ -1,1 +1,7 @@
-"""LanceDB memory: skills, failed cases, search traces, version summaries (DESIGN.md §5)."""
+"""LanceDB memory: skills, failed cases, search traces, version summaries (DESIGN.md §5).
+
+``store.py`` (SkillStore: tables, hybrid retrieval, versions), ``models.py`` (records, value rules,
+``intervention_from_skill``), ``embeddings.py`` (all-MiniLM-L6-v2 behind a path-free LanceDB
+embedding function), ``seed.py`` + ``seed_skills.yaml`` (the seed library), ``cli.py``
+(``evotrainer skills ...``).
+"""
