@@ -14,8 +14,9 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
   one column per reward function, ``advantage``).
 
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
-above) or a single file, and returns one Evidence with one version per run (the version id is
-the file or folder name).
+above) or a single file, and returns one Evidence with one version per run: the version id is
+the file or folder name (the folder of a ``trainer_state.json``), and a folder holding several
+TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder.
 """
 
 from __future__ import annotations
@@ -345,26 +346,54 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
             return Evidence.from_workspace(ws)
         finally:
             ws.close()
-    vid = version or (p.name if p.is_dir() else p.name.split(".log")[0] if ".log" in p.name else p.stem)
+    if version:
+        vid = version
+    elif p.is_dir():
+        vid = p.name
+    elif p.name == "trainer_state.json":
+        vid = p.parent.name or "run"
+    else:
+        vid = p.name.split(".log")[0] if ".log" in p.name else p.stem
     files = _run_files(p) if p.is_dir() else [p]
     if not files:
         raise IngestError(f"{p}: no run files (verl .log, trainer_state.json, events.out.tfevents.*, "
                           f".jsonl, completions parquet)")
-    merged: dict[int, dict[str, float]] = {}
+    series: dict[str, RawSeries] = {}
     rows: list[dict[str, Any]] = []
     errors = []
-    for f in files:
-        try:
-            recs, rws = _read_file(f, vid)
-        except IngestError as exc:
-            if len(files) == 1:
-                raise
-            errors.append(str(exc))
-            continue
-        for step, rec in recs.items():
-            merged.setdefault(step, {}).update(rec)
-        rows += rws
-    if not merged and not rows:
+    for run, run_files in _split_runs(p, files, vid).items():
+        merged: dict[int, dict[str, float]] = {}
+        for f in run_files:
+            try:
+                recs, rws = _read_file(f, run)
+            except IngestError as exc:
+                if len(files) == 1:
+                    raise
+                errors.append(str(exc))
+                continue
+            for step, rec in recs.items():
+                merged.setdefault(step, {}).update(rec)
+            rows += rws
+        if merged:
+            series[run] = records_to_series(merged)
+    if not series and not rows:
         raise IngestError(f"{p}: nothing readable; " + "; ".join(errors[:3]))
-    ev = series_to_evidence({vid: records_to_series(merged)} if merged else {}, rows, str(p))
-    return ev
+    return series_to_evidence(series, rows, str(p))
+
+
+def _split_runs(root: Path, files: list[Path], vid: str) -> dict[str, list[Path]]:
+    """One version per TensorBoard run folder when a folder holds several (``<tb_dir>/<run_name>/``).
+
+    Other files, and a single TensorBoard run, belong to the version ``vid``.
+    """
+    tb_dirs = sorted({f.parent for f in files if f.name.startswith("events.out.tfevents")})
+    if len(tb_dirs) < 2 or not root.is_dir():
+        return {vid: files}
+    runs: dict[str, list[Path]] = {}
+    for f in files:
+        key = vid
+        if f.name.startswith("events.out.tfevents"):
+            rel = f.parent.relative_to(root).as_posix()
+            key = rel.replace("/", "-") if rel != "." else vid
+        runs.setdefault(key, []).append(f)
+    return runs

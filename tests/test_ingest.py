@@ -119,6 +119,19 @@ def test_ingest_trl_tensorboard():
     assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO)[0][1] == 0.125
 
 
+def test_ingest_several_tensorboard_runs_and_trainer_state_file(tmp_path):
+    import shutil
+
+    shutil.copytree(ING / "openrlhf_tb", tmp_path / "tb" / "run_a")
+    shutil.copytree(ING / "trl_tb", tmp_path / "tb" / "run_b")
+    ev = ingest(tmp_path / "tb")
+    assert sorted(ev.versions) == ["run_a", "run_b"]
+    assert _s(ev, M.REWARD_MEAN, "run_b") == [(10, pytest.approx(0.1)), (20, pytest.approx(0.2))]
+    assert len(_s(ev, M.LOSS_POLICY, "run_a")) == 4
+    one = ingest(DATA / "cases" / "zero_variance_easy_data" / "trainer_state.json")
+    assert one.versions == ["zero_variance_easy_data"]  # the folder of a trainer_state.json names the run
+
+
 def test_ingest_jsonl_metrics(tmp_path):
     ev = ingest(ING / "metrics.jsonl")
     assert _s(ev, M.REWARD_MEAN) == [(1, 0.5), (2, 0.6)]
