@@ -147,8 +147,14 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
         server.add_tool(wrapped, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
                                                               open_world_hint=False))
         registered = server._tool_manager.get_tool(name)  # SDK: fields of fn_metadata are read live
-        if registered is not None and registered.fn_metadata.output_schema:
-            registered.fn_metadata.output_schema = inline_refs(registered.fn_metadata.output_schema)
+        if registered is not None:
+            # unknown argument names (typos such as 'limt') are errors, not silently dropped
+            base = registered.fn_metadata.arg_model
+            registered.fn_metadata.arg_model = type(base.__name__, (base,),
+                                                    {"model_config": {**base.model_config, "extra": "forbid"}})
+            registered.parameters["additionalProperties"] = False
+            if registered.fn_metadata.output_schema:
+                registered.fn_metadata.output_schema = inline_refs(registered.fn_metadata.output_schema)
         return fn
 
     return deco

@@ -71,6 +71,7 @@ class SyncClient:
         from anyio.from_thread import start_blocking_portal
         from mcp import Client
 
+        self.server = server
         self._cm = start_blocking_portal()
         self.portal = self._cm.__enter__()
         ready = threading.Event()

@@ -30,10 +30,18 @@ def test_train_progress_cancel_and_evaluate(client):
     assert "has a running job" in client.err("start_training", {"version_id": "v0", "steps": 1})
     err = client.err("evaluate_version", {"version_id": "v0"})
     assert "another process is writing" in err and job["id"] in err
-    # reads stay consistent while training writes (WAL + Lance snapshots)
-    for _ in range(5):
-        assert client.ok("get_version", {"version_id": "v0"})["status"] in ("proposed", "training", "trained")
-        client.ok("sample_rollouts", {"version_id": "v0"})
+    # a second client session reads while training writes: consistent snapshots (WAL + Lance versions),
+    # counts only grow and are whole groups (2 samples per prompt)
+    other = SyncClient(client.server)
+    try:
+        seen = []
+        for _ in range(5):
+            assert other.ok("get_version", {"version_id": "v0"})["status"] in ("proposed", "training", "trained")
+            seen.append(other.ok("sample_rollouts", {"version_id": "v0", "limit": 1})["total"])
+            assert [j["id"] for j in other.ok("list_jobs")["jobs"]] == [job["id"]]
+        assert seen == sorted(seen) and all(n % 2 == 0 for n in seen)
+    finally:
+        other.close()
     notes = []
 
     async def on_progress(progress, total, message):

@@ -57,6 +57,7 @@ def test_unknown_versions_and_bad_arguments_are_tool_errors(client):
     assert "not found" in client.err("diff_versions", {"a": "v0", "b": "nope"})
     assert "limit" in client.err("list_versions", {"limit": 0})
     assert "status" in client.err("list_versions", {"status": "weird"})
+    assert "limt" in client.err("list_versions", {"limt": 5})  # unknown argument names are errors, not dropped
     # the server keeps serving after errors
     assert client.ok("list_versions")["total"] == 2
 
