@@ -144,7 +144,8 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
                 except Exception as exc:
                     raise _to_tool_error(name, exc) from exc
 
-        server.add_tool(wrapped, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
+        description = " ".join((fn.__doc__ or "").split())  # one line: the docstring, unwrapped
+        server.add_tool(wrapped, description=description, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
                                                               open_world_hint=False))
         registered = server._tool_manager.get_tool(name)  # SDK: fields of fn_metadata are read live
         if registered is not None:
