@@ -265,6 +265,48 @@ def encode_trajectory(tokenizer: Any, messages: list[dict[str, str]],
     return EncodedTrajectory(ids, mask, prompt_len, mismatches, spans)
 
 
+def episodes_to_rollout_batch(tokenizer: Any, episodes: Sequence[Episode], pad_id: int | None = None) -> Any:
+    """Episodes as the local trainer's ``RolloutBatch`` (``rl_backend/sampling.py``) for the GRPO loss.
+
+    Each episode is laid out by :func:`encode_trajectory`: the opening messages are the prompt
+    (left-padded, ``P``), everything after is the completion (right-padded, ``T``) with
+    ``completion_mask`` = 1 on the policy's sampled tokens only and ``completion_attention_mask`` = 1
+    on all real tokens (observations stay in the context). ``sampling_logprobs`` are zeros: the
+    episode runner does not keep them, so the trainer computes the old log-probs with one
+    ``sequence_logprobs`` pass before its update (same weights, so the same distribution).
+
+    Raises:
+        ValueError: an episode without an assistant turn.
+    """
+    import torch
+    from evotrainer.rl_backend.sampling import RolloutBatch
+
+    pad = tokenizer.pad_token_id if pad_id is None else pad_id
+    encs = [encode_trajectory(tokenizer, e.messages, e.policy_token_ids()) for e in episodes]
+    P = max(x.prompt_len for x in encs)
+    T = max(len(x.input_ids) - x.prompt_len for x in encs)
+    B = len(encs)
+    prompt_ids = torch.full((B, P), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    comp_ids = torch.full((B, T), pad, dtype=torch.long)
+    comp_mask = torch.zeros((B, T), dtype=torch.long)
+    comp_attn = torch.zeros((B, T), dtype=torch.long)
+    for b, x in enumerate(encs):
+        p, c = x.input_ids[: x.prompt_len], x.input_ids[x.prompt_len:]
+        prompt_ids[b, P - len(p):] = torch.tensor(p)  # (P,) left padding
+        prompt_mask[b, P - len(p):] = 1
+        comp_ids[b, : len(c)] = torch.tensor(c)  # (T,) right padding
+        comp_mask[b, : len(c)] = torch.tensor(x.completion_mask[x.prompt_len:])
+        comp_attn[b, : len(c)] = 1
+    return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=comp_ids,
+                        completion_mask=comp_mask, sampling_logprobs=torch.zeros((B, T)),
+                        completions=[e.transcript() for e in episodes],
+                        finish_reasons=[e.finish_reason for e in episodes],
+                        lengths=[int(comp_mask[b].sum()) for b in range(B)],
+                        prompts=[tokenizer.decode(x.input_ids[: x.prompt_len]) for x in encs],
+                        turns=[e.turns for e in episodes], completion_attention_mask=comp_attn)
+
+
 # --- metrics and rollout records ------------------------------------------------------------------
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Tool-use metrics of a batch of episodes (names from ``evotrainer.metrics``, ``tools/*``): means per episode."""

@@ -87,9 +87,11 @@ def test_cheat_earns_zero_and_is_named_reward_hacking(episodes):
     assert f.kind == "reward_hacking" and f.severity == "blocking"  # 2 of 2 episodes >= 25%
     assert f.data["test_edit_episodes"] == 1 and f.data["collection_error_episodes"] == 1
     assert f"rollout:{rows[0]['rollout_id']}" in f.evidence
-    # the harness's generic reward_hacking analyzer reads the same turns JSON and sees the test edit too
+    # with every registered analyzer, swe_hacking is the one that names it (the generic reward_hacking
+    # analyzer leaves graded SWE episodes to it, so there is one finding, not two)
     ev = Evidence(rollouts=pa.Table.from_pylist(rows, schema=SCHEMA))
-    assert any(g.kind == "reward_hacking" for g in run_analyzers(ev, names=["reward_hacking"]))
+    assert [(g.kind, g.analyzer) for g in run_analyzers(ev) if g.kind == "reward_hacking"] == \
+        [("reward_hacking", "swe_hacking")]
 
 
 def test_loop_hits_the_budget_and_is_reported(episodes):
@@ -159,16 +161,24 @@ def test_encode_trajectory_uses_the_sampled_ids(tok):
         encode_trajectory(tok, msgs[:1])
 
 
-def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_tasks, tmp_path):
-    """A tiny random model plays 2 turns: its replies are no tool calls, the ids and mask still line up."""
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random Llama with the SmolLM2 tokenizer (rl_backend.models)."""
     import torch
     from evotrainer.rl_backend.models import load_policy
-    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
 
     from evotrainer.recipe import ModelSpec
 
+    return load_policy(ModelSpec(name_or_path="tiny-random"), device=torch.device("cpu"))
+
+
+def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_tasks, tmp_path, tiny):
+    """A tiny random model plays 2 turns: its replies are no tool calls, the ids and mask still line up."""
+    import torch
+    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+
     torch.manual_seed(0)
-    bundle = load_policy(ModelSpec(name_or_path="tiny-random"), device=torch.device("cpu"))
+    bundle = tiny
     tok = bundle.tokenizer
     pol = ChatModelPolicy(bundle.model, tok, max_new_tokens=8, temperature=1.0)
     (e,) = run_episodes(two_tasks[:1], pol, limits=ToolUseSpec(max_turns=2), workdir=tmp_path,
@@ -183,3 +193,26 @@ def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_task
     m = episode_metrics([e])
     # random text: each of the 2 replies is one invalid call (no tool call found)
     assert m[M.TOOLS_CALLS_MEAN] == 2.0 and m[M.TOOLS_INVALID_FRAC] == 1.0
+
+
+def test_episodes_to_rollout_batch_feeds_the_trainer_forward(two_tasks, tmp_path, tiny):
+    """Two tiny-model episodes become a RolloutBatch whose masked log-probs cover the policy tokens only."""
+    import torch
+    from evotrainer.rl_backend.sampling import sequence_logprobs
+    from evotrainer.rl_backend.swe_episode import episodes_to_rollout_batch
+    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+
+    torch.manual_seed(1)
+    bundle = tiny
+    tok = bundle.tokenizer
+    eps = run_episodes(two_tasks, ChatModelPolicy(bundle.model, tok, max_new_tokens=6), workdir=tmp_path,
+                       limits=ToolUseSpec(max_turns=2))
+    rb = episodes_to_rollout_batch(tok, eps)
+    assert rb.completion_ids.shape == rb.completion_mask.shape == rb.completion_attention_mask.shape
+    assert rb.lengths == [e.policy_tokens for e in eps]
+    # observations are attended to but not trained on
+    assert bool((rb.completion_attention_mask >= rb.completion_mask).all())
+    assert int(rb.completion_attention_mask.sum()) > int(rb.completion_mask.sum())
+    lp, _ = sequence_logprobs(bundle.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids, rb.completion_mask,
+                              completion_attention_mask=rb.completion_attention_mask)
+    assert lp.shape == rb.completion_ids.shape and torch.isfinite(lp).all()
