@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-from evotrainer.servers.common import ServerState, make_lifespan, tool
+from evotrainer.servers.common import ServerState, argument_error_middleware, make_lifespan, tool
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
@@ -64,6 +64,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     for s in sets:
         importlib.import_module(TOOLSETS[s]).register(server, state)
     _add_server_info(server, state, name, sets)
+    server.middleware.append(argument_error_middleware(server))
     _add_prompts(server, state)
     server.evotrainer_state = state  # type: ignore[attr-defined]  (tests and the CLI reach jobs through it)
     return server

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -182,6 +183,67 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         return node
 
     return walk(schema)
+
+
+_HEADER = re.compile(r"^Error executing tool (\S+): \d+ validation errors? for \w+Arguments$")
+_DETAIL = re.compile(r"^  (.*?) \[type=([\w_]+), input_value=(.*), input_type=\w+\]$")
+
+
+def explain_validation_error(text: str, schema: dict[str, Any] | None) -> str | None:
+    """Rewrite the SDK's pydantic argument error into one line per bad argument with the rule and the fix.
+
+    ``Error executing tool get_version: invalid arguments: version_id: required argument missing
+    (Version id, ...)``. Returns None when ``text`` is not an argument-validation error.
+    """
+    lines = text.splitlines()
+    head = _HEADER.match(lines[0]) if lines else None
+    if not head:
+        return None
+    props = (schema or {}).get("properties", {})
+    items, loc = [], None
+    for line in lines[1:]:
+        if not line.startswith(" "):
+            loc = line.strip()
+            continue
+        m = _DETAIL.match(line)
+        if not m or loc is None:
+            continue
+        msg, kind, value = m.groups()
+        top = loc.split(".")[0]
+        desc = props.get(top, {}).get("description")
+        hint = f" ({desc})" if desc else ""
+        if kind == "missing":
+            items.append(f"{loc}: required argument missing{hint}")
+        elif kind == "extra_forbidden":
+            items.append(f"{loc}: unknown argument; allowed: {', '.join(props) or 'none'}")
+        else:
+            shown = value if len(value) <= 80 else value[:77] + "..."
+            items.append(f"{loc}={shown}: {msg}{hint}")
+    if not items:
+        return None
+    return f"Error executing tool {head.group(1)}: invalid arguments: " + "; ".join(items)
+
+
+def argument_error_middleware(server: MCPServer) -> Callable[..., Any]:
+    """Server middleware: tool-call results that are argument-validation errors get :func:`explain_validation_error`."""
+
+    async def middleware(ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if ctx.method != "tools/call" or not isinstance(result, dict) or not result.get("isError"):
+            return result
+        try:
+            content = result.get("content") or []
+            text = content[0].get("text", "") if content and isinstance(content[0], dict) else ""
+            name = (ctx.params or {}).get("name")
+            registered = server._tool_manager.get_tool(name) if isinstance(name, str) else None
+            better = explain_validation_error(text, registered.parameters if registered else None)
+            if better:
+                result = {**result, "content": [{**content[0], "text": better}, *content[1:]]}
+        except Exception:  # never let error formatting break a reply
+            pass
+        return result
+
+    return middleware
 
 
 # --- pagination ---------------------------------------------------------------------------------

@@ -57,7 +57,13 @@ def test_unknown_versions_and_bad_arguments_are_tool_errors(client):
     assert "not found" in client.err("diff_versions", {"a": "v0", "b": "nope"})
     assert "limit" in client.err("list_versions", {"limit": 0})
     assert "status" in client.err("list_versions", {"status": "weird"})
-    assert "limt" in client.err("list_versions", {"limt": 5})  # unknown argument names are errors, not dropped
+    # argument errors: one clause per bad argument, with the rule and the argument's description
+    assert client.err("list_versions", {"limt": 5, "limit": 0}) == (
+        "Error executing tool list_versions: invalid arguments: limit=0: Input should be greater than or equal "
+        "to 1 (Versions per page.); limt: unknown argument; allowed: status, offset, limit")
+    assert client.err("get_version", {}) == ("Error executing tool get_version: invalid arguments: version_id: "
+                                             "required argument missing (Version id, e.g. 'v0' (list_versions "
+                                             "shows them).)")
     # the server keeps serving after errors
     assert client.ok("list_versions")["total"] == 2
 
