@@ -300,16 +300,21 @@ class HeuristicBrain:
                     method = "replay"
             scores.append(Score(index=i, score=round(prior + bt, 6), method=method, detail=detail))
         order = sorted(scores, key=lambda s: (-s.score, s.index))
+        # Greedy by score, distinct recipe paths, and one branch per finding kind before a second one for
+        # the same kind (several standing findings each get a fix tried).
         chosen: list[int] = []
         paths: set[str] = set()
-        for s in order:
-            c = proposal.candidates[s.index]
-            if c.path in paths:
-                continue
-            chosen.append(s.index)
-            paths.add(c.path)
-            if len(chosen) >= n_choose:
-                break
+        covered: set[str] = set()
+        for diverse in (True, False):
+            for s in order:
+                c = proposal.candidates[s.index]
+                if len(chosen) >= n_choose or s.index in chosen or c.path in paths:
+                    continue
+                if diverse and c.addresses and set(c.addresses) <= covered:
+                    continue
+                chosen.append(s.index)
+                paths.add(c.path)
+                covered |= set(c.addresses)
         return Ranking(scores=scores, chosen=chosen,
                        rationale="ranked by finding severity, skill record and backtests: "
                        + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5]))

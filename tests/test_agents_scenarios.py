@@ -38,16 +38,18 @@ def _kinds(ws, vid: str, severities=("warn", "blocking")) -> set[str]:
 def test_too_easy_data_zero_variance_found_and_data_fix_proposed(tmp_path):
     # The reward pays 1 for every completion (the empty token occurs in every string): every group
     # is all-equal, as on data far too easy for the policy.
+    # (The random model also never stops before the cap, so truncation stands too: the ranking gives
+    # each standing finding kind one branch.)
     ws = _scenario(tmp_path, {"reward.correctness.weight": 0.0, "reward.format_token.weight": 1.0,
-                              "reward.format_token.params": {"token": ""}})
+                              "reward.format_token.params": {"token": ""}, "generate_max_len": 4},
+                   max_versions=3, branches=2)
     assert "zero_variance_groups" in _kinds(ws, "v0")
     prop = ws.lineage.kv_get("loop/r1/propose")
-    cats = [c["category"] or "" for c in prop["candidates"]]
     paths = [c["path"] for c in prop["candidates"]]
     assert any(p in ("dynamic_filtering", "data.level", "data.difficulty_band", "group_filter_top_p") for p in paths)
-    child = ws.lineage.get("v1")
-    assert child.interventions[0].category == "data", (paths, cats)
-    assert child.status in ("kept", "pruned") and ws.lineage.decisions("v1")
+    kids = [v for v in ws.lineage.versions() if v.parent_id]
+    assert "data" in [v.interventions[0].category for v in kids], [v.interventions[0].describe() for v in kids]
+    assert all(v.status in ("kept", "pruned") and ws.lineage.decisions(v.id) for v in kids)
     ws.close()
 
 
