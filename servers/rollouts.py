@@ -27,6 +27,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 Split = Literal["train", "eval"]
+SEARCH_WINDOW = 200  # ranked full-text hits fetched per search_rollouts call (pages slice this window)
 MaxChars = Annotated[int, Field(description="Cut prompts and completions to this many characters (0 = no cut).",
                                 ge=0, le=100000)]
 
@@ -296,6 +297,7 @@ def register(server: MCPServer, state: ServerState) -> None:
                                     min_length=1, max_length=500)],
         version_id: Annotated[str | None, Field(description="Only this version.")] = None,
         split: Annotated[Split | None, Field(description="Only this split.")] = None,
+        offset: Annotated[int, Field(description="Index of the first result.", ge=0, le=10_000)] = 0,
         limit: Annotated[int, Field(description="Results, best first.", ge=1, le=MAX_LIMIT)] = 20,
         max_chars: MaxChars = 2000,
     ) -> RolloutList:
@@ -307,8 +309,14 @@ def register(server: MCPServer, state: ServerState) -> None:
             conds.append(f"version_id = '{version_id.replace(chr(39), chr(39) * 2)}'")
         if split is not None:
             conds.append(f"split = '{split}'")
-        rows = ws.rollouts.search(query, where=" AND ".join(conds) or None, limit=limit)
-        return RolloutList(rollouts=[to_rollout(r, max_chars) for r in rows], **page_fields(len(rows), 0, len(rows)))
+        # one candidate window for every page up to 200 results, ties broken by id: pages are stable
+        window = max(SEARCH_WINDOW, offset + limit + 1)
+        rows = sorted(ws.rollouts.search(query, where=" AND ".join(conds) or None, limit=window),
+                      key=lambda r: (-float(r.get("_score") or 0.0), r["rollout_id"]))
+        page = rows[offset:offset + limit]
+        # total: the ranked hits fetched (at most the window; more may exist beyond it)
+        return RolloutList(rollouts=[to_rollout(r, max_chars) for r in page],
+                           **page_fields(len(rows), offset, len(page)))
 
     @tool(server)
     def compare_versions(

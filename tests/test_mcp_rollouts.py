@@ -71,6 +71,11 @@ def test_search_rollouts_full_text(client):
     hits = client.ok("search_rollouts", {"query": "6"})
     assert [r["rollout_id"] for r in hits["rollouts"]] == ["v0/train/0/g1/1"] and hits["rollouts"][0]["score"] > 0
     assert client.ok("search_rollouts", {"query": "6", "version_id": "v1"})["rollouts"] == []
+    # pages of the ranking ("2" occurs in every p1 / p2 prompt): pages do not overlap
+    first = client.ok("search_rollouts", {"query": "2", "limit": 2})
+    second = client.ok("search_rollouts", {"query": "2", "limit": 2, "offset": 2})
+    assert first["next_offset"] == 2 and len(second["rollouts"]) == 2
+    assert not {r["rollout_id"] for r in first["rollouts"]} & {r["rollout_id"] for r in second["rollouts"]}
     both = client.ok("search_rollouts", {"query": "4", "split": "eval"})  # answer-free: completions "4" of v1 only
     assert {r["rollout_id"] for r in both["rollouts"]} == {"v1/eval/0/p2/0"}
     assert "query" in client.err("search_rollouts", {"query": ""})

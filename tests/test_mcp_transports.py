@@ -79,6 +79,20 @@ def test_http_banner_and_rejections(http_server):
     assert rebind.status_code == 421  # the SDK's Host check (DNS rebinding) stays on for loopback binds
 
 
+def test_http_malformed_requests_never_kill_the_server(http_server):
+    url, _ = http_server
+    hdr = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+           "Authorization": f"Bearer {TOKEN}"}
+    bodies = [b"", b"{", b"null", b"[]", b"[1, 2]", b'{"jsonrpc": "1.0"}', b'{"jsonrpc": "2.0", "id": 1}',
+              b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": 5}}',
+              b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}', b"\xff\xfe\x00" * 100,
+              b'{"jsonrpc": "2.0", "id": 1, "method": "' + b"a" * 100_000 + b'"}']
+    for i in range(60):
+        r = httpx.post(url, content=bodies[i % len(bodies)], headers=hdr, timeout=30)
+        assert 200 <= r.status_code < 500, (i, r.status_code, r.text[:200])  # a reply, never a crash (5xx)
+    assert httpx.post(url, content=b"{}", headers={**hdr, "Content-Type": "text/plain"}).status_code in (400, 415)
+
+
 def test_http_client_with_token(http_server):
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
