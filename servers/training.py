@@ -272,11 +272,13 @@ def register(server: MCPServer, state: ServerState) -> None:
     async def start_training(
         ctx: Context,
         version_id: VersionId,
-        steps: Annotated[int, Field(description="GRPO steps to train (one rollout batch each).", ge=1, le=100000)],
+        steps: Annotated[int, Field(description="Total GRPO steps of the version (one rollout batch each).", ge=1,
+                                               le=100000)],
         wait_s: WaitS = 0.0,
     ) -> JobInfo:
-        """Train a version for `steps` GRPO steps as a background job (from its parent's checkpoint; a
-        partly trained version resumes). Returns the job; poll job_status or pass wait_s to stream progress."""
+        """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (a
+        partly trained version resumes from its last step). Returns the job; poll job_status or pass wait_s to
+        stream progress notifications."""
         st = state_of(ctx)
         ws = st.workspace()
         v = require_version(ws, version_id)
