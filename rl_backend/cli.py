@@ -1,9 +1,131 @@
-"""CLI commands of evotrainer.rl_backend, added to the main app by :func:`register`."""
+"""CLI of evotrainer.rl_backend: ``evotrainer train`` and ``evotrainer eval`` (local backend).
+
+``evotrainer train RECIPE --run DIR --steps N``: creates the run with RECIPE as its base version
+``v0`` when DIR is new (or trains ``--version V`` of an existing run), with a rich progress bar
+(step, reward, tokens/s, ETA). A crashed or interrupted training resumes when rerun.
+
+``evotrainer eval TARGET --k 8``: TARGET is a version id of ``--run DIR`` (results stored in the
+run), a checkpoint folder, or ``base`` (the recipe's base model); the last two print results only
+and take the recipe from ``--recipe`` (default recipe if omitted).
+"""
 
 from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
 
 import typer
 
 
+def _progress_bar(label: str):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    transient=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add this subpackage's commands to the main evotrainer app."""
+    """Add ``train`` and ``eval`` to the main evotrainer app."""
+
+    @app.command("train")
+    def train(
+        recipe: Path | None = typer.Argument(None, help="Recipe YAML (or run config with a recipe: section); "
+                                                        "becomes v0 of a new run."),
+        run: Path = typer.Option(Path("runs/train"), "--run", help="Run folder (created when missing)."),
+        steps: int = typer.Option(8, "--steps", min=1, help="GRPO steps (total for the version; a partly "
+                                                             "trained version resumes)."),
+        version: str | None = typer.Option(None, "--version", help="Train this existing version instead of v0."),
+        device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
+        threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: idle cores)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Train a version with the local GRPO backend: rollouts, metrics, TensorBoard, checkpoint."""
+        from evotrainer.rl_backend.local import LocalBackend
+
+        from evotrainer.cli import console, fail, print_json
+        from evotrainer.recipe import load_recipe
+        from evotrainer.workspace import Workspace
+
+        with Workspace(run, writer=True) as ws:
+            root = ws.lineage.root()
+            if version is None:
+                if root is None:
+                    if recipe is None:
+                        fail(f"{ws.root} has no versions yet; pass a RECIPE file to create v0")
+                    root = ws.lineage.create_root(load_recipe(recipe))
+                elif recipe is not None and load_recipe(recipe).to_dict() != root.recipe.to_dict():
+                    fail(f"{ws.root} already has a base version {root.id} with another recipe; use a new --run "
+                         "folder, or --version to train an existing version")
+                version = root.id
+            backend = LocalBackend(device=device, num_threads=threads)
+            if as_json:
+                res = backend.train(ws, version, steps)
+                print_json(res.model_dump())
+                return
+            with _progress_bar(f"train {version}") as bar:
+                task = bar.add_task("train", total=steps, info="loading model")
+
+                def progress(p: dict[str, Any]) -> None:
+                    bar.update(task, completed=p["step"],
+                               info=f"reward {p['reward']:.3f}  {p['tokens_per_sec']:.1f} tok/s  "
+                                    f"{p['step_seconds']:.1f} s/step")
+
+                res = backend.train(ws, version, steps, progress=progress)
+            ms = res.metrics_summary
+            console.print(f"trained {version}: {res.steps_done} steps, reward/mean {ms.get('reward/mean', float('nan')):.3f}"
+                          f", checkpoint {res.checkpoint}" + (f" (resumed after step {res.resumed_from_step})"
+                                                              if res.resumed_from_step is not None else ""))
+
+    @app.command("eval")
+    def eval_(
+        target: str = typer.Argument(..., help="Version id (with --run), checkpoint folder, or 'base'."),
+        run: Path | None = typer.Option(None, "--run", help="Run folder holding the version."),
+        k: int | None = typer.Option(None, "--k", min=1, help="Samples per held-out problem (default: recipe eval.k)."),
+        recipe: Path | None = typer.Option(None, "--recipe", help="Recipe for a checkpoint folder or 'base' "
+                                                                  "(data, model, eval settings)."),
+        eval_name: str = typer.Option("heldout", "--name", help="Name the outcomes are stored under."),
+        device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
+        threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: idle cores)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Evaluate on the held-out set: Avg@k, unbiased pass@k, pass@1."""
+        from evotrainer.rl_backend.local import LocalBackend
+
+        from evotrainer.cli import console, fail, print_json
+        from evotrainer.recipe import Recipe, load_recipe
+        from evotrainer.workspace import Workspace
+
+        backend = LocalBackend(device=device, num_threads=threads)
+        bar = _progress_bar(f"eval {target}")
+        task = bar.add_task("eval", total=None, info="loading model")
+
+        def progress(p: dict[str, Any]) -> None:
+            bar.update(task, completed=p["step"], total=p["steps"], info=f"Avg@k so far {p['avg@k']:.3f}")
+
+        if run is not None:
+            with Workspace.open(run, writer=True) as ws:
+                with bar if not as_json else nullcontext():
+                    res = backend.evaluate(ws, target, k=k, eval_name=eval_name,
+                                           progress=None if as_json else progress)
+        else:
+            if target != "base" and not Path(target).is_dir():
+                fail(f"{target}: not a checkpoint folder; pass a folder, 'base', or a version id with --run DIR")
+            r = load_recipe(recipe) if recipe else Recipe()
+            with bar if not as_json else nullcontext():
+                res, _, _ = backend.evaluate_checkpoint(r, None if target == "base" else target, k=k,
+                                                        eval_name=eval_name, progress=None if as_json else progress)
+        if as_json:
+            print_json(res.model_dump())
+            return
+        console.print(f"{target}: Avg@{res.k}={res.avg_at_k:.3f}  pass@{res.k}={res.pass_at_k:.3f}  "
+                      f"pass@1={res.pass_at_1:.3f}  ({res.n_problems} problems, {res.wall_s:.0f} s)")
+

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
-from evotrainer.rl_backend.models import PolicyBundle, load_policy, save_checkpoint
+from evotrainer.rl_backend.models import PolicyBundle, configure_threads, load_policy, save_checkpoint
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
     chat_prompts,
@@ -82,16 +82,20 @@ class LocalBackend:
         device: ``cpu`` / ``cuda`` (default: CUDA when available).
         checkpoint_every: save a resume checkpoint (weights + AdamW state) every this many steps.
         eval_batch_prompts: held-out prompts per ``generate`` call at evaluation.
+        num_threads: torch CPU threads (default: :func:`models.configure_threads`'s choice, made
+            at each train / evaluate call).
     """
 
     name = "local"
 
-    def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8):
+    def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8,
+                 num_threads: int | None = None):
         from evotrainer.rl_backend.models import pick_device
 
         self.device = pick_device(device)
         self.checkpoint_every = max(1, checkpoint_every)
         self.eval_batch_prompts = eval_batch_prompts
+        self.num_threads = num_threads
         _quiet_transformers()
 
     # --- train ---------------------------------------------------------------------------------------
@@ -138,6 +142,7 @@ class LocalBackend:
         from torch.utils.tensorboard import SummaryWriter
 
         t_call = time.time()
+        configure_threads(self.num_threads)
         recipe, vid = v.recipe, v.id
         resume_dir = ws.root / "checkpoints" / f"{vid}{RESUME_SUFFIX}"
         first_step, load_from, optim_state = 0, start_ckpt, None
@@ -408,6 +413,7 @@ class LocalBackend:
         from evotrainer.rollouts import make_record
 
         t0 = time.time()
+        configure_threads(self.num_threads)
         k = k or recipe.eval.k
         _, held = load_problems(recipe.data)
         held = held[: recipe.eval.max_problems] if recipe.eval.max_problems else held

@@ -106,7 +106,7 @@ def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
 @torch.no_grad()
 def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, prompt_max_len: int = 512,
-             seed: int | None = None, device: torch.device | None = None) -> RolloutBatch:
+             seed: int | None = None, device: torch.device | None = None, share_prefill: bool = True) -> RolloutBatch:
     """Sample ``n`` completions for each prompt in one batched ``generate`` call (KV cache).
 
     Args:
@@ -117,6 +117,8 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         top_p: nucleus sampling (1 disables). top-k is disabled (no hidden top_k=50 default).
         prompt_max_len: longer prompts keep their last ``prompt_max_len`` tokens.
         seed: seeds torch's RNG for this call (reproducible rollouts).
+        share_prefill: run each prompt's prefill once and copy its KV cache to the n samples
+            (``DynamicCache.batch_repeat_interleave``) instead of n prefills.
 
     Returns:
         :class:`RolloutBatch` with B = len(prompts) × n rows.
@@ -142,8 +144,21 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         kwargs.update(temperature=temperature, top_p=top_p)
     else:
         kwargs.update(temperature=None, top_p=None)
-    out = model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
     P = input_ids.shape[1]
+    if n > 1 and P > 1 and share_prefill:
+        # Prefill each prompt once (all but its last token), copy the KV cache n times, then decode:
+        # generate(num_return_sequences=n) would run the prompt's forward n times.
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        pre = model(input_ids=input_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, :-1],
+                    use_cache=True, logits_to_keep=1)
+        cache = pre.cache
+        cache.batch_repeat_interleave(n)
+        input_ids, attn = input_ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        out = model.generate(input_ids=input_ids, attention_mask=attn, cache=cache,
+                             **{**kwargs, "num_return_sequences": 1})
+        input_ids, attn = input_ids[::n], attn[::n]
+    else:
+        out = model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
     comp = out.sequences[:, P:].cpu()  # (B, T)
     eos = eos_token_ids(model, tokenizer)
     mask, has_eos = _first_eos_mask(comp, eos)

