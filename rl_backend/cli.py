@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
         threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: idle cores)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        backend_name: str = typer.Option("local", "--backend", help="local | openrlhf (OpenRLHF job on Ray)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="openrlhf: print the exact job, submit nothing."),
     ) -> None:
         """Train a version with the local GRPO backend: rollouts, metrics, TensorBoard, checkpoint."""
         from evotrainer.rl_backend.local import LocalBackend
@@ -54,6 +56,17 @@ def register(app: typer.Typer) -> None:
         from evotrainer.cli import console, fail, print_json
         from evotrainer.recipe import load_recipe
         from evotrainer.workspace import Workspace
+
+        if backend_name not in ("local", "openrlhf") or (dry_run and backend_name != "openrlhf"):
+            fail(f"--backend {backend_name!r}{' --dry-run' if dry_run else ''}: choose local, or openrlhf "
+                 "(--dry-run is for openrlhf)")
+        if dry_run:
+            from evotrainer.rl_backend.openrlhf_backend import dry_run as openrlhf_dry_run
+
+            if recipe is None:
+                fail("--dry-run needs a RECIPE file")
+            print(openrlhf_dry_run(load_recipe(recipe), run, steps=steps, version_id=version or "v0"))
+            return
 
         with Workspace(run, writer=True) as ws:
             root = ws.lineage.root()
@@ -66,7 +79,12 @@ def register(app: typer.Typer) -> None:
                     fail(f"{ws.root} already has a base version {root.id} with another recipe; use a new --run "
                          "folder, or --version to train an existing version")
                 version = root.id
-            backend = LocalBackend(device=device, num_threads=threads)
+            if backend_name == "openrlhf":
+                from evotrainer.rl_backend.base import get_backend
+
+                backend = get_backend("openrlhf")
+            else:
+                backend = LocalBackend(device=device, num_threads=threads)
             if as_json:
                 res = backend.train(ws, version, steps)
                 print_json(res.model_dump())

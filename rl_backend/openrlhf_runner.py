@@ -248,14 +248,17 @@ class OpenRLHFBackend:
         ws.lineage.kv_set(f"openrlhf/{version_id}", {"ref": ref, "job": job.model_dump()})
         ws.log(f"openrlhf job {ref} submitted ({job.openrlhf_version}, {steps} steps)", version=version_id,
                source="openrlhf")
-        def emit(done: int, new: int) -> None:  # one progress call per new step
+        nan = float("nan")
+
+        def emit(done: int, new: int) -> None:  # one progress call per new step (NaN: not logged)
             if new <= done or progress is None:
                 return
             series = ws.lineage.all_metrics(version_id)
             for step in range(done + 1, new + 1):
                 at = {name: dict(pts).get(step) for name, pts in series.items()}
-                progress({"step": step, "steps": steps, "reward": at.get(M.REWARD_MEAN),
-                          "tokens_per_sec": at.get(M.PERF_TOKENS_PER_SEC)})
+                progress({"step": step, "steps": steps, **{key: nan if at.get(name) is None else at[name]
+                          for key, name in (("reward", M.REWARD_MEAN), ("tokens_per_sec", M.PERF_TOKENS_PER_SEC),
+                                            ("step_seconds", M.PERF_STEP_SECONDS))}})
 
         last, stopped = 0, False
         status = job_status(job, ref)

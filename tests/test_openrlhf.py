@@ -338,8 +338,8 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
         res = backend.train(ws, v.id, steps=2, progress=seen.append)
         assert (res.steps_done, res.steps_requested, res.stopped_early) == (2, 2, False)
         # one progress call per step; the stand-in's reward: correctness 1 (the only component) -> 1.0
-        assert seen == [{"step": 1, "steps": 2, "reward": 1.0, "tokens_per_sec": None},
-                        {"step": 2, "steps": 2, "reward": 1.0, "tokens_per_sec": None}]
+        assert [(p["step"], p["steps"], p["reward"]) for p in seen] == [(1, 2, 1.0), (2, 2, 1.0)]
+        assert all(p["tokens_per_sec"] != p["tokens_per_sec"] for p in seen)  # NaN: OpenRLHF does not log it
         ver = ws.lineage.get(v.id)
         assert ver.status == "trained" and ver.checkpoint.endswith("final")
         # the stand-in answers every problem right: correctness 1 at both steps, via the real reward file
@@ -560,3 +560,21 @@ def test_backend_cancel_stops_the_job(tmp_path):
         res = backend.train(ws, v.id, steps=3, progress=seen.append, should_stop=lambda: bool(seen))
         assert res.stopped_early and res.steps_done == 1  # stopped during step 2's 60 s
         assert ws.lineage.get(v.id).status == "failed"
+
+
+def test_cli_train_openrlhf_dry_run(tmp_path):
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"n_samples_per_prompt": 4, "data": {"level": 2}}))
+    p = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", str(recipe), "--run", str(tmp_path / "run"),
+                        "--steps", "2", "--backend", "openrlhf", "--dry-run"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "# OpenRLHF 0.11.2 (dotted flags), version v0, 2 steps"
+    assert "    --rollout.n_samples_per_prompt 4 \\" in lines and "    --data.max_samples 8 \\" in lines  # 2 x 4
+    assert not (tmp_path / "run" / "lineage.db").exists()  # nothing trained, no run created
+    bad = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", str(recipe), "--dry-run"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "(--dry-run is for openrlhf)" in " ".join(bad.stderr.split())
