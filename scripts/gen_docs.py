@@ -106,10 +106,10 @@ SECTIONS = {"config-reference": config_reference, "mcp-catalogue": mcp_catalogue
 def render(text: str) -> str:
     """README text with every generated section replaced by fresh output."""
     for name, fn in SECTIONS.items():
-        pat = re.compile(rf"(<!-- BEGIN GENERATED: {name} -->\n).*?(\n<!-- END GENERATED: {name} -->)", re.S)
+        pat = re.compile(rf"(<!-- BEGIN GENERATED: {name} -->\n)(?:.*?\n)?(<!-- END GENERATED: {name} -->)", re.S)
         if pat.search(text):
             body = fn()
-            text = pat.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+            text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 
