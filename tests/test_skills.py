@@ -236,6 +236,40 @@ def test_history_and_restore(store):
         store.restore(999)
 
 
+def test_index_upkeep_keeps_history(store):
+    """Adding >= 64 rows folds them into the indices with optimize(); every version stays restorable."""
+    v_seed = store.history()[-1]["version"]
+    batch = [_custom(f"bulk_{i}", description=f"bulk skill number {i} about sampling") for i in range(70)]
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(70, 384)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    store.add(batch, vectors=vecs)
+    tbl = store._table("skills")
+    assert tbl.index_stats("text_idx").num_unindexed_rows == 0  # 70 >= 64: folded into the FTS index
+    assert store.count() == len(seed_skills()) + 70
+    assert store.search("bulk skill number 42", mode="fts", limit=1)[0].skill.id == "bulk_42"
+    assert store.history()[0]["version"] == 1  # optimize kept the oldest version
+    store.restore(v_seed)
+    assert store.count() == len(seed_skills())
+    with pytest.raises(SkillError, match=r"vectors: need shape \(1, 384\)"):
+        store.add(_custom("x1"), vectors=vecs[:2])
+
+
+def test_vector_index_from_4096_rows(store):
+    """At 4096+ rows an IVF_FLAT index serves vector search; a skill whose vector is the query's is top 1."""
+    n = 4100
+    rng = np.random.default_rng(1)
+    vecs = rng.normal(size=(n, 384)).astype(np.float32)
+    query = "zero variance groups in arithmetic level three"
+    vecs[1234] = embed_query(query)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    store.add([_custom(f"many_{i}", description=f"synthetic skill {i}") for i in range(n)], vectors=vecs)
+    stats = store._table("skills").index_stats("vector_idx")
+    assert stats is not None and stats.index_type == "IVF_FLAT" and stats.num_unindexed_rows == 0
+    hit = store.search(query, mode="vector", limit=1)[0]
+    assert hit.skill.id == "many_1234" and hit.score == pytest.approx(1.0, abs=1e-4)  # cosine distance 0
+
+
 def test_moved_folder_opens_and_searches(store, tmp_path):
     store.add(_custom())
     moved = tmp_path / "elsewhere" / "skills"
