@@ -67,7 +67,8 @@ class LiveView:
         elif kind in ("log", "stage"):
             self.last = data.get("message") or f"stage {data.get('key')}"
         elif kind == "decision":
-            self.last = f"{data['action']} {data['version_id']}: {data['rationale']}"
+            r = data["rationale"]
+            self.last = r if r.startswith(data["action"]) else f"{data['action']} {data['version_id']}: {r}"
         if self.live is not None:
             self.live.update(self.render())
 
@@ -185,16 +186,18 @@ def register(app: typer.Typer) -> None:
         if brain == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
             _error("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
         rd = Path(run_dir or cfg.run_dir)
+        if (rd / "lineage.db").exists() and not resume:
+            _error(f"{rd} holds a run already; pass --resume to continue it, or choose another run_dir")
         console = Console(stderr=as_json)
         try:
             if no_live or not console.is_terminal:
                 def on_event(kind: str, data: dict[str, Any]) -> None:
                     if kind == "log":
                         console.print(data["message"], highlight=False, soft_wrap=True)
-                summary = run_loop(cfg, rd, brain, mode, resume, on_event)
-            else:
+                summary = run_loop(cfg, rd, brain, mode, True, on_event)
+            else:  # the view reads the lineage as the loop writes it (resume=True: checked above)
                 with Workspace(rd) as view_ws, LiveView(view_ws, console) as view:
-                    summary = run_loop(cfg, rd, brain, mode, resume, view)
+                    summary = run_loop(cfg, rd, brain, mode, True, view)
         except ValueError as exc:
             _error(str(exc))
         ws = Workspace.open(rd)

@@ -341,14 +341,16 @@ class HeuristicBrain:
         return 0.0, json.dumps(res)[:160]
 
     # --- decider ----------------------------------------------------------------------------------------
-    def decide(self, tools: RoleTools, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
+    def decide(self, tools: RoleTools | None, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
         """Keep when the gate promotes (CI of the held-out gain above 0, no blocking finding); else prune."""
         blocking = sorted(set(blocking_kinds(gate)) | {f.kind for f in diagnosis.blocking()})
         promote = bool(gate.get("promote")) and not blocking
         gain, ci, p = gate.get("gain"), gate.get("ci"), gate.get("p_value")
         nums = _gate_numbers(gain, ci, p)
         reason = f" Gate: {gate['reason']}" if gate.get("reason") else ""
-        if promote:
+        if promote and gate.get("parent_id") is None and gain is None:
+            why = f"keep {version_id}: the root (baseline) version, no blocking finding.{reason}"
+        elif promote:
             why = f"keep {version_id}: held-out gain {nums}; no blocking finding.{reason}"
         elif blocking:
             why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"

@@ -34,16 +34,11 @@ SEARCH_SPACE: dict[str, tuple] = {
 
 
 def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
-    from evotrainer.agents.heuristic import _gate_numbers, blocking_kinds
+    """The gate's verdict as a decision (the heuristic brain's rule: keep only what the gate promotes)."""
+    from evotrainer.agents.decisions import Diagnosis
+    from evotrainer.agents.heuristic import HeuristicBrain
 
-    blocking = blocking_kinds(gate)
-    promote = bool(gate.get("promote")) and not blocking
-    nums = _gate_numbers(gate.get("gain"), gate.get("ci"), gate.get("p_value"))
-    why = (f"keep {vid}: held-out gain {nums}" if promote else
-           f"prune {vid}: " + (f"blocking finding(s) {', '.join(map(str, blocking))} ({nums})" if blocking
-                               else f"held-out gain not significant ({nums})"))
-    return Verdict(version_id=vid, action="keep" if promote else "prune", rationale=why,
-                   evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"])
+    return HeuristicBrain().decide(None, vid, gate, Diagnosis(version_id=vid))
 
 
 class _Gated(LoopBase):
