@@ -265,27 +265,41 @@ class LineageStore:
             )
         return self.get(vid)
 
-    def branch(self, parent_id: str, interventions: Intervention | list[Intervention], note: str = "") -> Version:
+    def branch(self, parent_id: str, interventions: Intervention | list[Intervention], note: str = "",
+               merge_decision: tuple[str, list[str], str] | None = None) -> Version:
         """Create a proposed child of ``parent_id`` whose recipe is the parent's with the interventions applied.
 
+        With ``merge_decision=(rationale, evidence, author)`` the child is a merge: it is created with status
+        ``merged`` and its merge decision is recorded in the SAME transaction (a crash leaves both or neither).
+
         Raises:
-            LineageError: unknown parent.
+            LineageError: unknown parent, or no intervention.
             InterventionError: an intervention does not apply to the parent's recipe.
         """
         ivs = interventions if isinstance(interventions, list) else [interventions]
         if not ivs:
             raise LineageError("a child version needs at least one intervention")
+        if merge_decision is not None and not merge_decision[0].strip():
+            raise LineageError("a decision needs a rationale; say why, with the numbers")
         parent = self.get(parent_id)
         recipe = apply_all(parent.recipe, ivs)
         with self.tx() as db:
             vid = self._next_id(db)
             now = time.time()
+            status = "proposed" if merge_decision is None else "merged"
             db.execute(
                 "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, 'proposed', ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (vid, parent_id, json.dumps(recipe.to_dict()),
-                 json.dumps([iv.model_dump(mode="json") for iv in ivs]), note, now, now),
+                 json.dumps([iv.model_dump(mode="json") for iv in ivs]), status, note, now, now),
             )
+            if merge_decision is not None:
+                rationale, evidence, author = merge_decision
+                db.execute(
+                    "INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at)"
+                    " VALUES (?, 'merge', ?, ?, ?, 'proposed', ?)",
+                    (vid, rationale, json.dumps(evidence or []), author, now),
+                )
         return self.get(vid)
 
     def _row_to_version(self, r: sqlite3.Row) -> Version:

@@ -394,13 +394,17 @@ def register(server: MCPServer, state: ServerState) -> None:
             not_kept = [x.id + f" ({x.status})" for x in (v, w) if x.status != "kept"]
             if not_kept:
                 raise ToolError(f"merge needs two kept siblings; not kept: {', '.join(not_kept)}")
-            child = ws.lineage.branch(v.parent_id, merge(v.interventions, w.interventions),
-                                      note=f"merge of {v.id} and {w.id}")
-            target = child.id
             evidence = [*evidence, v.id, w.id]
+            # child + merge decision in one transaction: a crash leaves both or neither
+            child = ws.lineage.branch(v.parent_id, merge(v.interventions, w.interventions),
+                                      note=f"merge of {v.id} and {w.id}",
+                                      merge_decision=(rationale, evidence, author))
+            target = child.id
+            d = ws.lineage.decisions(target)[-1]
         elif merge_with:
             raise ToolError(f"merge_with is only for action=merge (action is {action})")
-        d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author)
+        if action != "merge":
+            d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author)
         ws.log(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
         return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
 

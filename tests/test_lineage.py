@@ -172,3 +172,17 @@ def test_sigkill_during_writes_leaves_consistent_store(tmp_path):
         committed += [line.split() for line in out.splitlines() if line.strip()]
         _check_consistent(db, committed)
     assert sum(1 for c in committed if c[0] == "decision") > 10  # the kills landed mid-stream
+
+
+def test_merge_child_and_decision_in_one_transaction(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    s.create_root(Recipe())
+    a = s.branch("v0", _iv("temperature", 1.0, 0.8))
+    b = s.branch("v0", _iv("data.level", 1, 2, "data"))
+    from evotrainer.intervention import merge
+
+    m = s.branch("v0", merge(a.interventions, b.interventions), note="merge of v1 and v2",
+                 merge_decision=("both kept; independent paths", ["v1", "v2"], "orchestrator"))
+    assert m.status == "merged" and (m.recipe.temperature, m.recipe.data.level) == (0.8, 2)
+    (d,) = s.decisions(m.id)
+    assert (d.action, d.prev_status, d.evidence, d.author) == ("merge", "proposed", ["v1", "v2"], "orchestrator")
