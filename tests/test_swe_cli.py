@@ -52,3 +52,17 @@ def test_oracle_resolves_every_shipped_task():
     (res,) = json.loads(r.stdout)["results"]
     bad = [t["task"] for t in res["per_task"] if t["swe_tests"] != 1.0]
     assert bad == [] and res["episodes"] == len(load_taskset())
+
+
+@pytest.mark.slow
+def test_smollm2_plays_episodes_end_to_end(tmp_path):
+    """SmolLM2-135M plays one 2-turn episode: it fails, but turns, token counts and the mask agree."""
+    out = tmp_path / "traj.jsonl"
+    r = evotrainer("swe", "episodes", "--model", "smollm2-135m-instruct", "--limit", "1", "--max-turns", "2",
+                   "--max-new-tokens", "32", "--episode-timeout", "3000", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    acts = [t for t in row["turns"] if t["role"] == "assistant"]
+    assert len(acts) == row["stats"]["turns"] == 2 and row["mask_mismatches"] == 0
+    assert row["policy_tokens"] == sum(len(t["token_ids"]) for t in acts) <= 64
+    assert row["outcome"]["swe_tests"] in (0.0, 1.0) and row["stats"]["calls"] >= 2
