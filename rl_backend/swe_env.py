@@ -349,6 +349,8 @@ class SweEnv:
         end = min(len(lines), a.end or a.start + VIEW_MAX_LINES - 1, a.start + VIEW_MAX_LINES - 1)
         if a.start > len(lines):
             raise ToolError(f"start={a.start} is past the end of {a.path} ({len(lines)} lines)")
+        if a.end is not None and a.end < a.start:
+            raise ToolError(f"end={a.end} is before start={a.start}; give 1 <= start <= end")
         body = "\n".join(f"{n:5d} {lines[n - 1]}" for n in range(a.start, end + 1))
         return f"{self._rel(p)} lines {a.start}-{end} of {len(lines)}:\n{body}"
 

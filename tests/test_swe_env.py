@@ -62,13 +62,12 @@ def test_search_view_edit_and_their_errors(env):
     bug = env.task.bug
     obs = env.step(call("search", pattern="def cached", path="cachetools"))
     assert obs.startswith("[search] ") and "cachetools/__init__.py:" in obs
-    obs = env.step(call("view", path=bug.path, start=1, end=3))
-    assert f"[view] {bug.path} lines 1-3 of" in obs
+    obs = env.step(call("view", path=bug.path, start=1, end=3) + call("view", path=bug.path, start=5, end=2))
+    assert f"[view] {bug.path} lines 1-3 of" in obs and "end=2 is before start=5" in obs
     obs = env.step(call("edit", path=bug.path, old="this text is not in the file", new="x")
-                   + call("edit", path="../outside.py", old="a", new="b")
-                   + call("view", path="/etc/passwd"))
-    assert obs.count("[error]") == 3
-    assert "old text occurs 0 times" in obs and "outside the repository" in obs and "is absolute" in obs
+                   + call("edit", path="../outside.py", old="a", new="b"))
+    assert obs.count("[error]") == 2
+    assert "old text occurs 0 times" in obs and "outside the repository" in obs
     assert env.stats.invalid_calls == 3 and env.stats.edits == 0
     # 5 calls so far = the budget; the next call is refused and ends the episode
     obs = env.step(call("edit", path=bug.path, old=bug.new, new=bug.old))
@@ -89,6 +88,7 @@ def test_edit_replaces_exactly_once_and_tracks_test_files(env):
     anchor = next(line for line in text.splitlines(keepends=True) if line.strip() and text.count(line) == 1)
     assert env.step(call("edit", path=test_file, old=anchor, new=anchor)).startswith("[edit]")
     assert env.stats.test_file_edit_calls == 1 and env.stats.files_touched == {bug.path, test_file}
+    assert env.step(call("view", path="/etc/passwd")).startswith("[error] path '/etc/passwd' is absolute")
 
 
 def test_max_turns_and_episode_timeout(tmp_path):
