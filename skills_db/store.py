@@ -183,14 +183,19 @@ class SkillStore:
         with self._lock:
             if name in self._tables:
                 return self._tables[name]
-            if name in self._db.list_tables().tables:
-                tbl = self._db.open_table(name)
-            else:
-                tbl = self._create(name)
+            if name not in self._db.list_tables().tables:
+                # Another process may be creating it too: one creates (and seeds), the other waits.
+                from filelock import FileLock
+
+                with FileLock(str(self.path / ".create.lock")):
+                    if name not in self._db.list_tables().tables:
+                        self._create(name)
+            tbl = self._db.open_table(name)
             self._tables[name] = tbl
             return tbl
 
-    def _create(self, name: str) -> Any:
+    def _create(self, name: str) -> None:
+        """Create a table: version 1 holds the seed library (skills), version 2 adds the FTS index."""
         from lancedb.embeddings import EmbeddingFunctionConfig
 
         schema = SCHEMAS[name]
@@ -198,13 +203,10 @@ class SkillStore:
         if "vector" in schema.names:
             funcs = [EmbeddingFunctionConfig(source_column="text", vector_column="vector",
                                              function=embedding_function())]
-        tbl = self._db.create_table(name, schema=schema, embedding_functions=funcs, exist_ok=True)
-        if tbl.count_rows() == 0:
-            if name == SKILLS and self._seed:
-                tbl.add(_seed_rows())
-            if "text" in schema.names:
-                self._build_fts(tbl)
-        return tbl
+        data = _seed_rows() if name == SKILLS and self._seed else None
+        tbl = self._db.create_table(name, data=data, schema=schema, embedding_functions=funcs)
+        if "text" in schema.names:
+            self._build_fts(tbl)
 
     @staticmethod
     def _build_fts(tbl: Any) -> None:

@@ -270,6 +270,17 @@ def test_vector_index_from_4096_rows(store):
     assert hit.skill.id == "many_1234" and hit.score == pytest.approx(1.0, abs=1e-4)  # cosine distance 0
 
 
+def test_concurrent_first_use_seeds_once(model, tmp_path):
+    """Two handles opening a new folder at once: one creates and seeds, the other waits (file lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "shared"
+    with ThreadPoolExecutor(2) as ex:
+        counts = list(ex.map(lambda _: SkillStore(path).count(), range(2)))
+    assert counts == [len(seed_skills())] * 2
+    assert SkillStore(path).history()[0]["rows"] == len(seed_skills())  # version 1 already holds the seed
+
+
 def test_moved_folder_opens_and_searches(store, tmp_path):
     store.add(_custom())
     moved = tmp_path / "elsewhere" / "skills"
