@@ -55,8 +55,15 @@ def load_model() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
 
-    return SentenceTransformer(str(model_dir()), device="cpu")
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar on the CLI's stderr
+    try:
+        return SentenceTransformer(str(model_dir()), device="cpu")
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def embed(texts: list[str], batch_size: int = 64) -> np.ndarray:

@@ -353,7 +353,9 @@ class SkillStore:
             from lancedb.rerankers import RRFReranker
 
             q = q.rerank(RRFReranker())
-        return q.select(cols).limit(limit).to_list()
+        if mode == "hybrid":  # hybrid rejects _score/_distance in select; lance warns if they are left out
+            return q.limit(limit).to_list()
+        return q.select([*cols, "_score" if mode == "fts" else "_distance"]).limit(limit).to_list()
 
     def record_outcome(self, skill_id: str, domain: str, outcome: Outcome) -> TrackRecord:
         """Count one trial of a skill in ``domain``: ``helped``, ``hurt`` or ``neutral`` (tried only).
