@@ -22,10 +22,11 @@ TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run fo
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,21 @@ def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
     return out
 
 
+def _jsonl(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
+    """``(line number from 1, parsed value)`` of each non-blank JSON line.
+
+    Raises:
+        IngestError: a line is not JSON (names ``source:line``).
+    """
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{source}:{i}: not JSON ({exc.msg})") from None
+
+
 def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dict[str, float]]:
     """Per-step records of a JSONL metrics file (one object per line with a step key).
 
@@ -127,13 +143,7 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
         IngestError: a line is not JSON or has no ``step`` / ``global_step`` / ``_step``.
     """
     out: dict[int, dict[str, float]] = {}
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(f"{source}:{i}: not JSON ({exc.msg})") from None
+    for i, rec in _jsonl(lines, source):
         step = next((rec[k] for k in ("step", "global_step", "_step", "train/global_step") if k in rec), None)
         if step is None:
             raise IngestError(f"{source}:{i}: no step key; each line needs 'step' (or 'global_step')")
@@ -193,6 +203,11 @@ def _text(x: Any) -> str:
     return json.dumps(x, default=str)
 
 
+def _prompt_id(prompt: str) -> str:
+    """A prompt's id: ``p`` + 12 hex digits of its SHA-1 (the same in every process, unlike ``hash``)."""
+    return "p" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:12]
+
+
 def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
     """Rollout rows of a verl generations dump ``{step}.jsonl`` (``input``, ``output``, ``score``)."""
     from evotrainer.rollouts import make_record
@@ -200,16 +215,10 @@ def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    for _, rec in _jsonl(path.read_text().splitlines(), str(path)):
         step = int(rec.get("step", stem_step))
         prompt = _text(rec.get("input", ""))
-        pid = f"p{abs(hash(prompt)) % 10**12}"
+        pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
         seen[(step, pid)] = k + 1
         extras = {key: float(x) for key, x in rec.items()
@@ -237,7 +246,7 @@ def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
             continue
         step = int(rec.get("step", 0))
         prompt = _text(rec.get("prompt"))
-        pid = f"p{abs(hash(prompt)) % 10**12}"
+        pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
         seen[(step, pid)] = k + 1
         comps = {c: float(x) for c, x in rec.items() if c not in fixed and isinstance(x, (int, float))
