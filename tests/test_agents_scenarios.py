@@ -66,7 +66,11 @@ def test_truncation_found_and_a_longer_budget_trained(tmp_path):
 
 @pytest.mark.slow
 def test_lr_too_high_entropy_collapse_found_branch_not_kept(tmp_path):
-    ws = _scenario(tmp_path, {"actor_learning_rate": 0.05, "temperature": 1.0}, max_versions=2)
+    # A reward with variance so the advantages are non-zero and the oversized steps (lr 0.05 vs 1e-4)
+    # move the policy: a space in a 2-token completion of the random model (~3 in 4 samples).
+    ws = _scenario(tmp_path, {"actor_learning_rate": 0.05, "generate_max_len": 2, "n_samples_per_prompt": 4,
+                              "rollout_batch_size": 4, "reward.format_token.weight": 1.0,
+                              "reward.format_token.params": {"token": " "}}, max_versions=2)
     kinds = _kinds(ws, "v0")
     assert kinds & {"entropy_collapse", "template_collapse", "length_collapse", "nan_blowup", "kl_blowup"}, kinds
     prop = ws.lineage.kv_get("loop/r1/propose")
