@@ -58,6 +58,15 @@ def _insufficient(kind: str, v: str, name: str, ev: Evidence) -> Finding | None:
     return None
 
 
+def _trend_or_note(ev: Evidence, v: str, kind: str, name: str, out: list[Finding]) -> Trend | None:
+    """The trend of series ``name`` in version ``v``, or None; when None and the series has 1 to
+    ``MIN_POINTS - 1`` finite points, an "insufficient evidence" info finding of ``kind`` is appended to ``out``."""
+    t = _trend(ev, v, name)
+    if t is None and (f := _insufficient(kind, v, name, ev)) is not None:
+        out.append(f)
+    return t
+
+
 def _span(t: Trend) -> list[int]:
     return [t.first_step, t.last_step]
 
@@ -169,10 +178,7 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
     """Entropy late/early <= ENTROPY_RATIO (or below ENTROPY_FLOOR nats) with a falling trend."""
     out = []
     for v in ev.versions:
-        t = _trend(ev, v, M.POLICY_ENTROPY)
-        if t is None:
-            if (f := _insufficient("entropy_collapse", v, M.POLICY_ENTROPY, ev)) is not None:
-                out.append(f)
+        if (t := _trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
             continue
         collapsed = t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))
         if collapsed and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)):
@@ -191,10 +197,7 @@ def length_collapse(ev: Evidence) -> list[Finding]:
     """Mean completion length late/early <= LEN_COLLAPSE_RATIO with a falling trend."""
     out = []
     for v in ev.versions:
-        t = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
-        if t is None:
-            if (f := _insufficient("length_collapse", v, M.COMPLETIONS_MEAN_LENGTH, ev)) is not None:
-                out.append(f)
+        if (t := _trend_or_note(ev, v, "length_collapse", M.COMPLETIONS_MEAN_LENGTH, out)) is None:
             continue
         if t.early > 0 and t.ratio <= LEN_COLLAPSE_RATIO and t.early - t.late >= 5 and t.falling(ALPHA):
             out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=_span(t),
@@ -245,10 +248,7 @@ def kl_blowup(ev: Evidence) -> list[Finding]:
     """KL late level >= KL_WARN nats, or a level shift by >= KL_JUMP x to >= KL_JUMP_MIN; info for a steady drift."""
     out = []
     for v in ev.versions:
-        t = _trend(ev, v, M.POLICY_KL)
-        if t is None:
-            if (f := _insufficient("kl_blowup", v, M.POLICY_KL, ev)) is not None:
-                out.append(f)
+        if (t := _trend_or_note(ev, v, "kl_blowup", M.POLICY_KL, out)) is None:
             continue
         jump = (t.change_step is not None and t.after >= KL_JUMP_MIN
                 and t.after >= KL_JUMP * max(t.before, 1e-6))
@@ -272,12 +272,9 @@ def grad_spike(ev: Evidence) -> list[Finding]:
     """Rolling-median spikes of the grad norm: warn for >= GRAD_SPIKES_WARN spikes or a 10x rising trend."""
     out = []
     for v in ev.versions:
-        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
-        t = trend(steps, g) if len(steps) else None
-        if t is None:
-            if (f := _insufficient("grad_spike", v, M.POLICY_GRAD_NORM, ev)) is not None:
-                out.append(f)
+        if (t := _trend_or_note(ev, v, "grad_spike", M.POLICY_GRAD_NORM, out)) is None:
             continue
+        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
         mask = spikes(g, k=GRAD_SPIKE_K)
         sp = steps[mask]
         rising = t.rising(ALPHA) and t.early > 0 and t.late >= 10 * t.early
