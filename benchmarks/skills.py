@@ -179,6 +179,17 @@ def main() -> dict:
             store.search(q, mode="hybrid", limit=10)
             lat.append((time.perf_counter() - t) * 1000)
         res["hybrid_warm_p50_ms"] = round(percentile(lat, 0.5), 2)
+        # recall@10 of the vector index (IVF_FLAT from 4096 rows) against an exact flat scan
+        tbl = store._table("skills")
+        hits = 0
+        for q in qs[:50]:
+            v = QUERY_CACHE.get(q)
+            approx = tbl.search(v).distance_type("cosine").select(["id", "_distance"]).limit(10).to_list()
+            exact = (tbl.search(v).distance_type("cosine").bypass_vector_index().select(["id", "_distance"])
+                     .limit(10).to_list())
+            hits += len({r["id"] for r in approx} & {r["id"] for r in exact})
+        res["vector_index"] = getattr(tbl.index_stats("vector_idx"), "index_type", "none (flat)")
+        res["vector_recall_at_10"] = round(hits / (10 * len(qs[:50])), 3)
         QUERY_CACHE.clear()
         from evotrainer.skills_db.embeddings import embed
 

@@ -46,8 +46,9 @@ TABLES: tuple[str, ...] = (SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIE
 SearchMode = Literal["hybrid", "vector", "fts"]
 Outcome = Literal["helped", "hurt", "neutral"]
 # Rows added after the FTS index was built are still searched, but flat (tokenised at query time, about
-# 0.1 ms per row here); fold them into the indices once this many are unindexed (~0.3 s at 10k rows).
-_REINDEX_UNINDEXED = 64
+# 0.1 ms per row here) and each add is a small fragment; fold them in (optimize: compaction + index
+# update, ~0.1-0.3 s at 10k rows) once this many are unindexed.
+_REINDEX_UNINDEXED = 16
 # From this many rows a vector index pays off: a flat cosine scan of 10k x 384 took ~18 ms CPU here,
 # IVF_FLAT (32 partitions) ~6 ms with recall@10 = 1.0 on the benchmark's queries.
 _VECTOR_INDEX_MIN_ROWS = 4096

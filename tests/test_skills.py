@@ -237,7 +237,7 @@ def test_history_and_restore(store):
 
 
 def test_index_upkeep_keeps_history(store):
-    """Adding >= 64 rows folds them into the indices with optimize(); every version stays restorable."""
+    """Adding >= 16 rows folds them into the indices with optimize(); every version stays restorable."""
     v_seed = store.history()[-1]["version"]
     batch = [_custom(f"bulk_{i}", description=f"bulk skill number {i} about sampling") for i in range(70)]
     rng = np.random.default_rng(0)
@@ -245,7 +245,7 @@ def test_index_upkeep_keeps_history(store):
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     store.add(batch, vectors=vecs)
     tbl = store._table("skills")
-    assert tbl.index_stats("text_idx").num_unindexed_rows == 0  # 70 >= 64: folded into the FTS index
+    assert tbl.index_stats("text_idx").num_unindexed_rows == 0  # 70 >= 16: folded into the FTS index
     assert store.count() == len(seed_skills()) + 70
     assert store.search("bulk skill number 42", mode="fts", limit=1)[0].skill.id == "bulk_42"
     assert store.history()[0]["version"] == 1  # optimize kept the oldest version
