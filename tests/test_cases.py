@@ -39,6 +39,9 @@ def test_case_must_and_must_not(case: Path, tmp_path: Path):
 def test_cases_are_all_there():
     assert {c.name for c in CASES} >= {"format_reward_hacking", "nan_after_kl_overflow", "truncation_all_clipped",
                                        "zero_variance_easy_data"}
+    # the verl-log test checks Qwen and SFT logs by name: an empty or renamed set would pass it vacuously
+    names = [p.name for p in VERL_LOGS]
+    assert sum(n.startswith("Qwen2.5-0.5B") for n in names) == 2 and sum("sft" in n for n in names) == 1, names
 
 
 def _kinds(report: dict, severities=("warn", "blocking")) -> set[str]:

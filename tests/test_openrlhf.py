@@ -419,8 +419,7 @@ def _bpe_tokenizer_dir(tmp_path: Path, corpus: list[str]) -> str:
 
 
 def test_openrlhf_executor_scores_with_our_reward_file(tmp_path):
-    if installed_openrlhf_version() != "0.11.2":
-        pytest.skip("needs openrlhf 0.11.2 installed (pip install --no-deps openrlhf==0.11.2)")
+    assert installed_openrlhf_version() == "0.11.2", "needs openrlhf 0.11.2 (make install: pip install --no-deps openrlhf==0.11.2)"
     r = set_path(set_path(Recipe(), "reward.format_token.weight", 0.5), "reward.format.weight", 0.25)
     rows_job = build_job(r, tmp_path, version_id="v1", steps=1)
     rows = [json.loads(x) for x in Path(rows_job.files["train"]).read_text().splitlines()]
@@ -505,8 +504,9 @@ def _fake_ray_dashboard():
 
 
 def test_ray_jobs_api_submit_status_logs_cancel(tmp_path):
-    pytest.importorskip("ray.job_submission", reason="ray is not installed (pip install 'evotrainer[openrlhf]')")
     import io
+
+    import ray.job_submission  # noqa: F401  (a dev dependency: pip install -e '.[dev]')
 
     server, state = _fake_ray_dashboard()
     try:
@@ -532,8 +532,9 @@ def test_ray_jobs_api_submit_status_logs_cancel(tmp_path):
 
 
 def test_ray_address_unreachable(tmp_path):
-    pytest.importorskip("ray.job_submission", reason="ray is not installed (pip install 'evotrainer[openrlhf]')")
     import socket
+
+    import ray.job_submission  # noqa: F401  (a dev dependency: pip install -e '.[dev]')
 
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))

@@ -133,7 +133,6 @@ def test_bad_inputs():
 
 
 def test_code_tests_use_the_sandbox_runner():
-    pytest.importorskip("evotrainer.rl_backend.code_tasks", reason="rl_backend/code_tasks.py (sandbox helper) not landed")
     from evotrainer.rl_backend.tasks import read_humaneval
 
     p = next(q for q in read_humaneval() if q.id == "HumanEval/0")

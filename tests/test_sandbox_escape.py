@@ -207,7 +207,8 @@ def test_08_memory_bomb_is_contained():
     """, memory_mb=512, timeout_s=20)
     assert r.limit_hit == "memory" and r.exit_code != 0, r
     assert "MemoryError" in r.stderr
-    assert r.max_rss_mb is None or r.max_rss_mb < 600
+    # bwrap measures the peak resident set (docker reports none): the 512 MiB cap held
+    assert r.max_rss_mb is None if r.backend == "docker" else r.max_rss_mb < 600, r
     assert r.wall_s < 15
 
 
@@ -296,7 +297,8 @@ def test_13_cannot_signal_other_host_processes():
                 pass
             print("alive")
         """)
-        assert "sent" not in r.stdout.split() or "no such process" in r.stdout, r
+        # the host pid does not exist in the sandbox's pid namespace, and kill(-1) spares the caller
+        assert r.stdout == "no such process\nalive\n", r
         time.sleep(0.2)
         assert victim.poll() is None  # host: the victim still runs
     finally:
