@@ -8,6 +8,7 @@ import pytest
 from evotrainer.servers import build_server
 from mcp_testlib import SyncClient, make_run
 
+from evotrainer.sandbox import sandbox_info
 from evotrainer.workspace import Workspace
 
 # Fires a warn finding on every version whose eval rewards average below 0.5 (reads evidence files).
@@ -49,8 +50,11 @@ def test_list_and_run_builtin_analyzers(client):
     assert names["truncation"]["builtin"] and not names["truncation"]["sandboxed"]
     res = client.ok("run_analyzer", {"version_ids": ["v0"], "names": ["zero_variance_groups", "truncation"]})
     assert res["versions"] == ["v0"] and res["analyzers"] == ["zero_variance_groups", "truncation"]
-    assert all(f["analyzer"] in ("zero_variance_groups", "truncation") for f in res["findings"])
-    assert res["n_blocking"] + res["n_warn"] <= len(res["findings"])
+    # v0 has train rollouts at steps 0 and 1 only: the clipped ratio and the zero-std fraction derived from
+    # them have 2 points each, fewer than the 8 a trend needs -> one "insufficient evidence" info per analyzer
+    assert [(f["kind"], f["severity"], f["steps"], f["data"]) for f in res["findings"]] == [
+        ("truncation", "info", [0, 1], {"n_points": 2}), ("zero_variance_groups", "info", [0, 1], {"n_points": 2})]
+    assert (res["n_blocking"], res["n_warn"]) == (0, 0)
     assert "unknown analyzer 'nope'" in client.err("run_analyzer", {"names": ["nope"]})
     assert "not found" in client.err("run_analyzer", {"version_ids": ["v9"]})
     assert "empty" in client.err("run_analyzer", {"version_ids": []})
@@ -60,7 +64,7 @@ def test_run_analyzer_code_in_sandbox(client):
     res = client.ok("run_analyzer_code", {"code": LOW_EVAL_CODE, "name": "low_eval"})
     # eval rewards: v0 (1+0+0+0)/4 = 0.25 < 0.5 fires; v1 (1+1+1+0)/4 = 0.75 does not
     assert [(f["kind"], f["versions"]) for f in res["findings"]] == [("low_eval", ["v0"])]
-    assert res["backend"] in ("bwrap", "docker", "local") and res["exit_code"] == 0
+    assert res["backend"] == sandbox_info()["backend"] and res["exit_code"] == 0
     assert "syntax error at line 1" in client.err("run_analyzer_code", {"code": "def ("})
     err = client.err("run_analyzer_code", {"code": "import sys; sys.exit(3)"})
     assert "exited 3" in err
@@ -119,7 +123,8 @@ def test_gate_version(client):
     # paired per-problem scores: v0 (0.5, 0.0), v1 (1.0, 0.5): gain 0.5 on both problems -> CI [0.5, 0.5]
     assert g["parent_id"] == "v0" and g["n_problems"] == 2 and g["gain"] == pytest.approx(0.5)
     assert g["ci"] == pytest.approx([0.5, 0.5])
-    assert g["promote"] == (not g["blocking"]) and g["reason"]
+    # v1 logged no step metrics and its eval rollouts trip no analyzer: nothing blocks, the gain promotes
+    assert g["promote"] and g["blocking"] == [] and g["reason"]
     root = client.ok("gate_version", {"version_id": "v0", "n_resamples": 1000})
     assert root["parent_id"] is None and root["gain"] is None
     assert "not found" in client.err("gate_version", {"version_id": "v5"})
