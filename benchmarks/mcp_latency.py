@@ -161,6 +161,8 @@ def measure(run: Path, n: int) -> dict:
 
 
 def main() -> None:
+    """Measure every transport and case on a hand-sized run and print p50 / p95 in ms (or ``--json``);
+    ``--bare-stdio`` / ``--bare-http PORT`` serve the bare echo server (the subprocesses the measurement starts)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200, help="Timed calls per case and transport.")
     ap.add_argument("--json", action="store_true", help="Print JSON.")
