@@ -153,6 +153,8 @@ def test_ingest_verl_rollout_dump():
     # groups: the 2 samples of one input within a step
     g = [r for r in rows if r["step"] == 3 and r["prompt"] == "What is 2+3?"]
     assert [r["sample_idx"] for r in g] == [0, 1] and len({r["group_id"] for r in g}) == 1
+    # the group id is the same in every process: "p" + the first 12 hex digits of SHA-1("What is 2+3?")
+    assert g[0]["group_id"] == g[0]["prompt_id"] == "p49f7c46309e7"
     assert [r["reward"] for r in g] == [1.0, 0.0] and g[0]["answer"] == "5"
     assert json.loads(g[0]["components"]) == {"acc": 1.0}
     # per-step metrics derived from the rollouts: reward mean (1+0+1+0)/4 = 0.5, every group has variance
