@@ -131,8 +131,8 @@ class JobManager:
             try:
                 ws.lineage.update_job(job.id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
                 ws.log(f"{job.kind} job {job.id} failed: {exc}", level="error", version=job.version_id, source="mcp")
-            except Exception:
-                pass
+            except Exception as store_exc:  # the store cannot take the failure: keep it on the job's result
+                job.result["store_error"] = f"{type(store_exc).__name__}: {store_exc}"
         finally:
             ws.close()
             job.done.set()
