@@ -111,7 +111,8 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
     Raises:
         ValueError: the run folder has a lineage and ``resume`` is False, or another orchestrator runs it.
     """
-    from evotrainer.agents.orchestrator import Orchestrator, open_toolbox
+    from evotrainer.agents.loop import open_toolbox
+    from evotrainer.agents.orchestrator import Orchestrator
     from evotrainer.agents.search import RecipeSearch, StaticRun
     from filelock import FileLock, Timeout
 
@@ -216,7 +217,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print {report, summary} as JSON.")] = False,
     ) -> None:
         """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
-        from evotrainer.agents.orchestrator import run_summary
+        from evotrainer.agents.loop import run_summary
         from evotrainer.agents.report import summary_table, write_report
         from rich.console import Console
 

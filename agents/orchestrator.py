@@ -22,176 +22,17 @@ the same seed (the heuristic brain and the backend are deterministic).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
 from evotrainer.agents.heuristic import blocking_kinds
+from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, open_toolbox, run_summary
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
-from pydantic import BaseModel
 
 from evotrainer.config import RunConfig
 from evotrainer.workspace import Workspace
 
-DECIDED = ("kept", "pruned", "reverted")
-Event = Callable[[str, dict[str, Any]], None]
-
-
-class LoopError(RuntimeError):
-    """The loop cannot continue (a tool it needs is missing, the run folder belongs to another config)."""
-
-
-class LoopBase:
-    """Stage records, idempotent train / evaluate / decide helpers shared by all modes.
-
-    Args:
-        config: the run config (budget, recipe, seed).
-        toolbox: an open MCP session on the ``all`` server of this run.
-        ws: the run's workspace (opened without the writer lock: jobs take it).
-        on_event: callback ``(kind, data)`` for the live display (``stage``, ``progress``, ``decision``, ``lineage``).
-    """
-
-    mode = "base"
-
-    def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, on_event: Event | None = None):
-        self.config = config
-        self.tb = toolbox
-        self.ws = ws
-        self.lineage = ws.lineage
-        self.emit: Event = on_event or (lambda kind, data: None)
-
-    # --- stage records -------------------------------------------------------------------------------
-    def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None) -> Any:
-        """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash."""
-        k = f"loop/{key}"
-        stored = self.lineage.kv_get(k)
-        if stored is not None:
-            return model.model_validate(stored) if model else stored
-        self.emit("stage", {"key": key})
-        out = fn()
-        self.lineage.kv_set(k, out.model_dump(mode="json") if isinstance(out, BaseModel) else out)
-        return out
-
-    def done(self, key: str) -> bool:
-        """True when stage ``key`` has completed."""
-        return self.lineage.kv_get(f"loop/{key}") is not None
-
-    def log(self, message: str, version: str | None = None, **extra: Any) -> None:
-        """A run log record (source = this mode) and a display event."""
-        self.ws.log(message, version=version, source=f"agents.{self.mode}", **extra)
-        self.emit("log", {"message": message, "version": version})
-
-    # --- budget ----------------------------------------------------------------------------------------
-    def started_at(self) -> float:
-        """Wall-clock start of the run (kept across resumes)."""
-        t = self.lineage.kv_get("loop/started_at")
-        if t is None:
-            t = time.time()
-            self.lineage.kv_set("loop/started_at", t)
-        return float(t)
-
-    def out_of_time(self) -> bool:
-        """True once the wall-clock budget is spent (no new version is started after that)."""
-        return (time.time() - self.started_at()) / 60.0 > self.config.budget.wall_clock_minutes
-
-    def n_versions(self) -> int:
-        """Versions in the lineage (each is trained once: the budget counts them)."""
-        return len(self.lineage.versions())
-
-    # --- root ------------------------------------------------------------------------------------------
-    def ensure_root(self) -> str:
-        """Create the root version from the config's recipe (once); check a resumed run matches the config.
-
-        Raises:
-            LoopError: the run folder's root recipe differs from the config's.
-        """
-        root = self.lineage.root()
-        if root is None:
-            root = self.lineage.create_root(self.config.recipe, note=f"base recipe ({self.mode} mode)")
-            self.lineage.kv_set("loop/config", self.config.model_dump(mode="json"))
-            self.emit("lineage", {})
-        elif root.recipe != self.config.recipe:
-            raise LoopError(f"{self.ws.root}: this run was started with another base recipe; use a new run_dir "
-                            "or the original config")
-        return root.id
-
-    # --- idempotent actions (MCP) ----------------------------------------------------------------------
-    def version(self, vid: str) -> dict[str, Any]:
-        """``get_version`` of one version."""
-        return self.tb.call("get_version", {"version_id": vid})
-
-    def _wait_job(self, job: dict[str, Any], vid: str, what: str) -> dict[str, Any]:
-        while job.get("status") == "running":
-            self.emit("progress", {"version": vid, "what": what, "done": job.get("steps_done", 0),
-                                   "total": job.get("steps_total", 0), "message": job.get("message", "")})
-            job = self.tb.call("job_status", {"job_id": job["id"], "wait_s": 2.0})
-        self.emit("progress", {"version": vid, "what": what, "done": job.get("steps_done", 0),
-                               "total": job.get("steps_total", 0), "finished": True})
-        return job
-
-    def train(self, vid: str, steps: int) -> bool:
-        """Train ``vid`` for ``steps`` (resumes a partly trained version); False when training failed."""
-        v = self.version(vid)
-        if v["status"] in ("trained", *DECIDED) or v["status"] == "failed":
-            return v["status"] != "failed"
-        self.log(f"training {vid} for {steps} steps", version=vid)
-        job = self.tb.call("start_training", {"version_id": vid, "steps": steps})
-        job = self._wait_job(job, vid, "train")
-        self.emit("lineage", {})
-        if job["status"] != "done":
-            self.log(f"training of {vid} ended {job['status']}: {job.get('message', '')}", version=vid)
-            return False
-        return True
-
-    def evaluate(self, vid: str, eval_name: str = "heldout") -> dict[str, Any]:
-        """Held-out evaluation of ``vid`` (once per eval name); returns the eval summary."""
-        key = f"eval/{vid}/{eval_name}"
-
-        def run() -> dict[str, Any]:
-            self.log(f"evaluating {vid} ({eval_name})", version=vid)
-            job = self.tb.call("evaluate_version", {"version_id": vid, "eval_name": eval_name})
-            job = self._wait_job(job, vid, f"eval:{eval_name}")
-            if job["status"] != "done":
-                raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
-            res = job.get("result") or {}
-            if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
-                return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
-                        "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name}
-            return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
-
-        return self.stage(key, run)
-
-    def record_decision(self, verdict: Verdict, author: str) -> None:
-        """Apply a verdict with the ``decide`` tool unless this version was decided already."""
-        v = self.version(verdict.version_id)
-        if v["status"] in DECIDED and verdict.action in ("keep", "prune"):
-            return
-        self.tb.call("decide", {"version_id": verdict.version_id, "action": verdict.action,
-                                "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author})
-        rationale = verdict.rationale
-        if not rationale.startswith(f"{verdict.action} {verdict.version_id}"):
-            rationale = f"{verdict.action} {verdict.version_id}: {rationale}"
-        self.log(rationale, version=verdict.version_id)
-        self.emit("decision", verdict.model_dump())
-        self.emit("lineage", {})
-
-    def fail_version(self, vid: str, author: str) -> None:
-        """Prune a version whose training or evaluation failed (rationale says so)."""
-        v = self.version(vid)
-        if v["status"] in DECIDED:
-            return
-        job_msgs = [j.get("message", "") for j in v.get("jobs", []) if j.get("status") != "done"]
-        why = f"prune {vid}: training/evaluation did not finish ({'; '.join(m for m in job_msgs if m)[:300] or 'failed'})"
-        self.record_decision(Verdict(version_id=vid, action="prune", rationale=why, evidence=["jobs"]), author)
-
-    def best_kept(self) -> str | None:
-        """Kept version with the highest held-out Avg@k (earliest on ties), None when none is kept."""
-        kept = [v for v in self.lineage.versions() if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
-        if not kept:
-            return None
-        return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id
+__all__ = ["Orchestrator", "LoopBase", "LoopError", "open_toolbox", "run_summary"]
 
 
 class Orchestrator(LoopBase):
@@ -448,32 +289,3 @@ def _significant(gate: dict[str, Any]) -> bool:
     return isinstance(ci, (list, tuple)) and len(ci) == 2 and (ci[0] > 0 or ci[1] < 0)
 
 
-def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Headline numbers of a run from its lineage: per-version status / Avg@k, best kept, the no-RL row."""
-    versions = ws.lineage.versions()
-    no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
-    kept = [v for v in versions if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
-    best = max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)) if kept else None
-    return {
-        "run_dir": str(ws.root), "mode": mode, "n_versions": len(versions),
-        "statuses": {v.id: v.status for v in versions},
-        "avg_at_k": {v.id: (v.eval_summary or {}).get("avg@k") for v in versions},
-        "no_rl_avg_at_k": no_rl.get("avg@k"), "best_version": best.id if best else None,
-        "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
-        "decisions": len(ws.lineage.decisions()), "usage": usage or {},
-        "finished": bool(ws.lineage.kv_get("loop/finished")),
-    }
-
-
-def open_toolbox(run_dir: str | Path, backend: str = "local") -> ToolBox:
-    """An in-process MCP session on the ``all`` server of ``run_dir``.
-
-    Raises:
-        LoopError: the servers package is not installed.
-    """
-    try:
-        from evotrainer.servers import build_server
-    except ImportError as exc:
-        raise LoopError(f"the MCP servers are not available ({exc})") from None
-    server = build_server("all", str(run_dir))
-    return ToolBox(server)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict
-from evotrainer.agents.orchestrator import LoopBase, run_summary
+from evotrainer.agents.loop import LoopBase, run_summary
 
 from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import get_path
