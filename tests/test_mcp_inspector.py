@@ -3,7 +3,7 @@
 It lists every tool of the combined server (the same catalogue as the in-process server, with no schema-
 portability warning under ``--strict``) and calls one tool of each toolset. The Inspector is installed by
 ``make mcp-inspector`` (a ``make test`` prerequisite) into ``$EVOTRAINER_INSPECTOR_DIR`` (default
-``~/.cache/evotrainer/inspector``); the test is skipped, saying so, where node or the install is missing.
+``~/.cache/evotrainer/inspector``); the test fails, saying so, where node or the install is missing.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from mcp_testlib import SyncClient, make_run
 INSPECTOR_DIR = Path(os.environ.get("EVOTRAINER_INSPECTOR_DIR", Path.home() / ".cache" / "evotrainer" / "inspector"))
 INSPECTOR = INSPECTOR_DIR / "node_modules" / ".bin" / "mcp-inspector"
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (the Inspector is a node CLI)"),
-    pytest.mark.skipif(not INSPECTOR.exists(), reason=f"MCP Inspector not installed at {INSPECTOR}; run "
-                                                      "`make mcp-inspector`"),
-]
+
+@pytest.fixture(scope="module", autouse=True)
+def _inspector_installed():
+    # a `make test` prerequisite, not hardware: a missing install is a broken setup, not a reason to skip
+    if shutil.which("node") is None:
+        pytest.fail("node is not installed (the Inspector is a node CLI); install nodejs, then `make mcp-inspector`")
+    if not INSPECTOR.exists():
+        pytest.fail(f"MCP Inspector not installed at {INSPECTOR}; run `make mcp-inspector`")
 
 
 def _inspector(tmp: Path, run: Path, *method_args: str) -> subprocess.Popen:
