@@ -36,6 +36,10 @@ def test_sample_rollouts_filters_and_pages(client):
     b = client.ok("sample_rollouts", {"seed": 7, "limit": 100})
     assert [r["rollout_id"] for r in a["rollouts"]] == [r["rollout_id"] for r in b["rollouts"]]
     assert a["total"] == 16  # 8 train + 8 eval
+    plain = [r["rollout_id"] for r in client.ok("sample_rollouts", {"limit": 100})["rollouts"]]
+    shuffled = [r["rollout_id"] for r in a["rollouts"]]
+    assert len(set(plain)) == 16 and sorted(shuffled) == sorted(plain)  # every rollout once, in another order
+    assert shuffled != plain
     r0 = page["rollouts"][0]
     assert r0["components"] == {"correctness": 1.0} and r0["correct"] == 1.0 and r0["length"] == 3
 
