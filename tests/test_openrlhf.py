@@ -211,6 +211,13 @@ def test_reward_file_imported_as_openrlhf_does(tmp_path):
     torch.testing.assert_close(out["rewards"], torch.tensor([1.0, 0.0, 1.0]))
 
 
+def _wait_until(done, timeout_s: float = 10.0) -> None:
+    """Poll ``done()`` every 0.1 s for up to ``timeout_s``; the caller asserts the final state."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_local_runner_status_logs_cancel(tmp_path):
     job = _job(tmp_path, "0.11.2")
 
@@ -219,28 +226,16 @@ def test_local_runner_status_logs_cancel(tmp_path):
         return j, submit(j)
 
     j, ref = run("print('done', flush=True)")
-    for _ in range(100):
-        if job_status(j, ref) != "running":
-            break
-        time.sleep(0.1)
+    _wait_until(lambda: job_status(j, ref) != "running")
     assert job_status(j, ref) == "done" and "done" in job_logs(j, ref)
     j, ref = run("import sys; sys.exit(3)")
-    for _ in range(100):
-        if job_status(j, ref) != "running":
-            break
-        time.sleep(0.1)
+    _wait_until(lambda: job_status(j, ref) != "running")
     assert job_status(j, ref) == "failed"
     j, ref = run("import time; print('started', flush=True); time.sleep(60)")
-    for _ in range(100):
-        if "started" in job_logs(j, ref):
-            break
-        time.sleep(0.1)
+    _wait_until(lambda: "started" in job_logs(j, ref))
     assert job_status(j, ref) == "running"
     cancel_job(j, ref)
-    for _ in range(100):
-        if job_status(j, ref) != "running":
-            break
-        time.sleep(0.1)
+    _wait_until(lambda: job_status(j, ref) != "running")
     assert job_status(j, ref) == "cancelled"
 
 
