@@ -142,6 +142,9 @@ def test_ingest_jsonl_metrics(tmp_path):
     bad.write_text('{"reward": 1}\n')
     with pytest.raises(IngestError, match="bad.jsonl:1: no step key"):
         ingest(bad)
+    bad.write_text('{"step": 1, "reward": 1}\n\n{oops\n')  # line 2 is blank (skipped), line 3 is broken
+    with pytest.raises(IngestError, match=r"bad.jsonl:3: not JSON \(Expecting property name"):
+        ingest(bad)
 
 
 def test_ingest_verl_rollout_dump():
@@ -160,6 +163,15 @@ def test_ingest_verl_rollout_dump():
     # per-step metrics derived from the rollouts: reward mean (1+0+1+0)/4 = 0.5, every group has variance
     assert _s(ev, M.REWARD_MEAN) == [(3, 0.5), (4, 0.5)]
     assert _s(ev, M.REWARD_FRAC_ZERO_STD) == [(3, 0.0), (4, 0.0)]
+
+
+def test_verl_dump_bad_line_is_named(tmp_path):
+    from evotrainer.harness.ingest import read_verl_dump
+
+    f = tmp_path / "3.jsonl"
+    f.write_text('{"input": "q", "output": "a", "score": 1}\n{oops\n')
+    with pytest.raises(IngestError, match=r"3.jsonl:2: not JSON"):
+        read_verl_dump(f, "v")
 
 
 def test_ingest_trl_completions_parquet():
