@@ -300,7 +300,8 @@ class LocalBackend:
                         sample_idx=i % G, prompt=problems[i // G].prompt, completion=rb.completions[i],
                         reward=rewards[i], components={k: v[i] for k, v in comps.items()},
                         answer=problems[i // G].answer, correct=correct[i], advantage=float(adv_all[i]),
-                        length=rb.lengths[i], finish_reason=rb.finish_reasons[i], kept=i in kept_rows, split="train")
+                        length=rb.lengths[i], finish_reason=rb.finish_reasons[i], kept=i in kept_rows, split="train",
+                        turns=rb.turns[i] if rb.turns else None)
             for i in range(len(rewards))]
         return m, records
 
