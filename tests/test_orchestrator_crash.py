@@ -54,9 +54,14 @@ KILL_POINTS = [
 ]
 
 
+def _env(run_dir: Path) -> dict:
+    """Each run gets its own skill memory (a run records outcomes there, which steers the next run's choices)."""
+    return {**os.environ, "EVOTRAINER_SKILLS_DIR": str(run_dir.parent / f"skills-{run_dir.name}")}
+
+
 def _run_until(run_dir: Path, cond, timeout_s: float = 600) -> bool:
     """Start a resumed run; SIGKILL it once ``cond(state)`` holds. True if killed, False if it finished first."""
-    env = {**os.environ, "EVOTRAINER_SANDBOX": os.environ.get("EVOTRAINER_SANDBOX", "")}
+    env = _env(run_dir)
     p = subprocess.Popen(_cmd(run_dir), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                          start_new_session=True)
     t0 = time.time()
@@ -76,7 +81,7 @@ def _run_until(run_dir: Path, cond, timeout_s: float = 600) -> bool:
 @pytest.mark.slow
 def test_sigkill_at_several_points_then_resume_gives_the_same_lineage(tmp_path):
     ref = tmp_path / "uninterrupted"
-    done = subprocess.run(_cmd(ref), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(_cmd(ref), cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env(ref))
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["finished"]
 
@@ -86,7 +91,7 @@ def test_sigkill_at_several_points_then_resume_gives_the_same_lineage(tmp_path):
         if _run_until(crashed, cond):
             kills.append(name)
     assert len(kills) >= 3, kills  # the run was really interrupted several times
-    final = subprocess.run(_cmd(crashed), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    final = subprocess.run(_cmd(crashed), cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env(crashed))
     assert final.returncode == 0, final.stderr[-2000:]
 
     a, b = lineage_signature(ref), lineage_signature(crashed)
