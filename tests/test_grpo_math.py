@@ -151,13 +151,19 @@ def _openrlhf():
     if spec is None:
         pytest.skip("reference package openrlhf not installed: pip install --no-deps openrlhf==0.11.2 pylatexenc")
     root = spec.submodule_search_locations[0]
-    sys.modules.setdefault("deepspeed", types.ModuleType("deepspeed"))  # only used by ZeRO-3 helpers
-    if "openrlhf.models" not in sys.modules:
-        pkg = types.ModuleType("openrlhf.models")
-        pkg.__path__ = [root + "/models"]  # bare package: its __init__ imports flash-attn
-        sys.modules["openrlhf.models"] = pkg
-    from openrlhf.models.loss import PolicyLoss
-    from openrlhf.models.utils import compute_approx_kl, compute_entropy
+    stub = "deepspeed" not in sys.modules
+    if stub:  # only used by ZeRO-3 helpers; removed again below, or transformers' find_spec("deepspeed") breaks
+        sys.modules["deepspeed"] = types.ModuleType("deepspeed")
+    try:
+        if "openrlhf.models" not in sys.modules:
+            pkg = types.ModuleType("openrlhf.models")
+            pkg.__path__ = [root + "/models"]  # bare package: its __init__ imports flash-attn
+            sys.modules["openrlhf.models"] = pkg
+        from openrlhf.models.loss import PolicyLoss
+        from openrlhf.models.utils import compute_approx_kl, compute_entropy
+    finally:
+        if stub:
+            del sys.modules["deepspeed"]
 
     return PolicyLoss, compute_approx_kl, compute_entropy
 
