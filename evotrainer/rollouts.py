@@ -99,6 +99,23 @@ class RolloutStore:
         tbl.add(batch)
         return len(rows)
 
+    def delete(self, where: str) -> int:
+        """Delete the rows matching a SQL predicate (e.g. rollouts of steps redone after a crash).
+
+        Returns the number of rows deleted.
+
+        Raises:
+            ValueError: an empty predicate (deleting everything needs an explicit ``"true"``).
+        """
+        if not where.strip():
+            raise ValueError("delete needs a predicate, e.g. \"version_id = 'v1' AND step > 3\"")
+        tbl = self._table()
+        if tbl is None:
+            return 0
+        before = tbl.count_rows()
+        tbl.delete(where)
+        return before - tbl.count_rows()
+
     def count(self, where: str | None = None) -> int:
         """Number of rows (optionally matching a SQL filter)."""
         tbl = self._table()

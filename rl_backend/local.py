@@ -456,9 +456,7 @@ class LocalBackend:
 
 def _drop_rollouts_after(ws: Any, vid: str, step: int) -> None:
     """Delete train rollouts of steps after ``step`` (written before a crash, redone on resume)."""
-    tbl = ws.rollouts._table()  # RolloutStore has no public delete yet
-    if tbl is not None:
-        tbl.delete(f"version_id = '{vid}' AND split = 'train' AND step > {int(step)}")
+    ws.rollouts.delete(f"version_id = '{vid}' AND split = 'train' AND step > {int(step)}")
 
 
 def _quiet_transformers() -> None:

@@ -41,3 +41,11 @@ def test_add_query_aggregate_search(tmp_path):
     s.add([make_record(version_id="v2", step=0, prompt_id="p0", group_id="g0", sample_idx=0, prompt="What is 2+3?",
                        completion="answer 5", reward=1.0)])
     assert len(s.search("answer", limit=50)) == 7  # FTS index rebuilt after new rows
+
+
+def test_delete_by_predicate(tmp_path):
+    s = RolloutStore(tmp_path / "rollouts")
+    assert s.delete("step > 0") == 0  # no table yet
+    s.add(_rows())
+    assert s.delete("group_id = 'g1' AND sample_idx > 0") == 2  # samples 1 and 2 of g1
+    assert s.count() == 4
