@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from evotrainer.config import RunConfig
 from evotrainer.workspace import Workspace
 
+NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
 DECIDED = ("kept", "pruned", "reverted")
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -52,11 +53,14 @@ class LoopBase:
         """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash."""
         k = f"loop/{key}"
         stored = self.lineage.kv_get(k)
+        if stored == NONE:  # the stage ran and produced nothing (e.g. no merge): do not run it again
+            return None
         if stored is not None:
             return model.model_validate(stored) if model else stored
         self.emit("stage", {"key": key})
         out = fn()
-        self.lineage.kv_set(k, out.model_dump(mode="json") if isinstance(out, BaseModel) else out)
+        self.lineage.kv_set(k, NONE if out is None else out.model_dump(mode="json") if isinstance(out, BaseModel)
+                            else out)
         return out
 
     def done(self, key: str) -> bool:
