@@ -32,7 +32,8 @@ sandbox-deps:
 	  || echo "warning: bwrap cannot create namespaces here; sandbox tests need Docker or user namespaces (see evotrainer sandbox info)"
 
 run: install sandbox-deps
-	$(VENV)/bin/evotrainer run $(CONFIG)
+	# --resume: a second `make run` continues the run (or just re-renders its report) instead of refusing.
+	$(VENV)/bin/evotrainer run $(CONFIG) --resume
 
 # The MCP Inspector CLI (a third-party MCP client) for tests/test_mcp_inspector.py; outside the repo.
 INSPECTOR_DIR ?= $(HOME)/.cache/evotrainer/inspector

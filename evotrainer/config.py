@@ -36,7 +36,7 @@ class RunConfig(BaseModel):
     brain: Literal["auto", "heuristic", "claude"] = Field(
         "auto", description="auto: Claude when ANTHROPIC_API_KEY is set, the offline heuristic brain otherwise."
     )
-    claude_model: str = Field("claude-sonnet-4-5", description="Anthropic model id for the Claude brain.")
+    claude_model: str = Field("claude-sonnet-5-5", description="Anthropic model id for the Claude brain.")
     backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
     seed: int = Field(0, description="Seed of the loop's own choices.")
     budget: Budget = Field(default_factory=Budget)
