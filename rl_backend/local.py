@@ -16,6 +16,11 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
 7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
    ``checkpoint_every`` steps save a resume checkpoint (weights + optimiser).
 
+SWE tasks (``data.task: swe``): step 2 plays ``n_samples_per_prompt`` multi-turn episodes per
+task and step 3 scores them with the episodes' outcomes; the loss trains the policy's own tokens
+only, and the step logs ``tools/*`` metrics and one rollout row per episode with its turns
+(``rl_backend/swe_train.py``). Evaluation plays k episodes per held-out task.
+
 Departures: the LR is constant after linear warm-up (OpenRLHF decays it); with
 ``use_kl_loss=False`` the KL is subtracted from each sample's reward as ``β·Σ_t k(t)`` (sequence
 level) before the advantages; zero-variance groups are dropped without refill (they carry no
@@ -210,9 +215,16 @@ class LocalBackend:
                            wall_s=time.time() - t_call)
 
     # --- one GRPO step -------------------------------------------------------------------------------
-    def _rollout(self, bundle: PolicyBundle, recipe: Any, problems: list[Any], seed: int) -> tuple[RolloutBatch, Any]:
+    def _rollout(self, bundle: PolicyBundle, recipe: Any, problems: list[Any], seed: int
+                 ) -> tuple[RolloutBatch, Any, list[Any]]:
+        """(batch, rewards, SWE episodes): single completions, or multi-turn episodes for ``data.task: swe``."""
         from evotrainer.rl_backend.rewards import compute_rewards
         from evotrainer.rl_backend.tasks import build_messages
+
+        if recipe.data.task == "swe":
+            from evotrainer.rl_backend import swe_train
+
+            return swe_train.rollout(bundle, recipe, problems, seed=seed)
 
         prompts = chat_prompts(bundle.tokenizer, [build_messages(p, recipe.data) for p in problems])
         rb = generate(bundle.model, bundle.tokenizer, prompts, recipe.n_samples_per_prompt,
@@ -220,7 +232,7 @@ class LocalBackend:
                       prompt_max_len=recipe.prompt_max_len, seed=seed, device=self.device)
         rw = compute_rewards(recipe.reward, problems, rb.completions, finish_reasons=rb.finish_reasons,
                              lengths=rb.lengths, generate_max_len=recipe.generate_max_len)
-        return rb, rw
+        return rb, rw, []
 
     def _step(self, bundle: PolicyBundle, opt: torch.optim.Optimizer, recipe: Any, train_set: list[Any],
               vid: str, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -240,11 +252,13 @@ class LocalBackend:
             return out
 
         batches, problems, rewards, comps, correct = [], [], [], {}, []
+        episodes: list[Any] = []  # SWE episodes, in row order (empty for single completions)
         n_kept, rnd = 0, 0
         while True:  # first round, then DAPO refill rounds while dynamic filtering leaves the batch short
             probs = draw(bs if rnd == 0 else bs - n_kept)
-            rb, rw = self._rollout(bundle, recipe, probs, seed=recipe.seed * 100003 + step * 101 + rnd)
+            rb, rw, eps = self._rollout(bundle, recipe, probs, seed=recipe.seed * 100003 + step * 101 + rnd)
             batches.append(rb)
+            episodes += eps
             problems += probs
             rewards += rw.total
             correct += rw.correct
@@ -295,6 +309,12 @@ class LocalBackend:
             m[M.reward_component(name, "mean")], m[M.reward_component(name, "std")] = _stats(vals)
         m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0})
         kept_rows = set(rows)
+        if episodes:  # SWE: tools/* metrics, one row per episode with its turns
+            from evotrainer.rl_backend import swe_train
+
+            m.update(swe_train.step_metrics(episodes))
+            return m, swe_train.step_records(episodes, version_id=vid, step=step, group_size=G, rewards=rewards,
+                                             components=comps, advantages=adv_all.tolist(), kept=kept_rows)
         records = [
             make_record(version_id=vid, step=step, prompt_id=problems[i // G].id, group_id=f"g{i // G}",
                         sample_idx=i % G, prompt=problems[i // G].prompt, completion=rb.completions[i],
@@ -405,16 +425,13 @@ class LocalBackend:
                             step: int = 0) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
         """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the held-out set.
 
-        Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward.
+        Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward; for
+        ``data.task: swe`` each sample is an episode graded by the hidden tests (``swe_train.evaluate_episodes``).
 
         Returns:
             ``(EvalResult, [(problem_id, sample_idx, correct, completion)], rollout records)``.
         """
-        from evotrainer.rl_backend.rewards import compute_rewards
-        from evotrainer.rl_backend.tasks import build_messages, load_problems
-
-        from evotrainer.recipe import RewardComponent
-        from evotrainer.rollouts import make_record
+        from evotrainer.rl_backend.tasks import load_problems
 
         t0 = time.time()
         configure_threads(self.num_threads)
@@ -423,6 +440,32 @@ class LocalBackend:
         held = held[: recipe.eval.max_problems] if recipe.eval.max_problems else held
         bundle = load_policy(recipe.model, checkpoint=checkpoint, kl=False, device=self.device)
         bundle.model.eval()
+        if recipe.data.task == "swe":
+            from evotrainer.rl_backend.swe_train import evaluate_episodes
+
+            per_problem, samples, records = evaluate_episodes(
+                bundle, recipe, held, k, eval_name=eval_name, version_id=version_id, step=step,
+                batch_tasks=self.eval_batch_prompts, progress=progress)
+        else:
+            per_problem, samples, records = self._eval_completions(bundle, recipe, held, k, eval_name, progress,
+                                                                   version_id, step)
+        avg = float(np.mean([np.mean(x) for x in per_problem]))
+        pk = float(np.mean([pass_at_k(k, int(sum(x)), k) for x in per_problem]))
+        p1 = float(np.mean([pass_at_k(k, int(sum(x)), 1) for x in per_problem]))
+        res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
+                         n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0)
+        return res, samples, records
+
+    def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,
+                          progress: ProgressFn | None, version_id: str, step: int
+                          ) -> tuple[list[list[float]], list[tuple[str, int, float, str]], list[dict[str, Any]]]:
+        """k single completions per held-out problem: (per-problem outcomes, samples, rollout records)."""
+        from evotrainer.rl_backend.rewards import compute_rewards
+        from evotrainer.rl_backend.tasks import build_messages
+
+        from evotrainer.recipe import RewardComponent
+        from evotrainer.rollouts import make_record
+
         samples, records, per_problem = [], [], []
         for bi in range(0, len(held), self.eval_batch_prompts):
             probs = held[bi: bi + self.eval_batch_prompts]
@@ -446,12 +489,7 @@ class LocalBackend:
             if progress is not None:
                 progress({"step": min(len(held), bi + len(probs)), "steps": len(held), "problems_done": len(per_problem),
                           "avg@k": float(np.mean([np.mean(x) for x in per_problem]))})
-        avg = float(np.mean([np.mean(x) for x in per_problem]))
-        pk = float(np.mean([pass_at_k(k, int(sum(x)), k) for x in per_problem]))
-        p1 = float(np.mean([pass_at_k(k, int(sum(x)), 1) for x in per_problem]))
-        res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
-                         n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0)
-        return res, samples, records
+        return per_problem, samples, records
 
 
 def _drop_rollouts_after(ws: Any, vid: str, step: int) -> None:

