@@ -33,7 +33,8 @@ class GateVerdict(BaseModel):
 
 
 def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float = 0.95,
-         n_resamples: int = 10_000, seed: int = 0, findings: list[Finding] | None = None) -> GateVerdict:
+         n_resamples: int = 10_000, seed: int = 0, findings: list[Finding] | None = None,
+         analyzer_names: list[str] | None = None) -> GateVerdict:
     """Decide whether ``version_id`` may be kept (see module docstring).
 
     Args:
@@ -42,6 +43,8 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
         eval_name: which held-out evaluation to compare.
         confidence, n_resamples, seed: bootstrap settings (seeded, reproducible).
         findings: findings to use instead of running the analyzers (e.g. already computed).
+        analyzer_names: analyzers to run (default: every registered one); a server passes the built-ins plus
+            the analyzers registered for this run, so runtime analyzers of another run never judge this one.
 
     Raises:
         LineageError: unknown version.
@@ -54,7 +57,7 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
     parent = v.parent_id
     ids = [version_id] + ([parent] if parent else [])
     if findings is None:
-        findings = run_analyzers(Evidence.from_workspace(ws, ids))
+        findings = run_analyzers(Evidence.from_workspace(ws, ids), analyzer_names)
     blocking = [f for f in findings if f.is_blocking and version_id in f.versions]
     seen = {f.kind for f in blocking}
     for stored in v.findings or []:

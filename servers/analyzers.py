@@ -80,8 +80,12 @@ def evidence_of(ws: Any, version_ids: list[str] | None) -> Any:
     return Evidence.from_workspace(ws, version_ids)
 
 
-def sync_registry(ws: Any) -> None:
-    """Register, in this process, the runtime analyzers stored in the run (idempotent)."""
+def sync_registry(ws: Any) -> list[str]:
+    """Register, in this process, the runtime analyzers stored in the run (idempotent).
+
+    Returns the analyzers in scope for this run: the built-ins and the run's own runtime analyzers. The process
+    registry may hold runtime analyzers of other runs (several runs served by one process); they are not in scope.
+    """
     from evotrainer.harness import analyzers as reg
 
     stored = ws.lineage.kv_get(KV_KEY, {}) or {}
@@ -91,6 +95,7 @@ def sync_registry(ws: Any) -> None:
             reg.register_analyzer(name, spec["code"], kinds=tuple(spec.get("kinds", ())),
                                   description=spec.get("description", ""), timeout_s=spec.get("timeout_s", 60.0),
                                   memory_mb=spec.get("memory_mb", 1024))
+    return [s.name for s in reg.list_analyzers(builtin=True)] + sorted(stored)
 
 
 def _result(versions: list[str], names: list[str], findings: list[Any], t0: float, **extra: Any) -> AnalysisResult:
@@ -110,14 +115,15 @@ def register(server: MCPServer, state: ServerState) -> None:
         from evotrainer.harness import analyzers as reg
 
         st = state_of(ctx)
+        scope = [s.name for s in reg.list_analyzers(builtin=True)]
         if st.run_dir is not None:
             try:
-                sync_registry(st.workspace())
+                scope = sync_registry(st.workspace())
             except ToolError:
                 pass  # no run yet: built-ins only
         return AnalyzerList(analyzers=[
             AnalyzerInfo(name=s.name, description=s.description, kinds=list(s.kinds), builtin=s.builtin,
-                         sandboxed=s.code is not None) for s in reg.list_analyzers()])
+                         sandboxed=s.code is not None) for s in (reg.get_analyzer(n) for n in scope)])
 
     @tool(server, read_only=False)
     def run_analyzer(
@@ -132,11 +138,11 @@ def register(server: MCPServer, state: ServerState) -> None:
         from evotrainer.harness import analyzers as reg
 
         ws = state_of(ctx).workspace()
-        sync_registry(ws)
+        scope = sync_registry(ws)
         t0 = time.perf_counter()
         ev = evidence_of(ws, version_ids)
-        ran = names or [s.name for s in reg.list_analyzers()]
-        findings = reg.run_analyzers(ev, names)
+        ran = names or scope
+        findings = reg.run_analyzers(ev, ran)
         if record:
             by_version: dict[str, list[dict[str, Any]]] = {}
             for f in findings:

@@ -244,8 +244,9 @@ def register(server: MCPServer, state: ServerState) -> None:
 
         ws = state_of(ctx).workspace()
         require_version(ws, version_id)
-        sync_registry(ws)
-        g = gate(ws, version_id, eval_name=eval_name, confidence=confidence, n_resamples=n_resamples, seed=seed)
+        scope = sync_registry(ws)
+        g = gate(ws, version_id, eval_name=eval_name, confidence=confidence, n_resamples=n_resamples, seed=seed,
+                 analyzer_names=scope)
         return GateInfo(version_id=g.version_id, parent_id=g.parent_id, promote=g.promote, gain=_num(g.gain),
                         ci=list(g.ci) if g.ci else None, p_value=_num(g.p_value), confidence=g.confidence,
                         n_problems=g.n_problems, blocking=[finding_info(f) for f in g.blocking],

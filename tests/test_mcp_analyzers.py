@@ -128,3 +128,26 @@ def test_gate_version(client):
     root = client.ok("gate_version", {"version_id": "v0", "n_resamples": 1000})
     assert root["parent_id"] is None and root["gain"] is None
     assert "not found" in client.err("gate_version", {"version_id": "v5"})
+
+
+def test_runtime_analyzer_of_one_run_does_not_judge_another(tmp_path):
+    # Regression: runtime analyzers live in a process-wide registry; a second run served by the same
+    # process must see only the built-ins and its own. Run A registers `always_blocking`; run B's
+    # run_analyzer, list_analyzers and gate_version must not use it.
+    code = ('import json; print(json.dumps([{"kind": "always_blocking", "severity": "blocking", '
+            '"versions": ["v1"], "steps": [], "evidence": [], "explanation": "fires on v1"}]))')
+    run_a, run_b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
+    a = SyncClient(build_server("analyzers", run_a))
+    try:
+        a.ok("register_analyzer", {"name": "always_blocking_x", "code": code, "kind": "always_blocking"})
+        assert "always_blocking_x" in [x["name"] for x in a.ok("list_analyzers")["analyzers"]]
+    finally:
+        a.close()
+    b = SyncClient(build_server("analyzers", run_b))
+    try:
+        assert "always_blocking_x" not in [x["name"] for x in b.ok("list_analyzers")["analyzers"]]
+        res = b.ok("run_analyzer", {"version_ids": ["v1"]})
+        assert "always_blocking_x" not in res["analyzers"]
+        assert all(f["kind"] != "always_blocking" for f in res["findings"])
+    finally:
+        b.close()
