@@ -49,6 +49,7 @@ class RunningJob:
     steps_total: int
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    finishing: threading.Event = dataclasses.field(default_factory=threading.Event)  # final status being written
     steps_done: int = 0
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     result: Any = None
@@ -88,6 +89,11 @@ class JobManager:
 
         if self.run_dir is None:
             raise ToolError("this server was started without a run folder; restart it with --run PATH")
+        # A job of ours whose result is in (the store already says done / failed) may still be closing its
+        # writer handle: a client that polled job_status can start the next job in that window. Wait for it.
+        for prev in self.running():
+            if prev.finishing.is_set():
+                prev.done.wait(timeout=120)
         try:
             ws = Workspace.open(self.run_dir, writer=True)
         except WorkspaceError as exc:
@@ -121,12 +127,14 @@ class JobManager:
 
         try:
             job.result = run(ws, progress, job.cancel.is_set)
+            job.finishing.set()
             status = "cancelled" if job.cancel.is_set() else "done"
             ws.lineage.update_job(job.id, status=status, progress=1.0 if status == "done" else
                                   (job.steps_done / job.steps_total if job.steps_total else 0.0),
                                   message=_result_message(job.result, status))
             ws.log(f"{job.kind} job {job.id} {status}", version=job.version_id, source="mcp")
         except BaseException as exc:  # the job fails, the server keeps serving
+            job.finishing.set()
             job.result = {"error": f"{type(exc).__name__}: {exc}"}
             try:
                 ws.lineage.update_job(job.id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
