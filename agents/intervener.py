@@ -13,7 +13,7 @@ from typing import Any
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
 
-from evotrainer.recipe import Recipe, RecipeError, get_path
+from evotrainer.recipe import Recipe, RecipeError, current_value
 
 
 class Intervener:
@@ -36,11 +36,9 @@ class Intervener:
         valid, seen = [], set(tried)
         for c in p.candidates:
             try:
-                old = get_path(recipe, c.path)
+                old = current_value(recipe, c.path)
             except RecipeError:
-                if not c.path.startswith("reward."):
-                    continue
-                old = None
+                continue
             if c.key() in seen:
                 continue
             try:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evotrainer.recipe import Recipe, RecipeError, diff_recipes, get_path, set_path
+from evotrainer.recipe import Recipe, RecipeError, current_value, diff_recipes, set_path
 
 Category = Literal["reward", "data", "rollout", "optimizer", "tool_use"]
 CATEGORIES: tuple[str, ...] = ("reward", "data", "rollout", "optimizer", "tool_use")
@@ -71,11 +71,9 @@ class Intervention(BaseModel):
                 change is a no-op, or the new value fails recipe validation.
         """
         try:
-            current = get_path(recipe, self.path)
+            current = current_value(recipe, self.path)
         except RecipeError:
-            current = None
-            if not self.path.startswith("reward."):
-                raise InterventionError(f"intervention path {self.path!r}: no such recipe field path") from None
+            raise InterventionError(f"intervention path {self.path!r}: no such recipe field path") from None
         if _norm(current) != _norm(self.old):
             raise InterventionError(
                 f"intervention on {self.path}: expected old value {self.old!r} but the recipe has "

@@ -316,6 +316,22 @@ def get_path(recipe: Recipe, path: str) -> Any:
     return node
 
 
+def current_value(recipe: Recipe, path: str) -> Any:
+    """Value at a dotted path, or None for a ``reward.*`` path the recipe does not have yet.
+
+    This is the ``old`` side of an intervention: adding a reward component changes it from nothing (None).
+
+    Raises:
+        RecipeError: the path does not exist and is not under ``reward``.
+    """
+    try:
+        return get_path(recipe, path)
+    except RecipeError:
+        if not path.startswith("reward."):
+            raise
+        return None
+
+
 def set_path(recipe: Recipe, path: str, value: Any) -> Recipe:
     """Return a new validated recipe with ``path`` set to ``value``.
 

@@ -250,16 +250,11 @@ def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> 
         evotrainer.recipe.RecipeError: the path does not exist in the recipe (outside ``reward.*``).
     """
     from evotrainer.intervention import Intervention, category_of
-    from evotrainer.recipe import RecipeError, get_path
+    from evotrainer.recipe import current_value
 
     if skill.kind != "intervention" or not skill.recipe_path:
         raise SkillError(f"skill {skill.id} is a {skill.kind}; only intervention skills build interventions")
-    try:
-        old = get_path(recipe, skill.recipe_path)
-    except RecipeError:
-        if not skill.recipe_path.startswith("reward."):
-            raise
-        old = None
+    old = current_value(recipe, skill.recipe_path)
     new = resolve_value(skill, old)
     return Intervention(path=skill.recipe_path, old=old, new=new, category=category_of(skill.recipe_path),
                         hypothesis=hypothesis or skill.description.split(". ")[0],
