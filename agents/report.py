@@ -134,11 +134,11 @@ def _metric_plots(ws: Workspace) -> str:
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
     for ax, (name, title) in zip(axes.flat, names, strict=False):
-        for v in versions:
-            pts = series[v.id].get(name, [])
+        for i, v in enumerate(versions):  # one colour per version in every panel (C0, C1, ...), even where
+            pts = series[v.id].get(name, [])  # a version lacks the metric (a reward component it did not have)
             pts = [(s, x) for s, x in pts if x is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=v.id)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=v.id, color=f"C{i % 10}")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
