@@ -23,13 +23,20 @@ def client(tmp_path):
     c.close()
 
 
-def test_train_progress_cancel_and_evaluate(client):
+def test_train_progress_cancel_and_evaluate(client, tmp_path):
+    # one writer per run: while another process holds the run's writer lock, a job is refused with the fix.
+    # (Held by the test itself: a 1-step job of this server can finish before a second call arrives, and a
+    # finishing job is now waited for rather than refused.)
+    holder = Workspace.open(tmp_path / "run", writer=True)
+    try:
+        err = client.err("evaluate_version", {"version_id": "v0"})
+        assert "another process is writing this run" in err and "wait for it or use another run folder" in err
+    finally:
+        holder.close()
     job = client.ok("start_training", {"version_id": "v0", "steps": 1})
     assert job["status"] == "running" and job["steps_total"] == 1 and job["id"].startswith("train-v0-")
-    # one writer per run: a second job on the run is refused while this one writes
+    # a second job on the same version is refused while this one runs
     assert "has a running job" in client.err("start_training", {"version_id": "v0", "steps": 1})
-    err = client.err("evaluate_version", {"version_id": "v0"})
-    assert "another process is writing" in err and job["id"] in err
     # a second client session reads while training writes: consistent snapshots (WAL + Lance versions),
     # counts only grow and are whole groups (2 samples per prompt)
     other = SyncClient(client.server)
