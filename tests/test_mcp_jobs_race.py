@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
-from evotrainer.recipe import Recipe
 from evotrainer.servers.jobs import JobManager
+
+from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
 

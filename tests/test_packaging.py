@@ -8,7 +8,6 @@ checked from a folder outside the repository, so the source tree cannot shadow t
 from __future__ import annotations
 
 import subprocess
-import sys
 import sysconfig
 import venv
 from pathlib import Path
