@@ -121,16 +121,17 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
             a += ["--ro-bind", top, top]
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime"):
         a += ["--ro-bind-try", etc, etc]
-    for prefix in sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
-                         | {sys.prefix}):
-        if not prefix.startswith("/usr/") and prefix != "/usr":
-            a += ["--ro-bind", prefix, prefix]
     # A fresh /proc, but its global writable files read-only: as host root the sandbox uid is host uid 0,
     # which sysctl permission checks (test_perm) treat as root whatever the namespace or capabilities.
     a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
           "/proc/sysrq-trigger", "--ro-bind-try", "/proc/pressure", "/proc/pressure"]
     a += ["--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp",
           "--size", str(limits.disk_mb << 20), "--tmpfs", "/dev/shm"]  # /dev's own tmpfs has no size cap
+    # The interpreter prefixes AFTER the /tmp tmpfs: a venv under /tmp (a clone in /tmp) must stay visible.
+    for prefix in sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+                         | {sys.prefix}):
+        if not prefix.startswith("/usr/") and prefix != "/usr":
+            a += ["--ro-bind", prefix, prefix]
     if workdir is not None:
         a += ["--bind", str(Path(workdir).resolve()), WORK_DIR]
     else:
