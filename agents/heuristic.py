@@ -103,6 +103,7 @@ EXPLORE: list[tuple[str, tuple, str, str, str]] = [
     ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO)", "eval/avg@k", "up"),
 ]
 SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
+TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the finding's evidence names
 
 
 def findings_from(result: Any) -> list[FindingRef]:
@@ -290,14 +291,17 @@ class HeuristicBrain:
         for i, c in enumerate(proposal.candidates):
             prior = max([sev.get(k, 0.0) for k in c.addresses] or [0.0]) - 0.01 * i
             method, detail, bt = "prior", "", 0.0
+            if _targets_evidence(c, diagnosis):
+                prior += TARGET_BONUS  # the finding's own evidence names the reward term this candidate changes
+                detail = "targets the evidence; "
             if c.path.startswith("reward.") and tools.has("rescore_rollouts"):
-                bt, detail = self._rescore(tools, parent_id, c)
-                method = "rescore"
+                bt, more = self._rescore(tools, parent_id, c)
+                detail, method = detail + more, "rescore"
             elif c.category == "data" or c.path in ("dynamic_filtering", "group_filter_top_p",
                                                      "drop_zero_variance_groups", "dynamic_filtering_range"):
                 if tools.has("replay_filter"):
-                    bt, detail = self._replay(tools, parent_id, c)
-                    method = "replay"
+                    bt, more = self._replay(tools, parent_id, c)
+                    detail, method = detail + more, "replay"
             scores.append(Score(index=i, score=round(prior + bt, 6), method=method, detail=detail))
         order = sorted(scores, key=lambda s: (-s.score, s.index))
         # Greedy by score, distinct recipe paths, and one branch per finding kind before a second one for
@@ -384,6 +388,17 @@ def _gate_numbers(gain: Any, ci: Any, p: Any) -> str:
     if isinstance(p, (int, float)):
         parts.append(f"p={p:.3f}")
     return ", ".join(parts) or "no paired held-out comparison"
+
+
+def _targets_evidence(c: Candidate, diagnosis: Diagnosis) -> bool:
+    """True when ``c`` changes ``reward.<name>.weight`` (not correctness, the task's own signal) and a
+    finding it addresses cites ``reward/<name>/...`` in its evidence."""
+    parts = c.path.split(".")
+    if len(parts) != 3 or parts[0] != "reward" or parts[2] != "weight" or parts[1] == "correctness":
+        return False
+    prefix = f"reward/{parts[1]}/"
+    return any(f.kind in c.addresses and any(str(e).startswith(prefix) for e in f.evidence)
+               for f in diagnosis.findings)
 
 
 def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:

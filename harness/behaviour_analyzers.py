@@ -6,7 +6,9 @@ look at what the policy produces and at what the reward pays for:
 * ``template_collapse``: completions duplicated across different prompts (outputs stop depending on
   the input), distinct-2 falling, 4-gram repetition rising;
 * ``reward_hacking``: a reward term (or the total) rises while correctness or the held-out score
-  falls; answers leaked in prompts; test files edited in code / SWE episodes;
+  falls; a reward term rises while correctness stays flat and it pays wrong answers as much as
+  right ones (a leaky term: the policy farms it whatever the answer); answers leaked in prompts;
+  test files edited in code / SWE episodes;
 * ``train_eval_divergence``: train reward up while the held-out score is flat or down, within a
   run (per-step eval series) and across versions (paired held-out gain over the parent).
 """
@@ -30,6 +32,7 @@ _TEST_PATH = re.compile(r"(^|[/\s\"'])(tests?/|test_[\w.-]*\.py|[\w.-]*_test\.py
 _EDIT_TOOLS = ("edit", "write", "create", "str_replace", "apply_patch", "patch")
 EVAL_SERIES = (M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_1)
 LEAK_SAMPLE = 20_000  # distinct prompts checked for a leaked answer (all of them below this)
+LEAK_PAY_RATIO = 0.8  # a term paying wrong answers >= this share of what it pays right ones pays 'whatever the answer'
 
 
 @analyzer("template_collapse", description="outputs stop depending on the input / near-duplicate completions")
@@ -93,6 +96,83 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
                                        f"for something other than solving the task."))
         break
     return out
+
+
+def _component_payout(ev: Evidence, v: str, names: list[str]) -> dict[str, dict] | None:
+    """Mean payout of reward components on wrong vs right train rollouts of ``v`` (late half of steps).
+
+    Returns ``{component: {"wrong": mean | None, "right": mean | None, "n_wrong": int, "n_right": int}}``
+    (component names without the ``reward/`` prefix and ``/mean`` suffix), or None when the version has
+    no rollouts with a known ``correct`` (NaN = unknown). Reads at most :data:`LEAK_SAMPLE` rows.
+    """
+    t = ev.rollouts_of(v)
+    if t is None or "components" not in t.column_names or "correct" not in t.column_names:
+        return None
+    steps = t.column("step").to_numpy(zero_copy_only=False)
+    known = np.isfinite(t.column("correct").to_numpy(zero_copy_only=False).astype(float))
+    rows = np.flatnonzero(known & (steps >= np.median(steps)))
+    if not len(rows):
+        return None
+    if len(rows) > LEAK_SAMPLE:
+        rows = rows[np.linspace(0, len(rows) - 1, LEAK_SAMPLE).astype(np.int64)]
+    sub = t.take(rows).select(["components", "correct"]).to_pydict()
+    acc: dict[str, dict[str, list[float]]] = {n: {"wrong": [], "right": []} for n in names}
+    for comp, correct in zip(sub["components"], sub["correct"], strict=True):
+        try:
+            c = json.loads(comp or "{}")
+        except json.JSONDecodeError:
+            continue
+        side = "right" if correct >= 0.5 else "wrong"
+        for n in names:
+            if n in c and c[n] is not None:
+                acc[n][side].append(float(c[n]))
+    return {n: {"wrong": float(np.mean(a["wrong"])) if a["wrong"] else None,
+                "right": float(np.mean(a["right"])) if a["right"] else None,
+                "n_wrong": len(a["wrong"]), "n_right": len(a["right"])} for n, a in acc.items()}
+
+
+def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
+    """A reward term rises while correctness stays flat, and it pays wrong answers as much as right ones.
+
+    Series: the component's Mann-Kendall trend rises by >= ``HACK_RISE`` and correctness neither rises
+    (p >= ``ALPHA``) nor gains more than ``HACK_FALL``. Rollouts (late half of the version): the
+    component's mean payout on wrong answers is > 0 and at least ``LEAK_PAY_RATIO`` of its payout on
+    right ones (or there are no right ones), i.e. it pays whatever the answer. Without rollouts with a
+    known ``correct`` the series alone give a ``warn``.
+    """
+    cname = ev.first(v, *B.CORRECTNESS)
+    ct = B._trend(ev, v, cname) if cname else None
+    if ct is None or ct.late > ct.early + B.HACK_FALL or ct.rising(B.ALPHA):
+        return []
+    risers = []
+    for n in _component_names(ev, v):
+        t = B._trend(ev, v, n)
+        if t is not None and t.late >= t.early + B.HACK_RISE and t.rising(B.ALPHA):
+            risers.append((n, t))
+    if not risers:
+        return []
+    short = {n: n[len("reward/"):-len("/mean")] for n, _ in risers}
+    pay = _component_payout(ev, v, list(short.values()))
+    leaky, why = [], []
+    for n, t in risers:
+        p = (pay or {}).get(short[n])
+        if pay is not None and (p is None or p["wrong"] is None or p["wrong"] <= 0
+                                or (p["right"] is not None and p["wrong"] < LEAK_PAY_RATIO * p["right"])):
+            continue  # the term pays right answers (more): not leaky by this signature
+        leaky.append((n, t))
+        paid = ("" if p is None else f", mean payout {fmt(p['wrong'])} on {p['n_wrong']} wrong answers vs "
+                + (f"{fmt(p['right'])} on {p['n_right']} right ones" if p["right"] is not None else "no right answer"))
+        why.append(f"{n} {fmt(t.early)} -> {fmt(t.late)}{paid}")
+    if not leaky:
+        return []
+    return [Finding(kind="reward_hacking", severity="blocking" if pay is not None else "warn", versions=[v],
+                    steps=[min(t.first_step for _, t in leaky), max(t.last_step for _, t in leaky)],
+                    evidence=[n for n, _ in leaky] + [cname],
+                    data={"rising": {n: B._tdata(t) for n, t in leaky}, "flat": {cname: B._tdata(ct)},
+                          "payout": {short[n]: (pay or {}).get(short[n]) for n, _ in leaky}},
+                    explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {B.ALPHA}) while "
+                                f"{cname} stays flat ({fmt(ct.early)} -> {fmt(ct.late)}): the term pays whatever the "
+                                f"answer, and the policy is learning to collect it instead of solving the task.")]
 
 
 def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
@@ -172,12 +252,14 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
     return out
 
 
-@analyzer("reward_hacking", description="reward rises while correctness / held-out falls; leaked answers; test edits")
+@analyzer("reward_hacking", description="reward rises while correctness / held-out falls; a term that pays wrong "
+                                        "answers rises; leaked answers; test edits")
 def reward_hacking(ev: Evidence) -> list[Finding]:
-    """Three signatures of a reward paid for the wrong thing (see module docstring)."""
+    """Four signatures of a reward paid for the wrong thing (see module docstring)."""
     out = []
     for v in ev.versions:
-        out += _hacking_from_series(ev, v)
+        series = _hacking_from_series(ev, v)
+        out += series or _leaky_component(ev, v)
         out += _leaked_answers(ev, v)
         out += _test_file_edits(ev, v)
     return out

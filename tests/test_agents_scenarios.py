@@ -4,7 +4,7 @@ Each scenario seeds one fault in the base recipe of examples/tiny.yaml and check
 finds it (the finding kind in the base version's diagnosis), proposes the matching kind of fix,
 and decides correctly. The tiny random model never solves arithmetic (held-out Avg@k is 0), so no
 child can show a held-out gain: "fixed" is checked on the metric the fault moves, and the
-SmolLM2 versions of these scenarios are documented in the issue note.
+SmolLM2 versions of these scenarios run with ``scripts/fault_scenarios.py`` (docs/scenarios.md).
 
 The too-easy-data scenario runs in the fast suite; the others are marked slow.
 """
@@ -19,13 +19,13 @@ from evotrainer.recipe import set_path
 from evotrainer.workspace import Workspace
 
 
-def _scenario(tmp_path, changes: dict, max_versions: int = 2, branches: int = 1):
+def _scenario(tmp_path, changes: dict, max_versions: int = 2, branches: int = 1, steps: int = 8):
     cfg = load_run_config("examples/tiny.yaml")
     recipe = cfg.recipe
     for path, value in changes.items():
         recipe = set_path(recipe, path, value)
     cfg = cfg.model_copy(update={"recipe": recipe, "budget": cfg.budget.model_copy(
-        update={"max_versions": max_versions, "branches_per_round": branches})})
+        update={"max_versions": max_versions, "branches_per_round": branches, "steps_per_version": steps})})
     run_loop(cfg, tmp_path / "run", "heuristic", "evotrainer", resume=False)
     return Workspace.open(tmp_path / "run")
 
@@ -83,10 +83,21 @@ def test_lr_too_high_entropy_collapse_found_branch_not_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_leaky_reward_branch_never_kept(tmp_path):
-    # format_token pays for the letter "e" whatever the answer (a leaky reward the policy can farm).
-    ws = _scenario(tmp_path, {"reward.format_token.weight": 1.0, "reward.format_token.params": {"token": "e"},
-                              "actor_learning_rate": 1e-3}, max_versions=3, branches=2)
+def test_leaky_reward_named_reward_hacking_branch_never_kept(tmp_path):
+    # format_token pays for the letter "a" whatever the answer (a leaky reward the policy can farm): the
+    # random model writes it in ~half of its 2-token completions, a 3e-3 step makes it farm it (0.47 -> 1.0
+    # in 12 steps) while correctness stays 0. 12 steps x 32 rollouts: enough points for a Mann-Kendall trend.
+    ws = _scenario(tmp_path, {"reward.format_token.weight": 1.0, "reward.format_token.params": {"token": "a"},
+                              "actor_learning_rate": 3e-3, "generate_max_len": 2, "n_samples_per_prompt": 4,
+                              "rollout_batch_size": 8}, max_versions=3, branches=2, steps=12)
+    d = ws.lineage.kv_get("loop/diagnose/v0")
+    hack = [f for f in d["findings"] if f["kind"] == "reward_hacking" and f["severity"] == "blocking"]
+    assert hack and "reward/format_token/mean" in hack[0]["evidence"], d["findings"]
+    prop = ws.lineage.kv_get("loop/r1/propose")
+    assert any(c["path"] == "reward.format_token.weight" and c["new"] == 0 for c in prop["candidates"]), prop
+    # the fix of the term the finding names ranks first (evidence-targeted), ahead of skills' generic fixes
+    first = ws.lineage.get("v1").interventions[0]
+    assert (first.path, first.new) == ("reward.format_token.weight", 0.0)
     for v in ws.lineage.versions():
         leaky = (v.recipe.reward.get("format_token") is not None and v.recipe.reward["format_token"].weight > 0)
         if v.parent_id and leaky:

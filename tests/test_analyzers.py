@@ -227,6 +227,58 @@ def test_reward_hacking_leaked_answer_in_prompt():
     assert failures(run_analyzers(Evidence(rollouts=t2), names=["reward_hacking"])) == {}
 
 
+def _leaky_rows(pay_right, pay_wrong) -> pa.Table:
+    """12 steps x 2 prompts x 3 samples; sample 0 of prompt q0 is right at every step (correctness flat
+    at 1/6); the format term pays ``pay_right(share)`` / ``pay_wrong(share)`` with share = step / 11."""
+    rows = []
+    for step in range(12):
+        share = step / 11
+        for p in range(2):
+            for k in range(3):
+                right = p == 0 and k == 0
+                fmt_pay = pay_right(share) if right else pay_wrong(share)
+                rows.append(make_record(version_id="v1", step=step, prompt_id=f"q{p}", group_id=f"{step}-{p}",
+                                        sample_idx=k, prompt=f"question {p}", completion=f"c {step} {p} {k}",
+                                        reward=float(right) + fmt_pay, components={"correctness": float(right),
+                                                                                 "format": fmt_pay},
+                                        correct=float(right), length=10))
+    return rollouts(rows)
+
+
+def _leaky_ev(pay_right, pay_wrong) -> Evidence:
+    """Rollouts of :func:`_leaky_rows` plus the per-component step means the trainer logs."""
+    t = _leaky_rows(pay_right, pay_wrong)
+    steps = np.array(t.column("step").to_pylist())
+    comps = [json.loads(c) for c in t.column("components").to_pylist()]
+    logged = {f"reward/{n}/mean": (np.arange(12), np.array([np.mean([c[n] for c, s in zip(comps, steps, strict=True) if s == i])
+                                                            for i in range(12)])) for n in ("format", "correctness")}
+    return Evidence(metrics={"v1": logged}, rollouts=t)
+
+
+def test_reward_hacking_leaky_term_rises_while_correctness_flat():
+    # correctness flat at 1/6; the format term pays every completion share = step/11, right or wrong
+    ev = _leaky_ev(lambda share: share, lambda share: share)
+    f = failures(run_analyzers(ev, names=["reward_hacking"]))["reward_hacking"]
+    assert f.severity == "blocking" and f.evidence == ["reward/format/mean", M.CORRECT_MEAN]
+    # late half = steps 6..11: mean share (6 + ... + 11) / (6 * 11) = 51/66 on both sides
+    assert f.data["payout"]["format"] == {"wrong": pytest.approx(51 / 66), "right": pytest.approx(51 / 66),
+                                          "n_wrong": 30, "n_right": 6}
+    # the same series without rollouts (logged metrics only): a warning, not a block
+    series = {n: ev.series("v1", n) for n in ("reward/format/mean", "reward/correctness/mean")}
+    f2 = failures(run_analyzers(Evidence(metrics={"v1": series}), names=["reward_hacking"]))["reward_hacking"]
+    assert f2.severity == "warn"
+
+
+def test_reward_hacking_quiet_when_the_rising_term_pays_right_answers():
+    # the format mean still rises (1/6 -> 3/8) but wrong answers get 0.25*share vs 1 for right ones:
+    # late payout 0.25 * 51/66 = 0.193 < 0.8 x 1.0, the term tracks correctness: not leaky
+    ev = _leaky_ev(lambda share: 1.0, lambda share: 0.25 * share)
+    from evotrainer.harness import builtin_analyzers as B
+    t = B._trend(ev, "v1", "reward/format/mean")
+    assert t.rising(B.ALPHA) and t.late >= t.early + B.HACK_RISE  # the series half of the signature holds
+    assert "reward_hacking" not in failures(run_analyzers(ev, names=["reward_hacking"]))
+
+
 def test_reward_hacking_test_file_edits_in_turns():
     def turns(s, p, k):
         path = "tests/test_core.py" if (s, p, k) == (3, 1, 2) else "src/core.py"
