@@ -10,6 +10,7 @@ version has no parent: it is promoted as the baseline when nothing blocks it (re
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evotrainer.harness.findings import Finding
@@ -98,4 +99,37 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
     else:
         verdict.promote = True
         verdict.reason = f"promote: {stats}; no blocking finding"
+        below = _merge_below_sources(ws, v, cmp.score_b, eval_name)
+        if below:
+            verdict.promote = False
+            verdict.evidence += [f"eval:{eval_name}:{sid}" for sid, _ in below]
+            verdict.reason = (f"merge below its source(s): held-out Avg@k {cmp.score_b:.3f} < "
+                              + ", ".join(f"{sid} {score:.3f}" for sid, score in below)
+                              + f" (the single-factor changes do not compose); vs the parent: {stats}")
     return verdict
+
+
+def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[tuple[str, float]]:
+    """For a merged child (two or more interventions): its source siblings that score higher on held-out.
+
+    A source is a child of the same parent whose single intervention is one of the merge's. A merge is kept
+    only if it is at least as good (point estimate of Avg@k) as each source it composes, besides beating the
+    parent: otherwise keeping it would move the frontier to a worse recipe than a kept sibling.
+    """
+    if len(v.interventions) < 2 or not v.parent_id:
+        return []
+    keys = {(iv.path, json.dumps(iv.new, sort_keys=True)) for iv in v.interventions}
+    out = []
+    for c in ws.lineage.children(v.parent_id):
+        if c.id == v.id or len(c.interventions) != 1:
+            continue
+        iv = c.interventions[0]
+        if (iv.path, json.dumps(iv.new, sort_keys=True)) not in keys:
+            continue
+        m = ws.lineage.eval_matrix(c.id, eval_name)
+        if not m:
+            continue
+        src = sum(sum(x) / len(x) for x in m.values()) / len(m)
+        if src > score + 1e-12:
+            out.append((c.id, src))
+    return out

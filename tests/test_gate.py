@@ -82,3 +82,28 @@ def test_gate_stored_blocking_finding_blocks(tmp_path):
                                                        "explanation": "test files edited", "analyzer": "swe"}])
         g = gate(ws, child.id, n_resamples=1000)
         assert not g.promote and [f.kind for f in g.blocking] == ["reward_hacking"]
+
+
+def test_gate_merge_must_not_fall_below_a_source(tmp_path):
+    # a merge of two kept siblings is compared with the parent AND must score at least as well as each
+    # source (the fresh-clone default run kept a merge at 0.573 while its source scored 0.620)
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        _evals(ws, root.id, [1] * 20)  # Avg@4 0.25
+        iv_lr = Intervention(path="actor_learning_rate", old=1e-6, new=2e-6, category="optimizer", hypothesis="t")
+        iv_len = Intervention(path="generate_max_len", old=64, new=128, category="rollout", hypothesis="t")
+        a, b = ws.lineage.branch(root.id, iv_lr), ws.lineage.branch(root.id, iv_len)
+        _evals(ws, a.id, [3] * 20)  # 0.75
+        _evals(ws, b.id, [2] * 20)  # 0.50
+        worse = ws.lineage.branch(root.id, [iv_lr, iv_len], note="merge")
+        _evals(ws, worse.id, [2] * 20)  # 0.50: +0.25 over the parent, but below source a (0.75)
+        g = gate(ws, worse.id, n_resamples=2000)
+        assert not g.promote and g.gain == pytest.approx(0.25)
+        assert g.reason.startswith(f"merge below its source(s): held-out Avg@k 0.500 < {a.id} 0.750")
+        assert f"eval:heldout:{a.id}" in g.evidence and f"eval:heldout:{b.id}" not in g.evidence
+        # a single-factor child at 0.50 is promoted by the same numbers: the rule is only for merges
+        assert gate(ws, b.id, n_resamples=2000).promote
+        both = ws.lineage.branch(root.id, [iv_lr, iv_len], note="merge 2")
+        _evals(ws, both.id, [3] * 20)  # ties the best source: kept
+        g = gate(ws, both.id, n_resamples=2000)
+        assert g.promote and g.reason.startswith("promote:")
