@@ -35,6 +35,8 @@ import pyarrow as pa
 from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
 
+from evotrainer.jsonl import iter_jsonl
+
 RawSeries = dict[str, list[tuple[int, float]]]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
@@ -122,18 +124,12 @@ def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
 
 
 def _jsonl(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
-    """``(line number from 1, parsed value)`` of each non-blank JSON line.
+    """``(line number from 1, parsed value)`` of each non-blank JSON line (:func:`evotrainer.jsonl.iter_jsonl`).
 
     Raises:
         IngestError: a line is not JSON (names ``source:line``).
     """
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            yield i, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(f"{source}:{i}: not JSON ({exc.msg})") from None
+    return iter_jsonl(lines, source, IngestError)
 
 
 def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dict[str, float]]:

@@ -38,6 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from evotrainer.jsonl import iter_jsonl
+
 TASKSET_DIR = Path(__file__).parent / "data" / "swe_tasks"
 DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "tests/*", "test/*",
                                           "testing/*", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
@@ -115,15 +117,8 @@ def is_test_file(relpath: str, patterns: list[str] | tuple[str, ...] = DEFAULT_T
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SweTaskError(f"{path}: no such task file")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise SweTaskError(f"{path}:{n}: not valid JSON ({exc.msg}); one task object per line") from None
-    return rows
+    return [row for _, row in iter_jsonl(path.read_text().splitlines(), str(path), SweTaskError,
+                                         "; one task object per line")]
 
 
 def _validate(rows: list[dict[str, Any]], where: Path) -> list[SweTask]:

@@ -47,6 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.jsonl import iter_jsonl
 from evotrainer.recipe import DataSpec
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -200,13 +201,7 @@ def read_jsonl(path: str | Path) -> list[Problem]:
     if not p.is_file():
         raise TaskError(f"data.path={str(p)!r}: no such JSONL file")
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskError(f"{p}:{n}: not JSON ({exc})") from None
+    for n, rec in iter_jsonl(p.read_text().splitlines(), str(p), TaskError):
         if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
             raise TaskError(f"{p}:{n}: each line needs keys 'prompt' and 'answer'")
         meta = {"task": "jsonl", "source": f"{p.name}:{n}", **(rec.get("meta") or {})}

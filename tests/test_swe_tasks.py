@@ -87,7 +87,7 @@ def test_swebench_loader_reads_json_string_lists_and_names_missing_fields(tmp_pa
     with pytest.raises(SweTaskError, match=r"swe.jsonl:1: missing field\(s\) \['FAIL_TO_PASS'\]"):
         load_swebench_jsonl(p)
     p.write_text("{not json\n")
-    with pytest.raises(SweTaskError, match="swe.jsonl:1: not valid JSON"):
+    with pytest.raises(SweTaskError, match="swe.jsonl:1: not JSON"):
         load_swebench_jsonl(p)
 
 
