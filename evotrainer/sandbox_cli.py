@@ -19,11 +19,24 @@ def _fail(message: str) -> None:
 
 
 @sandbox_app.command("info")
-def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The backend in use (docker | bwrap), why, its limits and mounts."""
-    from evotrainer.sandbox import sandbox_info
+def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+         selftest: Annotated[bool, typer.Option("--selftest/--no-selftest",
+                                                help="Run `print(6 * 7)` in the sandbox to prove it works.")] = True,
+         ) -> None:
+    """The backend in use (docker | bwrap), why, its limits and mounts; a self-test run (exit 1 if it fails)."""
+    from evotrainer.sandbox import SandboxError, run_in_sandbox, sandbox_info
 
     data = sandbox_info()
+    ok = data["backend"] is not None
+    if ok and selftest:
+        try:
+            res = run_in_sandbox(code="print(6 * 7)", timeout_s=60)
+            ok = res.ok and res.stdout.strip() == "42"
+            data["selftest"] = (f"ok: print(6 * 7) gave 42 in {res.wall_s:.2f} s ({res.backend})" if ok else
+                                f"failed: exit {res.exit_code}, limit {res.limit_hit}, stdout {res.stdout[:80]!r}, "
+                                f"stderr {res.stderr[-300:]!r}")
+        except SandboxError as exc:
+            ok, data["selftest"] = False, f"failed: {exc}"
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
@@ -34,7 +47,7 @@ def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
         for k, v in data.items():
             t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
         Console().print(t)
-    if data["backend"] is None:
+    if not ok:
         raise typer.Exit(1)
 
 

@@ -187,7 +187,9 @@ def test_cli_info_and_run(tmp_path, backend):
 
     cli = CliRunner()
     res = cli.invoke(app, ["sandbox", "info", "--json"])
-    assert res.exit_code == 0 and json.loads(res.stdout)["backend"] == backend
+    info = json.loads(res.stdout)
+    assert res.exit_code == 0 and info["backend"] == backend
+    assert info["selftest"].startswith("ok: print(6 * 7) gave 42 in ") and info["selftest"].endswith(f" s ({backend})")
     (tmp_path / "data.txt").write_text("3 4")
     script = tmp_path / "job.py"
     script.write_text("a, b = open('/evidence/data.txt').read().split(); print(int(a) * int(b))")
