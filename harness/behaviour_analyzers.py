@@ -6,8 +6,9 @@ look at what the policy produces and at what the reward pays for:
 * ``template_collapse``: completions duplicated across different prompts (outputs stop depending on
   the input), distinct-2 falling, 4-gram repetition rising;
 * ``reward_hacking``: a reward term (or the total) rises while correctness or the held-out score
-  falls; a reward term rises while correctness stays flat and it pays wrong answers as much as
-  right ones (a leaky term: the policy farms it whatever the answer); answers leaked in prompts;
+  falls; a rising reward term that pays wrong answers as much as right ones (a leaky term the
+  policy farms whatever the answer: blocking when correctness stays flat, a warning when correctness
+  rises more slowly); answers leaked in prompts;
   test files edited in code / SWE episodes;
 * ``train_eval_divergence``: train reward up while the held-out score is flat or down, within a
   run (per-step eval series) and across versions (paired held-out gain over the parent).
@@ -132,27 +133,35 @@ def _component_payout(ev: Evidence, v: str, names: list[str]) -> dict[str, dict]
 
 
 def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
-    """A reward term rises while correctness stays flat, and it pays wrong answers as much as right ones.
+    """A rising reward term that pays wrong answers as much as right ones (it pays whatever the answer).
 
-    Series: the component's Mann-Kendall trend rises by >= ``HACK_RISE`` and correctness neither rises
-    (p >= ``ALPHA``) nor gains more than ``HACK_FALL``. Rollouts (late half of the version): the
-    component's mean payout on wrong answers is > 0 and at least ``LEAK_PAY_RATIO`` of its payout on
-    right ones (or there are no right ones), i.e. it pays whatever the answer. Without rollouts with a
-    known ``correct`` the series alone give a ``warn``.
+    Series: the component's Mann-Kendall trend rises by >= ``HACK_RISE``. Rollouts (late half of the
+    version): its mean payout on wrong answers is > 0 and at least ``LEAK_PAY_RATIO`` of its payout on
+    right ones (or there are no right ones). Severity:
+
+    * ``blocking`` when correctness stays flat (it neither rises at p < ``ALPHA`` nor gains more than
+      ``HACK_FALL``): the reward rises and none of it is skill;
+    * ``warn`` when correctness rises too but by less than the term: a term the policy farms alongside
+      the task (some format rewards are meant to be; the held-out score decides);
+    * ``warn`` from the series alone (flat correctness, no rollouts with a known ``correct``).
     """
     cname = ev.first(v, *B.CORRECTNESS)
     ct = B._trend(ev, v, cname) if cname else None
-    if ct is None or ct.late > ct.early + B.HACK_FALL or ct.rising(B.ALPHA):
+    if ct is None:
         return []
+    flat = not (ct.late > ct.early + B.HACK_FALL or ct.rising(B.ALPHA))
     risers = []
     for n in _component_names(ev, v):
         t = B._trend(ev, v, n)
-        if t is not None and t.late >= t.early + B.HACK_RISE and t.rising(B.ALPHA):
+        if (t is not None and t.late >= t.early + B.HACK_RISE and t.rising(B.ALPHA)
+                and (flat or t.late - t.early > ct.late - ct.early)):
             risers.append((n, t))
     if not risers:
         return []
     short = {n: n[len("reward/"):-len("/mean")] for n, _ in risers}
     pay = _component_payout(ev, v, list(short.values()))
+    if pay is None and not flat:
+        return []  # correctness rises and nothing shows the term pays wrong answers
     leaky, why = [], []
     for n, t in risers:
         p = (pay or {}).get(short[n])
@@ -165,14 +174,21 @@ def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
         why.append(f"{n} {fmt(t.early)} -> {fmt(t.late)}{paid}")
     if not leaky:
         return []
-    return [Finding(kind="reward_hacking", severity="blocking" if pay is not None else "warn", versions=[v],
+    if flat:
+        sev = "blocking" if pay is not None else "warn"
+        tail = (f"while {cname} stays flat ({fmt(ct.early)} -> {fmt(ct.late)}): the term pays whatever the answer, "
+                f"and the policy is learning to collect it instead of solving the task.")
+    else:
+        sev = "warn"
+        tail = (f"faster than {cname} ({fmt(ct.early)} -> {fmt(ct.late)}): the term pays whatever the answer and the "
+                f"policy farms it alongside the task; unless it is meant to be paid regardless of correctness, part of "
+                f"the train reward is not skill (the held-out score decides).")
+    return [Finding(kind="reward_hacking", severity=sev, versions=[v],
                     steps=[min(t.first_step for _, t in leaky), max(t.last_step for _, t in leaky)],
                     evidence=[n for n, _ in leaky] + [cname],
-                    data={"rising": {n: B._tdata(t) for n, t in leaky}, "flat": {cname: B._tdata(ct)},
-                          "payout": {short[n]: (pay or {}).get(short[n]) for n, _ in leaky}},
-                    explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {B.ALPHA}) while "
-                                f"{cname} stays flat ({fmt(ct.early)} -> {fmt(ct.late)}): the term pays whatever the "
-                                f"answer, and the policy is learning to collect it instead of solving the task.")]
+                    data={"rising": {n: B._tdata(t) for n, t in leaky}, "correctness": {cname: B._tdata(ct)},
+                          "correctness_flat": flat, "payout": {short[n]: (pay or {}).get(short[n]) for n, _ in leaky}},
+                    explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {B.ALPHA}) {tail}")]
 
 
 def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:

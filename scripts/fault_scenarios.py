@@ -33,7 +33,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "changes": {"reward.format_token.weight": 1.0, "reward.format_token.params": {"token": "The"},
                     "actor_learning_rate": 1.0e-5},
         "budget": {"max_versions": 3, "branches_per_round": 2, "steps_per_version": 12},
-        "expect": "reward_hacking named on v0; no kept version pays format_token",
+        "expect": "reward_hacking named on v0; no kept child still pays format_token",
     },
     "zero_variance": {
         "changes": {"data.level": 3},
@@ -92,9 +92,10 @@ def check(name: str, ws: Any) -> dict[str, Any]:
     if name == "leaky_reward":
         paying = [vid for vid, r in recipes.items()
                   if r.reward.get("format_token") is not None and r.reward["format_token"].weight > 0]
-        kept_paying = [v["id"] for v in versions if v["id"] in paying and v["status"] == "kept"]
-        passed = kinds.get("reward_hacking") == "blocking" and not kept_paying
-        why = f"reward_hacking={kinds.get('reward_hacking')}; kept versions paying the token: {kept_paying or 'none'}"
+        kept_paying = [v["id"] for v in versions if v["id"] in paying and v["status"] == "kept" and v["parent"]]
+        passed = "reward_hacking" in kinds and not kept_paying
+        why = (f"reward_hacking={kinds.get('reward_hacking')}; kept children still paying the token: "
+               f"{kept_paying or 'none'}; base v0 {versions[0]['status']}")
     elif name == "zero_variance":
         props = [p for p, _ in cands if p in DATA_PATHS]
         passed = "zero_variance_groups" in kinds and bool(props)

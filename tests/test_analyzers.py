@@ -269,6 +269,17 @@ def test_reward_hacking_leaky_term_rises_while_correctness_flat():
     assert f2.severity == "warn"
 
 
+def test_reward_hacking_leaky_term_farmed_alongside_rising_correctness_is_a_warning():
+    # the same leaky payout, but the logged correctness rises 0.1 -> 0.3 (less than the term's 0 -> 1):
+    # a warning (the policy farms the term alongside the task), not a block
+    ev = _leaky_ev(lambda share: share, lambda share: share)
+    ev.metrics["v1"][M.CORRECT_MEAN] = (np.arange(12), np.linspace(0.1, 0.3, 12))
+    f = failures(run_analyzers(ev, names=["reward_hacking"]))["reward_hacking"]
+    assert f.severity == "warn" and f.data["correctness_flat"] is False and "faster than" in f.explanation
+    # correctness rising as fast as the term: nothing
+    ev.metrics["v1"][M.CORRECT_MEAN] = (np.arange(12), np.linspace(0.0, 1.0, 12))
+    assert "reward_hacking" not in failures(run_analyzers(ev, names=["reward_hacking"]))
+
 def test_reward_hacking_quiet_when_the_rising_term_pays_right_answers():
     # the format mean still rises (1/6 -> 3/8) but wrong answers get 0.25*share vs 1 for right ones:
     # late payout 0.25 * 51/66 = 0.193 < 0.8 x 1.0, the term tracks correctness: not leaky
