@@ -56,10 +56,11 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
 
     v = ws.lineage.get(version_id)
     parent = v.parent_id
-    ids = [version_id] + ([parent] if parent else [])
+    ids = [x.id for x in ws.lineage.path_to_root(version_id)]  # the version, its parent, ..., the root
     if findings is None:
         findings = run_analyzers(Evidence.from_workspace(ws, ids), analyzer_names)
     blocking = [f for f in findings if f.is_blocking and version_id in f.versions]
+    blocking += inherited_leaks(v, [f for f in findings if set(f.versions) & set(ids)])
     seen = {f.kind for f in blocking}
     for stored in v.findings or []:
         if stored.get("severity") == "blocking" and stored.get("kind") not in seen:
@@ -107,6 +108,36 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
                               + ", ".join(f"{sid} {score:.3f}" for sid, score in below)
                               + f" (the single-factor changes do not compose); vs the parent: {stats}")
     return verdict
+
+
+def inherited_leaks(v: Any, findings: list[Finding]) -> list[Finding]:
+    """Blocking findings for the reward terms ``v`` still pays that a leaky-term ``reward_hacking`` finding named.
+
+    A leaky-term finding (``harness.behaviour_analyzers``: its ``data["payout"]`` maps each term to its
+    payout on wrong vs right answers) on ``v`` or an ancestor means the term pays whatever the answer.
+    While ``v``'s recipe still gives that term a non-zero weight, a held-out gain cannot be told apart
+    from the policy farming it, so the version is not kept (issue 8: the loop never keeps a leaky
+    branch); the fix is ``reward.<term>.weight = 0``. One finding per term.
+    """
+    out: dict[str, Finding] = {}
+    for f in findings:
+        if f.kind != "reward_hacking" or not isinstance((f.data or {}).get("payout"), dict):
+            continue
+        for term, pay in f.data["payout"].items():
+            comp = v.recipe.reward.get(term)
+            if comp is None or comp.weight == 0 or term in out:
+                continue
+            paid = (f" (it paid {pay['wrong']:.3f} on wrong answers vs "
+                    + (f"{pay['right']:.3f} on right ones)" if pay.get("right") is not None else "nothing right)")
+                    if isinstance(pay, dict) and pay.get("wrong") is not None else "")
+            out[term] = Finding(
+                kind="reward_hacking", severity="blocking", versions=[v.id], analyzer="gate",
+                evidence=[f"reward/{term}/mean", f"finding:reward_hacking:{','.join(f.versions)}"],
+                data={"term": term, "weight": comp.weight, "found_on": f.versions},
+                explanation=f"{v.id} still pays reward term '{term}' (weight {comp.weight:g}), which reward_hacking "
+                            f"on {', '.join(f.versions)} found paying whatever the answer{paid}; a held-out gain "
+                            f"under a leaky term is not kept: set reward.{term}.weight to 0")
+    return list(out.values())
 
 
 def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[tuple[str, float]]:

@@ -107,3 +107,37 @@ def test_gate_merge_must_not_fall_below_a_source(tmp_path):
         _evals(ws, both.id, [3] * 20)  # ties the best source: kept
         g = gate(ws, both.id, n_resamples=2000)
         assert g.promote and g.reason.startswith("promote:")
+
+
+def test_gate_blocks_a_version_that_still_pays_a_leaky_term_an_ancestor_was_found_farming(tmp_path):
+    # the SmolLM2 leaky-reward scenario kept a child (+0.219 held-out) whose recipe still paid the format
+    # token that reward_hacking on its parent found paying wrong answers 0.688 vs right ones 0.522
+    from evotrainer.harness.findings import Finding
+
+    from evotrainer.recipe import set_path
+
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        base = set_path(set_path(Recipe(), "reward.format_token.weight", 1.0), "reward.format_token.params",
+                        {"token": "The"})
+        root = ws.lineage.create_root(base)
+        _evals(ws, root.id, [1] * 20)
+        leaky = ws.lineage.branch(root.id, Intervention(path="generate_max_len", old=64, new=128, category="rollout"))
+        fixed = ws.lineage.branch(root.id, Intervention(path="reward.format_token.weight", old=1.0, new=0.0,
+                                                        category="reward"))
+        _evals(ws, leaky.id, [3] * 20)
+        _evals(ws, fixed.id, [3] * 20)
+        hack = Finding(kind="reward_hacking", severity="warn", versions=[root.id], explanation="leaky",
+                       evidence=["reward/format_token/mean"],
+                       data={"payout": {"format_token": {"wrong": 0.688, "right": 0.522, "n_wrong": 77, "n_right": 67}}})
+        g = gate(ws, leaky.id, n_resamples=2000, findings=[hack])
+        assert not g.promote and g.gain == pytest.approx(0.5)  # the held-out gain alone would promote it
+        assert [f.kind for f in g.blocking] == ["reward_hacking"] and g.reason.startswith("blocked by reward_hacking")
+        assert g.blocking[0].explanation == (
+            f"{leaky.id} still pays reward term 'format_token' (weight 1), which reward_hacking on {root.id} found "
+            "paying whatever the answer (it paid 0.688 on wrong answers vs 0.522 on right ones); a held-out gain "
+            "under a leaky term is not kept: set reward.format_token.weight to 0")
+        g = gate(ws, fixed.id, n_resamples=2000, findings=[hack])  # the term removed: promoted on its gain
+        assert g.promote and g.blocking == []
+        # a finding of another kind, or without a payout table, does not block by inheritance
+        other = Finding(kind="truncation", severity="warn", versions=[root.id], explanation="x", data={"payout": {}})
+        assert gate(ws, leaky.id, n_resamples=2000, findings=[other]).promote
