@@ -90,8 +90,10 @@ class Orchestrator(LoopBase):
         diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
                           Diagnosis)
         tried = {self._key(c.interventions[0]) for c in self.lineage.children(parent) if len(c.interventions) == 1}
-        proposal = self.stage(f"r{r}/propose", lambda: self._drop_known_recipes(pv, self.intervener.propose(
-            parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")})), Proposal)
+        # `tried` is per parent: the same recipe on another branch is another experiment (a child continues
+        # from its parent's checkpoint), e.g. v2 + x after the merge v1 (x) + v2 trains 8 more steps from v2
+        proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
+            parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
         if not proposal.candidates:
             self.stage(f"r{r}/done", lambda: True)
             return False
@@ -141,36 +143,6 @@ class Orchestrator(LoopBase):
         import json
 
         return f"{iv.path}={json.dumps(iv.new, sort_keys=True)}"
-
-    def _drop_known_recipes(self, pv: Any, proposal: Proposal) -> Proposal:
-        """Drop candidates whose child recipe equals a recipe already in the lineage (any branch).
-
-        E.g. a merge of siblings A (x) and B (y) already holds B's recipe plus x: proposing x again on B
-        would train the same recipe twice. The dropped changes are named in the proposal's rationale.
-        """
-        import json
-
-        from evotrainer.recipe import RecipeError, get_path
-
-        known = {json.dumps(v.recipe.to_dict(), sort_keys=True): v.id for v in self.lineage.versions()}
-        keep, dropped = [], []
-        for c in proposal.candidates:
-            try:
-                try:
-                    old = get_path(pv.recipe, c.path)
-                except RecipeError:
-                    old = None
-                same = known.get(json.dumps(c.to_intervention(old).apply(pv.recipe).to_dict(), sort_keys=True))
-            except Exception:  # noqa: BLE001 (an inapplicable candidate is judged later, as before)
-                same = None
-            if same:
-                dropped.append(f"{c.path}={json.dumps(c.new)} (recipe of {same})")
-            else:
-                keep.append(c)
-        if not dropped:
-            return proposal
-        return proposal.model_copy(update={"candidates": keep, "rationale": proposal.rationale
-                                           + f"; dropped as already trained: {', '.join(dropped)}"})
 
     def _branch(self, parent: str, cand: Any) -> str:
         """Find-or-create the child of ``parent`` with this candidate's intervention."""

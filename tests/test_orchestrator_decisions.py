@@ -43,22 +43,6 @@ def test_merge_of_two_kept_siblings_composes_their_interventions(orch):
     assert len(orch.lineage.versions()) == 4
 
 
-def test_a_change_that_recreates_a_known_recipe_is_dropped(orch):
-    # after the merge v3 = v0 + temperature + eps_clip_high, the same eps_clip_high change proposed on v1
-    # would train v3's recipe again (the fresh-clone run did that: v4 == v3); it is dropped, the rest stays
-    from evotrainer.agents.decisions import Candidate, Proposal
-
-    merged = orch._merge("v0", ["v1", "v2"])
-    prop = Proposal(parent_id="v1", rationale="r", candidates=[
-        Candidate(path="eps_clip_high", new=0.35), Candidate(path="eps_clip_high", new=0.32),
-        Candidate(path="actor_learning_rate", new=3e-6)])
-    out = orch._drop_known_recipes(orch.lineage.get("v1"), prop)
-    assert [(c.path, c.new) for c in out.candidates] == [("eps_clip_high", 0.32), ("actor_learning_rate", 3e-6)]
-    assert out.rationale == f"r; dropped as already trained: eps_clip_high=0.35 (recipe of {merged})"
-    # nothing known: the proposal is returned unchanged
-    assert orch._drop_known_recipes(orch.lineage.get("v1"), Proposal(parent_id="v1", candidates=out.candidates)
-                                    ).candidates == out.candidates
-
 def test_no_merge_without_budget(orch):
     orch.config = orch.config.model_copy(update={"budget": orch.config.budget.model_copy(update={"max_versions": 3})})
     assert orch._merge("v0", ["v1", "v2"]) is None
