@@ -305,9 +305,9 @@ def summary_table(ws: Workspace) -> Any:
 
     t = Table(title=f"EvoTrainer run {ws.root.name}")
     for c in ("version", "status", "change", "Avg@k", "95% CI"):
-        t.add_column(c)
+        t.add_column(c, overflow="fold", min_width=28 if c == "change" else None)  # fold, never cut, the change
     changes = {v.id: "; ".join(iv.describe() for iv in v.interventions) or "base" for v in ws.lineage.versions()}
     for r in score_rows(ws):
         ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""
-        t.add_row(r["name"], r["status"], changes.get(r["name"], "")[:50], _fmt(r["avg"]), ci)
+        t.add_row(r["name"], r["status"], changes.get(r["name"], ""), _fmt(r["avg"]), ci)
     return t

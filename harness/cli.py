@@ -46,7 +46,7 @@ def diagnose(
     plots: list[str] = []
     if not no_plots:
         is_ws = path.is_dir() and (path / "lineage.db").exists()
-        out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (path.stem or "run"))
+        out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (_bare_name(path) or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
     if as_json:
         payload = {"source": str(path), "summary": ev.summary(), "findings": [f.model_dump(mode="json") for f in findings],
@@ -101,3 +101,12 @@ def register(app: typer.Typer) -> None:
     """Add this subpackage's commands to the main evotrainer app."""
     app.command("diagnose")(diagnose)
     app.add_typer(analyzers_app, name="analyzers")
+
+
+def _bare_name(path: Path) -> str:
+    """The file or folder name without its compression and log suffixes: ``a.log.gz`` -> ``a``."""
+    name = path.name
+    for suffix in (".gz", ".bz2", ".xz", ".zst", ".log", ".jsonl", ".json", ".txt"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name

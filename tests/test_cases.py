@@ -83,3 +83,13 @@ def test_diagnose_an_evotrainer_workspace(tmp_path: Path):
     # --fail-on warn turns a warn finding into exit code 2 for scripts / CI
     res = CliRunner().invoke(app, ["diagnose", str(tmp_path / "run"), "--no-plots", "--fail-on", "warn"])
     assert res.exit_code == 2 and "entropy_collapse" in res.stdout
+
+
+def test_diagnose_plot_folder_drops_log_and_compression_suffixes():
+    # the README's verl log wrote its plots to diagnose/<name>.log/ (only .gz was stripped)
+    from evotrainer.harness.cli import _bare_name
+
+    assert _bare_name(Path("logs/Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567.log.gz")) == \
+        "Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567"
+    assert _bare_name(Path("metrics.jsonl")) == "metrics" and _bare_name(Path("trl_out")) == "trl_out"
+    assert _bare_name(Path(".log")) == ".log"  # never an empty name

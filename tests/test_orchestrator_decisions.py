@@ -70,3 +70,16 @@ def test_evolve_needs_kept_and_pruned_versions_and_says_how_many(orch):
     assert out == [{"version": "v1", "registered": False,
                     "reason": "held-out moved without a finding to explain it, but a new analyzer needs kept and "
                               "pruned versions to backtest on (so far 2 kept, 0 pruned / reverted): none written"}]
+
+
+def test_heuristic_decide_names_a_merge_below_its_source():
+    # the fresh-clone run's v3: gain +0.125 over the parent with a CI above 0, pruned because v2 scored more;
+    # the rationale said "held-out gain not established", which the numbers contradicted
+    from evotrainer.agents.decisions import Diagnosis
+
+    gate = {"promote": False, "parent_id": "v0", "gain": 0.125, "ci": [0.068, 0.182], "p_value": 0.0004,
+            "reason": "merge below its source(s): held-out Avg@k 0.573 < v2 0.620 (...)", "evidence": ["eval:heldout:v2"]}
+    v = HeuristicBrain().decide(None, "v3", gate, Diagnosis(version_id="v3", findings=[], summary=""))
+    assert v.action == "prune" and v.rationale.startswith(
+        "prune v3: the merge scores below a source it composes (+0.125, 95% CI [+0.068, +0.182], p=0.000 over the "
+        "parent). Gate: merge below its source(s)")

@@ -116,3 +116,28 @@ def test_report_cli(tmp_path):
     out = json.loads(res.stdout)
     assert out["report"].endswith("reports/report.html")
     assert out["summary"]["best_version"] == "v0" and out["summary"]["no_rl_avg_at_k"] == 0.25
+
+
+def test_summary_table_folds_long_changes_on_a_narrow_terminal(tmp_path):
+    # the fresh-clone user's 80-column log cut "reward.overlong.weight: None -> 1.0; generate_max_len: 16 -> 32"
+    from evotrainer.agents.report import summary_table
+    from rich.console import Console
+
+    from evotrainer.intervention import Intervention
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import Workspace
+
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        ivs = [Intervention(path="reward.overlong.weight", old=None, new=1.0, category="reward"),
+               Intervention(path="generate_max_len", old=64, new=128, category="rollout")]
+        child = ws.lineage.branch(root.id, ivs)
+        ws.lineage.log_eval_samples(child.id, "heldout", [("p0", 0, 1.0, ""), ("p1", 0, 0.0, "")])
+        ws.lineage.update_version(child.id, eval_summary={"avg@k": 0.5, "k": 1, "eval_name": "heldout"})
+        t = summary_table(ws)
+        change = t.columns[2]
+        assert change.overflow == "fold"
+        assert list(change.cells)[-1] == "reward.overlong.weight: None -> 1.0; generate_max_len: 64 -> 128"
+        console = Console(width=80, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+        console.print(t)
+        assert "…" not in console.export_text()  # folded over lines, never cut with an ellipsis
