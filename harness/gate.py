@@ -147,6 +147,8 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
     only if it is at least as good (point estimate of Avg@k) as each source it composes, besides beating the
     parent: otherwise keeping it would move the frontier to a worse recipe than a kept sibling.
     """
+    from evotrainer.harness.stats import avg_at_k
+
     if len(v.interventions) < 2 or not v.parent_id:
         return []
     keys = {(iv.path, json.dumps(iv.new, sort_keys=True)) for iv in v.interventions}
@@ -160,7 +162,7 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
         m = ws.lineage.eval_matrix(c.id, eval_name)
         if not m:
             continue
-        src = sum(sum(x) / len(x) for x in m.values()) / len(m)
+        src = avg_at_k(m)
         if src > score + 1e-12:
             out.append((c.id, src))
     return out
