@@ -358,7 +358,7 @@ class HeuristicBrain:
             why = f"keep {version_id}: held-out gain {nums}; no blocking finding.{reason}"
         elif blocking:
             why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"
-        elif str(gate.get("reason", "")).startswith("merge below"):
+        elif gate.get("below_sources"):
             why = f"prune {version_id}: the merge scores below a source it composes ({nums} over the parent).{reason}"
         else:
             why = f"prune {version_id}: held-out gain not established ({nums}).{reason}"

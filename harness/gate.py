@@ -26,6 +26,8 @@ class GateVerdict(BaseModel):
     gain: float | None = Field(None, description="Held-out Avg@k gain over the parent (fraction, paired problems).")
     ci: tuple[float, float] | None = Field(None, description="Bootstrap CI of the gain at `confidence`.")
     p_value: float | None = Field(None, description="Two-sided paired permutation p-value of the gain.")
+    below_sources: list[str] = Field(default_factory=list,
+                                     description="For a merge: the source siblings that score higher on held-out.")
     confidence: float = 0.95
     n_problems: int = 0
     blocking: list[Finding] = Field(default_factory=list)
@@ -103,6 +105,7 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
         below = _merge_below_sources(ws, v, cmp.score_b, eval_name)
         if below:
             verdict.promote = False
+            verdict.below_sources = [sid for sid, _ in below]
             verdict.evidence += [f"eval:{eval_name}:{sid}" for sid, _ in below]
             verdict.reason = (f"merge below its source(s): held-out Avg@k {cmp.score_b:.3f} < "
                               + ", ".join(f"{sid} {score:.3f}" for sid, score in below)

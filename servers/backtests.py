@@ -94,6 +94,8 @@ class GateInfo(BaseModel):
     blocking: list[FindingInfo]
     evidence: list[str]
     reason: str
+    below_sources: list[str] = Field(default_factory=list,
+                                     description="For a merge: source siblings that score higher on held-out.")
 
 
 def _num(x: Any) -> float | None:
@@ -250,4 +252,4 @@ def register(server: MCPServer, state: ServerState) -> None:
         return GateInfo(version_id=g.version_id, parent_id=g.parent_id, promote=g.promote, gain=_num(g.gain),
                         ci=list(g.ci) if g.ci else None, p_value=_num(g.p_value), confidence=g.confidence,
                         n_problems=g.n_problems, blocking=[finding_info(f) for f in g.blocking],
-                        evidence=list(g.evidence), reason=g.reason)
+                        evidence=list(g.evidence), reason=g.reason, below_sources=list(g.below_sources))

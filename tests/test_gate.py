@@ -101,6 +101,7 @@ def test_gate_merge_must_not_fall_below_a_source(tmp_path):
         assert not g.promote and g.gain == pytest.approx(0.25)
         assert g.reason.startswith(f"merge below its source(s): held-out Avg@k 0.500 < {a.id} 0.750")
         assert f"eval:heldout:{a.id}" in g.evidence and f"eval:heldout:{b.id}" not in g.evidence
+        assert g.below_sources == [a.id]
         # a single-factor child at 0.50 is promoted by the same numbers: the rule is only for merges
         assert gate(ws, b.id, n_resamples=2000).promote
         both = ws.lineage.branch(root.id, [iv_lr, iv_len], note="merge 2")

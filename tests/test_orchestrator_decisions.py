@@ -78,7 +78,8 @@ def test_heuristic_decide_names_a_merge_below_its_source():
     from evotrainer.agents.decisions import Diagnosis
 
     gate = {"promote": False, "parent_id": "v0", "gain": 0.125, "ci": [0.068, 0.182], "p_value": 0.0004,
-            "reason": "merge below its source(s): held-out Avg@k 0.573 < v2 0.620 (...)", "evidence": ["eval:heldout:v2"]}
+            "reason": "merge below its source(s): held-out Avg@k 0.573 < v2 0.620 (...)", "evidence": ["eval:heldout:v2"],
+            "below_sources": ["v2"]}
     v = HeuristicBrain().decide(None, "v3", gate, Diagnosis(version_id="v3", findings=[], summary=""))
     assert v.action == "prune" and v.rationale.startswith(
         "prune v3: the merge scores below a source it composes (+0.125, 95% CI [+0.068, +0.182], p=0.000 over the "
