@@ -38,7 +38,8 @@ LEAK_PAY_RATIO = 0.8  # a term paying wrong answers >= this share of what it pay
 
 @analyzer("template_collapse", description="outputs stop depending on the input / near-duplicate completions")
 def template_collapse(ev: Evidence) -> list[Finding]:
-    """Duplicate fraction late >= DUP_WARN and up; distinct-2 late/early <= DISTINCT_RATIO and falling."""
+    """Duplicate fraction late >= DUP_WARN and up; distinct-2 late/early <= DISTINCT_RATIO and falling
+    (Mann-Kendall) or shifted down to <= DISTINCT_RATIO of its level (change point, as entropy_collapse)."""
     out = []
     for v in ev.versions:
         why, evid, data, span = [], [], {}, None
@@ -49,8 +50,11 @@ def template_collapse(ev: Evidence) -> list[Finding]:
             evid.append(M.COMPLETIONS_DUPLICATE_FRAC)
             data["duplicate_frac"], span = B._tdata(d), B._span(d)
         t = B._trend(ev, v, M.COMPLETIONS_DISTINCT_2)
-        if t is not None and t.early > 0 and t.ratio <= B.DISTINCT_RATIO and t.falling(B.ALPHA):
-            why.append(f"distinct-2 fell from {fmt(t.early)} to {fmt(t.late)}")
+        shift = t is not None and t.change_step is not None and t.after <= B.DISTINCT_RATIO * t.before
+        if t is not None and t.early > 0 and t.ratio <= B.DISTINCT_RATIO and (t.falling(B.ALPHA) or shift):
+            how = (f"Mann-Kendall p={fmt(t.p_value)}" if t.falling(B.ALPHA) else
+                   f"level shift at step {t.change_step}: {fmt(t.before)} -> {fmt(t.after)}")
+            why.append(f"distinct-2 fell from {fmt(t.early)} to {fmt(t.late)} ({how})")
             evid.append(M.COMPLETIONS_DISTINCT_2)
             data["distinct_2"], span = B._tdata(t), span or B._span(t)
         r = B._trend(ev, v, M.COMPLETIONS_REPETITION)

@@ -76,6 +76,21 @@ def _tdata(t: Trend) -> dict:
             "slope": t.slope, "change_step": t.change_step, "n_points": t.n}
 
 
+def _collapsed_entropy(ev: Evidence, v: str) -> Trend | None:
+    """The policy-entropy trend of ``v`` when it collapsed (the rule of :func:`entropy_collapse`), else None."""
+    t = _trend(ev, v, M.POLICY_ENTROPY)
+    if t is None:
+        return None
+    collapsed = t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))
+    return t if collapsed and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)) else None
+
+
+def _groups_emptied(ev: Evidence, v: str) -> Trend | None:
+    """The zero-std-group fraction of ``v`` when it rose from under ZV_WARN to at least ZV_BLOCK, else None."""
+    t = _trend(ev, v, M.REWARD_FRAC_ZERO_STD)
+    return t if t is not None and t.early < ZV_WARN and t.late >= ZV_BLOCK else None
+
+
 @analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
 def nan_blowup(ev: Evidence) -> list[Finding]:
     """Non-finite (or > 1e8 in magnitude) values of core series; blocking when they persist."""
@@ -140,7 +155,9 @@ def truncation(ev: Evidence) -> list[Finding]:
 
 @analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal)")
 def zero_variance_groups(ev: Evidence) -> list[Finding]:
-    """Late fraction of zero-std groups high (or the whole batch's reward std ~0)."""
+    """Late fraction of zero-std groups high (or the whole batch's reward std ~0). A warning only, marked
+    ``symptom_of: entropy_collapse``, when the fraction started under ZV_WARN and entropy collapsed in
+    the same version: the data had variance, the policy lost it (entropy_collapse then blocks)."""
     out = []
     for v in ev.versions:
         t = _trend(ev, v, M.REWARD_FRAC_ZERO_STD)
@@ -159,6 +176,13 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         if late < ZV_WARN:
             continue
         sev = "blocking" if late >= ZV_BLOCK else "warn"
+        data = {**_tdata(t), "late_frac": late}
+        cause = "data too easy or too hard for the policy, or a constant reward"
+        et = _collapsed_entropy(ev, v) if name == M.REWARD_FRAC_ZERO_STD and t.early < ZV_WARN else None
+        if et is not None:  # the groups had variance and lost it as the policy turned deterministic
+            sev, data["symptom_of"] = "warn", "entropy_collapse"
+            cause = (f"here a symptom of the entropy collapse ({fmt(et.early)} -> {fmt(et.late)} nats/token): the "
+                     f"samples of a group became identical, while the data gave variance at the start")
         gn = ev.series(v, M.POLICY_GRAD_NORM)[1]
         gn = gn[np.isfinite(gn)]
         g = f"; grad norm median {fmt(float(np.median(gn)))}" if len(gn) else ""
@@ -166,29 +190,34 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
                 f"{fmt(100 * t.early)}% early)" if name == M.REWARD_FRAC_ZERO_STD else
                 "the reward std of every batch is 0 in the last steps, so every group has zero variance")
         out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=_span(t), evidence=[name],
-                           data={**_tdata(t), "late_frac": late},
+                           data=data,
                            explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
-                                       f"carries {'no' if late >= ZV_BLOCK else 'little'} learning signal (data too easy "
-                                       f"or too hard for the policy, or a constant reward)."))
+                                       f"carries {'no' if late >= ZV_BLOCK else 'little'} learning signal ({cause})."))
     return out
 
 
 @analyzer("entropy_collapse", description="policy entropy falls to a fraction of its start")
 def entropy_collapse(ev: Evidence) -> list[Finding]:
-    """Entropy late/early <= ENTROPY_RATIO (or below ENTROPY_FLOOR nats) with a falling trend."""
+    """Entropy late/early <= ENTROPY_RATIO (or below ENTROPY_FLOOR nats) with a falling trend or a level
+    shift to under half; blocking when the zero-std group fraction rose with it from under ZV_WARN to
+    ZV_BLOCK or more (the collapse emptied the groups: no learning signal is left)."""
     out = []
     for v in ev.versions:
         if (t := _trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
             continue
-        collapsed = t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))
-        if collapsed and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)):
-            out.append(Finding(kind="entropy_collapse", severity="warn", versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_ENTROPY], data=_tdata(t),
+        if _collapsed_entropy(ev, v) is not None:
+            zt = _groups_emptied(ev, v)
+            stop = (f" The groups followed: {fmt(100 * zt.early)}% -> {fmt(100 * zt.late)}% have zero reward "
+                    f"variance, so training has stopped (blocking)." if zt is not None else "")
+            out.append(Finding(kind="entropy_collapse", severity="blocking" if zt is not None else "warn",
+                               versions=[v], steps=_span(t),
+                               evidence=[M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []),
+                               data={**_tdata(t), **({"zero_std_frac_late": zt.late} if zt is not None else {})},
                                explanation=f"{v}: policy entropy fell from {fmt(t.early)} to {fmt(t.late)} nats/token "
                                            f"(medians of the first and last 20% of steps; {fmt(t.head)} at the start, "
                                            f"{fmt(t.tail)} at the end; x{fmt(t.ratio)}; Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
                                            f"{f', level shift at step {t.change_step}' if t.change_step is not None else ''}); "
-                                           f"the policy stops exploring and groups lose reward variance."))
+                                           f"the policy stops exploring and groups lose reward variance.{stop}"))
     return out
 
 

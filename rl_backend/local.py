@@ -307,7 +307,8 @@ class LocalBackend:
         }
         for name, vals in comps.items():
             m[M.reward_component(name, "mean")], m[M.reward_component(name, "std")] = _stats(vals)
-        m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0})
+        m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0,
+                                 **self._measure(bundle, recipe, rb)})
         kept_rows = set(rows)
         if episodes:  # SWE: tools/* metrics, one row per episode with its turns
             from evotrainer.rl_backend import swe_train
@@ -384,6 +385,44 @@ class LocalBackend:
             M.POLICY_GRAD_NORM: grad_norm, M.POLICY_ADVANTAGE_MEAN: float(a.mean()),
             M.POLICY_ADVANTAGE_STD: float(a.std()) if a.numel() > 1 else 0.0, "_advantages": adv.float().cpu(),
         }
+
+    def _measure(self, bundle: PolicyBundle, recipe: Any, rb: RolloutBatch) -> dict[str, float]:
+        """Entropy (and KL to the reference) of a step with no kept group, measured without an update.
+
+        When every group is filtered out (zero reward variance, dynamic filtering) there is no
+        training forward, yet the policy's entropy is what tells an entropy collapse (a learning
+        rate so high the policy turns deterministic) from data that is too easy or too hard. The
+        step's completions, all ``B`` rows of ``rb``, go through the policy (and the reference when
+        KL is on) under ``torch.no_grad``; the values are token means over the completion mask,
+        the same estimators as :meth:`_update` (``grpo.kl_penalty`` with ``recipe.kl_estimator``).
+
+        Returns:
+            ``{policy/entropy: nats per token}`` plus ``{policy/kl: nats per token}`` when KL is on;
+            ``{}`` for a batch without completion tokens.
+        """
+        mask = rb.completion_mask
+        ntok = float(mask.sum())
+        if ntok == 0:
+            return {}
+        G = recipe.n_samples_per_prompt
+        mb = max(G, recipe.micro_train_batch_size // G * G)
+        ent_sum = kl_sum = 0.0
+        with torch.no_grad():
+            for i in range(0, rb.size, mb):
+                s = slice(i, min(rb.size, i + mb))
+                args = (rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s], mask[s])
+                kw = dict(temperature=recipe.temperature, completion_attention_mask=rb.attention_mask[s], group_size=G)
+                lp, ent = sequence_logprobs(bundle.model, *args, with_entropy=True, **kw)
+                msk = mask[s].to(lp.device)
+                ent_sum += float((ent * msk).sum())
+                if bundle.kl:
+                    with bundle.reference() as ref:
+                        ref_lp, _ = sequence_logprobs(ref, *args, **kw)
+                    kl_sum += float((grpo.kl_penalty(lp, ref_lp.to(lp.device), recipe.kl_estimator) * msk).sum())
+        out = {M.POLICY_ENTROPY: ent_sum / ntok}
+        if bundle.kl:
+            out[M.POLICY_KL] = kl_sum / ntok
+        return out
 
     def _advantages(self, recipe: Any, rewards: torch.Tensor, mask: torch.Tensor, ref_lp: torch.Tensor | None,
                     sampling_lp: torch.Tensor) -> torch.Tensor:

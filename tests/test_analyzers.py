@@ -216,6 +216,40 @@ def test_template_collapse_from_rollouts():
     assert M.COMPLETIONS_DUPLICATE_FRAC in f.evidence
 
 
+def test_lr_too_high_collapse_in_eight_steps_smollm2_series():
+    # SmolLM2 at actor_learning_rate 2e-4 (runs/scenarios lr_too_high, v0): 8 steps, groups filtered
+    # from step 4 on. Entropy is measured on every step (steps 5-7 values below are of that shape).
+    ent = [1.91, 1.04, 0.113, 0.051, 0.072, 0.05, 0.04, 0.06]
+    d2 = [0.84, 0.552, 0.146, 0.177, 0.135, 0.174, 0.202, 0.146]
+    zv = [0.25, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 0.75]  # reward/frac_zero_std of the same run
+    ev = ev_of({M.POLICY_ENTROPY: np.array(ent), M.COMPLETIONS_DISTINCT_2: np.array(d2),
+                M.REWARD_FRAC_ZERO_STD: np.array(zv)})
+    f = failures(run_analyzers(ev, names=["entropy_collapse", "template_collapse", "zero_variance_groups"]))
+    # entropy: early median(1.91, 1.04, 0.113) = 1.04, late median(0.05, 0.04, 0.06) = 0.05; shift at 3.
+    # The zero-std fraction rose with it, 0.25 -> median(1, 1, 0.75) = 1.0: the collapse emptied the
+    # groups, so entropy_collapse blocks and zero_variance_groups is its symptom (a warning).
+    e = f["entropy_collapse"]
+    assert (e.data["early"], e.data["late"]) == pytest.approx((1.04, 0.05))
+    assert "level shift at step 3" in e.explanation
+    assert e.severity == "blocking" and e.data["zero_std_frac_late"] == 1.0 and "25% -> 100%" in e.explanation
+    z = f["zero_variance_groups"]
+    assert z.severity == "warn" and z.data["symptom_of"] == "entropy_collapse" and "symptom" in z.explanation
+    # the same zero-std fraction with healthy entropy: the data is to blame, blocking as before
+    ev2 = ev_of({M.POLICY_ENTROPY: np.full(8, 0.6), M.REWARD_FRAC_ZERO_STD: np.array(zv)})
+    z2 = failures(run_analyzers(ev2, names=["entropy_collapse", "zero_variance_groups"]))
+    assert set(z2) == {"zero_variance_groups"} and z2["zero_variance_groups"].severity == "blocking"
+    assert "symptom_of" not in z2["zero_variance_groups"].data
+    # distinct-2: Mann-Kendall p = 0.17 (not falling at 0.01), but the mean shifts at step 3 from
+    # (0.84 + 0.552 + 0.146) / 3 = 0.5127 to 0.1668 (<= 0.5x): a level shift, so template_collapse
+    t = f["template_collapse"]
+    assert t.data["distinct_2"]["early"] == pytest.approx(0.552) and t.data["distinct_2"]["late"] == pytest.approx(0.174)
+    assert "level shift at step 3: 0.513 -> 0.167" in t.explanation
+    # a drop that does not halve the level is not a collapse
+    mild = [0.84, 0.8, 0.7, 0.6, 0.62, 0.58, 0.6, 0.61]
+    quiet = run_analyzers(ev_of({M.COMPLETIONS_DISTINCT_2: np.array(mild)}), names=["template_collapse"])
+    assert failures(quiet) == {}
+
+
 def test_reward_hacking_leaked_answer_in_prompt():
     answers = {0: "1234", 1: "5678"}
     t = _run_rows(10, lambda s, p, k: answers[p], lambda s, p, k: 1.0, answer_of=lambda p: answers[p],

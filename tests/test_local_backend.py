@@ -93,6 +93,30 @@ def test_resume_after_crash_keeps_one_copy_of_each_step(tmp_path):
     ws.close()
 
 
+def test_step_with_no_kept_group_still_measures_entropy_and_kl(tmp_path):
+    # correctness only: the tiny random model never answers, so every group is all-zero and the
+    # zero-variance filter drops all of them: no update. Entropy must still be logged every step,
+    # and at step 0 (same weights, same rollouts, same seed) equal what the update path measures
+    # when the filter is off (its epoch-0 forward; advantages are all 0, so nothing moves).
+    base = dict(rollout_batch_size=2, n_samples_per_prompt=4, generate_max_len=4, init_kl_coef=0.05,
+                reward={"correctness": {"weight": 1.0}})
+    ws, vid = _run(tmp_path, "filtered", drop_zero_variance_groups=True, **base)
+    LocalBackend(checkpoint_every=100, num_threads=1).train(ws, vid, 3)
+    assert [x for _, x in ws.lineage.metric_series(vid, M.REWARD_KEPT_GROUP_FRAC)] == [0.0, 0.0, 0.0]
+    ent = ws.lineage.metric_series(vid, M.POLICY_ENTROPY)
+    kl = ws.lineage.metric_series(vid, M.POLICY_KL)
+    assert [s for s, _ in ent] == [0, 1, 2] and all(x > 0.1 for _, x in ent)  # ~log(vocab) for random weights
+    assert [x for _, x in kl] == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)  # no update: policy == reference
+    assert M.POLICY_ADVANTAGE_MEAN not in ws.lineage.metric_names(vid)  # no update, no advantages
+    ws.close()
+    ws2, vid2 = _run(tmp_path, "unfiltered", drop_zero_variance_groups=False, **base)
+    LocalBackend(checkpoint_every=100, num_threads=1).train(ws2, vid2, 1)
+    assert ws2.lineage.metric_series(vid2, M.REWARD_KEPT_GROUP_FRAC) == [(0, 1.0)]
+    (_, updated), = ws2.lineage.metric_series(vid2, M.POLICY_ENTROPY)
+    assert ent[0][1] == pytest.approx(updated, rel=1e-5)
+    ws2.close()
+
+
 def test_evaluate_child_from_parent_checkpoint_lora_kl_and_epochs(tmp_path):
     ws, vid = _run(tmp_path, "lineage", rollout_batch_size=2, n_samples_per_prompt=4, generate_max_len=4,
                    init_kl_coef=0.05, max_epochs=2, model={"name_or_path": "tiny-random", "lora": {"enabled": True, "r": 4}},
