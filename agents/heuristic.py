@@ -135,6 +135,18 @@ def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
     return None
 
 
+def _toward_variance(current: Any, new: Any, reward_mean: float | None) -> bool:
+    """Whether a ``data.level`` change moves the data toward groups that disagree.
+
+    A binary reward has the most variance at a 0.5 solve rate: when the parent's train reward mean is
+    at least 0.5 the data is too easy (a harder level helps), below it too hard (an easier one helps).
+    Unknown reward mean or non-integer levels: True (nothing to judge by).
+    """
+    if reward_mean is None or not isinstance(current, int) or not isinstance(new, int) or new == current:
+        return True
+    return (new > current) == (reward_mean >= 0.5)
+
+
 def resolve_skill_value(value: Any, current: Any) -> Any:
     """A skill's value applied to ``current`` (the rules of skills_db's ``resolve_value``, read over MCP).
 
@@ -226,6 +238,8 @@ class HeuristicBrain:
                 except RecipeError:
                     current = None
                 new = resolve_skill_value(value, current)
+                if path == "data.level" and not _toward_variance(current, new, context.get("reward_mean")):
+                    continue  # e.g. "harder data" when the policy already fails most prompts
                 before = len(out)
                 add(Candidate(path=path, new=new, hypothesis=sk.get("description", "")[:300] or sk.get("name", ""),
                               addresses=[kind], source=f"skill:{sk.get('id')}",

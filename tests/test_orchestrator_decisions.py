@@ -84,3 +84,27 @@ def test_heuristic_decide_names_a_merge_below_its_source():
     assert v.action == "prune" and v.rationale.startswith(
         "prune v3: the merge scores below a source it composes (+0.125, 95% CI [+0.068, +0.182], p=0.000 over the "
         "parent). Gate: merge below its source(s)")
+
+
+@pytest.mark.parametrize(("reward_mean", "level"), [(0.07, 2), (0.9, 4)])
+def test_data_level_moves_toward_groups_that_disagree(orch, reward_mean, level):
+    # SmolLM2 on data.level 3 solves ~7% of prompts: all-wrong groups. A skill raising the level
+    # ("harder_data") moves the wrong way there; only level 2 may be proposed. On data the policy
+    # solves 90% of the time only level 4 may. Real skill store over MCP (seed skills).
+    from evotrainer.agents.decisions import Diagnosis, FindingRef
+    from evotrainer.agents.heuristic import _toward_variance
+    from evotrainer.agents.mcp_client import RoleTools
+
+    from evotrainer.recipe import set_path
+
+    assert _toward_variance(3, 2, 0.07) and not _toward_variance(3, 4, 0.07)
+    assert _toward_variance(3, 4, 0.5) and not _toward_variance(3, 2, 0.5)  # 0.5 counts as too easy
+    assert _toward_variance(3, 4, None)  # nothing to judge by
+    recipe = set_path(Recipe(), "data.level", 3)
+    diag = Diagnosis(version_id="v0", summary="", findings=[FindingRef(
+        kind="zero_variance_groups", severity="blocking", versions=["v0"], evidence=["reward/frac_zero_std"],
+        explanation="v0: 100% of groups have zero reward variance")])
+    prop = HeuristicBrain().propose(RoleTools(orch.tb, "intervener"), "v0", recipe, diag, set(),
+                                    {"reward_mean": reward_mean})
+    levels = [c.new for c in prop.candidates if c.path == "data.level"]
+    assert levels and set(levels) == {level}, [(c.path, c.new, c.source) for c in prop.candidates]
