@@ -30,6 +30,9 @@ Status = Literal["proposed", "training", "trained", "kept", "pruned", "reverted"
 STATUSES: tuple[str, ...] = ("proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed")
 Action = Literal["keep", "prune", "revert", "merge"]
 ACTION_STATUS = {"keep": "kept", "prune": "pruned", "revert": "reverted", "merge": "merged"}
+# Finding kinds whose blocking decision means the version's weights themselves are damaged (a collapsed
+# or diverged policy): its children restart from its own start point rather than from its checkpoint.
+DAMAGED_WEIGHTS = ("entropy_collapse", "nan_blowup", "kl_blowup")
 
 
 class LineageError(ValueError):
@@ -345,6 +348,35 @@ class LineageStore:
         while out[-1].parent_id is not None:
             out.append(self.get(out[-1].parent_id))
         return out
+
+    def damaged(self, version_id: str) -> str | None:
+        """The finding kind that marks ``version_id``'s weights as damaged, or None.
+
+        A version is damaged when its latest decision pruned or reverted it with a
+        :data:`DAMAGED_WEIGHTS` finding on it among the evidence (``finding:<kind>:<version>``): a
+        policy whose entropy collapsed or whose update diverged is no start point for a fix
+        (the usual roll-back-to-the-last-good-checkpoint practice after a blow-up).
+        """
+        ds = self.decisions(version_id)
+        if not ds or ds[-1].action not in ("prune", "revert"):
+            return None
+        for ref in ds[-1].evidence:
+            parts = ref.split(":")
+            if len(parts) == 3 and parts[0] == "finding" and parts[1] in DAMAGED_WEIGHTS and parts[2] == version_id:
+                return parts[1]
+        return None
+
+    def start_version(self, version_id: str) -> Version | None:
+        """The version whose checkpoint ``version_id`` trains from; None for the base model.
+
+        Its parent, unless the parent is :meth:`damaged`; then the parent's own start, and so on up
+        the lineage (a child of a collapsed root starts from the base model).
+        """
+        v = self.get(version_id)
+        p = self.get(v.parent_id) if v.parent_id else None
+        while p is not None and self.damaged(p.id):
+            p = self.get(p.parent_id) if p.parent_id else None
+        return p
 
     def frontier(self) -> list[Version]:
         """Kept versions none of whose descendants is kept (the kept leaves)."""

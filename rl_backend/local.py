@@ -122,6 +122,10 @@ class LocalBackend:
             raise BackendError(f"steps={steps}: train at least 1 step")
         v = ws.lineage.get(version_id)
         start_ckpt = self._parent_checkpoint(ws, v)
+        if v.parent_id and (why := ws.lineage.damaged(v.parent_id)):
+            start = ws.lineage.start_version(version_id)
+            ws.log(f"{version_id} starts from {start.id if start else 'the base model'}: parent {v.parent_id} was "
+                   f"pruned for {why}, its weights are no start point", version=version_id, source="local")
         ws.lineage.update_version(version_id, status="training")
         ws.log(f"training {version_id} for {steps} steps (local backend, {self.device})", version=version_id,
                source="local")
@@ -134,13 +138,21 @@ class LocalBackend:
             raise
 
     def _parent_checkpoint(self, ws: Any, v: Any) -> str | None:
+        """The checkpoint ``v`` starts from: ``ws.lineage.start_version`` (its parent's, or an earlier
+        one when the parent's weights are damaged); None for the base model.
+
+        Raises:
+            BackendError: that version has no checkpoint on disk (train it first).
+        """
         if v.parent_id is None:
             return None
-        parent = ws.lineage.get(v.parent_id)
-        if not parent.checkpoint or not Path(parent.checkpoint).is_dir():
-            raise BackendError(f"parent {parent.id} of {v.id} has no checkpoint (status {parent.status}); "
-                               f"train {parent.id} first")
-        return parent.checkpoint
+        start = ws.lineage.start_version(v.id)
+        if start is None:
+            return None
+        if not start.checkpoint or not Path(start.checkpoint).is_dir():
+            raise BackendError(f"parent {start.id} of {v.id} has no checkpoint (status {start.status}); "
+                               f"train {start.id} first")
+        return start.checkpoint
 
     def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
                should_stop: StopFn | None) -> TrainResult:

@@ -240,7 +240,8 @@ class OpenRLHFBackend:
 
         t0 = time.monotonic()
         v = ws.lineage.get(version_id)
-        parent_ckpt = ws.lineage.get(v.parent_id).checkpoint if v.parent_id else None
+        start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
+        parent_ckpt = start.checkpoint if start is not None else None
         job = build_job(v.recipe, ws.root, version_id=version_id, steps=steps, cluster=self.cluster,
                         model_path=_hf_folder(parent_ckpt))
         ws.lineage.update_version(version_id, status="training")

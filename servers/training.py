@@ -276,16 +276,17 @@ def register(server: MCPServer, state: ServerState) -> None:
                                                le=100000)],
         wait_s: WaitS = 0.0,
     ) -> JobInfo:
-        """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (a
-        partly trained version resumes from its last step). Returns the job; poll job_status or pass wait_s to
+        """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (an
+        earlier one when the parent was pruned for collapsed / diverged weights; a partly trained version resumes
+        from its last step). Returns the job; poll job_status or pass wait_s to
         stream progress notifications."""
         st = state_of(ctx)
         ws = st.workspace()
         v = require_version(ws, version_id)
         if v.status in ("kept", "pruned", "reverted"):
             raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
-        if v.parent_id is not None:  # fail now rather than in the job (the backend starts from this checkpoint)
-            parent = ws.lineage.get(v.parent_id)
+        parent = ws.lineage.start_version(version_id) if v.parent_id is not None else None
+        if parent is not None:  # fail now rather than in the job (the backend starts from this checkpoint)
             if not parent.checkpoint or not Path(parent.checkpoint).is_dir():
                 raise ToolError(f"parent {parent.id} of {version_id} has no checkpoint (status {parent.status}); "
                                 f"train {parent.id} first")

@@ -47,6 +47,35 @@ def test_tree_frontier_path_and_diff(tmp_path):
     assert [(x.action, x.prev_status) for x in d] == [("keep", "proposed"), ("revert", "kept")]
 
 
+def test_children_of_damaged_weights_start_from_the_last_healthy_version(tmp_path):
+    # v0 kept -> v1 pruned for truncation (its weights are fine: children continue from it)
+    #         -> v2 pruned for entropy_collapse (collapsed: children start from v0) -> v3 pruned for
+    #            nan_blowup -> v4 starts from v0 too. A collapsed root's child starts from the base model.
+    s = LineageStore(tmp_path / "lineage.db")
+    v0 = s.create_root(Recipe())
+    s.decide(v0.id, "keep", "kept for the test")
+    v1 = s.branch(v0.id, _iv("temperature", 1.0, 0.8))
+    s.decide(v1.id, "prune", "truncation", evidence=["finding:truncation:v1", "completions/clipped_ratio"])
+    v2 = s.branch(v0.id, _iv("temperature", 1.0, 1.2))
+    s.decide(v2.id, "prune", "collapsed", evidence=["finding:entropy_collapse:v2", "policy/entropy"])
+    v3 = s.branch(v2.id, _iv("eps_clip_high", 0.28, 0.3, "optimizer"))
+    s.decide(v3.id, "prune", "nan", evidence=["finding:nan_blowup:v3"])
+    v4 = s.branch(v3.id, _iv("temperature", 1.2, 1.0))
+    v5 = s.branch(v1.id, _iv("eps_clip_high", 0.28, 0.3, "optimizer"))
+    assert [s.damaged(v) for v in ("v0", "v1", "v2", "v3")] == [None, None, "entropy_collapse", "nan_blowup"]
+    assert s.start_version(v5.id).id == "v1" and s.start_version(v3.id).id == "v0" and s.start_version(v4.id).id == "v0"
+    assert s.start_version(v0.id) is None
+    # the collapse finding must be on that version: a parent's finding cited by a child is not the child's damage
+    v6 = s.branch(v1.id, _iv("temperature", 0.8, 0.9))
+    s.decide(v6.id, "prune", "inherited", evidence=["finding:entropy_collapse:v1"])
+    assert s.damaged(v6.id) is None
+    # a collapsed root: its children start from the base model
+    t = LineageStore(tmp_path / "root.db")
+    r = t.create_root(Recipe())
+    t.decide(r.id, "prune", "collapsed", evidence=["finding:kl_blowup:v0"])
+    assert t.start_version(t.branch(r.id, _iv("temperature", 1.0, 0.8)).id) is None
+
+
 def test_errors_name_the_fix(tmp_path):
     s = LineageStore(tmp_path / "lineage.db")
     s.create_root(Recipe())

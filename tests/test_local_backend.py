@@ -117,6 +117,21 @@ def test_step_with_no_kept_group_still_measures_entropy_and_kl(tmp_path):
     ws2.close()
 
 
+def test_child_of_a_collapsed_version_trains_from_the_base_model(tmp_path):
+    ws, vid = _run(tmp_path, "collapsed", rollout_batch_size=2, n_samples_per_prompt=4, generate_max_len=4)
+    be = LocalBackend(checkpoint_every=100, num_threads=1)
+    be.train(ws, vid, 1)
+    ws.lineage.decide(vid, "prune", "truncation only", evidence=[f"finding:truncation:{vid}"])
+    a = ws.lineage.branch(vid, Intervention(path="temperature", old=1.0, new=0.9, category="rollout"))
+    assert be._parent_checkpoint(ws, ws.lineage.get(a.id)) == ws.lineage.get(vid).checkpoint
+    ws.lineage.decide(vid, "prune", "entropy collapsed", evidence=[f"finding:entropy_collapse:{vid}"])
+    assert be._parent_checkpoint(ws, ws.lineage.get(a.id)) is None  # the base model
+    be.train(ws, a.id, 1)
+    assert any(r["message"] == f"{a.id} starts from the base model: parent {vid} was pruned for entropy_collapse, "
+               "its weights are no start point" for r in ws.read_logs())
+    ws.close()
+
+
 def test_evaluate_child_from_parent_checkpoint_lora_kl_and_epochs(tmp_path):
     ws, vid = _run(tmp_path, "lineage", rollout_batch_size=2, n_samples_per_prompt=4, generate_max_len=4,
                    init_kl_coef=0.05, max_epochs=2, model={"name_or_path": "tiny-random", "lora": {"enabled": True, "r": 4}},
