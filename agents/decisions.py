@@ -33,6 +33,8 @@ class FindingRef(_Out):
     evidence: list[str] = Field(default_factory=list, description="Evidence refs: metric names, rollout ids.")
     explanation: str = Field("", description="One paragraph with the numbers.")
     analyzer: str = Field("", description="Analyzer that produced it.")
+    data: dict[str, Any] = Field(default_factory=dict,
+                                 description="Numbers behind it (analyzer-specific: early, late, change_step, ...).")
 
 
 class Diagnosis(_Out):

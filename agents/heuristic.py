@@ -104,6 +104,10 @@ EXPLORE: list[tuple[str, tuple, str, str, str]] = [
 ]
 SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
 TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the finding's evidence names
+# A collapse whose metric fell to this fraction of its early level or less (entropy x0.05 in 8 steps at
+# a 100x learning rate) is a blow-up of the step size: learning-rate cuts rank first, the largest cut first.
+FAST_COLLAPSE_RATIO = 0.1
+FAST_COLLAPSE_KINDS = ("entropy_collapse", "kl_blowup", "nan_blowup")
 
 
 def findings_from(result: Any) -> list[FindingRef]:
@@ -308,6 +312,9 @@ class HeuristicBrain:
             if _targets_evidence(c, diagnosis):
                 prior += TARGET_BONUS  # the finding's own evidence names the reward term this candidate changes
                 detail = "targets the evidence; "
+            if (lr_bonus := _step_size_bonus(c, proposal.candidates, diagnosis)) > 0:
+                prior += lr_bonus
+                detail += "a fast collapse: the step size; "
             if c.path.startswith("reward.") and tools.has("rescore_rollouts"):
                 bt, more = self._rescore(tools, parent_id, c)
                 detail, method = detail + more, "rescore"
@@ -415,6 +422,29 @@ def _targets_evidence(c: Candidate, diagnosis: Diagnosis) -> bool:
     prefix = f"reward/{parts[1]}/"
     return any(f.kind in c.addresses and any(str(e).startswith(prefix) for e in f.evidence)
                for f in diagnosis.findings)
+
+
+def _fast_collapse(f: FindingRef) -> bool:
+    """A blocking / warn collapse finding whose metric fell to FAST_COLLAPSE_RATIO of its early level or
+    less (entropy_collapse), or any NaN / KL blow-up."""
+    if f.kind not in FAST_COLLAPSE_KINDS or f.severity == "info":
+        return False
+    if f.kind != "entropy_collapse":
+        return True
+    early, late = f.data.get("early"), f.data.get("late")
+    return isinstance(early, (int, float)) and isinstance(late, (int, float)) and early > 0 \
+        and late <= FAST_COLLAPSE_RATIO * early
+
+
+def _step_size_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
+    """Rank bonus of a learning-rate cut when a fast collapse stands (:func:`_fast_collapse`): TARGET_BONUS
+    for the smallest proposed learning rate, half of it for the other cuts, 0 for anything else."""
+    if c.path != "actor_learning_rate" or not isinstance(c.new, (int, float)):
+        return 0.0
+    if not any(_fast_collapse(f) and f.kind in c.addresses for f in diagnosis.findings):
+        return 0.0
+    lrs = [x.new for x in candidates if x.path == "actor_learning_rate" and isinstance(x.new, (int, float))]
+    return TARGET_BONUS if c.new <= min(lrs) else TARGET_BONUS / 2
 
 
 def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:

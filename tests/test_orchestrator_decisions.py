@@ -108,3 +108,29 @@ def test_data_level_moves_toward_groups_that_disagree(orch, reward_mean, level):
                                     {"reward_mean": reward_mean})
     levels = [c.new for c in prop.candidates if c.path == "data.level"]
     assert levels and set(levels) == {level}, [(c.path, c.new, c.source) for c in prop.candidates]
+
+
+@pytest.mark.parametrize(("late", "chosen"), [(0.05, ("actor_learning_rate", 2e-05)), (0.5, ("temperature", 1.2))])
+def test_fast_entropy_collapse_ranks_the_largest_learning_rate_cut_first(orch, late, chosen):
+    # The SmolLM2 lr-2e-4 run's round 1: entropy 1.04 -> 0.05 nats/token (x0.048) in 8 steps; skills came
+    # first in candidate order, so at equal severity temperature 1.0 -> 1.2 was trained, still at 2e-4.
+    # A fall to <= 0.1 of the early level is a step-size blow-up: the smallest learning rate gets +0.5,
+    # the other cut +0.25. A slow fall (1.04 -> 0.5) leaves the order alone.
+    from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
+    from evotrainer.agents.mcp_client import RoleTools
+
+    diag = Diagnosis(version_id="v0", summary="", findings=[FindingRef(
+        kind="entropy_collapse", severity="blocking", versions=["v0"], evidence=["policy/entropy"],
+        data={"early": 1.04, "late": late, "change_step": 3})])
+    cands = [Candidate(path="temperature", new=1.2, addresses=["entropy_collapse"], source="skill:temperature_up"),
+             Candidate(path="eps_clip_high", new=0.32, addresses=["entropy_collapse"], source="skill:clip_higher"),
+             Candidate(path="actor_learning_rate", new=1e-4, addresses=["entropy_collapse"], source="skill:lr_down"),
+             Candidate(path="actor_learning_rate", new=2e-5, addresses=["entropy_collapse"], source="heuristic")]
+    r = HeuristicBrain().rank(RoleTools(orch.tb, "backtester"), "v0", Proposal(parent_id="v0", candidates=cands),
+                              diag, n_choose=1)
+    assert (cands[r.chosen[0]].path, cands[r.chosen[0]].new) == chosen
+    scores = {s.index: s.score for s in r.scores}
+    if late == 0.05:  # 2 - 0.01 * index + bonus
+        assert (scores[2], scores[3], scores[0]) == pytest.approx((2 - 0.02 + 0.25, 2 - 0.03 + 0.5, 2.0))
+    else:
+        assert scores == pytest.approx({0: 2.0, 1: 1.99, 2: 1.98, 3: 1.97})
