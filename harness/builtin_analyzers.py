@@ -76,13 +76,11 @@ def _tdata(t: Trend) -> dict:
             "slope": t.slope, "change_step": t.change_step, "n_points": t.n}
 
 
-def _collapsed_entropy(ev: Evidence, v: str) -> Trend | None:
-    """The policy-entropy trend of ``v`` when it collapsed (the rule of :func:`entropy_collapse`), else None."""
-    t = _trend(ev, v, M.POLICY_ENTROPY)
-    if t is None:
-        return None
-    collapsed = t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))
-    return t if collapsed and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)) else None
+def _entropy_collapsed(t: Trend | None) -> bool:
+    """Whether a policy-entropy trend collapsed (the rule of :func:`entropy_collapse`)."""
+    if t is None or not (t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))):
+        return False
+    return t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)
 
 
 def _groups_emptied(ev: Evidence, v: str) -> Trend | None:
@@ -178,8 +176,8 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         sev = "blocking" if late >= ZV_BLOCK else "warn"
         data = {**_tdata(t), "late_frac": late}
         cause = "data too easy or too hard for the policy, or a constant reward"
-        et = _collapsed_entropy(ev, v) if name == M.REWARD_FRAC_ZERO_STD and t.early < ZV_WARN else None
-        if et is not None:  # the groups had variance and lost it as the policy turned deterministic
+        et = _trend(ev, v, M.POLICY_ENTROPY) if name == M.REWARD_FRAC_ZERO_STD and t.early < ZV_WARN else None
+        if et is not None and _entropy_collapsed(et):  # the groups had variance and lost it as the policy turned deterministic
             sev, data["symptom_of"] = "warn", "entropy_collapse"
             cause = (f"here a symptom of the entropy collapse ({fmt(et.early)} -> {fmt(et.late)} nats/token): the "
                      f"samples of a group became identical, while the data gave variance at the start")
@@ -205,7 +203,7 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
     for v in ev.versions:
         if (t := _trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
             continue
-        if _collapsed_entropy(ev, v) is not None:
+        if _entropy_collapsed(t):
             zt = _groups_emptied(ev, v)
             stop = (f" The groups followed: {fmt(100 * zt.early)}% -> {fmt(100 * zt.late)}% have zero reward "
                     f"variance, so training has stopped (blocking)." if zt is not None else "")
