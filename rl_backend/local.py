@@ -81,6 +81,23 @@ def _stats(x: list[float]) -> tuple[float, float]:
     return (float(a.mean()), float(a.std())) if a.size else (math.nan, math.nan)
 
 
+def _micro_batches(recipe: Any, n_rows: int) -> list[slice]:
+    """Row slices of at most ``micro_train_batch_size`` rows, whole GRPO groups each (at least one group),
+    so the rows of a slice share prompt forwards (``sequence_logprobs(group_size=G)``)."""
+    G = recipe.n_samples_per_prompt
+    mb = max(G, recipe.micro_train_batch_size // G * G)
+    return [slice(i, min(n_rows, i + mb)) for i in range(0, n_rows, mb)]
+
+
+def _chunk_logprobs(model: Any, rb: RolloutBatch, recipe: Any, s: slice,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sequence_logprobs`` of rows ``s`` of ``rb`` under ``model`` at the sampling temperature:
+    log-probs (rows, T) and, with ``entropy``, per-token entropy (rows, T) in nats."""
+    return sequence_logprobs(model, rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s],
+                             rb.completion_mask[s], temperature=recipe.temperature, with_entropy=entropy,
+                             completion_attention_mask=rb.attention_mask[s], group_size=recipe.n_samples_per_prompt)
+
+
 class LocalBackend:
     """Embedded GRPO trainer and evaluator (the ``local`` backend of docs/interfaces.md).
 
@@ -144,13 +161,12 @@ class LocalBackend:
         Raises:
             BackendError: that version has no checkpoint on disk (train it first).
         """
-        if v.parent_id is None:
-            return None
         start = ws.lineage.start_version(v.id)
         if start is None:
             return None
         if not start.checkpoint or not Path(start.checkpoint).is_dir():
-            raise BackendError(f"parent {start.id} of {v.id} has no checkpoint (status {start.status}); "
+            role = "parent" if start.id == v.parent_id else "start point"
+            raise BackendError(f"{role} {start.id} of {v.id} has no checkpoint (status {start.status}); "
                                f"train {start.id} first")
         return start.checkpoint
 
@@ -343,17 +359,12 @@ class LocalBackend:
         """PPO epochs over the kept batch; returns the step's loss / policy metrics."""
         beta = recipe.init_kl_coef
         mask = rb.completion_mask
-        G = recipe.n_samples_per_prompt
-        B = rb.size
-        mb = max(G, recipe.micro_train_batch_size // G * G)  # whole groups per micro-batch: shared prompt forward
         ntok = float(mask.sum().clamp(min=1))
         nseq = float((mask.sum(-1) > 0).sum().clamp(min=1))
-        chunks = [slice(i, min(B, i + mb)) for i in range(0, B, mb)]
+        chunks = _micro_batches(recipe, rb.size)
 
         def fwd(model: Any, s: slice, entropy: bool = False):
-            return sequence_logprobs(model, rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s], mask[s],
-                                     temperature=recipe.temperature, with_entropy=entropy,
-                                     completion_attention_mask=rb.attention_mask[s], group_size=G)
+            return _chunk_logprobs(model, rb, recipe, s, entropy)
 
         ref_lp: list[torch.Tensor] = []
         if bundle.kl:
@@ -416,20 +427,15 @@ class LocalBackend:
         ntok = float(mask.sum())
         if ntok == 0:
             return {}
-        G = recipe.n_samples_per_prompt
-        mb = max(G, recipe.micro_train_batch_size // G * G)
         ent_sum = kl_sum = 0.0
         with torch.no_grad():
-            for i in range(0, rb.size, mb):
-                s = slice(i, min(rb.size, i + mb))
-                args = (rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s], mask[s])
-                kw = dict(temperature=recipe.temperature, completion_attention_mask=rb.attention_mask[s], group_size=G)
-                lp, ent = sequence_logprobs(bundle.model, *args, with_entropy=True, **kw)
+            for s in _micro_batches(recipe, rb.size):
+                lp, ent = _chunk_logprobs(bundle.model, rb, recipe, s, entropy=True)
                 msk = mask[s].to(lp.device)
                 ent_sum += float((ent * msk).sum())
                 if bundle.kl:
                     with bundle.reference() as ref:
-                        ref_lp, _ = sequence_logprobs(ref, *args, **kw)
+                        ref_lp, _ = _chunk_logprobs(ref, rb, recipe, s)
                     kl_sum += float((grpo.kl_penalty(lp, ref_lp.to(lp.device), recipe.kl_estimator) * msk).sum())
         out = {M.POLICY_ENTROPY: ent_sum / ntok}
         if bundle.kl:

@@ -285,11 +285,12 @@ def register(server: MCPServer, state: ServerState) -> None:
         v = require_version(ws, version_id)
         if v.status in ("kept", "pruned", "reverted"):
             raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
-        parent = ws.lineage.start_version(version_id) if v.parent_id is not None else None
-        if parent is not None:  # fail now rather than in the job (the backend starts from this checkpoint)
-            if not parent.checkpoint or not Path(parent.checkpoint).is_dir():
-                raise ToolError(f"parent {parent.id} of {version_id} has no checkpoint (status {parent.status}); "
-                                f"train {parent.id} first")
+        start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
+        if start is not None and (not start.checkpoint or not Path(start.checkpoint).is_dir()):
+            # fail now rather than in the job (the backend starts from this checkpoint)
+            role = "parent" if start.id == v.parent_id else "start point"
+            raise ToolError(f"{role} {start.id} of {version_id} has no checkpoint (status {start.status}); "
+                            f"train {start.id} first")
         busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
         if busy:
             raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
