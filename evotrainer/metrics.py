@@ -13,6 +13,10 @@ REWARD_STD = "reward/std"
 REWARD_FRAC_ZERO_STD = "reward/frac_zero_std"  # fraction of groups whose rewards are all equal
 REWARD_KEPT_GROUP_FRAC = "reward/kept_group_frac"  # fraction of groups kept by the group filter
 CORRECT_MEAN = "reward/correct/mean"  # fraction of rollouts whose answer verifies (0..1)
+REWARD_MIN = "reward/min"  # lowest reward of the step's rollouts (verl critic/score/min)
+REWARD_MAX = "reward/max"  # highest reward of the step's rollouts (verl critic/score/max)
+REWARD_FRAC_SOLVE_NONE = "reward/frac_solve_none"  # fraction of groups with no correct rollout (0..1)
+REWARD_FRAC_SOLVE_ALL = "reward/frac_solve_all"  # fraction of groups whose rollouts are all correct (0..1)
 
 # --- losses and policy statistics -----------------------------------------------------------------
 LOSS_POLICY = "loss/policy"
@@ -83,6 +87,7 @@ def reward_component(name: str, stat: str = "mean") -> str:
 
 ALL_STEP_METRICS: tuple[str, ...] = (
     REWARD_MEAN, REWARD_STD, REWARD_FRAC_ZERO_STD, REWARD_KEPT_GROUP_FRAC, CORRECT_MEAN,
+    REWARD_MIN, REWARD_MAX, REWARD_FRAC_SOLVE_NONE, REWARD_FRAC_SOLVE_ALL,
     LOSS_POLICY, LOSS_KL, LOSS_TOTAL, POLICY_KL, POLICY_ENTROPY, POLICY_CLIP_RATIO_LOW,
     POLICY_CLIP_RATIO_HIGH, POLICY_GRAD_NORM, POLICY_LR, POLICY_ADVANTAGE_MEAN, POLICY_ADVANTAGE_STD,
     COMPLETIONS_MEAN_LENGTH, COMPLETIONS_P95_LENGTH, COMPLETIONS_MAX_LENGTH, COMPLETIONS_CLIPPED_RATIO,

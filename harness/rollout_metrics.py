@@ -99,8 +99,8 @@ def step_metrics_from_rollouts(table: pa.Table, skip: dict[str, dict[str, Any]] 
                                ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per-step metrics of every version in a rollout table (store schema), ``{version: {metric: (steps, values)}}``.
 
-    Computed for all steps: reward mean / std (population), fraction of zero-std groups,
-    kept-group fraction, correct mean, completion mean / p95 / max length, clipped ratio
+    Computed for all steps: reward mean / std (population) / min / max, fraction of zero-std groups,
+    kept-group fraction, correct mean, fractions of groups solved by none / all of their rollouts, completion mean / p95 / max length, clipped ratio
     (finish_reason ``length``), duplicate fraction (completions equal, after whitespace trim, to a
     completion of another prompt of the same step). One sort by (version, step, group) and
     segment reductions (``np.add.reduceat``), so 1M rows take well under a second.
@@ -157,6 +157,8 @@ def step_metrics_from_rollouts(table: pa.Table, skip: dict[str, dict[str, Any]] 
     gstep = np.searchsorted(st, gst, side="right") - 1  # step segment of each group
     ngroups = np.bincount(gstep, minlength=len(st)).astype(np.float64)
     agg[M.REWARD_FRAC_ZERO_STD] = np.bincount(gstep, weights=zero, minlength=len(st)) / ngroups
+    agg[M.REWARD_MIN] = np.minimum.reduceat(r, st)
+    agg[M.REWARD_MAX] = np.maximum.reduceat(r, st)
     if "kept" in names:
         kept = table.column("kept").to_numpy(zero_copy_only=False).astype(np.float64)[order]
         agg[M.REWARD_KEPT_GROUP_FRAC] = np.bincount(gstep, weights=np.maximum.reduceat(kept, gst),
@@ -175,6 +177,11 @@ def step_metrics_from_rollouts(table: pa.Table, skip: dict[str, dict[str, Any]] 
         cor = table.column("correct").to_numpy().astype(np.float64)[order]
         if np.isfinite(cor).any():
             agg[M.CORRECT_MEAN] = mean_of(cor)
+            solved = np.where(np.isfinite(cor), cor, 0.0) > 0.5
+            g_any = np.maximum.reduceat(solved.astype(np.float64), gst)  # a group with >= 1 correct rollout
+            g_all = np.minimum.reduceat(solved.astype(np.float64), gst)  # a group whose rollouts are all correct
+            agg[M.REWARD_FRAC_SOLVE_NONE] = np.bincount(gstep, weights=1.0 - g_any, minlength=len(st)) / ngroups
+            agg[M.REWARD_FRAC_SOLVE_ALL] = np.bincount(gstep, weights=g_all, minlength=len(st)) / ngroups
     logged_dup = skip and all(M.COMPLETIONS_DUPLICATE_FRAC in (skip.get(v) or {}) for v in vnames)
     if "completion" in names and "prompt_id" in names and not logged_dup:
         c = _codes(pc.utf8_trim_whitespace(table.column("completion")))[order]

@@ -331,8 +331,12 @@ class LocalBackend:
             M.COMPLETIONS_CLIPPED_RATIO: float(np.mean([f == "length" for f in rb.finish_reasons])),
             M.COMPLETIONS_DISTINCT_2: distinct_n(rb.completions, 2), M.COMPLETIONS_REPETITION: repetition_rate(rb.completions),
             M.COMPLETIONS_DUPLICATE_FRAC: duplicate_frac(rb.completions, [p.id for p in problems for _ in range(G)]),
+            M.REWARD_MIN: float(min(rewards)), M.REWARD_MAX: float(max(rewards)),
             "_gen_tokens": float(lengths.sum()),
         }
+        solved = np.nan_to_num(np.asarray(correct, dtype=np.float64)).reshape(n_groups, G) > 0.5  # (groups, G)
+        m[M.REWARD_FRAC_SOLVE_NONE] = float((~solved.any(axis=1)).mean())
+        m[M.REWARD_FRAC_SOLVE_ALL] = float(solved.all(axis=1).mean())
         for name, vals in comps.items():
             m[M.reward_component(name, "mean")], m[M.reward_component(name, "std")] = _stats(vals)
         m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0,
