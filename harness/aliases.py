@@ -119,7 +119,7 @@ ALIASES: dict[str, str] = {
         "no_eos_ratios/avg": M.COMPLETIONS_CLIPPED_RATIO, "update/entropy/avg": M.POLICY_ENTROPY,
         "update/actor_loss/avg": M.LOSS_POLICY, "update/clip_ratio/avg": M.POLICY_CLIP_FRAC,
         "update/approx_kl/avg": M.POLICY_PPO_KL, "update/grad_norm": M.POLICY_GRAD_NORM,
-        "update/lr": M.POLICY_LR}.items()},
+        "update/lr": M.POLICY_LR, "advantages/avg": M.POLICY_ADVANTAGE_MEAN}.items()},
     # --- fallbacks: second sources of a metric, used when the first is absent ---------------------
     "rollout/entropy": M.POLICY_ENTROPY,  # slime, from the rollout log-probs
     "rollout/reward": M.REWARD_MEAN,  # AReaL's rollout-side mean

@@ -52,7 +52,8 @@ STEP_KEYS = ("step", "global_step", "train/global_step", "train/step", "_step", 
 _SWIFT_STEP = "global_step/max_steps"  # ms-swift: "300/1296"
 _NAMES = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
 _PREFIX = re.compile(r"\b(?:step|rollout|perf|eval)(?:\s+is)?\s+(\d+)\b[^{}]*$")
-_AREAL_STEP = re.compile(r"Train step (\d+)/\d+ done")
+_AREAL_STEP = re.compile(r"Train step (\d+)/\d+ done|The next step is .*?\(global step (\d+)\)")
+_ANSI = re.compile(r"(?:\x1b|\ufffd)?\[[0-9;]*m")
 _AREAL_CELLS = re.compile(r"│\s*([^│]+?)\s*│\s*([-+0-9.eE]+|nan|inf|-inf)\s*(?=│)")
 _SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second"}
 
@@ -106,9 +107,17 @@ def _value(node: ast.AST) -> Any:
         x = _value(node.operand)
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return -x if isinstance(node.op, ast.USub) else x
-    if isinstance(node, ast.Call) and len(node.args) >= 1:  # tensor(0.5), np.float64(0.5)
-        return _value(node.args[0])
+    if isinstance(node, ast.Call) and node.args and _call_name(node.func) in _NUMBER_WRAPPERS:
+        x = _value(node.args[0])  # tensor(0.5), np.float64(0.5)
+        return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
     return None
+
+
+_NUMBER_WRAPPERS = {"tensor", "float", "float16", "float32", "float64", "int64", "array"}
+
+
+def _call_name(func: ast.AST) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def literal_dict(text: str) -> dict[str, Any] | None:
@@ -183,21 +192,29 @@ def parse_dict_log(text: str) -> Records:
 
 # --- AReaL -------------------------------------------------------------------------------------------
 def parse_areal_log(text: str) -> Records:
-    """Per-step records of an AReaL ``StatsLogger`` log (see module docstring)."""
+    """Per-step records of an AReaL stats log (see module docstring).
+
+    Markers: ``Train step n/N done.`` (AReaL lite, the table follows it) or, in the older realhf
+    master worker, ``The next step is epoch e/E step s/S (global step n).`` (the step's table
+    follows it). A log with cells but no marker (one pasted table) is step 0. ANSI colours and Ray
+    prefixes are ignored; a cell split over two lines is skipped.
+    """
     out: Records = {}
-    step: int | None = None
-    for line in text.splitlines():
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    has_marker = any(_AREAL_STEP.search(line) for line in lines)
+    step: int | None = None if has_marker else 0
+    for line in lines:
         if m := _AREAL_STEP.search(line):
-            step = int(m.group(1))
+            step = int(m.group(1) or m.group(2))
             continue
         if step is None:
             continue
-        if "╘" in line:
+        if "╘" in line and has_marker:
             step = None  # the table closed: cells after it belong to no step until the next marker
             continue
         for key, val in _AREAL_CELLS.findall(line):
             x = to_float(val)
-            if x is not None:
+            if x is not None and "/" in key and " " not in key.strip():
                 out.setdefault(step, {})[key.strip()] = x
     return out
 
@@ -250,9 +267,12 @@ def parse_wandb_history(data: Any) -> Records:
 
 # --- MLflow ------------------------------------------------------------------------------------------
 def is_mlflow_metrics_dir(folder: Path) -> bool:
-    """True when ``folder`` is named ``metrics`` and its first file reads ``<int> <number> <int>``."""
+    """True for a run's ``metrics`` folder: its run folder has MLflow's ``meta.yaml`` / ``tags`` / ``params``,
+    or its first file reads ``<int> <number> <int>``."""
     if folder.name != "metrics" or not folder.is_dir():
         return False
+    if any((folder.parent / n).exists() for n in ("meta.yaml", "tags", "params")):
+        return True
     first = next((p for p in sorted(folder.rglob("*")) if p.is_file()), None)
     if first is None:
         return False
