@@ -6,9 +6,18 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 * verl console logs (``.log``, or ``.log.gz``): lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
   ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
   metrics: {...}`` is the held-out score at step 0, ``Final validation metrics`` at the last step);
+* console logs without verl's step lines (``.log``, ``.txt``, ``.log.gz``): AReaL stats tables, then
+  console dicts (TRL ``GRPOTrainer``, slime ``step N: {...}``, ms-swift records), read by
+  :mod:`evotrainer.harness.ingest_formats` (its docstring gives each format's step rule);
 * TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
 * TensorBoard event files (OpenRLHF, TRL, ours) through ``tensorboard``'s EventAccumulator;
-* JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step``);
+* JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step`` / ``train/step``,
+  or ms-swift's ``"global_step/max_steps": "300/1296"``; bare ``NaN`` allowed, as in ms-swift's
+  ``logging.jsonl``);
+* W&B exports: chart CSV (``Step``, ``<run> - <metric>``: one version per run) or history CSV (``_step``),
+  history JSON (a list of records with ``_step``);
+* MLflow file store runs: ``mlruns/<exp>/<run>/metrics/<key>`` (one version per run, named by the
+  ``mlflow.runName`` tag or the run id);
 * rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
   of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
   one column per reward function, ``advantage``).
@@ -16,7 +25,9 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is
 the file or folder name (the folder of a ``trainer_state.json``), and a folder holding several
-TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder.
+TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder. A file no
+reader understands raises :class:`IngestError` naming what was tried and what each format looks
+like (:data:`FORMATS`).
 """
 
 from __future__ import annotations

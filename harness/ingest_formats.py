@@ -135,14 +135,28 @@ def literal_dict(text: str) -> dict[str, Any] | None:
     return out
 
 
-def _dict_spans(segment: str) -> Iterable[tuple[int, int]]:
-    """``(start, end)`` of each balanced ``{...}`` starting with a quoted key in ``segment``."""
+_MAX_WRAPPED_LINES = 20  # a dict wrapped by the paste (issue threads) may span this many lines
+
+
+def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
+    """``(start, end, closed)`` of each ``{...}`` that starts with a quoted key.
+
+    A span may cross line breaks (a wrapped paste) but not a nested ``{`` (these logs never nest: a
+    new ``{`` means the previous dict was cut off), a line break inside a quoted string, or more than
+    :data:`_MAX_WRAPPED_LINES` lines; such a span (and one cut by the end of the text) is yielded with
+    ``closed=False`` up to where it stopped, and the scan restarts there.
+    """
     i = 0
-    while (start := _next_open(segment, i)) >= 0:
-        depth, quote, j = 0, "", start
-        while j < len(segment):
-            c = segment[j]
-            if quote:
+    while (start := _next_open(text, i)) >= 0:
+        quote, j, lines, stop = "", start + 1, 0, -1
+        while j < len(text):
+            c = text[j]
+            if c == "\n":
+                lines += 1
+                if quote or lines > _MAX_WRAPPED_LINES:
+                    stop = j
+                    break
+            elif quote:
                 if c == "\\":
                     j += 1
                 elif c == quote:
@@ -150,14 +164,32 @@ def _dict_spans(segment: str) -> Iterable[tuple[int, int]]:
             elif c in "'\"":
                 quote = c
             elif c == "{":
-                depth += 1
+                stop = j
+                break
             elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    yield start, j + 1
-                    break
+                break
             j += 1
-        i = j + 1
+        if stop < 0 and j < len(text):
+            yield start, j + 1, True
+            i = j + 1
+        else:
+            stop = len(text) if stop < 0 else stop
+            yield start, stop, False
+            i = stop
+
+
+def _complete_pairs(body: str) -> str:
+    """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``."""
+    quote, last = "", -1
+    for k, c in enumerate(body):
+        if quote:
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == ",":
+            last = k
+    return body[:last] + "}" if last > 0 else ""
 
 
 def _next_open(s: str, i: int) -> int:
@@ -166,27 +198,31 @@ def _next_open(s: str, i: int) -> int:
 
 
 def parse_dict_log(text: str) -> Records:
-    """Per-step records of console dict lines (see module docstring for the step rule)."""
+    """Per-step records of console dict lines (see module docstring for the step rule).
+
+    ``\\r`` (tqdm redraws) counts as a line break; a dict wrapped over several lines by a paste is joined;
+    a dict cut off (by the end of a pasted excerpt, or by the next dict) keeps its whole pairs (the pair
+    that was cut is dropped).
+    """
+    text = text.replace("\r", "\n")
     out: Records = {}
     ordinal = 0
-    for segment in re.split(r"[\r\n]", text):
-        if "{" not in segment:
+    for start, end, closed in _dict_spans(text):
+        body = text[start:end].replace("\n", "")
+        d = literal_dict(body if closed else _complete_pairs(body))
+        if not d:
             continue
-        for start, end in _dict_spans(segment):
-            d = literal_dict(segment[start:end])
-            if not d:
-                continue
-            vals = numeric_items(d)
-            if not vals or _SUMMARY_KEYS & set(d):
-                continue
-            m = _PREFIX.search(segment[:start])
-            step = int(m.group(1)) if m else record_step(d)
-            if step is None:
-                is_eval = all(k.startswith("eval_") or k == "epoch" for k in vals)
-                if not is_eval:
-                    ordinal += 1
-                step = ordinal
-            out.setdefault(step, {}).update(vals)
+        vals = numeric_items(d)
+        if not vals or _SUMMARY_KEYS & set(d):
+            continue
+        m = _PREFIX.search(text[text.rfind("\n", 0, start) + 1:start])
+        step = int(m.group(1)) if m else record_step(d)
+        if step is None:
+            is_eval = all(k.startswith("eval_") or k == "epoch" for k in vals)
+            if not is_eval:
+                ordinal += 1
+            step = ordinal
+        out.setdefault(step, {}).update(vals)
     return out
 
 

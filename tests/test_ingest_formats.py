@@ -28,11 +28,13 @@ def _s(ev: Evidence, name: str, v: str | None = None) -> list[tuple[int, float]]
 
 def test_trl_console_dicts_real_sample():
     ev = ingest(ING / "trl_console" / "train.log")
-    # one complete dict (the second is cut off in the issue excerpt): step = ordinal 1
-    assert _s(ev, M.REWARD_MEAN) == [(1, 0.5)]
+    # one whole dict, then one cut off in the issue excerpt (its whole pairs kept): ordinals 1, 2
+    assert _s(ev, M.REWARD_MEAN) == [(1, 0.5)]  # the cut dict stops before 'reward'
+    assert _s(ev, M.COMPLETIONS_MEAN_LENGTH) == [(1, 506.75), (2, 449.25)]
+    assert "reward/code/mean" in ev.metrics[ev.versions[0]] and len(_s(ev, "reward/code/mean")) == 1  # cut pair dropped
     assert _s(ev, M.REWARD_FRAC_ZERO_STD) == [(1, 0.0)]
     assert _s(ev, M.POLICY_ENTROPY) == [(1, pytest.approx(0.40187661349773407))]
-    assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 0.0)]
+    assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 0.0), (2, 0.0)]
     assert _s(ev, "reward/code/mean") == [(1, 0.5)]  # rewards/code_reward_func/mean
     assert _s(ev, M.POLICY_CLIP_FRAC) == [(1, 0.0)]  # clip_ratio/region_mean
     assert _s(ev, "step_time") == [(1, pytest.approx(238.3076013879995))]  # unknown keys kept
@@ -40,8 +42,10 @@ def test_trl_console_dicts_real_sample():
 
 def test_trl_console_old_names_and_progress_bar_blank_line():
     ev = ingest(ING / "trl_console" / "noise.log")
-    # four whole dicts, ordinals 1..4 (the blank-out line of spaces and the cut fifth dict are skipped)
+    # four whole dicts and a cut fifth (its loss, grad_norm, learning_rate kept), ordinals 1..5;
+    # the progress bar's blank-out line of spaces is skipped
     assert [s for s, _ in _s(ev, M.REWARD_MEAN)] == [1, 2, 3, 4]
+    assert _s(ev, M.POLICY_GRAD_NORM)[4] == (5, pytest.approx(0.09924133121967316))
     assert _s(ev, M.REWARD_MEAN)[3][1] == pytest.approx(1.968537563085556)
     assert _s(ev, M.COMPLETIONS_MEAN_LENGTH)[0] == (1, 232.825)  # completion_length (TRL < 0.16)
     assert _s(ev, "reward/hint/mean")[1] == (2, pytest.approx(0.8844376325607299))  # rewards/hint_reward
@@ -207,3 +211,32 @@ def test_json_that_is_no_run(tmp_path):
     f.write_text('{"lr": 1e-6}')
     with pytest.raises(IngestError, match=r"config.json: no training metrics found \(tried: trainer_state"):
         ingest(f)
+
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+def test_wrapped_and_cut_dicts_in_a_paste():
+    # a number wrapped by the paste ("4\n30.0" is 430.0); a dict cut off before the next one starts
+    # (cut dicts keep their whole pairs; one without a step key takes the ordinal of training records, 1)
+    text = "{'reward': 0.5, 'completions/min_length': 4\n30.0, 'step': 7}\n{'reward': 0.25, 'kl\n{'reward': 0.75, 'step': 9}"
+    assert parse_dict_log(text) == {7: {"reward": 0.5, "completions/min_length": 430.0}, 1: {"reward": 0.25},
+                                    9: {"reward": 0.75}}
+
+
+def test_the_evidence_real_cases_give_the_analyzers():
+    # what the level analyzers must see in the cases tests/test_cases.py awaits (AWAITING_LEVEL_ANALYZERS)
+    ev = ingest(CASES / "trl_all_groups_zero_std")
+    assert _s(ev, M.REWARD_FRAC_ZERO_STD) == [(1, 1.0)] and _s(ev, M.REWARD_STD) == [(1, 0.0)]
+    assert _s(ev, M.POLICY_GRAD_NORM) == [(1, 0.0), (2, 0.0)]  # the second dict is cut after grad_norm
+    ev = ingest(CASES / "rllm_verl_solve_none_all_prompts")
+    assert _s(ev, M.REWARD_MIN) == _s(ev, M.REWARD_MAX) == [(4, 0.0)]
+    assert _s(ev, "critic/advantages/max") == _s(ev, "critic/advantages/min") == [(4, 0.0)]
+    ev = ingest(CASES / "openr1_accuracy_falls_format_rises")
+    assert [round(x, 3) for _, x in _s(ev, "reward/format/mean")] == [0.476, 0.554, 0.857]
+    assert [round(x, 3) for _, x in _s(ev, "reward/correctness/mean")] == [0.16, 0.118, 0.064]
+    ev = ingest(CASES / "healthy_swift_grpo_step19")  # the record wrapped inside a number is read whole
+    assert _s(ev, M.REWARD_MEAN) == [(19, pytest.approx(0.3872023820877075))]
+    assert _s(ev, "completions/min_length") == [(19, 430.0)]
+    ev = ingest(CASES / "healthy_verl_quickstart_ppo")
+    assert _s(ev, M.REWARD_MAX)[1] == (1, 0.0) and _s(ev, "critic/advantages/max")[1] == (1, 2.702)
