@@ -43,6 +43,7 @@ Sources of the foreign names:
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from evotrainer import metrics as M
 from evotrainer.recipe import REWARD_COMPONENTS
@@ -170,6 +171,7 @@ _OURS = set(M.ALL_STEP_METRICS) | {M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_K, M.EVAL_PAS
 _SCALED = re.compile(r"^(?P<name>.+)\((?P<scale>[0-9.eE+-]+)\)$")
 
 
+@lru_cache(maxsize=65536)
 def split_scaled(key: str) -> tuple[str, float]:
     """``actor/lr(1e-4)`` → (``actor/lr``, 1e-4): old verl printed some values in scaled units."""
     m = _SCALED.match(key)
@@ -181,6 +183,7 @@ def split_scaled(key: str) -> tuple[str, float]:
     return key, 1.0
 
 
+@lru_cache(maxsize=65536)
 def canonical(name: str) -> str:
     """Our metric name for a foreign one, or ``name`` itself when unknown.
 
@@ -205,6 +208,7 @@ def canonical(name: str) -> str:
 _INDEX = {k: i for i, k in enumerate(ALIASES)}
 
 
+@lru_cache(maxsize=65536)
 def _priority(name: str) -> int:
     """Collision order: our own names, then ALIASES order, then PATTERNS order, then unknown names."""
     if name in _OURS:

@@ -148,6 +148,12 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
     """
     i = 0
     while (start := _next_open(text, i)) >= 0:
+        close = text.find("}", start)  # fast path: one line, no nested brace, no brace inside a string
+        if close > 0 and text.find("\n", start, close) < 0 and text.find("{", start + 1, close) < 0 \
+                and text.count("'", start, close) % 2 == 0 and text.count('"', start, close) % 2 == 0:
+            yield start, close + 1, True
+            i = close + 1
+            continue
         quote, j, lines, stop = "", start + 1, 0, -1
         while j < len(text):
             c = text[j]
@@ -192,9 +198,12 @@ def _complete_pairs(body: str) -> str:
     return body[:last] + "}" if last > 0 else ""
 
 
+_OPEN = re.compile(r"\{['\"]")
+
+
 def _next_open(s: str, i: int) -> int:
-    a, b = s.find("{'", i), s.find('{"', i)
-    return min(x for x in (a, b) if x >= 0) if a >= 0 or b >= 0 else -1
+    m = _OPEN.search(s, i)  # one search for both quotes (two str.find calls rescan the text for the absent one)
+    return m.start() if m else -1
 
 
 def parse_dict_log(text: str) -> Records:
