@@ -121,6 +121,10 @@ ALIASES: dict[str, str] = {
         "update/actor_loss/avg": M.LOSS_POLICY, "update/clip_ratio/avg": M.POLICY_CLIP_FRAC,
         "update/approx_kl/avg": M.POLICY_PPO_KL, "update/grad_norm": M.POLICY_GRAD_NORM,
         "update/lr": M.POLICY_LR, "advantages/avg": M.POLICY_ADVANTAGE_MEAN}.items()},
+    # --- short names seen in pasted tables (trl#5697's "Step loss grad_norm reward_mean clipped_ratio") ----
+    "reward_mean": M.REWARD_MEAN,
+    "clipped_ratio": M.COMPLETIONS_CLIPPED_RATIO,
+    "mean_length": M.COMPLETIONS_MEAN_LENGTH,
     # --- fallbacks: second sources of a metric, used when the first is absent ---------------------
     "rollout/entropy": M.POLICY_ENTROPY,  # slime, from the rollout log-probs
     "rollout/reward": M.REWARD_MEAN,  # AReaL's rollout-side mean

@@ -7,7 +7,8 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
   ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
   metrics: {...}`` is the held-out score at step 0, ``Final validation metrics`` at the last step);
 * console logs without verl's step lines (``.log``, ``.txt``, ``.log.gz``): AReaL stats tables, then
-  console dicts (TRL ``GRPOTrainer``, slime ``step N: {...}``, ms-swift records), read by
+  console dicts (TRL ``GRPOTrainer``, slime ``step N: {...}``, ms-swift records), then pasted tables
+  with a ``Step`` column (the HF notebook table), read by
   :mod:`evotrainer.harness.ingest_formats` (its docstring gives each format's step rule);
 * TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
 * TensorBoard event files (OpenRLHF, TRL, ours) through ``tensorboard``'s EventAccumulator;
@@ -284,6 +285,7 @@ FORMATS = (
     "JSONL metrics (ms-swift logging.jsonl, W&B history): one object a line with 'step', 'global_step', '_step' "
     "or 'global_step/max_steps': \"300/1296\"",
     "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
+    "a pasted table whose first column is 'Step' (the HF notebook's 'Step | Training Loss | reward | ...')",
     "TRL trainer_state.json (log_history), W&B history JSON (a list of records with '_step')",
     "TensorBoard events.out.tfevents.*; MLflow run folder mlruns/<exp>/<run>/metrics/<key> "
     "(lines '<timestamp> <value> <step>')",
@@ -302,7 +304,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     The first reader that finds any record wins; ``("", {})`` when none does.
     """
     for name, reader in (("verl 'step:N - k:v' lines", parse_verl_log), ("AReaL tables", F.parse_areal_log),
-                         ("console dicts", F.parse_dict_log)):
+                         ("console dicts", F.parse_dict_log), ("'Step | ...' tables", F.parse_table_log)):
         records = reader(text)
         if records:
             return records, name
@@ -352,7 +354,8 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
         text = path.read_text(errors="replace")
     records, _ = parse_text_log(text)
     if not records:
-        raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts")
+        raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
+                               "'Step | ...' tables")
     return {None: records}, []
 
 

@@ -235,6 +235,66 @@ def parse_dict_log(text: str) -> Records:
     return out
 
 
+# --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
+_TABLE_STEP = {"step", "steps", "global step", "global_step"}
+_TABLE_NAMES = {"training loss": "loss", "validation loss": "eval_loss"}
+
+
+def _cells(line: str, sep: str) -> list[str]:
+    if sep == "|":
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    elif sep == "\t":
+        cells = [c.strip() for c in line.split("\t")]
+    elif sep == "  ":
+        cells = re.split(r"\s{2,}", line.strip())
+    else:
+        cells = line.split()
+    return cells
+
+
+def _table_name(cell: str) -> str:
+    name = re.sub(r"\s*/\s*", "/", cell.strip())  # "rewards / match_format" -> "rewards/match_format"
+    return _TABLE_NAMES.get(name.lower(), name)
+
+
+def parse_table_log(text: str) -> Records:
+    """Per-step records of a pasted metrics table whose first column is ``Step``.
+
+    The HF Trainer's notebook table (``Step | Training Loss | reward | ...``, markdown or tab separated,
+    as users paste it from Jupyter / Colab, e.g. unsloth GRPO notebooks) and plain whitespace tables
+    (``Step  loss  grad_norm  reward_mean ...``). Columns are split on ``|``, tabs, two or more spaces, or
+    single spaces, whichever gives the header's cell count on the rows; ``Training Loss`` is ``loss``;
+    rows whose first cell is not an integer (``--``, ``...``) are skipped.
+    """
+    out: Records = {}
+    header: list[str] | None = None
+    sep = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        for cand in ("|", "\t", "  ", " "):
+            if cand.strip() and cand not in line:
+                continue
+            cells = _cells(line, cand)
+            if len(cells) >= 2 and cells[0].strip().lower() in _TABLE_STEP:
+                header, sep = [_table_name(c) for c in cells], cand
+                break
+        else:
+            if header is None:
+                continue
+            cells = _cells(line, sep)
+            if len(cells) != len(header) and sep == "  ":
+                cells = line.split()
+            if len(cells) != len(header) or not cells[0].isdigit():
+                continue
+            step = int(cells[0])
+            for name, cell in zip(header[1:], cells[1:], strict=True):
+                if (x := to_float(cell)) is not None:
+                    out.setdefault(step, {})[name] = x
+            continue
+    return out
+
+
 # --- AReaL -------------------------------------------------------------------------------------------
 def parse_areal_log(text: str) -> Records:
     """Per-step records of an AReaL stats log (see module docstring).

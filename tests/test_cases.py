@@ -34,6 +34,7 @@ AWAITING_LEVEL_ANALYZERS = {
                                         "batch/solve_none 128, advantages all 0",
     "openr1_accuracy_falls_format_rises": "reward_hacking on 3 points: format 0.48 -> 0.86, correctness 0.16 -> 0.06",
     "slime_grad_norm_1e9": "grad_spike as a level (grad_norm ~3e9 at steps 1 and 28), not nan_blowup",
+    "trl_quickstart_all_truncated": "truncation from 3 points: completions/clipped_ratio 1.0, mean length 256",
 }
 
 

@@ -240,3 +240,16 @@ def test_the_evidence_real_cases_give_the_analyzers():
     assert _s(ev, "completions/min_length") == [(19, 430.0)]
     ev = ingest(CASES / "healthy_verl_quickstart_ppo")
     assert _s(ev, M.REWARD_MAX)[1] == (1, 0.0) and _s(ev, "critic/advantages/max")[1] == (1, 2.702)
+
+
+def test_pasted_tables_real_samples():
+    ev = ingest(ING / "tables" / "unsloth_notebook.md")  # the HF notebook table, markdown cells
+    assert [s for s, _ in _s(ev, M.REWARD_MEAN)] == list(range(1, 12))  # row 12 is cut off: skipped
+    assert _s(ev, M.REWARD_MEAN)[7] == (8, 7.5) and _s(ev, M.LOSS_TOTAL)[8] == (9, 0.0001)  # "Training Loss"
+    assert _s(ev, M.REWARD_STD)[2] == (3, 0.0)
+    assert _s(ev, "reward/match_format_exactly/mean")[0] == (1, 0.0)  # "rewards / match_format_exactly"
+    assert _s(ev, M.COMPLETIONS_MEAN_LENGTH)[0] == (1, 445.5)  # completion_length
+    ev = ingest(ING / "tables" / "trl_quickstart.txt")  # whitespace columns, a "..." row
+    assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0), (2, 1.0), (10, 1.0)]
+    assert _s(ev, M.COMPLETIONS_MEAN_LENGTH) == [(1, 256.0), (2, 256.0), (10, 256.0)]
+    assert _s(ev, M.REWARD_MEAN) == [(1, 0.0), (2, 0.0), (10, 0.0)]
