@@ -238,6 +238,9 @@ def test_the_evidence_real_cases_give_the_analyzers():
     ev = ingest(CASES / "healthy_swift_grpo_step19")  # the record wrapped inside a number is read whole
     assert _s(ev, M.REWARD_MEAN) == [(19, pytest.approx(0.3872023820877075))]
     assert _s(ev, "completions/min_length") == [(19, 430.0)]
+    ev = ingest(CASES / "healthy_verl_gsm8k_grpo_first_step")  # step 0 holds only the validation metrics
+    assert _s(ev, M.EVAL_AVG_AT_K) == [(0, 0.508)]  # val-core/openai/gsm8k/acc/mean@1
+    assert _s(ev, "val-aux/openai/gsm8k/reward/mean@1") == [(0, 0.565)]
     ev = ingest(CASES / "healthy_verl_quickstart_ppo")
     assert _s(ev, M.REWARD_MAX)[1] == (1, 0.0) and _s(ev, "critic/advantages/max")[1] == (1, 2.702)
 
