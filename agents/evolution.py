@@ -141,35 +141,77 @@ def _first_half(ev: Any, vid: str) -> Any:
     return half
 
 
+REMEMBERED_KEY = "loop/analyzers/remembered"  # {version: status} written to the memory as labelled features
+BAD = ("pruned", "reverted")
+
+
+def remembered_examples(loop: Orchestrator, domain: str) -> list[S.Example]:
+    """Labelled versions of earlier runs in ``domain`` (``list_version_summaries``), as feature-only examples."""
+    res = _call(loop, "list_version_summaries", {"domain": domain, "limit": 10_000}) or {}
+    here = str(loop.ws.root)
+    out = []
+    for vs in res.get("summaries", []):
+        if vs.get("run") == here or vs.get("status") not in (*BAD, "kept") or not vs.get("metrics"):
+            continue
+        if not any("|" in k for k in vs["metrics"]):
+            continue  # a summary of headline metrics, not synthesis features
+        out.append(S.Example(None, vs["id"], vs["status"] in BAD, "memory",
+                             features={k: v for k, v in vs["metrics"].items() if "|" in k}))
+    return out
+
+
+def remember(loop: Orchestrator, examples: list[S.Example], domain: str) -> int:
+    """Store this run's labelled versions' features for later runs (once per version and status)."""
+    done = dict(loop.lineage.kv_get(REMEMBERED_KEY) or {})
+    n = 0
+    for ex in examples:
+        status = loop.lineage.get(ex.version).status
+        if done.get(ex.version) == status:
+            continue
+        feats = S.example_features(ex)
+        if _call(loop, "add_version_summary", {
+                "version_id": ex.version, "status": status, "domain": domain, "metrics": feats,
+                "intervention": "; ".join(iv.describe() for iv in loop.lineage.get(ex.version).interventions),
+                "summary": f"labelled {'bad' if ex.bad else 'good'} for analyzer synthesis ({len(feats)} features)"}):
+            done[ex.version] = status
+            n += 1
+    loop.lineage.kv_set(REMEMBERED_KEY, done)
+    return n
+
+
 def synthesise(loop: Orchestrator, r: int, ev: Any, labels: dict[str, bool]) -> dict[str, Any]:
-    """Search, judge, and (when kept) sandbox-backtest, register and store one synthesised analyzer."""
-    res = S.synthesize(S.lineage_examples(ev, labels), seed=r)
+    """Search (this run's labels + those remembered by earlier runs of the domain), judge, and when kept
+    sandbox-backtest, register and store one synthesised analyzer; remember this run's labels."""
+    domain = _domain(loop.lineage.root().recipe.data.task)
+    own = S.lineage_examples(ev, labels)
+    res = S.synthesize(own + remembered_examples(loop, domain), seed=r)
+    remember(loop, own, domain)
     entry = {"type": "synthesis", **res.to_dict(), "registered": False}
     if not res.kept or res.program is None:
         return entry
     prog = res.program
     code = S.compile_program(prog)
     bt = _call(loop, "backtest_analyzer", {"code": code, "labels": labels})
-    predicted = {k.split(":", 1)[1]: f for k, f in res.fired.items()}
+    predicted = {k.split(":", 1)[1]: f for k, f in res.fired.items() if k.startswith("lineage:")}
     if bt is None or bt.get("fired") != {v: predicted[v] for v in bt.get("fired", {})}:
         entry["reason"] += f"; the sandboxed backtest disagrees with the search ({(bt or {}).get('fired')}): not registered"
         return entry
     entry["sandbox"] = {k: bt.get(k) for k in ("tp", "fp", "fn", "tn", "precision", "recall")}
     desc = (f"Synthesised rule {prog.describe()} flags a version whose held-out score will fall. Fit on "
-            f"{res.n_labels} versions ({res.n_bad} bad, {res.n_good} good) of run {loop.ws.root.name}: leave-one-out "
+            f"{res.n_labels} versions ({res.n_bad} bad, {res.n_good} good; {res.sources}) of run {loop.ws.root.name}: leave-one-out "
             f"precision {res.loo['precision']}, recall {res.loo['recall']}; permutation p={res.p_value:.3f} over "
             f"{res.n_candidates} candidate rules.")
     if not _register(loop, prog.name, code, prog.kind, desc[:200]):
         return entry
     entry["registered"] = True
-    domain = _domain(loop.lineage.root().recipe.data.task)
     skill = _call(loop, "add_skill", {
         "kind": "analyzer", "skill_id": f"synth:{prog.name}", "name": prog.name, "description": desc,
         "addresses": [prog.kind], "code": code, "tags": [TAG, domain], "source": f"run:{loop.ws.root}",
         "replace": True,
         "value": {"program": prog.to_dict(), "describe": prog.describe(), "loo": res.loo,
                   "in_sample": res.in_sample, "p_value": res.p_value, "n_labels": res.n_labels,
-                  "evidence": sorted(labels), "labels": labels, "run": str(loop.ws.root), "domain": domain}})
+                  "evidence": sorted(labels) + sorted(k.split(":", 1)[1] for k in res.fired if k.startswith("memory:")),
+                  "sources": res.sources, "labels": labels, "run": str(loop.ws.root), "domain": domain}})
     entry["skill_id"] = (skill or {}).get("id")
     scope = dict(loop.lineage.kv_get(SCOPE_KEY) or {})
     scope[prog.name] = {"skill_id": entry["skill_id"], "program": prog.to_dict(), "loo": res.loo, "origin": "this run"}

@@ -196,10 +196,30 @@ def points(ev: Evidence, version: str | None, name: str) -> list[tuple[int, floa
 class Example:
     """One labelled version: its evidence, whether it turned out bad, where the label comes from."""
 
-    evidence: Evidence
+    evidence: Evidence | None
     version: str
     bad: bool
-    source: str = "lineage"  # lineage | case | fault | synthetic | inherited
+    source: str = "lineage"  # lineage | case | fault | synthetic | memory
+    features: dict[str, float] | None = None  # precomputed {feature_key: value} (an example remembered by a run)
+
+    def series_names(self) -> list[str]:
+        """Series this example has (from its evidence, or the keys of its remembered features)."""
+        if self.features is not None:
+            return sorted({k.split("|", 1)[0] for k in self.features})
+        return self.evidence.metric_names(self.version) if self.evidence is not None else []
+
+
+def feature_key(base: tuple[str, str, float, float | None]) -> str:
+    """``series|stat|window|q`` (q empty unless a quantile), the key of a remembered feature."""
+    s, stat, w, q = base
+    return f"{s}|{stat}|{w}|{'' if q is None else q}"
+
+
+def example_features(ex: Example, series: list[str] | None = None) -> dict[str, float]:
+    """Every defined base statistic of one example's version, by :func:`feature_key` (what a run remembers)."""
+    names = series if series is not None else [n for n in candidate_series([ex])]
+    F = feature_matrix([ex], _bases(names))
+    return {feature_key(b): float(x) for b, x in zip(_bases(names), F[:, 0], strict=True) if np.isfinite(x)}
 
 
 def lineage_examples(ev: Evidence, labels: Mapping[str, bool], source: str = "lineage") -> list[Example]:
@@ -235,7 +255,7 @@ def candidate_series(examples: list[Example]) -> list[str]:
     pattern = re.compile(r"^(reward/[^/]+/(mean|std)|tools/calls/[^/]+_mean)$")
     counts: dict[str, int] = {}
     for ex in examples:
-        for n in ex.evidence.metric_names(ex.version):
+        for n in ex.series_names():
             if (n in known or pattern.match(n)) and n not in EXCLUDED and not n.startswith(EXCLUDED_PREFIXES):
                 counts[n] = counts.get(n, 0) + 1
     return sorted(n for n, c in counts.items() if c >= MIN_COVERAGE * len(examples))
@@ -254,7 +274,11 @@ def _bases(series: list[str]) -> list[tuple[str, str, float, float | None]]:
 def feature_matrix(examples: list[Example], bases: list[tuple]) -> np.ndarray:
     """``(B, N)`` float64: base statistic b on example n (NaN where undefined)."""
     F = np.full((len(bases), len(examples)), np.nan)
+    keys = [feature_key(b) for b in bases]
     for j, ex in enumerate(examples):
+        if ex.features is not None or ex.evidence is None:
+            F[:, j] = [(ex.features or {}).get(k, np.nan) for k in keys]
+            continue
         ev, v = ex.evidence, ex.version
         parent = ev.parents.get(v)
         cache: dict[str, tuple[list, list]] = {}
@@ -369,6 +393,9 @@ def synthesize(examples: list[Example], kind: str = "predicted_regression", n_pe
                           n_series=len(names), n_candidates=2 * len(bases) * max(0, n - 1))
     for ex in examples:
         res.sources[ex.source] = res.sources.get(ex.source, 0) + 1
+    if min(n_bad, n - n_bad) == 0:
+        res.reason = f"{n} labels ({n_bad} bad, {n - n_bad} good): nothing to discriminate; no rule searched"
+        return res
     if not bases or n < 2:
         res.reason = f"{n} label(s), {len(names)} candidate series: nothing to search"
         return res

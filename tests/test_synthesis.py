@@ -222,3 +222,34 @@ def test_a_kept_analyzer_is_registered_stored_and_inherited_by_a_later_run(tmp_p
     html2 = render_html(ws2)
     assert "Inherited from earlier runs" in html2 and "fired 3 times, 3 of them on a version that turned out bad" in html2
     ws2.close()
+
+
+def test_labels_remembered_by_earlier_runs_make_a_verdict_possible(tmp_path):
+    from evotrainer.skills_db.store import SkillStore
+
+    # three runs of 6 labelled versions each (3 bad ratio 0.2, 3 good ratio 0.7), starts overlapping
+    runs = [[(0.5, 0.2, True), (2.0, 0.2, True), (4.0, 0.2, True), (5.0, 0.7, False), (0.6, 0.7, False),
+             (3.0, 0.7, False)],
+            [(1.0, 0.2, True), (0.8, 0.2, True), (3.0, 0.2, True), (1.5, 0.7, False), (4.0, 0.7, False),
+             (0.7, 0.7, False)],
+            [(1.2, 0.2, True), (2.5, 0.2, True), (0.9, 0.2, True), (2.2, 0.7, False), (0.9, 0.7, False),
+             (3.5, 0.7, False)]]
+    results = []
+    for k, rows in enumerate(runs):
+        ws = _lineage(tmp_path / f"run{k}", rows)
+        tb, orch = _orch(ws)
+        with tb:
+            results.append([e for e in orch._evolve(1, [f"v{i}" for i in range(1, 7)]) if e["type"] == "synthesis"][0])
+        assert ws.lineage.kv_get("loop/analyzers/remembered") == {f"v{i}": "pruned" if i <= 3 else "kept"
+                                                                 for i in range(1, 7)}
+        ws.close()
+    # run 0 alone: 6 labels; a perfect split of 3 + 3 is 1 of C(6, 3) = 20 labelings (and its mirror in the
+    # other direction), so about 1 shuffle in 10 fits as well: p ~ 0.1 > 0.05, not kept
+    assert results[0]["n_labels"] == 6 and not results[0]["registered"] and results[0]["p_value"] > 0.05
+    # run 2 pools its 6 labels with the 12 remembered by runs 0 and 1: 18 labels, kept
+    last = results[2]
+    assert last["n_labels"] == 18 and last["sources"] == {"lineage": 6, "memory": 12}
+    assert last["registered"] and last["program"]["stat"] == "ratio_start", last["reason"]
+    assert (last["loo"]["tp"], last["loo"]["fp"]) == (9, 0)
+    skill = SkillStore().get(f"synth:{last['name']}")
+    assert len(skill.value["evidence"]) == 18 and skill.value["sources"] == {"lineage": 6, "memory": 12}
