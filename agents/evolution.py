@@ -12,8 +12,8 @@ Every round, over MCP tools and the run's evidence:
    says whether it would have stopped the branch early (the steps that saves, and whether that
    decision would have been right);
 3. synthesise: :func:`~evotrainer.harness.synthesis.synthesize` over the versions of known outcome;
-   a rule kept by its rule (leave-one-out + permutation test) is compiled, backtested in the sandbox
-   (``backtest_analyzer``: the sandbox must fire where the search predicted), registered and stored as
+   a rule kept by its rule (leave-one-out + permutation test) is compiled, run in the sandbox on the labelled
+   versions (``run_analyzer_code``: it must fire where the search predicted), registered and stored as
    a skill with its numbers and the versions it rests on (``add_skill``);
 4. drafts: when a held-out move is unexplained the brain (heuristic template or Claude) drafts an
    analyzer; it is backtested in the sandbox and kept by the same rule
@@ -191,12 +191,13 @@ def synthesise(loop: Orchestrator, r: int, ev: Any, labels: dict[str, bool]) -> 
         return entry
     prog = res.program
     code = S.compile_program(prog)
-    bt = _call(loop, "backtest_analyzer", {"code": code, "labels": labels})
+    run = _call(loop, "run_analyzer_code", {"code": code, "version_ids": sorted(labels), "name": prog.name})
     predicted = {k.split(":", 1)[1]: f for k, f in res.fired.items() if k.startswith("lineage:")}
-    if bt is None or bt.get("fired") != {v: predicted[v] for v in bt.get("fired", {})}:
-        entry["reason"] += f"; the sandboxed backtest disagrees with the search ({(bt or {}).get('fired')}): not registered"
+    fired = {v: any(v in f.get("versions", []) for f in (run or {}).get("findings", [])) for v in labels}
+    if run is None or fired != predicted:
+        entry["reason"] += f"; the sandboxed run disagrees with the search ({fired} vs {predicted}): not registered"
         return entry
-    entry["sandbox"] = {k: bt.get(k) for k in ("tp", "fp", "fn", "tn", "precision", "recall")}
+    entry["sandbox"] = S.confusion(np.array([fired[v] for v in labels]), np.array(list(labels.values())))
     desc = (f"Synthesised rule {prog.describe()} flags a version whose held-out score will fall. Fit on "
             f"{res.n_labels} versions ({res.n_bad} bad, {res.n_good} good; {res.sources}) of run {loop.ws.root.name}: leave-one-out "
             f"precision {res.loo['precision']}, recall {res.loo['recall']}; permutation p={res.p_value:.3f} over "

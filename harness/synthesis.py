@@ -471,7 +471,9 @@ def compile_program(prog: Program) -> str:
     """Analyzer source for the sandbox contract (``harness.analyzers.run_analyzer_code``), stdlib only.
 
     It reads ``metrics.json`` and ``meta.json`` (parents) from ``$EVIDENCE_DIR`` and prints, as its last
-    line, one ``warn`` finding of ``prog.kind`` per version the rule fires on, with the statistic's value.
+    line, one finding of ``prog.kind`` per version the rule fires on, with the statistic's value. Severity
+    ``info``: a prediction, not a failure, so it neither blocks the gate nor changes a diagnosis; the loop
+    acts on it only through :func:`early_stop`, which also weighs the analyzer's record.
     """
     return f'''# synthesised analyzer: {prog.describe()}
 import json, os
@@ -493,7 +495,7 @@ for vid in sorted(metrics):
     x = feature(P["stat"], P["window"], P["q"], p, pts(parents.get(vid)))
     if x is None or not (x > P["threshold"] if P["direction"] == "above" else x < P["threshold"]):
         continue
-    out.append({{"kind": P["kind"], "severity": "warn", "versions": [vid], "steps": [p[0][0], p[-1][0]],
+    out.append({{"kind": P["kind"], "severity": "info", "versions": [vid], "steps": [p[0][0], p[-1][0]],
                 "evidence": [P["series"]], "data": {{"value": x, "program": P}},
                 "explanation": "%s(%s, window %d%%) = %.4g is %s %.4g: a rule learned from versions of known "
                                "outcome predicts a held-out regression" % (P["stat"], P["series"],
