@@ -52,6 +52,8 @@ MIN_PER_CLASS = 3  # bad and good examples each; below it no verdict is possible
 MIN_LOO_J = 0.5  # leave-one-out Youden J: balanced accuracy >= 0.75 on examples the search did not see
 ALPHA = 0.05  # permutation p-value of the best score over all candidates
 N_PERMUTATIONS = 499
+PERMUTATION_CHUNK = 50  # shuffles per batch; stop once p > ALPHA is certain (Besag & Clifford 1991)
+MAX_THRESHOLDS = 32  # thresholds per (series, stat, window) when there are more labels
 MIN_COVERAGE = 0.5  # a series must be present in at least half the examples to be searched
 EXCLUDED_PREFIXES = ("eval/", "perf/")
 EXCLUDED = (M.POLICY_LR,)
@@ -291,6 +293,19 @@ def feature_matrix(examples: list[Example], bases: list[tuple]) -> np.ndarray:
     return F
 
 
+def _thresholds(F: np.ndarray) -> np.ndarray:
+    """``(B, K)`` candidate thresholds: midpoints between sorted finite values, K = min(N - 1, MAX_THRESHOLDS)
+    spread evenly over each row's midpoints when there are more (the histogram binning of gradient-boosted
+    trees, e.g. LightGBM's ``max_bin``); NaN where a row has fewer than 2 values."""
+    S = np.sort(F, axis=1)  # NaN last
+    T = 0.5 * (S[:, :-1] + S[:, 1:])  # (B, N-1)
+    if T.shape[1] <= MAX_THRESHOLDS:
+        return T
+    n_mid = np.maximum(np.isfinite(F).sum(1) - 1, 1)  # finite midpoints per row
+    idx = np.rint(np.linspace(0.0, 1.0, MAX_THRESHOLDS)[None, :] * (n_mid[:, None] - 1)).astype(np.int64)
+    return np.take_along_axis(T, idx, axis=1)
+
+
 def _search(F: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best rule for each label vector.
 
@@ -302,8 +317,7 @@ def _search(F: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
         ``(best_j (P,), base (P,), threshold (P,), above (P,) bool)``: Youden J of the best rule over
         every base, threshold (midpoints of sorted values) and direction, and that rule.
     """
-    S = np.sort(F, axis=1)  # NaN last
-    T = 0.5 * (S[:, :-1] + S[:, 1:])  # (B, N-1) midpoints; NaN where a side is NaN
+    T = _thresholds(F)  # (B, K)
     with np.errstate(invalid="ignore"):
         above = (F[:, None, :] > T[:, :, None]).astype(np.float32)  # (B, N-1, N)
         below = (F[:, None, :] < T[:, :, None]).astype(np.float32)
@@ -390,7 +404,7 @@ def synthesize(examples: list[Example], kind: str = "predicted_regression", n_pe
     names = series if series is not None else candidate_series(examples)
     bases = _bases(names)
     res = SynthesisResult(program=None, kept=False, reason="", n_labels=n, n_bad=n_bad, n_good=n - n_bad,
-                          n_series=len(names), n_candidates=2 * len(bases) * max(0, n - 1))
+                          n_series=len(names), n_candidates=2 * len(bases) * min(max(0, n - 1), MAX_THRESHOLDS))
     for ex in examples:
         res.sources[ex.source] = res.sources.get(ex.source, 0) + 1
     if min(n_bad, n - n_bad) == 0:
@@ -416,26 +430,46 @@ def synthesize(examples: list[Example], kind: str = "predicted_regression", n_pe
                       f"of each; best rule {prog.describe()} not kept")
         res.seconds = time.perf_counter() - t0
         return res
-    loo = np.zeros(n, dtype=bool)
-    for i in range(n):  # leave-one-out: the whole search without example i, its rule applied to i
-        m = np.arange(n) != i
-        _, bi, ti, ui = _search(F[:, m], y[None, m])
-        x = F[bi[0], i]
-        loo[i] = bool(np.isfinite(x) and np.isfinite(ti[0]) and (x > ti[0] if ui[0] else x < ti[0]))
-    res.loo = confusion(loo, y)
-    rng = np.random.default_rng(seed)
-    Yp = np.stack([rng.permutation(y) for _ in range(n_permutations)])
-    perm_best, *_ = _search(F, Yp)
-    res.p_value = float((1 + np.sum(perm_best >= best[0] - 1e-12)) / (1 + n_permutations))
-    res.n_permutations = n_permutations
-    loo_j = res.loo["j"] if res.loo["j"] is not None else -1.0
-    nums = (f"in sample J={best[0]:.2f}; leave-one-out J={loo_j:.2f} (tp {res.loo['tp']}, fp {res.loo['fp']}, "
-            f"fn {res.loo['fn']}, tn {res.loo['tn']}); permutation p={res.p_value:.3f} over {res.n_candidates} "
-            f"candidate rules; {n} labels ({n_bad} bad, {n - n_bad} good)")
+    res.p_value, res.n_permutations = _permutation_p(F, y, float(best[0]), n_permutations, seed)
+    if res.p_value <= ALPHA:
+        loo = np.zeros(n, dtype=bool)
+        for i in range(n):  # leave-one-out: the whole search without example i, its rule applied to i
+            m = np.arange(n) != i
+            _, bi, ti, ui = _search(F[:, m], y[None, m])
+            x = F[bi[0], i]
+            loo[i] = bool(np.isfinite(x) and np.isfinite(ti[0]) and (x > ti[0] if ui[0] else x < ti[0]))
+        res.loo = confusion(loo, y)
+    loo_j = res.loo["j"] if res.loo.get("j") is not None else -1.0
+    loo_s = (f"leave-one-out J={loo_j:.2f} (tp {res.loo['tp']}, fp {res.loo['fp']}, fn {res.loo['fn']}, "
+             f"tn {res.loo['tn']})" if res.loo else "leave-one-out not run (the permutation test failed)")
+    nums = (f"in sample J={best[0]:.2f}; permutation p={res.p_value:.3f} ({res.n_permutations} shuffles) over "
+            f"{res.n_candidates} candidate rules; {loo_s}; {n} labels ({n_bad} bad, {n - n_bad} good)")
     res.kept = loo_j >= MIN_LOO_J and res.p_value <= ALPHA
     res.reason = (f"kept {prog.describe()}: " if res.kept else f"not kept {prog.describe()}: ") + nums
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _permutation_p(F: np.ndarray, y: np.ndarray, observed: float, n_permutations: int,
+                   seed: int) -> tuple[float, int]:
+    """p-value of the best J over every candidate under shuffled labels, and the shuffles run.
+
+    p = (1 + #{J_perm >= observed}) / (1 + m) (Phipson & Smyth 2010). Shuffles run in chunks; once more
+    than ``ALPHA * (1 + n_permutations) - 1`` shuffles reach the observed J, p > ALPHA is certain and the
+    test stops early (Besag & Clifford 1991 sequential Monte Carlo p-value), p then from the m run so far.
+    """
+    rng = np.random.default_rng(seed)
+    limit = ALPHA * (1 + n_permutations) - 1
+    hits, m = 0, 0
+    while m < n_permutations:
+        k = min(PERMUTATION_CHUNK, n_permutations - m)
+        Yp = np.stack([rng.permutation(y) for _ in range(k)])
+        perm_best, *_ = _search(F, Yp)
+        hits += int(np.sum(perm_best >= observed - 1e-12))
+        m += k
+        if hits > limit:
+            break
+    return float((1 + hits) / (1 + m)), m
 
 
 def judge_fired(fired: Mapping[str, bool], labels: Mapping[str, bool], n_permutations: int = N_PERMUTATIONS,
