@@ -102,13 +102,14 @@ def use(loop: Orchestrator, ev: Any, children: list[str], labels: dict[str, bool
             fired = prog.fires(ev, vid)
             entry = {"type": "use", "name": name, "version": vid, "fired": fired, "bad": labels[vid],
                      "correct": fired == labels[vid], "domain": domain, "origin": a.get("origin")}
+            # the record as it stood before this version's outcome: the early-stop counterfactual must not see it
+            skill = _call(loop, "get_skill", {"skill_id": a["skill_id"]}) if a.get("skill_id") else None
+            records.append({"name": name, "program": a["program"], "loo": a.get("loo", {}),
+                            "track_record": (skill or {}).get("track_record", {})})
             if fired and a.get("skill_id"):
                 rec = _call(loop, "record_skill_outcome", {"skill_id": a["skill_id"], "domain": domain,
                                                            "outcome": "helped" if labels[vid] else "hurt"})
                 entry["track_record"] = (rec or {}).get("record")
-            skill = _call(loop, "get_skill", {"skill_id": a["skill_id"]}) if a.get("skill_id") else None
-            records.append({"name": name, "program": a["program"], "loo": a.get("loo", {}),
-                            "track_record": (skill or {}).get("track_record", {})})
             out.append(entry)
         if records:
             half = _first_half(ev, vid)

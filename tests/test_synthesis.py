@@ -213,11 +213,13 @@ def test_a_kept_analyzer_is_registered_stored_and_inherited_by_a_later_run(tmp_p
     rec = SkillStore().get(f"synth:{name}").track_record
     assert rec["code"].tried == 3 and rec["code"].helped == 3 and rec["code"].hurt == 0 and "math" not in rec
     # early stop at half the steps (the entropy drop is at step 2 < 4): 8 leave-one-out right fires plus the
-    # in-use ones so far, e.g. 9/9 at v1: Wilson lower bound 9 / (9 + 3.84) = 0.70 >= 0.5 -> stop the three bad
+    # in-use ones before the version itself, e.g. 8/8 at v1: Wilson lower bound 8 / (8 + 3.84) = 0.68 >= 0.5 -> stop the three bad
     # versions, saving 4 of their 8 steps each
     stops = [e for e in out2 if e["type"] == "early_stop"]
     assert [(e["version"], e["stop"], e["right"], e["saved_steps"]) for e in stops] == [
         ("v1", True, True, 4), ("v2", True, True, 4), ("v3", True, True, 4)]
+    # precision n/n has Wilson lower bound n / (n + 1.96^2): 8/8, 9/9, 10/10
+    assert [round(e["precision_lower"], 4) for e in stops] == [round(n / (n + 1.96 ** 2), 4) for n in (8, 9, 10)]
     ws2.lineage.kv_set("loop/r1/evolve", out2)
     html2 = render_html(ws2)
     assert "Inherited from earlier runs" in html2 and "fired 3 times, 3 of them on a version that turned out bad" in html2
