@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 TAG = "synthesised"
 INHERITED_KEY = "loop/analyzers/inherited"  # [{skill_id, name, program, loo, ...}]
+USED_KEY = "loop/analyzers/used"  # /<name>/<version>: outcome recorded on the skill
 SCOPE_KEY = "loop/analyzers/synthesised"  # {name: {skill_id, program, loo, origin}} in scope for this run
 
 
@@ -106,10 +107,11 @@ def use(loop: Orchestrator, ev: Any, children: list[str], labels: dict[str, bool
             skill = _call(loop, "get_skill", {"skill_id": a["skill_id"]}) if a.get("skill_id") else None
             records.append({"name": name, "program": a["program"], "loo": a.get("loo", {}),
                             "track_record": (skill or {}).get("track_record", {})})
-            if fired and a.get("skill_id"):
+            if fired and a.get("skill_id") and not loop.lineage.kv_get(f"{USED_KEY}/{name}/{vid}"):
                 rec = _call(loop, "record_skill_outcome", {"skill_id": a["skill_id"], "domain": domain,
                                                            "outcome": "helped" if labels[vid] else "hurt"})
                 entry["track_record"] = (rec or {}).get("record")
+                loop.lineage.kv_set(f"{USED_KEY}/{name}/{vid}", True)  # a resumed stage does not count it twice
             out.append(entry)
         if records:
             half = _first_half(ev, vid)

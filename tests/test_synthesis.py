@@ -203,6 +203,7 @@ def test_a_kept_analyzer_is_registered_stored_and_inherited_by_a_later_run(tmp_p
     tb2, orch2 = _orch(ws2)
     with tb2:
         out2 = orch2._evolve(1, [f"v{i}" for i in range(1, 7)])
+        orch2._evolve(1, [f"v{i}" for i in range(1, 7)])  # a resumed stage: no outcome is counted twice
     inherited = [e for e in out2 if e["type"] == "inherited"]
     assert [e["name"] for e in inherited] == [name]
     assert name in ws2.lineage.kv_get("analyzers/registered")  # registered in run 2 too
