@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from evotrainer.agents.mcp_client import ToolCallError
 from evotrainer.harness import synthesis as S
 

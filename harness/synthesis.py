@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from evotrainer.harness.evidence import Evidence
 
 from evotrainer import metrics as M
-from evotrainer.harness.evidence import Evidence
 
 STATS: tuple[str, ...] = ("level", "change", "slope", "change_point", "ratio_start", "ratio_parent", "quantile")
 WINDOWS: tuple[float, ...] = (0.25, 0.5)  # fraction of the version's points (at least 2 points)

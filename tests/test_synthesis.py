@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from evotrainer import metrics as M
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
+
+from evotrainer import metrics as M
 
 BAD_START = [0.5, 1.0, 2.0, 4.0, 0.8, 3.0, 1.2, 2.5]
 GOOD_START = [5.0, 0.6, 3.0, 1.5, 4.0, 0.7, 2.2, 0.9]
