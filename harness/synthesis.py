@@ -584,6 +584,6 @@ def early_stop(analyzers: Iterable[Mapping[str, Any]], ev: Evidence, version: st
             best = {"stop": stop, "version": version, "analyzer": a.get("name") or prog.name, "value": x,
                     "precision_lower": lower,
                     "reason": f"{prog.describe()} fires on {version} (value {x:.4g}); precision {good}/{good + bad} "
-                              f"in {domain} (Wilson 95% lower bound {lower:.2f}, stop at >= {MIN_STOP_PRECISION})"
+                              f"(leave-one-out fits + fires in use in {domain}) (Wilson 95% lower bound {lower:.2f}, stop at >= {MIN_STOP_PRECISION})"
                               + ("" if stop else ": not trusted enough to stop")}
     return best
