@@ -172,7 +172,7 @@ def remember(loop: Orchestrator, examples: list[S.Example], domain: str) -> int:
             continue
         feats = S.example_features(ex)
         if _call(loop, "add_version_summary", {
-                "version_id": ex.version, "status": status, "domain": domain, "metrics": feats,
+                "version_id": ex.version, "status": status, "domain": domain, "metrics": feats, "run": str(loop.ws.root),
                 "intervention": "; ".join(iv.describe() for iv in loop.lineage.get(ex.version).interventions),
                 "summary": f"labelled {'bad' if ex.bad else 'good'} for analyzer synthesis ({len(feats)} features)"}):
             done[ex.version] = status

@@ -243,6 +243,8 @@ def test_labels_remembered_by_earlier_runs_make_a_verdict_possible(tmp_path):
         tb, orch = _orch(ws)
         with tb:
             results.append([e for e in orch._evolve(1, [f"v{i}" for i in range(1, 7)]) if e["type"] == "synthesis"][0])
+            again = [e for e in orch._evolve(2, []) if e["type"] == "synthesis"][0]
+        assert again["sources"] == ({"lineage": 6, "memory": 6 * k} if k else {"lineage": 6})  # its own remembered labels are not pooled twice
         assert ws.lineage.kv_get("loop/analyzers/remembered") == {f"v{i}": "pruned" if i <= 3 else "kept"
                                                                  for i in range(1, 7)}
         ws.close()
