@@ -13,6 +13,18 @@ from evotrainer.harness.evidence import Evidence
 
 from evotrainer import metrics as M
 
+@pytest.fixture(autouse=True)
+def _forget_runtime_analyzers():
+    """The analyzer registry is per process: remove what a test registered, so other tests' runs do not see it."""
+    from evotrainer.harness import analyzers as reg
+
+    before = {a.name for a in reg.list_analyzers(builtin=False)}
+    yield
+    for a in reg.list_analyzers(builtin=False):
+        if a.name not in before:
+            reg.unregister_analyzer(a.name)
+
+
 BAD_START = [0.5, 1.0, 2.0, 4.0, 0.8, 3.0, 1.2, 2.5]
 GOOD_START = [5.0, 0.6, 3.0, 1.5, 4.0, 0.7, 2.2, 0.9]
 
