@@ -17,7 +17,9 @@ Every round, over MCP tools and the run's evidence:
    a skill with its numbers and the versions it rests on (``add_skill``);
 4. drafts: when a held-out move is unexplained the brain (heuristic template or Claude) drafts an
    analyzer; it is backtested in the sandbox and kept by the same rule
-   (:func:`~evotrainer.harness.synthesis.judge_fired`) before it is registered.
+   (:func:`~evotrainer.harness.synthesis.judge_fired`) before it is registered and stored as a skill
+   (tag ``drafted``; only synthesised analyzers are inherited and scored by later runs, since only their
+   programs can be applied in process).
 
 Each entry of the returned list has a ``type`` (inherited | use | synthesis | draft) and is what the
 report's "Analyzers added" section shows.
@@ -248,6 +250,15 @@ def draft(loop: Orchestrator, vid: str, labels: dict[str, bool]) -> dict[str, An
         return entry
     entry["registered"] = _register(loop, d.name, d.code, d.kind, d.description)
     entry["reason"] = f"kept: {verdict['reason']}" + ("" if entry["registered"] else "; register failed")
+    if entry["registered"]:
+        domain = _domain(loop.lineage.root().recipe.data.task)
+        skill = _call(loop, "add_skill", {
+            "kind": "analyzer", "skill_id": f"draft:{d.name}", "name": d.name, "replace": True,
+            "description": f"{d.description or d.name}. Drafted by the {loop.brain.name} brain for an unexplained "
+                           f"held-out move of {vid}; backtest {verdict['reason']}.",
+            "addresses": [d.kind], "code": d.code, "tags": ["drafted", domain], "source": f"run:{loop.ws.root}",
+            "value": {"backtest": verdict, "labels": labels, "run": str(loop.ws.root), "domain": domain}})
+        entry["skill_id"] = (skill or {}).get("id")
     return entry
 
 

@@ -13,6 +13,7 @@ from evotrainer.harness.evidence import Evidence
 
 from evotrainer import metrics as M
 
+
 @pytest.fixture(autouse=True)
 def _forget_runtime_analyzers():
     """The analyzer registry is per process: remove what a test registered, so other tests' runs do not see it."""
@@ -315,4 +316,9 @@ def test_brain_drafts_go_through_the_same_keep_rule(tmp_path, brain, kept):
     assert d["registered"] is kept and d["backtest"]["n_labels"] == 8, d
     assert d["backtest"]["j"] == (1.0 if kept else 0.0)
     assert (d["name"] in (ws.lineage.kv_get("analyzers/registered") or {})) is kept
+    if kept:  # stored in memory with the numbers it was kept on
+        from evotrainer.skills_db.store import SkillStore
+
+        skill = SkillStore().get("draft:length_shift")
+        assert skill.kind == "analyzer" and skill.value["backtest"]["tp"] == 4 and skill.value["backtest"]["fp"] == 0
     ws.close()
