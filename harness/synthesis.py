@@ -7,16 +7,20 @@ rollouts: distinct-2, repetition, clipped ratio, ...). ``eval/*`` is left out (i
 predicted), so are ``perf/*`` and ``policy/lr`` (settings and machine speed, not training dynamics).
 
 Search (:func:`synthesize`): for the N labelled examples (a version and whether it turned out bad),
-every (series, stat, window) gives an ``(N,)`` feature; every threshold between two sorted values and
-both directions is a candidate rule, scored by Youden's J = TPR - FPR (Youden 1950). The keep rule
-(:data:`KEEP_RULE`) asks for three things at once:
+every (series, stat, window) gives an ``(N,)`` feature; every threshold between two sorted values (at
+most :data:`MAX_THRESHOLDS`, spread evenly) and both directions is a candidate rule, scored by Youden's
+J = TPR - FPR (Youden 1950). The keep rule (:data:`KEEP_RULE`) asks for three things at once:
 
 1. enough labels: at least :data:`MIN_PER_CLASS` bad and good examples;
-2. out of sample: leave-one-out, the whole search rerun without example i and its rule applied to i;
-   the held-out predictions' J must reach :data:`MIN_LOO_J`;
-3. not by chance among many: a permutation test of the best in-sample J (labels shuffled, the search
+2. not by chance among many: a permutation test of the best in-sample J (labels shuffled, the search
    rerun, the max over every candidate each time: the max-statistic correction of Westfall & Young
-   1993), p = (1 + #{J_perm >= J}) / (1 + P) (Phipson & Smyth 2010) at most :data:`ALPHA`.
+   1993), p = (1 + #{J_perm >= J}) / (1 + P) (Phipson & Smyth 2010) at most :data:`ALPHA`;
+3. out of sample: leave-one-out, the whole search rerun without example i and its rule applied to i;
+   the held-out predictions' J must reach :data:`MIN_LOO_J` (run only for a rule that passes 2).
+
+Labels are treated as exchangeable; versions of one run share a parent and a model, so pooled labels
+(:class:`Example` ``source="memory"``, remembered by earlier runs) are not independent draws, and p is
+optimistic to that extent.
 
 A kept rule compiles (:func:`compile_program`) to the sandboxed analyzer contract of
 ``harness/analyzers.py`` (``run_analyzer_code``: stdlib Python, reads ``$EVIDENCE_DIR/metrics.json``
