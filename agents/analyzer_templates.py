@@ -5,6 +5,11 @@ read-only at ``$EVIDENCE_DIR`` (``metrics.json`` = ``{version: {metric: [[step, 
 ``meta.json`` with recipes, parents, statuses, eval summaries); the code prints a JSON list of
 findings (``kind, severity, versions, steps, evidence, explanation``) as the last stdout line. It
 runs sandboxed (no network, read-only evidence), so it uses only the standard library.
+
+The offline synthesiser (``harness/synthesis.py``) compiles its kept rules to the same contract
+(``compile_program``); the template below is the heuristic brain's hand-written draft. Every draft,
+this one and the Claude brain's, is kept only under the synthesiser's rule (``KEEP_RULE``: enough
+labels of both outcomes, and a permutation test of its Youden J on the versions of known outcome).
 """
 
 CONTRACT = (

@@ -215,13 +215,16 @@ class ClaudeBrain:
 
     def write_analyzer(self, tools: RoleTools, version_id: str, diagnosis: Diagnosis,
                        context: dict[str, Any]) -> AnalyzerDraft | None:
-        """Write a new analyzer for an unexplained held-out move."""
+        """Write a new analyzer for an unexplained held-out move (the orchestrator backtests the draft in the
+        sandbox and keeps it only under ``harness.synthesis.KEEP_RULE``, the offline synthesiser's rule)."""
         from evotrainer.agents.analyzer_templates import CONTRACT
+        from evotrainer.harness.synthesis import KEEP_RULE
 
         task = (f"Version {version_id} moved on held-out and no finding explains it. Diagnosis: "
                 f"{diagnosis.model_dump_json()[:3000]}\nWrite a new analyzer that would detect what changed. "
                 f"{CONTRACT}\nTry it with run_analyzer_code, then submit an AnalyzerDraft (name, kind, description, "
-                "code).")
+                f"code). It is backtested on the versions of known outcome and kept only when it discriminates "
+                f"({KEEP_RULE}); a rule that fires on every version, or fits the few labels by chance, is dropped.")
         return self._with_fallback("write_analyzer", tools, task, AnalyzerDraft, "submit_analyzer", version_id,
                                    diagnosis, context)
 

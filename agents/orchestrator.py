@@ -251,27 +251,15 @@ class Orchestrator(LoopBase):
         return res["version"]["id"]
 
     def _evolve(self, r: int, children: list[str]) -> list[dict[str, Any]]:
-        """Harness evolution: a new analyzer when a child's held-out move is unexplained."""
-        out = []
-        # backtest labels: kept children (good) vs pruned / reverted versions (bad); a kept root is the
-        # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
-        labels = {v.id: v.status in ("pruned", "reverted") for v in self.lineage.versions()
-                  if v.status in ("pruned", "reverted") or (v.status == "kept" and v.parent_id is not None)}
-        for vid in children:
-            diag = self.lineage.kv_get(f"loop/diagnose/{vid}")
-            if not diag or not diag.get("unexplained"):
-                continue
-            if len(set(labels.values())) < 2:
-                n_bad = sum(labels.values())
-                out.append({"version": vid, "registered": False,
-                            "reason": f"held-out moved without a finding to explain it, but a new analyzer needs "
-                                      f"kept and pruned versions to backtest on (so far {len(labels) - n_bad} "
-                                      f"kept, {n_bad} pruned / reverted): none written"})
-                continue
-            res = self.diagnostician.evolve_analyzer(vid, Diagnosis.model_validate(diag), self._ctx(vid), labels)
-            res["version"] = vid
-            self.log(f"analyzer evolution on {vid}: {res.get('name')}: {res.get('reason')}", version=vid)
-            out.append(res)
+        """Harness evolution (:mod:`evotrainer.agents.evolution`): inherit analyzers from memory, score them on
+        this round's versions, synthesise a rule from the versions of known outcome, judge the brain's draft for
+        an unexplained held-out move; the same keep rule (out of sample, permutation-tested) for all."""
+        from evotrainer.agents.evolution import evolve_round
+
+        out = evolve_round(self, r, children)
+        for e in out:
+            if e.get("registered") and e.get("type") in ("synthesis", "draft"):
+                self.log(f"analyzer evolution: registered {e.get('name')}: {e.get('reason')}", version=e.get("version"))
         return out
 
     def _save_usage(self) -> None:

@@ -216,17 +216,60 @@ def _kv_prefix(ws: Workspace, prefix: str) -> list[tuple[str, Any]]:
 
 
 def _analyzers(ws: Workspace) -> str:
-    rows = []
+    """Harness evolution: rules searched and kept (with their numbers), drafts judged, inherited analyzers
+    and how they did on this run's versions, and the branches a trusted analyzer would have stopped early."""
+    searched, drafts, inherited, uses, stops = [], [], [], [], []
     for key, items in _kv_prefix(ws, "loop/r"):
         if not key.endswith("/evolve"):
             continue
+        rnd = key.split("/")[1]
         for a in items or []:
-            rows.append(f"<tr><td>{_e(a.get('version'))}</td><td>{_e(a.get('name') or '-')}</td>"
-                        f"<td>{'yes' if a.get('registered') else 'no'}</td><td>{_e(a.get('reason', ''))}</td></tr>")
-    if not rows:
+            t = a.get("type", "draft")
+            {"synthesis": searched, "draft": drafts, "inherited": inherited, "use": uses,
+             "early_stop": stops}.get(t, drafts).append((rnd, a))
+    if not any((searched, drafts, inherited, uses, stops)):
         return "<p class='muted'>no analyzer was added (no unexplained held-out move)</p>"
-    return ("<table><tr><th>version</th><th>analyzer</th><th>registered</th><th>why</th></tr>" + "".join(rows)
-            + "</table>")
+    parts = []
+    if searched:
+        tried = sum(a.get("n_candidates", 0) for _, a in searched)
+        kept = [(r, a) for r, a in searched if a.get("registered")]
+        parts.append(f"<p>Offline synthesis: {len(searched)} search(es), {tried} candidate rules tried, "
+                     f"{len(kept)} kept and registered.</p>")
+        rows = []
+        for rnd, a in searched:
+            loo = a.get("loo") or {}
+            p = a.get("p_value")
+            rows.append(f"<tr><td>{_e(rnd)}</td><td><code>{_e(a.get('describe') or '-')}</code></td>"
+                        f"<td>{a.get('n_labels', 0)} ({a.get('n_bad', 0)} bad / {a.get('n_good', 0)} good)</td>"
+                        f"<td>{a.get('n_candidates', 0)}</td><td>{_fmt(loo.get('precision'), 2)}</td>"
+                        f"<td>{_fmt(loo.get('recall'), 2)}</td><td>{_fmt(p)}</td>"
+                        f"<td>{'yes' if a.get('registered') else 'no'}</td><td>{_e(a.get('reason', ''))}</td></tr>")
+        parts.append("<table><tr><th>round</th><th>best rule</th><th>labels</th><th>candidates</th>"
+                     "<th>precision (leave-one-out)</th><th>recall (leave-one-out)</th><th>permutation p</th>"
+                     "<th>kept</th><th>why</th></tr>" + "".join(rows) + "</table>")
+    if drafts:
+        parts.append("<table><tr><th>version</th><th>drafted analyzer</th><th>registered</th><th>why</th></tr>" + "".join(
+            f"<tr><td>{_e(a.get('version'))}</td><td>{_e(a.get('name') or '-')}</td>"
+            f"<td>{'yes' if a.get('registered') else 'no'}</td><td>{_e(a.get('reason', ''))}</td></tr>"
+            for _, a in drafts) + "</table>")
+    if inherited:
+        parts.append("<p>Inherited from earlier runs: " + ", ".join(
+            f"<code>{_e(a.get('name'))}</code> ({_e(a.get('reason', ''))})" for _, a in inherited) + "</p>")
+    if uses:
+        fired = [a for _, a in uses if a.get("fired")]
+        right = sum(bool(a.get("correct")) for a in fired)
+        parts.append(f"<p>Used on this run's decided versions: {len(uses)} checks, fired {len(fired)} times, "
+                     f"{right} of them on a version that turned out bad.</p><table><tr><th>analyzer</th>"
+                     "<th>version</th><th>fired</th><th>outcome</th><th>from</th></tr>" + "".join(
+                         f"<tr><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td>"
+                         f"<td>{'yes' if a.get('fired') else 'no'}</td><td>{'bad' if a.get('bad') else 'good'}</td>"
+                         f"<td>{_e(a.get('origin') or '')}</td></tr>" for _, a in uses) + "</table>")
+    if stops:
+        parts.append("<p>Decisions it would change (early stop at half the training steps):</p><ul>" + "".join(
+            f"<li>{_e(a.get('version'))}: {'stop' if a.get('stop') else 'continue'}"
+            f" ({_e(a.get('reason', ''))}); saves {a.get('saved_steps', 0)} steps; actual outcome "
+            f"{_e(a.get('actual'))}, {'right' if a.get('right') else 'wrong'}</li>" for _, a in stops) + "</ul>")
+    return "".join(parts)
 
 
 def _skills(ws: Workspace) -> str:

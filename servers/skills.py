@@ -1,7 +1,8 @@
 """Skill-retrieval tools over the skills memory (``skills_db.store.SkillStore``, LanceDB, user-level).
 
 Tools: ``search_skills`` (hybrid vector + full-text, pre-filtered by kind / finding kinds / tags),
-``get_skill``, ``add_skill``, ``record_skill_outcome``, ``add_failed_case``, ``add_search_trace``.
+``get_skill``, ``add_skill``, ``record_skill_outcome``, ``add_failed_case``, ``add_search_trace``,
+``add_version_summary`` and ``list_version_summaries``.
 The store lives outside runs (``$EVOTRAINER_SKILLS_DIR`` or the user data dir), so this server works
 without ``--run``. The embedding model (all-MiniLM-L6-v2, offline) loads on the first search or add.
 """
@@ -73,6 +74,12 @@ class OutcomeResult(BaseModel):
     skill_id: str
     domain: str
     record: SkillRecord
+
+
+class VersionSummaryList(BaseModel):
+    """Version summaries, newest first (skills_db ``VersionSummary`` records)."""
+
+    summaries: list[dict[str, Any]]
 
 
 class RecordId(BaseModel):
@@ -209,3 +216,38 @@ def register(server: MCPServer, state: ServerState) -> None:
         trace = SearchTrace(run=run or str(st.run_dir or ""), agent=agent, query=query, filters=filters,
                             results=results, chosen=chosen, rationale=rationale)
         return RecordId(id=skill_store(st).add_search_trace(trace))
+
+    @tool(server, read_only=False)
+    def add_version_summary(
+        ctx: Context,
+        version_id: Annotated[str, Field(description="The version.", min_length=1)],
+        status: Annotated[str, Field(description="Lineage status (kept, pruned, reverted, ...).")],
+        domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "",
+        intervention: Annotated[str, Field(description="e.g. 'temperature: 1.0 -> 1.2'; empty for a root.")] = "",
+        metrics: Annotated[dict[str, float], Field(description="Numbers by name (headline metrics, or the "
+                                                               "analyzer synthesiser's features).")] = {},  # noqa: B006
+        findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
+        summary: Annotated[str, Field(description="One paragraph.")] = "",
+        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+    ) -> RecordId:
+        """Remember a version in a few lines for later runs (replaces the summary of the same run and version)."""
+        from evotrainer.skills_db.models import VersionSummary
+
+        st = state_of(ctx)
+        run = run or str(st.run_dir or "")
+        vs = VersionSummary(id=f"{run}/{version_id}", run=run, version_id=version_id, domain=domain, status=status,
+                            intervention=intervention, metrics=metrics, findings=findings, summary=summary)
+        return RecordId(id=skill_store(st).add_version_summary(vs))
+
+    @tool(server)
+    def list_version_summaries(
+        ctx: Context,
+        domain: Annotated[str | None, Field(description="Only this task domain.")] = None,
+        limit: Annotated[int, Field(description="Newest first.", ge=1, le=10_000)] = 1000,
+    ) -> VersionSummaryList:
+        """Version summaries remembered by earlier runs (newest first), e.g. labelled versions to learn from."""
+        from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
+
+        where = f"domain = {sql_str(domain)}" if domain else None
+        rows = skill_store(state_of(ctx)).records(VERSION_SUMMARIES, where=where, limit=limit)
+        return VersionSummaryList(summaries=[r.model_dump(mode="json") for r in rows])

@@ -15,6 +15,7 @@ from mcp_testlib import SyncClient, make_run
 
 N_CALLS = 400
 EXPENSIVE = {"start_training", "evaluate_version", "run_analyzer_code", "backtest_analyzer", "register_analyzer",
+             "add_version_summary", "list_version_summaries",
              "search_skills", "get_skill", "add_skill", "record_skill_outcome", "add_failed_case", "add_search_trace"}
 POOL = [None, True, False, 0, 1, -1, 3, 2**40, -1e308, 0.5, "", "v0", "v1", "v99", "g0", "reward/mean", "train",
         "eval", "keep", "merge", "temperature", "reward.format.weight", "x" * 5000, "'; DROP TABLE versions; --",

@@ -66,8 +66,8 @@ def test_evolve_needs_kept_and_pruned_versions_and_says_how_many(orch):
     # v1's held-out move is unexplained, but every child is kept and the kept root is the baseline, not
     # a label: no analyzer can be backtested yet, and the reason says why with the counts
     orch.lineage.kv_set("loop/diagnose/v1", {"version_id": "v1", "findings": [], "unexplained": True, "summary": "s"})
-    out = orch._evolve(1, ["v1"])
-    assert out == [{"version": "v1", "registered": False,
+    out = [e for e in orch._evolve(1, ["v1"]) if e["type"] == "draft"]
+    assert out == [{"type": "draft", "version": "v1", "registered": False,
                     "reason": "held-out moved without a finding to explain it, but a new analyzer needs kept and "
                               "pruned versions to backtest on (so far 2 kept, 0 pruned / reverted): none written"}]
 
