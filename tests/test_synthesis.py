@@ -143,8 +143,12 @@ def test_early_stop_needs_a_trusted_record():
     assert S.early_stop([trusted], ev, "v8")["analyzer"] is None  # good v8 (ratio 0.7) does not fire
 
 
-def test_case_corpus_labels_by_kind():
-    cases = Path(__file__).parent / "data" / "cases"
+def test_case_corpus_labels_by_kind(tmp_path: Path):
+    import shutil
+
+    cases = tmp_path / "cases"  # three cases of the corpus, copied so that the corpus can grow
+    for name in ("format_reward_hacking", "truncation_all_clipped", "zero_variance_easy_data"):
+        shutil.copytree(Path(__file__).parent / "data" / "cases" / name, cases / name)
     ex = S.case_examples(cases, kind="truncation")
     # must: truncation_all_clipped; must_not: format_reward_hacking, zero_variance_easy_data
     assert sorted((e.version, e.bad) for e in ex) == [("format_reward_hacking", False),
