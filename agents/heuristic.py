@@ -20,6 +20,7 @@ Ties break on candidate order, so equal inputs give equal outputs (the crash tes
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from evotrainer.agents.decisions import (
@@ -32,6 +33,7 @@ from evotrainer.agents.decisions import (
     Score,
     Verdict,
 )
+from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
 
 from evotrainer.lineage import DAMAGED_WEIGHTS
@@ -95,6 +97,31 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
          "eval/avg@k", "up"),
         ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
     ],
+    # progress findings (harness/progress_analyzers.py): the learning rate's scale is logarithmic, so its
+    # steps are multiplicative (x3 / x10 up, /3 / /10 down); rank() puts the one nearest the finding's
+    # lr_factor_to_target first.
+    "update_too_small": [
+        ("actor_learning_rate", ("mul", 10.0), "the update's KL is far below PPO's target: a 10x larger step",
+         "policy/update_kl", "up"),
+        ("actor_learning_rate", ("mul", 3.0), "the update's KL is below PPO's target: a 3x larger step",
+         "policy/update_kl", "up"),
+        ("n_samples_per_prompt", ("mul", 2), "larger groups: more of them carry signal", "reward/frac_zero_std",
+         "down"),
+    ],
+    "update_too_large": [
+        ("actor_learning_rate", ("mul", 0.1), "the update's KL is far above PPO's target: a 10x smaller step",
+         "policy/update_kl", "down"),
+        ("actor_learning_rate", ("mul", 1 / 3), "the update's KL is above PPO's target: a 3x smaller step",
+         "policy/update_kl", "down"),
+        ("rollout_batch_size", ("mul", 2), "more groups per step average the update", "policy/update_kl", "down"),
+    ],
+    "plateau": [
+        ("actor_learning_rate", ("mul", 3.0), "learning stalled with headroom left: a 3x larger step",
+         "eval/avg@k", "up"),
+        ("temperature", ("add", 0.2), "hotter sampling explores answers the policy has stopped trying",
+         "reward/frac_zero_std", "down"),
+        ("n_samples_per_prompt", ("mul", 2), "larger groups find the rare correct answers", "eval/avg@k", "up"),
+    ],
 }
 # Exploration when no failure finding stands (the recipe works; look for more gain).
 EXPLORE: list[tuple[str, tuple, str, str, str]] = [
@@ -104,6 +131,7 @@ EXPLORE: list[tuple[str, tuple, str, str, str]] = [
     ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO)", "eval/avg@k", "up"),
 ]
 SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
+INERT_SCORE = -100.0  # score of a candidate the inert-change backtest rejects (never chosen)
 TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the finding's evidence names
 # A collapse whose metric fell to this fraction of its early level or less (entropy x0.05 in 8 steps at
 # a 100x learning rate) is a blow-up of the step size: learning-rate cuts rank first, the largest cut first.
@@ -216,8 +244,8 @@ class HeuristicBrain:
         skills_used: list[str] = []
 
         def add(c: Candidate) -> None:
-            if c.path.startswith("tool_use.") and recipe.data.task != "swe":
-                return  # tool-use limits only matter for agentic (SWE) tasks
+            if task_mismatch(c.path, recipe.data.task):
+                return  # e.g. an SWE-only reward term on a math task (it would raise RewardError)
             try:
                 current = get_path(recipe, c.path)
             except RecipeError:
@@ -316,6 +344,12 @@ class HeuristicBrain:
             if (lr_bonus := _step_size_bonus(c, proposal.candidates, diagnosis)) > 0:
                 prior += lr_bonus
                 detail += "a fast collapse: the step size; "
+            if (pb := _progress_bonus(c, proposal.candidates, diagnosis)) > 0:
+                prior += pb
+                detail += "the update size: the learning rate; "
+            if (why := self._inert(tools, parent_id, c)) is not None:
+                scores.append(Score(index=i, score=INERT_SCORE, method="inert", detail=f"inert: {why}"))
+                continue
             if c.path.startswith("reward.") and tools.has("rescore_rollouts"):
                 bt, more = self._rescore(tools, parent_id, c)
                 detail, method = detail + more, "rescore"
@@ -334,6 +368,8 @@ class HeuristicBrain:
         for diverse in (True, False):
             for s in order:
                 c = proposal.candidates[s.index]
+                if s.method == "inert":
+                    continue  # cannot act under the parent's recipe: never trained
                 if len(chosen) >= n_choose or s.index in chosen or c.path in paths:
                     continue
                 if diverse and c.addresses and set(c.addresses) <= covered:
@@ -344,6 +380,16 @@ class HeuristicBrain:
         return Ranking(scores=scores, chosen=chosen,
                        rationale="ranked by finding severity, skill record and backtests: "
                        + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5]))
+
+    def _inert(self, tools: RoleTools, parent_id: str, c: Candidate) -> str | None:
+        """The reason ``c`` cannot act under the parent's recipe (``check_inert``), or None."""
+        if not tools.has("check_inert"):
+            return None
+        try:
+            res = tools.call("check_inert", {"version_id": parent_id, "path": c.path, "value": c.new})
+        except ToolCallError:
+            return None
+        return str(res.get("reason") or "inert") if res.get("inert") else None
 
     def _rescore(self, tools: RoleTools, parent_id: str, c: Candidate) -> tuple[float, str]:
         try:
@@ -446,6 +492,44 @@ def _step_size_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagn
         return 0.0
     lrs = [x.new for x in candidates if x.path == "actor_learning_rate" and isinstance(x.new, (int, float))]
     return TARGET_BONUS if c.new <= min(lrs) else TARGET_BONUS / 2
+
+
+PROGRESS_DIRECTION = {"update_too_small": 1.0, "plateau": 1.0, "update_too_large": -1.0}
+
+
+def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
+    """Rank bonus of a learning-rate change that a progress finding asks for (harness/progress_analyzers.py).
+
+    ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
+    proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one
+    nearest in log scale to the finding's ``lr_factor_to_target`` (√(KL_target / update KL): the multiplier
+    that would bring the update to PPO's target, KL ∝ lr²; one step at most x10 or /10) gets TARGET_BONUS,
+    the others in that direction half of it; 0 for anything else.
+    """
+    if c.path != "actor_learning_rate" or not isinstance(c.new, (int, float)):
+        return 0.0
+    best = 0.0
+    for f in diagnosis.findings:
+        sign, lr = PROGRESS_DIRECTION.get(f.kind), f.data.get("lr")
+        if sign is None or f.severity == "info" or not isinstance(lr, (int, float)) or lr <= 0:
+            continue
+
+        def log_mult(x: Candidate) -> float | None:
+            ok = x.path == "actor_learning_rate" and isinstance(x.new, (int, float)) and x.new > 0
+            m = math.log10(x.new / lr) if ok else None
+            return m if m is not None and m * sign > 0 else None
+
+        mine = log_mult(c)
+        if mine is None:
+            continue
+        factor = f.data.get("lr_factor_to_target")
+        if not isinstance(factor, (int, float)) or not factor > 0:
+            best = max(best, TARGET_BONUS / 2)
+            continue
+        want = math.log10(min(10.0, max(0.1, factor)))
+        dists = [abs(m - want) for x in candidates if (m := log_mult(x)) is not None]
+        best = max(best, TARGET_BONUS if abs(mine - want) <= min(dists) + 1e-12 else TARGET_BONUS / 2)
+    return best
 
 
 def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:
