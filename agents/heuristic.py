@@ -111,7 +111,7 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
     "update_too_large": [
         ("actor_learning_rate", ("mul", 0.1), "the update's KL is far above PPO's target: a 10x smaller step",
          "policy/update_kl", "down"),
-        ("actor_learning_rate", ("mul", 1 / 3), "the update's KL is above PPO's target: a 3x smaller step",
+        ("actor_learning_rate", ("mul", 0.3333333333), "the update's KL is above PPO's target: a 3x smaller step",
          "policy/update_kl", "down"),
         ("rollout_batch_size", ("mul", 2), "more groups per step average the update", "policy/update_kl", "down"),
     ],
@@ -162,7 +162,7 @@ def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
         new = current * rule[1] if op == "mul" else current + rule[1]
         if isinstance(current, int) and not isinstance(rule[1], float):
             new = int(new)
-        return round(new, 10) if isinstance(new, float) else new
+        return float(f"{new:.12g}") if isinstance(new, float) else new  # 12 significant digits (lr 6.67e-7 too)
     if op == "difficulty":
         return None  # resolved by the caller, which knows the reward level
     return None
@@ -495,6 +495,11 @@ def _step_size_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagn
 
 
 PROGRESS_DIRECTION = {"update_too_small": 1.0, "plateau": 1.0, "update_too_large": -1.0}
+# While the update's size is wrong no other change can show its effect within the budget (the SmolLM2
+# default v0 moved KL 3.6e-4 per step at lr 2e-6: its truncation could not be trained away either), so the
+# learning-rate change that fixes it ranks above a blocking finding's fixes: bonus = the blocking - warn gap
+# plus TARGET_BONUS.
+STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGET_BONUS
 
 
 def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
@@ -503,8 +508,9 @@ def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagno
     ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
     proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one
     nearest in log scale to the finding's ``lr_factor_to_target`` (√(KL_target / update KL): the multiplier
-    that would bring the update to PPO's target, KL ∝ lr²; one step at most x10 or /10) gets TARGET_BONUS,
-    the others in that direction half of it; 0 for anything else.
+    that would bring the update to PPO's target, KL ∝ lr²; one step at most x10 or /10) gets
+    STEP_FIRST_BONUS (TARGET_BONUS for a plateau, which is about progress, not step size), the others in
+    that direction half of it; 0 for anything else.
     """
     if c.path != "actor_learning_rate" or not isinstance(c.new, (int, float)):
         return 0.0
@@ -514,7 +520,8 @@ def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagno
         if sign is None or f.severity == "info" or not isinstance(lr, (int, float)) or lr <= 0:
             continue
 
-        def log_mult(x: Candidate) -> float | None:
+        def log_mult(x: Candidate, lr: float = lr, sign: float = sign) -> float | None:
+            """log10 of the learning-rate multiplier of ``x`` when it moves in the finding's direction."""
             ok = x.path == "actor_learning_rate" and isinstance(x.new, (int, float)) and x.new > 0
             m = math.log10(x.new / lr) if ok else None
             return m if m is not None and m * sign > 0 else None
@@ -522,13 +529,14 @@ def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagno
         mine = log_mult(c)
         if mine is None:
             continue
+        full = TARGET_BONUS if f.kind == "plateau" else STEP_FIRST_BONUS
         factor = f.data.get("lr_factor_to_target")
         if not isinstance(factor, (int, float)) or not factor > 0:
-            best = max(best, TARGET_BONUS / 2)
+            best = max(best, full / 2)
             continue
         want = math.log10(min(10.0, max(0.1, factor)))
         dists = [abs(m - want) for x in candidates if (m := log_mult(x)) is not None]
-        best = max(best, TARGET_BONUS if abs(mine - want) <= min(dists) + 1e-12 else TARGET_BONUS / 2)
+        best = max(best, full if abs(mine - want) <= min(dists) + 1e-12 else full / 2)
     return best
 
 

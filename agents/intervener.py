@@ -18,7 +18,6 @@ from evotrainer.agents.mcp_client import RoleTools, ToolBox
 
 from evotrainer.recipe import Recipe, RecipeError, current_value
 
-
 # Recipe paths (a path or a prefix of one) that act only on some task families (``data.task``):
 # reward components that read per-sample episode outcomes only the SWE runner fills
 # (``rl_backend/rewards.py``: ``extras``; elsewhere they raise RewardError), the code task's unit tests,

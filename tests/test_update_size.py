@@ -55,7 +55,7 @@ def test_adamw_step_norms_match_a_weight_copy():
         lin(x).pow(2).sum().backward()
         opt.step()
         d, t = adamw_step_norms(opt)
-        exp_d = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(lin.parameters(), before)))
+        exp_d = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(lin.parameters(), before, strict=True)))
         exp_t = math.sqrt(sum(float(b.pow(2).sum()) for b in before))
         assert d == pytest.approx(exp_d, rel=1e-4) and t == pytest.approx(exp_t, rel=1e-6)
         if step == 0:
