@@ -130,7 +130,7 @@ def test_a_constant_shift_within_every_group_is_inert_under_group_norm():
 def test_check_inert_tool_and_the_heuristic_skips_inert_candidates(tmp_path):
     from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
     from evotrainer.agents.heuristic import INERT_SCORE, HeuristicBrain
-    from evotrainer.agents.mcp_client import RoleTools, ToolBox
+    from evotrainer.agents.mcp_client import RoleTools, ToolBox, ToolCallError
     from evotrainer.servers import build_server
 
     ws = Workspace(tmp_path / "run", writer=True)
@@ -143,6 +143,8 @@ def test_check_inert_tool_and_the_heuristic_skips_inert_candidates(tmp_path):
         res = tb.call("check_inert", {"version_id": "v0", "path": "reward.repetition.weight", "value": 0.5})
         assert res["inert"] and res["check"] == "no_behaviour"
         assert tb.call("check_inert", {"version_id": "v0", "path": "temperature", "value": 1.2})["inert"] is False
+        with pytest.raises(ToolCallError, match="eps_clip_low"):  # an invalid value: the recipe's error, as a tool error
+            tb.call("check_inert", {"version_id": "v0", "path": "eps_clip_low", "value": 2.0})
         cands = [Candidate(path="eps_clip_high", new=0.32, addresses=["entropy_collapse"]),
                  Candidate(path="init_kl_coef", new=0.0, addresses=["entropy_collapse"]),
                  Candidate(path="reward.repetition.weight", new=0.5, addresses=["entropy_collapse"]),
