@@ -102,8 +102,10 @@ def _aligned(ev: Evidence, v: str, name: str, steps: np.ndarray) -> np.ndarray:
     return np.array([lookup.get(int(t), math.nan) for t in steps], dtype=np.float64)
 
 
-def _reward_series(ev: Evidence, v: str) -> tuple[str, np.ndarray, np.ndarray] | None:
-    name = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
+def _reward_series(ev: Evidence, v: str, trained: bool = True) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """The series progress is judged on: with ``trained`` the signal the update climbs (``reward/mean``, else
+    correctness), otherwise the pass rate (correctness, else ``reward/mean``) that headroom and plateaus read."""
+    name = ev.first(v, M.REWARD_MEAN, *CORRECTNESS) if trained else ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
     if name is None:
         return None
     steps, values = ev.series(v, name)
@@ -133,8 +135,10 @@ def dev_pass_rate(ev: Evidence, v: str) -> float | None:
 def progress_numbers(ev: Evidence, v: str) -> dict[str, Any] | None:
     """The numbers the progress analyzers judge, for one version (None without a reward series).
 
-    Keys: ``reward_metric``, ``n_steps``, ``lr`` (the recipe's learning rate, else the last logged one), ``train_pass_late`` (median of the last quarter of the reward /
-    correctness series), ``dev_pass``, ``slope`` / ``slope_ci`` (Theil-Sen, per step), ``signal_frac``
+    Keys: ``reward_metric`` (the trained signal: ``reward/mean``, else correctness), ``slope`` /
+    ``slope_ci`` (its Theil-Sen slope per step), ``pass_metric`` (correctness, else ``reward/mean``),
+    ``train_pass_late`` (median of its last quarter), ``dev_pass``, ``n_steps``, ``lr`` (the recipe's
+    learning rate, else the last logged one), ``signal_frac``
     (median of ``1 - reward/frac_zero_std``), and when the trainer logged them: ``n_updating_steps``,
     ``update_kl_median``, ``frac_steps_kl_small`` / ``frac_steps_kl_large``, ``clip_frac_median``
     (``policy/update_clip_frac``, else the loss's ``clip_ratio`` low + high), ``update_rel_norm_median``,
@@ -151,9 +155,10 @@ def progress_numbers(ev: Evidence, v: str) -> dict[str, Any] | None:
     if not isinstance(lr, (int, float)):  # a foreign run: the last logged learning rate (after warm-up)
         lrs = ev.series(v, M.POLICY_LR)[1]
         lr = float(lrs[np.isfinite(lrs)][-1]) if np.isfinite(lrs).any() else None
-    out: dict[str, Any] = {"reward_metric": rname, "n_steps": int(ok.sum()), "first_step": int(steps[ok][0]),
-                           "last_step": int(steps[ok][-1]), "train_pass_late": _late(values),
-                           "dev_pass": dev_pass_rate(ev, v), "lr": lr}
+    pname, _, pvalues = _reward_series(ev, v, trained=False)
+    out: dict[str, Any] = {"reward_metric": rname, "pass_metric": pname, "n_steps": int(ok.sum()),
+                           "first_step": int(steps[ok][0]), "last_step": int(steps[ok][-1]),
+                           "train_pass_late": _late(pvalues), "dev_pass": dev_pass_rate(ev, v), "lr": lr}
     sc = slope_ci(steps, values)
     out["slope"], out["slope_ci"] = (sc[0], [sc[1], sc[2]]) if sc else (None, None)
     zs = ev.series(v, M.REWARD_FRAC_ZERO_STD)[1]
@@ -244,7 +249,7 @@ def update_size(ev: Evidence) -> list[Finding]:
                 f"{fmt(n['update_kl_median'])}, PPO target {fmt(KL_TARGET)}), no token reaches the clip bound "
                 f"(clip fraction {fmt(clip) if clip is not None else 'n/a'})"
                 + (f", relative update ||dθ||/||θ|| {fmt(rel)}" if rel is not None else "")
-                + f", and {_slope_text(n)} contains 0 while the train pass rate is {fmt(train)}"
+                + f", and {_slope_text(n)} contains 0 while the train pass rate ({n['pass_metric']}) is {fmt(train)}"
                 + (f" (dev {fmt(dev)})" if dev is not None else "") + f"{_signal_text(n)}. The policy barely "
                 f"moves: a learning rate x{fmt(n['lr_factor_to_target'])} would reach the target (KL ∝ lr²)."))
     return out
@@ -258,7 +263,7 @@ def plateau(ev: Evidence) -> list[Finding]:
         n = progress_numbers(ev, v)
         if n is None:
             continue
-        _, steps, values = _reward_series(ev, v)
+        _, steps, values = _reward_series(ev, v, trained=False)
         ok = np.isfinite(values)
         x, y = steps[ok], values[ok]
         h = len(y) // 2
@@ -274,8 +279,8 @@ def plateau(ev: Evidence) -> list[Finding]:
         n = {**n, "gain_first_half": gain1, "gain_second_half": gain2, "slope_second_half": second[0],
              "slope_second_half_ci": [second[1], second[2]]}
         out.append(_finding(
-            "plateau", "warn", v, n, [n["reward_metric"], M.POLICY_UPDATE_KL],
-            f"{v}: {n['reward_metric']} rose by {fmt(gain1)} over steps {int(x[0])}-{int(x[h])} and then by "
+            "plateau", "warn", v, n, [n["pass_metric"], M.POLICY_UPDATE_KL],
+            f"{v}: {n['pass_metric']} rose by {fmt(gain1)} over steps {int(x[0])}-{int(x[h])} and then by "
             f"{fmt(gain2)} over steps {int(x[h])}-{int(x[-1])} (slope {fmt(second[0])}/step, 95% CI "
             f"[{fmt(second[1])}, {fmt(second[2])}]); the train pass rate {fmt(train)} leaves headroom"
             f"{_signal_text(n)}. Learning has stalled before the data is solved."))
@@ -292,8 +297,8 @@ def headroom(ev: Evidence) -> list[Finding]:
             continue
         dev = n.get("dev_pass")
         out.append(_finding(
-            "headroom", "info", v, n, [n["reward_metric"], M.REWARD_FRAC_ZERO_STD],
-            f"{v}: no headroom on the training data: {n['reward_metric']} is {fmt(n['train_pass_late'])} in the "
+            "headroom", "info", v, n, [n["pass_metric"], M.REWARD_FRAC_ZERO_STD],
+            f"{v}: no headroom on the training data: {n['pass_metric']} is {fmt(n['train_pass_late'])} in the "
             f"last steps (median)" + (f", dev {fmt(dev)}" if dev is not None else "") + f"{_signal_text(n)}. "
             f"Saturated groups carry no signal: move to harder data (a reason to change the data, not a "
             f"failure of the version)."))
