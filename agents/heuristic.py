@@ -123,6 +123,10 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
         ("n_samples_per_prompt", ("mul", 2), "larger groups find the rare correct answers", "eval/avg@k", "up"),
     ],
 }
+# Info findings that still call for a change (not a failure of the version): saturated training data.
+ACTIONABLE_INFO = frozenset({"headroom"})
+FIXES["headroom"] = [("data.level", ("difficulty",), "the training data is saturated: harder problems carry signal",
+                      "reward/frac_zero_std", "down")]
 # Exploration when no failure finding stands (the recipe works; look for more gain).
 EXPLORE: list[tuple[str, tuple, str, str, str]] = [
     ("actor_learning_rate", ("mul", 3.0), "no failure stands; a larger step may learn faster", "eval/avg@k", "up"),
@@ -238,7 +242,8 @@ class HeuristicBrain:
                 tried: set[str], context: dict[str, Any]) -> Proposal:
         """Candidates for the parent's findings: matching skills first, then the built-in fixes."""
         kinds = diagnosis.kinds() if diagnosis.findings else []
-        failures = [k for k in kinds if any(f.kind == k and f.severity != "info" for f in diagnosis.findings)]
+        failures = [k for k in kinds if any(f.kind == k and (f.severity != "info" or k in ACTIONABLE_INFO)
+                                            for f in diagnosis.findings)]
         out: list[Candidate] = []
         seen = set(tried)
         skills_used: list[str] = []
@@ -347,6 +352,9 @@ class HeuristicBrain:
             if (pb := _progress_bonus(c, proposal.candidates, diagnosis)) > 0:
                 prior += pb
                 detail += "the update size: the learning rate; "
+            if _harder_for_headroom(c, diagnosis):
+                prior += TARGET_BONUS
+                detail += "saturated data: harder problems; "
             if (why := self._inert(tools, parent_id, c)) is not None:
                 scores.append(Score(index=i, score=INERT_SCORE, method="inert", detail=f"inert: {why}"))
                 continue
@@ -492,6 +500,16 @@ def _step_size_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagn
         return 0.0
     lrs = [x.new for x in candidates if x.path == "actor_learning_rate" and isinstance(x.new, (int, float))]
     return TARGET_BONUS if c.new <= min(lrs) else TARGET_BONUS / 2
+
+
+def _harder_for_headroom(c: Candidate, diagnosis: Diagnosis) -> bool:
+    """True for a ``data.level`` above the level a ``headroom`` finding (train pass rate >= 0.9) names: on saturated
+    data, filtering the all-correct groups (dynamic sampling) refills from the same saturated pool, while harder
+    problems make the groups informative again."""
+    if c.path != "data.level" or not isinstance(c.new, int):
+        return False
+    levels = [f.data.get("data_level") for f in diagnosis.findings if f.kind == "headroom"]
+    return any(isinstance(lv, int) and c.new > lv for lv in levels)
 
 
 PROGRESS_DIRECTION = {"update_too_small": 1.0, "plateau": 1.0, "update_too_large": -1.0}

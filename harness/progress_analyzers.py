@@ -138,7 +138,7 @@ def progress_numbers(ev: Evidence, v: str) -> dict[str, Any] | None:
     Keys: ``reward_metric`` (the trained signal: ``reward/mean``, else correctness), ``slope`` /
     ``slope_ci`` (its Theil-Sen slope per step), ``pass_metric`` (correctness, else ``reward/mean``),
     ``train_pass_late`` (median of its last quarter), ``dev_pass``, ``n_steps``, ``lr`` (the recipe's
-    learning rate, else the last logged one), ``signal_frac``
+    learning rate, else the last logged one), ``data_level`` (the recipe's, or None), ``signal_frac``
     (median of ``1 - reward/frac_zero_std``), and when the trainer logged them: ``n_updating_steps``,
     ``update_kl_median``, ``frac_steps_kl_small`` / ``frac_steps_kl_large``, ``clip_frac_median``
     (``policy/update_clip_frac``, else the loss's ``clip_ratio`` low + high), ``update_rel_norm_median``,
@@ -158,7 +158,8 @@ def progress_numbers(ev: Evidence, v: str) -> dict[str, Any] | None:
     pname, _, pvalues = _reward_series(ev, v, trained=False)
     out: dict[str, Any] = {"reward_metric": rname, "pass_metric": pname, "n_steps": int(ok.sum()),
                            "first_step": int(steps[ok][0]), "last_step": int(steps[ok][-1]),
-                           "train_pass_late": _late(pvalues), "dev_pass": dev_pass_rate(ev, v), "lr": lr}
+                           "train_pass_late": _late(pvalues), "dev_pass": dev_pass_rate(ev, v), "lr": lr,
+                           "data_level": ((ev.recipes.get(v) or {}).get("data") or {}).get("level")}
     sc = slope_ci(steps, values)
     out["slope"], out["slope_ci"] = (sc[0], [sc[1], sc[2]]) if sc else (None, None)
     zs = ev.series(v, M.REWARD_FRAC_ZERO_STD)[1]

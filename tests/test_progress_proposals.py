@@ -121,3 +121,18 @@ def test_swe_only_reward_terms_are_never_proposed_on_a_math_task(tmp_path):
     assert math_prop.candidates and not {c.path for c in math_prop.candidates} & swe_only
     assert {c.path for c in swe_prop.candidates} & swe_only  # on an SWE run the same skills do apply
     assert [c.path for c in kept.candidates] == ["reward.format.weight"]
+
+
+def test_saturated_training_data_proposes_harder_data(run_with):
+    # train pass rate 0.96 on level 1: a headroom finding (info, no failure) still calls for a change: level 2
+    sat = _flat(8, **{M.CORRECT_MEAN: 0.96, M.REWARD_MEAN: 0.96, M.POLICY_UPDATE_KL: 3e-3, M.REWARD_KEPT_GROUP_FRAC: 0.25,
+                      M.REWARD_FRAC_ZERO_STD: 0.75, M.POLICY_UPDATE_NORM: 0.1})
+    tb, recipe = run_with(sat)
+    with tb:
+        brain = HeuristicBrain()
+        diag = brain.diagnose(RoleTools(tb, "diagnostician"), "v0", {})
+        prop = brain.propose(RoleTools(tb, "intervener"), "v0", recipe, diag, set(), {"reward_mean": 0.96})
+        rank = brain.rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=1)
+    assert [(f.kind, f.severity) for f in diag.findings if f.kind == "headroom"] == [("headroom", "info")]
+    top = prop.candidates[rank.chosen[0]]
+    assert (top.path, top.new) == ("data.level", 2), rank.rationale
