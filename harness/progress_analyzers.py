@@ -250,7 +250,8 @@ def update_size(ev: Evidence) -> list[Finding]:
                 f"{fmt(n['update_kl_median'])}, PPO target {fmt(KL_TARGET)}), no token reaches the clip bound "
                 f"(clip fraction {fmt(clip) if clip is not None else 'n/a'})"
                 + (f", relative update ||dθ||/||θ|| {fmt(rel)}" if rel is not None else "")
-                + f", and {_slope_text(n)} contains 0 while the train pass rate ({n['pass_metric']}) is {fmt(train)}"
+                + f", and {_slope_text(n)} shows no significant rise while the train pass rate "
+                  f"({n['pass_metric']}) is {fmt(train)}"
                 + (f" (dev {fmt(dev)})" if dev is not None else "") + f"{_signal_text(n)}. The policy barely "
                 f"moves: a learning rate x{fmt(n['lr_factor_to_target'])} would reach the target (KL ∝ lr²)."))
     return out

@@ -1,8 +1,8 @@
 """Backtest and gate tools of the analyzer server (``harness.backtest``, ``harness.gate``).
 
 Tools: ``rescore_rollouts`` (judge a reward change on stored rollouts), ``replay_filter`` (judge a
-group-filter change on stored groups), ``check_inert`` (can a change act at all under the recipe?), ``backtest_analyzer`` (precision / recall of an analyzer on
-versions of known outcome) and ``gate_version`` (the promotion gate: held-out gain CI above 0 and
+group-filter change on stored groups), ``check_inert`` (can a change act at all under the recipe?),
+``backtest_analyzer`` (precision / recall of an analyzer on versions of known outcome) and ``gate_version`` (the promotion gate: held-out gain CI above 0 and
 no blocking finding). All of them judge a change before paying for training.
 """
 
