@@ -20,6 +20,7 @@ Ties break on candidate order, so equal inputs give equal outputs (the crash tes
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from evotrainer.agents.decisions import (
@@ -32,6 +33,7 @@ from evotrainer.agents.decisions import (
     Score,
     Verdict,
 )
+from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
 
 from evotrainer.lineage import DAMAGED_WEIGHTS
@@ -95,7 +97,36 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
          "eval/avg@k", "up"),
         ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
     ],
+    # progress findings (harness/progress_analyzers.py): the learning rate's scale is logarithmic, so its
+    # steps are multiplicative (x3 / x10 up, /3 / /10 down); rank() puts the one nearest the finding's
+    # lr_factor_to_target first.
+    "update_too_small": [
+        ("actor_learning_rate", ("mul", 10.0), "the update's KL is far below PPO's target: a 10x larger step",
+         "policy/update_kl", "up"),
+        ("actor_learning_rate", ("mul", 3.0), "the update's KL is below PPO's target: a 3x larger step",
+         "policy/update_kl", "up"),
+        ("n_samples_per_prompt", ("mul", 2), "larger groups: more of them carry signal", "reward/frac_zero_std",
+         "down"),
+    ],
+    "update_too_large": [
+        ("actor_learning_rate", ("mul", 0.1), "the update's KL is far above PPO's target: a 10x smaller step",
+         "policy/update_kl", "down"),
+        ("actor_learning_rate", ("mul", 0.3333333333), "the update's KL is above PPO's target: a 3x smaller step",
+         "policy/update_kl", "down"),
+        ("rollout_batch_size", ("mul", 2), "more groups per step average the update", "policy/update_kl", "down"),
+    ],
+    "plateau": [
+        ("actor_learning_rate", ("mul", 3.0), "learning stalled with headroom left: a 3x larger step",
+         "eval/avg@k", "up"),
+        ("temperature", ("add", 0.2), "hotter sampling explores answers the policy has stopped trying",
+         "reward/frac_zero_std", "down"),
+        ("n_samples_per_prompt", ("mul", 2), "larger groups find the rare correct answers", "eval/avg@k", "up"),
+    ],
 }
+# Info findings that still call for a change (not a failure of the version): saturated training data.
+ACTIONABLE_INFO = frozenset({"headroom"})
+FIXES["headroom"] = [("data.level", ("difficulty",), "the training data is saturated: harder problems carry signal",
+                      "reward/frac_zero_std", "down")]
 # Exploration when no failure finding stands (the recipe works; look for more gain).
 EXPLORE: list[tuple[str, tuple, str, str, str]] = [
     ("actor_learning_rate", ("mul", 3.0), "no failure stands; a larger step may learn faster", "eval/avg@k", "up"),
@@ -104,6 +135,7 @@ EXPLORE: list[tuple[str, tuple, str, str, str]] = [
     ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO)", "eval/avg@k", "up"),
 ]
 SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
+INERT_SCORE = -100.0  # score of a candidate the inert-change backtest rejects (never chosen)
 TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the finding's evidence names
 # A collapse whose metric fell to this fraction of its early level or less (entropy x0.05 in 8 steps at
 # a 100x learning rate) is a blow-up of the step size: learning-rate cuts rank first, the largest cut first.
@@ -134,7 +166,7 @@ def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
         new = current * rule[1] if op == "mul" else current + rule[1]
         if isinstance(current, int) and not isinstance(rule[1], float):
             new = int(new)
-        return round(new, 10) if isinstance(new, float) else new
+        return float(f"{new:.12g}") if isinstance(new, float) else new  # 12 significant digits (lr 6.67e-7 too)
     if op == "difficulty":
         return None  # resolved by the caller, which knows the reward level
     return None
@@ -210,14 +242,15 @@ class HeuristicBrain:
                 tried: set[str], context: dict[str, Any]) -> Proposal:
         """Candidates for the parent's findings: matching skills first, then the built-in fixes."""
         kinds = diagnosis.kinds() if diagnosis.findings else []
-        failures = [k for k in kinds if any(f.kind == k and f.severity != "info" for f in diagnosis.findings)]
+        failures = [k for k in kinds if any(f.kind == k and (f.severity != "info" or k in ACTIONABLE_INFO)
+                                            for f in diagnosis.findings)]
         out: list[Candidate] = []
         seen = set(tried)
         skills_used: list[str] = []
 
         def add(c: Candidate) -> None:
-            if c.path.startswith("tool_use.") and recipe.data.task != "swe":
-                return  # tool-use limits only matter for agentic (SWE) tasks
+            if task_mismatch(c.path, recipe.data.task):
+                return  # e.g. an SWE-only reward term on a math task (it would raise RewardError)
             try:
                 current = get_path(recipe, c.path)
             except RecipeError:
@@ -316,6 +349,15 @@ class HeuristicBrain:
             if (lr_bonus := _step_size_bonus(c, proposal.candidates, diagnosis)) > 0:
                 prior += lr_bonus
                 detail += "a fast collapse: the step size; "
+            if (pb := _progress_bonus(c, proposal.candidates, diagnosis)) > 0:
+                prior += pb
+                detail += "the update size: the learning rate; "
+            if _harder_for_headroom(c, diagnosis):
+                prior += TARGET_BONUS
+                detail += "saturated data: harder problems; "
+            if (why := self._inert(tools, parent_id, c)) is not None:
+                scores.append(Score(index=i, score=INERT_SCORE, method="inert", detail=f"inert: {why}"))
+                continue
             if c.path.startswith("reward.") and tools.has("rescore_rollouts"):
                 bt, more = self._rescore(tools, parent_id, c)
                 detail, method = detail + more, "rescore"
@@ -334,6 +376,8 @@ class HeuristicBrain:
         for diverse in (True, False):
             for s in order:
                 c = proposal.candidates[s.index]
+                if s.method == "inert":
+                    continue  # cannot act under the parent's recipe: never trained
                 if len(chosen) >= n_choose or s.index in chosen or c.path in paths:
                     continue
                 if diverse and c.addresses and set(c.addresses) <= covered:
@@ -344,6 +388,16 @@ class HeuristicBrain:
         return Ranking(scores=scores, chosen=chosen,
                        rationale="ranked by finding severity, skill record and backtests: "
                        + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5]))
+
+    def _inert(self, tools: RoleTools, parent_id: str, c: Candidate) -> str | None:
+        """The reason ``c`` cannot act under the parent's recipe (``check_inert``), or None."""
+        if not tools.has("check_inert"):
+            return None
+        try:
+            res = tools.call("check_inert", {"version_id": parent_id, "path": c.path, "value": c.new})
+        except ToolCallError:
+            return None
+        return str(res.get("reason") or "inert") if res.get("inert") else None
 
     def _rescore(self, tools: RoleTools, parent_id: str, c: Candidate) -> tuple[float, str]:
         try:
@@ -446,6 +500,62 @@ def _step_size_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagn
         return 0.0
     lrs = [x.new for x in candidates if x.path == "actor_learning_rate" and isinstance(x.new, (int, float))]
     return TARGET_BONUS if c.new <= min(lrs) else TARGET_BONUS / 2
+
+
+def _harder_for_headroom(c: Candidate, diagnosis: Diagnosis) -> bool:
+    """True for a ``data.level`` above the level a ``headroom`` finding (train pass rate >= 0.9) names: on saturated
+    data, filtering the all-correct groups (dynamic sampling) refills from the same saturated pool, while harder
+    problems make the groups informative again."""
+    if c.path != "data.level" or not isinstance(c.new, int):
+        return False
+    levels = [f.data.get("data_level") for f in diagnosis.findings if f.kind == "headroom"]
+    return any(isinstance(lv, int) and c.new > lv for lv in levels)
+
+
+PROGRESS_DIRECTION = {"update_too_small": 1.0, "plateau": 1.0, "update_too_large": -1.0}
+# While the update's size is wrong no other change can show its effect within the budget (the SmolLM2
+# default v0 moved KL 3.6e-4 per step at lr 2e-6: its truncation could not be trained away either), so the
+# learning-rate change that fixes it ranks above a blocking finding's fixes: bonus = the blocking - warn gap
+# plus TARGET_BONUS.
+STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGET_BONUS
+
+
+def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
+    """Rank bonus of a learning-rate change that a progress finding asks for (harness/progress_analyzers.py).
+
+    ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
+    proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one
+    nearest in log scale to the finding's ``lr_factor_to_target`` (√(KL_target / update KL): the multiplier
+    that would bring the update to PPO's target, KL ∝ lr²; one step at most x10 or /10) gets
+    STEP_FIRST_BONUS (TARGET_BONUS for a plateau, which is about progress, not step size), the others in
+    that direction half of it; 0 for anything else.
+    """
+    if c.path != "actor_learning_rate" or not isinstance(c.new, (int, float)):
+        return 0.0
+    best = 0.0
+    for f in diagnosis.findings:
+        sign, lr = PROGRESS_DIRECTION.get(f.kind), f.data.get("lr")
+        if sign is None or f.severity == "info" or not isinstance(lr, (int, float)) or lr <= 0:
+            continue
+
+        def log_mult(x: Candidate, lr: float = lr, sign: float = sign) -> float | None:
+            """log10 of the learning-rate multiplier of ``x`` when it moves in the finding's direction."""
+            ok = x.path == "actor_learning_rate" and isinstance(x.new, (int, float)) and x.new > 0
+            m = math.log10(x.new / lr) if ok else None
+            return m if m is not None and m * sign > 0 else None
+
+        mine = log_mult(c)
+        if mine is None:
+            continue
+        full = TARGET_BONUS if f.kind == "plateau" else STEP_FIRST_BONUS
+        factor = f.data.get("lr_factor_to_target")
+        if not isinstance(factor, (int, float)) or not factor > 0:
+            best = max(best, full / 2)
+            continue
+        want = math.log10(min(10.0, max(0.1, factor)))
+        dists = [abs(m - want) for x in candidates if (m := log_mult(x)) is not None]
+        best = max(best, full if abs(mine - want) <= min(dists) + 1e-12 else full / 2)
+    return best
 
 
 def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:

@@ -33,7 +33,7 @@ ROLE_TOOLS: dict[str, tuple[str, ...]] = {
         "group_stats",
     ),
     "backtester": (
-        "list_versions", "get_version", "rescore_rollouts", "replay_filter", "backtest_analyzer",
+        "list_versions", "get_version", "rescore_rollouts", "replay_filter", "check_inert", "backtest_analyzer",
         "group_stats", "metric_summary", "compare_versions",
     ),
     "decider": (

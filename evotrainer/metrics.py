@@ -102,3 +102,25 @@ ALL_STEP_METRICS: tuple[str, ...] = (
     TOOLS_FILES_TOUCHED_MEAN, TOOLS_COLLECTION_ERROR_FRAC, TOOLS_SUBMIT_FRAC, TOOLS_RESOLVED_FRAC,
     PERF_TOKENS_PER_SEC, PERF_STEP_SECONDS, PERF_PEAK_MEMORY_MB,
 )
+
+
+# --- update size (issue 16): how far one step's update moves the policy ---------------------------
+# Logged by the local trainer on every step (0.0 on a step with no kept group: nothing was updated); the
+# KL / post-update ratio / clip metrics are measured on the first micro-batch of the kept batch.
+# Targets they are judged against: PPO's KL target d_targ = 0.01 (Schulman et al. 2017 §4; Spinning Up
+# PPO target_kl = 0.01, early stop at 1.5 x target_kl); see harness/progress_analyzers.py.
+POLICY_UPDATE_KL = "policy/update_kl"  # nats/token, k3 estimate of KL(pi_old || pi_new) on the step's kept tokens
+POLICY_UPDATE_KL_K1 = "policy/update_kl_k1"  # nats/token, k1 estimate mean(log pi_old - log pi_new), same tokens
+POLICY_RATIO_MAX = "policy/ratio/max"  # largest pi_theta / pi_old over kept tokens, PPO epochs and the updated policy
+POLICY_RATIO_MIN = "policy/ratio/min"  # smallest, same tokens
+POLICY_RATIO_MEAN_ABS_DEV = "policy/ratio/mean_abs_dev"  # token mean |pi_new / pi_old - 1| after the update
+POLICY_UPDATE_CLIP_FRAC = "policy/update_clip_frac"  # tokens the clip would bind on after the update (next epoch's clip ratio)
+POLICY_UPDATE_NORM = "policy/update_norm"  # ||theta_after - theta_before||_2 over trainable parameters
+POLICY_UPDATE_REL_NORM = "policy/update_rel_norm"  # ||dtheta|| / ||theta_before|| (relative update size)
+POLICY_GRAD_NORM_X_LR = "policy/grad_norm_x_lr"  # grad norm (before clipping) x learning rate (SGD-equivalent step)
+
+UPDATE_STEP_METRICS: tuple[str, ...] = (
+    POLICY_UPDATE_KL, POLICY_UPDATE_KL_K1, POLICY_RATIO_MAX, POLICY_RATIO_MIN, POLICY_RATIO_MEAN_ABS_DEV,
+    POLICY_UPDATE_CLIP_FRAC, POLICY_UPDATE_NORM, POLICY_UPDATE_REL_NORM, POLICY_GRAD_NORM_X_LR,
+)
+ALL_STEP_METRICS = ALL_STEP_METRICS + UPDATE_STEP_METRICS

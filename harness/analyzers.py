@@ -202,4 +202,5 @@ def _call_sandbox(run_in_sandbox: Callable, code: str, evidence_dir: Path, timeo
 
 
 from evotrainer.harness import builtin_analyzers as _builtin_analyzers  # noqa: E402,F401  (registers the built-ins)
+from evotrainer.harness import progress_analyzers as _progress_analyzers  # noqa: E402,F401  (learning progress)
 from evotrainer.harness import swe_analyzers as _swe_analyzers  # noqa: E402,F401  (SWE-episode built-ins)

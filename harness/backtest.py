@@ -9,6 +9,10 @@
   fraction, effective batch and reward std per step, next to the kept fraction the trainer logged.
 * :func:`backtest_analyzer`: run an analyzer on versions whose outcome is known and score it
   (precision / recall: does it fire on the bad versions only?).
+* :func:`inert_change`: would a single-factor change act at all under the parent's recipe? A clip
+  bound no ratio reaches, a coefficient change too small to move the update, a penalty for a
+  behaviour that never occurs in the stored rollouts, a setting another one switches off. Such a
+  change trains (nearly) bit-identically to its parent's recipe and costs a branch for nothing.
 
 The harness imports ``rl_backend`` here (a sibling package) so that backtests and training
 share one implementation of rewards, advantages and filters.
@@ -334,3 +338,202 @@ def components_of(rollouts: pa.Table) -> dict[str, np.ndarray]:
     rows = [json.loads(c or "{}") for c in rollouts.column("components").to_pylist()]
     names = sorted({k for r in rows for k in r})
     return {n: np.array([r.get(n, math.nan) for r in rows], dtype=np.float64) for n in names}
+
+
+# --- inert changes ------------------------------------------------------------------------------------
+CLIP_PATHS = ("eps_clip_high", "eps_clip_low")
+COEF_INERT = 0.01  # relative change of the per-token update below this: inert. A GRPO batch's gradient has
+# a relative standard error of at least 1/sqrt(B) (0.03 for B = 1024 samples, 0.2 for the default's 24), so a
+# 1% change of the update's direction is below the noise of any batch size in use.
+ADV_TOL = 1e-9  # advantages equal within this: the reward change does not reach the policy gradient
+
+
+@dataclass
+class InertCheck:
+    """Verdict of :func:`inert_change`: ``inert`` with the ``check`` that decided it, the reason and its numbers."""
+
+    path: str
+    old: Any
+    new: Any
+    inert: bool
+    check: str  # structural | clip_bound | coefficient | no_behaviour | none
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {"path": self.path, "old": self.old, "new": self.new, "inert": self.inert, "check": self.check,
+                "reason": self.reason, "data": self.data}
+
+
+def _series_stat(ev: Evidence | None, v: str | None, name: str, how: str) -> float | None:
+    if ev is None or v is None:
+        return None
+    x = ev.series(v, name)[1]
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return None
+    return float({"max": np.max, "min": np.min, "median": np.median}[how](x))
+
+
+def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = None,
+                 version: str | None = None) -> InertCheck:
+    """Would setting ``path`` to ``new`` on ``recipe`` (the parent's) change training at all?
+
+    Checks, in order (the first that applies decides; each reason carries its numbers):
+
+    * **structural** (exact): ``kl_estimator`` / ``use_kl_loss`` with ``init_kl_coef = 0`` (KL off);
+      ``dynamic_filtering_range`` / ``max_refill_rounds`` with ``dynamic_filtering`` off;
+      ``eps_clip_high`` / ``eps_clip_low`` with ``max_epochs = 1``: both backends take one optimiser step
+      per epoch over the whole rollout batch and the epoch's ``old_logprobs`` are the policy's own
+      (``rl_backend/local.py``), so the ratio is exactly 1 and no bound can bind.
+    * **clip_bound** (``max_epochs > 1``): the parent's ratios over its PPO epochs (``policy/ratio/max`` /
+      ``min``, every step) never reached the nearer of the old and new bound: no token is clipped by either.
+    * **coefficient**: the change's share of the per-token update, ``rel``, is below :data:`COEF_INERT`:
+      ``init_kl_coef`` with the KL as a loss: ``|Δβ|·g_KL / σ_A`` where ``g_KL`` is the KL term's gradient
+      per token w.r.t. the log-prob (1 for k1; ``|log r| ≈ √(2·KL)`` for k2 / k3, Schulman 2020) at the
+      parent's largest logged ``policy/kl`` and ``σ_A`` the median ``policy/advantage/std`` (the policy
+      term's gradient per token is ``A·ρ``); with the KL in the reward: ``|Δβ|·KL·L / σ_r`` (L: mean
+      completion length, σ_r: median ``reward/std``); ``l2``: ``lr·|Δwd| / (||dθ||/||θ||)`` (decoupled weight
+      decay against the median ``policy/update_rel_norm``).
+    * **no_behaviour** (``reward.<name>.*``): the parent's stored train rollouts re-scored under the change
+      (:func:`rescore_rollouts`) give the same group advantages (within :data:`ADV_TOL`) and the same
+      group-filter decisions: the component is constant within every group (e.g. a repetition penalty
+      where nothing repeats), so the policy gradient does not change.
+
+    Args:
+        recipe: the parent's :class:`~evotrainer.recipe.Recipe`.
+        path, new: the change (a dotted recipe path and its new value).
+        evidence: the parent's evidence (metrics; rollouts for reward changes); version: its id.
+
+    Returns:
+        :class:`InertCheck`; ``inert=False`` with check ``none`` when no rule applies or evidence is missing
+        (the reason says which).
+
+    Raises:
+        RecipeError: ``new`` is not a valid value for ``path``.
+    """
+    from evotrainer.recipe import get_path, set_path
+
+    try:
+        old = get_path(recipe, path)
+    except ValueError:
+        old = None
+    changed = set_path(recipe, path, new)  # validates the value
+    r = recipe
+
+    def verdict(inert: bool, check: str, reason: str, **data: Any) -> InertCheck:
+        return InertCheck(path=path, old=old, new=new, inert=inert, check=check, reason=reason, data=data)
+
+    if path in ("kl_estimator", "use_kl_loss") and r.init_kl_coef == 0:
+        return verdict(True, "structural", f"{path} {old} -> {new} while init_kl_coef = 0: the KL is off")
+    if path in ("dynamic_filtering_range", "max_refill_rounds") and not r.dynamic_filtering:
+        return verdict(True, "structural", f"{path} {old} -> {new} while dynamic_filtering is off")
+    if path in CLIP_PATHS:
+        if r.max_epochs == 1:
+            return verdict(True, "structural",
+                           f"{path} {old} -> {new} with max_epochs = 1: the loss's ratio is exactly 1 (one optimiser "
+                           f"step per batch, old_logprobs are the epoch's own), so no clip bound binds")
+        bound = min(float(old), float(new))
+        name, how = (M.POLICY_RATIO_MAX, "max") if path == "eps_clip_high" else (M.POLICY_RATIO_MIN, "min")
+        seen = _series_stat(evidence, version, name, how)
+        if seen is None:
+            return verdict(False, "none", f"no {name} logged for {version}: cannot tell whether a ratio reaches the bound")
+        reach = seen - 1 if path == "eps_clip_high" else 1 - seen
+        if reach < bound:
+            side = f"1 + {fmt_num(bound)}" if path == "eps_clip_high" else f"1 - {fmt_num(bound)}"
+            return verdict(True, "clip_bound", f"{path} {old} -> {new}: the parent's {how} ratio over its PPO epochs "
+                           f"was {fmt_num(seen)}, never reaching {side}; no token is clipped by either bound",
+                           ratio_seen=seen, bound=bound)
+        return verdict(False, "none", f"{name} {fmt_num(seen)} reaches the bound {fmt_num(bound)}", ratio_seen=seen)
+    if path == "init_kl_coef":
+        return _inert_kl_coef(r, old, new, evidence, version, verdict)
+    if path == "l2":
+        lr, rel = r.actor_learning_rate, _series_stat(evidence, version, M.POLICY_UPDATE_REL_NORM, "median")
+        if not rel:
+            return verdict(False, "none", f"no {M.POLICY_UPDATE_REL_NORM} logged for {version}")
+        share = lr * abs(float(new) - float(old)) / rel
+        return verdict(share < COEF_INERT, "coefficient" if share < COEF_INERT else "none",
+                       f"l2 {old} -> {new}: weight decay moves θ by lr·|Δwd| = {fmt_num(lr * abs(float(new) - float(old)))} "
+                       f"of ||θ|| per step against an update of {fmt_num(rel)} (share {fmt_num(share)}; inert below "
+                       f"{COEF_INERT})", share=share, update_rel_norm=rel)
+    if path.startswith("reward."):
+        return _inert_reward(r, changed, path, old, new, evidence, version, verdict)
+    return verdict(False, "none", f"no inert-change rule for {path}")
+
+
+def fmt_num(x: float) -> str:
+    """3 significant digits."""
+    return f"{x:.3g}"
+
+
+def _inert_kl_coef(r: Any, old: Any, new: Any, ev: Evidence | None, v: str | None, verdict: Callable) -> InertCheck:
+    d_beta = abs(float(new) - float(old))
+    kl = _series_stat(ev, v, M.POLICY_KL, "max")
+    if kl is None:
+        return verdict(False, "none", f"no {M.POLICY_KL} logged for {v}: cannot size the KL term")
+    if r.use_kl_loss:
+        g_kl = 1.0 if r.kl_estimator == "k1" else math.sqrt(2 * max(kl, 0.0))
+        sigma = _series_stat(ev, v, M.POLICY_ADVANTAGE_STD, "median")
+        if not sigma:
+            return verdict(False, "none", f"no {M.POLICY_ADVANTAGE_STD} logged for {v}")
+        share = d_beta * g_kl / sigma
+        how = (f"the KL loss's gradient per token changes by |Δβ|·g = {fmt_num(d_beta)} x {fmt_num(g_kl)} "
+               f"(g = {'1 for k1' if r.kl_estimator == 'k1' else '√(2·KL), KL ' + fmt_num(kl)}) against the policy "
+               f"term's advantage std {fmt_num(sigma)}")
+        data = {"d_beta": d_beta, "kl_max": kl, "g_kl": g_kl, "advantage_std": sigma}
+    else:
+        length = _series_stat(ev, v, M.COMPLETIONS_MEAN_LENGTH, "median")
+        sigma = _series_stat(ev, v, M.REWARD_STD, "median")
+        if not length or not sigma:
+            return verdict(False, "none", f"no {M.COMPLETIONS_MEAN_LENGTH} / {M.REWARD_STD} logged for {v}")
+        share = d_beta * kl * length / sigma
+        how = (f"the KL in the reward shifts each sample by |Δβ|·KL·L = {fmt_num(d_beta)} x {fmt_num(kl)} x "
+               f"{fmt_num(length)} tokens against a reward std of {fmt_num(sigma)}")
+        data = {"d_beta": d_beta, "kl_max": kl, "mean_length": length, "reward_std": sigma}
+    inert = share < COEF_INERT
+    return verdict(inert, "coefficient" if inert else "none",
+                   f"init_kl_coef {old} -> {new}: {how}: share {fmt_num(share)} of the update "
+                   f"({'inert' if inert else 'acts'}; inert below {COEF_INERT})", share=share, **data)
+
+
+def _inert_reward(r: Any, changed: Any, path: str, old: Any, new: Any, ev: Evidence | None, v: str | None,
+                  verdict: Callable) -> InertCheck:
+    from evotrainer.rl_backend.rewards import RewardError
+
+    t = ev.rollouts_of(v, "train") if ev is not None and v is not None else None
+    if t is None or not t.num_rows:
+        return verdict(False, "none", f"no stored train rollouts of {v} to re-score")
+    try:
+        res = rescore_rollouts(t, changed.to_dict()["reward"], generate_max_len=r.generate_max_len,
+                               task=r.data.task, estimator=r.advantage_estimator)
+    except RewardError as exc:
+        return verdict(False, "none", f"cannot re-score under the change: {exc}")
+    groups = _groups(t)
+    rows = [g[3] for g in groups]
+    old_adv = _advantages(res.old_reward, rows, r.advantage_estimator)  # both sides recomputed the same way
+    d_adv = float(np.max(np.abs(res.new_advantage - old_adv))) if len(rows) else 0.0
+    settings = {"drop_zero_variance_groups": r.drop_zero_variance_groups, "dynamic_filtering": r.dynamic_filtering,
+                "dynamic_filtering_range": tuple(r.dynamic_filtering_range),
+                "group_filter_top_p": r.group_filter_top_p}
+    by_step: dict[tuple[str, int], list[np.ndarray]] = {}
+    for ver, step, _, g in groups:
+        by_step.setdefault((ver, step), []).append(g)
+    same_keep = True
+    for gs in by_step.values():  # the filter judges a step's groups together (top-p ranks them)
+        sizes = {len(g) for g in gs}
+        if len(sizes) != 1 or sizes.pop() < 2:
+            continue
+        idx = np.concatenate(gs)
+        same_keep &= bool(np.array_equal(filter_keep(res.old_reward[idx], len(gs[0]), **settings),
+                                         filter_keep(res.new_reward[idx], len(gs[0]), **settings)))
+    name = path.split(".")[1]
+    comp = res.new_components.get(name)
+    vals = f"{name} takes values {sorted({round(float(x), 6) for x in comp})[:5]} on {len(comp)} rollouts" \
+        if comp is not None and len(comp) else f"{name} is removed"
+    inert = d_adv <= ADV_TOL and same_keep
+    return verdict(inert, "no_behaviour" if inert else "none",
+                   f"{path} {old} -> {new}: on {res.summary['n_rollouts']} stored rollouts of {v} ({len(rows)} groups) "
+                   f"{vals}; max |Δadvantage| = {fmt_num(d_adv)}, group filter {'unchanged' if same_keep else 'changed'}"
+                   + (": the behaviour it prices never varies within a group, the gradient is the same" if inert else ""),
+                   max_abs_advantage_change=d_adv, same_filter=same_keep, n_rollouts=res.summary["n_rollouts"])

@@ -19,6 +19,9 @@ Sources, formula by formula:
   ``PolicyLoss`` (ppo, no dual clip) and TRL's GRPO loss.
 * KL estimators k1 / k2 / k3: Schulman 2020, "Approximating KL divergence"
   (http://joschu.net/blog/kl-approx.html), value clamps as OpenRLHF ``compute_approx_kl``.
+* Update size (``update_stats``): KL(π_old ‖ π_new) on the update's own tokens with k1 and k3
+  (Schulman 2020; k3 = ``(ρ - 1) - log ρ`` is CleanRL's / "The 37 implementation details of PPO"
+  ``approx_kl``), ratio extremes and the fraction of tokens the clip would bind on.
 * Loss aggregation: token-mean (DAPO eq. 12), seq-mean-token-mean (GRPO eq. 3),
   seq-mean-token-sum (Dr. GRPO-style sums), named as verl's ``loss_agg_mode``.
 * Group filters: zero-variance groups carry no gradient under group_norm (DAPO §3.2);
@@ -283,3 +286,60 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
     m = mask.to(x.dtype)
     return (x * m).sum() / m.sum().clamp(min=1)
+
+
+@dataclass
+class UpdateStats:
+    """Size of one update on the tokens it trained on (see :func:`update_stats`); token sums, so
+    micro-batches add up. Divide the sums by ``n_tokens`` for means."""
+
+    kl_k3_sum: float
+    kl_k1_sum: float
+    abs_dev_sum: float  # Σ |ρ - 1|
+    clip_sum: float  # tokens where the clipped surrogate would bind (ρ > 1+ε_high, A > 0 or ρ < 1-ε_low, A < 0)
+    ratio_max: float
+    ratio_min: float
+    n_tokens: float
+
+    def __add__(self, other: UpdateStats) -> UpdateStats:
+        return UpdateStats(self.kl_k3_sum + other.kl_k3_sum, self.kl_k1_sum + other.kl_k1_sum,
+                           self.abs_dev_sum + other.abs_dev_sum, self.clip_sum + other.clip_sum,
+                           max(self.ratio_max, other.ratio_max), min(self.ratio_min, other.ratio_min),
+                           self.n_tokens + other.n_tokens)
+
+
+def update_stats(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 completion_mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28) -> UpdateStats:
+    """How far an update moved the policy on its own tokens: π_old (before) vs π_new (after).
+
+    With ``log ρ = new_logprobs - old_logprobs`` per token (samples drawn from π_old):
+    k1 = ``-log ρ`` and k3 = ``(ρ - 1) - log ρ`` estimate KL(π_old ‖ π_new) (Schulman 2020; k3 is
+    the ``approx_kl`` of CleanRL's PPO and of "The 37 implementation details of PPO", which PPO
+    practice holds near a target of ~0.01: Schulman et al. 2017 §4 d_targ, Spinning Up target_kl).
+    The clip count uses the rule of :func:`policy_loss` (the clip fraction the next PPO epoch would see).
+
+    Args:
+        new_logprobs, old_logprobs: (B, T) log-probs of the sampled tokens after / before the update, nats.
+        advantages: (B,) or (B, T). completion_mask: (B, T) 1 on trained tokens.
+
+    Returns:
+        :class:`UpdateStats` with sums over the masked tokens (ratio extremes: 1.0 when no token).
+
+    Raises:
+        ValueError: shape mismatch.
+    """
+    if new_logprobs.shape != old_logprobs.shape or new_logprobs.shape != completion_mask.shape:
+        raise ValueError(f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
+                         f"completion_mask {tuple(completion_mask.shape)} must all be (B, T)")
+    with torch.no_grad():
+        m = completion_mask.bool()
+        log_r = (new_logprobs.double() - old_logprobs.double()).clamp(-20.0, 20.0)[m]  # (N,) masked tokens
+        ratio = log_r.exp()
+        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+        adv = adv.double().expand_as(new_logprobs)[m]
+        clip = ((ratio > 1 + eps_high) & (adv > 0)) | ((ratio < 1 - eps_low) & (adv < 0))
+        n = int(m.sum())
+        return UpdateStats(kl_k3_sum=float(((ratio - 1) - log_r).sum()), kl_k1_sum=float((-log_r).sum()),
+                           abs_dev_sum=float((ratio - 1).abs().sum()), clip_sum=float(clip.sum()),
+                           ratio_max=float(ratio.max()) if n else 1.0, ratio_min=float(ratio.min()) if n else 1.0,
+                           n_tokens=float(n))

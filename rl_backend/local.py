@@ -13,6 +13,9 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
    model once; losses normalised by the whole batch's token / sequence count),
    Clip-Higher loss + β·KL (k1/k2/k3), gradient clipping at ``max_norm``. ``old_logprobs`` are the
    first epoch's log-probs, detached (the weights have not moved yet), so no extra forward pass;
+   after the last epoch, the update's size: ``||dθ||/||θ||`` from the AdamW state
+   (:func:`adamw_step_norms`) and KL(π_old ‖ π_new), ratio and clip statistics from one no-grad
+   forward of the first micro-batch (``grpo.update_stats``; ``policy/update_*`` metrics);
 7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
    ``checkpoint_every`` steps save a resume checkpoint (weights + optimiser).
 
@@ -79,6 +82,48 @@ def peak_memory_mb(device: torch.device) -> float:
 def _stats(x: list[float]) -> tuple[float, float]:
     a = np.asarray(x, dtype=np.float64)
     return (float(a.mean()), float(a.std())) if a.size else (math.nan, math.nan)
+
+
+# Update-size metrics of a step with no kept group: nothing was updated, the policy did not move.
+NO_UPDATE = {M.POLICY_UPDATE_KL: 0.0, M.POLICY_UPDATE_KL_K1: 0.0, M.POLICY_RATIO_MAX: 1.0, M.POLICY_RATIO_MIN: 1.0,
+             M.POLICY_RATIO_MEAN_ABS_DEV: 0.0, M.POLICY_UPDATE_CLIP_FRAC: 0.0, M.POLICY_UPDATE_NORM: 0.0,
+             M.POLICY_UPDATE_REL_NORM: 0.0, M.POLICY_GRAD_NORM_X_LR: 0.0}
+
+
+CHUNK = 1 << 20  # elements per slice when recomputing AdamW steps (bounded temporary memory)
+
+
+def adamw_step_norms(opt: torch.optim.Optimizer) -> tuple[float, float]:
+    """``(||θ_after - θ_before||, ||θ_before||)`` of the AdamW step just taken, from the optimiser state.
+
+    No copy of the weights is kept: torch's AdamW (Loshchilov & Hutter 2019; ``torch.optim.AdamW``,
+    amsgrad off) steps ``θ ← θ(1 - lr·wd) - lr·m̂/(√v̂ + eps)`` with ``m̂ = m/(1-β1^t)``,
+    ``v̂ = v/(1-β2^t)``, so ``θ_before = (θ_after + lr·m̂/(√v̂+eps)) / (1 - lr·wd)`` and
+    ``dθ = -lr·wd·θ_before - lr·m̂/(√v̂+eps)``, recomputed per parameter. Parameters without a
+    gradient this step were not touched and are left out of both norms. L2 norms over all trainable
+    parameters; (nan, nan) for another optimiser or amsgrad (tests check it against a weight copy).
+    """
+    if not isinstance(opt, torch.optim.AdamW):
+        return math.nan, math.nan
+    d2 = t2 = 0.0
+    with torch.no_grad():
+        for g in opt.param_groups:
+            if g.get("amsgrad") or g.get("maximize"):
+                return math.nan, math.nan
+            lr, wd, (b1, b2), eps = float(g["lr"]), float(g["weight_decay"]), g["betas"], float(g["eps"])
+            for p in g["params"]:
+                st = opt.state.get(p)
+                if p.grad is None or not st:
+                    continue
+                t = float(st["step"])
+                bc1, bc2 = 1 - b1**t, 1 - b2**t
+                for th, m, v in zip(p.detach().reshape(-1).split(CHUNK), st["exp_avg"].reshape(-1).split(CHUNK),
+                                    st["exp_avg_sq"].reshape(-1).split(CHUNK), strict=True):  # bounded temporaries
+                    adam = (m / bc1) / ((v / bc2).sqrt() + eps)
+                    before = (th + lr * adam) / (1 - lr * wd)
+                    d2 += float(((lr * wd) * before + lr * adam).pow(2).sum(dtype=torch.float64))
+                    t2 += float(before.pow(2).sum(dtype=torch.float64))
+    return math.sqrt(d2), math.sqrt(t2)
 
 
 def _micro_batches(recipe: Any, n_rows: int) -> list[slice]:
@@ -340,7 +385,7 @@ class LocalBackend:
         for name, vals in comps.items():
             m[M.reward_component(name, "mean")], m[M.reward_component(name, "std")] = _stats(vals)
         m.update(train_stats or {M.LOSS_POLICY: 0.0, M.LOSS_KL: 0.0, M.LOSS_TOTAL: 0.0, M.POLICY_GRAD_NORM: 0.0,
-                                 **self._measure(bundle, recipe, rb)})
+                                 **NO_UPDATE, **self._measure(bundle, recipe, rb)})
         kept_rows = set(rows)
         if episodes:  # SWE: tools/* metrics, one row per episode with its turns
             from evotrainer.rl_backend import swe_train
@@ -377,6 +422,8 @@ class LocalBackend:
         adv = self._advantages(recipe, rewards, mask, torch.cat(ref_lp) if ref_lp else None, rb.sampling_logprobs)
         old_lp: list[torch.Tensor] = []
         ent_sum = kl_sum = 0.0
+        ratio_max = ratio_min = 1.0  # epoch 0's ratio is exactly 1 (old_logprobs are its own log-probs)
+        upd_norm, theta_norm = 0.0, math.nan
         for epoch in range(recipe.max_epochs):
             opt.zero_grad(set_to_none=True)
             stats = dict.fromkeys(("pol", "kl_loss", "low", "high"), 0.0)
@@ -389,6 +436,8 @@ class LocalBackend:
                 out = grpo.policy_loss(lp, old_lp[ci], adv[s].to(lp.device), lp_cpu_mask, recipe.eps_clip_low,
                                        recipe.eps_clip_high, recipe.loss_agg_mode, num_tokens=ntok, num_seqs=nseq)
                 loss = out.loss
+                if epoch > 0 and (r := out.ratio[lp_cpu_mask.bool()]).numel():
+                    ratio_max, ratio_min = max(ratio_max, float(r.max())), min(ratio_min, float(r.min()))
                 if bundle.kl:
                     kl = grpo.kl_penalty(lp, ref_lp[ci].to(lp.device), recipe.kl_estimator)
                     if epoch == 0:
@@ -404,8 +453,28 @@ class LocalBackend:
                 stats["high"] += float(out.clip_ratio_high) * frac
             grad_norm = float(torch.nn.utils.clip_grad_norm_(bundle.trainable_parameters(), recipe.max_norm))
             opt.step()
+            step_norm, before_norm = adamw_step_norms(opt)
+            upd_norm += step_norm  # several epochs: the sum of their norms, an upper bound of the step's ||dθ||
+            theta_norm = before_norm if epoch == 0 else theta_norm
+        # The updated policy on the update's own tokens: how far did it move? One extra no-grad forward of
+        # the first micro-batch only (whole groups, at most micro_train_batch_size rows): on the SmolLM2
+        # default (24 rows) a forward of all rows cost ~6 s on one contended core against ~17 s for the
+        # update's forward + backward, so the probe is a sample, not the batch.
+        s = chunks[0]
+        with torch.no_grad():
+            lp, _ = fwd(bundle.model, s)
+            us = grpo.update_stats(lp, old_lp[0], adv[s].to(lp.device), mask[s].to(lp.device), recipe.eps_clip_low,
+                                   recipe.eps_clip_high)
+        n_upd = max(1.0, us.n_tokens)
+        lr = float(opt.param_groups[0]["lr"])
         a = adv.double()
         return {
+            M.POLICY_UPDATE_KL: us.kl_k3_sum / n_upd, M.POLICY_UPDATE_KL_K1: us.kl_k1_sum / n_upd,
+            M.POLICY_RATIO_MAX: max(ratio_max, us.ratio_max), M.POLICY_RATIO_MIN: min(ratio_min, us.ratio_min),
+            M.POLICY_RATIO_MEAN_ABS_DEV: us.abs_dev_sum / n_upd, M.POLICY_UPDATE_CLIP_FRAC: us.clip_sum / n_upd,
+            M.POLICY_UPDATE_NORM: upd_norm,
+            M.POLICY_UPDATE_REL_NORM: upd_norm / theta_norm if theta_norm > 0 else math.nan,
+            M.POLICY_GRAD_NORM_X_LR: grad_norm * lr,
             M.LOSS_POLICY: stats["pol"], M.LOSS_KL: stats["kl_loss"], M.LOSS_TOTAL: stats["pol"] + stats["kl_loss"],
             M.POLICY_KL: kl_sum / ntok if bundle.kl else 0.0, M.POLICY_ENTROPY: ent_sum / ntok,
             M.POLICY_CLIP_RATIO_LOW: stats["low"], M.POLICY_CLIP_RATIO_HIGH: stats["high"],

@@ -1,8 +1,8 @@
 """Backtest and gate tools of the analyzer server (``harness.backtest``, ``harness.gate``).
 
 Tools: ``rescore_rollouts`` (judge a reward change on stored rollouts), ``replay_filter`` (judge a
-group-filter change on stored groups), ``backtest_analyzer`` (precision / recall of an analyzer on
-versions of known outcome) and ``gate_version`` (the promotion gate: held-out gain CI above 0 and
+group-filter change on stored groups), ``check_inert`` (can a change act at all under the recipe?),
+``backtest_analyzer`` (precision / recall of an analyzer on versions of known outcome) and ``gate_version`` (the promotion gate: held-out gain CI above 0 and
 no blocking finding). All of them judge a change before paying for training.
 """
 
@@ -62,6 +62,19 @@ class FilterReplayInfo(BaseModel):
     new: FilterSide
     informative_frac_old: float | None = Field(description="Kept (informative) group fraction, current filter.")
     informative_frac_new: float | None = Field(description="Kept (informative) group fraction, changed filter.")
+
+
+class InertInfo(BaseModel):
+    """Whether a single-factor change can act at all under the version's recipe (harness ``inert_change``)."""
+
+    version_id: str
+    path: str
+    old_value: JsonValue
+    new_value: JsonValue
+    inert: bool = Field(description="True: the change cannot move training under this recipe; do not train it.")
+    check: str = Field(description="structural | clip_bound | coefficient | no_behaviour | none.")
+    reason: str = Field(description="Why, with the numbers.")
+    data: dict[str, Any]
 
 
 class AnalyzerBacktestInfo(BaseModel):
@@ -192,6 +205,30 @@ def register(server: MCPServer, state: ServerState) -> None:
         return FilterReplayInfo(version_id=version_id, path=path, steps=[int(x) for x in r.steps], old=sides[0],
                                 new=sides[1], informative_frac_old=sides[0].kept_frac_mean,
                                 informative_frac_new=sides[1].kept_frac_mean)
+
+    @tool(server)
+    def check_inert(
+        ctx: Context,
+        version_id: Annotated[str, Field(description="Trained parent version whose recipe and records to judge on.")],
+        path: Annotated[str, Field(description="Recipe path to change, e.g. 'eps_clip_high' or 'reward.repetition.weight'.")],
+        value: Annotated[JsonValue, Field(description="New value.")],
+    ) -> InertInfo:
+        """Would this change act at all under the parent's recipe? Inert: a clip bound no ratio reaches, a
+        coefficient change too small to move the update, a penalty for a behaviour that never occurs in the
+        stored rollouts, a setting another one switches off. An inert change trains like its parent: skip it."""
+        from evotrainer.harness.backtest import inert_change
+
+        from evotrainer.recipe import RecipeError
+
+        ws = state_of(ctx).workspace()
+        v = require_version(ws, version_id)
+        try:
+            res = inert_change(v.recipe, path, value, evidence_of(ws, [version_id]), version_id)
+        except RecipeError as exc:
+            raise ToolError(str(exc)) from None
+        return InertInfo(version_id=version_id, path=path, old_value=res.old, new_value=value, inert=res.inert,
+                         check=res.check, reason=res.reason,
+                         data={k: (_num(x) if isinstance(x, float) else x) for k, x in res.data.items()})
 
     @tool(server)
     def backtest_analyzer(

@@ -132,5 +132,5 @@ def test_fast_entropy_collapse_ranks_the_largest_learning_rate_cut_first(orch, l
     scores = {s.index: s.score for s in r.scores}
     if late == 0.05:  # 2 - 0.01 * index + bonus
         assert (scores[2], scores[3], scores[0]) == pytest.approx((2 - 0.02 + 0.25, 2 - 0.03 + 0.5, 2.0))
-    else:
-        assert scores == pytest.approx({0: 2.0, 1: 1.99, 2: 1.98, 3: 1.97})
+    else:  # eps_clip_high 0.28 -> 0.32 with max_epochs = 1 is inert (the ratio is 1; check_inert, issue 16)
+        assert scores == pytest.approx({0: 2.0, 1: -100.0, 2: 1.98, 3: 1.97})

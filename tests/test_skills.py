@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+from evotrainer.harness.progress_analyzers import PROGRESS_KINDS  # learning-progress kinds (issue 16)
 from evotrainer.skills_db.embeddings import FUNCTION_NAME, embed, embed_query, load_model
 from evotrainer.skills_db.models import (
     FailedCase,
@@ -93,7 +94,7 @@ def test_seed_library_covers_kinds_and_sources():
     assert set(analyzers) == {f"builtin:{k}" for k in FINDING_KINDS}
     for s in skills:
         assert s.source.strip(), s.id
-        assert set(s.addresses) <= set(FINDING_KINDS), (s.id, s.addresses)
+        assert set(s.addresses) <= set(FINDING_KINDS) | set(PROGRESS_KINDS), (s.id, s.addresses)
     for kind in FINDING_KINDS:  # every finding kind has at least one intervention to try
         assert any(kind in s.addresses for s in inter), kind
     text = " ".join(s.source for s in inter)

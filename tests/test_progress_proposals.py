@@ -1,0 +1,138 @@
+"""From a progress finding to the heuristic's proposal, through the real MCP servers and seed skills
+(issue 16): an "update too small" v0 gets a multiplicative learning-rate raise first, an "update too
+large" one a cut; candidates that do not apply to the run's task (test_file_edit on arithmetic) are
+never proposed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
+from evotrainer.agents.heuristic import HeuristicBrain
+from evotrainer.agents.intervener import Intervener, task_mismatch
+from evotrainer.agents.mcp_client import RoleTools, ToolBox
+
+from evotrainer import metrics as M
+from evotrainer.recipe import Recipe, set_path
+from evotrainer.workspace import Workspace
+
+RUN = json.loads((Path(__file__).parent / "data" / "progress" / "smollm2_default_lr2e-6.json").read_text())
+
+
+def _flat(n, **vals):
+    return {name: [[i, x] for i in range(n)] for name, x in vals.items()}
+
+
+TOO_LARGE = _flat(8, **{M.POLICY_UPDATE_KL: 0.06, M.POLICY_UPDATE_CLIP_FRAC: 0.25, M.REWARD_KEPT_GROUP_FRAC: 1.0,
+                        M.REWARD_FRAC_ZERO_STD: 0.0, M.POLICY_UPDATE_NORM: 0.1})
+TOO_LARGE[M.CORRECT_MEAN] = [[i, x] for i, x in enumerate([0.3, 0.2, 0.35, 0.25, 0.3, 0.2, 0.3, 0.25])]
+
+
+@pytest.fixture()
+def run_with(tmp_path):
+    """A run whose root v0 (examples/default.yaml's recipe) logged the given metric series; yields a ToolBox."""
+    from evotrainer.servers import build_server
+
+    def make(metrics):
+        ws = Workspace(tmp_path / "run", writer=True)
+        v0 = ws.lineage.create_root(Recipe.model_validate(RUN["recipe"]))
+        steps = sorted({s for series in metrics.values() for s, _ in series})
+        for step in steps:
+            ws.lineage.log_metrics(v0.id, step, {k: x for k, s in metrics.items() for t, x in s if t == step})
+        recipe = ws.lineage.get(v0.id).recipe
+        ws.close()
+        return ToolBox(build_server("all", str(tmp_path / "run"))), recipe
+
+    return make
+
+
+def _top(tb, recipe):
+    brain = HeuristicBrain()
+    diag = brain.diagnose(RoleTools(tb, "diagnostician"), "v0", {})
+    prop = brain.propose(RoleTools(tb, "intervener"), "v0", recipe, diag, set(), {"reward_mean": 0.2})
+    rank = brain.rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=2)
+    return diag, prop, rank
+
+
+def test_update_too_small_v0_proposes_a_multiplicative_lr_raise_first(run_with):
+    tb, recipe = run_with(RUN["metrics"])
+    with tb:
+        diag, prop, rank = _top(tb, recipe)
+    assert "update_too_small" in [f.kind for f in diag.findings if f.severity == "warn"]
+    top = prop.candidates[rank.chosen[0]]
+    # lr 2e-6, update KL median 3.57e-4: factor to the target √(0.01 / 3.57e-4) = 5.29, nearer x3 than x10
+    # in log scale (|log 3 - log 5.29| = 0.25 < |log 10 - log 5.29| = 0.28): 6e-6
+    assert top.path == "actor_learning_rate" and top.new == pytest.approx(6e-6), rank.rationale
+    lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
+    assert lrs == pytest.approx([6e-6, 2e-5])  # x3 and x10, never +50%
+
+
+def test_update_too_large_v0_proposes_a_cut_first(run_with):
+    tb, recipe = run_with(TOO_LARGE)
+    with tb:
+        diag, prop, rank = _top(tb, recipe)
+    assert [f.kind for f in diag.findings if f.severity == "warn"] == ["update_too_large"]
+    top = prop.candidates[rank.chosen[0]]
+    # KL 0.06: factor √(0.01 / 0.06) = 0.408, nearer /3 (log distance 0.09) than /10 (0.61): 2e-6 / 3
+    assert top.path == "actor_learning_rate" and top.new == pytest.approx(2e-6 / 3, rel=1e-6), rank.rationale
+    # /10 and /3 (the skill lr_down_x3 and the built-in fix give the same value: one candidate, not two
+    # near-identical ones); kl_blowup's x0.3 is not proposed (no KL finding), nor the +/-50% of lr_down
+    lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
+    assert lrs == [2e-7, 6.666666666e-7]
+
+
+def test_task_mismatch_table():
+    assert task_mismatch("reward.test_file_edit.weight", "arithmetic") == \
+        "reward.test_file_edit applies to data.task swe only, not 'arithmetic'"
+    assert task_mismatch("reward.test_file_edit.weight", "swe") is None
+    assert task_mismatch("tool_use.max_turns", "gsm8k") and task_mismatch("reward.code_tests.weight", "math")
+    assert task_mismatch("data.level", "gsm8k") and task_mismatch("data.level", "arithmetic") is None
+    assert task_mismatch("reward.format.weight", "arithmetic") is None
+    assert task_mismatch("reward.test_file_editx.weight", "arithmetic") is None  # a prefix, not a substring
+
+
+def test_swe_only_reward_terms_are_never_proposed_on_a_math_task(tmp_path):
+    # the issue's failed child: a reward_hacking finding on arithmetic retrieved the seed skill test_edit_penalty
+    # (reward.test_file_edit.weight = 1), which raised RewardError at the child's first step
+    from evotrainer.servers import build_server
+
+    ws = Workspace(tmp_path / "run", writer=True)
+    ws.lineage.create_root(Recipe())
+    ws.close()
+    diag = Diagnosis(version_id="v0", findings=[FindingRef(
+        kind="reward_hacking", severity="warn", versions=["v0"], evidence=["reward/format/mean"],
+        explanation="v0: the reward pays for editing test files and submitting without running tests")])
+    swe_only = {"reward.test_file_edit.weight", "reward.submit_without_test.weight", "reward.tool_budget.weight"}
+    with ToolBox(build_server("all", str(tmp_path / "run"))) as tb:
+        brain = HeuristicBrain()
+        math_prop = brain.propose(RoleTools(tb, "intervener"), "v0", Recipe(), diag, set(), {})
+        swe = set_path(Recipe(), "data.task", "swe")
+        swe_prop = brain.propose(RoleTools(tb, "intervener"), "v0", swe, diag, set(), {})
+
+        class Naive:  # a brain (e.g. Claude) that proposes the SWE term anyway: the intervener drops it
+            def propose(self, tools, parent_id, recipe, diagnosis, tried, context):
+                return Proposal(parent_id=parent_id, candidates=[
+                    Candidate(path="reward.test_file_edit.weight", new=1.0, addresses=["reward_hacking"]),
+                    Candidate(path="reward.format.weight", new=0.1, addresses=["reward_hacking"])])
+
+        kept = Intervener(Naive(), tb).propose("v0", Recipe(), diag, set(), {})
+    assert math_prop.candidates and not {c.path for c in math_prop.candidates} & swe_only
+    assert {c.path for c in swe_prop.candidates} & swe_only  # on an SWE run the same skills do apply
+    assert [c.path for c in kept.candidates] == ["reward.format.weight"]
+
+
+def test_saturated_training_data_proposes_harder_data(run_with):
+    # train pass rate 0.96 on level 1: a headroom finding (info, no failure) still calls for a change: level 2
+    sat = _flat(8, **{M.CORRECT_MEAN: 0.96, M.REWARD_MEAN: 0.96, M.POLICY_UPDATE_KL: 3e-3, M.REWARD_KEPT_GROUP_FRAC: 0.25,
+                      M.REWARD_FRAC_ZERO_STD: 0.75, M.POLICY_UPDATE_NORM: 0.1})
+    tb, recipe = run_with(sat)
+    with tb:
+        brain = HeuristicBrain()
+        diag = brain.diagnose(RoleTools(tb, "diagnostician"), "v0", {})
+        prop = brain.propose(RoleTools(tb, "intervener"), "v0", recipe, diag, set(), {"reward_mean": 0.96})
+        rank = brain.rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=1)
+    assert [(f.kind, f.severity) for f in diag.findings if f.kind == "headroom"] == [("headroom", "info")]
+    top = prop.candidates[rank.chosen[0]]
+    assert (top.path, top.new) == ("data.level", 2), rank.rationale
