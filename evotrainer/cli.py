@@ -47,8 +47,20 @@ SUBCOMMAND_MODULES = (
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from evotrainer import __version__
+
+        sys.stdout.write(f"evotrainer {__version__}\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the installed version and exit."),
+) -> None:
     STATE["debug"] = debug
 
 
