@@ -33,7 +33,7 @@ app.add_typer(lineage_app, name="lineage")
 app.add_typer(recipe_app, name="recipe")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable) at any width
 STATE: dict[str, Any] = {"debug": False}
 
 SUBCOMMAND_MODULES = (
@@ -166,17 +166,39 @@ def lineage_diff(
 
 @recipe_app.command("validate")
 def recipe_validate(
-    file: Path = typer.Argument(..., help="Recipe YAML (or a run config with a recipe: section)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the validated recipe as JSON."),
+    file: Path = typer.Argument(..., help="Recipe YAML, or a run config (budget, mode, ... and a recipe: section)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the validated recipe (or run config) as JSON."),
 ) -> None:
-    """Validate a recipe; print the errors (field path, value, fix) or the full recipe."""
-    from evotrainer.recipe import load_recipe
+    """Validate a recipe or a whole run config; print the errors (field path, value, rule, fix).
 
-    r = load_recipe(file)
+    A run config is checked in every section (``budget.*``, ``mode``, ``recipe.*``); a recipe's
+    ``data.path`` must name an existing file or folder (relative to the current directory).
+    """
+    import yaml
+
+    from evotrainer.config import is_run_config, load_run_config
+    from evotrainer.recipe import RecipeError, load_recipe
+
+    try:
+        raw = yaml.safe_load(file.read_text()) if file.is_file() else None
+    except yaml.YAMLError:
+        raw = None  # the loaders below report the YAML error with the file name
+    cfg = load_run_config(file) if is_run_config(raw) else None
+    r = cfg.recipe if cfg is not None else load_recipe(file)
+    prefix = "config.recipe" if cfg is not None else "recipe"
+    if r.data.path and not Path(r.data.path).exists():
+        raise RecipeError(f"{prefix}.data.path={r.data.path!r}: no such file or folder (from {Path.cwd()}); "
+                          "fix the path or run from the folder it is relative to")
     if as_json:
-        print_json(r.to_dict())
+        print_json(cfg.model_dump(mode="json") if cfg is not None else r.to_dict())
+        return
+    what = f"{len(r.reward)} reward components, task {r.data.task}"
+    if cfg is not None:
+        b = cfg.budget
+        console.print(f"{file}: valid run config (mode {cfg.mode}, {b.max_versions} versions x "
+                      f"{b.steps_per_version} steps; recipe: {what})", highlight=False, soft_wrap=True)
     else:
-        console.print(f"{file}: valid recipe ({len(r.reward)} reward components, task {r.data.task})")
+        console.print(f"{file}: valid recipe ({what})", highlight=False, soft_wrap=True)
 
 
 def _register_subcommands() -> None:
