@@ -234,8 +234,8 @@ def main() -> None:
     except Exception as exc:  # click usage errors and anything unexpected
         import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if isinstance(exc, click.ClickException) or (isinstance(exc, typer.TyperException) and hasattr(exc, "show")):
+            exc.show()  # typer >= 0.16 vendors click: its BadParameter is not a click.ClickException
             sys.exit(exc.exit_code)
         if STATE["debug"]:
             console.print_exception()

@@ -88,3 +88,56 @@ def test_required_and_missing_data_path(tmp_path):
     r = _validate(tmp_path, "data: {task: jsonl, path: d.jsonl}\n", "r.yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"{tmp_path / 'r.yaml'}: valid recipe (1 reward components, task jsonl)\n"
+
+
+# --- diagnose --fail-on limited to some versions ------------------------------------------------------
+def _two_version_run(tmp_path):
+    """v0 (pruned): entropy 0.8 -> ~0.01 over 40 steps (entropy_collapse, warn); v1 (kept): flat 0.8."""
+    import math
+
+    from evotrainer import metrics as M
+    from evotrainer.intervention import Intervention
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import Workspace
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        v0 = ws.lineage.create_root(Recipe())
+        v1 = ws.lineage.branch(v0.id, Intervention(path="temperature", old=1.0, new=0.8, category="rollout"))
+        for step in range(40):
+            ws.lineage.log_metrics(v0.id, step, {M.POLICY_ENTROPY: 0.8 * math.exp(-step / 6) + 0.01,
+                                                 M.REWARD_MEAN: 0.3 + 0.005 * step, M.POLICY_GRAD_NORM: 0.3})
+            ws.lineage.log_metrics(v1.id, step, {M.POLICY_ENTROPY: 0.8, M.REWARD_MEAN: 0.3 + 0.005 * step,
+                                                 M.POLICY_GRAD_NORM: 0.3})
+        ws.lineage.update_version(v1.id, eval_summary={"avg@k": 0.5, "k": 8})
+        ws.lineage.decide(v1.id, "keep", "gain", author="test")
+        ws.lineage.decide(v0.id, "prune", "collapsed", author="test")
+    return run
+
+
+def test_fail_on_judges_only_the_chosen_versions(tmp_path):
+    run = _two_version_run(tmp_path)
+    base = ("diagnose", str(run), "--no-plots", "--fail-on", "warn")
+    r = cli(*base)
+    assert r.returncode == 2, r.stdout + r.stderr  # v0's entropy_collapse stands
+    assert "entropy_collapse" in r.stdout
+    for gate in (("--kept",), ("--best",), ("--version", "v1")):
+        r = cli(*base, *gate)
+        assert r.returncode == 0, (gate, r.stdout, r.stderr)
+        assert "entropy_collapse" in r.stdout  # still reported, just not judged
+    assert cli(*base, "--version", "v0").returncode == 2
+    r = cli(*base, "--version", "v9")
+    assert r.returncode == 1  # 2 is the gate's code; a bad option is 1
+    assert r.stderr == f"error: --version v9: not in {run}; known versions: v0, v1\n"
+
+
+def test_kept_needs_a_lineage(tmp_path):
+    log = tmp_path / "m.jsonl"
+    log.write_text("".join(f'{{"step": {i}, "reward/mean": 0.1}}\n' for i in range(3)))
+    r = cli("diagnose", str(log), "--no-plots", "--fail-on", "warn", "--kept")
+    assert r.returncode == 1
+    assert r.stderr == (f"error: --kept / --best need an EvoTrainer run folder (lineage.db); {log} has no lineage: "
+                        "use --version\n")
+    r = cli("diagnose", str(log), "--no-plots", "--fail-on", "often")
+    assert r.returncode == 2 and "--fail-on 'often': use none, warn or blocking" in r.stderr  # a usage error, no traceback
+    assert "Traceback" not in r.stderr and "rerun with --debug" not in r.stderr
