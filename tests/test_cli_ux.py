@@ -141,3 +141,77 @@ def test_kept_needs_a_lineage(tmp_path):
     r = cli("diagnose", str(log), "--no-plots", "--fail-on", "often")
     assert r.returncode == 2 and "--fail-on 'often': use none, warn or blocking" in r.stderr  # a usage error, no traceback
     assert "Traceback" not in r.stderr and "rerun with --debug" not in r.stderr
+
+
+# --- tables at 80 columns ----------------------------------------------------------------------------
+def _scored_run(tmp_path):
+    """v0 with a no-RL row (4 samples: 1 of 4 right, Avg = 0.25) and a child v1 with a long change."""
+    from evotrainer.intervention import Intervention
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import Workspace
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        ws.lineage.kv_set(f"loop/eval/{root.id}/no_rl", {"avg@k": 0.25, "k": 2})
+        ws.lineage.log_eval_samples(root.id, "no_rl", [("p0", 0, 1.0, ""), ("p0", 1, 0.0, ""),
+                                                       ("p1", 0, 0.0, ""), ("p1", 1, 0.0, "")])
+        ivs = [Intervention(path="reward.overlong.weight", old=None, new=1.0, category="reward"),
+               Intervention(path="generate_max_len", old=64, new=128, category="rollout")]
+        child = ws.lineage.branch(root.id, ivs)
+        ws.lineage.log_eval_samples(child.id, "heldout", [("p0", 0, 1.0, ""), ("p1", 0, 0.0, "")])
+        ws.lineage.update_version(child.id, eval_summary={"avg@k": 0.5, "k": 1, "eval_name": "heldout"},
+                                  metrics_summary={"reward/mean": 0.4375})
+    return run
+
+
+def test_report_table_keeps_numbers_whole_at_80_columns(tmp_path):
+    run = _scored_run(tmp_path)
+    r = cli("report", str(run), columns=80)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    # bootstrap CIs of [1, 0, 0, 0] per-prompt means and [1, 0]: the numbers are never cut ("[0.250, 0")
+    assert lines[1:10] == [
+        "┏━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━━━━━┓",
+        "┃ version            ┃ status   ┃ change              ┃ Avg@k ┃         95% CI ┃",
+        "┡━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━┩",
+        "│ no-RL (base model) │          │                     │ 0.250 │ [0.000, 0.500] │",
+        "│ v1                 │ proposed │ reward.overlong.wei │ 0.500 │ [0.000, 1.000] │",
+        "│                    │          │ ght: None -> 1.0;   │       │                │",
+        "│                    │          │ generate_max_len:   │       │                │",
+        "│                    │          │ 64 -> 128           │       │                │",
+        "└────────────────────┴──────────┴─────────────────────┴───────┴────────────────┘",
+    ]
+
+
+def test_live_lineage_table_folds_text_and_keeps_numbers(tmp_path):
+    from rich.console import Console
+
+    from evotrainer.agents.cli import lineage_table
+    from evotrainer.workspace import Workspace
+
+    run = _scored_run(tmp_path)
+    console = Console(width=60, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    with Workspace.open(run) as ws:
+        console.print(lineage_table(ws))
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 60 for line in text.splitlines())
+    assert "0.438" in text and "0.500" in text  # reward/mean 0.4375 rounds half-even to 0.438 (":.3f")
+    assert "128" in text  # the end of the change is folded onto a line, not cut at 60 characters
+
+
+def test_piped_skills_list_prints_full_ids_at_80_columns(tmp_path):
+    import json
+
+    env_dir = ("--dir", str(tmp_path / "skills"))
+    rows = json.loads(cli("skills", *env_dir, "list", "--finding", "entropy_collapse", "--json").stdout)
+    assert len(rows) >= 3
+    r = cli("skills", *env_dir, "list", "--finding", "entropy_collapse", columns=80)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "…" not in r.stdout and all(len(line) <= 80 for line in lines)
+    # each skill's first line opens with its whole id, then its whole kind
+    for row in rows:
+        line = next(ln for ln in lines if ln.split()[:1] == [row["id"]])
+        assert line.split()[1] == row["kind"]
