@@ -215,3 +215,43 @@ def test_piped_skills_list_prints_full_ids_at_80_columns(tmp_path):
     for row in rows:
         line = next(ln for ln in lines if ln.split()[:1] == [row["id"]])
         assert line.split()[1] == row["kind"]
+
+
+# --- mcp-config / serve: a --run that is not a run folder, a backup before --install -----------------
+def test_serve_and_mcp_config_warn_when_run_is_not_a_run_folder(tmp_path):
+    missing = tmp_path / "nope"
+    warning = (f"warning: --run {missing} does not exist: the run tools will fail until it holds a run; create one "
+               f"with `evotrainer init {missing}` (or `evotrainer run`), or pass --run DIR of an existing run\n")
+    r = subprocess.run([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--run", str(missing)],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and r.stderr == warning and r.stdout == ""  # stdin closed: the stdio server ends
+    r = cli("mcp-config", "--run", str(missing))
+    assert r.returncode == 0 and r.stderr == warning
+    (tmp_path / "empty").mkdir()
+    r = cli("mcp-config", "--run", str(tmp_path / "empty"))
+    assert r.stderr.startswith(f"warning: --run {tmp_path / 'empty'} is not a run folder (no lineage.db): ")
+    assert cli("init", str(tmp_path / "run")).returncode == 0
+    assert cli("mcp-config", "--run", str(tmp_path / "run")).stderr == ""
+    assert cli("mcp-config", "--run", str(missing), "--server", "skills").stderr == ""  # skills needs no run
+
+
+def test_mcp_config_install_writes_a_backup_first(tmp_path):
+    import json
+
+    cfg = tmp_path / "claude_desktop_config.json"
+    original = json.dumps({"mcpServers": {"other": {"command": "x"}}, "theme": "dark"})
+    cfg.write_text(original)
+    assert cli("init", str(tmp_path / "run")).returncode == 0
+    r = cli("mcp-config", "--install", "--config-path", str(cfg), "--run", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    backups = sorted(tmp_path.glob("claude_desktop_config.json.*.bak"))
+    assert len(backups) == 1 and backups[0].read_text() == original
+    assert r.stdout.splitlines() == [f"backup of the previous config: {backups[0]}",
+                                     f"installed mcpServers.evotrainer into {cfg}; restart Claude Desktop to load it"]
+    assert set(json.loads(cfg.read_text())["mcpServers"]) == {"other", "evotrainer"}
+    r = cli("mcp-config", "--install", "--config-path", str(cfg), "--run", str(tmp_path / "run"))
+    assert len(sorted(tmp_path.glob("claude_desktop_config.json.*.bak"))) == 2  # a second install keeps both
+    fresh = tmp_path / "new" / "claude_desktop_config.json"
+    r = cli("mcp-config", "--install", "--config-path", str(fresh), "--run", str(tmp_path / "run"))
+    assert r.returncode == 0 and not r.stdout.startswith("backup")  # nothing to back up
