@@ -70,3 +70,217 @@ def test_no_rl_row_errors(no_rl_client, tmp_path):
         assert (cmp["reward_mean_a"], cmp["reward_mean_b"]) == (0.25, 0.75)
     finally:
         c.close()
+
+
+# --- protocol details through the SDK's in-process Client -------------------------------------------
+import warnings  # noqa: E402
+
+import anyio  # noqa: E402
+from mcp import Client  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
+from mcp_types import PromptReference, ResourceTemplateReference  # noqa: E402
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS  # noqa: E402
+
+MODES = ("legacy", "2026-07-28")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("proto"))
+
+
+def _with_client(server, fn, **kwargs):
+    async def main():
+        async with Client(server, **kwargs) as c:
+            return await fn(c)
+
+    with warnings.catch_warnings():  # resources/subscribe and logging are deprecated for 2026-07-28 only
+        warnings.simplefilter("ignore")
+        return anyio.run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prompts_get_errors_are_invalid_params(run, mode):
+    server = build_server("all", run)
+
+    async def go(c):
+        out = []
+        for name, args in (("nope", {}), ("propose_next_intervention", {})):
+            with pytest.raises(MCPError) as e:
+                await c.get_prompt(name, args)
+            out.append((e.value.error.code, e.value.error.message))
+        return out
+
+    assert _with_client(server, go, mode=mode) == [
+        (-32602, "unknown prompt 'nope'; prompts: diagnose_run, propose_next_intervention"),
+        (-32602, "prompt 'propose_next_intervention': missing required argument version_id "
+                 "(Parent version of the next child.)"),
+    ]
+
+
+def test_initialize_and_discover_answer_the_same_capabilities(run):
+    server = build_server("all", run)
+
+    async def caps(c):
+        return c.protocol_version, c.server_capabilities.model_dump(by_alias=True, exclude_none=True)
+
+    legacy = _with_client(server, caps, mode="legacy")
+    modern = _with_client(server, caps)  # "auto": server/discover, then the stateless revision
+    expected = {"logging": {}, "completions": {}, "prompts": {"listChanged": False},
+                "resources": {"subscribe": True, "listChanged": False}, "tools": {"listChanged": False}}
+    assert legacy == ("2025-11-25", expected)
+    assert modern == ("2026-07-28", expected)
+
+    async def discover(c):
+        return await c.session.discover()
+
+    d = _with_client(server, discover)
+    assert d.supported_versions == [*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS]
+    assert d.supported_versions == ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
+
+
+def test_titles_and_annotations_say_what_each_tool_does(run):
+    from evotrainer.servers.app import TOOL_META
+
+    server = build_server("all", run)
+    tools = {t.name: t for t in _with_client(server, lambda c: c.list_tools()).tools}
+    assert set(tools) == set(TOOL_META)  # every tool has an entry, no entry is stale
+    for name, t in tools.items():
+        assert t.title and t.annotations.title == t.title, name
+        assert t.annotations.open_world_hint is False
+    decide = tools["decide"].annotations
+    assert (decide.read_only_hint, decide.destructive_hint, decide.idempotent_hint) == (False, True, False)
+    assert tools["cancel_job"].annotations.destructive_hint is True
+    read = [n for n, t in tools.items() if t.annotations.read_only_hint]
+    assert all(tools[n].annotations.destructive_hint is False and tools[n].annotations.idempotent_hint for n in read)
+    assert {"list_versions", "get_metric_series", "search_logs", "compare_versions", "gate_version"} <= set(read)
+    for writes in ("propose_intervention", "start_training", "evaluate_version", "decide", "run_analyzer",
+                   "add_skill", "record_skill_outcome"):
+        assert tools[writes].annotations.read_only_hint is False, writes
+    assert tools["propose_intervention"].annotations.destructive_hint is False  # adds a child, discards nothing
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_version_id_completions(run, mode):
+    server = build_server("all", run)
+
+    async def go(c):
+        a = await c.complete(PromptReference(type="ref/prompt", name="diagnose_run"),
+                             {"name": "version_id", "value": "v"})
+        b = await c.complete(ResourceTemplateReference(type="ref/resource", uri="lineage://version/{version_id}"),
+                             {"name": "version_id", "value": "v1"})
+        other = await c.complete(PromptReference(type="ref/prompt", name="propose_next_intervention"),
+                                 {"name": "findings", "value": "x"})
+        return a.completion, b.completion, other.completion
+
+    a, b, other = _with_client(server, go, mode=mode)
+    assert (a.values, a.total, a.has_more) == (["v0", "v1"], 2, False)
+    assert b.values == ["v1"] and other.values == []
+
+
+def test_per_version_resource_and_its_errors(run):
+    import json
+
+    server = build_server("all", run)
+
+    async def go(c):
+        templates = await c.list_resource_templates()
+        res = await c.read_resource("lineage://version/v1")
+        with pytest.raises(MCPError) as e:
+            await c.read_resource("lineage://version/v9")
+        return templates, json.loads(res.contents[0].text), e.value.error
+
+    templates, v1, err = _with_client(server, go, mode="legacy")
+    assert [t.uri_template for t in templates.resource_templates] == ["lineage://version/{version_id}"]
+    assert v1["id"] == "v1" and v1["parent_id"] == "v0" and v1["status"] == "proposed"
+    assert v1["interventions"][0]["path"] == "eps_clip_high"
+    assert err.code == -32602 and err.message.startswith("version 'v9' not found; known versions: v0, v1")
+
+
+def test_subscribed_version_gets_update_notifications(tmp_path):
+    from mcp_types import ResourceUpdatedNotification
+
+    from evotrainer.servers import protocol
+    from evotrainer.workspace import Workspace
+
+    run = make_run(tmp_path)
+    server = build_server("all", run)
+    updates: list[str] = []
+
+    async def on_message(msg):
+        if isinstance(msg, ResourceUpdatedNotification):
+            updates.append(str(msg.params.uri))
+
+    async def go(c):
+        await c.subscribe_resource("lineage://version/v1")
+        await c.call_tool("decide", {"version_id": "v1", "action": "prune", "rationale": "no gain (test)"})
+        after_decide = list(updates)
+        await c.call_tool("list_versions", {})  # v0 untouched and not subscribed: nothing more
+        no_more = list(updates)
+        with Workspace(run) as ws:  # another process (the loop, a job) changes v1: the poll finds it
+            ws.lineage.update_version("v1", note="changed elsewhere")
+        with anyio.fail_after(protocol.POLL_S * 3):
+            while len(updates) < 2:
+                await anyio.sleep(0.1)
+        return after_decide, no_more
+
+    after_decide, no_more = _with_client(server, go, mode="legacy", message_handler=on_message)
+    assert after_decide == ["lineage://version/v1"] and no_more == after_decide
+    assert updates == ["lineage://version/v1", "lineage://version/v1"]
+
+
+def test_tool_failures_reach_the_client_as_log_messages(run):
+    server = build_server("all", run)
+    logs: list[tuple[str, str]] = []
+
+    async def on_log(params):
+        logs.append((params.level, str(params.data)))
+
+    async def go(c):
+        await c.call_tool("get_version", {"version_id": "v9"})  # below the default level (warning): not sent
+        quiet = list(logs)
+        await c.set_logging_level("info")
+        r = await c.call_tool("get_version", {"version_id": "v9"})
+        return quiet, r.is_error
+
+    quiet, is_error = _with_client(server, go, mode="legacy", logging_callback=on_log)
+    assert quiet == [] and is_error
+    assert logs == [("info", "Tool 'get_version' failed: \"Error executing tool get_version: version 'v9' not "
+                             "found; known versions: v0, v1; call list_versions to see them\"")]
+
+
+def test_stdio_errors_are_codes_and_one_line_not_tracebacks(run):
+    import json
+    import subprocess
+    import sys
+
+    msgs = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "prompts/get", "params": {"name": "nope"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "prompts/get", "params": {"name": "propose_next_intervention"}},
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "get_version",
+                                                                      "arguments": {"version_id": "v9"}}},
+    ]
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "all", "--run", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    try:
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in msgs))
+        proc.stdin.flush()
+        replies = {}
+        while len(replies) < 4:  # answers to ids 1-4 (the server answers in any order)
+            line = proc.stdout.readline()
+            assert line, "the server closed stdout before answering"
+            m = json.loads(line)
+            if "id" in m:
+                replies[m["id"]] = m
+        proc.stdin.close()
+        stderr = proc.stderr.read()
+        proc.wait(60)
+    finally:
+        proc.kill()
+    assert replies[2]["error"]["code"] == -32602 and replies[3]["error"]["code"] == -32602  # was 0 over stdio
+    assert replies[4]["result"]["isError"] is True
+    assert "Traceback" not in stderr and stderr.count("\n") <= 2, stderr  # was ~145 lines per error
