@@ -159,6 +159,7 @@ class VersionWatcher:
             return uris
 
     async def poll(self) -> None:
+        await self.check()  # the baseline the first change is measured against
         while True:
             await anyio.sleep(POLL_S)
             await self.check()

@@ -284,3 +284,23 @@ def test_stdio_errors_are_codes_and_one_line_not_tracebacks(run):
     assert replies[2]["error"]["code"] == -32602 and replies[3]["error"]["code"] == -32602  # was 0 over stdio
     assert replies[4]["result"]["isError"] is True
     assert "Traceback" not in stderr and stderr.count("\n") <= 2, stderr  # was ~145 lines per error
+
+
+def test_stateless_listen_gets_version_updates(tmp_path):
+    from mcp.shared.subscriptions import ResourceUpdated
+
+    run = make_run(tmp_path)
+    server = build_server("all", run)
+
+    async def go(c):
+        events = []
+        async with c.listen(resource_subscriptions=["lineage://version/v1"]) as sub:
+            await c.call_tool("decide", {"version_id": "v1", "action": "prune", "rationale": "no gain (test)"})
+            with anyio.fail_after(10):
+                async for event in sub:
+                    events.append(event)
+                    break
+        return events
+
+    events = _with_client(server, go, mode="2026-07-28")
+    assert events == [ResourceUpdated(uri="lineage://version/v1")]
