@@ -1,6 +1,6 @@
 """The ``evotrainer`` command line (typer + rich).
 
-Core commands live here (``init``, ``lineage show|diff``, ``recipe validate``); each subpackage
+Core commands live here (``init``, ``import``, ``lineage show|diff``, ``recipe validate``); each subpackage
 adds its own through a ``register(app)`` function in its ``cli`` module (``rl_backend.cli``:
 train, eval, swe; ``harness.cli``: diagnose, sandbox; ``skills_db.cli``: skills; ``servers.cli``:
 serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
@@ -201,6 +201,29 @@ def recipe_validate(
         console.print(f"{file}: valid recipe ({what})", highlight=False, soft_wrap=True)
 
 
+@app.command("import")
+def import_cmd(
+    path: Path = typer.Argument(..., help="A foreign run: verl log, trainer_state.json, TensorBoard events, "
+                                          "JSONL metrics, rollout dumps, or a folder of them."),
+    run_dir: Path = typer.Option(..., "--run", help="New run folder to create."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was imported as JSON."),
+) -> None:
+    """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
+    import dataclasses
+
+    from evotrainer.importer import import_run
+
+    s = import_run(path, run_dir)
+    if as_json:
+        print_json(dataclasses.asdict(s))
+        return
+    kinds = ", ".join(f"{f['kind']} [{f['severity']}]" for f in s.findings) or "none"
+    console.print(f"imported {s.source} into {s.run_dir} as {s.version_id}: {s.n_steps} steps, {s.n_metrics} "
+                  f"metrics, {s.n_rollouts} rollouts, {s.n_log_lines} log lines; findings: {kinds}",
+                  highlight=False, soft_wrap=True, markup=False)
+    console.print(f"serve it: evotrainer serve all --run {s.run_dir}", highlight=False, soft_wrap=True, markup=False)
+
+
 def _register_subcommands() -> None:
     for mod in SUBCOMMAND_MODULES:
         importlib.import_module(mod).register(app)
@@ -211,13 +234,15 @@ _register_subcommands()
 
 def main() -> None:
     """Console-script entry point: run the app, turning known errors into one line + exit 1."""
+    from evotrainer.harness.ingest import IngestError
+    from evotrainer.importer import RunImportError
     from evotrainer.intervention import InterventionError
     from evotrainer.lineage import LineageError
     from evotrainer.recipe import RecipeError
     from evotrainer.workspace import WorkspaceError
 
     known: tuple[type[BaseException], ...] = (RecipeError, InterventionError, LineageError, WorkspaceError,
-                                              FileNotFoundError)
+                                              FileNotFoundError, IngestError, RunImportError)
     try:
         rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
         sys.exit(rc if isinstance(rc, int) else 0)
