@@ -314,3 +314,75 @@ def lifespan_with_watcher(inner: Any, holder: dict[str, VersionWatcher]) -> Any:
                 tg.cancel_scope.cancel()
 
     return lifespan
+
+
+# --- streamable HTTP: a request with neither a session nor a protocol revision -----------------------
+MAX_INSPECT_BYTES = 1 << 20  # bodies larger than this are passed on uninspected
+
+
+class ProtocolVersionGuard:
+    """ASGI middleware: a POST with no ``Mcp-Session-Id`` and no ``MCP-Protocol-Version`` header that is
+    not ``initialize`` gets a JSON-RPC ``-32600`` naming both ways in, instead of the SDK's
+    "Missing session ID" (which reads as if the 2026-07-28 stateless revision were not served).
+
+    The request goes to the SDK unchanged (its Host, content-type and size checks keep their order);
+    only the SDK's "Missing session ID" answer to such a request is rewritten.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        names = {k.lower() for k, _ in scope.get("headers", [])} if scope.get("type") == "http" else set()
+        if scope.get("method") != "POST" or b"mcp-session-id" in names or b"mcp-protocol-version" in names:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[dict[str, Any]] = []
+        size, more = 0, True
+        while more and size <= MAX_INSPECT_BYTES:
+            msg = await receive()
+            chunks.append(msg)
+            if msg["type"] != "http.request":
+                break
+            size += len(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        req: Any = None
+        if not more:
+            try:
+                req = json.loads(b"".join(c.get("body", b"") for c in chunks))
+            except ValueError:
+                req = None
+        if not (isinstance(req, dict) and isinstance(req.get("method"), str) and req["method"] != "initialize"):
+            req = None
+        held: list[dict[str, Any]] = []
+
+        async def replay() -> dict[str, Any]:
+            return chunks.pop(0) if chunks else await receive()
+
+        async def rewrite(msg: dict[str, Any]) -> None:
+            if req is not None and msg["type"] == "http.response.start" and msg["status"] == 400 and not held:
+                held.append(msg)
+                return
+            if held and msg["type"] == "http.response.body":
+                start = held.pop()
+                if b"Missing session ID" in msg.get("body", b"") and not msg.get("more_body"):
+                    await _json_error(send, req.get("id"), _no_version_message(req["method"]))
+                    return
+                await send(start)
+            await send(msg)
+
+        await self.app(scope, replay, rewrite)
+
+
+def _no_version_message(method: str) -> str:
+    return (f"{method!r} without an MCP-Protocol-Version header or an Mcp-Session-Id: either send 'initialize' "
+            f"first and then the Mcp-Session-Id it returns (revisions {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}), "
+            f"or set 'MCP-Protocol-Version: {MODERN_PROTOCOL_VERSIONS[-1]}' and the per-request _meta envelope "
+            "(stateless; server/discover lists the revisions served)")
+
+
+async def _json_error(send: Any, request_id: Any, message: str) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

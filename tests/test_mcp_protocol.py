@@ -304,3 +304,76 @@ def test_stateless_listen_gets_version_updates(tmp_path):
 
     events = _with_client(server, go, mode="2026-07-28")
     assert events == [ResourceUpdated(uri="lineage://version/v1")]
+
+
+# --- over streamable HTTP ------------------------------------------------------------------------------
+HTTP_TOKEN = "protocol-test-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def http_url(run):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "training", "--transport", "http",
+                             "--port", str(port), "--run", str(run)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "EVOTRAINER_MCP_TOKEN": HTTP_TOKEN, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def _post(url, body, **headers):
+    import httpx
+
+    hdr = {"Authorization": f"Bearer {HTTP_TOKEN}", "Content-Type": "application/json",
+           "Accept": "application/json, text/event-stream", **headers}
+    return httpx.post(url, json=body, headers=hdr, timeout=60)
+
+
+def test_http_missing_protocol_version_header_is_named(http_url):
+    r = _post(http_url, {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}})
+    assert r.status_code == 400
+    assert r.json() == {"jsonrpc": "2.0", "id": 7, "error": {"code": -32600, "message": (
+        "'tools/list' without an MCP-Protocol-Version header or an Mcp-Session-Id: either send 'initialize' first "
+        "and then the Mcp-Session-Id it returns (revisions 2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25), or set "
+        "'MCP-Protocol-Version: 2026-07-28' and the per-request _meta envelope (stateless; server/discover lists "
+        "the revisions served)")}}  # the SDK said "Bad Request: Missing session ID"
+
+
+def test_http_discover_and_initialize_agree(http_url):
+    import json
+
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"}}
+    d = _post(http_url, {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}},
+              **{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "server/discover"})
+    assert d.status_code == 200, d.text
+    disc = d.json()["result"]
+    assert disc["supportedVersions"] == ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
+    i = _post(http_url, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    assert i.status_code == 200, i.text
+    line = next(ln for ln in i.text.splitlines() if ln.startswith("data: "))
+    init = json.loads(line[len("data: "):])["result"]
+    assert init["protocolVersion"] == "2025-11-25"
+    assert init["capabilities"] == disc["capabilities"] == {
+        "completions": {}, "logging": {}, "prompts": {"listChanged": False},
+        "resources": {"listChanged": False, "subscribe": True}, "tools": {"listChanged": False}}
