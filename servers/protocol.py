@@ -12,8 +12,8 @@
 - Per-version resources ``lineage://version/{version_id}`` with subscriptions: a legacy session's
   ``resources/subscribe`` and a 2026-07-28 ``subscriptions/listen`` both get
   ``notifications/resources/updated`` when a version changes (status, summaries, findings:
-  its ``updated_at``), whoever changed it. Changes are looked for after every request the server
-  handles and every :data:`POLL_S` seconds while a session is open.
+  its ``updated_at``), whoever changed it. Changes are looked for after every tool call and every
+  :data:`POLL_S` seconds while a session is open.
 - One capability set for both eras: ``initialize`` and ``server/discover`` answer the same
   capabilities, and ``server/discover`` lists every revision served (handshake and stateless).
 """
@@ -265,7 +265,7 @@ def install(server: MCPServer, state: ServerState) -> VersionWatcher:
         finally:
             _captured.reset(token)
             await _forward_logs(ctx, buf, levels)
-            if ctx.method not in ("resources/subscribe", "resources/unsubscribe"):
+            if ctx.method == "tools/call":  # only tools change versions (other processes: the poll)
                 await watcher.check()
 
     low.middleware.insert(0, middleware)
