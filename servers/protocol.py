@@ -54,9 +54,8 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 if TYPE_CHECKING:
-    from mcp.server.mcpserver import MCPServer
-
     from evotrainer.servers.common import ServerState
+    from mcp.server.mcpserver import MCPServer
 
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id

@@ -7,9 +7,16 @@ hand-built run folders.
 
 from __future__ import annotations
 
+import warnings
+
+import anyio
 import pytest
 from evotrainer.servers import build_server
+from mcp import Client
+from mcp.shared.exceptions import MCPError
 from mcp_testlib import SyncClient, make_run
+from mcp_types import PromptReference, ResourceTemplateReference
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 
 # --- compare_versions keeps the no-RL evaluation apart -------------------------------------------
@@ -73,14 +80,6 @@ def test_no_rl_row_errors(no_rl_client, tmp_path):
 
 
 # --- protocol details through the SDK's in-process Client -------------------------------------------
-import warnings  # noqa: E402
-
-import anyio  # noqa: E402
-from mcp import Client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
-from mcp_types import PromptReference, ResourceTemplateReference  # noqa: E402
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS  # noqa: E402
-
 MODES = ("legacy", "2026-07-28")
 
 
@@ -198,9 +197,9 @@ def test_per_version_resource_and_its_errors(run):
 
 
 def test_subscribed_version_gets_update_notifications(tmp_path):
+    from evotrainer.servers import protocol
     from mcp_types import ResourceUpdatedNotification
 
-    from evotrainer.servers import protocol
     from evotrainer.workspace import Workspace
 
     run = make_run(tmp_path)
