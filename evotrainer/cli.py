@@ -211,9 +211,13 @@ def import_cmd(
     """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
     import dataclasses
 
+    from evotrainer.harness.ingest import IngestError
     from evotrainer.importer import import_run
 
-    s = import_run(path, run_dir)
+    try:
+        s = import_run(path, run_dir)
+    except IngestError as exc:
+        fail(str(exc))
     if as_json:
         print_json(dataclasses.asdict(s))
         return
@@ -234,7 +238,6 @@ _register_subcommands()
 
 def main() -> None:
     """Console-script entry point: run the app, turning known errors into one line + exit 1."""
-    from evotrainer.harness.ingest import IngestError
     from evotrainer.importer import RunImportError
     from evotrainer.intervention import InterventionError
     from evotrainer.lineage import LineageError
@@ -242,7 +245,7 @@ def main() -> None:
     from evotrainer.workspace import WorkspaceError
 
     known: tuple[type[BaseException], ...] = (RecipeError, InterventionError, LineageError, WorkspaceError,
-                                              FileNotFoundError, IngestError, RunImportError)
+                                              FileNotFoundError, RunImportError)
     try:
         rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
         sys.exit(rc if isinstance(rc, int) else 0)

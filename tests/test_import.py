@@ -77,3 +77,8 @@ def test_import_errors(tmp_path, verl_run):
                         f"--run {verl_run}\n")
     r = cli("import", str(tmp_path / "nope.log"), "--run", str(tmp_path / "y"))
     assert r.returncode == 1 and r.stderr == f"error: {tmp_path / 'nope.log'}: no such file or folder\n"
+    bad = tmp_path / "bad.log"
+    bad.write_text("not a training log\n")
+    r = cli("import", str(bad), "--run", str(tmp_path / "z"))
+    assert r.returncode == 1 and r.stderr.startswith(f"error: {bad}: no 'step:N - key:value' lines found; ")
+    assert not (tmp_path / "z").exists()  # read first, create the run folder only when there is a run
