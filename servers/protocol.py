@@ -282,7 +282,10 @@ async def _forward_logs(ctx: Any, records: list[logging.LogRecord], levels: Any)
         return
     try:
         session = ctx.session
-        threshold = _PY_LEVEL[levels.get(_connection(ctx), DEFAULT_LEVEL)]
+        if getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS:
+            threshold = logging.DEBUG  # the request's own _meta log level filters (the SDK, SEP-2577)
+        else:
+            threshold = _PY_LEVEL[levels.get(_connection(ctx), DEFAULT_LEVEL)]
     except Exception:
         return
     for r in records:

@@ -248,6 +248,24 @@ def test_tool_failures_reach_the_client_as_log_messages(run):
                              "found; known versions: v0, v1; call list_versions to see them\"")]
 
 
+def test_stateless_requests_that_opt_in_get_log_messages(run):
+    server = build_server("all", run)
+    logs: list[tuple[str, str]] = []
+
+    async def on_log(params):
+        logs.append((params.level, str(params.data)))
+
+    async def go(c):
+        return (await c.call_tool("get_version", {"version_id": "v9"})).is_error
+
+    assert _with_client(server, go, mode="2026-07-28", log_level="info", logging_callback=on_log)
+    assert logs == [("info", "Tool 'get_version' failed: \"Error executing tool get_version: version 'v9' not "
+                             "found; known versions: v0, v1; call list_versions to see them\"")]
+    logs.clear()
+    assert _with_client(server, go, mode="2026-07-28", logging_callback=on_log)  # no opt-in: no messages
+    assert logs == []
+
+
 def test_stdio_errors_are_codes_and_one_line_not_tracebacks(run):
     import json
     import subprocess
