@@ -267,7 +267,7 @@ def install(server: MCPServer, state: ServerState) -> VersionWatcher:
             if ctx.method == "tools/call":  # only tools change versions (other processes: the poll)
                 await watcher.check()
 
-    low.middleware.insert(0, middleware)
+    low.middleware.append(middleware)
     return watcher
 
 
