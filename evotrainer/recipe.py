@@ -39,8 +39,6 @@ REWARD_COMPONENTS: tuple[str, ...] = (
 
 TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
 
-# Parameters each reward component reads (rl_backend.rewards / swe_env), with their type and rule.
-# ``{component: {param: (type, rule(value) -> error or None)}}``; a component absent here takes none.
 def _positive_int(v: Any) -> str | None:
     return None if v >= 1 else "need an integer >= 1"
 
@@ -61,6 +59,8 @@ def _swe_mode(v: Any) -> str | None:
     return None if v in ("all", "fraction") else "allowed values: 'all' or 'fraction'"
 
 
+# Parameters each reward component reads (rl_backend.rewards, swe_train), with their type and rule:
+# ``{component: {param: (type, rule(value) -> error or None)}}``; a component absent here takes none.
 REWARD_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "format": {"pattern": (str, _regex)},
     "format_token": {"token": (str, None)},

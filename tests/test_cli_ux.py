@@ -255,3 +255,21 @@ def test_mcp_config_install_writes_a_backup_first(tmp_path):
     fresh = tmp_path / "new" / "claude_desktop_config.json"
     r = cli("mcp-config", "--install", "--config-path", str(fresh), "--run", str(tmp_path / "run"))
     assert r.returncode == 0 and not r.stdout.startswith("backup")  # nothing to back up
+
+
+def test_reward_params_table_matches_what_the_reward_code_reads():
+    # every params.get("x") in a registered reward function (and swe_train's mode) is a known param,
+    # so the validator never rejects a param the trainer reads, nor accepts one it ignores
+    import re
+    from pathlib import Path
+
+    from evotrainer.recipe import REWARD_PARAMS
+
+    root = Path(__file__).resolve().parents[1] / "rl_backend"
+    read: dict[str, set[str]] = {}
+    for chunk in (root / "rewards.py").read_text().split('@register("')[1:]:
+        name = chunk.split('"', 1)[0]
+        body = chunk.split("\n@register", 1)[0].split("\ndef _behaviour_penalty", 1)[0]
+        read[name] = set(re.findall(r'params\.get\("(\w+)"', body))
+    read["swe_tests"] = set(re.findall(r'comp\.params\.get\("(\w+)"', (root / "swe_train.py").read_text()))
+    assert {n: ps for n, ps in read.items() if ps} == {n: set(ps) for n, ps in REWARD_PARAMS.items()}
