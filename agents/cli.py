@@ -91,15 +91,17 @@ def lineage_table(ws: Any) -> Any:
     from rich.table import Table
 
     t = Table(title="lineage", expand=False)
-    for col in ("version", "parent", "status", "change", "reward", "Avg@k"):
-        t.add_column(col)
+    for col in ("version", "parent", "status", "change"):  # text folds at 80 columns, never cut
+        t.add_column(col, overflow="fold", ratio=1 if col == "change" else None)
+    for col in ("reward", "Avg@k"):  # numbers stay whole
+        t.add_column(col, no_wrap=True, justify="right")
     style = {"kept": "green", "pruned": "red", "reverted": "magenta", "failed": "red", "training": "yellow",
              "trained": "cyan", "proposed": "dim", "merged": "blue"}
     for v in ws.lineage.versions():
         rew = (v.metrics_summary or {}).get("reward/mean")
         avg = (v.eval_summary or {}).get("avg@k") if (v.eval_summary or {}).get("eval_name", "heldout") == "heldout" else None
         t.add_row(v.id, v.parent_id or "-", f"[{style.get(v.status, '')}]{v.status}[/]",
-                  "; ".join(iv.describe() for iv in v.interventions)[:60] or "base",
+                  "; ".join(iv.describe() for iv in v.interventions) or "base",
                   f"{rew:.3f}" if isinstance(rew, (int, float)) else "", f"{avg:.3f}" if isinstance(avg, (int, float)) else "")
     return t
 

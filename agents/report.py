@@ -347,8 +347,10 @@ def summary_table(ws: Workspace) -> Any:
     from rich.table import Table
 
     t = Table(title=f"EvoTrainer run {ws.root.name}")
-    for c in ("version", "status", "change", "Avg@k", "95% CI"):
-        t.add_column(c, overflow="fold", min_width=28 if c == "change" else None)  # fold, never cut, the change
+    for c in ("version", "status", "change"):  # text folds over lines at 80 columns, never cut
+        t.add_column(c, overflow="fold", ratio=1 if c == "change" else None)
+    for c in ("Avg@k", "95% CI"):  # numbers stay whole: "[0.250, 0.500]" never splits
+        t.add_column(c, no_wrap=True, justify="right")
     changes = {v.id: "; ".join(iv.describe() for iv in v.interventions) or "base" for v in ws.lineage.versions()}
     for r in score_rows(ws):
         ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""

@@ -1,6 +1,6 @@
 """The ``evotrainer`` command line (typer + rich).
 
-Core commands live here (``init``, ``lineage show|diff``, ``recipe validate``); each subpackage
+Core commands live here (``init``, ``import``, ``lineage show|diff``, ``recipe validate``); each subpackage
 adds its own through a ``register(app)`` function in its ``cli`` module (``rl_backend.cli``:
 train, eval, swe; ``harness.cli``: diagnose, sandbox; ``skills_db.cli``: skills; ``servers.cli``:
 serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
@@ -33,7 +33,7 @@ app.add_typer(lineage_app, name="lineage")
 app.add_typer(recipe_app, name="recipe")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable) at any width
 STATE: dict[str, Any] = {"debug": False}
 
 SUBCOMMAND_MODULES = (
@@ -47,8 +47,20 @@ SUBCOMMAND_MODULES = (
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from evotrainer import __version__
+
+        sys.stdout.write(f"evotrainer {__version__}\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the installed version and exit."),
+) -> None:
     STATE["debug"] = debug
 
 
@@ -154,17 +166,66 @@ def lineage_diff(
 
 @recipe_app.command("validate")
 def recipe_validate(
-    file: Path = typer.Argument(..., help="Recipe YAML (or a run config with a recipe: section)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the validated recipe as JSON."),
+    file: Path = typer.Argument(..., help="Recipe YAML, or a run config (budget, mode, ... and a recipe: section)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the validated recipe (or run config) as JSON."),
 ) -> None:
-    """Validate a recipe; print the errors (field path, value, fix) or the full recipe."""
-    from evotrainer.recipe import load_recipe
+    """Validate a recipe or a whole run config; print the errors (field path, value, rule, fix).
 
-    r = load_recipe(file)
+    A run config is checked in every section (``budget.*``, ``mode``, ``recipe.*``); a recipe's
+    ``data.path`` must name an existing file or folder (relative to the current directory).
+    """
+    import yaml
+
+    from evotrainer.config import is_run_config, load_run_config
+    from evotrainer.recipe import RecipeError, load_recipe
+
+    try:
+        raw = yaml.safe_load(file.read_text()) if file.is_file() else None
+    except yaml.YAMLError:
+        raw = None  # the loaders below report the YAML error with the file name
+    cfg = load_run_config(file) if is_run_config(raw) else None
+    r = cfg.recipe if cfg is not None else load_recipe(file)
+    prefix = "config.recipe" if cfg is not None else "recipe"
+    if r.data.path and not Path(r.data.path).exists():
+        raise RecipeError(f"{prefix}.data.path={r.data.path!r}: no such file or folder (from {Path.cwd()}); "
+                          "fix the path or run from the folder it is relative to")
     if as_json:
-        print_json(r.to_dict())
+        print_json(cfg.model_dump(mode="json") if cfg is not None else r.to_dict())
+        return
+    what = f"{len(r.reward)} reward components, task {r.data.task}"
+    if cfg is not None:
+        b = cfg.budget
+        console.print(f"{file}: valid run config (mode {cfg.mode}, {b.max_versions} versions x "
+                      f"{b.steps_per_version} steps; recipe: {what})", highlight=False, soft_wrap=True)
     else:
-        console.print(f"{file}: valid recipe ({len(r.reward)} reward components, task {r.data.task})")
+        console.print(f"{file}: valid recipe ({what})", highlight=False, soft_wrap=True)
+
+
+@app.command("import")
+def import_cmd(
+    path: Path = typer.Argument(..., help="A foreign run: verl log, trainer_state.json, TensorBoard events, "
+                                          "JSONL metrics, rollout dumps, or a folder of them."),
+    run_dir: Path = typer.Option(..., "--run", help="New run folder to create."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was imported as JSON."),
+) -> None:
+    """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
+    import dataclasses
+
+    from evotrainer.harness.ingest import IngestError
+    from evotrainer.importer import import_run
+
+    try:
+        s = import_run(path, run_dir)
+    except IngestError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(dataclasses.asdict(s))
+        return
+    kinds = ", ".join(f"{f['kind']} [{f['severity']}]" for f in s.findings) or "none"
+    console.print(f"imported {s.source} into {s.run_dir} as {s.version_id}: {s.n_steps} steps, {s.n_metrics} "
+                  f"metrics, {s.n_rollouts} rollouts, {s.n_log_lines} log lines; findings: {kinds}",
+                  highlight=False, soft_wrap=True, markup=False)
+    console.print(f"serve it: evotrainer serve all --run {s.run_dir}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _register_subcommands() -> None:
@@ -177,13 +238,14 @@ _register_subcommands()
 
 def main() -> None:
     """Console-script entry point: run the app, turning known errors into one line + exit 1."""
+    from evotrainer.importer import RunImportError
     from evotrainer.intervention import InterventionError
     from evotrainer.lineage import LineageError
     from evotrainer.recipe import RecipeError
     from evotrainer.workspace import WorkspaceError
 
     known: tuple[type[BaseException], ...] = (RecipeError, InterventionError, LineageError, WorkspaceError,
-                                              FileNotFoundError)
+                                              FileNotFoundError, RunImportError)
     try:
         rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
         sys.exit(rc if isinstance(rc, int) else 0)
@@ -200,8 +262,8 @@ def main() -> None:
     except Exception as exc:  # click usage errors and anything unexpected
         import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if isinstance(exc, click.ClickException) or (isinstance(exc, typer.TyperException) and hasattr(exc, "show")):
+            exc.show()  # typer >= 0.16 vendors click: its BadParameter is not a click.ClickException
             sys.exit(exc.exit_code)
         if STATE["debug"]:
             console.print_exception()

@@ -43,6 +43,14 @@ class RunConfig(BaseModel):
     recipe: Recipe = Field(default_factory=Recipe)
 
 
+RUN_CONFIG_KEYS = frozenset(RunConfig.model_fields) - {"seed"}  # "seed" is a recipe field too
+
+
+def is_run_config(data: object) -> bool:
+    """True when a parsed YAML mapping is a run config (a ``recipe:`` section or another run-config key)."""
+    return isinstance(data, dict) and bool(RUN_CONFIG_KEYS & set(data))
+
+
 def load_run_config(path: str | Path) -> RunConfig:
     """Load a run config from YAML.
 

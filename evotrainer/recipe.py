@@ -13,11 +13,14 @@ Validation errors are :class:`RecipeError` and name the field path, the bad valu
 from __future__ import annotations
 
 import copy
+import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 # Reward components the backends implement (rl_backend.rewards registers one function per name).
 REWARD_COMPONENTS: tuple[str, ...] = (
@@ -35,6 +38,52 @@ REWARD_COMPONENTS: tuple[str, ...] = (
 )
 
 TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
+
+def _positive_int(v: Any) -> str | None:
+    return None if v >= 1 else "need an integer >= 1"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "need a value >= 0"
+
+
+def _regex(v: Any) -> str | None:
+    try:
+        re.compile(v)
+    except re.error as exc:
+        return f"not a valid regular expression ({exc})"
+    return None
+
+
+def _swe_mode(v: Any) -> str | None:
+    return None if v in ("all", "fraction") else "allowed values: 'all' or 'fraction'"
+
+
+# Parameters each reward component reads (rl_backend.rewards, swe_train), with their type and rule:
+# ``{component: {param: (type, rule(value) -> error or None)}}``; a component absent here takes none.
+REWARD_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
+    "format": {"pattern": (str, _regex)},
+    "format_token": {"token": (str, None)},
+    "overlong": {"max_len": (int, _positive_int), "buffer_len": (int, _positive_int),
+                 "penalty_factor": (float, _non_negative)},
+    "length_penalty": {"target_len": (int, _non_negative), "per_token": (float, _non_negative)},
+    "repetition": {"n": (int, _positive_int)},
+    "swe_tests": {"mode": (str, _swe_mode)},
+}
+
+# Tasks whose problems come only from a file: ``data.path`` is required for them (rl_backend.tasks).
+TASKS_NEEDING_PATH: dict[str, str] = {"jsonl": "a JSONL file of {\"prompt\": ..., \"answer\": ...} lines"}
+
+
+def _field_error(path: str, value: Any, rule: str) -> PydanticCustomError:
+    """A validation error for a nested path the validator knows better than pydantic's loc."""
+    return PydanticCustomError("recipe_field", "{rule}", {"path": path, "value": value, "rule": rule})
+
+
+def did_you_mean(name: str, choices: Any) -> str | None:
+    """The closest of ``choices`` to a misspelt ``name`` (difflib ratio >= 0.6), or None."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    return close[0] if close else None
 
 
 class RecipeError(ValueError):
@@ -99,6 +148,15 @@ class DataSpec(_Strict):
     prompt_suffix: str = Field(
         " Answer with just the number.", description="Instruction appended to each math question."
     )
+
+    @field_validator("path")
+    @classmethod
+    def _path_needed(cls, v: str | None, info: ValidationInfo) -> str | None:
+        task = info.data.get("task")
+        if not v and task in TASKS_NEEDING_PATH:
+            raise ValueError(f"task {task!r} reads its problems from a file; set data.path to "
+                             f"{TASKS_NEEDING_PATH[task]}")
+        return v
 
     @field_validator("difficulty_band")
     @classmethod
@@ -205,7 +263,11 @@ class Recipe(_Strict):
             raise ValueError("no reward component; add at least one, e.g. correctness: {weight: 1.0}")
         unknown = sorted(set(v) - set(REWARD_COMPONENTS))
         if unknown:
-            raise ValueError(f"unknown reward component {unknown[0]!r}; allowed: {', '.join(REWARD_COMPONENTS)}")
+            close = did_you_mean(unknown[0], REWARD_COMPONENTS)
+            hint = f"did you mean {close!r}?" if close else f"allowed: {', '.join(REWARD_COMPONENTS)}"
+            raise ValueError(f"unknown reward component {unknown[0]!r}; {hint}")
+        for name, comp in v.items():
+            _check_reward_params(name, comp.params)
         return v
 
     @field_validator("dynamic_filtering_range")
@@ -226,19 +288,66 @@ class Recipe(_Strict):
         return self.model_dump(mode="json")
 
 
+def _check_reward_params(name: str, params: dict[str, Any]) -> None:
+    """Reject params a component does not read, of the wrong type, or breaking its rule.
+
+    Raises:
+        PydanticCustomError: names ``reward.<name>.params.<param>``, the value and the fix.
+    """
+    known = REWARD_PARAMS.get(name, {})
+    for key, value in params.items():
+        path = f"reward.{name}.params.{key}"
+        if key not in known:
+            if not known:
+                raise _field_error(path, value, f"unknown parameter; {name!r} takes no params, remove it")
+            close = did_you_mean(key, known)
+            hint = f"did you mean {close!r}?" if close else f"allowed: {', '.join(known)}"
+            raise _field_error(path, value, f"unknown parameter of {name!r}; {hint}")
+        typ, rule = known[key]
+        ok = isinstance(value, typ) and not isinstance(value, bool)
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise _field_error(path, value, f"need {_TYPE_NAMES[typ]}, e.g. {key}: {_TYPE_EXAMPLES[typ]}")
+        problem = rule(value) if rule else None
+        if problem:
+            raise _field_error(path, value, problem)
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
+_TYPE_EXAMPLES = {int: "4", float: "0.5", str: "'Answer:'"}
+_BOUND_RULES = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
+                "less_than": ("<", "lt"), "less_than_equal": ("<=", "le")}
+
+
 def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None) -> str:
-    """One line per pydantic error: ``<prefix>.<path>=<value>: <rule>`` (unknown fields list the allowed ones)."""
+    """One line per pydantic error: ``<prefix>.<path>=<value>: <rule>; <fix>``.
+
+    An unknown field suggests the closest allowed name (``did you mean 'actor_learning_rate'?``,
+    difflib ratio >= 0.6) or, when none is close, lists the allowed ones. A bound (``ge=1``) says the
+    value to set.
+    """
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         path = f"{prefix}.{loc}" if loc else prefix
-        if e["type"] == "extra_forbidden":
+        ctx = e.get("ctx") or {}
+        if e["type"] == "recipe_field":
+            lines.append(f"{prefix}.{ctx['path']}={ctx['value']!r}: {ctx['rule']}")
+        elif e["type"] == "extra_forbidden":
             parent_fields = _fields_at(root or Recipe, e["loc"][:-1])
-            allowed = f"; allowed: {', '.join(parent_fields)}" if parent_fields else ""
-            lines.append(f"{path}: unknown field{allowed}")
+            close = did_you_mean(e["loc"][-1], parent_fields)
+            if close:
+                lines.append(f"{path}: unknown field; did you mean {close!r}?")
+            else:
+                allowed = f"; allowed: {', '.join(parent_fields)}" if parent_fields else ""
+                lines.append(f"{path}: unknown field{allowed}")
         elif e["type"] == "literal_error":
-            expected = e.get("ctx", {}).get("expected", "")
+            expected = ctx.get("expected", "")
             lines.append(f"{path}={e.get('input')!r}: not allowed; allowed values: {expected}")
+        elif e["type"] in _BOUND_RULES:
+            op, key = _BOUND_RULES[e["type"]]
+            lines.append(f"{path}={e.get('input')!r}: {e['msg']}; set a value {op} {ctx.get(key)}")
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):
@@ -248,13 +357,19 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:
-    for part in loc:
-        if part == "reward":
-            return []
+    """Field names of the section at ``loc`` under ``model`` (``reward.<name>`` is a RewardComponent)."""
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
         model = field.annotation
+        if part == "reward":
+            if not parts:
+                return []
+            parts.pop(0)  # the component name
+            model = RewardComponent
     return list(getattr(model, "model_fields", {}))
 
 

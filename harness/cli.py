@@ -30,6 +30,11 @@ def diagnose(
                                                        help="Run only these analyzers (repeatable).")] = None,
     fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 2 when a finding of this severity or worse "
                                          "stands: none | warn | blocking.")] = "none",
+    gate_version: Annotated[list[str] | None, typer.Option("--version", help="--fail-on judges only findings that "
+                                                           "cover these versions (repeatable).")] = None,
+    gate_kept: Annotated[bool, typer.Option("--kept", help="--fail-on judges only kept versions (workspace).")] = False,
+    gate_best: Annotated[bool, typer.Option("--best", help="--fail-on judges only the best kept version (highest "
+                                            "held-out Avg@k; workspace).")] = False,
 ) -> None:
     """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
     from evotrainer.harness.analyzers import run_analyzers
@@ -42,6 +47,7 @@ def diagnose(
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
     ev = ingest(path)
+    gated = _gate_versions(path, list(ev.summary()["versions"]), gate_version, gate_kept, gate_best)
     findings = run_analyzers(ev, names=analyzer or None)
     plots: list[str] = []
     if not no_plots:
@@ -74,8 +80,41 @@ def diagnose(
             console.print("no findings")
         for p in plots:
             console.print(f"plot: {p}")
-    if fail_on != "none" and any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on] for f in findings):
+    judged = [f for f in findings if gated is None or not f.versions or gated & set(f.versions)]
+    if fail_on != "none" and any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on] for f in judged):
         raise typer.Exit(2)
+
+
+def _gate_versions(path: Path, known: list[str], versions: list[str] | None, kept: bool, best: bool) -> set[str] | None:
+    """Versions ``--fail-on`` judges (None: all). A finding counts when it covers one of them or no version.
+
+    Exits 1 (one error line) on an unknown ``--version``, or ``--kept`` / ``--best`` on a run without a
+    lineage (2 stays the gate's own code).
+    """
+    from evotrainer.cli import fail
+
+    if not (versions or kept or best):
+        return None
+    out = set(versions or [])
+    unknown = sorted(out - set(known))
+    if unknown:
+        fail(f"--version {unknown[0]}: not in {path}; known versions: {', '.join(known)}")
+    if kept or best:
+        if not (path.is_dir() and (path / "lineage.db").exists()):
+            fail(f"--kept / --best need an EvoTrainer run folder (lineage.db); {path} has no lineage: use --version")
+        from evotrainer.lineage import LineageStore
+
+        store = LineageStore(path / "lineage.db", readonly=True)
+        try:
+            keeps = [v for v in store.versions() if v.status == "kept"]
+        finally:
+            store.close()
+        scored = [v for v in keeps if "avg@k" in (v.eval_summary or {})]
+        if kept:
+            out |= {v.id for v in keeps}
+        if best and scored:  # the best kept version: highest held-out Avg@k, earliest on ties (agents.loop)
+            out.add(max(scored, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id)
+    return out
 
 
 @analyzers_app.command("list")

@@ -181,10 +181,12 @@ class Evidence:
         else:
             chosen = [ws.lineage.get(v) for v in version_ids]
         ev = cls(source=str(ws.root))
+        imported = (ws.lineage.kv_get("import/source") or {}).get("version_id")  # evotrainer.importer
         for v in chosen:
             ev.parents[v.id] = v.parent_id
             ev.statuses[v.id] = v.status
-            ev.recipes[v.id] = v.recipe.to_dict()
+            if v.id != imported:  # an imported run's recipe is a placeholder: analyzers must not judge by it
+                ev.recipes[v.id] = v.recipe.to_dict()
             ev.eval_summaries[v.id] = dict(v.eval_summary or {})
             ev.metrics[v.id] = {k: to_arrays(s) for k, s in ws.lineage.all_metrics(v.id).items()}
             m = ws.lineage.eval_matrix(v.id, eval_name)

@@ -3,7 +3,9 @@
 ``build_server(name, run_dir)`` returns an ``MCPServer`` (official SDK 2.x) for ``training``,
 ``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each server has the shared
 :class:`~evotrainer.servers.common.ServerState` as its lifespan context and the prompts
-``diagnose_run`` and ``propose_next_intervention``. Transports live in :mod:`evotrainer.servers.http`
+``diagnose_run`` and ``propose_next_intervention``; :mod:`evotrainer.servers.protocol` adds the
+protocol details (error codes, logging, completions, per-version resources and subscriptions,
+one capability set for both protocol eras). Transports live in :mod:`evotrainer.servers.http`
 (streamable HTTP with a bearer token) and :func:`run_stdio`.
 """
 
@@ -41,6 +43,72 @@ INSTRUCTIONS = {
 }
 
 
+# Title and behaviour hints of every tool (MCP ``Tool.title`` and ``ToolAnnotations``, spec 2025-11-25):
+# ``{name: (title, read_only, destructive, idempotent)}``. readOnlyHint: the tool changes nothing;
+# destructiveHint: it may discard or overwrite state (prune / revert a version, stop a job, replace a
+# stored analyzer, skill or findings); idempotentHint: calling it again with the same arguments has
+# no further effect. No tool reaches outside the run and the skill memory (openWorldHint false).
+TOOL_META: dict[str, tuple[str, bool, bool, bool]] = {
+    # training
+    "list_versions": ("List versions", True, False, True),
+    "get_version": ("Get a version", True, False, True),
+    "diff_versions": ("Diff two versions' recipes", True, False, True),
+    "propose_intervention": ("Propose an intervention (new child version)", False, False, False),
+    "start_training": ("Start training a version", False, False, False),
+    "evaluate_version": ("Evaluate a version on the held-out set", False, False, False),
+    "job_status": ("Job status and progress", True, False, True),
+    "list_jobs": ("List jobs", True, False, True),
+    "cancel_job": ("Cancel a job", False, True, True),
+    "decide": ("Decide: keep, prune, revert or merge a version", False, True, False),
+    # rollouts
+    "sample_rollouts": ("Sample rollouts", True, False, True),
+    "get_group": ("Get a group of samples", True, False, True),
+    "group_stats": ("Group statistics per step", True, False, True),
+    "search_rollouts": ("Search rollouts (full text)", True, False, True),
+    "compare_versions": ("Compare two versions on the same prompts", True, False, True),
+    # logs
+    "search_logs": ("Search the run log", True, False, True),
+    "list_metrics": ("List metrics", True, False, True),
+    "get_metric_series": ("Get a metric series", True, False, True),
+    "metric_summary": ("Summarise a version's metrics", True, False, True),
+    # analyzers
+    "list_analyzers": ("List analyzers", True, False, True),
+    "run_analyzer": ("Run analyzers (record=true overwrites stored findings)", False, True, True),
+    "run_analyzer_code": ("Run analyzer code in the sandbox", False, False, True),
+    "register_analyzer": ("Register an analyzer (replace=true overwrites one)", False, True, True),
+    "rescore_rollouts": ("Re-score rollouts under a changed reward", True, False, True),
+    "replay_filter": ("Replay a changed group filter", True, False, True),
+    "backtest_analyzer": ("Backtest an analyzer", True, False, True),
+    "gate_version": ("Promotion gate (held-out gain and CI)", True, False, True),
+    # skills
+    "search_skills": ("Search skills", True, False, True),
+    "get_skill": ("Get a skill", True, False, True),
+    "add_skill": ("Add a skill (replace=true overwrites one)", False, True, True),
+    "record_skill_outcome": ("Record a skill's outcome", False, False, False),
+    "add_failed_case": ("Remember a failed case", False, False, False),
+    "add_search_trace": ("Log a search trace", False, False, False),
+    # every server
+    "server_info": ("Server info (health check)", True, False, True),
+}
+
+
+def _apply_tool_meta(server: MCPServer) -> None:
+    """Set each registered tool's title and annotations from :data:`TOOL_META`.
+
+    A tool without an entry keeps the hints its ``@tool`` decorator gave (tests/test_mcp_protocol.py
+    fails until it has one).
+    """
+    from mcp_types import ToolAnnotations
+
+    for t in server._tool_manager.list_tools():  # SDK: list_tools reads these fields live
+        if t.name not in TOOL_META:
+            continue
+        title, read_only, destructive, idempotent = TOOL_META[t.name]
+        t.title = title
+        t.annotations = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
+                                        idempotent_hint=idempotent, open_world_hint=False)
+
+
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> MCPServer:
     """An MCP server with the tools of ``name`` (one toolset or ``all``) over the run in ``run_dir``.
 
@@ -55,17 +123,24 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     """
     if name not in SERVER_NAMES:
         raise ValueError(f"server {name!r}: choose one of {', '.join(SERVER_NAMES)}")
+    from evotrainer.servers import protocol
+
     state = ServerState(run_dir)
     state.extras["backend_name"] = backend
     sets = list(TOOLSETS) if name == "all" else [name]
     instructions = " ".join(INSTRUCTIONS[s] for s in sets)
-    server = MCPServer(f"evotrainer-{name}", instructions=instructions, lifespan=make_lifespan(state),
+    protocol.one_line_stderr_logging()  # before the SDK's rich handler (basicConfig keeps the first)
+    holder: dict[str, protocol.VersionWatcher] = {}
+    server = MCPServer(f"evotrainer-{name}", instructions=instructions,
+                       lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
                        log_level="WARNING", version=_version())
     for s in sets:
         importlib.import_module(TOOLSETS[s]).register(server, state)
     _add_server_info(server, state, name, sets)
+    _apply_tool_meta(server)
     server.middleware.append(argument_error_middleware(server))
     _add_prompts(server, state)
+    holder["watcher"] = protocol.install(server, state)
     server.evotrainer_state = state  # type: ignore[attr-defined]  (tests and the CLI reach jobs through it)
     return server
 

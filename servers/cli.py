@@ -35,6 +35,35 @@ def claude_config_path() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME", home / ".config")) / "Claude" / "claude_desktop_config.json"
 
 
+def run_folder_warning(name: str, run_dir: Path) -> str | None:
+    """A warning line when ``run_dir`` is not a run folder (no ``lineage.db``) for a server that needs one.
+
+    The ``skills`` server reads only the skills memory, so it needs no run folder.
+    """
+    if name == "skills" or (run_dir / "lineage.db").is_file():
+        return None
+    what = "does not exist" if not run_dir.exists() else "is not a run folder (no lineage.db)"
+    return (f"warning: --run {run_dir} {what}: the run tools will fail until it holds a run; create one with "
+            f"`evotrainer init {run_dir}` (or `evotrainer run`), or pass --run DIR of an existing run")
+
+
+def backup_config(path: Path) -> Path | None:
+    """Copy the config file to ``<name>.<UTC time>.bak`` beside it before it is changed; None if absent or empty."""
+    import shutil
+    import time
+
+    if not path.is_file() or not path.read_text().strip():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    backup = path.with_name(f"{path.name}.{stamp}.bak")
+    n = 1
+    while backup.exists():  # two installs in one second keep both backups
+        backup = path.with_name(f"{path.name}.{stamp}-{n}.bak")
+        n += 1
+    shutil.copy2(path, backup)
+    return backup
+
+
 def server_entry(name: str, run_dir: Path) -> dict:
     """The ``mcpServers`` entry that starts ``evotrainer serve NAME --run RUN`` with this interpreter (stdio)."""
     env = {"HF_HUB_OFFLINE": "1"}
@@ -94,6 +123,10 @@ def register(app: typer.Typer) -> None:
         from evotrainer.servers.app import build_server
         from evotrainer.servers.http import ServeError, serve_http
 
+        warning = run_folder_warning(name, run_dir)
+        if warning:  # stderr: stdout is the stdio transport's channel
+            sys.stderr.write(warning + "\n")
+            sys.stderr.flush()
         server = build_server(name, run_dir, backend=backend)
         if transport == "stdio":
             server.run("stdio")
@@ -121,13 +154,20 @@ def register(app: typer.Typer) -> None:
         """Print (or --install) the Claude Desktop mcpServers entry for this install."""
         if name not in SERVER_CHOICES:
             fail(f"--server {name!r}: choose one of {', '.join(SERVER_CHOICES)}")
-        entry = server_entry(name, run_dir.expanduser().resolve())
+        run_dir = run_dir.expanduser().resolve()
+        entry = server_entry(name, run_dir)
+        warning = run_folder_warning(name, run_dir)
+        if warning:
+            sys.stderr.write(warning + "\n")
         if not install:
             sys.stdout.write(json.dumps({"mcpServers": {key: entry}}, indent=2) + "\n")
             return
         path = config_path or claude_config_path()
+        backup = backup_config(path)
         try:
             merge_config(path, key, entry)
         except ValueError as exc:
             fail(str(exc))
+        if backup is not None:
+            sys.stdout.write(f"backup of the previous config: {backup}\n")
         sys.stdout.write(f"installed mcpServers.{key} into {path}; restart Claude Desktop to load it\n")

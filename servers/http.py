@@ -118,7 +118,9 @@ def http_app(server: MCPServer, token: str, host: str = "127.0.0.1", allowed_ori
     """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` wrapped in :class:`SecurityMiddleware`."""
     security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     inner = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security)
-    return SecurityMiddleware(inner, token, allowed_origins)
+    from evotrainer.servers.protocol import ProtocolVersionGuard
+
+    return SecurityMiddleware(ProtocolVersionGuard(inner), token, allowed_origins)
 
 
 def serve_http(server: MCPServer, *, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,

@@ -321,8 +321,9 @@ def register(server: MCPServer, state: ServerState) -> None:
     @tool(server)
     def compare_versions(
         ctx: Context,
-        version_a: Annotated[str, Field(description="First version id.")],
-        version_b: Annotated[str, Field(description="Second version id.")],
+        version_a: Annotated[str, Field(description="First version id, or 'no-rl' (alias 'base') for the root's "
+                                                    "no-RL base-model evaluation.")],
+        version_b: Annotated[str, Field(description="Second version id, or 'no-rl' / 'base'.")],
         split: Annotated[Split, Field(description="eval (held-out samples, the same prompts by design) or train.")]
         = "eval",
         samples_per_side: Annotated[int, Field(description="Completions shown per version and prompt.", ge=0,
@@ -332,19 +333,23 @@ def register(server: MCPServer, state: ServerState) -> None:
         max_chars: MaxChars = 600,
     ) -> VersionComparison:
         """Two versions side by side on the prompts both answered (largest reward difference first): reward,
-        correctness and sample completions of each."""
+        correctness and sample completions of each. 'no-rl' (or 'base') names the no-RL base-model
+        evaluation of the root, kept apart from the root's own held-out samples."""
         ws = state_of(ctx).workspace()
-        require_version(ws, version_a)
-        require_version(ws, version_b)
-        per = ("SELECT prompt_id, ANY_VALUE(prompt) AS prompt, ANY_VALUE(answer) AS answer, COUNT(*) AS n, "
-               "AVG(reward) AS rmean, AVG(correct) FILTER (WHERE NOT isnan(correct)) AS cmean, "
-               "LIST(completion ORDER BY step, sample_idx) AS comps FROM rollouts WHERE version_id = ? AND split = ? "
-               "GROUP BY prompt_id")
+        where_a, args_a = _compare_side(ws, version_a, split)
+        where_b, args_b = _compare_side(ws, version_b, split)
+
+        def per(where: str) -> str:
+            return ("SELECT prompt_id, ANY_VALUE(prompt) AS prompt, ANY_VALUE(answer) AS answer, COUNT(*) AS n, "
+                    "AVG(reward) AS rmean, AVG(correct) FILTER (WHERE NOT isnan(correct)) AS cmean, "
+                    f"LIST(completion ORDER BY step, sample_idx) AS comps FROM rollouts WHERE {where} "
+                    "GROUP BY prompt_id")
+
         rows = duck(ws, f"SELECT a.prompt_id, a.prompt, a.answer, a.n AS an, a.rmean AS ar, a.cmean AS ac, "
                         f"a.comps AS acomps, b.n AS bn, b.rmean AS br, b.cmean AS bc, b.comps AS bcomps "
-                        f"FROM ({per}) a JOIN ({per}) b USING (prompt_id) "
+                        f"FROM ({per(where_a)}) a JOIN ({per(where_b)}) b USING (prompt_id) "
                         f"ORDER BY abs(a.rmean - b.rmean) DESC, a.prompt_id",
-                    [version_a, split, version_b, split])
+                    [*args_a, *args_b])
         if not rows:
             raise ToolError(f"{version_a} and {version_b} share no prompts in split {split!r}; evaluate both "
                             "(evaluate_version) or compare split='train' rollouts")
@@ -364,3 +369,34 @@ def register(server: MCPServer, state: ServerState) -> None:
                                       answer=str(r["answer"] or ""), a=side(r["an"], r["ar"], r["ac"], r["acomps"]),
                                       b=side(r["bn"], r["br"], r["bc"], r["bcomps"])) for r in page],
             **page_fields(len(rows), offset, len(page)))
+
+
+# The no-RL base-model evaluation is stored as eval rollouts of the root whose group ids are
+# ``no_rl-<prompt>`` (rl_backend.local / swe_train: eval group ids are ``<eval_name>-<prompt>``).
+NO_RL_NAMES = ("no-rl", "base")
+NO_RL_GROUPS = "no_rl-%"
+
+
+def _compare_side(ws: Any, version_id: str, split: str) -> tuple[str, list[Any]]:
+    """SQL condition and parameters selecting one side of ``compare_versions``.
+
+    A version's eval side leaves out the no-RL evaluation (stored under the root's id); ``no-rl`` /
+    ``base`` selects only it.
+
+    Raises:
+        ToolError: unknown version; ``no-rl`` with ``split='train'``, or on a run without a no-RL evaluation.
+    """
+    if version_id.lower() in NO_RL_NAMES:
+        root = ws.lineage.root()
+        if split != "eval":
+            raise ToolError(f"{version_id!r} is the no-RL base-model evaluation: it has eval rollouts only; "
+                            "use split='eval'")
+        if root is None or not duck(ws, "SELECT 1 FROM rollouts WHERE version_id = ? AND split = 'eval' AND "
+                                        "group_id LIKE ? LIMIT 1", [root.id, NO_RL_GROUPS]):
+            raise ToolError(f"{version_id!r}: this run has no no-RL base-model evaluation; run "
+                            "evaluate_version(version_id=<root>, eval_name='no_rl') first")
+        return "version_id = ? AND split = 'eval' AND group_id LIKE ?", [root.id, NO_RL_GROUPS]
+    require_version(ws, version_id)
+    if split == "eval":
+        return "version_id = ? AND split = 'eval' AND group_id NOT LIKE ?", [version_id, NO_RL_GROUPS]
+    return "version_id = ? AND split = ?", [version_id, split]

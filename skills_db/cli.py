@@ -48,13 +48,30 @@ def _print_json(data: Any) -> None:
 
 
 def _table(rows: list[dict[str, Any]], with_score: bool) -> None:
+    """Print skills as a table readable at 80 columns.
+
+    The id, kind and score stay whole on one line (``skills show`` needs the full id, also when the
+    output is piped at 80 columns); the name, the finding kinds it addresses and the recipe path
+    share one text column that folds over lines.
+    """
+    from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table("id", "kind", "name", "addresses", "recipe_path", *(["score"] if with_score else []))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("id", no_wrap=True)
+    t.add_column("kind", no_wrap=True)
+    if with_score:
+        t.add_column("score", no_wrap=True, justify="right")
+    t.add_column("name", overflow="fold", ratio=1)
     for r in rows:
-        extra = [f"{r['score']:.4f}"] if with_score else []
-        t.add_row(r["id"], r["kind"], r["name"], ", ".join(r["addresses"]), r["recipe_path"] or "", *extra)
+        text = Text(r["name"])
+        if r["addresses"]:
+            text.append("\naddresses: " + ", ".join(r["addresses"]), style="dim")
+        if r["recipe_path"]:
+            text.append("\nchanges: " + r["recipe_path"], style="dim")
+        t.add_row(r["id"], r["kind"], *([f"{r['score']:.4f}"] if with_score else []), text)
     Console().print(t)
 
 

@@ -57,7 +57,7 @@ def test_recipe_validate(tmp_path):
     assert r.returncode == 1
     err = r.stderr.strip().splitlines()
     assert err[0] == "error: recipe.n_samples_per_prompt=1: group-relative advantages need at least 2 samples per prompt; set 2 or more"
-    assert err[1].startswith("recipe.temprature: unknown field; allowed: name, seed, model,")
+    assert err[1] == "recipe.temprature: unknown field; did you mean 'temperature'?"
 
 
 def test_missing_run_folder_is_one_clear_line(tmp_path):

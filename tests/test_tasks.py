@@ -107,7 +107,7 @@ def test_jsonl_and_errors(tmp_path):
     with pytest.raises(TaskError, match=r"bad.jsonl:1: each line needs keys 'prompt' and 'answer'"):
         load_problems(DataSpec(task="jsonl", path=str(bad)))
     with pytest.raises(TaskError, match="data.path is required"):
-        load_problems(DataSpec(task="jsonl"))
+        load_problems(DataSpec.model_construct(task="jsonl", path=None))  # the recipe rejects this first (test_cli_ux)
     with pytest.raises(TaskError, match="no such parquet file"):
         load_problems(DataSpec(task="gsm8k", path=str(tmp_path / "nope.parquet")))
 

@@ -1,0 +1,132 @@
+"""Import a foreign training run (any format ``diagnose`` reads) into an EvoTrainer run folder.
+
+``import_run(PATH, RUN)`` reads PATH with :func:`evotrainer.harness.ingest.ingest` (verl console
+log, TRL / HF ``trainer_state.json``, TensorBoard events, JSONL metrics, verl rollout dumps, TRL
+completion parquets) and writes a workspace whose root version ``v0`` holds the run:
+
+- its metric series under our metric names (``reward/mean``, ``policy/entropy``, ...), one row
+  per step in the lineage store (where the source logs none, those computed from its rollouts:
+  ``harness.rollout_metrics``); ``metrics_summary`` is the mean of each metric over the steps
+  (as the local trainer writes it); status ``trained``;
+- its rollouts, where the source has them, in the rollout store (version id rewritten to ``v0``);
+- the analyzers' findings stored on the version (``get_version`` and ``diagnose`` show them) and
+  one run-log record per finding;
+- the lines of text logs (``.log``, ``.log.gz``) as run-log records (``source`` = the file name,
+  ``level`` error / warning / info from the line's words), so ``search_logs`` searches them.
+
+The root's recipe is the default recipe (the foreign run's own configuration is not read); its
+note and ``kv["import/source"]`` name the source. ``evotrainer serve --run RUN`` then answers
+``get_metric_series``, ``search_logs``, ``sample_rollouts`` and ``run_analyzer`` on it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_LOG_LINES = 50_000  # text-log lines kept as run-log records (the head of a longer log)
+_ERROR = re.compile(r"\b(error|exception|traceback|fatal|nan)\b", re.I)
+_WARN = re.compile(r"\bwarn(ing)?\b", re.I)
+
+
+class RunImportError(ValueError):
+    """The source cannot be imported (several runs, or the run folder holds a lineage); says the fix."""
+
+
+@dataclass
+class ImportSummary:
+    """What :func:`import_run` wrote."""
+
+    run_dir: str
+    source: str
+    version_id: str
+    n_steps: int
+    n_metrics: int
+    n_rollouts: int
+    n_log_lines: int
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _text_logs(path: Path) -> list[Path]:
+    files = [path] if path.is_file() else sorted(path.rglob("*"))
+    return [f for f in files if f.is_file() and (f.suffix in (".log", ".txt") or f.name.endswith(".log.gz"))]
+
+
+def _read_lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return data.decode(errors="replace").splitlines()
+
+
+def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
+    """Import the run at ``path`` into a new run folder ``run_dir`` (created; must hold no lineage).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        evotrainer.harness.ingest.IngestError: nothing readable at ``path``.
+        RunImportError: ``path`` holds several runs, is an EvoTrainer run already, or ``run_dir`` has a lineage.
+    """
+    import numpy as np
+
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import Workspace
+
+    src = Path(path).expanduser()
+    if src.is_dir() and (src / "lineage.db").exists():
+        raise RunImportError(f"{src} is an EvoTrainer run folder already; serve it directly with --run {src}")
+    run = Path(run_dir).expanduser()
+    if (run / "lineage.db").exists():
+        raise RunImportError(f"{run} holds a run already; import into a new folder")
+    ev = ingest(src)
+    names = ev.versions
+    if len(names) != 1:
+        raise RunImportError(f"{src} holds {len(names)} runs ({', '.join(names)}); import each into its own run "
+                           "folder (point PATH at one run's folder or file)")
+    foreign = names[0]
+    findings = run_analyzers(ev)
+    with Workspace(run, writer=True) as ws:
+        v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
+        by_step: dict[int, dict[str, float]] = {}
+        means: dict[str, float] = {}
+        for name in ev.metric_names(foreign):  # logged series, else those computed from the rollouts
+            steps, values = ev.series(foreign, name)
+            finite = values[np.isfinite(values)]
+            if len(finite):
+                means[name] = float(finite.mean())
+            for s, x in zip(steps.tolist(), values.tolist(), strict=True):
+                by_step.setdefault(int(s), {})[name] = float(x)
+        for step in sorted(by_step):
+            ws.lineage.log_metrics(v.id, step, by_step[step])
+        n_rollouts = 0
+        if ev.rollouts is not None and ev.rollouts.num_rows:
+            rows = ev.rollouts.to_pylist()
+            for r in rows:
+                r["version_id"] = v.id
+                r["rollout_id"] = f"{v.id}/{r['split']}/{r['step']}/{r['group_id']}/{r['sample_idx']}"
+            ws.rollouts.add(rows)
+            n_rollouts = len(rows)
+        fs = [{**f.model_dump(mode="json"), "versions": [v.id]} for f in findings]
+        ws.lineage.update_version(v.id, status="trained", metrics_summary=means, findings=fs)
+        n_lines = 0
+        for f in _text_logs(src):
+            for line in _read_lines(f)[: MAX_LOG_LINES - n_lines]:
+                if not line.strip():
+                    continue
+                level = "error" if _ERROR.search(line) else "warning" if _WARN.search(line) else "info"
+                ws.log(line, level=level, version=v.id, source=f"import:{f.name}")
+                n_lines += 1
+        for f in fs:
+            level = "error" if f["severity"] == "blocking" else "warning" if f["severity"] == "warn" else "info"
+            ws.log(f"finding {f['kind']} [{f['severity']}]: {f['explanation']}", level=level, version=v.id,
+                   source="import:diagnose")
+        ws.log(f"imported {src}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
+               f"{len(fs)} findings", version=v.id, source="import")
+        ws.lineage.kv_set("import/source", {"path": str(src), "foreign_version": foreign, "version_id": v.id})
+        return ImportSummary(run_dir=str(ws.root), source=str(src), version_id=v.id, n_steps=len(by_step),
+                             n_metrics=len(means), n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs)

@@ -1,0 +1,84 @@
+"""`evotrainer import PATH --run DIR`: a foreign run becomes a run folder the MCP tools work on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from evotrainer.servers import build_server
+from mcp_testlib import SyncClient
+
+DATA = Path(__file__).parent / "data"
+VERL_LOG = DATA / "verl_logs" / "Qwen2.5-0.5B-bsz256_2-prompt512-resp256-0.538.log.gz"
+TRL_RUN = DATA / "ingest" / "trl_run"
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "evotrainer.cli", *args], capture_output=True, text=True,
+                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("verl") / "run"
+    r = cli("import", str(VERL_LOG), "--run", str(run))
+    assert r.returncode == 0, r.stderr
+    # 437 non-empty log lines, 435 of them "step:N - ..." lines (steps 0..434), 42 metric names
+    assert r.stdout.splitlines() == [
+        f"imported {VERL_LOG} into {run} as v0: 435 steps, 42 metrics, 0 rollouts, 437 log lines; "
+        "findings: entropy_collapse [warn], grad_spike [warn]",
+        f"serve it: evotrainer serve all --run {run}",
+    ]
+    return run
+
+
+def test_mcp_tools_work_on_an_imported_verl_log(verl_run):
+    c = SyncClient(build_server("all", verl_run))
+    try:
+        s = c.ok("get_metric_series", {"version_id": "v0", "name": "reward/mean", "max_points": 1000})
+        assert s["n_raw"] == 435 and s["points"][1] == {"step": 1, "value": 0.004, "min": 0.004, "max": 0.004, "n": 1}
+        # the log line of step 1 ("step:1 - ..."; "step:10 - " does not contain it) is a run-log record
+        logs = c.ok("search_logs", {"query": "step:1 -"})
+        assert logs["total"] == 1 and "critic/score/mean:0.004" in logs["records"][0]["message"]
+        found = c.ok("run_analyzer", {"version_ids": ["v0"]})
+        # the same findings as `diagnose` on the log: the placeholder recipe is not judged (no truncation
+        # against its 64-token generate_max_len)
+        assert [(f["kind"], f["severity"]) for f in found["findings"]] == [("entropy_collapse", "warn"),
+                                                                          ("grad_spike", "warn")]
+        v0 = c.ok("get_version", {"version_id": "v0"})
+        assert v0["status"] == "trained" and [f["kind"] for f in v0["findings"]] == ["entropy_collapse", "grad_spike"]
+    finally:
+        c.close()
+
+
+def test_import_a_trl_output_folder(tmp_path):
+    run = tmp_path / "run"
+    r = cli("import", str(TRL_RUN), "--run", str(run), "--json")
+    assert r.returncode == 0, r.stderr
+    c = SyncClient(build_server("all", run))
+    try:
+        assert c.ok("sample_rollouts", {"version_id": "v0"})["total"] == 4
+        # rewards = accuracy + format per completion: 1+1, 0+1, 1+0, 1+1 -> mean 6/4 = 1.5 at step 5
+        s = c.ok("get_metric_series", {"version_id": "v0", "name": "reward/mean"})
+        assert s["points"] == [{"step": 5, "value": 1.5, "min": 1.5, "max": 1.5, "n": 1}]
+        assert {f["kind"] for f in c.ok("run_analyzer", {})["findings"]} == {
+            "length_collapse", "truncation", "zero_variance_groups"}
+    finally:
+        c.close()
+
+
+def test_import_errors(tmp_path, verl_run):
+    r = cli("import", str(VERL_LOG), "--run", str(verl_run))
+    assert r.returncode == 1 and r.stderr == f"error: {verl_run} holds a run already; import into a new folder\n"
+    r = cli("import", str(verl_run), "--run", str(tmp_path / "x"))
+    assert r.stderr == (f"error: {verl_run} is an EvoTrainer run folder already; serve it directly with "
+                        f"--run {verl_run}\n")
+    r = cli("import", str(tmp_path / "nope.log"), "--run", str(tmp_path / "y"))
+    assert r.returncode == 1 and r.stderr == f"error: {tmp_path / 'nope.log'}: no such file or folder\n"
+    bad = tmp_path / "bad.log"
+    bad.write_text("not a training log\n")
+    r = cli("import", str(bad), "--run", str(tmp_path / "z"))
+    assert r.returncode == 1 and r.stderr.startswith(f"error: {bad}: no 'step:N - key:value' lines found; ")
+    assert not (tmp_path / "z").exists()  # read first, create the run folder only when there is a run
