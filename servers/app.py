@@ -79,6 +79,7 @@ TOOL_META: dict[str, tuple[str, bool, bool, bool]] = {
     "rescore_rollouts": ("Re-score rollouts under a changed reward", True, False, True),
     "replay_filter": ("Replay a changed group filter", True, False, True),
     "backtest_analyzer": ("Backtest an analyzer", True, False, True),
+    "check_inert": ("Check whether an intervention can act (inert-change backtest)", True, False, True),
     "gate_version": ("Promotion gate (held-out gain and CI)", True, False, True),
     # skills
     "search_skills": ("Search skills", True, False, True),
@@ -87,6 +88,8 @@ TOOL_META: dict[str, tuple[str, bool, bool, bool]] = {
     "record_skill_outcome": ("Record a skill's outcome", False, False, False),
     "add_failed_case": ("Remember a failed case", False, False, False),
     "add_search_trace": ("Log a search trace", False, False, False),
+    "add_version_summary": ("Remember a version's outcome and features", False, False, False),
+    "list_version_summaries": ("List remembered version summaries", True, False, True),
     # every server
     "server_info": ("Server info (health check)", True, False, True),
 }

@@ -80,5 +80,5 @@ def test_import_errors(tmp_path, verl_run):
     bad = tmp_path / "bad.log"
     bad.write_text("not a training log\n")
     r = cli("import", str(bad), "--run", str(tmp_path / "z"))
-    assert r.returncode == 1 and r.stderr.startswith(f"error: {bad}: no 'step:N - key:value' lines found; ")
+    assert r.returncode == 1 and r.stderr.startswith(f"error: {bad}: no training metrics found (tried: verl 'step:N - key:value' lines")
     assert not (tmp_path / "z").exists()  # read first, create the run folder only when there is a run
