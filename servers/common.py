@@ -168,13 +168,14 @@ def scrub(text: str) -> str:
 
 
 def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False,
-         deadline_s: float | None = DEFAULT_DEADLINE_S) -> Callable[[F], F]:
+         deadline_s: float | None = None) -> Callable[[F], F]:
     """Register ``fn`` as a tool of ``server`` with domain errors mapped to tool errors.
 
     The docstring is the tool description; arguments carry ``Field(description=...)``; the return
     annotation (a pydantic model) is the output schema. A sync ``fn`` runs in a worker thread; after
-    ``deadline_s`` seconds the call is answered with a tool error (the thread finishes in the background:
-    Python threads cannot be killed, so long loops also check their own deadline, e.g. ``search_logs``).
+    ``deadline_s`` seconds (default :data:`DEFAULT_DEADLINE_S`, read at call time) the call is answered with
+    a tool error (the thread finishes in the background: Python threads cannot be killed, so long loops also
+    check their own deadline, e.g. ``search_logs``).
     """
 
     def deco(fn: F) -> F:
@@ -190,13 +191,12 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
             @functools.wraps(fn)
             async def wrapped(*args: Any, **kwargs: Any) -> Any:
                 call = functools.partial(fn, *args, **kwargs)
+                limit = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
                 try:
-                    if deadline_s is None:
-                        return await anyio.to_thread.run_sync(call)
-                    with anyio.move_on_after(deadline_s) as scope:
+                    with anyio.move_on_after(limit) as scope:
                         return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
                     if scope.cancelled_caught:
-                        raise ToolError(f"{name} did not finish within {deadline_s:g} s; narrow the request "
+                        raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
                                         "(a version, a step range, a smaller limit) or retry later")
                 except Exception as exc:
                     raise _to_tool_error(name, exc) from exc

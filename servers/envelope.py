@@ -21,7 +21,6 @@ else ``null``. :func:`serve_stdio` and :class:`EnvelopeGuard` (ASGI) put it in f
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -130,21 +129,21 @@ TOO_LARGE = object()  # marker of a stdio line over MAX_MESSAGE_BYTES (already d
 
 
 async def _read_lines(f: Any) -> AsyncIterator[Any]:
-    """Lines of a text file read in a worker thread, each at most :data:`MAX_MESSAGE_BYTES` characters (longer:
-    ``TOO_LARGE``)."""
+    """Lines (bytes) of a binary file read in a worker thread, each at most :data:`MAX_MESSAGE_BYTES` bytes
+    (longer: ``TOO_LARGE``, the rest of the line is skipped)."""
     import anyio.to_thread
 
-    async def readline(n: int) -> str:
+    async def readline(n: int) -> bytes:
         return await anyio.to_thread.run_sync(f.readline, n, abandon_on_cancel=True)
 
     while True:
         line = await readline(MAX_MESSAGE_BYTES + 1)
-        if line == "":
+        if line == b"":
             return
-        if len(line) > MAX_MESSAGE_BYTES and not line.endswith("\n"):
+        if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
             while True:  # drop the rest of the oversized line
                 more = await readline(MAX_MESSAGE_BYTES)
-                if more == "" or more.endswith("\n"):
+                if more == b"" or more.endswith(b"\n"):
                     break
             yield TOO_LARGE
             continue
@@ -178,9 +177,9 @@ class GuardedLines:
             elif not line.strip():
                 continue  # a blank line is no message
             else:
-                _, err = check_envelope(line)
+                _, err = check_envelope(line.rstrip(b"\r\n"))  # strict UTF-8: a bad byte is a parse error
             if err is None:
-                yield line
+                yield line.decode("utf-8")
                 continue
             await self._ready.wait()
             assert self._reply is not None
@@ -188,18 +187,18 @@ class GuardedLines:
 
 
 def _claim_stdin() -> tuple[Any, Callable[[], None]]:
-    """A private text stream on the wire's stdin; fd 0 points at /dev/null meanwhile (as the SDK does), so a
+    """A private binary stream on the wire's stdin; fd 0 points at /dev/null meanwhile (as the SDK does), so a
     tool or child process that reads stdin gets EOF instead of protocol bytes. Returns ``(stream, restore)``."""
     try:
         fd0 = sys.stdin.fileno()
     except (AttributeError, OSError, ValueError):
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"), lambda: None
+        return sys.stdin.buffer, lambda: None
     private = os.dup(fd0)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, fd0)
     os.close(null)
     # closefd=False: a worker thread may still block on it after the transport ends (the SDK does the same)
-    stream = io.TextIOWrapper(os.fdopen(private, "rb", closefd=False), encoding="utf-8", errors="replace")
+    stream = os.fdopen(private, "rb", closefd=False)
 
     def restore() -> None:
         try:

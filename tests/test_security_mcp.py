@@ -13,7 +13,9 @@ import threading
 import time
 
 import pytest
+from evotrainer.servers import build_server
 from evotrainer.servers.jobs import JobManager
+from mcp_testlib import SyncClient, make_run
 
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace, WorkspaceError
@@ -124,3 +126,205 @@ def test_cli_init_twice_names_the_root(tmp_path):
                        env=env, timeout=120)
     assert r.returncode == 1
     assert r.stderr.strip() == f"error: {run} has a lineage already (root v0); pick a new folder"
+
+
+# --- no call stalls the server: ReDoS in search_logs --------------------------------------------------------
+REDOS = "(x+x+)+y"  # Python's re: 2^n backtracking on "x" * n without a "y" (7.5 s at n=27 in the probe)
+
+
+@pytest.fixture(scope="module")
+def redos_run(tmp_path_factory):
+    run = make_run(tmp_path_factory.mktemp("redos"))
+    with Workspace.open(run, writer=True) as ws:
+        ws.log("x" * 27, version="v0", source="probe")  # the probe's line
+        ws.log("x" * 100_000, version="v0", source="probe")  # re: never finishes; RE2: linear
+    return run
+
+
+def _search_while_pinging(search, ping, n_pings: int = 20) -> tuple[dict, list[float], float]:
+    """Run ``search`` in a thread and ping every 50 ms meanwhile; returns (search result, ping latencies, search
+    seconds). A latency counts from the ping's planned send time (start + 50 ms * k), not from when this thread
+    got to send it: in process, a GIL-holding search stalls this thread too (measured with Python's re: the
+    first ping left 2.8 s late and, timed from its send, looked instant)."""
+    box: dict = {}
+
+    def run_search() -> None:
+        box["result"] = search()
+        box["seconds"] = time.monotonic() - start
+
+    start = time.monotonic()
+    th = threading.Thread(target=run_search)
+    th.start()
+    lat = []
+    for k in range(1, n_pings + 1):
+        planned = start + 0.05 * k
+        time.sleep(max(0.0, planned - time.monotonic()))
+        ping()
+        lat.append(time.monotonic() - planned)
+    th.join(60)
+    assert not th.is_alive(), "search_logs did not return within 60 s"
+    return box["result"], lat, box["seconds"]
+
+
+def test_redos_pattern_does_not_stall_in_process(redos_run):
+    c = SyncClient(build_server("all", redos_run))
+    try:
+        res, lat, secs = _search_while_pinging(
+            lambda: c.ok("search_logs", {"query": REDOS, "regex": True}),
+            lambda: c.ok("server_info"))  # async tool: answered by the event loop itself
+        assert res["total"] == 0 and secs < 10  # no line has a "y"
+        assert max(lat) < 1.0, lat
+        # the same engine still finds what it should (case-insensitive): the 27-x line and the 100,000-x line
+        assert c.ok("search_logs", {"query": "^X{27}$", "regex": True})["total"] == 1
+        assert c.ok("search_logs", {"query": "(?i)(x|x)*y", "regex": True})["total"] == 0
+        assert c.ok("search_logs", {"query": r"reward spike at step \d", "regex": True})["total"] == 1
+        q = r"(a)\1"
+        assert c.err("search_logs", {"query": q, "regex": True}) == (
+            f"Error executing tool search_logs: query={q!r} is not a valid regex (invalid escape sequence: \\1); "
+            "RE2 syntax: no backreferences or look-around; fix it or pass regex=false")
+    finally:
+        c.close()
+
+
+def test_search_logs_deadline_is_a_tool_error(redos_run, monkeypatch):
+    import evotrainer.servers.logs as logs
+
+    class Clock:  # each reading is one second later: the 10 s budget runs out at the 11th check
+        t = 0.0
+
+        def monotonic(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    monkeypatch.setattr(logs, "time", Clock())
+    monkeypatch.setattr(logs, "_CHECK_EVERY", 1)
+    c = SyncClient(build_server("logs", redos_run))
+    try:
+        # deadline = 1 + 10 = 11; record i is checked at clock 2 + i; 2 + 10 = 12 > 11 at record 10 of 5 (3 + 2)?
+        # the run has 5 records, so the scan ends before the budget: no error
+        assert c.ok("search_logs", {"query": "x"})["total"] == 2
+        with Workspace.open(redos_run, writer=True) as ws:
+            for i in range(10):
+                ws.log(f"filler {i}", source="probe")
+        # 15 records now: checks at clock 2..16, deadline 11: record 10 (clock 12) is the first past it
+        assert c.err("search_logs", {"query": "x"}) == (
+            "Error executing tool search_logs: search_logs stopped after 10 s at record 10 of 15; narrow it with "
+            "version_id, level, since / until, or a simpler query")
+    finally:
+        c.close()
+
+
+def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
+    from evotrainer.servers import common
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("slow")
+
+    @common.tool(server)
+    def slow() -> str:
+        """Sleeps 3 s."""
+        time.sleep(3)
+        return "late"
+
+    monkeypatch.setattr(common, "DEFAULT_DEADLINE_S", 0.5)
+    c = SyncClient(server)
+    try:
+        t = time.monotonic()
+        assert c.err("slow") == ("Error executing tool slow: slow did not finish within 0.5 s; narrow the request "
+                                 "(a version, a step range, a smaller limit) or retry later")
+        assert time.monotonic() - t < 2.5
+        assert [t.name for t in c.tools()] == ["slow"]  # still serving
+    finally:
+        c.close()
+
+
+# --- every malformed envelope gets an error reply ---------------------------------------------------------
+# (raw message, expected code, expected id, expected message); the SDK alone answered none of these over stdio
+ENVELOPES = [
+    (b"{", -32700, None, "Parse error: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping"', -32700, None,
+     "Parse error: Expecting ',' delimiter: line 1 column 45 (char 44)"),
+    (b"[" * 1000 + b"]" * 1000, -32700, None, "Parse error: JSON nested deeper than 64 levels"),
+    (b'{"a": ' * 65 + b"1" + b"}" * 65, -32700, None, "Parse error: JSON nested deeper than 64 levels"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": NaN}}', -32700, None,
+     "Parse error: NaN is not JSON"),
+    (b"\xff\xfe{}", -32700, None,
+     "Parse error: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    (b"[]", -32600, None, "Invalid Request: batches are not supported (MCP removed JSON-RPC batching in 2025-06-18); "
+                          "send one message at a time"),
+    (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', -32600, None,
+     "Invalid Request: batches are not supported (MCP removed JSON-RPC batching in 2025-06-18); "
+     "send one message at a time"),
+    (b"null", -32600, None, "Invalid Request: a message is a JSON object, got null"),
+    (b'"ping"', -32600, None, "Invalid Request: a message is a JSON object, got str"),
+    (b'{"jsonrpc": "1.0", "id": 2, "method": "ping"}', -32600, 2, "Invalid Request: 'jsonrpc' must be \"2.0\", got \"1.0\""),
+    (b'{"id": 3, "method": "ping"}', -32600, 3, "Invalid Request: 'jsonrpc' must be \"2.0\", got null"),
+    (b'{"jsonrpc": "2.0", "id": 4, "method": 5}', -32600, 4, "Invalid Request: 'method' must be a string"),
+    (b'{"jsonrpc": "2.0", "id": 5, "method": ["ping"]}', -32600, 5, "Invalid Request: 'method' must be a string"),
+    (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got {\"a\": 1}"),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got 1.5"),
+    (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got true"),
+    (b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got null"),
+    (b'{"jsonrpc": "2.0", "id": [1], "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got [1]"),
+    (b'{"jsonrpc": "2.0", "id": 6, "method": "ping", "params": [1]}', -32600, 6, "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": "s7", "method": "ping", "params": "x"}', -32600, "s7",
+     "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "method": "notifications/initialized", "params": 3}', -32600, None,
+     "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": 8}', -32600, 8,
+     "Invalid Request: a response has exactly one of 'result' and 'error'; a request needs a 'method'"),
+    (b'{"jsonrpc": "2.0", "id": 9, "result": 5}', -32600, 9, "Invalid Request: 'result' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": 10, "error": {"code": "x", "message": "m"}}', -32600, 10,
+     "Invalid Request: 'error' must be an object with an integer 'code' and a string 'message'"),
+]
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+
+
+def test_every_malformed_envelope_is_answered_over_stdio(tmp_path):
+    import json
+    import select
+
+    run = make_run(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--run", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(raw: bytes) -> None:
+        proc.stdin.write(raw + b"\n")
+        proc.stdin.flush()
+
+    def recv(timeout: float = 30) -> dict | None:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        return json.loads(proc.stdout.readline()) if ready else None
+
+    try:
+        send(json.dumps(INIT).encode())
+        assert recv()["result"]["serverInfo"]["name"] == "evotrainer-logs"
+        send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        for raw, code, rid, message in ENVELOPES:
+            send(raw)
+            assert recv(10) == {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}, raw[:60]
+        send(b"   ")  # a blank line is no message: no reply; the next request is answered in order
+        send(b'{"jsonrpc": "2.0", "id": 99, "method": "ping"}')
+        assert recv() == {"jsonrpc": "2.0", "id": 99, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_check_envelope_passes_well_formed_messages():
+    from evotrainer.servers.envelope import check_envelope
+
+    deepest = b'{"jsonrpc": "2.0", "id": 2, "method": "m", "params": ' + b'{"a": ' * 62 + b"1" + b"}" * 63  # 64 levels
+    for raw in (b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}',
+                b'{"jsonrpc": "2.0", "id": "a", "method": "x", "params": {"deep": [[[1]]]}}',
+                b'{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+                b'{"jsonrpc": "2.0", "id": 3, "result": {}}',
+                b'{"jsonrpc": "2.0", "id": null, "error": {"code": -1, "message": "m"}}', deepest):
+        msg, err = check_envelope(raw)
+        assert err is None and msg["jsonrpc"] == "2.0", raw[:80]
