@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from evotrainer.servers import build_server
@@ -328,3 +329,162 @@ def test_check_envelope_passes_well_formed_messages():
                 b'{"jsonrpc": "2.0", "id": null, "error": {"code": -1, "message": "m"}}', deepest):
         msg, err = check_envelope(raw)
         assert err is None and msg["jsonrpc"] == "2.0", raw[:80]
+
+
+# --- over HTTP: envelopes, ReDoS, session expiry, session cap, memory per session -------------------------
+TOKEN = "security-token-0123456789abcdef"
+HDR = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+       "Authorization": f"Bearer {TOKEN}"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_http(run: Path, **env: str):
+    import httpx
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "all", "--transport", "http", "--run",
+                             str(run), "--port", str(port)], env={**os.environ, "EVOTRAINER_MCP_TOKEN": TOKEN, **env},
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    for _ in range(300):
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    return proc, url
+
+
+def _sse_json(r) -> dict:
+    import json
+
+    if r.headers.get("content-type", "").startswith("application/json"):
+        return r.json()
+    data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    return json.loads(data[-1])
+
+
+def _open_session(client, url: str) -> str:
+    import json
+
+    r = client.post(url, content=json.dumps(INIT), headers=HDR, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:200])
+    sid = r.headers["mcp-session-id"]
+    client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}, timeout=30)
+    return sid
+
+
+def _ping(client, url: str, sid: str):
+    return client.post(url, json={"jsonrpc": "2.0", "id": 7, "method": "ping"},
+                       headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}, timeout=30)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def http_server(redos_run):
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="120", EVOTRAINER_MCP_MAX_SESSIONS="1000")
+    yield proc, url
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_every_malformed_envelope_is_answered_over_http(http_server):
+    import httpx
+
+    _, url = http_server
+    for raw, code, rid, message in ENVELOPES:
+        r = httpx.post(url, content=raw, headers=HDR, timeout=30)
+        assert (r.status_code, r.json()) == (400, {"jsonrpc": "2.0", "id": rid, "error": {"code": code,
+                                                                                         "message": message}}), raw[:60]
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"a" * (4 * 1024 * 1024) + b'"}}'
+    r = httpx.post(url, content=big, headers=HDR, timeout=60)
+    assert (r.status_code, r.json()["error"]) == (413, {"code": -32600, "message": "Invalid Request: body larger "
+                                                                                   "than 4194304 bytes"})
+    with httpx.Client() as hc:  # well-formed traffic still reaches the SDK
+        sid = _open_session(hc, url)
+        assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+
+def test_redos_pattern_does_not_stall_over_http(http_server):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    _, url = http_server
+    clients = [SyncClient(streamable_http_client(url, http_client=httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60))) for _ in range(2)]
+    try:
+        searcher, pinger = clients
+        res, lat, secs = _search_while_pinging(lambda: searcher.ok("search_logs", {"query": REDOS, "regex": True}),
+                                               lambda: pinger.ok("server_info"))  # another session
+        assert res["total"] == 0 and secs < 10
+        assert max(lat) < 1.0, lat
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_http_session_memory_is_bounded(http_server):
+    """Sessions opened and never closed: measure the server's RSS per session (the probe saw ~40 KB each)."""
+    import httpx
+
+    proc, url = http_server
+    with httpx.Client() as hc:
+        for _ in range(20):  # warm-up: first-use allocations are not per-session cost
+            _open_session(hc, url)
+        before = _rss_kib(proc.pid)
+        n = 300
+        for _ in range(n):
+            _open_session(hc, url)
+        per_session = (_rss_kib(proc.pid) - before) / n
+    print(f"HTTP session memory: {per_session:.1f} KiB per open session ({n} sessions)")
+    assert per_session < 200  # KiB; with the cap of 1000 sessions that is < 200 MiB in the worst case
+
+
+def test_http_sessions_expire_when_idle_and_are_capped(redos_run):
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="1.5", EVOTRAINER_MCP_MAX_SESSIONS="3")
+    try:
+        with httpx.Client() as hc:
+            sids = [_open_session(hc, url) for _ in range(3)]
+            r = hc.post(url, json=INIT, headers=HDR, timeout=30)  # a 4th session while 3 are open
+            assert (r.status_code, r.json()["error"]) == (503, {"code": -32603, "message": "Too many open sessions"})
+            assert _sse_json(_ping(hc, url, sids[0])) == {"jsonrpc": "2.0", "id": 7, "result": {}}  # alive
+            time.sleep(4)  # > 1.5 s idle: all three expire
+            r = _ping(hc, url, sids[0])
+            assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
+            assert _sse_json(_ping(hc, url, _open_session(hc, url))) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_session_limits_from_the_environment(monkeypatch):
+    from evotrainer.servers.http import ServeError, session_limits
+
+    assert session_limits() == (1800.0, 1000)
+    monkeypatch.setenv("EVOTRAINER_MCP_SESSION_IDLE_S", "90")
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "5")
+    assert session_limits() == (90.0, 5)
+    assert session_limits(10, 2) == (10.0, 2)
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "0")
+    with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_MAX_SESSIONS='0': give a positive integer$"):
+        session_limits()
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "5")
+    monkeypatch.setenv("EVOTRAINER_MCP_SESSION_IDLE_S", "inf")
+    with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_SESSION_IDLE_S='inf': give a positive number of seconds$"):
+        session_limits()
