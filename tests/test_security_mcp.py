@@ -488,3 +488,133 @@ def test_session_limits_from_the_environment(monkeypatch):
     monkeypatch.setenv("EVOTRAINER_MCP_SESSION_IDLE_S", "inf")
     with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_SESSION_IDLE_S='inf': give a positive number of seconds$"):
         session_limits()
+
+
+# --- search_rollouts is a read; writes retry Lance commit conflicts ---------------------------------------
+LANCE_CONFLICT = ("lance error: Retryable commit conflict for version 25: This CreateIndex transaction was preempted "
+                  "by concurrent transaction CreateIndex at version 25. Please retry., /root/.cargo/registry/src/"
+                  "index.crates.io-1949cf8c6b5b557f/lance-13.0.0/src/io/commit/conflict_resolver.rs:926:34")
+
+
+def test_commit_conflicts_are_retried_then_reported_without_internals(monkeypatch):
+    from evotrainer import rollouts
+
+    monkeypatch.setattr(rollouts.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError(LANCE_CONFLICT)  # the message the probe got back through search_rollouts
+        return "ok"
+
+    assert rollouts.with_commit_retries(flaky, "adding rollouts") == "ok" and len(calls) == 3
+    with pytest.raises(rollouts.RolloutStoreError) as info:
+        rollouts.with_commit_retries(lambda: (_ for _ in ()).throw(RuntimeError(LANCE_CONFLICT)), "adding rollouts")
+    assert str(info.value) == ("adding rollouts: the rollout store kept conflicting with concurrent writers after 8 "
+                               "tries; retry later")
+    other = []
+    with pytest.raises(ValueError, match="^bad predicate$"):  # not a conflict: raised at once, no retry
+        rollouts.with_commit_retries(lambda: other.append(1) or (_ for _ in ()).throw(ValueError("bad predicate")), "x")
+    assert other == [1]
+
+
+def test_lance_internal_paths_are_scrubbed_from_tool_errors():
+    from evotrainer.servers.common import _to_tool_error
+
+    err = _to_tool_error("search_rollouts", RuntimeError(LANCE_CONFLICT))
+    assert str(err) == ("search_rollouts failed: RuntimeError: lance error: Retryable commit conflict for version 25: "
+                        "This CreateIndex transaction was preempted by concurrent transaction CreateIndex at version "
+                        "25. Please retry., <library>")
+    err = _to_tool_error("x", FileNotFoundError("/usr/lib/python3.11/site-packages/lancedb/table.py: gone"))
+    assert str(err) == "<library>: gone"
+
+
+def test_eight_concurrent_clients_search_while_a_job_writes(tmp_path, monkeypatch):
+    """8 sessions call search_rollouts at once while a writer appends (another RolloutStore handle, like the
+    training job) with index updates forced on every add: no call fails, and searches add no table versions."""
+    from evotrainer import rollouts
+    from evotrainer.rollouts import RolloutStore, make_record
+
+    monkeypatch.setattr(rollouts, "FTS_OPTIMIZE_ROWS", 1)  # every add() also updates the index: most conflicts
+    run = make_run(tmp_path)
+    store = RolloutStore(run / "rollouts")
+    store.add([make_record(version_id="v0", step=5, prompt_id="p9", group_id="g9", sample_idx=0,
+                           prompt="What is 3+3?", completion="6", reward=1.0)])
+    tbl = store._table()
+    v_before = tbl.version
+    server = build_server("rollouts", run)
+    clients = [SyncClient(server) for _ in range(8)]
+    errors: list[str] = []
+    totals: list[int] = []
+
+    def searcher(c: SyncClient) -> None:
+        for _ in range(5):
+            r = c.call("search_rollouts", {"query": "1"})
+            if r.is_error:
+                errors.append(r.content[0].text)
+            else:
+                totals.append(r.structured_content["total"])
+
+    writer_store = RolloutStore(run / "rollouts")
+
+    def writer() -> None:
+        for k in range(10):
+            writer_store.add([make_record(version_id="v1", step=k, prompt_id="p1", group_id="g0", sample_idx=0,
+                                          prompt="What is 1+1?", completion="2", reward=1.0)])
+
+    try:
+        threads = [threading.Thread(target=searcher, args=(c,)) for c in clients] + [threading.Thread(target=writer)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert errors == []
+        # token "1": the 8 rollouts of make_run on p1 ("What is 1+1?": 4 train + 4 eval), + 0..10 writer rows so far
+        assert len(totals) == 40 and all(8 <= t <= 18 for t in totals), totals
+        assert store.count() == 16 + 1 + 10
+        # a read-only pass: 40 more searches, table version unchanged (before: each search rebuilt two indices)
+        v_mid = store._table().version
+        for c in clients:
+            for _ in range(5):
+                assert c.ok("search_rollouts", {"query": "1"})["total"] == 18  # 8 + 10
+        assert store._table().version == v_mid
+        assert v_mid > v_before  # the writer's adds and index updates did create versions
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_eight_concurrent_writers_all_land(tmp_path, monkeypatch):
+    """8 store handles (as 8 processes would have) race to create the table and its FTS indices and append at
+    once, each add also due for an index update: every row lands and the indices end up complete."""
+    from evotrainer import rollouts
+    from evotrainer.rollouts import RolloutStore, make_record
+
+    monkeypatch.setattr(rollouts, "FTS_OPTIMIZE_ROWS", 1)
+    failures: list[str] = []
+    start = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        store = RolloutStore(tmp_path / "rollouts")
+        start.wait()
+        try:
+            for k in range(4):
+                store.add([make_record(version_id=f"w{i}", step=k, prompt_id="p", group_id="g", sample_idx=j,
+                                       prompt=f"writer{i} step{k}", completion="done", reward=1.0) for j in range(2)])
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert failures == []
+    store = RolloutStore(tmp_path / "rollouts")
+    assert store.count() == 8 * 4 * 2  # 64
+    assert store.maintain_index(min_unindexed=1) is True
+    tbl = store._table()
+    assert [tbl.index_stats(f"{c}_idx").num_unindexed_rows for c in ("completion", "prompt")] == [0, 0]
+    assert sorted(r["rollout_id"] for r in store.search("writer3", limit=50)) == [
+        f"w3/train/{k}/g/{j}" for k in range(4) for j in range(2)]
