@@ -618,3 +618,73 @@ def test_eight_concurrent_writers_all_land(tmp_path, monkeypatch):
     assert [tbl.index_stats(f"{c}_idx").num_unindexed_rows for c in ("completion", "prompt")] == [0, 0]
     assert sorted(r["rollout_id"] for r in store.search("writer3", limit=50)) == [
         f"w3/train/{k}/g/{j}" for k in range(4) for j in range(2)]
+
+
+# --- input bounds -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bounds_client(tmp_path_factory):
+    c = SyncClient(build_server("all", make_run(tmp_path_factory.mktemp("bounds"))))
+    yield c
+    c.close()
+
+
+def test_free_text_fields_are_bounded_and_named(bounds_client):
+    c = bounds_client
+    args = {"parent_id": "v0", "path": "temperature", "new_value": 0.9}
+    assert c.err("propose_intervention", {**args, "hypothesis": "h" * 20_001}) == (
+        "Error executing tool propose_intervention: invalid arguments: hypothesis='hhhhhhhhhhhhhhhhhhhhhhhh..."
+        "hhhhhhhhhhhhhhhhhhhhhhh': String should have at most 20000 characters (Why this should help, citing the "
+        "evidence.)")
+    assert "note='" in c.err("propose_intervention", {**args, "note": "n" * 20_001})
+    v = c.ok("propose_intervention", {**args, "hypothesis": "h" * 20_000})  # at the limit: accepted, echoed once
+    assert v["interventions"][0]["hypothesis"] == "h" * 20_000
+    assert c.err("decide", {"version_id": v["id"], "action": "prune", "rationale": "r" * 20_001}).startswith(
+        "Error executing tool decide: invalid arguments: rationale='rrrrrrrrrrrrrrrrrrrrrrrr...")
+    # ids and names: 2,000 characters unless the tool sets less (version ids: 64)
+    assert c.err("get_metric_series", {"version_id": "v0", "name": "m" * 2001}).endswith(
+        ": String should have at most 2000 characters (Metric name, e.g. 'reward/mean' (list_metrics shows them).)")
+    assert c.err("decide", {"version_id": "v1", "action": "keep", "rationale": "r", "evidence": ["e"] * 1001}) == (
+        "Error executing tool decide: invalid arguments: evidence=['e', 'e', 'e', 'e', 'e',...'e', 'e', 'e', 'e', "
+        "'e']: List should have at most 1000 items after validation, not 1001 (Evidence refs: metric series, "
+        "rollout ids, finding ids, job ids.)")
+
+
+def test_whole_arguments_are_bounded(bounds_client):
+    # 60 strings of 20,000 characters: each within its bound, 1,200,316 bytes of JSON in all
+    args = {"parent_id": "v0", "path": "temperature", "new_value": ["y" * 20_000] * 60, "hypothesis": "h"}
+    assert bounds_client.err("propose_intervention", args) == (
+        "Error executing tool propose_intervention: arguments are 1200316 bytes of JSON; the limit is 1000000 bytes: "
+        "send less text (cut long fields) or split the call")
+
+
+def test_numbers_are_range_checked_before_duckdb(bounds_client):
+    c = bounds_client
+    assert c.err("sample_rollouts", {"step_min": 2**64}) == (
+        "Error executing tool sample_rollouts: invalid arguments: step_min=18446744073709551616: Input should be less "
+        "than or equal to 9223372036854775807 (First training step (inclusive).)")
+    assert c.err("sample_rollouts", {"offset": 2**63}) == (
+        "Error executing tool sample_rollouts: invalid arguments: offset=9223372036854775808: Input should be less "
+        "than or equal to 9223372036854775807 (Index of the first rollout to return.)")
+    assert c.err("sample_rollouts", {"reward_min": "-inf"}) == (
+        "Error executing tool sample_rollouts: invalid arguments: reward_min='-inf': Input should be a finite number "
+        "(Lowest total reward (inclusive).)")
+    assert c.err("sample_rollouts", {"seed": -(2**63) - 1}).startswith(
+        "Error executing tool sample_rollouts: invalid arguments: seed=-9223372036854775809: Input should be greater "
+        "than or equal to -9223372036854775808")
+    # at the int64 edge the numbers reach DuckDB and give plain results
+    assert c.ok("sample_rollouts", {"offset": 2**63 - 1})["rollouts"] == []
+    assert c.ok("sample_rollouts", {"step_min": 2**63 - 1, "seed": -(2**63)})["total"] == 0
+    assert "9223372036854775807 of v0" in c.err("get_group", {"version_id": "v0", "step": 2**63 - 1, "group_id": "g0"})
+
+
+def test_duckdb_errors_never_reach_the_client_raw():
+    import duckdb
+    from evotrainer.servers.common import _to_tool_error
+
+    try:
+        duckdb.connect().execute("SELECT 1 LIMIT ?", [2**70])
+    except Exception as exc:
+        raised = exc
+    assert str(_to_tool_error("sample_rollouts", raised)) == (
+        f"sample_rollouts failed: the rollout query was rejected ({type(raised).__name__}); check that numbers are "
+        "within range (integers within signed 64 bits, finite floats) and retry")
