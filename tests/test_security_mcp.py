@@ -310,6 +310,9 @@ def test_every_malformed_envelope_is_answered_over_stdio(tmp_path):
         for raw, code, rid, message in ENVELOPES:
             send(raw)
             assert recv(10) == {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}, raw[:60]
+        send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"a" * (4 * 1024 * 1024) + b'"}}')
+        assert recv() == {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Invalid Request: message "
+                                                                                             "larger than 4194304 bytes"}}
         send(b"   ")  # a blank line is no message: no reply; the next request is answered in order
         send(b'{"jsonrpc": "2.0", "id": 99, "method": "ping"}')
         assert recv() == {"jsonrpc": "2.0", "id": 99, "result": {}}
