@@ -105,7 +105,8 @@ def test_init_killed_at_random_times_is_all_or_nothing(tmp_path):
             outcomes.append("v0")
         else:
             outcomes.append("none")
-    assert set(outcomes) <= {"v0", "none"}
+            assert Workspace.init(run, Recipe()).id == "v0"  # a rerun of init completes the run
+    assert outcomes[0] == "none"  # killed after 50 ms: before the interpreter got to init
 
 
 def test_init_replaces_an_empty_lineage_left_by_an_older_init(tmp_path):
