@@ -59,6 +59,7 @@ FTS_COLUMNS = ("completion", "prompt")
 FTS_OPTIMIZE_ROWS = 2_000  # unindexed rows after which the next add() folds them into the FTS indices
 COMMIT_RETRIES = 8  # tries of one write under commit conflicts (backoff 0.05 s, doubling: ~6 s in all)
 RETRY_BASE_S = 0.05
+_INCOMPLETE = object()  # marker: the table folder exists but has no committed version yet
 
 
 class RolloutStoreError(RuntimeError):
@@ -126,20 +127,36 @@ class RolloutStore:
         self._db = lancedb.connect(str(self.path))
         self._lock = threading.Lock()
 
+    def _open(self) -> Any:
+        """The table, None when there is none, or :data:`_INCOMPLETE` when its folder exists without a committed
+        version (another writer is creating it right now, or a creator died half-way)."""
+        if TABLE not in self._db.list_tables().tables:
+            return None
+        try:
+            return self._db.open_table(TABLE)
+        except ValueError:  # "Table 'rollouts' was not found": listed, but no manifest committed yet
+            return _INCOMPLETE
+
     def _table(self, create: bool = False):
         with self._lock:
-            if TABLE in self._db.list_tables().tables:
-                return self._db.open_table(TABLE)
-            if not create:
+            tbl = self._open()
+            if tbl is not None and tbl is not _INCOMPLETE:
+                return tbl
+            if tbl is None and not create:
                 return None
             # Two writers creating the table at once commit two Lance "Overwrite" transactions; the later one
-            # would replace rows the other had appended meanwhile. One creator at a time, across processes:
+            # would replace rows the other had appended meanwhile. One creator at a time, across processes; a
+            # reader that finds the table half-made waits for its creator the same way.
             from filelock import FileLock
 
             with FileLock(str(self.path / ".create.lock"), thread_local=False, timeout=60):
-                if TABLE in self._db.list_tables().tables:
-                    return self._db.open_table(TABLE)
-                return self._db.create_table(TABLE, schema=SCHEMA)
+                tbl = self._open()
+                if tbl is not None and tbl is not _INCOMPLETE:
+                    return tbl
+                if not create:
+                    return None  # a creator died before its first commit: no rows to read
+                # a half-made folder (creator died before committing) holds no rows: overwrite it
+                return self._db.create_table(TABLE, schema=SCHEMA, mode="overwrite" if tbl is _INCOMPLETE else "create")
 
     def add(self, records: Iterable[dict[str, Any]]) -> int:
         """Append rows built with :func:`make_record`; returns the number added (atomic per call).
