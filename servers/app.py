@@ -6,7 +6,9 @@
 ``diagnose_run`` and ``propose_next_intervention``; :mod:`evotrainer.servers.protocol` adds the
 protocol details (error codes, logging, completions, per-version resources and subscriptions,
 one capability set for both protocol eras). Transports live in :mod:`evotrainer.servers.http`
-(streamable HTTP with a bearer token) and :func:`run_stdio`.
+(streamable HTTP with a bearer token) and :func:`run_stdio`; both put
+:mod:`evotrainer.servers.envelope` in front of the SDK transport (every malformed JSON-RPC message gets an
+error reply).
 """
 
 from __future__ import annotations
@@ -112,6 +114,15 @@ def _apply_tool_meta(server: MCPServer) -> None:
                                         idempotent_hint=idempotent, open_world_hint=False)
 
 
+class GuardedMCPServer(MCPServer):
+    """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
+
+    async def run_stdio_async(self) -> None:
+        from evotrainer.servers.envelope import serve_stdio
+
+        await serve_stdio(self)
+
+
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> MCPServer:
     """An MCP server with the tools of ``name`` (one toolset or ``all``) over the run in ``run_dir``.
 
@@ -134,7 +145,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     instructions = " ".join(INSTRUCTIONS[s] for s in sets)
     protocol.one_line_stderr_logging()  # before the SDK's rich handler (basicConfig keeps the first)
     holder: dict[str, protocol.VersionWatcher] = {}
-    server = MCPServer(f"evotrainer-{name}", instructions=instructions,
+    server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions,
                        lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
                        log_level="WARNING", version=_version())
     for s in sets:

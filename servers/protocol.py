@@ -24,6 +24,7 @@ import contextvars
 import json
 import logging
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import AsyncIterator
@@ -128,7 +129,7 @@ class VersionWatcher:
         self.state = state
         self.seen: dict[str, float] | None = None
         self.sessions: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()  # connection -> URIs
-        self._lock = anyio.Lock()
+        self._lock = threading.Lock()
 
     def fingerprint(self) -> dict[str, float]:
         run = self.state.run_dir
@@ -141,21 +142,24 @@ class VersionWatcher:
 
     async def check(self) -> list[str]:
         """Notify about every version changed since the last check; returns their URIs."""
-        async with self._lock:
-            now = await anyio.to_thread.run_sync(self.fingerprint)
+        now = await anyio.to_thread.run_sync(self.fingerprint)
+        # A thread lock around the swap only, never across an await: one server object can serve sessions
+        # on several event loops (in-process clients each run their own), and an anyio lock contended from
+        # two loops never wakes its waiter. Whoever swaps a change in notifies it, exactly once.
+        with self._lock:
             before, self.seen = self.seen, now
-            if before is None:
-                return []
-            uris = [VERSION_URI.format(version_id=v) for v, t in now.items() if before.get(v) != t]
-            for uri in uris:
-                await self.server._subscriptions.publish(ResourceUpdated(uri=uri))
-                for session, subs in list(self.sessions.items()):
-                    if uri in subs:
-                        try:
-                            await session.send_resource_updated(uri)
-                        except Exception:  # a closed session: forget it
-                            self.sessions.pop(session, None)
-            return uris
+        if before is None:
+            return []
+        uris = [VERSION_URI.format(version_id=v) for v, t in now.items() if before.get(v) != t]
+        for uri in uris:
+            await self.server._subscriptions.publish(ResourceUpdated(uri=uri))
+            for session, subs in list(self.sessions.items()):
+                if uri in subs:
+                    try:
+                        await session.send_resource_updated(uri)
+                    except Exception:  # a closed session: forget it
+                        self.sessions.pop(session, None)
+        return uris
 
     async def poll(self) -> None:
         await self.check()  # the baseline the first change is measured against
