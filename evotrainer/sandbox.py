@@ -259,9 +259,11 @@ def run_in_sandbox(
     killed; ``env`` extra variables (the rest of the environment is cleared); ``image`` the Docker
     image (analyzer | code-runner | swe-runner; ignored by bwrap).
 
-    A caller's ``workdir`` gets its setuid/setgid bits stripped after the run (see
-    :func:`strip_setid_bits`); keep it unreadable to other host users while the run lasts, and do
-    not follow symlinks the sandbox may have planted in it when reading it back.
+    A caller's ``workdir`` is cleaned after the run: setuid/setgid/world-write bits cleared below it,
+    its own mode reset to the one it had before (see :func:`strip_setid_bits`); a work dir that
+    cannot be cleaned raises :class:`SandboxError` (the result is withheld). Keep it unreadable to
+    other host users while the run lasts, and read it back only through
+    :mod:`evotrainer.sandbox_fs` (the sandbox may have planted links, FIFOs, deep trees in it).
 
     Raises :class:`SandboxError` on bad arguments (the message names the field) and
     :class:`SandboxUnavailable` when no isolating backend exists and ``unsafe_local`` is False.
@@ -297,11 +299,12 @@ def run_in_sandbox(
     limits = _Limits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
                      memory_mb=int(memory_mb), max_file_mb=int(max_file_mb), max_procs=int(max_procs),
                      disk_mb=int(disk_mb), max_output=int(max_output_kb) * 1024)
+    root_mode = stat.S_IMODE(os.stat(workdir).st_mode) if workdir is not None else None
     try:
         return _dispatch(backend, cmd, code, inputs, workdir, limits, env_extra, image)
-    finally:
+    finally:  # fails closed: a work dir that cannot be cleaned raises instead of returning the result
         if workdir is not None:
-            strip_setid_bits(Path(workdir))
+            strip_setid_bits(Path(workdir), root_mode)
 
 
 def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,
@@ -330,24 +333,17 @@ def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, 
                                 env_extra=env_extra, tmp=Path(tmp))
 
 
-def strip_setid_bits(root: Path) -> int:
-    """Clear setuid/setgid bits on regular files under ``root`` (symlinks not followed); returns the count.
+def strip_setid_bits(root: Path, root_mode: int | None = None) -> int:
+    """Clear setuid/setgid/world-write bits under ``root`` (links never followed); returns the count.
 
     A sandbox run as host root writes files owned by host uid 0 into a caller's work dir, and an owner
     may ``chmod u+s`` without any capability: left alone, a setuid-root shell would land on the host.
+    Iterative and fd-based (any depth, any path length); raises :class:`SandboxError` when an entry
+    cannot be fixed. See :func:`evotrainer.sandbox_fs.clean_work_dir`.
     """
-    n = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    n += 1
-            except OSError:
-                pass
-    return n
+    from evotrainer.sandbox_fs import clean_work_dir
+
+    return clean_work_dir(root, root_mode)
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

@@ -29,6 +29,7 @@ import io
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tarfile
@@ -250,14 +251,24 @@ def materialize(task: SweTask, dest: str | Path, taskset_root: str | Path = TASK
 
 def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = DEFAULT_TEST_PATTERNS
                       ) -> dict[str, str]:
-    """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`)."""
-    repo = Path(repo)
+    """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`).
+
+    The repo may hold what sandboxed code left: the walk follows no link (:func:`evotrainer.sandbox_fs.walk`).
+    A link or a special file at a test path gets a digest of its kind and target (``link:<target>``,
+    ``fifo`` ...), so it never equals a real file's digest and counts as a test-file edit.
+    """
+    from evotrainer.sandbox_fs import read_file, walk
+
     out = {}
-    for p in sorted(repo.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            rel = p.relative_to(repo).as_posix()
-            if is_test_file(rel, patterns):
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    for fd, name, rel, st in walk(repo, prune=lambda r, _st: r.rsplit("/", 1)[-1] == "__pycache__"):
+        if stat.S_ISDIR(st.st_mode) or not is_test_file(rel, patterns):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[rel] = hashlib.sha256(read_file(fd, name)).hexdigest()
+        elif stat.S_ISLNK(st.st_mode):
+            out[rel] = hashlib.sha256(b"link:" + os.fsencode(os.readlink(name, dir_fd=fd))).hexdigest()
+        else:
+            out[rel] = hashlib.sha256(f"special:{stat.S_IFMT(st.st_mode)}".encode()).hexdigest()
     return out
 
 
