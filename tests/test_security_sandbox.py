@@ -253,7 +253,8 @@ def test_dev_is_a_capped_tmpfs():
         print("MIB", n)
     """.replace("\n        ", "\n"), disk_mb=32, max_file_mb=64)
     mib = int(r.stdout.split()[-1])
-    assert "STOPPED 28" in r.stdout and mib <= 32, r.stdout + r.stderr  # ENOSPC well before 96 MiB
+    # 12 x 8 MiB = 96 MiB tried: /dev is read-only (EROFS, 30) or full (ENOSPC, 28) long before
+    assert ("STOPPED 30" in r.stdout or "STOPPED 28" in r.stdout) and mib <= 1, r.stdout + r.stderr
 
 
 def test_memory_limit_holds_for_the_whole_run_not_per_process():
@@ -265,12 +266,14 @@ def test_memory_limit_holds_for_the_whole_run_not_per_process():
             pid = os.fork()
             if pid == 0:
                 data = b"\\x01" * (150 << 20)
-                print("HELD", flush=True); time.sleep(3); os._exit(0)
+                time.sleep(3); print("DONE", flush=True); os._exit(0)
             kids.append(pid)
         for k in kids:
             os.waitpid(k, 0)
     """.replace("\n        ", "\n"), memory_mb=256, timeout_s=30)
-    assert r.stdout.count("HELD") < 3 and r.limit_hit == "memory", (r.stdout, r.limit_hit, r.stderr[-300:])
+    # the three 3 s holds overlap, so a child that prints DONE held its 150 MiB beside the others;
+    # under the per-run limit at most one of them can (2 x 150 MiB > 256 MiB)
+    assert r.stdout.count("DONE") <= 1 and r.limit_hit == "memory", (r.stdout, r.limit_hit, r.stderr[-300:])
 
 
 def test_inode_flood_stops_at_the_tmpfs_inode_cap():
@@ -342,5 +345,5 @@ sys.stderr.write("e\x1b[31mred\n")
     assert r.returncode == 0, r.stderr
     for ch in ("\x1b", "\x07", "\x9b", "\r", "\x00"):
         assert ch not in r.stdout and ch not in r.stderr, repr(ch)
-    assert r.stdout == "a\\x1b]52;c;SGVsbG8=\\x07b\\x1b]0;owned\\x07c\\x1b[2J\\x9b1m\\r\\x00tab\there\n"
+    assert r.stdout == "a\\x1b]52;c;SGVsbG8=\\x07b\\x1b]0;owned\\x07c\\x1b[2J\\x9b1m\\x0d\\x00tab\there\n"
     assert r.stderr.startswith("e\\x1b[31mred\n")
