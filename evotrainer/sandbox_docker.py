@@ -3,8 +3,9 @@
 Images are built on first use from ``sandbox_images/<image>/Dockerfile`` and tagged
 ``evotrainer-sandbox-<image>``. Each run is one container: ``network_mode=none``, read-only root
 file system, all capabilities dropped, ``no-new-privileges``, uid/gid 65534, memory (no swap) and
-pids cgroup limits, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp`` and (without a host
-``workdir``) tmpfs ``/sandbox/work``, inputs bound read-only at ``/evidence/<name>``. The wall clock
+pids cgroup limits and a CPU quota (``nano_cpus``) for the whole container, ``cpu`` / ``fsize`` /
+``core`` ulimits, tmpfs ``/tmp`` and (without a host ``workdir``) tmpfs ``/sandbox/work`` with size
+and inode caps, ``/dev/shm`` of ``disk_mb``, inputs bound read-only at ``/evidence/<name>``. The wall clock
 is enforced by ``container.wait(timeout=...)`` and a kill; the container is always removed.
 
 Tested against a fake Engine API on 127.0.0.1 (tests/test_sandbox.py: the container config sent, the
@@ -63,11 +64,14 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     volumes = {str(src.resolve()): {"bind": f"{EVIDENCE_DIR}/{name}", "mode": "ro"} for name, src in inputs.items()}
     if code_file is not None:
         volumes[str(code_file)] = {"bind": CODE_PATH, "mode": "ro"}
-    tmpfs = {"/tmp": f"size={limits.disk_mb}m"}
+    from evotrainer.sandbox_limits import tmpfs_inodes
+
+    caps = f"size={limits.disk_mb}m,nr_inodes={tmpfs_inodes(limits.disk_mb << 20)}"
+    tmpfs = {"/tmp": caps}
     if workdir is not None:
         volumes[str(Path(workdir).resolve())] = {"bind": WORK_DIR, "mode": "rw"}
     else:
-        tmpfs[WORK_DIR] = f"size={limits.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+        tmpfs[WORK_DIR] = f"{caps},uid={SANDBOX_UID},gid={SANDBOX_UID}"
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
                docker.types.Ulimit(name="fsize", soft=limits.max_file_mb << 20, hard=limits.max_file_mb << 20),
                docker.types.Ulimit(name="core", soft=0, hard=0)]
@@ -76,6 +80,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         tag, argv, detach=True, network_mode="none", user=f"{SANDBOX_UID}:{SANDBOX_UID}", cap_drop=["ALL"],
         security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs, volumes=volumes,
         mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.max_procs,
+        nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
         ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False,
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     killed = None

@@ -347,3 +347,57 @@ sys.stderr.write("e\x1b[31mred\n")
         assert ch not in r.stdout and ch not in r.stderr, repr(ch)
     assert r.stdout == "a\\x1b]52;c;SGVsbG8=\\x07b\\x1b]0;owned\\x07c\\x1b[2J\\x9b1m\\x0d\\x00tab\there\n"
     assert r.stderr.startswith("e\\x1b[31mred\n")
+
+
+# --- 5. the safe-path helper itself ------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", ["openat2", "nofollow_walk"])
+def test_safe_open_refuses_links_fifos_and_dotdot_with_and_without_openat2(tmp_path, host, monkeypatch, kernel):
+    import evotrainer.sandbox_fs as sfs
+
+    if kernel == "nofollow_walk":
+        monkeypatch.setattr(sfs, "_openat2_works", [False])
+    (tmp_path / "r" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "r" / "a" / "b" / "f").write_text("hi")
+    (tmp_path / "r" / "a" / "l").symlink_to(host / "secret.txt")
+    (tmp_path / "r" / "a" / "dl").symlink_to(host)
+    os.mkfifo(tmp_path / "r" / "a" / "p")
+    fd = os.open(tmp_path / "r", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if kernel == "openat2":
+            got = sfs._openat2(fd, "a/b/f", os.O_RDONLY, 0)
+            assert got is not None, "this kernel (>= 5.6) should have openat2"
+            os.close(got)
+        assert sfs.read_file(fd, "a/b/f") == b"hi"
+        for rel in ("a/l", "a/dl/secret.txt", "a/dl", "a/p"):
+            with pytest.raises(sfs.UnsafePathError):
+                sfs.read_file(fd, rel)
+        with pytest.raises(ValueError, match="goes up"):
+            sfs.read_file(fd, "a/../../host/secret.txt")
+        with pytest.raises(sfs.UnsafePathError):
+            sfs.write_file(fd, "a/dl/victim.py", b"x")
+    finally:
+        os.close(fd)
+
+
+def test_copy_and_remove_a_tree_deeper_than_the_recursion_limit(tmp_path):
+    import evotrainer.sandbox_fs as sfs
+
+    src = tmp_path / "src"
+    src.mkdir()
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    sfs.write_file(fd, "leaf.py", b"x = 1\n", create=True)
+    os.close(fd)
+    try:
+        assert sfs.copy_tree(src, tmp_path / "copy") == 1  # one file at depth 1,100
+        rels = [rel for _, _, rel, _ in sfs.walk(tmp_path / "copy")]
+        assert len(rels) == 1101 and rels[-1] == "/".join(["d"] * 1100 + ["leaf.py"])  # 2,207 chars
+        sfs.remove_tree(tmp_path / "copy")
+        sfs.remove_tree(src)
+        assert not (tmp_path / "copy").exists() and not src.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(src), str(tmp_path / "copy")], check=True)
