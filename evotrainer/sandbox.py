@@ -368,8 +368,9 @@ def run_in_sandbox(
 
 def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,
               limits: _Limits, env_extra: dict[str, str], image: str) -> SandboxResult:
-    from evotrainer.sandbox_limits import run_tmpdir
+    from evotrainer.sandbox_limits import run_tmpdir, sweep_stale
 
+    sweep_stale()  # what runs killed with SIGKILL left (temp folders, cgroups), keyed by owner pid + start time
     with run_tmpdir() as tmp:
         code_file = None
         if code is not None:

@@ -177,9 +177,7 @@ def run_bwrap(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None,
     ``tmp`` is the caller's private temp folder (the supervisor's cwd). Where the host allows it the
     run gets its own cgroup (memory, pids = ``max_procs`` + 2 for the prelude/bwrap and bwrap's init,
     cpu), removed afterwards, and (as root) tmpfs with inode caps; see :mod:`evotrainer.sandbox_limits`.
-    Runs left by a dead owner are swept first.
     """
-    _lim.sweep_stale()
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     env = {**_BASE_ENV, "HOME": WORK_DIR, "PATH": path, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
            "EVOTRAINER_SANDBOX_BACKEND": "bwrap", **env_extra}

@@ -253,8 +253,10 @@ def test_dev_is_a_capped_tmpfs():
         print("MIB", n)
     """.replace("\n        ", "\n"), disk_mb=32, max_file_mb=64)
     mib = int(r.stdout.split()[-1])
-    # 12 x 8 MiB = 96 MiB tried: /dev is read-only (EROFS, 30) or full (ENOSPC, 28) long before
-    assert ("STOPPED 30" in r.stdout or "STOPPED 28" in r.stdout) and mib <= 1, r.stdout + r.stderr
+    # 12 x 8 MiB = 96 MiB tried: bwrap's /dev is read-only (EROFS, 30) on a 1 MiB tmpfs; Docker's is
+    # its own 64 MiB tmpfs (size=65536k), root-owned (EACCES, 13 for uid 65534) or full (ENOSPC, 28)
+    cap = 1 if r.backend == "bwrap" else 64
+    assert any(f"STOPPED {e}" in r.stdout for e in (13, 28, 30)) and mib <= cap, r.stdout + r.stderr
 
 
 def test_memory_limit_holds_for_the_whole_run_not_per_process():
