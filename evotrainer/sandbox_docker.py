@@ -34,6 +34,7 @@ from evotrainer.sandbox import (
     _Limits,
 )
 
+OWNER_LABEL = "org.evotrainer.sandbox.owner"  # <pid>.<start time> of the process that started the container
 BASE_ENV = "EVOTRAINER_SANDBOX_BASE"  # build argument BASE of the Dockerfiles (default python:3.11-slim)
 PIP_ENV = "EVOTRAINER_SANDBOX_PIP"  # build argument PIP_REQUIREMENTS: 0 = the base brings its packages
 BUILD_NETWORK_ENV = "EVOTRAINER_SANDBOX_BUILD_NETWORK"  # network of the build steps (e.g. host); runs: always none
@@ -77,7 +78,10 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     import docker
     import requests
 
+    from evotrainer.sandbox_limits import owner_alive, owner_tag
+
     tag = ensure_image(client, image)
+    _sweep_stale_containers(client, owner_alive)
     volumes = {str(src.resolve()): {"bind": f"{EVIDENCE_DIR}/{name}", "mode": "ro"} for name, src in inputs.items()}
     if code_file is not None:
         volumes[str(code_file)] = {"bind": CODE_PATH, "mode": "ro"}
@@ -101,6 +105,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.max_procs,
         nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
         ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False,
+        labels={OWNER_LABEL: owner_tag()},  # a run killed with SIGKILL: the next run removes its container
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     killed, forks_refused, status = None, False, None
     cap = limits.max_output
@@ -197,3 +202,16 @@ def _return_work_dir(workdir: Path, owner: tuple[int, int]) -> None:
     except OSError as e:
         raise SandboxError(f"could not clean the work dir {workdir}: giving it back to uid {owner[0]} failed "
                            f"({e}); remove it as root") from e
+
+
+def _sweep_stale_containers(client, owner_alive) -> int:
+    """Remove sandbox containers whose owner process is gone (killed with SIGKILL mid-run)."""
+    n = 0
+    try:
+        for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            if not owner_alive(c.labels.get(OWNER_LABEL, "") + "-"):
+                c.remove(force=True)
+                n += 1
+    except Exception:  # a daemon that cannot list: the run itself still goes ahead
+        pass
+    return n

@@ -65,6 +65,11 @@ def owner_tag() -> str:
     return _owner_tag_of(os.getpid())
 
 
+def owner_alive(name: str) -> bool:
+    """False when ``name`` starts ``<pid>.<start time>-`` of a process that no longer exists."""
+    return _owner_alive(name)
+
+
 def _owner_alive(name: str) -> bool:
     m = _NAME_RE.match(name)
     if m is None:

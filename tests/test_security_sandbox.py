@@ -335,6 +335,13 @@ def test_killed_sandbox_run_leaves_no_folder_or_cgroup(tmp_path, sig):
     else:
         assert p.returncode != 0
     assert _owned(p.pid) == []
+    if sandbox_info()["backend"] == "docker":  # and no container of the killed run is left running
+        from evotrainer import sandbox
+        from evotrainer.sandbox_docker import OWNER_LABEL
+
+        left = [c.labels[OWNER_LABEL] for c in sandbox._docker_client().containers.list(
+            all=True, filters={"label": OWNER_LABEL})]
+        assert not [t for t in left if t.startswith(f"{p.pid}.")], left
 
 
 def test_text_mode_neutralises_terminal_escape_sequences(tmp_path):
