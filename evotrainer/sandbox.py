@@ -209,14 +209,16 @@ def limits_report(backend: str | None) -> dict[str, str]:
 
     Keys: ``memory_per_run``, ``procs_per_run``, ``cpu_per_run`` (one cgroup for the whole run),
     ``tmpfs_size``, ``tmpfs_inodes`` (``/tmp``, ``/dev/shm``, the private work dir), ``dev_cap``,
-    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``.
+    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``.
     """
     per_process = {"wall_clock": "enforced: the supervisor kills the whole tree at timeout_s",
                    "cpu_seconds": "enforced: RLIMIT_CPU per process (cpu_s)",
                    "address_space": "enforced: RLIMIT_AS per process (memory_mb)" if backend != "docker" else
                    "NOT enforced: Docker sets no RLIMIT_AS; the container's memory cgroup bounds the run",
                    "file_size": "enforced: RLIMIT_FSIZE per process (max_file_mb)",
-                   "output": "enforced: stdout/stderr capped at max_output_kb each"}
+                   "output": "enforced: stdout/stderr capped at max_output_kb each",
+                   "workdir_disk": "NOT enforced: a caller's workdir is bound from the host disk: max_file_mb caps "
+                                   "each file, nothing caps the total (the private tmpfs work dir is capped)"}
     if backend == "docker":
         return {"memory_per_run": "enforced: container memory cgroup (mem_limit = memswap_limit = memory_mb)",
                 "procs_per_run": "enforced: container pids cgroup (pids_limit = max_procs)",

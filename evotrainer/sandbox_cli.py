@@ -61,6 +61,10 @@ def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
 
         t = Table("key", "value", title="sandbox")
         for k, v in data.items():
+            if k == "limits":  # one row per limit: which hold on this host and which do not
+                for name, how in v.items():
+                    t.add_row(f"limit {name}", how)
+                continue
             t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
         Console().print(t)
     if not ok:
