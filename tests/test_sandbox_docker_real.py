@@ -79,6 +79,9 @@ def docker_env(tmp_path_factory):
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            for line in Path("/proc/self/mountinfo").read_text().splitlines():  # e.g. its netns/default
+                if line.split()[4].startswith(str(folder)):
+                    subprocess.run(["umount", "-l", line.split()[4]], check=False)
             subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
