@@ -80,13 +80,18 @@ def swe(tmp_path, host):
 
 
 # --- 1. links and special files through every SWE tool and grade --------------------------------
-def test_search_does_not_follow_a_link_planted_from_inside_the_sandbox(swe, host):
-    # the policy's library code plants the links when pytest imports it inside the sandbox
+def test_links_planted_by_tests_never_land_and_search_does_not_follow_planted_ones(swe, host):
+    # the policy's library code plants links when pytest imports it inside the sandbox: the run works on a
+    # copy made inside the sandbox, so they never reach the repo (before: they landed there)
     plant = (f"import os\nfor src, dst in (({str(host / 'secret.txt')!r}, 'LEAK.txt'), ({str(host / 'dir')!r}, "
              f"'leakdir')):\n    os.path.lexists(dst) or os.symlink(src, dst)\n")
     swe.step(call("edit", path="calc.py", old="def add", new=plant + "def add"))
-    swe.step(call("run_tests", tests=["tests/test_calc.py::test_zero"]))
-    assert (swe.repo / "LEAK.txt").is_symlink() and (swe.repo / "leakdir").is_symlink()
+    obs = swe.step(call("run_tests", tests=["tests/test_calc.py::test_zero"]))
+    assert "1 passed" in obs, obs  # the planting code ran (test_zero imports calc)
+    assert not os.path.lexists(swe.repo / "LEAK.txt") and not os.path.lexists(swe.repo / "leakdir")
+    # links in the repo however they got there (an older run, a snapshot): search never follows them
+    (swe.repo / "LEAK.txt").symlink_to(host / "secret.txt")
+    (swe.repo / "leakdir").symlink_to(host / "dir")
     for path in (".", "LEAK.txt", "leakdir"):
         obs = swe.step(call("search", pattern="TOPSECRET", path=path))
         assert SECRET not in obs, obs
