@@ -10,7 +10,9 @@ One API, :func:`run_in_sandbox`, runs a command (or a Python source string) with
   ``/sandbox/main.py``, and a read-only view of the system and of this Python (interpreter prefix
   and venv, so analyzers can import numpy / pyarrow / duckdb),
 * limits: wall clock (the whole tree is killed), CPU seconds, address space, file size, process
-  count, captured output,
+  count, captured output; per run (one cgroup: memory, pids, CPU quota) where the host allows it,
+  every tmpfs (``/tmp``, ``/dev/shm``, ``/dev``, the private work dir) capped in size and, as root,
+  in inodes (:mod:`evotrainer.sandbox_limits`; ``sandbox_info()["limits"]`` says which hold here),
 
 and returns a :class:`SandboxResult` saying how it ended and which limit, if any, stopped it.
 
@@ -23,11 +25,16 @@ Backends, picked automatically (override with ``EVOTRAINER_SANDBOX=docker|bwrap|
   nested user namespaces disabled, all capabilities dropped, uid/gid 65534, new session, root
   remounted read-only, ``/proc/sys`` read-only, a seccomp filter refusing keyring / bpf / perf /
   io_uring / module syscalls (as host root the sandbox uid maps to host uid 0, which sysctl and
-  keyring ownership checks treat as root whatever the capabilities). Process count: the kernel ignores ``RLIMIT_NPROC`` for processes whose real
-  uid is host root (bwrap as root maps sandbox uid 65534 to host uid 0), so as root the sandbox
-  runs in its own pids cgroup (v1 or v2); as a normal user ``RLIMIT_NPROC`` is set inside the new
-  user namespace, where the kernel counts it per namespace (checked: a fork loop stops at the
-  limit). Other rlimits (CPU, AS, FSIZE, CORE=0) are set by a tiny launcher inside the sandbox.
+  keyring ownership checks treat as root whatever the capabilities). Process count: the kernel ignores
+  ``RLIMIT_NPROC`` for processes whose real uid is host root (bwrap as root maps sandbox uid 65534 to
+  host uid 0), so as root the sandbox runs in its own cgroup (v1 or v2: pids, memory, cpu); as a
+  normal user ``RLIMIT_NPROC`` is set inside the new user namespace, where the kernel counts it per
+  namespace (checked: a fork loop stops at the limit). Other rlimits (CPU, AS, FSIZE, CORE=0) are
+  set by a tiny launcher inside the sandbox.
+
+Host code reads what a run left in a caller's work dir only through :mod:`evotrainer.sandbox_fs`
+(no link followed, regular files only), and the work dir is cleaned after every run (setuid,
+setgid and world-write bits; fails closed).
 * ``unsafe-local``: a plain subprocess with rlimits and a cleared environment; *no* isolation of
   the file system or network. Only with ``unsafe_local=True`` or ``EVOTRAINER_SANDBOX=unsafe-local``.
 
@@ -47,7 +54,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -115,17 +121,11 @@ def _docker_client():
 
 
 def _pids_cgroup_root() -> tuple[Path, str] | None:
-    """A pids cgroup folder we may create children in, and its kind ("v1" | "v2"); None if none."""
-    v1 = Path("/sys/fs/cgroup/pids")
-    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
-        return v1, "v1"
-    v2 = Path("/sys/fs/cgroup")
-    try:
-        if "pids" in (v2 / "cgroup.controllers").read_text().split() and os.access(v2, os.W_OK):
-            return v2, "v2"
-    except OSError:
-        pass
-    return None
+    """The folder run cgroups with the pids controller go in, and its kind ("v1" | "v2"); None if none."""
+    from evotrainer.sandbox_limits import cgroup_plan
+
+    where = cgroup_plan()["pids"]
+    return None if isinstance(where, str) else where
 
 
 @functools.lru_cache(maxsize=1)
@@ -183,7 +183,7 @@ def sandbox_info() -> dict:
         backend, reason = None, str(e)
     cg = _pids_cgroup_root()
     procs = ("docker pids cgroup" if backend == "docker" else
-             f"pids cgroup {cg[1]}" if os.geteuid() == 0 and cg else "RLIMIT_NPROC in a user namespace")
+             f"pids cgroup {cg[1]}" if cg else "RLIMIT_NPROC in a user namespace")
     return {
         "backend": backend,
         "reason": reason,
@@ -194,13 +194,68 @@ def sandbox_info() -> dict:
         "host_euid": os.geteuid(),
         "network": "none",
         "process_limit": procs,
+        "limits": limits_report(backend),
         "seccomp": _seccomp_summary(backend),
         "python": sys.executable,
         "mounts": {"work": WORK_DIR, "code": CODE_PATH, "inputs": f"{EVIDENCE_DIR}/<name> (read-only)"},
         "defaults": {k: p.default for k, p in inspect.signature(run_in_sandbox).parameters.items()
                      if k in ("timeout_s", "cpu_s", "memory_mb", "max_file_mb", "max_procs", "disk_mb",
-                              "max_output_kb")},
+                              "max_output_kb", "cpus")},
     }
+
+
+def limits_report(backend: str | None) -> dict[str, str]:
+    """Which limits hold on this host with ``backend``: ``{limit: "enforced: how" | "NOT enforced: why"}``.
+
+    Keys: ``memory_per_run``, ``procs_per_run``, ``cpu_per_run`` (one cgroup for the whole run),
+    ``tmpfs_size``, ``tmpfs_inodes`` (``/tmp``, ``/dev/shm``, the private work dir), ``dev_cap``,
+    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``.
+    """
+    per_process = {"wall_clock": "enforced: the supervisor kills the whole tree at timeout_s",
+                   "cpu_seconds": "enforced: RLIMIT_CPU per process (cpu_s)",
+                   "address_space": "enforced: RLIMIT_AS per process (memory_mb)" if backend != "docker" else
+                   "NOT enforced: Docker sets no RLIMIT_AS; the container's memory cgroup bounds the run",
+                   "file_size": "enforced: RLIMIT_FSIZE per process (max_file_mb)",
+                   "output": "enforced: stdout/stderr capped at max_output_kb each",
+                   "workdir_disk": "NOT enforced: a caller's workdir is bound from the host disk: max_file_mb caps "
+                                   "each file, nothing caps the total (the private tmpfs work dir is capped)"}
+    if backend == "docker":
+        return {"memory_per_run": "enforced: container memory cgroup (mem_limit = memswap_limit = memory_mb)",
+                "procs_per_run": "enforced: container pids cgroup (pids_limit = max_procs)",
+                "cpu_per_run": "enforced: container CPU quota (nano_cpus = cpus)",
+                "tmpfs_size": "enforced: tmpfs size= on /tmp and the private work dir",
+                "tmpfs_inodes": "enforced: tmpfs nr_inodes= on /tmp and the private work dir",
+                "dev_cap": "enforced: Docker's /dev tmpfs (size=65536k), /dev/shm shm_size", **per_process}
+    if backend != "bwrap":
+        na = f"NOT enforced: backend {backend or 'none'} has no isolation"
+        return {k: na for k in ("memory_per_run", "procs_per_run", "cpu_per_run", "tmpfs_size", "tmpfs_inodes",
+                                "dev_cap")} | per_process
+    from evotrainer import sandbox_limits as lim
+
+    plan = lim.cgroup_plan()
+    files = {"memory": {"v1": "memory.limit_in_bytes + memory.memsw.limit_in_bytes", "v2": "memory.max"},
+             "pids": {"v1": "pids.max", "v2": "pids.max"}, "cpu": {"v1": "cpu.cfs_quota_us", "v2": "cpu.max"}}
+    out = {}
+    for ctrl, key in (("memory", "memory_per_run"), ("pids", "procs_per_run"), ("cpu", "cpu_per_run")):
+        where = plan[ctrl]
+        if isinstance(where, str):
+            out[key] = (f"NOT enforced: {where}; " + {
+                "memory": "memory_mb bounds each process (RLIMIT_AS), not the run",
+                "pids": "RLIMIT_NPROC in the user namespace counts the run's processes instead",
+                "cpu": "cpu_s bounds each process's CPU seconds, not the run's share"}[ctrl])
+        else:
+            out[key] = f"enforced: cgroup {where[1]} {files[ctrl][where[1]]} under {where[0]}"
+    out["tmpfs_size"] = "enforced: size= disk_mb on /tmp, /dev/shm and the private work dir"
+    if lim.host_tmpfs_available():
+        out["tmpfs_inodes"] = (f"enforced: nr_inodes= one per {lim.INODE_RATIO} bytes of size cap (mke2fs inode_ratio), "
+                               "tmpfs mounted by the host in a private mount namespace")
+        dev = f"enforced: /dev is a {lim.DEV_SIZE >> 10} KiB / {lim.DEV_INODES}-inode tmpfs, remounted read-only"
+    else:
+        out["tmpfs_inodes"] = ("NOT enforced: bubblewrap has no inode option and mounting a capped tmpfs needs root "
+                               "and unshare(1); each tmpfs allows the kernel default (half of RAM in pages)")
+        dev = f"enforced: /dev is a {lim.DEV_SIZE >> 10} KiB tmpfs (no inode cap), remounted read-only"
+    out["dev_cap"] = dev
+    return out | per_process
 
 
 def _seccomp_summary(backend: str | None) -> str | None:
@@ -229,6 +284,7 @@ class _Limits(BaseModel):
     max_procs: int
     disk_mb: int
     max_output: int  # bytes per stream
+    cpus: float = 1.0  # CPU cores for the whole run (cgroup CPU quota)
 
 
 def run_in_sandbox(
@@ -244,6 +300,7 @@ def run_in_sandbox(
     max_procs: int = 64,
     disk_mb: int = 256,
     max_output_kb: int = 1024,
+    cpus: float = 1.0,
     env: dict[str, str] | None = None,
     image: str = "analyzer",
     unsafe_local: bool = False,
@@ -254,14 +311,19 @@ def run_in_sandbox(
     folder, mounted read-only at ``/evidence/<name>``; ``workdir`` a host folder bound read-write
     at ``/sandbox/work`` (default: a private tmpfs of ``disk_mb`` MiB, discarded); ``timeout_s``
     wall-clock seconds; ``cpu_s`` CPU seconds per process (default: the wall limit);
-    ``memory_mb`` address space per process; ``max_file_mb`` largest file written; ``max_procs``
-    processes (and threads) in the sandbox; ``max_output_kb`` per stream, beyond which the run is
-    killed; ``env`` extra variables (the rest of the environment is cleared); ``image`` the Docker
+    ``memory_mb`` memory of the whole run (its cgroup, where the host allows one) and address space
+    per process; ``max_file_mb`` largest file written; ``max_procs`` processes (and threads) in the
+    sandbox; ``disk_mb`` size of each tmpfs (``/tmp``, ``/dev/shm``, the private work dir; inode cap
+    one per 16 KiB where the host can mount it); ``max_output_kb`` per stream, beyond which the run
+    is killed; ``cpus`` CPU cores the whole run may use (cgroup CPU quota, Docker ``nano_cpus``);
+    ``sandbox_info()["limits"]`` says which of these hold on this host; ``env`` extra variables (the rest of the environment is cleared); ``image`` the Docker
     image (analyzer | code-runner | swe-runner; ignored by bwrap).
 
-    A caller's ``workdir`` gets its setuid/setgid bits stripped after the run (see
-    :func:`strip_setid_bits`); keep it unreadable to other host users while the run lasts, and do
-    not follow symlinks the sandbox may have planted in it when reading it back.
+    A caller's ``workdir`` is cleaned after the run: setuid/setgid/world-write bits cleared below it,
+    its own mode reset to the one it had before (see :func:`strip_setid_bits`); a work dir that
+    cannot be cleaned raises :class:`SandboxError` (the result is withheld). Keep it unreadable to
+    other host users while the run lasts, and read it back only through
+    :mod:`evotrainer.sandbox_fs` (the sandbox may have planted links, FIFOs, deep trees in it).
 
     Raises :class:`SandboxError` on bad arguments (the message names the field) and
     :class:`SandboxUnavailable` when no isolating backend exists and ``unsafe_local`` is False.
@@ -271,7 +333,8 @@ def run_in_sandbox(
     if cmd is not None and (not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd)):
         raise SandboxError(f"cmd={cmd!r}: must be a non-empty list of strings (argv)")
     for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_file_mb", max_file_mb),
-                         ("max_procs", max_procs), ("disk_mb", disk_mb), ("max_output_kb", max_output_kb)):
+                         ("max_procs", max_procs), ("disk_mb", disk_mb), ("max_output_kb", max_output_kb),
+                         ("cpus", cpus)):
         if not value > 0:
             raise SandboxError(f"{field}={value!r}: must be > 0")
     if cpu_s is not None and not cpu_s > 0:
@@ -296,17 +359,21 @@ def run_in_sandbox(
     cmd = list(cmd) if cmd is not None else ["python", "{code}"]
     limits = _Limits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
                      memory_mb=int(memory_mb), max_file_mb=int(max_file_mb), max_procs=int(max_procs),
-                     disk_mb=int(disk_mb), max_output=int(max_output_kb) * 1024)
+                     disk_mb=int(disk_mb), max_output=int(max_output_kb) * 1024, cpus=float(cpus))
+    root_mode = stat.S_IMODE(os.stat(workdir).st_mode) if workdir is not None else None
     try:
         return _dispatch(backend, cmd, code, inputs, workdir, limits, env_extra, image)
-    finally:
+    finally:  # fails closed: a work dir that cannot be cleaned raises instead of returning the result
         if workdir is not None:
-            strip_setid_bits(Path(workdir))
+            strip_setid_bits(Path(workdir), root_mode)
 
 
 def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,
               limits: _Limits, env_extra: dict[str, str], image: str) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="evotrainer-sandbox-") as tmp:
+    from evotrainer.sandbox_limits import run_tmpdir, sweep_stale
+
+    sweep_stale()  # what runs killed with SIGKILL left (temp folders, cgroups), keyed by owner pid + start time
+    with run_tmpdir() as tmp:
         code_file = None
         if code is not None:
             code_file = Path(tmp) / "main.py"
@@ -330,24 +397,17 @@ def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, 
                                 env_extra=env_extra, tmp=Path(tmp))
 
 
-def strip_setid_bits(root: Path) -> int:
-    """Clear setuid/setgid bits on regular files under ``root`` (symlinks not followed); returns the count.
+def strip_setid_bits(root: Path, root_mode: int | None = None) -> int:
+    """Clear setuid/setgid/world-write bits under ``root`` (links never followed); returns the count.
 
     A sandbox run as host root writes files owned by host uid 0 into a caller's work dir, and an owner
     may ``chmod u+s`` without any capability: left alone, a setuid-root shell would land on the host.
+    Iterative and fd-based (any depth, any path length); raises :class:`SandboxError` when an entry
+    cannot be fixed. See :func:`evotrainer.sandbox_fs.clean_work_dir`.
     """
-    n = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    n += 1
-            except OSError:
-                pass
-    return n
+    from evotrainer.sandbox_fs import clean_work_dir
+
+    return clean_work_dir(root, root_mode)
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

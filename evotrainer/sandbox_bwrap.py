@@ -2,9 +2,11 @@
 
 bwrap: every namespace unshared, nested user namespaces disabled, all capabilities dropped, uid/gid
 65534, new session, a read-only root with the system, this Python and the inputs bound read-only,
-size-capped tmpfs for ``/tmp``, ``/dev/shm`` and the work dir. As host root the run sits in its own
-pids cgroup (the kernel ignores ``RLIMIT_NPROC`` for host uid 0); otherwise ``RLIMIT_NPROC`` is set
-inside the new user namespace, where it is counted per namespace. A launcher inside the sandbox sets
+size-capped tmpfs for ``/tmp``, ``/dev/shm`` and the work dir, a hand-made ``/dev`` (the usual nodes
+on a 1 MiB tmpfs, remounted read-only: bwrap's ``--dev`` tmpfs takes no size). Where the host allows
+it the run sits in its own cgroup (memory, pids, cpu; the kernel ignores ``RLIMIT_NPROC`` for host
+uid 0) and, as root, its tmpfs carry inode caps (:mod:`evotrainer.sandbox_limits`); otherwise
+``RLIMIT_NPROC`` is set inside the new user namespace, where it is counted per namespace. A launcher inside the sandbox sets
 the other rlimits and reports the program's CPU time and peak RSS on a private pipe.
 
 The supervisor (:func:`supervise`) starts the sandbox in its own process group, caps stdout and
@@ -21,10 +23,10 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from evotrainer import sandbox as _sb
+from evotrainer import sandbox_limits as _lim
 from evotrainer.sandbox import (
     _BASE_ENV,
     CODE_PATH,
@@ -108,8 +110,18 @@ def seccomp_filter() -> bytes | None:
 
 
 # --- bubblewrap --------------------------------------------------------------------------------
+def _tmpfs(dest: str, size: int, host: dict[str, Path] | None) -> list[str]:
+    """bwrap arguments for a tmpfs at ``dest``: the host-mounted one (size + inode caps) or ``--size``."""
+    if host is not None and dest in host:
+        return ["--bind", str(host[dest]), dest]
+    return ["--size", str(size), "--tmpfs", dest]
+
+
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
 def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
-                limits: _Limits, env: dict[str, str]) -> list[str]:
+                limits: _Limits, env: dict[str, str], host_tmpfs: dict[str, Path] | None = None) -> list[str]:
     a = [_sb._bwrap_status()[0], "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
          "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
          "--hostname", "sandbox", "--clearenv", "--ro-bind", "/usr", "/usr"]
@@ -125,8 +137,16 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
     # which sysctl permission checks (test_perm) treat as root whatever the namespace or capabilities.
     a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
           "/proc/sysrq-trigger", "--ro-bind-try", "/proc/pressure", "/proc/pressure"]
-    a += ["--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp",
-          "--size", str(limits.disk_mb << 20), "--tmpfs", "/dev/shm"]  # /dev's own tmpfs has no size cap
+    # /dev made by hand on a capped tmpfs (bwrap's --dev takes no --size): the usual nodes bound from
+    # the host, the std links, a capped /dev/shm; /dev itself is remounted read-only below. No devpts.
+    disk = limits.disk_mb << 20
+    a += _tmpfs("/dev", _lim.DEV_SIZE, host_tmpfs)
+    for node in _DEV_NODES:
+        a += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        a += ["--symlink", target, f"/dev/{name}"]
+    a += _tmpfs("/dev/shm", disk, host_tmpfs) + _tmpfs("/tmp", disk, host_tmpfs)
     # The interpreter prefixes AFTER the /tmp tmpfs: a venv under /tmp (a clone in /tmp) must stay visible.
     for prefix in sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
                          | {sys.prefix}):
@@ -135,7 +155,7 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
     if workdir is not None:
         a += ["--bind", str(Path(workdir).resolve()), WORK_DIR]
     else:
-        a += ["--size", str(limits.disk_mb << 20), "--tmpfs", WORK_DIR]
+        a += _tmpfs(WORK_DIR, disk, host_tmpfs)
     for name, src in sorted(inputs.items()):
         a += ["--ro-bind", str(src.resolve()), f"{EVIDENCE_DIR}/{name}"]
     if code_file is not None:
@@ -144,7 +164,7 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
         a += ["--setenv", k, v]
     if seccomp_filter() is not None:
         a += ["--seccomp", "{seccomp_fd}"]
-    a += ["--chdir", WORK_DIR, "--remount-ro", "/", "--"]
+    a += ["--chdir", WORK_DIR, "--remount-ro", "/dev", "--remount-ro", "/", "--"]
     nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0]
     return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
@@ -154,71 +174,41 @@ def run_bwrap(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None,
               limits: _Limits, env_extra: dict[str, str], tmp: Path) -> SandboxResult:
     """Run ``argv`` (already translated: ``python`` -> this interpreter) under bubblewrap.
 
-    ``tmp`` is the caller's private temp folder (the supervisor's cwd); as root the run gets a fresh
-    pids cgroup (``pids.max`` = ``max_procs`` + 2 for sh/bwrap and bwrap's init), removed afterwards.
+    ``tmp`` is the caller's private temp folder (the supervisor's cwd). Where the host allows it the
+    run gets its own cgroup (memory, pids = ``max_procs`` + 2 for the prelude/bwrap and bwrap's init,
+    cpu), removed afterwards, and (as root) tmpfs with inode caps; see :mod:`evotrainer.sandbox_limits`.
     """
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     env = {**_BASE_ENV, "HOME": WORK_DIR, "PATH": path, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
            "EVOTRAINER_SANDBOX_BACKEND": "bwrap", **env_extra}
-    full = _bwrap_argv(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env)
-    cgroup = _make_pids_cgroup(limits.max_procs) if os.geteuid() == 0 else None
-    if cgroup is not None:  # enter the cgroup before bwrap forks anything, then become bwrap
-        full = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *full]
+    disk = limits.disk_mb << 20
+    host_tmpfs, mounts = None, []
+    if _lim.host_tmpfs_available():
+        specs = {"/dev": (_lim.DEV_SIZE, _lim.DEV_INODES, "0755"), "/dev/shm": (disk, _lim.tmpfs_inodes(disk), "1777"),
+                 "/tmp": (disk, _lim.tmpfs_inodes(disk), "1777")}
+        if workdir is None:
+            specs[WORK_DIR] = (disk, _lim.tmpfs_inodes(disk), "0755")
+        host_tmpfs = {}
+        for i, (dest, (size, inodes, mode)) in enumerate(specs.items()):
+            folder = tmp / f"mnt{i}"
+            folder.mkdir()
+            host_tmpfs[dest] = folder
+            mounts.append((f"size={size},nr_inodes={inodes},mode={mode},nosuid,nodev", str(folder)))
+    full = _bwrap_argv(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env,
+                       host_tmpfs=host_tmpfs)
+    cgroup = _lim.RunCgroup(limits.memory_mb << 20, limits.max_procs + 2, limits.cpus)
     try:
+        full = _lim.prelude_argv(cgroup.procs_files(), mounts, full)
         result = supervise(full, limits, backend="bwrap", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                            cwd=tmp)
-        if cgroup is not None and _cgroup_forks_refused(cgroup) and result.limit_hit in (None, "timeout"):
-            result.limit_hit = "procs"
+                           cwd=tmp)
+        if result.limit_hit in (None, "timeout", "procs"):
+            if cgroup.oom_kills():
+                result.limit_hit = "memory"
+            elif cgroup.forks_refused():
+                result.limit_hit = "procs"
         return result
     finally:
-        if cgroup is not None:
-            _remove_cgroup(cgroup)
-
-
-def _make_pids_cgroup(max_procs: int) -> Path:
-    root, kind = _sb._pids_cgroup_root()
-    parent = root / "evotrainer-sandbox"
-    if not parent.exists():
-        parent.mkdir(exist_ok=True)
-        if kind == "v2":
-            (root / "cgroup.subtree_control").write_text("+pids")
-            (parent / "cgroup.subtree_control").write_text("+pids")
-    cg = parent / uuid.uuid4().hex[:12]
-    cg.mkdir()
-    (cg / "pids.max").write_text(str(max_procs + 2))  # + the sh/bwrap supervisor and bwrap's init
-    return cg
-
-
-def _cgroup_forks_refused(cg: Path) -> bool:
-    try:
-        for line in (cg / "pids.events").read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if k == "max" and int(v) > 0:
-                return True
-    except OSError:
-        pass
-    return False
-
-
-def _remove_cgroup(cg: Path) -> None:
-    """Kill whatever is left in the cgroup (nothing, normally: the pid namespace died) and remove it."""
-    for _ in range(100):
-        try:
-            pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    try:
-        cg.rmdir()
-    except OSError:
-        pass
+        cgroup.remove()
 
 
 # --- supervision: wall clock, output caps, resource use ------------------------------------------
@@ -282,6 +272,13 @@ def supervise(argv: list[str], limits: _Limits, *, backend: str, env: dict[str, 
                 _killpg(proc.pid)
                 break
         _, status, ru = os.wait4(proc.pid, 0)
+    except BaseException:  # SIGTERM (as SystemExit), Ctrl-C, an error: never leave the tree running
+        _killpg(proc.pid)
+        try:
+            os.wait4(proc.pid, 0)
+        except ChildProcessError:
+            pass
+        raise
     finally:
         os.close(pidfd)
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +13,20 @@ import typer
 
 sandbox_app = typer.Typer(help="Run untrusted code in the sandbox (no network, no secrets, limits).",
                           no_args_is_help=True)
+
+
+# C0 controls but \n and \t, DEL, and C1 (U+0080-U+009F): ESC starts OSC 52 (clipboard write), title
+# and clear-screen sequences, 0x9B is a one-byte CSI. Rendered as visible \xNN escapes in text mode.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def neutralise(text: str) -> str:
+    """``text`` with every terminal control character except newline and tab shown as ``\\xNN``."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds: the sandbox tree is killed, its cgroup and temp folder removed
 
 
 def _fail(message: str) -> None:
@@ -45,6 +61,10 @@ def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
 
         t = Table("key", "value", title="sandbox")
         for k, v in data.items():
+            if k == "limits":  # one row per limit: which hold on this host and which do not
+                for name, how in v.items():
+                    t.add_row(f"limit {name}", how)
+                continue
             t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
         Console().print(t)
     if not ok:
@@ -63,10 +83,15 @@ def run(
 ) -> None:
     """Run FILE.py in the sandbox; print exit_code, stdout, stderr, limit_hit, backend (and resource use).
 
+    Text mode shows the program's control characters (terminal escape sequences) as ``\\xNN``;
+    ``--json`` escapes them as JSON does. SIGTERM / SIGHUP stop the run and clean up after it.
+
     Exits with the program's exit code (1 when it died of a signal or a limit stopped it).
     """
     from evotrainer.sandbox import SandboxError, run_in_sandbox
 
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     if not file.is_file():
         _fail(f"{file}: no such file")
     named: dict[str, Path] = {}
@@ -82,8 +107,8 @@ def run(
     if as_json:
         sys.stdout.write(json.dumps(r.model_dump(), indent=2) + "\n")
     else:
-        sys.stdout.write(r.stdout)
-        sys.stderr.write(r.stderr)
+        sys.stdout.write(neutralise(r.stdout))
+        sys.stderr.write(neutralise(r.stderr))
         typer.echo(f"[sandbox] backend={r.backend} exit_code={r.exit_code} limit_hit={r.limit_hit} "
                    f"wall_s={r.wall_s} cpu_s={r.cpu_s} max_rss_mb={r.max_rss_mb}", err=True)
     if r.exit_code != 0 or r.limit_hit:

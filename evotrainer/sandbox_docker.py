@@ -2,10 +2,13 @@
 
 Images are built on first use from ``sandbox_images/<image>/Dockerfile`` and tagged
 ``evotrainer-sandbox-<image>``. Each run is one container: ``network_mode=none``, read-only root
-file system, all capabilities dropped, ``no-new-privileges``, uid/gid 65534, memory (no swap) and
-pids cgroup limits, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp`` and (without a host
-``workdir``) tmpfs ``/sandbox/work``, inputs bound read-only at ``/evidence/<name>``. The wall clock
-is enforced by ``container.wait(timeout=...)`` and a kill; the container is always removed.
+file system, all capabilities dropped, ``no-new-privileges``, uid/gid 65534 (a caller's work dir is
+handed to 65534 for the run as root, then back; a non-root caller's container runs as its uid), memory (no swap) and
+pids cgroup limits and a CPU quota (``nano_cpus``) for the whole container, ``cpu`` / ``fsize`` /
+``core`` ulimits, tmpfs ``/tmp`` and (without a host ``workdir``) tmpfs ``/sandbox/work`` with size
+and inode caps, ``/dev/shm`` of ``disk_mb``, inputs bound read-only at ``/evidence/<name>``. The wall clock
+is enforced by ``container.wait`` polls and a kill; stdout and stderr are followed while the
+container runs and it is killed once either passes ``max_output_kb``; the container is always removed.
 
 Tested against a fake Engine API on 127.0.0.1 (tests/test_sandbox.py: the container config sent, the
 wall-clock kill, the removal); the development machine has no Docker daemon, so never against a real one.
@@ -13,6 +16,8 @@ wall-clock kill, the removal); the development machine has no Docker daemon, so 
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -29,9 +34,20 @@ from evotrainer.sandbox import (
     _Limits,
 )
 
+OWNER_LABEL = "org.evotrainer.sandbox.owner"  # <pid>.<start time> of the process that started the container
+BASE_ENV = "EVOTRAINER_SANDBOX_BASE"  # build argument BASE of the Dockerfiles (default python:3.11-slim)
+PIP_ENV = "EVOTRAINER_SANDBOX_PIP"  # build argument PIP_REQUIREMENTS: 0 = the base brings its packages
+BUILD_NETWORK_ENV = "EVOTRAINER_SANDBOX_BUILD_NETWORK"  # network of the build steps (e.g. host); runs: always none
+
 
 def ensure_image(client, image: str) -> str:
     """Tag of the sandbox image ``image``, building it from ``sandbox_images/<image>`` when missing.
+
+    ``$EVOTRAINER_SANDBOX_BASE`` names the base image (build argument ``BASE``): a local image such as
+    one made with ``debootstrap`` + ``docker import`` builds with no registry.
+    ``$EVOTRAINER_SANDBOX_PIP=0`` skips the images' ``pip install`` (a base that brings its packages:
+    no registry at all). ``$EVOTRAINER_SANDBOX_BUILD_NETWORK`` (e.g. ``host``) is the network of the build steps (pip,
+    apt) on a daemon started without its default bridge; containers that run code always get none.
 
     Raises :class:`SandboxError` when the folder or the build fails.
     """
@@ -47,7 +63,10 @@ def ensure_image(client, image: str) -> str:
     if not (folder / "Dockerfile").exists():
         raise SandboxError(f"image={image!r}: no Dockerfile at {folder}")
     try:
-        client.images.build(path=str(folder), tag=tag, rm=True, pull=False)
+        args = {k: v for k, v in (("BASE", os.environ.get(BASE_ENV, "").strip()),
+                                  ("PIP_REQUIREMENTS", os.environ.get(PIP_ENV, "").strip())) if v}
+        client.images.build(path=str(folder), tag=tag, rm=True, pull=False, buildargs=args or None,
+                            network_mode=os.environ.get(BUILD_NETWORK_ENV) or None)
     except docker.errors.BuildError as e:
         raise SandboxError(f"building {tag} from {folder} failed: {e}") from e
     return tag
@@ -59,44 +78,140 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     import docker
     import requests
 
+    from evotrainer.sandbox_limits import owner_alive, owner_tag
+
     tag = ensure_image(client, image)
+    _sweep_stale_containers(client, owner_alive)
     volumes = {str(src.resolve()): {"bind": f"{EVIDENCE_DIR}/{name}", "mode": "ro"} for name, src in inputs.items()}
     if code_file is not None:
         volumes[str(code_file)] = {"bind": CODE_PATH, "mode": "ro"}
-    tmpfs = {"/tmp": f"size={limits.disk_mb}m"}
+    from evotrainer.sandbox_limits import tmpfs_inodes
+
+    caps = f"size={limits.disk_mb}m,nr_inodes={tmpfs_inodes(limits.disk_mb << 20)}"
+    tmpfs = {"/tmp": caps, "/sys": "ro,size=4k,nr_inodes=16"}  # hide the host's sysfs (Docker mounts it ro)
+    user, owner = f"{SANDBOX_UID}:{SANDBOX_UID}", None
     if workdir is not None:
         volumes[str(Path(workdir).resolve())] = {"bind": WORK_DIR, "mode": "rw"}
+        owner, user = _lend_work_dir(Path(workdir), user)
     else:
-        tmpfs[WORK_DIR] = f"size={limits.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+        tmpfs[WORK_DIR] = f"{caps},uid={SANDBOX_UID},gid={SANDBOX_UID}"
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
                docker.types.Ulimit(name="fsize", soft=limits.max_file_mb << 20, hard=limits.max_file_mb << 20),
                docker.types.Ulimit(name="core", soft=0, hard=0)]
     t0 = time.monotonic()
     container = client.containers.run(
-        tag, argv, detach=True, network_mode="none", user=f"{SANDBOX_UID}:{SANDBOX_UID}", cap_drop=["ALL"],
+        tag, argv, detach=True, network_mode="none", user=user, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs, volumes=volumes,
         mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.max_procs,
+        nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
         ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False,
+        labels={OWNER_LABEL: owner_tag()},  # a run killed with SIGKILL: the next run removes its container
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
-    killed = None
-    try:
+    killed, forks_refused, status = None, False, None
+    cap = limits.max_output
+    bufs = {"stdout": bytearray(), "stderr": bytearray()}
+    truncated = {"stdout": False, "stderr": False}
+    over = threading.Event()
+
+    def pump(name: str) -> None:  # follow the log while it runs: an output flood is stopped at the cap
         try:
-            status = container.wait(timeout=limits.timeout_s)["StatusCode"]
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            container.kill()
-            killed = "timeout"
-            status = -9
+            for chunk in container.logs(stdout=name == "stdout", stderr=name == "stderr", stream=True, follow=True):
+                room = cap - len(bufs[name])
+                bufs[name] += chunk[:max(room, 0)]
+                if len(chunk) > room:
+                    truncated[name] = True
+                    over.set()
+                    return
+        except Exception:  # the container went away: what was read is kept
+            pass
+
+    threads = [threading.Thread(target=pump, args=(n,), daemon=True) for n in bufs]
+    try:
+        for t in threads:
+            t.start()
+        while status is None:
+            left = limits.timeout_s - (time.monotonic() - t0)
+            if over.is_set() or left <= 0:
+                forks_refused = _forks_refused(container.id)  # while the container's cgroup still exists
+                container.kill()
+                killed, status = ("output" if over.is_set() else "timeout"), -9
+                break
+            try:
+                status = container.wait(timeout=max(0.05, min(left, 0.5)))["StatusCode"]
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                continue
         wall = time.monotonic() - t0
-        out = container.logs(stdout=True, stderr=False)
-        err = container.logs(stdout=False, stderr=True)
+        for t in threads:
+            t.join(timeout=5)
         container.reload()
         oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
     finally:
         container.remove(force=True)
-    cap = limits.max_output
-    stdout, stderr = out[:cap].decode(errors="replace"), err[:cap].decode(errors="replace")
-    limit = killed or ("memory" if oom else None) or ("output" if max(len(out), len(err)) > cap else None) \
-        or _infer_limit(status, stderr, 0.0, limits)
+        if owner is not None:
+            _return_work_dir(Path(workdir), owner)
+    stdout, stderr = bytes(bufs["stdout"]).decode(errors="replace"), bytes(bufs["stderr"]).decode(errors="replace")
+    limit = ("procs" if forks_refused else killed) or ("memory" if oom else None) \
+        or ("output" if any(truncated.values()) else None) or _infer_limit(status, stderr, 0.0, limits)
     return SandboxResult(exit_code=status, stdout=stdout, stderr=stderr, limit_hit=limit, backend="docker",
-                         wall_s=round(wall, 4), cpu_s=None, max_rss_mb=None, stdout_truncated=len(out) > cap,
-                         stderr_truncated=len(err) > cap)
+                         wall_s=round(wall, 4), cpu_s=None, max_rss_mb=None, stdout_truncated=truncated["stdout"],
+                         stderr_truncated=truncated["stderr"])
+
+
+def _forks_refused(container_id: str) -> bool:
+    """True when the container's pids cgroup refused a fork (``pids.events`` max > 0). Read from the
+    host's cgroup file system where this process sees it (cgroupfs or systemd driver, v1 or v2);
+    False where it cannot be read (a remote daemon)."""
+    root = Path("/sys/fs/cgroup")
+    for rel in (f"pids/docker/{container_id}", f"docker/{container_id}", f"system.slice/docker-{container_id}.scope",
+                f"pids/system.slice/docker-{container_id}.scope"):
+        try:
+            for line in (root / rel / "pids.events").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max" and int(v) > 0:
+                    return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _lend_work_dir(workdir: Path, user: str) -> tuple[tuple[int, int] | None, str]:
+    """Make a caller's work dir writable by the container user: ``(owner to give it back to, user)``.
+
+    As root the tree is handed to uid/gid 65534 for the run (so what the container writes is owned
+    by an unprivileged uid, not root) and back afterwards; a non-root caller's container runs as the
+    caller's own uid instead. Raises :class:`SandboxError` when the tree cannot be handed over.
+    """
+    from evotrainer.sandbox_fs import chown_tree
+
+    if os.geteuid() != 0:
+        return None, f"{os.getuid()}:{os.getgid()}"
+    st = os.stat(workdir)
+    try:
+        chown_tree(workdir, SANDBOX_UID, SANDBOX_UID)
+    except OSError as e:
+        _return_work_dir(workdir, (st.st_uid, st.st_gid))
+        raise SandboxError(f"workdir={workdir}: cannot hand it to uid {SANDBOX_UID} for the container ({e})") from e
+    return (st.st_uid, st.st_gid), user
+
+
+def _return_work_dir(workdir: Path, owner: tuple[int, int]) -> None:
+    from evotrainer.sandbox_fs import chown_tree
+
+    try:
+        chown_tree(workdir, *owner)
+    except OSError as e:
+        raise SandboxError(f"could not clean the work dir {workdir}: giving it back to uid {owner[0]} failed "
+                           f"({e}); remove it as root") from e
+
+
+def _sweep_stale_containers(client, owner_alive) -> int:
+    """Remove sandbox containers whose owner process is gone (killed with SIGKILL mid-run)."""
+    n = 0
+    try:
+        for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            if not owner_alive(c.labels.get(OWNER_LABEL, "") + "-"):
+                c.remove(force=True)
+                n += 1
+    except Exception:  # a daemon that cannot list: the run itself still goes ahead
+        pass
+    return n

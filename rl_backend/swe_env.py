@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import shutil
+import stat
 import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,11 +46,13 @@ from evotrainer.rl_backend.swe_tasks import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evotrainer import sandbox_fs as sfs
 from evotrainer.recipe import ToolUseSpec
 
 TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")
 VIEW_MAX_LINES = 80
 SEARCH_MAX_HITS = 40
+SEARCH_MAX_BYTES = 1 << 20  # files larger than 1 MiB are not searched (data, not source)
 OBS_MAX_CHARS = 2500
 
 SYSTEM_PROMPT = """You fix bugs in a Python repository by calling tools. Reply with one or more tool calls, each as
@@ -94,12 +99,24 @@ ARGS: dict[str, type[_Args]] = {"search": SearchArgs, "view": ViewArgs, "edit": 
                                  "run_tests": RunTestsArgs, "submit": SubmitArgs}
 
 
+def _no_pycache(rel: str, _st: os.stat_result) -> bool:
+    return rel.rsplit("/", 1)[-1] == "__pycache__"
+
+
 def repo_digest(repo: Path) -> str:
-    """sha256 over the relative paths and contents of every file of a repo (``__pycache__`` skipped)."""
+    """sha256 over the relative paths and contents of every file of a repo (``__pycache__`` skipped).
+
+    Walks without following links (:func:`evotrainer.sandbox_fs.walk`): a link counts by its target
+    string, a FIFO or socket by its kind, so a planted one changes the digest without being opened.
+    """
     h = hashlib.sha256()
-    for p in sorted(repo.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(p.relative_to(repo).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    for fd, name, rel, st in sfs.walk(repo, prune=_no_pycache):
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        body = (sfs.read_file(fd, name) if stat.S_ISREG(st.st_mode) else
+                b"link:" + os.fsencode(os.readlink(name, dir_fd=fd)) if stat.S_ISLNK(st.st_mode) else
+                f"special:{stat.S_IFMT(st.st_mode)}".encode())
+        h.update(rel.encode(errors="surrogateescape") + b"\0" + body + b"\0")
     return h.hexdigest()
 
 
@@ -243,11 +260,11 @@ class SweEnv:
     # --- lifecycle --------------------------------------------------------------------------------
     def reset(self) -> list[dict[str, str]]:
         """Build the task repo and return the opening messages ``[system, user]``."""
-        if self.repo.exists():
-            shutil.rmtree(self.repo)
+        sfs.remove_tree(self.repo)  # the last episode's sandbox may have left links or a 1,100-deep tree
         materialize(self.task, self.repo, self.taskset_root, self.repos_root)
         self.test_digests = test_file_digests(self.repo, self.task.test_patterns)
-        self.test_originals = {p: (self.repo / p).read_bytes() for p in self.test_digests}
+        with self._repo_fd() as fd:
+            self.test_originals = {p: sfs.read_file(fd, p) for p in self.test_digests}
         self.base_digest = repo_digest(self.repo)
         self.stats, self.done, self.t0 = EpisodeStats(), False, time.monotonic()
         self.tests_edited: set[str] = set()
@@ -303,69 +320,123 @@ class SweEnv:
             parts.append(f"[turn limit of {lim.max_turns} reached; episode over]")
         return _clip("\n\n".join(parts))
 
-    # --- tools --------------------------------------------------------------------------------------
-    def _resolve(self, path: str, must_exist: bool = True) -> Path:
+    # --- tools ----------------------------------------------------------------------------------------
+    # The repo holds what sandboxed code (pytest on the policy's code) left: every access goes through
+    # evotrainer.sandbox_fs relative to an fd of the repo folder, following no link on any component,
+    # reading regular files only (a FIFO cannot block, a link to a host file is never opened).
+    @contextmanager
+    def _repo_fd(self):
+        fd = os.open(self.repo, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _relpath(self, path: str) -> str:
+        """``path`` as a normalised repo-relative path (``""`` = the root); ToolError if absolute or up."""
         raw = path.strip() or "."
         if raw.startswith(("/", "~")):
             raise ToolError(f"path {path!r} is absolute; use a path relative to the repository root ./")
-        p = (self.repo / raw).resolve()
-        root = self.repo.resolve()
-        if p != root and root not in p.parents:
-            raise ToolError(f"path {path!r} is outside the repository; use a path relative to ./")
-        if must_exist and not p.exists():
-            raise ToolError(f"no such file or folder {path!r}; use search to find files")
-        return p
+        try:
+            return "/".join(sfs.split_relative(raw))
+        except ValueError:
+            raise ToolError(f"path {path!r} is outside the repository; use a path relative to ./") from None
 
-    def _rel(self, p: Path) -> str:
-        return p.relative_to(self.repo.resolve()).as_posix()
+    def _entry(self, fd: int, path: str) -> tuple[str, os.stat_result]:
+        """(relpath, lstat) of an existing regular file or folder of the repo; ToolError for links, FIFOs..."""
+        rel = self._relpath(path)
+        try:
+            st = sfs.lstat_beneath(fd, rel)
+        except sfs.UnsafePathError:
+            raise ToolError(f"path {path!r} goes through a symbolic link; the tools do not follow links "
+                            "(one could point outside the repository)") from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise ToolError(f"no such file or folder {path!r}; use search to find files") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ToolError(f"{path!r} is a symbolic link; the tools do not follow links (it could point outside "
+                            "the repository)")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise ToolError(f"{path!r} is not a regular file or folder; the tools read regular files only")
+        return rel, st
+
+    def _read(self, fd: int, rel: str, path: str) -> str:
+        try:
+            return sfs.read_file(fd, rel).decode(errors="replace")
+        except OSError as exc:
+            raise ToolError(f"cannot read {path!r}: {exc.strerror}") from None
 
     def _tool_search(self, a: SearchArgs) -> str:
-        base = self._resolve(a.path)
         try:
             rx, note = re.compile(a.pattern), ""
         except re.error:
             rx, note = re.compile(re.escape(a.pattern)), " (invalid regex: searched as plain text)"
         self.stats.searches.append(a.pattern)
-        files = [base] if base.is_file() else sorted(q for q in base.rglob("*") if q.is_file()
-                                                     and "__pycache__" not in q.parts and q.suffix != ".pyc")
         hits = []
-        for f in files:
+        with self._repo_fd() as fd:
+            base, st = self._entry(fd, a.path)
+            if stat.S_ISREG(st.st_mode):
+                files = [(fd, base, base)]
+                dfd = None
+            else:
+                dfd = sfs.open_beneath(fd, base, os.O_RDONLY | os.O_DIRECTORY)
+                files = ((pfd, name, f"{base}/{rel}" if base else rel) for pfd, name, rel, est in
+                         sfs.walk(dfd, prune=_no_pycache, onerror=lambda *_: None)
+                         if stat.S_ISREG(est.st_mode) and not name.endswith(".pyc") and est.st_size <= SEARCH_MAX_BYTES)
             try:
-                lines = f.read_text().splitlines()
-            except (UnicodeDecodeError, OSError):
-                continue
-            hits += [f"{self._rel(f)}:{n}: {line.strip()[:160]}" for n, line in enumerate(lines, 1) if rx.search(line)]
+                for pfd, name, rel in files:
+                    try:
+                        lines = sfs.read_file(pfd, name, SEARCH_MAX_BYTES).decode().splitlines()
+                    except (UnicodeDecodeError, OSError):
+                        continue
+                    hits += [f"{rel}:{n}: {line.strip()[:160]}" for n, line in enumerate(lines, 1) if rx.search(line)]
+            finally:
+                if dfd is not None:
+                    os.close(dfd)
         if not hits:
             return f"no match for {a.pattern!r}{note}"
         more = f"\n({len(hits) - SEARCH_MAX_HITS} more matches not shown)" if len(hits) > SEARCH_MAX_HITS else ""
         return f"{len(hits)} matches{note}:\n" + "\n".join(hits[:SEARCH_MAX_HITS]) + more
 
     def _tool_view(self, a: ViewArgs) -> str:
-        p = self._resolve(a.path)
-        if p.is_dir():
-            items = sorted(self._rel(q) + ("/" if q.is_dir() else "") for q in p.iterdir() if q.name != "__pycache__")
-            return f"{self._rel(p) or '.'} is a folder:\n" + "\n".join(items)
-        lines = p.read_text(errors="replace").splitlines()
+        with self._repo_fd() as fd:
+            rel, st = self._entry(fd, a.path)
+            if stat.S_ISDIR(st.st_mode):
+                dfd = sfs.open_beneath(fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    items = []
+                    for name in sorted(os.listdir(dfd)):
+                        if name == "__pycache__":
+                            continue
+                        mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+                        suffix = "/" if stat.S_ISDIR(mode) else " (link, not followed)" if stat.S_ISLNK(mode) else ""
+                        items.append((f"{rel}/{name}" if rel else name) + suffix)
+                finally:
+                    os.close(dfd)
+                return f"{rel or '.'} is a folder:\n" + "\n".join(items)
+            lines = self._read(fd, rel, a.path).splitlines()
         end = min(len(lines), a.end or a.start + VIEW_MAX_LINES - 1, a.start + VIEW_MAX_LINES - 1)
         if a.start > len(lines):
             raise ToolError(f"start={a.start} is past the end of {a.path} ({len(lines)} lines)")
         if a.end is not None and a.end < a.start:
             raise ToolError(f"end={a.end} is before start={a.start}; give 1 <= start <= end")
         body = "\n".join(f"{n:5d} {lines[n - 1]}" for n in range(a.start, end + 1))
-        return f"{self._rel(p)} lines {a.start}-{end} of {len(lines)}:\n{body}"
+        return f"{rel} lines {a.start}-{end} of {len(lines)}:\n{body}"
 
     def _tool_edit(self, a: EditArgs) -> str:
-        p = self._resolve(a.path)
-        if not p.is_file():
-            raise ToolError(f"{a.path!r} is not a file")
-        text = p.read_text()
-        n = text.count(a.old)
-        if n != 1:
-            raise ToolError(f"old text occurs {n} times in {a.path}; " + (
-                "view the file and copy the exact text (spaces and indentation count)" if n == 0
-                else "include more surrounding lines so it is unique"))
-        p.write_text(text.replace(a.old, a.new, 1))
-        rel = self._rel(p)
+        with self._repo_fd() as fd:
+            rel, st = self._entry(fd, a.path)
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"{a.path!r} is not a file")
+            text = self._read(fd, rel, a.path)
+            n = text.count(a.old)
+            if n != 1:
+                raise ToolError(f"old text occurs {n} times in {a.path}; " + (
+                    "view the file and copy the exact text (spaces and indentation count)" if n == 0
+                    else "include more surrounding lines so it is unique"))
+            try:
+                sfs.write_file(fd, rel, text.replace(a.old, a.new, 1).encode())
+            except OSError as exc:
+                raise ToolError(f"cannot write {a.path!r}: {exc.strerror}") from None
         self.stats.edits += 1
         self.stats.files_touched.add(rel)
         if is_test_file(rel, self.task.test_patterns):
@@ -374,10 +445,11 @@ class SweEnv:
 
     def _tool_run_tests(self, a: RunTestsArgs) -> str:
         targets = [a.tests] if isinstance(a.tests, str) else list(a.tests or self.task.test_files)
-        for t in targets:
-            if t.startswith("-"):
-                raise ToolError(f"test {t!r}: give test files or node ids (file.py::test_name), not options")
-            self._resolve(t.split("::")[0])
+        with self._repo_fd() as fd:
+            for t in targets:
+                if t.startswith("-"):
+                    raise ToolError(f"test {t!r}: give test files or node ids (file.py::test_name), not options")
+                self._entry(fd, t.split("::")[0])
         budget = min(self.limits.per_call_timeout_s, max(1.0, self.limits.per_episode_timeout_s - self.elapsed()))
         res = run_pytest(self.repo, targets, timeout_s=budget)
         self.stats.test_runs += 1
@@ -406,26 +478,53 @@ class SweEnv:
 
 
     # --- grading ------------------------------------------------------------------------------------
-    def _restore_tests(self) -> list[str]:
-        """Put test files back as they were at reset (planted ones removed); returns the changed paths."""
+    def _changed_tests(self) -> list[str]:
+        """Test files changed, added (planted) or deleted since :meth:`reset`; links and FIFOs count."""
         now = test_file_digests(self.repo, self.task.test_patterns)
-        changed = sorted(p for p in set(now) | set(self.test_digests) if now.get(p) != self.test_digests.get(p))
-        for p in changed:
-            f = self.repo / p
-            if p in self.test_originals:
-                f.parent.mkdir(parents=True, exist_ok=True)
-                f.write_bytes(self.test_originals[p])
-            elif f.exists():
-                f.unlink()
-        return changed
+        return sorted(p for p in set(now) | set(self.test_digests) if now.get(p) != self.test_digests.get(p))
+
+    def _grading_copy(self) -> Path:
+        """A fresh copy of the repo with the original test files: built by the host, never through the repo.
+
+        Non-test files are copied without following links (links stay links, FIFOs and devices are
+        left out); no test file of the repo is copied; the originals from :meth:`reset` are written
+        into the copy, replacing whatever entry (a link, a file) sits on their folder path there.
+        """
+        copy = self.workdir / f"grade-{uuid.uuid4().hex[:12]}"
+        pats = self.task.test_patterns
+        sfs.copy_tree(self.repo, copy, skip=lambda rel, st: _no_pycache(rel, st) or (
+            not stat.S_ISDIR(st.st_mode) and is_test_file(rel, pats)))
+        cfd = os.open(copy, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for rel, data in sorted(self.test_originals.items()):
+                parts = rel.split("/")
+                for i in range(1, len(parts)):  # make each folder on the way a real folder of the copy
+                    sub = "/".join(parts[:i])
+                    try:
+                        st = sfs.lstat_beneath(cfd, sub)
+                        if not stat.S_ISDIR(st.st_mode):
+                            pfd = sfs.open_beneath(cfd, "/".join(parts[:i - 1]), os.O_RDONLY | os.O_DIRECTORY)
+                            try:
+                                os.unlink(parts[i - 1], dir_fd=pfd)
+                            finally:
+                                os.close(pfd)
+                    except FileNotFoundError:
+                        pass
+                    sfs.makedirs_beneath(cfd, sub)
+                sfs.write_file(cfd, rel, data, create=True)
+        finally:
+            os.close(cfd)
+        return copy
 
     def grade(self, mode: str = "all", skip_unchanged: bool = False) -> SweOutcome:
         """Run the hidden tests on the final repo state (in the sandbox) and score the episode.
 
         Test files are compared with their state at :meth:`reset` (changed, added or deleted files
-        matching the task's test patterns); then the original test files are restored (as SWE-bench
-        applies ``test_patch``), ``test_patch`` is applied for SWE-bench tasks, and the test files
-        holding FAIL_TO_PASS / PASS_TO_PASS run. A hidden test missing from the output, a collection
+        matching the task's test patterns; a link or FIFO in their place counts as changed); then a
+        fresh copy of the repo is made with the original test files (:meth:`_grading_copy`: nothing
+        is written into the repo, whose links the sandbox may have planted), ``test_patch`` is
+        applied there for SWE-bench tasks (as SWE-bench does), and the test files holding
+        FAIL_TO_PASS / PASS_TO_PASS run on the copy, which is removed afterwards. A hidden test missing from the output, a collection
         error, or any test-file edit counts as failure, never as a pass.
 
         Args:
@@ -446,17 +545,18 @@ class SweEnv:
             return SweOutcome(resolved=False, swe_tests=0.0, f2p_passed=0, f2p_total=n_f, p2p_passed=n_p,
                               p2p_total=n_p, missing_tests=0, collection_error=False, timed_out=False,
                               test_files_edited=[], ran_tests=False)
-        self.tests_edited |= set(self._restore_tests())
+        self.tests_edited |= set(self._changed_tests())
         edited = sorted(self.tests_edited)
-        if self.task.test_patch:
-            import subprocess
-
-            subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=self.repo,
-                           capture_output=True, timeout=60)
+        copy = self._grading_copy()
         try:
-            res = run_pytest(self.repo, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
+            if self.task.test_patch:
+                import subprocess
+
+                subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=copy,
+                               capture_output=True, timeout=60)
+            res = run_pytest(copy, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
         finally:
-            self._restore_tests()  # undo test_patch: grading twice gives the same verdict
+            sfs.remove_tree(copy)  # the repo itself is untouched: grading twice gives the same verdict
         f2p = [t for t in self.task.FAIL_TO_PASS if res.outcomes.get(t) == "PASSED"]
         p2p = [t for t in self.task.PASS_TO_PASS if res.outcomes.get(t) == "PASSED"]
         missing = [t for t in self.task.FAIL_TO_PASS + self.task.PASS_TO_PASS if t not in res.outcomes]

@@ -124,8 +124,8 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
     if samples_per_task < 1:
         raise ValueError(f"samples_per_task={samples_per_task}: need at least 1")
     limits = limits or ToolUseSpec()
-    tmp = tempfile.TemporaryDirectory(prefix="swe-") if workdir is None else None
-    root = Path(tmp.name if tmp else workdir)
+    tmp = tempfile.mkdtemp(prefix="swe-") if workdir is None else None
+    root = Path(tmp or workdir)
     try:
         envs, chats, turns, env_s = [], [], [], []
         for i, task in enumerate(tasks):
@@ -164,8 +164,10 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
             live = [i for i in live if not envs[i].done]
         return [e for e in episodes if e is not None]
     finally:
-        if tmp:
-            tmp.cleanup()
+        if tmp:  # not shutil.rmtree: it recurses, and a policy's test run can leave a 1,100-deep tree
+            from evotrainer.sandbox_fs import remove_tree
+
+            remove_tree(tmp)
 
 
 def _finish(env: SweEnv, sample_idx: int, chat: list[dict[str, str]], turns: list[dict[str, Any]],

@@ -29,6 +29,7 @@ import io
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tarfile
@@ -250,14 +251,24 @@ def materialize(task: SweTask, dest: str | Path, taskset_root: str | Path = TASK
 
 def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = DEFAULT_TEST_PATTERNS
                       ) -> dict[str, str]:
-    """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`)."""
-    repo = Path(repo)
+    """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`).
+
+    The repo may hold what sandboxed code left: the walk follows no link (:func:`evotrainer.sandbox_fs.walk`).
+    A link or a special file at a test path gets a digest of its kind and target (``link:<target>``,
+    ``fifo`` ...), so it never equals a real file's digest and counts as a test-file edit.
+    """
+    from evotrainer.sandbox_fs import read_file, walk
+
     out = {}
-    for p in sorted(repo.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            rel = p.relative_to(repo).as_posix()
-            if is_test_file(rel, patterns):
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    for fd, name, rel, st in walk(repo, prune=lambda r, _st: r.rsplit("/", 1)[-1] == "__pycache__"):
+        if stat.S_ISDIR(st.st_mode) or not is_test_file(rel, patterns):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[rel] = hashlib.sha256(read_file(fd, name)).hexdigest()
+        elif stat.S_ISLNK(st.st_mode):
+            out[rel] = hashlib.sha256(b"link:" + os.fsencode(os.readlink(name, dir_fd=fd))).hexdigest()
+        else:
+            out[rel] = hashlib.sha256(f"special:{stat.S_IFMT(st.st_mode)}".encode()).hexdigest()
     return out
 
 
@@ -315,12 +326,20 @@ def pytest_argv(targets: list[str] | None = None, python: str = sys.executable) 
             "--color=no", *(targets or [])]
 
 
+# Runs in the sandbox: copy $EVOTRAINER_EVIDENCE/repo (read-only) into the work dir (links kept as
+# links), then become `python <pytest args>` there.
+_COPY_THEN_EXEC = ("import os,shutil,sys;shutil.copytree(os.path.join(os.environ['EVOTRAINER_EVIDENCE'],'repo'),'.',"
+                   "symlinks=True,dirs_exist_ok=True);os.execv(sys.executable,[sys.executable,*sys.argv[1:]])")
+
+
 def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: float = 60.0,
-               memory_mb: int = 2048, sandbox: bool = True) -> PytestResult:
+               memory_mb: int = 2048, sandbox: bool = True, disk_mb: int = 1024) -> PytestResult:
     """Run pytest on ``targets`` (files or node ids; all tests when None) in ``repo``.
 
     With ``sandbox=True`` (episodes: the repo holds policy-written code) the run goes through
-    ``evotrainer.sandbox.run_in_sandbox`` with the repo as its writable work dir. ``sandbox=False``
+    ``evotrainer.sandbox.run_in_sandbox``: the repo is mounted read-only and copied inside the
+    sandbox onto its private work-dir tmpfs of ``disk_mb`` MiB (counted in ``memory_mb``), so
+    nothing the tests write reaches the host repo; test side effects do not persist between runs. ``sandbox=False``
     runs a plain subprocess and is for trusted code only (the generator running a PyPI project's
     own suite). Output lines are parsed by :func:`parse_pytest_output`.
 
@@ -330,8 +349,12 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
     if sandbox:
         from evotrainer.sandbox import run_in_sandbox
 
-        res = run_in_sandbox(pytest_argv(targets, python="python"), workdir=Path(repo), timeout_s=timeout_s,
-                             memory_mb=memory_mb, image="swe-runner", env={"PYTHONDONTWRITEBYTECODE": "1"})
+        # The repo goes in read-only and is copied inside the sandbox onto its private tmpfs: whatever
+        # the tests write (links to host files, FIFOs, deep trees, gigabytes) never lands on the host.
+        argv = pytest_argv(targets, python="python")
+        res = run_in_sandbox(["python", "-c", _COPY_THEN_EXEC, *argv[1:]], inputs={"repo": Path(repo)},
+                             timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, image="swe-runner",
+                             env={"PYTHONDONTWRITEBYTECODE": "1"})
         text = (res.stdout or "") + (res.stderr or "")
         limit, code, wall, backend = bool(res.limit_hit), int(res.exit_code), float(res.wall_s or 0.0), str(res.backend)
     else:

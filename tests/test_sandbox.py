@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -57,6 +58,9 @@ def test_cmd_python_alias_code_placeholder_and_env(backend):
 
 
 def test_inputs_read_only_at_evidence_and_analyzer_libraries(tmp_path, backend):
+    if backend == "docker" and os.environ.get("EVOTRAINER_SANDBOX_PIP") == "0":
+        pytest.skip("the analyzer image was built on a local base without pip installs (EVOTRAINER_SANDBOX_PIP=0): "
+                    "it has only the base's packages, not pyarrow / duckdb")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -309,7 +313,10 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
         "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
     assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
     assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
-    assert set(hc["Tmpfs"]) == {"/tmp", "/sandbox/work"}
+    assert set(hc["Tmpfs"]) == {"/tmp", "/sandbox/work", "/sys"}
+    # disk_mb=256 by default: 256 MiB / 16 KiB per inode = 16,384 inodes on each tmpfs
+    assert hc["Tmpfs"]["/tmp"] == "size=256m,nr_inodes=16384"
+    assert hc["NanoCpus"] == 1_000_000_000 and hc["ShmSize"] == 256 << 20  # cpus=1.0 for the whole container
     assert ("DELETE", "/containers/c1?v=False&link=False&force=True") in [(m, p) for m, p, _ in fake.requests]
 
 

@@ -140,6 +140,8 @@ def test_grade_counts_missing_tests_and_test_edits_as_failure(tmp_path):
     (e2.repo / "calc.py").write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
     (e2.repo / "tests" / "conftest.py").write_text("# planted\n")
     out = e2.grade("all")
-    # the code is right, but a planted conftest.py is a test-file edit: failure, and the file is removed
+    # the code is right, but a planted conftest.py is a test-file edit: failure; the hidden tests ran on a
+    # fresh copy without it (3 FAIL_TO_PASS pass), and the repo is left as the policy left it
     assert out.test_files_edited == ["tests/conftest.py"] and out.swe_tests == 0.0 and not out.resolved
-    assert not (e2.repo / "tests" / "conftest.py").exists() and out.f2p_passed == 3
+    assert (e2.repo / "tests" / "conftest.py").exists() and out.f2p_passed == 3
+    assert sorted(p.name for p in e2.workdir.iterdir()) == ["repo"]  # the grading copy is gone
