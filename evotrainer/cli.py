@@ -2,8 +2,8 @@
 
 Core commands live here (``init``, ``import``, ``lineage show|diff``, ``recipe validate``); each subpackage
 adds its own through a ``register(app)`` function in its ``cli`` module (``rl_backend.cli``:
-train, eval, swe; ``harness.cli``: diagnose, sandbox; ``skills_db.cli``: skills; ``servers.cli``:
-serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
+train, eval, swe; ``harness.cli``: diagnose, sandbox; ``harness.watch``: watch; ``skills_db.cli``: skills;
+``servers.cli``: serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
 shows the traceback.
 """
 
@@ -41,6 +41,7 @@ SUBCOMMAND_MODULES = (
     "evotrainer.rl_backend.swe_cli",
     "evotrainer.sandbox_cli",
     "evotrainer.harness.cli",
+    "evotrainer.harness.watch",
     "evotrainer.skills_db.cli",
     "evotrainer.servers.cli",
     "evotrainer.agents.cli",

@@ -173,7 +173,7 @@ class LocalBackend:
 
         Starts from the parent's checkpoint (the base model for the root). Sets status training,
         then trained (failed on error, re-raised). Writes per-step metrics, rollouts (split
-        ``train``), TensorBoard scalars under ``ws.root/tb/<version>``, the checkpoint in
+        ``train``), TensorBoard scalars under ``ws.root/tb/<version>`` (rl_backend.tb_writer), the checkpoint in
         ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
         plus ``steps`` and ``data_split`` digest).
 
@@ -218,7 +218,7 @@ class LocalBackend:
     def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
                should_stop: StopFn | None) -> TrainResult:
         from evotrainer.rl_backend.tasks import load_problems, split_manifest
-        from torch.utils.tensorboard import SummaryWriter
+        from evotrainer.rl_backend.tb_writer import TrainWriter
 
         t_call = time.time()
         configure_threads(self.num_threads)
@@ -243,7 +243,7 @@ class LocalBackend:
                                 betas=(0.9, 0.95), weight_decay=recipe.l2)
         if optim_state is not None:
             opt.load_state_dict(optim_state)
-        tb = SummaryWriter(str(ws.root / "tb" / vid))
+        tb = TrainWriter(ws, vid, recipe)  # scalars at the lineage-global step, hparams, text samples
         stopped = False
         step = first_step - 1
         try:
@@ -265,9 +265,7 @@ class LocalBackend:
                                     optimizer=opt)
                 ws.rollouts.add(records)
                 ws.lineage.log_metrics(vid, step, metrics)
-                for k, val in metrics.items():
-                    if val is not None and math.isfinite(val):
-                        tb.add_scalar(k, val, step)
+                tb.step(step, metrics, records)
                 if progress is not None:
                     progress({"step": step + 1, "steps": steps, "reward": metrics[M.REWARD_MEAN],
                               "tokens_per_sec": metrics[M.PERF_TOKENS_PER_SEC],
@@ -546,6 +544,9 @@ class LocalBackend:
             summary.update(res.summary())
         summary["by_name"] = by_name
         ws.lineage.update_version(version_id, eval_summary=summary)
+        from evotrainer.rl_backend.tb_writer import write_eval
+
+        write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars in tb/<version>
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
