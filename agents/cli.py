@@ -15,6 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
+MODES = ("evotrainer", "static", "recipe-search", "greedy", "pbt")
+"""Run modes: the EvoTrainer loop and the baselines at equal compute (agents/search.py)."""
+
 
 def pick_brain(choice: str, config: Any) -> Any:
     """The brain for ``--brain``: ``auto`` is Claude when ANTHROPIC_API_KEY is set, else heuristic.
@@ -113,7 +116,7 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
     """
     from evotrainer.agents.loop import open_toolbox
     from evotrainer.agents.orchestrator import Orchestrator
-    from evotrainer.agents.search import RecipeSearch, StaticRun
+    from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
     from filelock import FileLock, Timeout
 
     from evotrainer.workspace import Workspace
@@ -141,6 +144,10 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
                 loop = StaticRun(config, tb, ws, on_event)
             elif mode == "recipe-search":
                 loop = RecipeSearch(config, tb, ws, on_event)
+            elif mode == "greedy":
+                loop = GreedySearch(config, tb, ws, on_event)
+            elif mode == "pbt":
+                loop = PBTRun(config, tb, ws, on_event)
             else:
                 loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
             summary = loop.run()
@@ -164,7 +171,7 @@ def register(app: typer.Typer) -> None:
     def run(
         config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/default.yaml).")],
         brain: Annotated[str | None, typer.Option("--brain", help="auto | heuristic | claude (default: the config's).")] = None,
-        mode: Annotated[str | None, typer.Option("--mode", help="evotrainer | static | recipe-search (default: the config's).")] = None,
+        mode: Annotated[str | None, typer.Option("--mode", help="evotrainer | static | recipe-search | greedy | pbt (default: the config's).")] = None,
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the config's run_dir.")] = False,
         run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Override the config's run_dir.")] = None,
         no_live: Annotated[bool, typer.Option("--no-live", help="Plain log lines instead of the live display.")] = False,
@@ -181,7 +188,7 @@ def register(app: typer.Typer) -> None:
         brain = brain or cfg.brain
         mode = mode or cfg.mode
         for name, val, allowed in (("--brain", brain, ("auto", "heuristic", "claude")),
-                                   ("--mode", mode, ("evotrainer", "static", "recipe-search"))):
+                                   ("--mode", mode, MODES)):
             if val not in allowed:
                 raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)
         if brain == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):

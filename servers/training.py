@@ -312,11 +312,16 @@ def register(server: MCPServer, state: ServerState) -> None:
         eval_name: Annotated[str, Field(description="Name of the evaluation set.", min_length=1)] = "heldout",
         wait_s: WaitS = 0.0,
     ) -> JobInfo:
-        """Evaluate a version on the held-out set (k samples per problem: Avg@k, pass@k) as a background job;
-        the result lands in the version's eval_summary. Pass wait_s to stream progress."""
+        """Evaluate a version on the dev (held-out) set (k samples per problem: Avg@k, pass@k) as a background
+        job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
+        (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
+        from evotrainer.harness.gate import test_sealed
+
         st = state_of(ctx)
         ws = st.workspace()
         require_version(ws, version_id)
+        if (why := test_sealed(ws, eval_name)) is not None:
+            raise ToolError(why)
         backend = _backend(st)
 
         def run(wws: Any, progress: Any, should_stop: Any) -> Any:
