@@ -99,8 +99,21 @@ class LoopBase:
         return float(t)
 
     def out_of_time(self) -> bool:
-        """True once the wall-clock budget is spent (no new version is started after that)."""
-        return (time.time() - self.started_at()) / 60.0 > self.config.budget.wall_clock_minutes
+        """True once the wall-clock budget, less the time the final test evaluation will take
+        (:meth:`test_reserve_s`), is spent (no new version is started after that)."""
+        spent = time.time() - self.started_at() + self.test_reserve_s()
+        return spent / 60.0 > self.config.budget.wall_clock_minutes
+
+    def test_reserve_s(self) -> float:
+        """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row) at the wall time
+        per sample of this run's dev evaluations so far (0 before the first one, or without a test split)."""
+        data, ev = self.config.recipe.data, self.config.recipe.eval
+        walls = self.lineage.kv_get("loop/eval_walls") or {}
+        if not data.n_test or not walls:
+            return 0.0
+        per_sample = sum(walls.values()) / len(walls) / max(1, min(ev.max_problems or data.n_heldout,
+                                                                   data.n_heldout) * ev.k)
+        return 2 * per_sample * data.n_test * (self.config.test_k or ev.k)
 
     def out_of_budget(self) -> bool:
         """True once the wall clock or the token budget (``budget.max_tokens``: train + dev-eval tokens) is spent."""
@@ -230,7 +243,7 @@ class LoopBase:
             if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
                 return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
                         "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name,
-                        "gen_tokens": int(res.get("gen_tokens") or 0)}
+                        "gen_tokens": int(res.get("gen_tokens") or 0), "wall_s": res.get("wall_s")}
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
         out = self.stage(key, run)
@@ -238,6 +251,10 @@ class LoopBase:
         if key not in toks:
             toks[key] = int((out or {}).get("gen_tokens") or 0)
             self.lineage.kv_set("loop/eval_tokens", toks)
+            if not _is_test_key(key) and isinstance((out or {}).get("wall_s"), (int, float)):
+                walls = dict(self.lineage.kv_get("loop/eval_walls") or {})
+                walls[key] = float(out["wall_s"])
+                self.lineage.kv_set("loop/eval_walls", walls)
         return out
 
     def train_to(self, vid: str, total_steps: int) -> bool:

@@ -137,8 +137,8 @@ def test_difficulty_band_filter():
     assert [p.id for p in filter_by_pass_rate(ps, (0.5, 0.5))] == ["p0", "p1", "p2", "p3"]  # no estimate: kept
     # (p, correct) outcomes -> means: p0: (1 + 0) / 2 = 0.5, p1: 1 / 1 = 1.0; NaN skipped
     assert estimate_pass_rates([("p0", 1), ("p0", 0), ("p1", 1.0), ("p1", float("nan"))]) == {"p0": 0.5, "p1": 1.0}
-    # level 1 estimate 0.36 is inside [0.3, 0.4] and outside [0.5, 1]
-    assert len(load_problems(DataSpec(level=1, difficulty_band=(0.3, 0.4)))[0]) == 256
+    # level 1 estimate 0.22 is inside [0.2, 0.3] and outside [0.5, 1]
+    assert len(load_problems(DataSpec(level=1, difficulty_band=(0.2, 0.3)))[0]) == 256
     with pytest.raises(TaskError, match="difficulty_band"):
         load_problems(DataSpec(level=1, difficulty_band=(0.5, 1.0)))
     # measured rates override the level estimate; held-out is never filtered
@@ -168,4 +168,4 @@ def test_workspace_pass_rates_move_the_band(tmp_path):
         assert workspace_pass_rates(ws, ["other"]) == {}
         kept, _ = load_problems(DataSpec(level=1, difficulty_band=(0.1, 0.9)), pass_rates=rates)
     ids = {p.id for p in kept}
-    assert b in ids and a not in ids and len(kept) == 255  # a (always solved) leaves; unmeasured 0.36 estimates stay
+    assert b in ids and a not in ids and len(kept) == 255  # a (always solved) leaves; unmeasured 0.22 estimates stay
