@@ -219,6 +219,52 @@ def register(app: typer.Typer) -> None:
         ws.close()
 
     @app.command()
+    def compare(
+        config: Annotated[Path, typer.Argument(help="Run config YAML (its recipe needs data.n_test > 0).")],
+        modes: Annotated[str, typer.Option("--modes", help="Comma-separated modes.")] = ",".join(MODES),
+        seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds, e.g. 0,1,2.")] = "0",
+        out: Annotated[Path, typer.Option("--out", help="Output folder (runs, compare.json / .md / .png).")] = Path(
+            "runs/compare"),
+        parallel: Annotated[int, typer.Option("--parallel", min=1, help="Runs at a time, as separate processes.")] = 1,
+        brain: Annotated[str, typer.Option("--brain", help="Brain of the evotrainer mode.")] = "heuristic",
+        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished (mode, seed) runs and "
+                                             "resume unfinished ones (the default).")] = True,
+    ) -> None:
+        """Run the modes at equal compute over seeds and write a table and a plot of test Avg@k (resumable)."""
+        from evotrainer.agents.compare import CompareError
+        from evotrainer.agents.compare import compare as run_compare
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from evotrainer.config import load_run_config
+
+        try:
+            seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"{seeds!r}: comma-separated integers, e.g. 0,1,2", param_hint="--seeds") from None
+        mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+        if not resume and (out / "runs").exists() and any((out / "runs").iterdir()):
+            _error(f"{out}/runs holds runs already; pass --resume to continue them, or choose another --out")
+        cfg = load_run_config(config)
+        console = Console()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("compare runs", total=len(mode_list) * max(1, len(seed_list)))
+
+            def on_progress(name: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, description=f"compare runs (last: {name})")
+
+            try:
+                table = run_compare(cfg, mode_list, seed_list, out, parallel=parallel, brain=brain,
+                                    on_progress=on_progress)
+            except CompareError as exc:
+                _error(str(exc))
+        from evotrainer.agents.compare import markdown
+
+        console.print(markdown(table), highlight=False)
+        console.print(f"table: {out / 'compare.md'}  json: {out / 'compare.json'}  plot: {out / 'compare.png'}")
+
+    @app.command()
     def report(
         run_dir: Annotated[Path, typer.Argument(help="Run folder.")] = Path("runs/default"),
         as_json: Annotated[bool, typer.Option("--json", help="Print {report, summary} as JSON.")] = False,

@@ -9,8 +9,9 @@ Compute (issue 16, "Budget in compute"): every mode spends the same budget, coun
 :meth:`LoopBase.compute`: training tokens (generated in rollouts: per step ``perf/tokens_per_sec x
 perf/step_seconds`` of the stored metrics), dev evaluation tokens (each evaluation's
 ``gen_tokens``), CPU-seconds and wall time of this process (summed over resumes).
-``budget.max_tokens`` caps train + dev-eval tokens; the final test evaluation (the same two for
-every mode: its final answer and the no-RL row) is reported apart, outside the budget.
+``budget.max_tokens`` caps train + dev-eval tokens; the no-RL dev row and the final test
+evaluation (the same for every mode: its final answer and the no-RL row) are reported apart,
+outside the budget.
 
 The test split is sealed from the start of a run until :meth:`LoopBase.final_test` opens it after
 the last decision (``harness.gate.test_sealed``).
@@ -126,8 +127,10 @@ class LoopBase:
         return c["train_tokens"] + c["eval_tokens"] >= cap
 
     def compute(self) -> dict[str, Any]:
-        """Compute spent so far: ``train_tokens``, ``eval_tokens`` (dev), ``test_tokens`` (final test evals),
-        ``cpu_s`` (process user + system CPU-seconds, all threads) and ``wall_s``, summed over resumes."""
+        """Compute spent so far: ``train_tokens``, ``eval_tokens`` (dev evaluations of trained versions: what the
+        budget counts with the train tokens), ``no_rl_tokens`` (the base model's dev row) and ``test_tokens``
+        (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
+        CPU-seconds, all threads) and ``wall_s``, summed over resumes."""
         from evotrainer import metrics as M
 
         train = 0.0
@@ -137,12 +140,14 @@ class LoopBase:
             train += sum(float(tps[s]) * float(secs[s]) for s in tps if s in secs and tps[s] is not None
                          and secs[s] is not None)
         toks = self.lineage.kv_get("loop/eval_tokens") or {}
-        dev = sum(n for k, n in toks.items() if not _is_test_key(k))
+        dev = sum(n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl"))
+        no_rl = sum(n for k, n in toks.items() if k.endswith("/no_rl"))
         test = sum(n for k, n in toks.items() if _is_test_key(k))
         if not hasattr(self, "_proc0"):
             self.started_at()
         t0, c0 = self._proc0
-        return {"train_tokens": int(round(train)), "eval_tokens": int(dev), "test_tokens": int(test),
+        return {"train_tokens": int(round(train)), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
+                "test_tokens": int(test),
                 "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0, 1),
                 "wall_s": round(self._compute0["wall_s"] + time.time() - t0, 1)}
 

@@ -191,7 +191,7 @@ class Orchestrator(LoopBase):
         if merge:  # the merge is judged against the same control, with the round's shared findings waived
             waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or [])
             adjusted = {v: round_decisions({v: g}, None)[v] for v, g in gates.items()}
-            for v, g in adjusted.items():
+            for g in adjusted.values():
                 if waived:
                     g["blocking"] = [b for b in g.get("blocking", []) if b.get("kind") not in waived]
                     g["waived"] = sorted(waived)

@@ -347,15 +347,18 @@ class PBTRun(_Gated):
         if members is None:  # generation 0: the base recipe and PBT_POPULATION - 1 sampled recipes
             rng = random.Random(f"pbt-{self.config.seed}-init")
             members = [root]
-            for i in range(1, PBT_POPULATION):
+            for i in range(1, min(PBT_POPULATION, self.config.budget.max_versions)):
                 vals = {n: _sample_field(rng, n, base) for n in SEARCH_SPACE}
                 ivs = _changes(base, vals, "pbt", "PBT initial sample")
                 members.append(self.lineage.branch(root, ivs, note=f"pbt member {i} generation 0").id)
             self.lineage.kv_set("loop/members", members)
             self.emit("lineage", {})
         g = int(self.lineage.kv_get("loop/generation", 0))
-        for vid in members:
+        for vid in members:  # a member the budget cannot pay for is left out of the population
+            if self.lineage.get(vid).status == "proposed" and vid != root and self.out_of_budget():
+                continue
             self.segment(vid)
+        members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})] or [root]
         while True:
             if self.lineage.kv_get(f"loop/gen/{g + 1}") is None:
                 if len(self.lineage.versions()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
@@ -363,10 +366,14 @@ class PBTRun(_Gated):
                 self.lineage.kv_set(f"loop/gen/{g + 1}", self._next_generation(members, g + 1))
             members = self.lineage.kv_get(f"loop/gen/{g + 1}")["members"]
             for vid in members:
+                if self.lineage.get(vid).status == "proposed" and self.out_of_budget():
+                    continue  # the budget ran out within the generation: this member is not trained
                 self.segment(vid)
+            members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})]
             g += 1
             self.lineage.kv_set("loop/generation", g)
             self.lineage.kv_set("loop/members", members)
+        members = members or [root]
         for vid in members:
             if self.lineage.get(vid).status not in ("kept", "pruned", "reverted", "failed"):
                 self.record_decision(Verdict(version_id=vid, action="keep", rationale=(
