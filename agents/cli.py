@@ -102,7 +102,7 @@ def lineage_table(ws: Any) -> Any:
         rew = (v.metrics_summary or {}).get("reward/mean")
         avg = (v.eval_summary or {}).get("avg@k") if (v.eval_summary or {}).get("eval_name", "heldout") == "heldout" else None
         t.add_row(v.id, v.parent_id or "-", f"[{style.get(v.status, '')}]{v.status}[/]",
-                  "; ".join(iv.describe() for iv in v.interventions)[:60] or "base",
+                  v.describe_change()[:60],
                   f"{rew:.3f}" if isinstance(rew, (int, float)) else "", f"{avg:.3f}" if isinstance(avg, (int, float)) else "")
     return t
 

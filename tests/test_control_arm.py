@@ -119,5 +119,14 @@ def test_tiny_loop_trains_a_control_each_round_and_records_both_gains(tmp_path):
             # kept only when it beat the control (CI lower bound above 0)
             assert (v.status == "kept") == (g["ci"][0] > 0 and not g["blocking"] and not g.get("below_sources"))
         assert rounds >= 1 and ws.lineage.kv_get("loop/frontier") in {v.id for v in vs}
+        # the report shows both gains of every intervention, and the control's change as 'continue'
+        from evotrainer.agents.report import gain_text, render_html
+
+        page = render_html(ws)
+        assert "gain vs control [95% CI]" in page and "continue (control)" in page
+        child = next(v for v in vs if v.interventions and "vs_control" in v.eval_summary)
+        assert gain_text(child.eval_summary["vs_control"]) in page and gain_text(child.eval_summary["vs_parent"]) in page
+        assert gain_text({"gain": 0.125, "ci": [0.031, 0.219], "version": "v1"}) == "+0.125 [+0.031, +0.219] (v1)"
+        assert summary["compute"]["train_tokens"] > 0 and "Compute and test" in page
     finally:
         ws.close()
