@@ -2,9 +2,9 @@
 
 For each (mode, seed) it runs (or resumes) one run in ``OUT/runs/<mode>-s<seed>`` from the same config:
 ``config.seed = seed`` (the loop's choices) and ``recipe.seed = base recipe seed + seed`` (sampling and
-training), the same data (problems) for every run. Every mode gets the same budget: the config's, and a
-token budget ``budget.max_tokens`` (train + dev-eval generated tokens) derived when the config has none
-(:func:`equal_budget`). A finished run (kv ``loop/finished``) is skipped, an unfinished one resumed, so
+training), the same data (problems) for every run. Every mode gets the same budget: a token budget
+``budget.max_tokens`` (train + dev-eval generated tokens; derived when the config has none,
+:func:`equal_budget`) and the wall clock, with ``max_versions`` lifted so the token budget binds. A finished run (kv ``loop/finished``) is skipped, an unfinished one resumed, so
 re-running the command continues where it stopped. ``parallel > 1`` runs that many runs as separate
 processes.
 
@@ -41,11 +41,21 @@ def equal_budget(config: Any) -> Any:
     return config.model_copy(update={"budget": b.model_copy(update={"max_tokens": int(cap)})})
 
 
+VERSION_HEADROOM = 4
+"""compare lifts ``budget.max_versions`` by this factor so that the token budget, not the version count, is what
+stops every mode (a searching version costs its training plus a dev evaluation, about twice a static segment)."""
+
+
 def run_config(config: Any, mode: str, seed: int, out: Path) -> Any:
-    """The config of one (mode, seed) run of the comparison."""
+    """The config of one (mode, seed) run of the comparison: the equal token budget, ``max_versions`` lifted by
+    :data:`VERSION_HEADROOM` (the static mode's step count stays the token budget's), the seeds moved."""
+    cfg = equal_budget(config)
     recipe = config.recipe.model_copy(update={"seed": config.recipe.seed + seed})
-    return equal_budget(config).model_copy(update={"mode": mode, "seed": seed, "recipe": recipe,
-                                                   "run_dir": str(out / "runs" / f"{mode}-s{seed}")})
+    budget = cfg.budget.model_copy(update={"max_versions": cfg.budget.max_versions * VERSION_HEADROOM})
+    if mode == "static":  # static trains segments until the token budget is spent: its version count is moot
+        budget = cfg.budget
+    return cfg.model_copy(update={"mode": mode, "seed": seed, "recipe": recipe, "budget": budget,
+                                  "run_dir": str(out / "runs" / f"{mode}-s{seed}")})
 
 
 def _finished(run_dir: Path) -> bool:

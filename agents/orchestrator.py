@@ -110,7 +110,10 @@ class Orchestrator(LoopBase):
         proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
             parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
         has_control = any(c.is_control for c in self.lineage.children(parent))
-        if not proposal.candidates and has_control:
+        # with nothing left to try the loop may still continue the parent's recipe (a control-only round: the
+        # lineage keeps accumulating training), at most until as many controls as max_versions were trained
+        n_controls = sum(1 for v in self.lineage.versions() if v.is_control)
+        if not proposal.candidates and (has_control or n_controls >= budget.max_versions):
             self.stage(f"r{r}/done", lambda: True)
             return False
         room = max(0, budget.max_versions - self.n_versions())

@@ -47,7 +47,7 @@ def test_too_easy_data_zero_variance_found_and_data_fix_proposed(tmp_path):
     prop = ws.lineage.kv_get("loop/r1/propose")
     paths = [c["path"] for c in prop["candidates"]]
     assert any(p in ("dynamic_filtering", "data.level", "data.difficulty_band", "group_filter_top_p") for p in paths)
-    kids = [v for v in ws.lineage.versions() if v.parent_id]
+    kids = [v for v in ws.lineage.versions() if v.parent_id and not v.is_control]
     assert "data" in [v.interventions[0].category for v in kids], [v.interventions[0].describe() for v in kids]
     assert all(v.status in ("kept", "pruned") and ws.lineage.decisions(v.id) for v in kids)
     ws.close()
