@@ -215,6 +215,15 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         else:
             console.print(summary_table(ws))
+            c, final = summary.get("compute") or {}, summary.get("final") or {}
+            if c:
+                console.print(f"compute: {c.get('train_tokens', 0)} train + {c.get('eval_tokens', 0)} dev-eval tokens "
+                              f"(budget {cfg.budget.max_tokens or 'versions / steps'}), {c.get('cpu_s', 0):.0f} "
+                              f"CPU-s, {c.get('wall_s', 0):.0f} s wall", highlight=False)
+            if (final.get("test") or {}).get("avg@k") is not None:
+                console.print(f"test (sealed during the run): {final['version']} Avg@{final['test']['k']} "
+                              f"{final['test']['avg@k']:.3f}, no-RL {final['no_rl_test']['avg@k']:.3f}",
+                              highlight=False)
             console.print(f"report: {path}")
         ws.close()
 

@@ -88,3 +88,46 @@ def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
     seen = []
     again = compare(cfg, MODES, [0, 1], out, on_progress=lambda name, done, total: seen.append((done, total)))
     assert seen == [(10, 10)] and again["pairs"] == table["pairs"]
+
+
+def test_static_trains_segments_until_the_token_budget_is_spent(tmp_path):
+    from evotrainer.agents.cli import run_loop
+
+    # the random model never stops before generate_max_len: a step generates 2 prompts x 2 samples x 8 = 32
+    # tokens, a 2-step segment 64. Budget 100: after segment 1, 64 < 100 -> segment 2 -> 128 >= 100: stop at
+    # 4 steps. The no-RL dev row (8 problems x 2 x 8 = 128 tokens) is outside the budget; the root's dev
+    # evaluation (128) and the final test evaluations (2 x 6 x 2 x 8 = 192) are counted apart.
+    cfg = RunConfig.model_validate({**TINY, "mode": "static", "budget": {**TINY["budget"], "max_tokens": 100}})
+    s = run_loop(cfg, tmp_path / "static", "heuristic", "static", resume=False)
+    ws = Workspace.open(tmp_path / "static")
+    try:
+        assert ws.lineage.last_step("v0") == 3
+    finally:
+        ws.close()
+    c = s["compute"]
+    assert (c["train_tokens"], c["eval_tokens"], c["no_rl_tokens"], c["test_tokens"]) == (128, 128, 128, 192)
+
+
+def test_pbt_explore_follows_ray_tune_rules():
+    import random
+
+    from evotrainer.agents.search import PBT_FACTORS, SEARCH_SPACE, pbt_explore
+
+    from evotrainer.recipe import Recipe, get_path
+
+    base = Recipe(actor_learning_rate=1e-5, temperature=1.0, eps_clip_high=0.3, init_kl_coef=1e-3,
+                  generate_max_len=64)
+    seen = {"perturbed": 0, "resampled": 0}
+    for i in range(200):
+        new = pbt_explore(random.Random(i), base)
+        assert set(new) == set(SEARCH_SPACE)
+        for name, spec in SEARCH_SPACE.items():
+            old = get_path(base, name)
+            if spec[0] == "mult":  # 64 x 0.8 = 51.2 -> 51, 64 x 1.2 = 76.8 -> 77, or 64 x {1, 2, 4}
+                assert new[name] in (51, 77, 64, 128, 256)
+                continue
+            assert spec[1] <= new[name] <= spec[2]
+            perturbed = any(new[name] == pytest.approx(min(max(old * f, spec[1]), spec[2])) for f in PBT_FACTORS)
+            seen["perturbed" if perturbed else "resampled"] += 1
+    # resample_probability 0.25 over 200 draws x 4 float fields = 800: about 200 resampled (binomial sd ~12)
+    assert 140 < seen["resampled"] < 260 and seen["perturbed"] + seen["resampled"] == 800
