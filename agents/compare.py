@@ -6,7 +6,8 @@ training), the same data (problems) for every run. Every mode gets the same budg
 ``budget.max_tokens`` (train + dev-eval generated tokens; derived when the config has none,
 :func:`equal_budget`) and the wall clock, with ``max_versions`` lifted so the token budget binds. A finished run (kv ``loop/finished``) is skipped, an unfinished one resumed, so
 re-running the command continues where it stopped. ``parallel > 1`` runs that many runs as separate
-processes.
+processes. Each run has its own skills memory (``RUN/skills``, seeded like a fresh install), so no run
+learns from another seed's outcomes.
 
 It then writes ``OUT/compare.json``, ``OUT/compare.md`` and ``OUT/compare.png``: per mode the test Avg@k
 of its final version (mean over seeds, per seed), the compute spent (train / eval tokens, CPU-seconds,
@@ -76,9 +77,23 @@ def _run_one(config_json: dict[str, Any], brain: str) -> dict[str, Any]:
 
     from evotrainer.config import RunConfig
 
+    import os
+
+    from evotrainer.skills_db.store import SKILLS_DIR_ENV
+
     cfg = RunConfig.model_validate(config_json)
     rd = Path(cfg.run_dir)
-    return run_loop(cfg, rd, brain, cfg.mode, resume=(rd / "lineage.db").exists())
+    # each run starts from its own, freshly seeded skills memory: the seeds stay independent and reproducible,
+    # and runs in parallel processes never write one LanceDB store at once
+    before = os.environ.get(SKILLS_DIR_ENV)
+    os.environ[SKILLS_DIR_ENV] = str(rd / "skills")
+    try:
+        return run_loop(cfg, rd, brain, cfg.mode, resume=(rd / "lineage.db").exists())
+    finally:
+        if before is None:
+            os.environ.pop(SKILLS_DIR_ENV, None)
+        else:
+            os.environ[SKILLS_DIR_ENV] = before
 
 
 def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, parallel: int = 1,

@@ -82,6 +82,8 @@ def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
         groups.append((mats["static"], mats["evotrainer"]))
     c = pooled_paired_bootstrap(groups)
     assert pair["diff"] == pytest.approx(c.gain) and pair["ci"] == pytest.approx(list(c.ci))
+    # each evotrainer run kept its own seeded skills memory (no run learns from another seed's outcomes)
+    assert all((out / "runs" / f"evotrainer-s{s}" / "skills").is_dir() for s in (0, 1))
     md = (out / "compare.md").read_text()
     assert "| evotrainer | static |" in md and f"| {NO_RL} |" in md
     # resumable: a second call finds every (mode, seed) run finished and trains nothing
