@@ -73,13 +73,12 @@ def _finished(run_dir: Path) -> bool:
 
 def _run_one(config_json: dict[str, Any], brain: str) -> dict[str, Any]:
     """Run (or resume) one run; in a worker process for ``parallel > 1``."""
-    from evotrainer.agents.cli import run_loop
-
-    from evotrainer.config import RunConfig
-
     import os
 
+    from evotrainer.agents.cli import run_loop
     from evotrainer.skills_db.store import SKILLS_DIR_ENV
+
+    from evotrainer.config import RunConfig
 
     cfg = RunConfig.model_validate(config_json)
     rd = Path(cfg.run_dir)
