@@ -240,6 +240,11 @@ def verdict_from_gate(version_id: str, gate: dict[str, Any]) -> tuple[str, str]:
     return ("keep" if keep else "prune"), f"{'keep' if keep else 'prune'} {version_id}: {reason}"
 
 
+NEVER_WAIVED = ("reward_hacking", "entropy_collapse", "nan_blowup", "kl_blowup")
+"""Blocking kinds a round never waives even when every candidate shares them: a leaky reward (a gain under it
+cannot be told from farming the term) and damaged weights (``lineage.DAMAGED_WEIGHTS``: nothing to build on)."""
+
+
 def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
     """The gate verdicts of one round's candidates adjusted to the round: which may be kept.
 
@@ -251,7 +256,8 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) ->
     - A blocking finding that **every** candidate of the round shares, the control included (two or more
       candidates), is a property of the task or the recipe, not of a change: it is waived for this round's
       decision (listed under ``waived``; the finding still stands and the next round's diagnosis sees it),
-      so the lineage keeps accumulating training instead of discarding every branch.
+      so the lineage keeps accumulating training instead of discarding every branch (e.g. truncation that
+      the base recipe's length budget causes). :data:`NEVER_WAIVED` kinds always block.
     - The control (continuing: a decision too) is kept when no intervention is kept, no blocking finding of
       its own stands, and it is not established worse than its parent (upper CI bound of ``gain_vs_parent``
       >= 0): the frontier then advances by training longer. When an intervention is kept the control is not
@@ -268,6 +274,7 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) ->
     """
     kinds = {vid: _kinds(g) for vid, g in gates.items()}
     shared = set.intersection(*kinds.values()) if len(gates) >= 2 and control_id in gates else set()
+    shared -= set(NEVER_WAIVED)
     out: dict[str, dict[str, Any]] = {}
     note = (f"; blocking finding(s) {', '.join(sorted(shared))} stand on every candidate of the round (control "
             "included): a property of the task / recipe, waived for this decision") if shared else ""

@@ -83,6 +83,10 @@ def test_round_rule_waives_a_blocking_finding_every_candidate_shares():
     gates["a"], gates["b"] = _g((-0.1, 0.1), kinds=("truncation",)), _g((-0.1, 0.05), kinds=("truncation",))
     out = round_decisions(gates, "c")
     assert out["c"]["promote"] and out["c"]["waived"] == ["truncation"] and not out["a"]["promote"]
+    # a leaky reward (or damaged weights) every candidate shares still blocks: no leaky version is ever kept
+    leak = {v: _g((0.05, 0.2), kinds=("reward_hacking", "truncation")) for v in ("c", "a")}
+    out = round_decisions(leak, "c")
+    assert out["a"]["waived"] == ["truncation"] and not out["a"]["promote"] and not out["c"]["promote"]
     # a finding only some candidates have is not waived
     out = round_decisions({"c": _g((0.0, 0.1)), "a": _g((0.1, 0.2), kinds=("truncation",))}, "c")
     assert not out["a"]["promote"] and out["a"]["waived"] == [] and out["c"]["promote"]
