@@ -121,21 +121,27 @@ class Orchestrator(LoopBase):
         ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose)
                              if n_choose else Ranking(chosen=[], scores=[], rationale="no room for a change: "
                                                       "the control continues alone"), Ranking)
-        # one control per parent serves all its children (find-or-create): the parent's recipe continued
-        control = self.stage(f"r{r}/control", lambda: self._control(parent, r))
         children = self.stage(f"r{r}/branch", lambda: [self._branch(parent, proposal.candidates[i])
                                                        for i in ranking.chosen])
-        for vid in [control, *children]:
+        # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
+        # pruned for damaged weights (lineage.damaged) has nothing to continue: its children are gated against it.
+        damaged = self.lineage.damaged(parent)
+        if damaged and not children:
+            self.stage(f"r{r}/done", lambda: True)
+            return False
+        control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r))
+        arms = [*([control] if control else []), *children]
+        for vid in arms:
             self.train_and_evaluate(vid)
         self.decide_round(r, control, children)
         self.stage(f"r{r}/memory", lambda: self._record_round(r, parent, diag, proposal, ranking, children))
-        self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=[control, *children]))
+        self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=arms))
         merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children))
         if merged:
             self.train_and_evaluate(merged)
             self.decide_round(r, control, [merged], merge=True)
         self.stage(f"r{r}/evolve", lambda: self._evolve(r, [*children, *([merged] if merged else [])]))
-        self.stage(f"r{r}/frontier", lambda: self._advance(r, [control, *children, *([merged] if merged else [])]))
+        self.stage(f"r{r}/frontier", lambda: self._advance(r, [*arms, *([merged] if merged else [])]))
         self.stage(f"r{r}/done", lambda: True)
         return True
 
@@ -181,18 +187,18 @@ class Orchestrator(LoopBase):
             return False
         return True
 
-    def decide_round(self, r: int, control: str, children: list[str], merge: bool = False) -> None:
+    def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False) -> None:
         """Gate every candidate of the round against the control, apply the round rule
         (``harness.gate.round_decisions``: beat the control; shared blocking findings waived; the control
         continues when nothing beats it), then let the brain decide each with the adjusted gate."""
         from evotrainer.harness.gate import round_decisions
 
-        cands = ([] if merge else [control]) + children
+        cands = ([] if merge or control is None else [control]) + children
         # a version whose training or evaluation failed (pruned, no dev outcomes) is no candidate
         cands = [v for v in cands if "avg@k" in (self.lineage.get(v).eval_summary or {})]
         gates = {v: self.stage(f"gate/{v}", lambda v=v: self.backtester.gate(v)) for v in cands}
         if merge:  # the merge is judged against the same control, with the round's shared findings waived
-            waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or [])
+            waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or []) if control else set()
             adjusted = {v: round_decisions({v: g}, None)[v] for v, g in gates.items()}
             for g in adjusted.values():
                 if waived:
