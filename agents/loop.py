@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict
-from evotrainer.agents.mcp_client import ToolBox
+from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from pydantic import BaseModel
 
 from evotrainer.config import RunConfig
@@ -172,9 +172,13 @@ class LoopBase:
         self.lineage.kv_set("loop/test_unsealed", True)
         k = self.config.test_k or self.config.recipe.eval.k
         out: dict[str, Any] = {"version": final}
-        out["no_rl_test"] = self.evaluate(root.id, "no_rl_test", k=k)
-        if final is not None:
-            out["test"] = self.evaluate(final, "test", k=k)
+        try:
+            out["no_rl_test"] = self.evaluate(root.id, "no_rl_test", k=k)
+            if final is not None:
+                out["test"] = self.evaluate(final, "test", k=k)
+        except (ToolCallError, LoopError) as exc:  # e.g. a backend without the test split: say so, keep the run
+            out["error"] = str(getattr(exc, "message", exc))[:500]
+            self.log(f"final test evaluation failed: {out['error']}")
         self.lineage.kv_set("loop/final", out)
         return out
 

@@ -323,6 +323,11 @@ def register(server: MCPServer, state: ServerState) -> None:
         if (why := test_sealed(ws, eval_name)) is not None:
             raise ToolError(why)
         backend = _backend(st)
+        from evotrainer.rl_backend.base import is_test_eval
+
+        if is_test_eval(eval_name) and getattr(backend, "name", "") != "local":
+            raise ToolError(f"eval {eval_name!r} scores the test split, which only the local backend evaluates; "
+                            f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
 
         def run(wws: Any, progress: Any, should_stop: Any) -> Any:
             return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
