@@ -19,10 +19,18 @@ class Budget(BaseModel):
     """Limits of one autonomous run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_versions: int = Field(6, ge=1, description="Versions trained, the base included.")
+    max_versions: int = Field(6, ge=1, description="Versions trained, the base included (the evotrainer mode's control "
+                              "arms, one per parent, are not counted: the token and wall-clock budgets pay for them).")
     steps_per_version: int = Field(8, ge=1, description="GRPO steps per version.")
     wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
     branches_per_round: int = Field(2, ge=1, description="Children trained per round.")
+    probe_steps: int = Field(0, ge=0, description=(
+        "evotrainer mode: when > 0 and more candidates than branches_per_round are proposed, up to twice as many are "
+        "probed first: each trained this many steps from the parent and scored on dev with 1 sample per problem; "
+        "the best branches_per_round continue to steps_per_version (successive halving, one rung). 0: off."))
+    max_tokens: int | None = Field(None, ge=1, description=(
+        "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
+        "work once it is spent (None: the version / step budget alone)."))
 
 
 class RunConfig(BaseModel):
@@ -30,8 +38,9 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     run_dir: str = Field("runs/default", description="Run folder (workspace); relative to the current directory.")
-    mode: Literal["evotrainer", "static", "recipe-search"] = Field(
-        "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna TPE)."
+    mode: Literal["evotrainer", "static", "recipe-search", "greedy", "pbt"] = Field(
+        "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna "
+        "TPE), greedy (keep / discard a random single change from the current best), pbt (population based training)."
     )
     brain: Literal["auto", "heuristic", "claude"] = Field(
         "auto", description="auto: Claude when ANTHROPIC_API_KEY is set, the offline heuristic brain otherwise."
@@ -40,6 +49,8 @@ class RunConfig(BaseModel):
     backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
     seed: int = Field(0, description="Seed of the loop's own choices.")
     budget: Budget = Field(default_factory=Budget)
+    test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
+                               "(default: recipe eval.k).")
     recipe: Recipe = Field(default_factory=Recipe)
 
 
