@@ -389,10 +389,11 @@ def summary_table(ws: Workspace) -> Any:
         t.add_column(c, overflow="fold", ratio=1 if c == "change" else None)
     for c in ("Avg@k", "95% CI"):  # numbers stay whole: "[0.250, 0.500]" never splits
         t.add_column(c, no_wrap=True, justify="right")
-    for c in ("vs control", "vs parent"):  # "+0.068 [+0.005, +0.125]" wraps at its spaces, numbers whole
-        t.add_column(c, justify="right")
-    for r in score_rows(ws):
+    rows = score_rows(ws)
+    gains = [c for c in ("vs_control", "vs_parent") if any(r.get(c) for r in rows)]  # only where a gain exists
+    for c in gains:  # "+0.068 [+0.005, +0.125]" wraps at its spaces, numbers whole
+        t.add_column(c.replace("_", " "), justify="right")
+    for r in rows:
         ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""
-        t.add_row(r["name"], r["status"], r.get("change", ""), _fmt(r["avg"]), ci, gain_text(r.get("vs_control")),
-                  gain_text(r.get("vs_parent")))
+        t.add_row(r["name"], r["status"], r.get("change", ""), _fmt(r["avg"]), ci, *(gain_text(r.get(c)) for c in gains))
     return t

@@ -49,6 +49,8 @@ MAX_LIMIT = 500  # the largest page any list tool returns
 DEFAULT_DEADLINE_S = 300.0  # a tool call still running after this many seconds is answered with a tool error
 MAX_TEXT_CHARS = 20_000  # free-text arguments (hypothesis, rationale, ...): ~5,000 tokens
 MAX_STR_CHARS = 2_000  # every other string argument without its own max_length (ids, names, paths, times)
+MAX_CODE_CHARS = 200_000  # analyzer source (a compiled synthesised analyzer is ~6,000 characters)
+CODE_FIELDS = frozenset({"code"})
 MAX_ITEMS = 1_000  # items of a list argument
 MAX_ARGUMENTS_BYTES = 1_000_000  # JSON size of one call's whole arguments object
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -223,7 +225,8 @@ def _bound(annotation: Any, field: str) -> Any:
     """``annotation`` with default bounds on its str / int / float / list parts (see the module docstring)."""
     origin = typing.get_origin(annotation)
     if annotation is str:
-        return Annotated[str, MaxLen(MAX_TEXT_CHARS if field in FREE_TEXT else MAX_STR_CHARS)]
+        limit = MAX_CODE_CHARS if field in CODE_FIELDS else MAX_TEXT_CHARS if field in FREE_TEXT else MAX_STR_CHARS
+        return Annotated[str, MaxLen(limit)]
     if annotation is int:
         return Annotated[int, Ge(INT64_MIN), Le(INT64_MAX)]
     if annotation is float:

@@ -17,3 +17,16 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EVOTRAINER_SKILLS_DIR", str(tmp_path_factory.mktemp("skills")))
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     yield
+
+
+
+@pytest.fixture(autouse=True)
+def _analyzer_registry_restored():
+    """Analyzers a test registers at run time (sandboxed code, synthesised rules) are gone after it: the
+    registry is process-global, and a leaked ``always_blocking_x`` made later tests' diagnoses block."""
+    from evotrainer.harness import analyzers
+
+    before = dict(analyzers._REGISTRY)
+    yield
+    analyzers._REGISTRY.clear()
+    analyzers._REGISTRY.update(before)

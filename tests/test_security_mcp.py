@@ -653,6 +653,18 @@ def test_free_text_fields_are_bounded_and_named(bounds_client):
         "rollout ids, finding ids, job ids.)")
 
 
+def test_analyzer_code_has_its_own_bound(bounds_client):
+    # a compiled synthesised analyzer is ~6,000 characters: the 2,000 of ids and names made add_skill reject it
+    # (harness evolution lost every kept analyzer's skill); a `code` argument gets 200,000 characters
+    code = "import json\n" + "# pad\n" * 1500 + "print(json.dumps([]))\n"  # 12 + 9,000 + 22 characters
+    assert len(code) == 9034
+    info = bounds_client.ok("add_skill", {"kind": "analyzer", "name": "padded", "description": "a long analyzer",
+                                          "skill_id": "padded_analyzer", "code": code})
+    assert info["id"] == "padded_analyzer"
+    assert "String should have at most 200000 characters" in bounds_client.err(
+        "add_skill", {"kind": "analyzer", "name": "big", "description": "too long", "code": "#" * 200_001})
+
+
 def test_whole_arguments_are_bounded(bounds_client):
     # 60 strings of 20,000 characters: each within its bound, 1,200,316 bytes of JSON in all
     args = {"parent_id": "v0", "path": "temperature", "new_value": ["y" * 20_000] * 60, "hypothesis": "h"}

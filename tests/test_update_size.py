@@ -70,40 +70,52 @@ TINY = {"model": {"name_or_path": "tiny-random"}, "n_samples_per_prompt": 8, "ro
         "reward": {"format_token": {"weight": 1.0, "params": {"token": "slice"}}}, "eval": {"k": 2, "max_problems": 2}}
 
 
-def _train(tmp_path, name, steps=1, **over):
+def _train(tmp_path, name, steps=1, data=None, **over):
     ws = Workspace(tmp_path / name, writer=True)
-    v = ws.lineage.create_root(validate_recipe({**TINY, **over}))
+    v = ws.lineage.create_root(validate_recipe({**TINY, **({"data": data} if data else {}), **over}))
     LocalBackend(checkpoint_every=100, num_threads=1).train(ws, v.id, steps)
     ms = {k: [x for _, x in s] for k, s in ws.lineage.all_metrics(v.id).items()}
     return ws, ws.lineage.get(v.id), ms
 
 
-def test_local_trainer_logs_update_size_that_matches_the_weights(tmp_path):
-    # step 0's rollouts all score 0 (no ' slice'): zero advantages, no update (every update metric 0, ratio 1);
-    # step 1 has reward variance (12.5% of completions pay) and is the only step that moves the weights
-    ws, v, ms = _train(tmp_path, "one", steps=2, actor_learning_rate=1e-3)
+def test_a_step_without_reward_variance_logs_no_update(tmp_path):
+    # a token the tiny model never writes: every reward 0, zero advantages, no update (every update metric 0,
+    # ratio 1), and the weights stay those of the base model
+    ws, v, ms = _train(tmp_path, "none", steps=1, actor_learning_rate=1e-3,
+                       reward={"format_token": {"weight": 1.0, "params": {"token": "zzqqxx"}}})
     for name in M.UPDATE_STEP_METRICS:
         assert name in ms and all(math.isfinite(x) for x in ms[name]), name
+    assert ms[M.REWARD_STD] == [0.0]
     assert ms[M.POLICY_UPDATE_NORM][0] == 0 and ms[M.POLICY_UPDATE_KL][0] == 0 and ms[M.POLICY_RATIO_MAX][0] == 1
-    # ||dθ|| / ||θ|| of step 1, from the base weights and the saved checkpoint
+    ws.close()
+
+
+def test_local_trainer_logs_update_size_that_matches_the_weights(tmp_path):
+    # step 0 on the default level-1 prompts: 1 of the 32 completions contains ' slice' (reward std 0.174),
+    # so one group has variance and the step moves the weights
+    ws, v, ms = _train(tmp_path, "one", steps=1, actor_learning_rate=1e-3)
+    for name in M.UPDATE_STEP_METRICS:
+        assert name in ms and all(math.isfinite(x) for x in ms[name]), name
+    assert ms[M.REWARD_STD][0] > 0
+    # ||dθ|| / ||θ|| of step 0, from the base weights and the saved checkpoint
     base = dict(load_policy(v.recipe.model).model.named_parameters())
     after = dict(load_policy(v.recipe.model, checkpoint=v.checkpoint).model.named_parameters())
     d2 = sum(float((after[k].detach().double() - p.detach().double()).pow(2).sum()) for k, p in base.items())
     t2 = sum(float(p.detach().double().pow(2).sum()) for p in base.values())
-    assert ms[M.POLICY_UPDATE_REL_NORM][1] == pytest.approx(math.sqrt(d2 / t2), rel=1e-3)
+    assert ms[M.POLICY_UPDATE_REL_NORM][0] == pytest.approx(math.sqrt(d2 / t2), rel=1e-3)
     # one PPO epoch: the loss's ratio is 1, so the ratio extremes are those of the updated policy
-    assert ms[M.POLICY_UPDATE_KL][1] > 0 and ms[M.POLICY_RATIO_MAX][1] > 1 > ms[M.POLICY_RATIO_MIN][1]
-    assert ms[M.POLICY_GRAD_NORM_X_LR][1] == pytest.approx(ms[M.POLICY_GRAD_NORM][1] * 1e-3)
+    assert ms[M.POLICY_UPDATE_KL][0] > 0 and ms[M.POLICY_RATIO_MAX][0] > 1 > ms[M.POLICY_RATIO_MIN][0]
+    assert ms[M.POLICY_GRAD_NORM_X_LR][0] == pytest.approx(ms[M.POLICY_GRAD_NORM][0] * 1e-3)
     ws.close()
 
 
 def test_update_size_scales_with_the_learning_rate(tmp_path):
-    # step 1 (the first with reward variance) from the same weights and rollouts (same seeds; step 0 did not
-    # move them): Adam's step is lr·m̂/√v̂ with m̂/√v̂ independent of lr, so ||dθ|| ∝ lr exactly (x10); for
-    # small steps log ρ is linear in dθ, so |ρ - 1| ∝ lr (x10) and the KL ≈ E[(log ρ)²]/2 ∝ lr² (x100).
-    _, _, lo = _train(tmp_path, "lo", steps=2, actor_learning_rate=1e-5)
-    _, _, hi = _train(tmp_path, "hi", steps=2, actor_learning_rate=1e-4)
-    assert hi[M.POLICY_UPDATE_NORM][1] / lo[M.POLICY_UPDATE_NORM][1] == pytest.approx(10.0, rel=1e-3)
-    # measured on this model: |ρ - 1| x9.47, KL x82.6 (below x100 as the larger step leaves the quadratic regime)
-    assert hi[M.POLICY_RATIO_MEAN_ABS_DEV][1] / lo[M.POLICY_RATIO_MEAN_ABS_DEV][1] == pytest.approx(10.0, rel=0.2)
-    assert 50 < hi[M.POLICY_UPDATE_KL][1] / lo[M.POLICY_UPDATE_KL][1] < 150
+    # step 0 (it has reward variance) from the same weights and rollouts (same seeds): Adam's step is
+    # lr·m̂/√v̂ with m̂/√v̂ independent of lr, so ||dθ|| ∝ lr exactly (x10); for small steps log ρ is linear
+    # in dθ, so |ρ - 1| ∝ lr (x10) and the KL ≈ E[(log ρ)²]/2 ∝ lr² (x100).
+    _, _, lo = _train(tmp_path, "lo", steps=1, actor_learning_rate=1e-5)
+    _, _, hi = _train(tmp_path, "hi", steps=1, actor_learning_rate=1e-4)
+    assert hi[M.POLICY_UPDATE_NORM][0] / lo[M.POLICY_UPDATE_NORM][0] == pytest.approx(10.0, rel=1e-3)
+    # |ρ - 1| close to x10, KL below x100 as the larger step leaves the quadratic regime
+    assert hi[M.POLICY_RATIO_MEAN_ABS_DEV][0] / lo[M.POLICY_RATIO_MEAN_ABS_DEV][0] == pytest.approx(10.0, rel=0.2)
+    assert 50 < hi[M.POLICY_UPDATE_KL][0] / lo[M.POLICY_UPDATE_KL][0] < 150
