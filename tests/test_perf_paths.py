@@ -1,0 +1,87 @@
+"""Fast paths (issue 21) give the same answers as the plain paths they replace.
+
+- The numpy MiniLM query embedder equals sentence-transformers' ``encode`` (the plain path) within
+  1e-5 per component and 1e-5 in cosine, on short, long (> 256 tokens: truncated), non-ASCII and
+  padded-batch inputs.
+- Hybrid search with the numpy query vectors returns the same top-3 ids as with the
+  sentence-transformers query vectors, for 5 finding-style queries.
+- A search from a fresh interpreter imports neither torch nor sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from evotrainer.skills_db import embeddings as E
+from evotrainer.skills_db.store import SkillStore
+
+TEXTS = [
+    "truncation",
+    "a",
+    "policy/entropy fell from 0.85 to 0.04 nats per token between steps 20 and 60",
+    "Überlänge: café naïve, 数学 推理 and emoji-free punctuation ... (nested [brackets])",
+    # ~500 word pieces: sentence-transformers truncates at max_seq_length = 256 tokens
+    " ".join(["KL to the reference grew to 41 nats per token at step 70;"] * 40),
+]
+
+QUERIES = [
+    "truncation",
+    "most completions stop at generate_max_len with finish_reason=length",
+    "all samples in a group get the same reward so advantages are zero",
+    "policy entropy collapsed, the model became deterministic",
+    "KL to the reference model exploded",
+]
+
+
+@pytest.fixture(scope="module")
+def st_vectors():
+    """Plain path: sentence-transformers encode, one text at a time and as one padded batch."""
+    one = np.stack([E.embed([t])[0] for t in TEXTS])
+    return one, E.embed(TEXTS)
+
+
+def test_numpy_minilm_equals_sentence_transformers(st_vectors):
+    one, batch = st_vectors
+    np.testing.assert_allclose(batch, one, atol=1e-5)  # the plain path is itself batch-invariant to 1e-5
+    fast_one = np.stack([E.embed_query(t) for t in TEXTS])
+    fast_batch = E.numpy_model().encode(TEXTS)  # padded batch, sorted by length inside
+    for fast in (fast_one, fast_batch):
+        assert fast.shape == (5, 384) and fast.dtype == np.float32
+        np.testing.assert_allclose(fast, one, atol=1e-5)
+        cos = (fast * one).sum(1)  # both unit vectors: cosine = dot product
+        assert np.all(cos > 1 - 1e-5), cos
+    # Truncation is what makes the long text equal: without it the numpy path would see ~500 tokens.
+    assert len(E.numpy_model().tok.encode(TEXTS[4]).ids) == 256
+
+
+def test_erf_matches_math_erf():
+    import math
+
+    x = np.linspace(-6, 6, 2001)
+    ref = np.array([math.erf(v) for v in x])
+    assert np.max(np.abs(E._erf(x) - ref)) <= 1.5e-7  # Abramowitz & Stegun 7.1.26 bound
+
+
+def test_hybrid_top3_unchanged(tmp_path, monkeypatch):
+    store = SkillStore(tmp_path / "skills")
+    fast = [[h.skill.id for h in store.search(q, limit=3)] for q in QUERIES]
+    # The implementation before issue 21: the query vector from sentence-transformers.
+    E.QUERY_CACHE.clear()
+    monkeypatch.setattr(E, "embed_query", lambda text: E.embed([text])[0])
+    plain = [[h.skill.id for h in store.search(q, limit=3)] for q in QUERIES]
+    E.QUERY_CACHE.clear()
+    assert fast == plain
+    assert fast[0][0] == "analyzer.truncation"  # the query names it; sanity that results are real
+    assert all(len(ids) == 3 for ids in fast)
+
+
+def test_search_imports_no_torch(tmp_path):
+    SkillStore(tmp_path / "skills").count()  # created (and seeds embedded) here, not in the child
+    code = ("import sys; from evotrainer.skills_db.store import SkillStore; "
+            f"hits = SkillStore({str(tmp_path / 'skills')!r}).search('truncation', limit=3); "
+            "print(hits[0].skill.id, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["analyzer.truncation", "False", "False"], out.stderr
