@@ -85,3 +85,28 @@ def test_search_imports_no_torch(tmp_path):
             "print(hits[0].skill.id, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["analyzer.truncation", "False", "False"], out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_cli_edge_imports_stay_light(flag):
+    """`--version` / `--help` load no recipe / intervention / lineage / workspace modules and no heavy
+    third-party package (known errors are matched only against modules already loaded)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "evotrainer.cli", flag], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    heavy = {"evotrainer.recipe", "evotrainer.intervention", "evotrainer.lineage", "evotrainer.workspace",
+             "torch", "transformers", "lancedb", "pyarrow", "numpy", "pandas"}
+    assert not heavy & loaded, sorted(heavy & loaded)
+    assert "typer" in loaded  # the check sees real imports
+
+
+def test_known_errors_only_from_loaded_modules(monkeypatch):
+    from evotrainer import cli
+
+    monkeypatch.delitem(sys.modules, "evotrainer.importer", raising=False)
+    import evotrainer.recipe as recipe
+
+    errs = cli._known_errors()
+    assert recipe.RecipeError in errs and FileNotFoundError in errs
+    assert not any(e.__name__ == "RunImportError" for e in errs)
