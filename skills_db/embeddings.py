@@ -6,8 +6,8 @@ sentence-transformers checkpoint), never from a hub. Two forwards of the same we
 - source texts (``add``, the seed library) go through sentence-transformers (:func:`load_model`,
   torch; batched, ~5x faster than numpy for 128 texts here);
 - queries go through :class:`NumpyMiniLM` (numpy + ``tokenizers`` + ``safetensors``), so a search
-  from the shell never imports torch: ``evotrainer skills search`` went from 15.9 s / 716 MB to
-  1.6 s / 362 MB wall (see docs/performance.md). Its vectors equal sentence-transformers' within
+  from the shell never imports torch: ``evotrainer skills search`` takes 1.6 s / 362 MB against
+  7.9 s / 683 MB with a sentence-transformers query, in one run (docs/performance.md). Its vectors equal sentence-transformers' within
   1e-5 (tests/test_perf_paths.py).
 
 LanceDB stores an embedding function's constructor arguments in the table's schema metadata and
