@@ -237,16 +237,22 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+# Errors printed as one line: (module, class). Looked up only after an exception and only in modules
+# already imported (an error class whose module never loaded cannot have been raised), so `--help`
+# and `--version` do not import recipe / intervention / lineage / workspace (~0.15 s CPU here).
+_KNOWN_ERRORS = (("evotrainer.recipe", "RecipeError"), ("evotrainer.intervention", "InterventionError"),
+                 ("evotrainer.lineage", "LineageError"), ("evotrainer.workspace", "WorkspaceError"),
+                 ("evotrainer.importer", "RunImportError"))
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """The error classes of :data:`_KNOWN_ERRORS` whose modules are loaded, plus FileNotFoundError."""
+    found = [getattr(sys.modules[m], name) for m, name in _KNOWN_ERRORS if m in sys.modules]
+    return (FileNotFoundError, *found)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning known errors into one line + exit 1."""
-    from evotrainer.importer import RunImportError
-    from evotrainer.intervention import InterventionError
-    from evotrainer.lineage import LineageError
-    from evotrainer.recipe import RecipeError
-    from evotrainer.workspace import WorkspaceError
-
-    known: tuple[type[BaseException], ...] = (RecipeError, InterventionError, LineageError, WorkspaceError,
-                                              FileNotFoundError, RunImportError)
     try:
         rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
         sys.exit(rc if isinstance(rc, int) else 0)
@@ -255,12 +261,12 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("aborted")
         sys.exit(130)
-    except known as exc:
-        if STATE["debug"]:
-            console.print_exception()
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(1)
-    except Exception as exc:  # click usage errors and anything unexpected
+    except Exception as exc:  # known errors, click usage errors and anything unexpected
+        if isinstance(exc, _known_errors()):
+            if STATE["debug"]:
+                console.print_exception()
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            sys.exit(1)
         import click
 
         if isinstance(exc, click.ClickException) or (isinstance(exc, typer.TyperException) and hasattr(exc, "show")):

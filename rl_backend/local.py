@@ -53,7 +53,13 @@ from evotrainer.rl_backend.base import (
     TrainResult,
     is_test_eval,
 )
-from evotrainer.rl_backend.models import PolicyBundle, configure_threads, load_policy, save_checkpoint
+from evotrainer.rl_backend.models import (
+    PolicyBundle,
+    configure_threads,
+    load_policy,
+    release_memory,
+    save_checkpoint,
+)
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
     chat_prompts,
@@ -206,6 +212,8 @@ class LocalBackend:
             ws.log(f"training {version_id} failed: {type(exc).__name__}: {exc}", level="error", version=version_id,
                    source="local")
             raise
+        finally:
+            release_memory()  # the policy, reference and AdamW state of _train are garbage now
 
     def _parent_checkpoint(self, ws: Any, v: Any) -> str | None:
         """The checkpoint ``v`` starts from: ``ws.lineage.start_version`` (its parent's, or an earlier

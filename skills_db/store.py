@@ -164,8 +164,8 @@ class SkillStore:
         path: the LanceDB folder; default :func:`default_skills_dir`.
         seed: load the seed library when the skills table is created (default True).
 
-    Opening reads no model; the embedding model loads on the first add or search (a few seconds,
-    once per process). Safe to share between threads; other processes' writes become visible
+    Opening reads no model; a search loads the numpy query embedder (~0.1 s, once per process), an
+    add loads the sentence-transformers model (a few seconds: torch, once per process). Safe to share between threads; other processes' writes become visible
     within one second.
     """
 
