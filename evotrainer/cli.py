@@ -69,16 +69,16 @@ def init(
     run_dir: Path = typer.Argument(..., help="Run folder to create."),
     recipe: Path | None = typer.Option(None, "--recipe", help="Base recipe YAML (default recipe if omitted)."),
 ) -> None:
-    """Create a run folder with its base version v0."""
+    """Create a run folder with its base version v0 (atomic: a killed init leaves no half-made run)."""
     from evotrainer.recipe import Recipe, load_recipe
-    from evotrainer.workspace import Workspace
+    from evotrainer.workspace import Workspace, WorkspaceError
 
     r = load_recipe(recipe) if recipe else Recipe()
-    with Workspace(run_dir, writer=True) as ws:
-        if ws.lineage.root() is not None:
-            fail(f"{ws.root} has a lineage already (root {ws.lineage.root().id}); pick a new folder")
-        v = ws.lineage.create_root(r)
-        console.print(f"created run {ws.root} with base version {v.id}")
+    try:
+        v = Workspace.init(run_dir, r)
+    except WorkspaceError as exc:
+        fail(str(exc))
+    console.print(f"created run {Path(run_dir).expanduser().resolve()} with base version {v.id}")
 
 
 def _headline(v: Any) -> str:

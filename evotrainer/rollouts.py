@@ -10,15 +10,24 @@ episodes: ``{role, content, tokens, tool, ok}``; ``""`` for single completions),
 
 Full-text search over prompts and completions uses LanceDB's native FTS index; aggregates go
 through DuckDB over the Arrow table (:meth:`RolloutStore.sql`).
+
+Index maintenance happens on write only: :meth:`RolloutStore.add` creates the FTS indices when missing
+and folds new rows into them (``Table.optimize``) once :data:`FTS_OPTIMIZE_ROWS` rows are unindexed; a
+search never writes (LanceDB searches the unindexed tail of the table by a flat scan, so results are
+complete between updates). Every write retries Lance's "Retryable commit conflict" (concurrent writers
+of one table: two processes, or a job and an index update) with exponential backoff and jitter
+(:func:`with_commit_retries`); after the last try it is a :class:`RolloutStoreError` without Lance's
+internal text.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,43 @@ SCHEMA = pa.schema([
     ("created_at", pa.float64()),
 ])
 TABLE = "rollouts"
+FTS_COLUMNS = ("completion", "prompt")
+FTS_OPTIMIZE_ROWS = 2_000  # unindexed rows after which the next add() folds them into the FTS indices
+COMMIT_RETRIES = 8  # tries of one write under commit conflicts (backoff 0.05 s, doubling: ~6 s in all)
+RETRY_BASE_S = 0.05
+
+
+class RolloutStoreError(RuntimeError):
+    """A write to the rollout store kept conflicting with concurrent writers."""
+
+
+def _is_commit_conflict(exc: BaseException) -> bool:
+    """Lance's "Retryable commit conflict" and "Incompatible transaction" (a concurrent commit the operation
+    cannot be rebased onto): neither committed anything, so running the same operation again is safe for our
+    writes (append, delete by predicate, index create / update)."""
+    text = str(exc).lower()
+    return "commit conflict" in text or "incompatible transaction" in text
+
+
+def with_commit_retries(fn: Callable[[], Any], what: str, tries: int = COMMIT_RETRIES,
+                        base_s: float = RETRY_BASE_S) -> Any:
+    """``fn()``, retried on Lance commit conflicts with exponential backoff (``base_s * 2**k``, jitter x0.5-1.5).
+
+    Raises:
+        RolloutStoreError: still conflicting after ``tries`` tries (the message says what to do).
+        Exception: any other error of ``fn`` at once.
+    """
+    for attempt in range(tries):
+        try:
+            return fn()
+        except Exception as exc:
+            if not _is_commit_conflict(exc):
+                raise
+            if attempt == tries - 1:
+                raise RolloutStoreError(f"{what}: the rollout store kept conflicting with concurrent writers after "
+                                        f"{tries} tries; retry later") from None
+            time.sleep(base_s * 2**attempt * (0.5 + random.random()))
+    raise AssertionError("unreachable")
 
 
 def make_record(*, version_id: str, step: int, prompt_id: str, group_id: str, sample_idx: int, prompt: str,
@@ -79,7 +125,6 @@ class RolloutStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._db = lancedb.connect(str(self.path))
         self._lock = threading.Lock()
-        self._fts_rows = -1
 
     def _table(self, create: bool = False):
         with self._lock:
@@ -87,17 +132,67 @@ class RolloutStore:
                 return self._db.open_table(TABLE)
             if not create:
                 return None
-            return self._db.create_table(TABLE, schema=SCHEMA)
+            # Two writers creating the table at once commit two Lance "Overwrite" transactions; the later one
+            # would replace rows the other had appended meanwhile. One creator at a time, across processes:
+            from filelock import FileLock
+
+            with FileLock(str(self.path / ".create.lock"), thread_local=False, timeout=60):
+                if TABLE in self._db.list_tables().tables:
+                    return self._db.open_table(TABLE)
+                return self._db.create_table(TABLE, schema=SCHEMA)
 
     def add(self, records: Iterable[dict[str, Any]]) -> int:
-        """Append rows built with :func:`make_record`; returns the number added (atomic per call)."""
+        """Append rows built with :func:`make_record`; returns the number added (atomic per call).
+
+        Then maintains the FTS indices (:meth:`maintain_index`, best effort).
+
+        Raises:
+            RolloutStoreError: the append itself kept conflicting with concurrent writers.
+        """
         rows = list(records)
         if not rows:
             return 0
         batch = pa.Table.from_pylist(rows, schema=SCHEMA)
         tbl = self._table(create=True)
-        tbl.add(batch)
+        with_commit_retries(lambda: tbl.add(batch), "adding rollouts")
+        self.maintain_index(tbl)
         return len(rows)
+
+    def maintain_index(self, tbl: Any = None, min_unindexed: int | None = None) -> bool:
+        """Create the FTS indices on prompt and completion when missing; fold unindexed rows into them once at
+        least ``min_unindexed`` (default :data:`FTS_OPTIMIZE_ROWS`) are pending. A write: writers call it.
+
+        Best effort: one writer at a time does it (a non-blocking file lock ``.index.lock``; a writer that
+        finds it taken skips, the holder is doing the work), and an update still conflicting after the
+        retries is skipped too: the rows are committed already and searches scan unindexed rows, so only
+        speed waits for the next write. Returns True when the indices are up to date after the call.
+        """
+        from filelock import FileLock, Timeout
+        from lancedb.index import FTS
+
+        tbl = tbl if tbl is not None else self._table()
+        if tbl is None:
+            return True
+        lock = FileLock(str(self.path / ".index.lock"), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        try:
+            have = {tuple(ix.columns) for ix in tbl.list_indices()}
+            for col in FTS_COLUMNS:
+                if (col,) not in have:
+                    with_commit_retries(lambda c=col: tbl.create_index(c, config=FTS(), replace=True),
+                                        f"creating the full-text index on {col}")
+            threshold = FTS_OPTIMIZE_ROWS if min_unindexed is None else min_unindexed
+            pending = max((getattr(tbl.index_stats(f"{c}_idx"), "num_unindexed_rows", 0) or 0) for c in FTS_COLUMNS)
+            if pending and pending >= threshold:
+                with_commit_retries(tbl.optimize, "updating the full-text index")
+            return True
+        except RolloutStoreError:
+            return False
+        finally:
+            lock.release()
 
     def delete(self, where: str) -> int:
         """Delete the rows matching a SQL predicate (e.g. rollouts of steps redone after a crash).
@@ -113,7 +208,7 @@ class RolloutStore:
         if tbl is None:
             return 0
         before = tbl.count_rows()
-        tbl.delete(where)
+        with_commit_retries(lambda: tbl.delete(where), "deleting rollouts")
         return before - tbl.count_rows()
 
     def count(self, where: str | None = None) -> int:
@@ -160,24 +255,13 @@ class RolloutStore:
             con.close()
 
     def search(self, text: str, where: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """Full-text search over prompt and completion (LanceDB native FTS), best first.
-
-        The FTS index is (re)built when rows were added since the last build. Each row has a
-        ``_score`` (BM25).
-        """
+        """Full-text search over prompt and completion (LanceDB native FTS), best first. Read only: rows not yet
+        in the index are searched by a flat scan (see the module docstring). Each row has a ``_score`` (BM25)."""
         tbl = self._table()
         if tbl is None:
             return []
-        n = tbl.count_rows()
-        with self._lock:
-            if n != self._fts_rows:
-                from lancedb.index import FTS
-
-                tbl.create_index("completion", config=FTS(), replace=True)
-                tbl.create_index("prompt", config=FTS(), replace=True)
-                self._fts_rows = n
         out: dict[str, dict[str, Any]] = {}
-        for col in ("completion", "prompt"):
+        for col in FTS_COLUMNS:
             q = tbl.search(text, query_type="fts", fts_columns=col)
             if where:
                 q = q.where(where, prefilter=True)

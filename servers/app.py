@@ -4,7 +4,9 @@
 ``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each server has the shared
 :class:`~evotrainer.servers.common.ServerState` as its lifespan context and the prompts
 ``diagnose_run`` and ``propose_next_intervention``. Transports live in :mod:`evotrainer.servers.http`
-(streamable HTTP with a bearer token) and :func:`run_stdio`.
+(streamable HTTP with a bearer token) and :func:`run_stdio`; both put
+:mod:`evotrainer.servers.envelope` in front of the SDK transport (every malformed JSON-RPC message gets an
+error reply).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ INSTRUCTIONS = {
 }
 
 
+class GuardedMCPServer(MCPServer):
+    """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
+
+    async def run_stdio_async(self) -> None:
+        from evotrainer.servers.envelope import serve_stdio
+
+        await serve_stdio(self)
+
+
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> MCPServer:
     """An MCP server with the tools of ``name`` (one toolset or ``all``) over the run in ``run_dir``.
 
@@ -59,7 +70,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     state.extras["backend_name"] = backend
     sets = list(TOOLSETS) if name == "all" else [name]
     instructions = " ".join(INSTRUCTIONS[s] for s in sets)
-    server = MCPServer(f"evotrainer-{name}", instructions=instructions, lifespan=make_lifespan(state),
+    server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions, lifespan=make_lifespan(state),
                        log_level="WARNING", version=_version())
     for s in sets:
         importlib.import_module(TOOLSETS[s]).register(server, state)

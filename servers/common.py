@@ -6,27 +6,55 @@ as in the SDK's ``lifespan_example.py``) and raise :class:`ToolError` with a mes
 to fix. :func:`tool` registers a function with that error mapping: a known domain error
 (``LineageError``, ``RecipeError``, ...) becomes a tool error with its own message; anything else
 becomes a tool error that names the exception (the server keeps serving either way).
+
+Bounds every tool gets from :func:`tool` (issue 22):
+
+- a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``): a call still running after it is answered
+  with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so the
+  event loop keeps answering other requests (ping, other sessions) meanwhile;
+- argument bounds applied to the argument model (:func:`bounded_arg_model`): strings at most
+  :data:`MAX_TEXT_CHARS` (free-text fields: hypothesis, rationale, description, note, ...) or
+  :data:`MAX_STR_CHARS` (ids, names, paths, ...) unless the tool sets its own ``max_length``; lists at most
+  :data:`MAX_ITEMS` items; integers within signed 64 bits (DuckDB's BIGINT, SQLite's INTEGER); floats
+  finite. The whole ``arguments`` object of a call is at most :data:`MAX_ARGUMENTS_BYTES` of JSON;
+- error text without internal paths (:func:`scrub`): no site-packages paths, no Rust source locations
+  (LanceDB's errors carry them), no raw DuckDB exception text.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import re
 import threading
+import types
+import typing
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
+from annotated_types import Ge, Le, MaxLen
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import AllowInfNan, BaseModel, Field, create_model
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_LIMIT = 500  # the largest page any list tool returns
+DEFAULT_DEADLINE_S = 300.0  # a tool call still running after this many seconds is answered with a tool error
+MAX_TEXT_CHARS = 20_000  # free-text arguments (hypothesis, rationale, ...): ~5,000 tokens
+MAX_STR_CHARS = 2_000  # every other string argument without its own max_length (ids, names, paths, times)
+MAX_ITEMS = 1_000  # items of a list argument
+MAX_ARGUMENTS_BYTES = 1_000_000  # JSON size of one call's whole arguments object
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FREE_TEXT = frozenset({"hypothesis", "rationale", "description", "note", "notes", "findings", "evidence_summary",
+                       "message", "summary", "reason", "intervention", "value", "new_value", "results", "evidence"})
+
 # A JSON value (recipe values, rules): declared as a union of the JSON types so the schema constrains it.
 JsonScalar = str | int | float | bool | None
 JsonValue = str | int | float | bool | list[JsonScalar | dict[str, Any]] | dict[str, Any] | None
@@ -114,18 +142,40 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 def _to_tool_error(name: str, exc: BaseException) -> ToolError:
     if isinstance(exc, ToolError):
-        return exc
+        return ToolError(scrub(str(exc)))
+    if type(exc).__module__.split(".")[0] in ("duckdb", "_duckdb"):
+        return ToolError(f"{name} failed: the rollout query was rejected ({type(exc).__name__}); check that numbers "
+                         f"are within range (integers within signed 64 bits, finite floats) and retry")
     if isinstance(exc, _known_errors()):
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        return ToolError(str(msg))
-    return ToolError(f"{name} failed: {type(exc).__name__}: {exc}")
+        return ToolError(scrub(str(msg)))
+    return ToolError(f"{name} failed: {type(exc).__name__}: {scrub(str(exc))}")
 
 
-def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False) -> Callable[[F], F]:
+_INTERNAL_PATHS = [
+    (re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/](?:site|dist)-packages[\\/][^\s'\"():,]*"), "<library>"),
+    (re.compile(r"[^\s'\"(),]*\.rs(?::\d+){1,2}"), "<library>"),  # Rust source locations (lance, lancedb)
+    (re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/]lib[\\/]python3\.\d+[\\/][^\s'\"():,]*"), "<library>"),
+]
+
+
+def scrub(text: str) -> str:
+    """``text`` with library-internal paths (site-packages, the Python stdlib, Rust ``*.rs:line``) replaced
+    by ``<library>``; the run folder's own paths stay (the user needs them)."""
+    for pat, repl in _INTERNAL_PATHS:
+        text = pat.sub(repl, text)
+    return text
+
+
+def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False,
+         deadline_s: float | None = None) -> Callable[[F], F]:
     """Register ``fn`` as a tool of ``server`` with domain errors mapped to tool errors.
 
     The docstring is the tool description; arguments carry ``Field(description=...)``; the return
-    annotation (a pydantic model) is the output schema.
+    annotation (a pydantic model) is the output schema. A sync ``fn`` runs in a worker thread; after
+    ``deadline_s`` seconds (default :data:`DEFAULT_DEADLINE_S`, read at call time) the call is answered with
+    a tool error (the thread finishes in the background: Python threads cannot be killed, so long loops also
+    check their own deadline, e.g. ``search_logs``).
     """
 
     def deco(fn: F) -> F:
@@ -139,9 +189,15 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
                     raise _to_tool_error(name, exc) from exc
         else:
             @functools.wraps(fn)
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
+            async def wrapped(*args: Any, **kwargs: Any) -> Any:
+                call = functools.partial(fn, *args, **kwargs)
+                limit = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
                 try:
-                    return fn(*args, **kwargs)
+                    with anyio.move_on_after(limit) as scope:
+                        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                    if scope.cancelled_caught:
+                        raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
+                                        "(a version, a step range, a smaller limit) or retry later")
                 except Exception as exc:
                     raise _to_tool_error(name, exc) from exc
 
@@ -152,14 +208,57 @@ def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False
         if registered is not None:
             # unknown argument names (typos such as 'limt') are errors, not silently dropped
             base = registered.fn_metadata.arg_model
-            registered.fn_metadata.arg_model = type(base.__name__, (base,),
-                                                    {"model_config": {**base.model_config, "extra": "forbid"}})
+            strict = type(base.__name__, (base,), {"model_config": {**base.model_config, "extra": "forbid"}})
+            registered.fn_metadata.arg_model = bounded_arg_model(strict)
+            registered.parameters = registered.fn_metadata.arg_model.model_json_schema(by_alias=True)
             registered.parameters["additionalProperties"] = False
             if registered.fn_metadata.output_schema:
                 registered.fn_metadata.output_schema = inline_refs(registered.fn_metadata.output_schema)
         return fn
 
     return deco
+
+
+def _bound(annotation: Any, field: str) -> Any:
+    """``annotation`` with default bounds on its str / int / float / list parts (see the module docstring)."""
+    origin = typing.get_origin(annotation)
+    if annotation is str:
+        return Annotated[str, MaxLen(MAX_TEXT_CHARS if field in FREE_TEXT else MAX_STR_CHARS)]
+    if annotation is int:
+        return Annotated[int, Ge(INT64_MIN), Le(INT64_MAX)]
+    if annotation is float:
+        return Annotated[float, AllowInfNan(False)]
+    if origin is Annotated:
+        inner, *meta = typing.get_args(annotation)
+        return Annotated[(_bound(inner, field), *meta)]
+    if origin in (typing.Union, types.UnionType):
+        parts = tuple(_bound(a, field) for a in typing.get_args(annotation))
+        return typing.Union[parts]  # noqa: UP007 (built from a tuple)
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (Any,)
+        return Annotated[list[_bound(item, field)], MaxLen(MAX_ITEMS)]
+    return annotation
+
+
+def bounded_arg_model(model: type[BaseModel]) -> type[BaseModel]:
+    """A subclass of a tool's argument model whose fields carry the default bounds (a field's own constraints,
+    e.g. ``max_length=500`` or ``ge=0``, come after them and win)."""
+    overrides: dict[str, Any] = {}
+    for fname, fi in model.model_fields.items():
+        ann = _bound(fi.annotation, fname)
+        if ann == fi.annotation:
+            continue
+        if fi.metadata:
+            ann = Annotated[(ann, *fi.metadata)]
+        kw: dict[str, Any] = {"description": fi.description, "title": fi.title, "alias": fi.alias}
+        if fi.default_factory is not None:
+            kw["default_factory"] = fi.default_factory
+        elif not fi.is_required():
+            kw["default"] = fi.default
+        overrides[fname] = (ann, Field(**{k: v for k, v in kw.items() if v is not None or k == "default"}))
+    if not overrides:
+        return model
+    return create_model(model.__name__, __base__=model, **overrides)
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -225,9 +324,18 @@ def explain_validation_error(text: str, schema: dict[str, Any] | None) -> str | 
 
 
 def argument_error_middleware(server: MCPServer) -> Callable[..., Any]:
-    """Server middleware: tool-call results that are argument-validation errors get :func:`explain_validation_error`."""
+    """Server middleware for ``tools/call``: arguments over :data:`MAX_ARGUMENTS_BYTES` are refused before
+    validation; argument-validation errors get :func:`explain_validation_error`; error text is :func:`scrub`-bed."""
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
+        if ctx.method == "tools/call" and isinstance(ctx.params, dict):
+            size = len(json.dumps(ctx.params.get("arguments") or {}, default=str))
+            if size > MAX_ARGUMENTS_BYTES:
+                name = ctx.params.get("name")
+                text = (f"Error executing tool {name}: arguments are {size} bytes of JSON; the limit is "
+                        f"{MAX_ARGUMENTS_BYTES} bytes: send less text (cut long fields) or split the call")
+                return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True).model_dump(
+                    by_alias=True, mode="json", exclude_none=True)
         result = await call_next(ctx)
         if ctx.method != "tools/call" or not isinstance(result, dict) or not result.get("isError"):
             return result
@@ -236,8 +344,8 @@ def argument_error_middleware(server: MCPServer) -> Callable[..., Any]:
             text = content[0].get("text", "") if content and isinstance(content[0], dict) else ""
             name = (ctx.params or {}).get("name")
             registered = server._tool_manager.get_tool(name) if isinstance(name, str) else None
-            better = explain_validation_error(text, registered.parameters if registered else None)
-            if better:
+            better = scrub(explain_validation_error(text, registered.parameters if registered else None) or text)
+            if better != text:
                 result = {**result, "content": [{**content[0], "text": better}, *content[1:]]}
         except Exception:  # never let error formatting break a reply
             pass

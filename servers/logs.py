@@ -4,12 +4,18 @@ Tools: ``search_logs`` (substring or regex, version, level, time range), ``list_
 ``get_metric_series`` (downsampled to at most ``max_points`` buckets: mean value with min / max per
 bucket, as TensorBoard's and W&B's line charts do), ``metric_summary`` (first / last / min / max /
 mean and the least-squares slope per step). Metric names are those of ``evotrainer.metrics``.
+
+Regex search uses RE2 (``google-re2``): matching is linear in the text length whatever the pattern, so a
+catastrophic-backtracking pattern such as ``(x+x+)+y`` cannot freeze the server (Python's ``re`` held the
+GIL for seconds per line and stalled every session). RE2 has no backreferences or look-around; such a
+pattern is a tool error that says so. The scan also has a deadline (:data:`SEARCH_DEADLINE_S`): past it
+the call is a tool error that says how to narrow the search.
 """
 
 from __future__ import annotations
 
 import math
-import re
+import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -28,6 +34,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 LEVELS = ("debug", "info", "warning", "error")
+SEARCH_DEADLINE_S = 10.0  # wall-clock budget of one search_logs scan (seconds)
+_CHECK_EVERY = 256  # records scanned between two deadline checks
 TimeArg = Annotated[str | None, Field(description="Unix seconds (e.g. '1767225600') or ISO 8601 "
                                                    "(e.g. '2026-01-01T00:00:00Z').")]
 
@@ -130,6 +138,25 @@ def parse_time(value: str | None, field: str) -> float | None:
     return dt.timestamp()
 
 
+def compile_regex(query: str) -> Any:
+    """A case-insensitive RE2 pattern (linear-time matching, see the module docstring).
+
+    Raises:
+        ToolError: ``query`` is not valid RE2 syntax (e.g. a backreference or look-around).
+    """
+    import re2
+
+    opts = re2.Options()
+    opts.case_sensitive = False
+    opts.log_errors = False
+    try:
+        return re2.compile(query, opts)
+    except re2.error as exc:
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ToolError(f"query={query!r} is not a valid regex ({why}); RE2 syntax: no backreferences or "
+                        "look-around; fix it or pass regex=false") from None
+
+
 def downsample(series: list[tuple[int, float | None]], max_points: int) -> list[SeriesPoint]:
     """Bucket ``series`` into at most ``max_points`` contiguous buckets (mean, min, max; NaN / None skipped)."""
     n = len(series)
@@ -170,7 +197,8 @@ def register(server: MCPServer, state: ServerState) -> None:
     def search_logs(
         ctx: Context,
         query: Annotated[str | None, Field(description="Text to find in the message (case-insensitive), or a "
-                                                       "Python regex with regex=true.", max_length=1000)] = None,
+                                                       "RE2 regex with regex=true (no backreferences / look-around).",
+                                                       max_length=1000)] = None,
         regex: Annotated[bool, Field(description="Treat query as a regular expression.")] = False,
         version_id: Annotated[str | None, Field(description="Only records of this version.")] = None,
         level: Annotated[Literal["debug", "info", "warning", "error"] | None, Field(
@@ -187,15 +215,16 @@ def register(server: MCPServer, state: ServerState) -> None:
         t0, t1 = parse_time(since, "since"), parse_time(until, "until")
         if t0 is not None and t1 is not None and t0 > t1:
             raise ToolError(f"since={since!r} is after until={until!r}: give since <= until")
-        pattern = None
-        if query and regex:
-            try:
-                pattern = re.compile(query, re.IGNORECASE)
-            except re.error as exc:
-                raise ToolError(f"query={query!r} is not a valid regex ({exc}); fix it or pass regex=false") from None
+        pattern = compile_regex(query) if query and regex else None
+        needle = query.lower() if query and not regex else None
         min_level = LEVELS.index(level) if level else 0
+        all_records = ws.read_logs()
+        deadline = time.monotonic() + SEARCH_DEADLINE_S
         out = []
-        for rec in ws.read_logs():
+        for i, rec in enumerate(all_records):
+            if i % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+                raise ToolError(f"search_logs stopped after {SEARCH_DEADLINE_S:g} s at record {i} of {len(all_records)}; "
+                                "narrow it with version_id, level, since / until, or a simpler query")
             msg = str(rec.get("message", ""))
             lvl = str(rec.get("level", "info")).lower()
             t = rec.get("time")
@@ -205,7 +234,9 @@ def register(server: MCPServer, state: ServerState) -> None:
                 continue
             if not isinstance(t, (int, float)) or (t0 is not None and t < t0) or (t1 is not None and t > t1):
                 continue
-            if query and not (pattern.search(msg) if pattern else query.lower() in msg.lower()):
+            if pattern is not None and not pattern.search(msg):
+                continue
+            if needle is not None and needle not in msg.lower():
                 continue
             out.append(rec)
         page = out[offset:offset + limit]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio.to_thread
 from evotrainer.servers.common import (
     MAX_LIMIT,
     JsonValue,
@@ -294,12 +295,13 @@ def register(server: MCPServer, state: ServerState) -> None:
         busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
         if busy:
             raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
-        backend = _backend(st)
+        backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
 
         def run(wws: Any, progress: Any, should_stop: Any) -> Any:
             return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop)
 
-        job = st.jobs.start("train", version_id, steps, run)
+        # off the event loop: start() may wait for the previous job to release the writer lock
+        job = await anyio.to_thread.run_sync(st.jobs.start, "train", version_id, steps, run)
         await st.jobs.wait(ctx, job.id, wait_s)
         return job_info(st, ws.lineage.job(job.id))
 
@@ -317,12 +319,12 @@ def register(server: MCPServer, state: ServerState) -> None:
         st = state_of(ctx)
         ws = st.workspace()
         require_version(ws, version_id)
-        backend = _backend(st)
+        backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
 
         def run(wws: Any, progress: Any, should_stop: Any) -> Any:
             return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
 
-        job = st.jobs.start("eval", version_id, 0, run)
+        job = await anyio.to_thread.run_sync(st.jobs.start, "eval", version_id, 0, run)
         await st.jobs.wait(ctx, job.id, wait_s)
         return job_info(st, ws.lineage.job(job.id))
 

@@ -1,0 +1,295 @@
+"""JSON-RPC envelope guard of the MCP transports: every malformed message gets an error reply.
+
+The MCP SDK (``mcp`` 2.3) drops or mis-answers malformed envelopes:
+
+- stdio (``mcp.server.stdio.stdio_server``): a line that fails ``jsonrpc_message_adapter.validate_json`` is put
+  on the read stream as an ``Exception``; the server's ``JSONRPCDispatcher._dispatch`` has no
+  ``on_stream_exception`` observer on the server side, so it is debug-logged and dropped: truncated JSON, a
+  wrong ``jsonrpc``, a non-string ``method``, non-object ``params``, deep nesting all get no reply. A request
+  whose ``id`` has the wrong type (object, float, bool, null) validates as a *notification* (extra keys are
+  ignored) and is dropped silently too;
+- streamable HTTP (``StreamableHTTPServerTransport._handle_post_request``): bad JSON gets -32700, but an
+  envelope that fails validation gets -32602 (invalid *params*) instead of -32600, and the wrong-``id``-type
+  request is accepted as a notification (202, no reply).
+
+:func:`check_envelope` applies JSON-RPC 2.0 §4-§5 and MCP's rules (``id`` a string or an integer, never
+null; ``params`` an object; no batches since MCP 2025-06-18) before the SDK sees a message:
+-32700 (parse error) for invalid JSON, invalid UTF-8 or nesting deeper than :data:`MAX_JSON_DEPTH`;
+-32600 (invalid request) for everything else; the reply carries the request's ``id`` when that id is valid,
+else ``null``. :func:`serve_stdio` and :class:`EnvelopeGuard` (ASGI) put it in front of the SDK transports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # one message (stdio line or HTTP body); the SDK's HTTP body cap
+INLINE_CHECK_BYTES = 64 * 1024  # larger messages are checked in a worker thread (~0.1 s for 4 MiB)
+
+
+def error_reply(code: int, message: str, request_id: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error response object."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+def _depth_exceeds(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if d > limit:
+            return True
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+async def check_envelope_async(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """:func:`check_envelope`, in a worker thread for messages over :data:`INLINE_CHECK_BYTES` (the event loop
+    keeps serving other requests while a 4 MiB body is parsed)."""
+    if len(raw) <= INLINE_CHECK_BYTES:
+        return check_envelope(raw)
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(check_envelope, raw)
+
+
+def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(message, None)`` for a well-formed JSON-RPC 2.0 message, else ``(None, error reply)``.
+
+    Args:
+        raw: one message: a stdio line or an HTTP request body (UTF-8).
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        obj = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        return None, error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, error_reply(PARSE_ERROR, f"Parse error: {exc}"[:300])
+    if _depth_exceeds(obj, MAX_JSON_DEPTH):
+        return None, error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(obj, list):
+        return None, error_reply(INVALID_REQUEST, "Invalid Request: batches are not supported (MCP removed JSON-RPC "
+                                                  "batching in 2025-06-18); send one message at a time")
+    if not isinstance(obj, dict):
+        return None, error_reply(INVALID_REQUEST, f"Invalid Request: a message is a JSON object, got "
+                                                  f"{type(obj).__name__ if obj is not None else 'null'}")
+    rid = obj.get("id")
+    reply_id = rid if _valid_id(rid) else None
+
+    def bad(why: str) -> tuple[None, dict[str, Any]]:
+        return None, error_reply(INVALID_REQUEST, f"Invalid Request: {why}", reply_id)
+
+    if obj.get("jsonrpc") != "2.0":
+        return bad(f"'jsonrpc' must be \"2.0\", got {json.dumps(obj.get('jsonrpc'))[:40]}")
+    if "method" in obj:
+        if not isinstance(obj["method"], str):
+            return bad("'method' must be a string")
+        if "id" in obj and not _valid_id(rid):
+            return bad(f"'id' must be a string or an integer, got {json.dumps(rid)[:40]}")
+        if obj.get("params") is not None and not isinstance(obj["params"], dict):
+            return bad("'params' must be an object")
+        if "result" in obj or "error" in obj:
+            return bad("a request has no 'result' or 'error'")
+    else:  # a response to one of the server's own requests (sampling, elicitation, roots)
+        if not (_valid_id(rid) or (rid is None and "error" in obj)):
+            return bad("a message without 'method' is a response and needs a string or integer 'id'")
+        if ("result" in obj) == ("error" in obj):
+            return bad("a response has exactly one of 'result' and 'error'; a request needs a 'method'")
+        if "result" in obj and not isinstance(obj["result"], dict):
+            return bad("'result' must be an object")
+        err = obj.get("error")
+        if "error" in obj and not (isinstance(err, dict) and isinstance(err.get("code"), int)
+                                   and not isinstance(err.get("code"), bool) and isinstance(err.get("message"), str)):
+            return bad("'error' must be an object with an integer 'code' and a string 'message'")
+    from mcp_types import jsonrpc_message_adapter
+    from pydantic import ValidationError
+
+    try:
+        jsonrpc_message_adapter.validate_python(obj, by_name=False)
+    except ValidationError as exc:  # anything the checks above missed: one short line, no pydantic URLs
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        return bad(f"{'.'.join(str(p) for p in first['loc'][1:]) or 'message'}: {first['msg']}")
+    return obj, None
+
+
+# --- stdio ------------------------------------------------------------------------------------------------
+TOO_LARGE = object()  # marker of a stdio line over MAX_MESSAGE_BYTES (already drained)
+
+
+async def _read_lines(f: Any) -> AsyncIterator[Any]:
+    """Lines (bytes) of a binary file read in a worker thread, each at most :data:`MAX_MESSAGE_BYTES` bytes
+    (longer: ``TOO_LARGE``, the rest of the line is skipped)."""
+    import anyio.to_thread
+
+    async def readline(n: int) -> bytes:
+        return await anyio.to_thread.run_sync(f.readline, n, abandon_on_cancel=True)
+
+    while True:
+        line = await readline(MAX_MESSAGE_BYTES + 1)
+        if line == b"":
+            return
+        if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
+            while True:  # drop the rest of the oversized line
+                more = await readline(MAX_MESSAGE_BYTES)
+                if more == b"" or more.endswith(b"\n"):
+                    break
+            yield TOO_LARGE
+            continue
+        yield line
+
+
+class GuardedLines:
+    """The stdin lines the SDK's stdio transport parses: malformed ones are answered here and never passed on.
+
+    ``reply`` is set (:meth:`connect`) to a coroutine that writes one error response through the transport's
+    own write stream (so replies never interleave with the SDK's output).
+    """
+
+    def __init__(self, source: Any):
+        self._source = source
+        self._reply: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        self._ready = anyio.Event()
+
+    def connect(self, reply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        self._reply = reply
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[str]:
+        async for line in _read_lines(self._source):
+            if line is TOO_LARGE:
+                err: dict[str, Any] | None = error_reply(INVALID_REQUEST, f"Invalid Request: message larger than "
+                                                                          f"{MAX_MESSAGE_BYTES} bytes")
+            elif not line.strip():
+                continue  # a blank line is no message
+            else:
+                _, err = await check_envelope_async(line.rstrip(b"\r\n"))  # strict UTF-8: bad byte = parse error
+            if err is None:
+                yield line.decode("utf-8")
+                continue
+            await self._ready.wait()
+            assert self._reply is not None
+            await self._reply(err)
+
+
+def _claim_stdin() -> tuple[Any, Callable[[], None]]:
+    """A private binary stream on the wire's stdin; fd 0 points at /dev/null meanwhile (as the SDK does), so a
+    tool or child process that reads stdin gets EOF instead of protocol bytes. Returns ``(stream, restore)``."""
+    try:
+        fd0 = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.stdin.buffer, lambda: None
+    private = os.dup(fd0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, fd0)
+    os.close(null)
+    # closefd=False: a worker thread may still block on it after the transport ends (the SDK does the same)
+    stream = os.fdopen(private, "rb", closefd=False)
+
+    def restore() -> None:
+        try:
+            os.dup2(private, fd0)
+        except OSError:
+            pass
+
+    return stream, restore
+
+
+async def serve_stdio(server: Any) -> None:
+    """Serve ``server`` (an ``MCPServer``) over stdio with :class:`GuardedLines` in front of the SDK transport."""
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
+    from mcp_types import JSONRPCError
+
+    source, restore = _claim_stdin()
+    lines = GuardedLines(source)
+    try:
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
+            async def reply(err: dict[str, Any]) -> None:
+                await write_stream.send(SessionMessage(JSONRPCError.model_validate(err)))
+
+            lines.connect(reply)
+            low = server._lowlevel_server
+            await low.run(read_stream, write_stream, low.create_initialization_options())
+    finally:
+        restore()
+
+
+# --- streamable HTTP --------------------------------------------------------------------------------------
+class EnvelopeGuard:
+    """ASGI middleware: a JSON POST whose body is not a well-formed JSON-RPC message gets HTTP 400 with the
+    JSON-RPC error (413 over :data:`MAX_MESSAGE_BYTES`); a well-formed one is replayed to the SDK app."""
+
+    def __init__(self, app: Any, max_body: int = MAX_MESSAGE_BYTES):
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+            await self.app(scope, receive, send)  # the SDK answers 415
+            return
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await _json(send, 413, error_reply(INVALID_REQUEST, f"Invalid Request: body larger than "
+                                                                    f"{self.max_body} bytes"))
+                return
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        _, err = await check_envelope_async(body)
+        if err is not None:
+            await _json(send, 400, err)
+            return
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _json(send: Any, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,694 @@
+"""Hardening of the MCP servers and the run store (issue 22, items 4 and 5): no call stalls a server, every
+malformed JSON-RPC envelope gets an error reply, inputs are bounded, the rollout store never rebuilds its index
+on a read, a run never dies on its own writer lock, and ``init`` is atomic.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from evotrainer.servers import build_server
+from evotrainer.servers.jobs import JobManager
+from mcp_testlib import SyncClient, make_run
+
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace, WorkspaceError
+
+
+# --- the writer lock belongs to the handle, not to the thread that opened it ------------------------------
+def test_writer_lock_released_from_another_thread(tmp_path):
+    """The cause of "another process is writing this run" after a finished job: the job thread closed a handle
+    opened by the request thread, filelock (thread_local=True) ignored the release, the lock stayed held."""
+    Workspace.init(tmp_path / "run", Recipe())
+    first = Workspace.open(tmp_path / "run", writer=True)  # opened here (the MCP request thread)
+    closer = threading.Thread(target=first.close)  # closed there (the job thread)
+    closer.start()
+    closer.join()
+    second = Workspace.open(tmp_path / "run", writer=True)  # raised WorkspaceError before the fix
+    try:
+        with pytest.raises(WorkspaceError, match=r"another process is writing this run \(lock .*\.writer\.lock\)"):
+            Workspace.open(tmp_path / "run", writer=True)  # the lock still excludes a second live writer
+    finally:
+        second.close()
+    del first  # kept alive until here: the garbage collector must not be what releases the lock
+
+
+def test_next_job_starts_while_the_finished_job_handle_is_still_referenced(tmp_path):
+    """The static-mode race: training finishes in its thread, evaluate_version starts the next job at once.
+    The finished job's workspace stays referenced (as a traceback, a result or a reference cycle would keep it),
+    so only an explicit release frees the lock; before the fix the second start raised a ToolError."""
+    Workspace.init(tmp_path / "run", Recipe())
+    jm = JobManager(tmp_path / "run")
+    kept: list[Workspace] = []
+    first = jm.start("train", "v0", 1, lambda ws, progress, stop: kept.append(ws) or {"ok": 1})
+    assert first.done.wait(30) and first.result == {"ok": 1}
+    second = jm.start("eval", "v0", 1, lambda ws, progress, stop: {"ok": 2})
+    assert second.done.wait(30) and second.result == {"ok": 2}
+    with Workspace.open(tmp_path / "run") as reader:
+        assert [reader.lineage.job(j.id).status for j in (first, second)] == ["done", "done"]
+    assert len(kept) == 1
+
+
+# --- init is atomic ---------------------------------------------------------------------------------------
+_KILL_INSIDE_INIT = """
+import os, signal, sys
+from evotrainer.lineage import LineageStore
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+real = LineageStore.create_root
+def create_root_then_die(self, *a, **k):
+    real(self, *a, **k)           # v0 is committed in the temporary database ...
+    os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before the rename
+LineageStore.create_root = create_root_then_die
+Workspace.init(sys.argv[1], Recipe())
+"""
+
+
+def test_killed_init_leaves_no_half_made_run(tmp_path):
+    run = tmp_path / "run"
+    for _ in range(3):  # three killed inits in a row (the probe's case)
+        r = subprocess.run([sys.executable, "-c", _KILL_INSIDE_INIT, str(run)], timeout=120)
+        assert r.returncode == -signal.SIGKILL
+        assert not (run / "lineage.db").exists()  # no lineage.db: not a run yet, nothing empty to trip on
+        with pytest.raises(WorkspaceError, match=r"not a run folder \(no lineage\.db\); create one with `evotrainer "
+                                                  r"init`"):
+            Workspace.open(run)
+    assert len(list(run.glob(".lineage.db.init-*"))) == 3  # the killed inits' temporary files ...
+    v0 = Workspace.init(run, Recipe())
+    assert v0.id == "v0" and list(run.glob(".lineage.db.init-*")) == []  # ... removed by the next init
+    with Workspace.open(run) as ws:
+        assert [v.id for v in ws.lineage.versions()] == ["v0"]
+    with pytest.raises(WorkspaceError, match=r"has a lineage already \(root v0\); pick a new folder"):
+        Workspace.init(run, Recipe())
+
+
+def test_init_killed_at_random_times_is_all_or_nothing(tmp_path):
+    """SIGKILL of `evotrainer init` at spread-out moments: each run folder has no lineage.db or one with v0."""
+    outcomes = []
+    for i, delay in enumerate((0.05, 0.6, 1.2, 1.8, 2.5, 4.0)):
+        run = tmp_path / f"run{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "init", str(run)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+        if (run / "lineage.db").exists():
+            with Workspace.open(run) as ws:
+                assert [v.id for v in ws.lineage.versions()] == ["v0"], f"delay {delay}: lineage without v0"
+            outcomes.append("v0")
+        else:
+            outcomes.append("none")
+            assert Workspace.init(run, Recipe()).id == "v0"  # a rerun of init completes the run
+    assert outcomes[0] == "none"  # killed after 50 ms: before the interpreter got to init
+
+
+def test_init_replaces_an_empty_lineage_left_by_an_older_init(tmp_path):
+    run = tmp_path / "run"
+    Workspace(run).close()  # what the old non-atomic init left when killed: lineage.db with no version
+    assert (run / "lineage.db").exists()
+    assert Workspace.init(run, Recipe()).id == "v0"
+    with Workspace.open(run) as ws:
+        assert ws.lineage.root().id == "v0"
+
+
+def test_cli_init_twice_names_the_root(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "evotrainer.cli", "init", str(run)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"created run {run} with base version v0"
+    r = subprocess.run([sys.executable, "-m", "evotrainer.cli", "init", str(run)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: {run} has a lineage already (root v0); pick a new folder"
+
+
+# --- no call stalls the server: ReDoS in search_logs --------------------------------------------------------
+REDOS = "(x+x+)+y"  # Python's re: 2^n backtracking on "x" * n without a "y" (7.5 s at n=27 in the probe)
+
+
+@pytest.fixture(scope="module")
+def redos_run(tmp_path_factory):
+    run = make_run(tmp_path_factory.mktemp("redos"))
+    with Workspace.open(run, writer=True) as ws:
+        ws.log("x" * 27, version="v0", source="probe")  # the probe's line
+        ws.log("x" * 100_000, version="v0", source="probe")  # re: never finishes; RE2: linear
+    return run
+
+
+def _search_while_pinging(search, ping, n_pings: int = 20) -> tuple[dict, list[float], float]:
+    """Run ``search`` in a thread and ping every 50 ms meanwhile; returns (search result, ping latencies, search
+    seconds). A latency counts from the ping's planned send time (start + 50 ms * k), not from when this thread
+    got to send it: in process, a GIL-holding search stalls this thread too (measured with Python's re: the
+    first ping left 2.8 s late and, timed from its send, looked instant)."""
+    box: dict = {}
+
+    def run_search() -> None:
+        box["result"] = search()
+        box["seconds"] = time.monotonic() - start
+
+    start = time.monotonic()
+    th = threading.Thread(target=run_search)
+    th.start()
+    lat = []
+    for k in range(1, n_pings + 1):
+        planned = start + 0.05 * k
+        time.sleep(max(0.0, planned - time.monotonic()))
+        ping()
+        lat.append(time.monotonic() - planned)
+    th.join(60)
+    assert not th.is_alive(), "search_logs did not return within 60 s"
+    return box["result"], lat, box["seconds"]
+
+
+def test_redos_pattern_does_not_stall_in_process(redos_run):
+    c = SyncClient(build_server("all", redos_run))
+    try:
+        res, lat, secs = _search_while_pinging(
+            lambda: c.ok("search_logs", {"query": REDOS, "regex": True}),
+            lambda: c.ok("server_info"))  # async tool: answered by the event loop itself
+        assert res["total"] == 0 and secs < 10  # no line has a "y"
+        assert max(lat) < 1.0, lat
+        # the same engine still finds what it should (case-insensitive): the 27-x line and the 100,000-x line
+        assert c.ok("search_logs", {"query": "^X{27}$", "regex": True})["total"] == 1
+        assert c.ok("search_logs", {"query": "(?i)(x|x)*y", "regex": True})["total"] == 0
+        assert c.ok("search_logs", {"query": r"reward spike at step \d", "regex": True})["total"] == 1
+        q = r"(a)\1"
+        assert c.err("search_logs", {"query": q, "regex": True}) == (
+            f"Error executing tool search_logs: query={q!r} is not a valid regex (invalid escape sequence: \\1); "
+            "RE2 syntax: no backreferences or look-around; fix it or pass regex=false")
+    finally:
+        c.close()
+
+
+def test_search_logs_deadline_is_a_tool_error(redos_run, monkeypatch):
+    import evotrainer.servers.logs as logs
+
+    class Clock:  # each reading is one second later: the 10 s budget runs out at the 11th check
+        t = 0.0
+
+        def monotonic(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    monkeypatch.setattr(logs, "time", Clock())
+    monkeypatch.setattr(logs, "_CHECK_EVERY", 1)
+    c = SyncClient(build_server("logs", redos_run))
+    try:
+        # deadline = 1 + 10 = 11; record i is checked at clock 2 + i; 2 + 10 = 12 > 11 at record 10 of 5 (3 + 2)?
+        # the run has 5 records, so the scan ends before the budget: no error
+        assert c.ok("search_logs", {"query": "x"})["total"] == 2
+        with Workspace.open(redos_run, writer=True) as ws:
+            for i in range(10):
+                ws.log(f"filler {i}", source="probe")
+        # 15 records now: checks at clock 2..16, deadline 11: record 10 (clock 12) is the first past it
+        assert c.err("search_logs", {"query": "x"}) == (
+            "Error executing tool search_logs: search_logs stopped after 10 s at record 10 of 15; narrow it with "
+            "version_id, level, since / until, or a simpler query")
+    finally:
+        c.close()
+
+
+def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
+    from evotrainer.servers import common
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("slow")
+
+    @common.tool(server)
+    def slow() -> str:
+        """Sleeps 3 s."""
+        time.sleep(3)
+        return "late"
+
+    monkeypatch.setattr(common, "DEFAULT_DEADLINE_S", 0.5)
+    c = SyncClient(server)
+    try:
+        t = time.monotonic()
+        assert c.err("slow") == ("Error executing tool slow: slow did not finish within 0.5 s; narrow the request "
+                                 "(a version, a step range, a smaller limit) or retry later")
+        assert time.monotonic() - t < 2.5
+        assert [t.name for t in c.tools()] == ["slow"]  # still serving
+    finally:
+        c.close()
+
+
+# --- every malformed envelope gets an error reply ---------------------------------------------------------
+# (raw message, expected code, expected id, expected message); the SDK alone answered none of these over stdio
+ENVELOPES = [
+    (b"{", -32700, None, "Parse error: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping"', -32700, None,
+     "Parse error: Expecting ',' delimiter: line 1 column 45 (char 44)"),
+    (b"[" * 1000 + b"]" * 1000, -32700, None, "Parse error: JSON nested deeper than 64 levels"),
+    (b'{"a": ' * 65 + b"1" + b"}" * 65, -32700, None, "Parse error: JSON nested deeper than 64 levels"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": NaN}}', -32700, None,
+     "Parse error: NaN is not JSON"),
+    (b"\xff\xfe{}", -32700, None,
+     "Parse error: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    (b"[]", -32600, None, "Invalid Request: batches are not supported (MCP removed JSON-RPC batching in 2025-06-18); "
+                          "send one message at a time"),
+    (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', -32600, None,
+     "Invalid Request: batches are not supported (MCP removed JSON-RPC batching in 2025-06-18); "
+     "send one message at a time"),
+    (b"null", -32600, None, "Invalid Request: a message is a JSON object, got null"),
+    (b'"ping"', -32600, None, "Invalid Request: a message is a JSON object, got str"),
+    (b'{"jsonrpc": "1.0", "id": 2, "method": "ping"}', -32600, 2, "Invalid Request: 'jsonrpc' must be \"2.0\", got \"1.0\""),
+    (b'{"id": 3, "method": "ping"}', -32600, 3, "Invalid Request: 'jsonrpc' must be \"2.0\", got null"),
+    (b'{"jsonrpc": "2.0", "id": 4, "method": 5}', -32600, 4, "Invalid Request: 'method' must be a string"),
+    (b'{"jsonrpc": "2.0", "id": 5, "method": ["ping"]}', -32600, 5, "Invalid Request: 'method' must be a string"),
+    (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got {\"a\": 1}"),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got 1.5"),
+    (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got true"),
+    (b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got null"),
+    (b'{"jsonrpc": "2.0", "id": [1], "method": "ping"}', -32600, None,
+     "Invalid Request: 'id' must be a string or an integer, got [1]"),
+    (b'{"jsonrpc": "2.0", "id": 6, "method": "ping", "params": [1]}', -32600, 6, "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": "s7", "method": "ping", "params": "x"}', -32600, "s7",
+     "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "method": "notifications/initialized", "params": 3}', -32600, None,
+     "Invalid Request: 'params' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": 8}', -32600, 8,
+     "Invalid Request: a response has exactly one of 'result' and 'error'; a request needs a 'method'"),
+    (b'{"jsonrpc": "2.0", "id": 9, "result": 5}', -32600, 9, "Invalid Request: 'result' must be an object"),
+    (b'{"jsonrpc": "2.0", "id": 10, "error": {"code": "x", "message": "m"}}', -32600, 10,
+     "Invalid Request: 'error' must be an object with an integer 'code' and a string 'message'"),
+]
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+
+
+def test_every_malformed_envelope_is_answered_over_stdio(tmp_path):
+    import json
+    import select
+
+    run = make_run(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--run", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(raw: bytes) -> None:
+        proc.stdin.write(raw + b"\n")
+        proc.stdin.flush()
+
+    def recv(timeout: float = 30) -> dict | None:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        return json.loads(proc.stdout.readline()) if ready else None
+
+    try:
+        send(json.dumps(INIT).encode())
+        assert recv()["result"]["serverInfo"]["name"] == "evotrainer-logs"
+        send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        for raw, code, rid, message in ENVELOPES:
+            send(raw)
+            assert recv(10) == {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}, raw[:60]
+        send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"a" * (4 * 1024 * 1024) + b'"}}')
+        assert recv() == {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Invalid Request: message "
+                                                                                             "larger than 4194304 bytes"}}
+        send(b"   ")  # a blank line is no message: no reply; the next request is answered in order
+        send(b'{"jsonrpc": "2.0", "id": 99, "method": "ping"}')
+        assert recv() == {"jsonrpc": "2.0", "id": 99, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_check_envelope_passes_well_formed_messages():
+    from evotrainer.servers.envelope import check_envelope
+
+    deepest = b'{"jsonrpc": "2.0", "id": 2, "method": "m", "params": ' + b'{"a": ' * 62 + b"1" + b"}" * 63  # 64 levels
+    for raw in (b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}',
+                b'{"jsonrpc": "2.0", "id": "a", "method": "x", "params": {"deep": [[[1]]]}}',
+                b'{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+                b'{"jsonrpc": "2.0", "id": 3, "result": {}}',
+                b'{"jsonrpc": "2.0", "id": null, "error": {"code": -1, "message": "m"}}', deepest):
+        msg, err = check_envelope(raw)
+        assert err is None and msg["jsonrpc"] == "2.0", raw[:80]
+
+
+# --- over HTTP: envelopes, ReDoS, session expiry, session cap, memory per session -------------------------
+TOKEN = "security-token-0123456789abcdef"
+HDR = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+       "Authorization": f"Bearer {TOKEN}"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_http(run: Path, **env: str):
+    import httpx
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "all", "--transport", "http", "--run",
+                             str(run), "--port", str(port)], env={**os.environ, "EVOTRAINER_MCP_TOKEN": TOKEN, **env},
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    for _ in range(300):
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    return proc, url
+
+
+def _sse_json(r) -> dict:
+    import json
+
+    if r.headers.get("content-type", "").startswith("application/json"):
+        return r.json()
+    data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    return json.loads(data[-1])
+
+
+def _open_session(client, url: str) -> str:
+    import json
+
+    r = client.post(url, content=json.dumps(INIT), headers=HDR, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:200])
+    sid = r.headers["mcp-session-id"]
+    client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}, timeout=30)
+    return sid
+
+
+def _ping(client, url: str, sid: str):
+    return client.post(url, json={"jsonrpc": "2.0", "id": 7, "method": "ping"},
+                       headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}, timeout=30)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def http_server(redos_run):
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="120", EVOTRAINER_MCP_MAX_SESSIONS="1000")
+    yield proc, url
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_every_malformed_envelope_is_answered_over_http(http_server):
+    import httpx
+
+    _, url = http_server
+    for raw, code, rid, message in ENVELOPES:
+        r = httpx.post(url, content=raw, headers=HDR, timeout=30)
+        assert (r.status_code, r.json()) == (400, {"jsonrpc": "2.0", "id": rid, "error": {"code": code,
+                                                                                         "message": message}}), raw[:60]
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"a" * (4 * 1024 * 1024) + b'"}}'
+    r = httpx.post(url, content=big, headers=HDR, timeout=60)
+    assert (r.status_code, r.json()["error"]) == (413, {"code": -32600, "message": "Invalid Request: body larger "
+                                                                                   "than 4194304 bytes"})
+    with httpx.Client() as hc:  # well-formed traffic still reaches the SDK
+        sid = _open_session(hc, url)
+        assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+
+def test_redos_pattern_does_not_stall_over_http(http_server):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    _, url = http_server
+    clients = [SyncClient(streamable_http_client(url, http_client=httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60))) for _ in range(2)]
+    try:
+        searcher, pinger = clients
+        res, lat, secs = _search_while_pinging(lambda: searcher.ok("search_logs", {"query": REDOS, "regex": True}),
+                                               lambda: pinger.ok("server_info"))  # another session
+        assert res["total"] == 0 and secs < 10
+        assert max(lat) < 1.0, lat
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_http_session_memory_is_bounded(http_server):
+    """Sessions opened and never closed: measure the server's RSS per session (the probe saw ~40 KB each)."""
+    import httpx
+
+    proc, url = http_server
+    with httpx.Client() as hc:
+        for _ in range(20):  # warm-up: first-use allocations are not per-session cost
+            _open_session(hc, url)
+        before = _rss_kib(proc.pid)
+        n = 300
+        for _ in range(n):
+            _open_session(hc, url)
+        per_session = (_rss_kib(proc.pid) - before) / n
+    print(f"HTTP session memory: {per_session:.1f} KiB per open session ({n} sessions)")
+    assert per_session < 200  # KiB; with the cap of 1000 sessions that is < 200 MiB in the worst case
+
+
+def test_http_sessions_expire_when_idle_and_are_capped(redos_run):
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="1.5", EVOTRAINER_MCP_MAX_SESSIONS="3")
+    try:
+        with httpx.Client() as hc:
+            sids = [_open_session(hc, url) for _ in range(3)]
+            r = hc.post(url, json=INIT, headers=HDR, timeout=30)  # a 4th session while 3 are open
+            assert (r.status_code, r.json()["error"]) == (503, {"code": -32603, "message": "Too many open sessions"})
+            assert _sse_json(_ping(hc, url, sids[0])) == {"jsonrpc": "2.0", "id": 7, "result": {}}  # alive
+            time.sleep(4)  # > 1.5 s idle: all three expire
+            r = _ping(hc, url, sids[0])
+            assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
+            assert _sse_json(_ping(hc, url, _open_session(hc, url))) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_session_limits_from_the_environment(monkeypatch):
+    from evotrainer.servers.http import ServeError, session_limits
+
+    assert session_limits() == (1800.0, 1000)
+    monkeypatch.setenv("EVOTRAINER_MCP_SESSION_IDLE_S", "90")
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "5")
+    assert session_limits() == (90.0, 5)
+    assert session_limits(10, 2) == (10.0, 2)
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "0")
+    with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_MAX_SESSIONS='0': give a positive integer$"):
+        session_limits()
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_SESSIONS", "5")
+    monkeypatch.setenv("EVOTRAINER_MCP_SESSION_IDLE_S", "inf")
+    with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_SESSION_IDLE_S='inf': give a positive number of seconds$"):
+        session_limits()
+
+
+# --- search_rollouts is a read; writes retry Lance commit conflicts ---------------------------------------
+LANCE_CONFLICT = ("lance error: Retryable commit conflict for version 25: This CreateIndex transaction was preempted "
+                  "by concurrent transaction CreateIndex at version 25. Please retry., /root/.cargo/registry/src/"
+                  "index.crates.io-1949cf8c6b5b557f/lance-13.0.0/src/io/commit/conflict_resolver.rs:926:34")
+
+
+def test_commit_conflicts_are_retried_then_reported_without_internals(monkeypatch):
+    from evotrainer import rollouts
+
+    monkeypatch.setattr(rollouts.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError(LANCE_CONFLICT)  # the message the probe got back through search_rollouts
+        return "ok"
+
+    assert rollouts.with_commit_retries(flaky, "adding rollouts") == "ok" and len(calls) == 3
+    with pytest.raises(rollouts.RolloutStoreError) as info:
+        rollouts.with_commit_retries(lambda: (_ for _ in ()).throw(RuntimeError(LANCE_CONFLICT)), "adding rollouts")
+    assert str(info.value) == ("adding rollouts: the rollout store kept conflicting with concurrent writers after 8 "
+                               "tries; retry later")
+    other = []
+    with pytest.raises(ValueError, match="^bad predicate$"):  # not a conflict: raised at once, no retry
+        rollouts.with_commit_retries(lambda: other.append(1) or (_ for _ in ()).throw(ValueError("bad predicate")), "x")
+    assert other == [1]
+
+
+def test_lance_internal_paths_are_scrubbed_from_tool_errors():
+    from evotrainer.servers.common import _to_tool_error
+
+    err = _to_tool_error("search_rollouts", RuntimeError(LANCE_CONFLICT))
+    assert str(err) == ("search_rollouts failed: RuntimeError: lance error: Retryable commit conflict for version 25: "
+                        "This CreateIndex transaction was preempted by concurrent transaction CreateIndex at version "
+                        "25. Please retry., <library>")
+    err = _to_tool_error("x", FileNotFoundError("/usr/lib/python3.11/site-packages/lancedb/table.py: gone"))
+    assert str(err) == "<library>: gone"
+
+
+def test_eight_concurrent_clients_search_while_a_job_writes(tmp_path, monkeypatch):
+    """8 sessions call search_rollouts at once while a writer appends (another RolloutStore handle, like the
+    training job) with index updates forced on every add: no call fails, and searches add no table versions."""
+    from evotrainer import rollouts
+    from evotrainer.rollouts import RolloutStore, make_record
+
+    monkeypatch.setattr(rollouts, "FTS_OPTIMIZE_ROWS", 1)  # every add() also updates the index: most conflicts
+    run = make_run(tmp_path)
+    store = RolloutStore(run / "rollouts")
+    store.add([make_record(version_id="v0", step=5, prompt_id="p9", group_id="g9", sample_idx=0,
+                           prompt="What is 3+3?", completion="6", reward=1.0)])
+    tbl = store._table()
+    v_before = tbl.version
+    server = build_server("rollouts", run)
+    clients = [SyncClient(server) for _ in range(8)]
+    errors: list[str] = []
+    totals: list[int] = []
+
+    def searcher(c: SyncClient) -> None:
+        for _ in range(5):
+            r = c.call("search_rollouts", {"query": "1"})
+            if r.is_error:
+                errors.append(r.content[0].text)
+            else:
+                totals.append(r.structured_content["total"])
+
+    writer_store = RolloutStore(run / "rollouts")
+
+    def writer() -> None:
+        for k in range(10):
+            writer_store.add([make_record(version_id="v1", step=k, prompt_id="p1", group_id="g0", sample_idx=0,
+                                          prompt="What is 1+1?", completion="2", reward=1.0)])
+
+    try:
+        threads = [threading.Thread(target=searcher, args=(c,)) for c in clients] + [threading.Thread(target=writer)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert errors == []
+        # token "1": the 8 rollouts of make_run on p1 ("What is 1+1?": 4 train + 4 eval), + 0..10 writer rows so far
+        assert len(totals) == 40 and all(8 <= t <= 18 for t in totals), totals
+        assert store.count() == 16 + 1 + 10
+        # a read-only pass: 40 more searches, table version unchanged (before: each search rebuilt two indices)
+        v_mid = store._table().version
+        for c in clients:
+            for _ in range(5):
+                assert c.ok("search_rollouts", {"query": "1"})["total"] == 18  # 8 + 10
+        assert store._table().version == v_mid
+        assert v_mid > v_before  # the writer's adds and index updates did create versions
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_eight_concurrent_writers_all_land(tmp_path, monkeypatch):
+    """8 store handles (as 8 processes would have) race to create the table and its FTS indices and append at
+    once, each add also due for an index update: every row lands and the indices end up complete."""
+    from evotrainer import rollouts
+    from evotrainer.rollouts import RolloutStore, make_record
+
+    monkeypatch.setattr(rollouts, "FTS_OPTIMIZE_ROWS", 1)
+    failures: list[str] = []
+    start = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        store = RolloutStore(tmp_path / "rollouts")
+        start.wait()
+        try:
+            for k in range(4):
+                store.add([make_record(version_id=f"w{i}", step=k, prompt_id="p", group_id="g", sample_idx=j,
+                                       prompt=f"writer{i} step{k}", completion="done", reward=1.0) for j in range(2)])
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert failures == []
+    store = RolloutStore(tmp_path / "rollouts")
+    assert store.count() == 8 * 4 * 2  # 64
+    assert store.maintain_index(min_unindexed=1) is True
+    tbl = store._table()
+    assert [tbl.index_stats(f"{c}_idx").num_unindexed_rows for c in ("completion", "prompt")] == [0, 0]
+    assert sorted(r["rollout_id"] for r in store.search("writer3", limit=50)) == [
+        f"w3/train/{k}/g/{j}" for k in range(4) for j in range(2)]
+
+
+# --- input bounds -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bounds_client(tmp_path_factory):
+    c = SyncClient(build_server("all", make_run(tmp_path_factory.mktemp("bounds"))))
+    yield c
+    c.close()
+
+
+def test_free_text_fields_are_bounded_and_named(bounds_client):
+    c = bounds_client
+    args = {"parent_id": "v0", "path": "temperature", "new_value": 0.9}
+    assert c.err("propose_intervention", {**args, "hypothesis": "h" * 20_001}) == (
+        "Error executing tool propose_intervention: invalid arguments: hypothesis='hhhhhhhhhhhhhhhhhhhhhhhh..."
+        "hhhhhhhhhhhhhhhhhhhhhhh': String should have at most 20000 characters (Why this should help, citing the "
+        "evidence.)")
+    assert "note='" in c.err("propose_intervention", {**args, "note": "n" * 20_001})
+    v = c.ok("propose_intervention", {**args, "hypothesis": "h" * 20_000})  # at the limit: accepted, echoed once
+    assert v["interventions"][0]["hypothesis"] == "h" * 20_000
+    assert c.err("decide", {"version_id": v["id"], "action": "prune", "rationale": "r" * 20_001}).startswith(
+        "Error executing tool decide: invalid arguments: rationale='rrrrrrrrrrrrrrrrrrrrrrrr...")
+    # ids and names: 2,000 characters unless the tool sets less (version ids: 64)
+    assert c.err("get_metric_series", {"version_id": "v0", "name": "m" * 2001}).endswith(
+        ": String should have at most 2000 characters (Metric name, e.g. 'reward/mean' (list_metrics shows them).)")
+    assert c.err("decide", {"version_id": "v1", "action": "keep", "rationale": "r", "evidence": ["e"] * 1001}) == (
+        "Error executing tool decide: invalid arguments: evidence=['e', 'e', 'e', 'e', 'e',...'e', 'e', 'e', 'e', "
+        "'e']: List should have at most 1000 items after validation, not 1001 (Evidence refs: metric series, "
+        "rollout ids, finding ids, job ids.)")
+
+
+def test_whole_arguments_are_bounded(bounds_client):
+    # 60 strings of 20,000 characters: each within its bound, 1,200,316 bytes of JSON in all
+    args = {"parent_id": "v0", "path": "temperature", "new_value": ["y" * 20_000] * 60, "hypothesis": "h"}
+    assert bounds_client.err("propose_intervention", args) == (
+        "Error executing tool propose_intervention: arguments are 1200316 bytes of JSON; the limit is 1000000 bytes: "
+        "send less text (cut long fields) or split the call")
+
+
+def test_numbers_are_range_checked_before_duckdb(bounds_client):
+    c = bounds_client
+    assert c.err("sample_rollouts", {"step_min": 2**64}) == (
+        "Error executing tool sample_rollouts: invalid arguments: step_min=18446744073709551616: Input should be less "
+        "than or equal to 9223372036854775807 (First training step (inclusive).)")
+    assert c.err("sample_rollouts", {"offset": 2**63}) == (
+        "Error executing tool sample_rollouts: invalid arguments: offset=9223372036854775808: Input should be less "
+        "than or equal to 9223372036854775807 (Index of the first rollout to return.)")
+    assert c.err("sample_rollouts", {"reward_min": "-inf"}) == (
+        "Error executing tool sample_rollouts: invalid arguments: reward_min='-inf': Input should be a finite number "
+        "(Lowest total reward (inclusive).)")
+    assert c.err("sample_rollouts", {"seed": -(2**63) - 1}).startswith(
+        "Error executing tool sample_rollouts: invalid arguments: seed=-9223372036854775809: Input should be greater "
+        "than or equal to -9223372036854775808")
+    # at the int64 edge the numbers reach DuckDB and give plain results
+    assert c.ok("sample_rollouts", {"offset": 2**63 - 1})["rollouts"] == []
+    assert c.ok("sample_rollouts", {"step_min": 2**63 - 1, "seed": -(2**63)})["total"] == 0
+    assert "9223372036854775807 of v0" in c.err("get_group", {"version_id": "v0", "step": 2**63 - 1, "group_id": "g0"})
+
+
+def test_duckdb_errors_never_reach_the_client_raw():
+    import duckdb
+    from evotrainer.servers.common import _to_tool_error
+
+    try:
+        duckdb.connect().execute("SELECT 1 LIMIT ?", [2**70])
+    except Exception as exc:
+        raised = exc
+    assert str(_to_tool_error("sample_rollouts", raised)) == (
+        f"sample_rollouts failed: the rollout query was rejected ({type(raised).__name__}); check that numbers are "
+        "within range (integers within signed 64 bits, finite floats) and retry")
