@@ -1,0 +1,220 @@
+"""Executors on a real local Ray cluster (127.0.0.1, no dashboard): a round of two tiny-model branches.
+
+- the Ray round ends with the same lineage (versions, statuses, metric values, held-out outcomes) as
+  the inline round on a copy of the same run;
+- SIGKILL of one branch's Ray worker mid-training: that version's job is ``interrupted``, the other
+  branch's records are intact, and running the round again retrains the killed one (resumed);
+- per-version writer locks: two versions are written at once, a second writer of one version is refused.
+
+The cluster is started once for the module with its own session folder; the fixture stops it and checks
+that no process of that session (raylet, gcs_server, workers) is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray")
+
+from evotrainer.executor import InlineExecutor, RayExecutor, Task  # noqa: E402
+from evotrainer.intervention import Intervention  # noqa: E402
+from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.recipe import validate_recipe  # noqa: E402
+from evotrainer.workspace import Workspace, WorkspaceError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = yaml.safe_load((ROOT / "examples/tiny.yaml").read_text())["recipe"]
+STEPS = 2
+
+
+def _session_pids(temp_dir: str) -> list[int]:
+    """Live processes whose command line names this cluster's session folder (raylet, gcs_server, ...)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (p / "stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if temp_dir in cmd and state != "Z":
+            out.append(int(p.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_executor():
+    temp_dir = tempfile.mkdtemp(prefix="evr", dir="/tmp")  # short: Ray's socket paths live under it
+    ex = RayExecutor(max_parallel=2, threads=1, temp_dir=temp_dir)
+    try:
+        yield ex
+    finally:
+        ex.close()
+        deadline = time.time() + 30
+        while _session_pids(temp_dir) and time.time() < deadline:
+            time.sleep(0.5)
+        left = _session_pids(temp_dir)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, f"Ray processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """A run whose v0 is trained (2 steps, inline) with two proposed children: v1 (lr 2e-4), v2 (temperature 0.9)."""
+    root = tmp_path_factory.mktemp("base") / "run"
+    r = validate_recipe(TINY)
+    Workspace.init(root, r)
+    [res] = InlineExecutor(threads=1).run(root, [Task(version_id="v0", steps=STEPS)])
+    assert res.status == "done", res.error
+    with Workspace.open(root) as ws:
+        ws.lineage.branch("v0", Intervention(path="actor_learning_rate", old=r.actor_learning_rate, new=2e-4,
+                                             category="optimizer"))
+        ws.lineage.branch("v0", Intervention(path="temperature", old=r.temperature, new=0.9, category="rollout"))
+    return root
+
+
+def _copy(base: Path, dst: Path) -> Path:
+    shutil.copytree(base, dst, ignore=shutil.ignore_patterns(".writer.lock", ".locks"))
+    return dst
+
+
+def _lineage(root: Path) -> dict:
+    """What must match across executors: versions, statuses, metric values (perf/* are timings), eval outcomes."""
+    s = LineageStore(root / "lineage.db", readonly=True)
+    try:
+        out = {}
+        for v in s.versions():
+            metrics = {name: pts for name, pts in s.all_metrics(v.id).items() if not name.startswith("perf/")}
+            ev = {k: v.eval_summary.get(k) for k in ("k", "avg@k", "pass@k", "pass@1", "n_problems")}
+            out[v.id] = {"parent": v.parent_id, "status": v.status, "metrics": metrics, "eval": ev,
+                         "eval_matrix": s.eval_matrix(v.id)}
+        return out
+    finally:
+        s.close()
+
+
+def _round() -> list[Task]:
+    return [Task(version_id="v1", steps=STEPS, evaluate=True), Task(version_id="v2", steps=STEPS, evaluate=True)]
+
+
+def test_ray_round_matches_inline_round(base_run, ray_executor, tmp_path):
+    inline_run = _copy(base_run, tmp_path / "inline")
+    ray_run = _copy(base_run, tmp_path / "ray")
+    inline = InlineExecutor(threads=1).run(inline_run, _round())
+    seen: list[tuple[str, str, int, int]] = []
+    t0 = time.monotonic()
+    on_ray = ray_executor.run(ray_run, _round(), progress=lambda *a: seen.append(a))
+    wall = time.monotonic() - t0
+    assert [r.status for r in inline] == ["done", "done"], [r.error for r in inline]
+    assert [r.status for r in on_ray] == ["done", "done"], [r.error for r in on_ray]
+    a, b = _lineage(inline_run), _lineage(ray_run)
+    assert a == b
+    # both children trained 2 steps (metrics at steps 0 and 1) and evaluated on the 8 held-out problems, k=2
+    for vid in ("v1", "v2"):
+        assert b[vid]["status"] == "trained"
+        assert [s for s, _ in b[vid]["metrics"]["reward/mean"]] == [0, 1]
+        assert b[vid]["eval"]["k"] == 2 and b[vid]["eval"]["n_problems"] == 8
+        assert len(b[vid]["eval_matrix"]) == 8 and all(len(x) == 2 for x in b[vid]["eval_matrix"].values())
+    # the branches ran in two worker processes side by side: each registered its jobs with its own pid,
+    # and their train jobs overlapped in time
+    with Workspace.open(ray_run) as ws:
+        jobs = {j.version_id: j for j in ws.lineage.jobs() if j.kind == "train" and j.version_id != "v0"}
+    assert jobs["v1"].pid != jobs["v2"].pid != os.getpid()
+    assert jobs["v1"].status == jobs["v2"].status == "done"
+    assert max(j.created_at for j in jobs.values()) < min(j.updated_at for j in jobs.values())
+    # one progress line per branch reached the last step (2 of 2)
+    assert {(v, d, t) for v, k, d, t in seen if k == "train"} >= {("v1", 2, 2), ("v2", 2, 2)}
+    assert wall < 600
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_worker_interrupts_only_that_branch_and_resume_retrains_it(base_run, ray_executor, tmp_path):
+    run = _copy(base_run, tmp_path / "killed")
+    steps = 6  # long enough to kill v1 after its first step, before its last
+    tasks = [Task(version_id="v1", steps=steps), Task(version_id="v2", steps=steps)]
+    killed: list[int] = []
+
+    def kill_v1(vid: str, kind: str, done: int, total: int) -> None:
+        if vid == "v1" and kind == "train" and done >= 1 and not killed:
+            s = LineageStore(run / "lineage.db", readonly=True)
+            try:
+                pid = next(j.pid for j in s.jobs("v1") if j.status == "running" and j.kind == "train")
+            finally:
+                s.close()
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    first = ray_executor.run(run, tasks, progress=kill_v1)
+    assert killed, "v1 finished before it could be killed"
+    assert [r.status for r in first] == ["interrupted", "done"], [r.error for r in first]
+    s = LineageStore(run / "lineage.db", readonly=True)
+    try:
+        v1_job = next(j for j in s.jobs("v1") if j.kind == "train")
+        assert v1_job.status == "interrupted" and v1_job.pid == killed[0]
+        assert 1 <= v1_job.steps_done < steps
+        assert s.get("v1").status == "training"  # not trained: resumable
+        # the other branch is whole: 6 steps of metrics, its checkpoint, status trained
+        v2 = s.get("v2")
+        assert v2.status == "trained" and Path(v2.checkpoint).is_dir()
+        assert [st for st, _ in s.metric_series("v2", "reward/mean")] == list(range(steps))
+        v2_before = s.all_metrics("v2")
+    finally:
+        s.close()
+    rollouts = Workspace.open(run).rollouts
+    per_step = TINY["rollout_batch_size"] * TINY["n_samples_per_prompt"]  # 2 prompts x 2 samples = 4 rows
+    assert rollouts.count("version_id = 'v2' AND split = 'train'") == steps * per_step  # 6 x 4 = 24
+    # resume: the same round again retrains v1 only (v2 is trained to 6 steps: skipped)
+    second = ray_executor.run(run, tasks)
+    assert [r.status for r in second] == ["done", "skipped"], [r.error for r in second]
+    assert second[0].train["steps_done"] == steps
+    # v1 resumed from its resume checkpoint (every 4 steps) when the kill came after step 4, else from the start
+    assert second[0].train["resumed_from_step"] in (None, 3)
+    s = LineageStore(run / "lineage.db", readonly=True)
+    try:
+        assert s.get("v1").status == "trained"
+        assert [st for st, _ in s.metric_series("v1", "reward/mean")] == list(range(steps))
+        assert s.all_metrics("v2") == v2_before
+    finally:
+        s.close()
+    # the killed attempt's rollouts of redone steps are replaced, not doubled: 24 rows each
+    assert rollouts.count("version_id = 'v1' AND split = 'train'") == steps * per_step
+    assert rollouts.count("version_id = 'v2' AND split = 'train'") == steps * per_step
+
+
+def test_version_writers_side_by_side_and_one_writer_per_version(tmp_path):
+    Workspace.init(tmp_path / "run", validate_recipe(TINY))
+    with Workspace.open(tmp_path / "run") as ws:
+        ws.lineage.branch("v0", Intervention(path="temperature", old=1.0, new=0.9, category="rollout"))
+    a = Workspace.open(tmp_path / "run", writer=True, version="v0")
+    b = Workspace.open(tmp_path / "run", writer=True, version="v1")  # another version: side by side
+    try:
+        with pytest.raises(WorkspaceError, match=r"another process is writing version v1 of this run \(lock .*"
+                                                 r"\.locks/v1\.lock\)"):
+            Workspace.open(tmp_path / "run", writer=True, version="v1")
+        with pytest.raises(WorkspaceError, match="another process is writing this run"):
+            Workspace.open(tmp_path / "run", writer=True)  # a run-wide writer waits for the version writers
+        a.lineage.log_metrics("v0", 0, {"reward/mean": 0.25})
+        b.lineage.log_metrics("v1", 0, {"reward/mean": 0.5})
+        assert Workspace.open(tmp_path / "run").lineage.metric_series("v1", "reward/mean") == [(0, 0.5)]
+    finally:
+        a.close()
+        b.close()
+    whole = Workspace.open(tmp_path / "run", writer=True)  # free again once both closed
+    try:
+        with pytest.raises(WorkspaceError, match="another process is writing this run as a whole"):
+            Workspace.open(tmp_path / "run", writer=True, version="v0")
+    finally:
+        whole.close()
+    with pytest.raises(WorkspaceError, match=r"version='../x': not a version id"):
+        Workspace.open(tmp_path / "run", writer=True, version="../x")
