@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Environment a worker gets from the driver (a remote node's workers do not inherit it).
 PASS_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "EVOTRAINER_SKILLS_DIR",
-            "EVOTRAINER_NUM_THREADS", "HF_HOME", "CUDA_VISIBLE_DEVICES")
+            "EVOTRAINER_NUM_THREADS", "HF_HOME", "EVOTRAINER_CACHE_DIR")
 TaskStatus = Literal["done", "failed", "interrupted", "skipped"]
 ProgressFn = Callable[[str, str, int, int], None]  # (version_id, "train" | "eval", done, total)
 
@@ -132,7 +132,7 @@ def _cli(argv: list[str]) -> dict[str, Any]:
 
 
 def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], threads: int | None,
-             device: str | None, backend: str, env: dict[str, str]) -> dict[str, Any]:
+             device: str | None, backend: str, env: dict[str, str], train_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """Worker entry point: the task's ``evotrainer train`` then ``evotrainer eval`` commands, in this process.
 
     Args:
@@ -143,6 +143,7 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
         device: ``cpu`` / ``cuda`` / None.
         backend: ``local`` | ``openrlhf``.
         env: environment variables set before anything is imported (:data:`PASS_ENV` of the driver).
+        train_args: more ``evotrainer train`` options (e.g. ``--cluster FILE`` for openrlhf).
 
     Returns:
         ``{"train": TrainResult | None, "eval": EvalResult | None, "skipped": bool}`` as JSON dicts.
@@ -158,7 +159,7 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
         else:
             out["train"] = _cli(["train", "--run", str(root), "--version", t.version_id, "--steps", str(t.steps),
                                  "--json", "--job", job_ids["train"], "--backend", backend,
-                                 *(extra if backend == "local" else [])])
+                                 *(extra if backend == "local" else []), *train_args])
     if t.evaluate:
         out["eval"] = _cli(["eval", t.version_id, "--run", str(root), "--json", "--job", job_ids["eval"],
                             "--name", t.eval_name, *(["--k", str(t.k)] if t.k else []), *extra])
@@ -223,13 +224,15 @@ class InlineExecutor:
         threads: torch CPU threads per task (None: the CLI's default, the idle cores).
         device: ``cpu`` / ``cuda`` / None (auto).
         backend: ``local`` | ``openrlhf``.
+        train_args: more ``evotrainer train`` options (``--cluster FILE`` for openrlhf).
     """
 
     name = "inline"
     max_parallel = 1
 
-    def __init__(self, threads: int | None = None, device: str | None = None, backend: str = "local"):
-        self.threads, self.device, self.backend = threads, device, backend
+    def __init__(self, threads: int | None = None, device: str | None = None, backend: str = "local",
+                 train_args: tuple[str, ...] = ()):
+        self.threads, self.device, self.backend, self.train_args = threads, device, backend, tuple(train_args)
 
     def run(self, run_dir: str | Path, tasks: list[Task], progress: ProgressFn | None = None) -> list[TaskResult]:
         """Run each task to its end before the next; a failing task is reported and the others still run."""
@@ -238,7 +241,8 @@ class InlineExecutor:
         for task in tasks:
             ids, t0 = _job_ids(task), time.monotonic()
             try:
-                out = run_task(str(root), task.model_dump(), ids, self.threads, self.device, self.backend, {})
+                out = run_task(str(root), task.model_dump(), ids, self.threads, self.device, self.backend, {},
+                               self.train_args)
                 results.append(_result(task, out, ids, time.monotonic() - t0))
             except Exception as exc:
                 results.append(TaskResult(version_id=task.version_id, status="failed", error=str(exc)[:2000],
@@ -261,7 +265,7 @@ class RayExecutor:
         max_parallel: branches running at the same time.
         threads: torch CPU threads per branch; also the task's Ray CPUs unless ``num_cpus`` is given.
         num_cpus / num_gpus / memory_mb: Ray resources of one task (a task waits until they are free).
-        device, backend: as for :class:`InlineExecutor`.
+        device, backend, train_args: as for :class:`InlineExecutor`.
         temp_dir: Ray's session folder for a local cluster (None: Ray's default).
         poll_s: seconds between checks of the running tasks (progress, finished ones).
 
@@ -274,15 +278,21 @@ class RayExecutor:
     def __init__(self, address: str | None = None, max_parallel: int = 2, threads: int | None = 1,
                  num_cpus: float | None = None, num_gpus: float = 0.0, memory_mb: int | None = None,
                  device: str | None = None, backend: str = "local", temp_dir: str | None = None,
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, train_args: tuple[str, ...] = ()):
         if max_parallel < 1:
             raise ExecutorError(f"max_parallel={max_parallel}: run at least 1 branch at a time")
         if threads is not None and threads < 1:
             raise ExecutorError(f"threads={threads}: give at least 1 CPU thread per branch, or None for the default")
         self.address, self.max_parallel, self.threads = address, max_parallel, threads
         self.num_cpus = float(num_cpus if num_cpus is not None else (threads or 1))
+        # an OpenRLHF branch's task only follows its job; the job's own actors take the GPUs from the cluster
+        # (openrlhf_runner joins it), so a task holding a GPU would starve its own job
+        if backend == "openrlhf" and num_gpus:
+            raise ExecutorError(f"num_gpus={num_gpus} with backend=openrlhf: the OpenRLHF job's actors reserve the "
+                                "GPUs themselves (ClusterSpec.num_gpus_per_node); leave num_gpus at 0")
         self.num_gpus, self.memory_mb = float(num_gpus), memory_mb
         self.device, self.backend, self.temp_dir, self.poll_s = device, backend, temp_dir, poll_s
+        self.train_args = tuple(train_args)
         self._owns_cluster = False
         self._remote = None
 
@@ -334,7 +344,7 @@ class RayExecutor:
                     i, task = queue.pop(0)
                     ids = _job_ids(task)
                     ref = self._remote.remote(str(root), task.model_dump(), ids, self.threads, self.device,
-                                              self.backend, env)
+                                              self.backend, env, self.train_args)
                     running[ref] = (i, task, ids, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
                 for ref in ready:
@@ -385,7 +395,8 @@ def make_executor(kind: str = "inline", *, ray_address: str | None = None, max_p
         ExecutorError: unknown kind.
     """
     if kind == "inline":
-        return InlineExecutor(threads=threads, backend=backend, device=kwargs.get("device"))
+        return InlineExecutor(threads=threads, backend=backend, device=kwargs.get("device"),
+                              train_args=kwargs.get("train_args", ()))
     if kind == "ray":
         return RayExecutor(address=ray_address, max_parallel=max_parallel, threads=threads or 1, backend=backend,
                            **kwargs)

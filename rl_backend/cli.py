@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="openrlhf: print the exact job, submit nothing."),
         job_id: str | None = typer.Option(None, "--job", help="Register as this job id in the run's jobs table "
                                                               "(progress per step; used by the executors)."),
+        cluster: Path | None = typer.Option(None, "--cluster", help="openrlhf: hardware / submission settings, a "
+                                                                    "YAML or JSON ClusterSpec (default: its defaults)."),
     ) -> None:
         """Train a version with the local GRPO backend: rollouts, metrics, TensorBoard, checkpoint."""
         from evotrainer.rl_backend.local import LocalBackend
@@ -91,7 +93,7 @@ def register(app: typer.Typer) -> None:
             if backend_name == "openrlhf":
                 from evotrainer.rl_backend.base import get_backend
 
-                backend = get_backend("openrlhf")
+                backend = get_backend("openrlhf", cluster=_cluster_spec(cluster) if cluster else None)
             else:
                 backend = LocalBackend(device=device, num_threads=threads)
             if as_json:
@@ -187,3 +189,23 @@ def _job(ws: Any, job_id: str | None, kind: str, version_id: str, steps: int) ->
         ws.lineage.update_job(job_id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     ws.lineage.update_job(job_id, status="done", progress=1.0)
+
+
+def _cluster_spec(path: Path) -> Any:
+    """A :class:`~evotrainer.rl_backend.openrlhf_backend.ClusterSpec` from a YAML / JSON file.
+
+    Raises:
+        RecipeError: missing file, bad YAML, or a field fails validation (named).
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    from evotrainer.recipe import RecipeError
+    from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
+
+    if not path.is_file():
+        raise RecipeError(f"--cluster {path}: no such file")
+    try:
+        return ClusterSpec.model_validate(yaml.safe_load(path.read_text()) or {})
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise RecipeError(f"--cluster {path}: not a ClusterSpec ({exc})") from None

@@ -1,0 +1,160 @@
+"""Wall time of one round (2 children + the control arm: train, then evaluate) inline vs on Ray.
+
+The same run is copied for each configuration: a base version v0 trained inline, then three
+branches of it: two single-factor children (learning rate x2, temperature 0.9) and the control arm
+(the parent's recipe continued from the same checkpoint; ``lineage.branch_control`` where the
+lineage has it, else a child with another sampling seed, the same cost). Each configuration runs
+the round's three tasks (train ``--steps`` steps, then evaluate) through :mod:`evotrainer.executor`:
+
+- ``inline-2t``: one branch after another in this process, 2 torch threads (2 threads x 1 branch);
+- ``inline-1t``: the same with 1 thread;
+- ``ray-1t-x2``: Ray, 2 branches side by side, 1 thread each (1 thread x 2 branches);
+- ``ray-2t-x1``: Ray, 1 branch at a time, 2 threads (Ray's overhead alone).
+
+A Ray configuration's time includes starting its local cluster (printed apart). The lineage of
+every configuration is checked to be the same (statuses, metric values, held-out outcomes).
+``--model smollm2`` uses SmolLM2-135M-Instruct with a tiny budget (2 prompts x 2 samples, 16 new
+tokens); ``tiny`` a random 2-layer model (startup-bound: measures the overhead).
+
+Usage: ``python benchmarks/ray_round.py [--model tiny|smollm2] [--steps 2] [--configs inline-2t,ray-1t-x2]``
+(prints one line per configuration, the ratios, and ``--json`` writes them to a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"inline-2t": ("inline", 2, 1), "inline-1t": ("inline", 1, 1), "ray-1t-x2": ("ray", 1, 2),
+           "ray-2t-x1": ("ray", 2, 1)}
+
+
+def recipe(model: str):
+    import yaml
+
+    from evotrainer.recipe import validate_recipe
+
+    r = yaml.safe_load((ROOT / "examples/tiny.yaml").read_text())["recipe"]
+    if model == "smollm2":
+        r = {**r, "name": "bench-smollm2", "model": {"name_or_path": "smollm2-135m-instruct"},
+             "generate_max_len": 16, "eval": {"k": 2, "max_problems": 4, "temperature": 0.7}}
+    return validate_recipe(r)
+
+
+def base_run(root: Path, model: str, steps: int) -> list[str]:
+    """v0 trained inline, then its three branches; returns their ids."""
+    from evotrainer.executor import InlineExecutor, Task
+    from evotrainer.intervention import Intervention
+    from evotrainer.workspace import Workspace
+
+    r = recipe(model)
+    Workspace.init(root, r)
+    [res] = InlineExecutor(threads=1).run(root, [Task(version_id="v0", steps=steps)])
+    if res.status != "done":
+        sys.exit(f"base training failed: {res.error}")
+    with Workspace.open(root) as ws:
+        lin = ws.lineage
+        ids = [lin.branch("v0", Intervention(path="actor_learning_rate", old=r.actor_learning_rate,
+                                             new=r.actor_learning_rate * 2, category="optimizer")).id,
+               lin.branch("v0", Intervention(path="temperature", old=r.temperature, new=0.9,
+                                             category="rollout")).id]
+        if hasattr(lin, "branch_control"):
+            ids.append(lin.branch_control("v0", note="control (benchmark)").id)
+        else:
+            ids.append(lin.branch("v0", Intervention(path="seed", old=r.seed, new=r.seed + 1,
+                                                     category="rollout")).id)
+    return ids
+
+
+def signature(root: Path) -> dict:
+    """Statuses, metric values (not perf/* timings) and held-out outcomes of every version."""
+    from evotrainer.lineage import LineageStore
+
+    s = LineageStore(root / "lineage.db", readonly=True)
+    try:
+        return {v.id: (v.status, {n: p for n, p in s.all_metrics(v.id).items() if not n.startswith("perf/")},
+                       s.eval_matrix(v.id)) for v in s.versions()}
+    finally:
+        s.close()
+
+
+def run_config(name: str, base: Path, work: Path, ids: list[str], steps: int) -> dict:
+    from evotrainer.executor import InlineExecutor, RayExecutor, Task
+
+    kind, threads, parallel = CONFIGS[name]
+    run = work / name
+    # v0's checkpoint stays in the base run (its path is absolute); the children's are written here
+    shutil.copytree(base, run, ignore=shutil.ignore_patterns(".writer.lock", ".locks", "checkpoints"))
+    (run / "checkpoints").mkdir()
+    tasks = [Task(version_id=v, steps=steps, evaluate=True) for v in ids]
+    t0 = time.monotonic()
+    startup = 0.0
+    if kind == "inline":
+        ex = InlineExecutor(threads=threads)
+    else:
+        ex = RayExecutor(max_parallel=parallel, threads=threads, temp_dir=tempfile.mkdtemp(prefix="evb", dir="/tmp"))
+        ex._ray()  # start the local cluster now, to time it apart
+        startup = time.monotonic() - t0
+    try:
+        results = ex.run(run, tasks)
+    finally:
+        ex.close()
+    wall = time.monotonic() - t0
+    bad = [(r.version_id, r.status, r.error[:300]) for r in results if r.status != "done"]
+    if bad:
+        sys.exit(f"{name}: {bad}")
+    sig = signature(run)
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)  # SmolLM2 checkpoints are 0.5 GB each
+    return {"config": name, "wall_s": round(wall, 1), "startup_s": round(startup, 1),
+            "branch_s": [r.wall_s for r in results], "signature": sig}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--configs", default="inline-2t,inline-1t,ray-1t-x2,ray-2t-x1")
+    ap.add_argument("--json", type=Path, default=None, help="Write the measurements here.")
+    args = ap.parse_args()
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        sys.exit(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+    work = Path(tempfile.mkdtemp(prefix="ray_round-"))
+    try:
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; model {args.model}, "
+              f"{args.steps} steps per branch, then held-out evaluation", flush=True)
+        ids = base_run(work / "base", args.model, args.steps)
+        out = []
+        for name in names:
+            m = run_config(name, work / "base", work, ids, args.steps)
+            out.append(m)
+            print(f"{name:10s} round {m['wall_s']:7.1f} s (cluster start {m['startup_s']:.1f} s; branches "
+                  f"{', '.join(f'{s:.1f}' for s in m['branch_s'])} s)  load {os.getloadavg()[0]:.1f}", flush=True)
+        same = all(m["signature"] == out[0]["signature"] for m in out)
+        print(f"same lineage in every configuration: {same}")
+        by = {m["config"]: m["wall_s"] for m in out}
+        for a, b in (("inline-2t", "ray-1t-x2"), ("inline-1t", "ray-1t-x2"), ("ray-2t-x1", "ray-1t-x2")):
+            if a in by and b in by:
+                print(f"ratio {a} / {b} = {by[a] / by[b]:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps([{k: v for k, v in m.items() if k != "signature"} for m in out]
+                                            + [{"same_lineage": same, "load": os.getloadavg()[0]}], indent=2))
+        if not same:
+            sys.exit(1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
