@@ -99,16 +99,18 @@ def run_config(name: str, base: Path, work: Path, ids: list[str], steps: int) ->
     tasks = [Task(version_id=v, steps=steps, evaluate=True) for v in ids]
     t0 = time.monotonic()
     startup = 0.0
+    temp_dir = tempfile.mkdtemp(prefix="evb", dir="/tmp")  # Ray's session folder (short: socket paths)
     if kind == "inline":
         ex = InlineExecutor(threads=threads)
     else:
-        ex = RayExecutor(max_parallel=parallel, threads=threads, temp_dir=tempfile.mkdtemp(prefix="evb", dir="/tmp"))
-        ex._ray()  # start the local cluster now, to time it apart
+        ex = RayExecutor(max_parallel=parallel, threads=threads, temp_dir=temp_dir)
+        ex.start()  # the local cluster, timed apart
         startup = time.monotonic() - t0
     try:
         results = ex.run(run, tasks)
     finally:
         ex.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     wall = time.monotonic() - t0
     bad = [(r.version_id, r.status, r.error[:300]) for r in results if r.status != "done"]
     if bad:

@@ -231,14 +231,17 @@ def _take_writer_locks(root: Path, version: str | None) -> list[_Flock]:
     """The locks of a run-wide writer (``version=None``) or of a writer of one version.
 
     Raises:
-        WorkspaceError: another handle (this process or another) holds a conflicting lock for more than 0.5 s,
+        WorkspaceError: another handle (this process or another) holds a conflicting lock (waits 0.5 s; 5 s for
+            the shared run lock of a version writer),
             or ``version`` is not a version id.
     """
     if version is None:
         return [_take_writer_lock(root)]
     if not _VERSION_ID.fullmatch(version):
         raise WorkspaceError(f"version={version!r}: not a version id (letters, digits, '_', '.', '-'; e.g. 'v3')")
-    run = _take_writer_lock(root, shared=True)
+    # a version writer waits a little for the shared lock: a run-wide writer (a server job) that has written
+    # its last row may still be closing its handle when the next branch starts
+    run = _take_writer_lock(root, shared=True, timeout_s=5.0)
     (root / ".locks").mkdir(exist_ok=True)
     path = root / ".locks" / f"{version}.lock"
     try:
@@ -249,15 +252,15 @@ def _take_writer_locks(root: Path, version: str | None) -> list[_Flock]:
                              "wait for it to finish, or write another version") from None
 
 
-def _take_writer_lock(root: Path, shared: bool = False) -> _Flock:
+def _take_writer_lock(root: Path, shared: bool = False, timeout_s: float = 0.5) -> _Flock:
     """The run's writer lock ``.writer.lock``: exclusive for a run-wide writer, shared for version writers.
 
     Raises:
-        WorkspaceError: a conflicting holder (this process or another) keeps it for more than 0.5 s.
+        WorkspaceError: a conflicting holder (this process or another) keeps it for more than ``timeout_s``.
     """
     path = root / ".writer.lock"
     try:
-        return _Flock(path, shared=shared)
+        return _Flock(path, shared=shared, timeout_s=timeout_s)
     except BlockingIOError:
         what = "another process is writing this run as a whole" if shared else "another process is writing this run"
         raise WorkspaceError(
