@@ -16,7 +16,21 @@ every configuration is checked to be the same (statuses, metric values, held-out
 ``--model smollm2`` uses SmolLM2-135M-Instruct with a tiny budget (2 prompts x 2 samples, 16 new
 tokens); ``tiny`` a random 2-layer model (startup-bound: measures the overhead).
 
-Usage: ``python benchmarks/ray_round.py [--model tiny|smollm2] [--steps 2] [--configs inline-2t,ray-1t-x2]``
+Measured 2026-12-01 on this 2-core machine, shared with other engineers' jobs (load average 3-10 during
+the runs, so the numbers move by tens of percent from run to run), 1 step per branch then a held-out
+evaluation (4 problems x k=2):
+
+- threads, SmolLM2: inline 1 thread 28.0 s per round, inline 2 threads 314.3 s (11x slower: oversubscribed
+  threads wait on each other at load ~7); tiny: 10.1 s vs 48.8 s. Hence ``branch_threads: 1`` and 2
+  branches of 1 thread, never 1 branch of 2 threads (ray-2t-x1 tiny: 83.9 s vs ray-1t-x2 65.1 s).
+- inline vs Ray (1 thread x 2 branches), SmolLM2, ``--rounds 2``: inline 25.7 + 24.9 s; Ray 38.7 s (cluster
+  start 4.4 s, two fresh workers importing torch / transformers: 26 s per branch) + 18.2 s on the warm
+  workers: ratio inline / Ray 0.66 for the first round, 1.37 for the next, 0.89 over both. With fresh
+  workers per branch (``reuse_workers=False``) one round took 89.9 s (ratio 0.31). The lineage was the same
+  in every configuration (statuses, metric values, held-out outcomes).
+
+Usage: ``python benchmarks/ray_round.py [--model tiny|smollm2] [--steps 2] [--rounds 1]
+[--configs inline-2t,ray-1t-x2]``
 (prints one line per configuration, the ratios, and ``--json`` writes them to a file).
 """
 
@@ -88,37 +102,42 @@ def signature(root: Path) -> dict:
         s.close()
 
 
-def run_config(name: str, base: Path, work: Path, ids: list[str], steps: int) -> dict:
+def run_config(name: str, base: Path, work: Path, ids: list[str], steps: int, rounds: int) -> dict:
+    """``rounds`` rounds (each on a fresh copy of the base run) with one executor; wall time of each."""
     from evotrainer.executor import InlineExecutor, RayExecutor, Task
 
     kind, threads, parallel = CONFIGS[name]
-    run = work / name
-    # v0's checkpoint stays in the base run (its path is absolute); the children's are written here
-    shutil.copytree(base, run, ignore=shutil.ignore_patterns(".writer.lock", ".locks", "checkpoints"))
-    (run / "checkpoints").mkdir()
     tasks = [Task(version_id=v, steps=steps, evaluate=True) for v in ids]
+    temp_dir = tempfile.mkdtemp(prefix="evb", dir="/tmp")  # Ray's session folder (short: socket paths)
     t0 = time.monotonic()
     startup = 0.0
-    temp_dir = tempfile.mkdtemp(prefix="evb", dir="/tmp")  # Ray's session folder (short: socket paths)
     if kind == "inline":
         ex = InlineExecutor(threads=threads)
     else:
         ex = RayExecutor(max_parallel=parallel, threads=threads, temp_dir=temp_dir)
         ex.start()  # the local cluster, timed apart
         startup = time.monotonic() - t0
+    walls, branch_s, sigs = [], [], []
     try:
-        results = ex.run(run, tasks)
+        for i in range(rounds):
+            run = work / f"{name}-{i}"
+            # v0's checkpoint stays in the base run (its path is absolute); the children's are written here
+            shutil.copytree(base, run, ignore=shutil.ignore_patterns(".writer.lock", ".locks", "checkpoints"))
+            (run / "checkpoints").mkdir()
+            t1 = time.monotonic()
+            results = ex.run(run, tasks)
+            walls.append(round(time.monotonic() - t1 + (startup if i == 0 else 0.0), 1))
+            bad = [(r.version_id, r.status, r.error[:300]) for r in results if r.status != "done"]
+            if bad:
+                sys.exit(f"{name}: {bad}")
+            branch_s.append([r.wall_s for r in results])
+            sigs.append(signature(run))
+            shutil.rmtree(run, ignore_errors=True)  # SmolLM2 checkpoints are 0.5 GB each
     finally:
         ex.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
-    wall = time.monotonic() - t0
-    bad = [(r.version_id, r.status, r.error[:300]) for r in results if r.status != "done"]
-    if bad:
-        sys.exit(f"{name}: {bad}")
-    sig = signature(run)
-    shutil.rmtree(run / "checkpoints", ignore_errors=True)  # SmolLM2 checkpoints are 0.5 GB each
-    return {"config": name, "wall_s": round(wall, 1), "startup_s": round(startup, 1),
-            "branch_s": [r.wall_s for r in results], "signature": sig}
+    return {"config": name, "wall_s": round(sum(walls), 1), "round_s": walls, "startup_s": round(startup, 1),
+            "branch_s": branch_s, "signature": sigs[0], "same_rounds": all(x == sigs[0] for x in sigs)}
 
 
 def main() -> None:
@@ -126,6 +145,8 @@ def main() -> None:
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--configs", default="inline-2t,inline-1t,ray-1t-x2,ray-2t-x1")
+    ap.add_argument("--rounds", type=int, default=1, help="Rounds per configuration (one executor: a Ray "
+                                                          "cluster's workers stay warm across rounds).")
     ap.add_argument("--json", type=Path, default=None, help="Write the measurements here.")
     args = ap.parse_args()
     names = args.configs.split(",")
@@ -139,11 +160,12 @@ def main() -> None:
         ids = base_run(work / "base", args.model, args.steps)
         out = []
         for name in names:
-            m = run_config(name, work / "base", work, ids, args.steps)
+            m = run_config(name, work / "base", work, ids, args.steps, args.rounds)
             out.append(m)
-            print(f"{name:10s} round {m['wall_s']:7.1f} s (cluster start {m['startup_s']:.1f} s; branches "
-                  f"{', '.join(f'{s:.1f}' for s in m['branch_s'])} s)  load {os.getloadavg()[0]:.1f}", flush=True)
-        same = all(m["signature"] == out[0]["signature"] for m in out)
+            print(f"{name:10s} {args.rounds} round(s) {m['wall_s']:7.1f} s: " + "; ".join(
+                f"{w:.1f} s (branches {', '.join(f'{s:.1f}' for s in b)})" for w, b in zip(m["round_s"], m["branch_s"]))
+                + f" (cluster start {m['startup_s']:.1f} s, in the first)  load {os.getloadavg()[0]:.1f}", flush=True)
+        same = all(m["signature"] == out[0]["signature"] and m["same_rounds"] for m in out)
         print(f"same lineage in every configuration: {same}")
         by = {m["config"]: m["wall_s"] for m in out}
         for a, b in (("inline-2t", "ray-1t-x2"), ("inline-1t", "ray-1t-x2"), ("ray-2t-x1", "ray-1t-x2")):
