@@ -201,16 +201,15 @@ class _Progress:
         from evotrainer.lineage import LineageError
 
         for task, ids in running:
-            for kind in ("eval", "train"):
+            for kind in ("train", "eval"):
                 try:
                     job = self.store.job(ids[kind])
-                except LineageError:
+                except LineageError:  # not started (yet, or at all)
                     continue
                 now = (job.steps_done, job.steps_total)
                 if self._last.get(ids[kind]) != now:
                     self._last[ids[kind]] = now
                     self.progress(task.version_id, kind, *now)
-                break
 
     def close(self) -> None:
         if self.store is not None:
@@ -361,6 +360,7 @@ class RayExecutor:
                                               self.backend, env, self.train_args)
                     running[ref] = (i, task, ids, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
+                watcher.poll([(t, ids) for _, t, ids, _ in (running[ref] for ref in ready)])  # their last steps
                 for ref in ready:
                     i, task, ids, t0 = running.pop(ref)
                     wall = time.monotonic() - t0
@@ -374,7 +374,7 @@ class RayExecutor:
                         results[i] = TaskResult(version_id=task.version_id, status="interrupted",
                                                 jobs=list(ids.values()), wall_s=round(wall, 3),
                                                 error=f"{type(exc).__name__}: {str(exc)[:1500]}")
-                        _mark_interrupted(root)
+                        _mark_interrupted(root, list(ids.values()))
                 watcher.poll([(t, ids) for _, t, ids, _ in running.values()])
         finally:
             watcher.close()
@@ -390,13 +390,29 @@ class RayExecutor:
         self._remote = None
 
 
-def _mark_interrupted(root: Path) -> list[str]:
-    """Jobs of dead workers become ``interrupted`` now (not at the next open of the run)."""
-    from evotrainer.lineage import LineageStore
+def _mark_interrupted(root: Path, job_ids: list[str], wait_s: float = 10.0) -> list[str]:
+    """The dead worker's jobs become ``interrupted`` now (not at the next open of the run).
+
+    Ray may report the death before the process is gone (``recover_jobs`` sees a live pid): wait up to
+    ``wait_s`` seconds for it.
+    """
+    from evotrainer.lineage import LineageError, LineageStore
 
     store = LineageStore(root / "lineage.db")
     try:
-        return store.recover_jobs()
+        deadline = time.monotonic() + wait_s
+        while True:
+            store.recover_jobs()
+            running = []
+            for jid in job_ids:
+                try:
+                    if store.job(jid).status == "running":
+                        running.append(jid)
+                except LineageError:  # never registered (the worker died before)
+                    pass
+            if not running or time.monotonic() >= deadline:
+                return [j for j in job_ids if j not in running]
+            time.sleep(0.2)
     finally:
         store.close()
 

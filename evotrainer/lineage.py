@@ -163,7 +163,10 @@ def _pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed process its parent has not reaped yet (a zombie) answers kill(0) but runs no more
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class LineageStore:

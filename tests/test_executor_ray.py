@@ -138,7 +138,6 @@ def test_ray_round_matches_inline_round(base_run, ray_executor, tmp_path):
     assert wall < 600
 
 
-@pytest.mark.slow
 def test_sigkill_of_one_worker_interrupts_only_that_branch_and_resume_retrains_it(base_run, ray_executor, tmp_path):
     run = _copy(base_run, tmp_path / "killed")
     steps = 6  # long enough to kill v1 after its first step, before its last
