@@ -204,9 +204,13 @@ class ClaudeBrain:
     def decide(self, tools: RoleTools, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
         """Keep or prune a trained version from the gate and the findings."""
         task = (f"Decide on version {version_id}. Promotion gate: {json.dumps(gate, default=str)[:4000]}\n"
-                f"Diagnosis: {diagnosis.model_dump_json()[:4000]}\nRules: keep only if the held-out gain's CI is above "
-                "0 and no blocking finding stands; never keep a version with a reward-hacking finding. Submit a "
-                "Verdict (action keep or prune) whose rationale quotes the gain, CI and findings, with evidence refs.")
+                f"Diagnosis: {diagnosis.model_dump_json()[:4000]}\nRules: keep only if the gate promotes: an intervention's "
+                "dev gain and CI are measured against the round's control arm (baseline_id; the parent's recipe "
+                "continued), its CI must be above 0 and no blocking finding may stand (`waived` lists findings every "
+                "candidate of the round shares, which do not block); a control (is_control) is kept when the gate "
+                "promotes it: no change beat it and training longer did not hurt. Never keep a version with a "
+                "reward-hacking finding. Submit a Verdict (action keep or prune) whose rationale quotes both gains "
+                "(vs control, vs parent), the CIs and the findings, with evidence refs.")
         v = self._with_fallback("decide", tools, task, Verdict, "submit_verdict", version_id, gate, diagnosis)
         if v.action == "keep" and (not gate.get("promote") or gate.get("blocking") or diagnosis.blocking()):
             # The gate is a hard rule (DESIGN.md §4): the model may not promote what the gate refuses.

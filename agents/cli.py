@@ -15,6 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
+MODES = ("evotrainer", "static", "recipe-search", "greedy", "pbt")
+"""Run modes: the EvoTrainer loop and the baselines at equal compute (agents/search.py)."""
+
 
 def pick_brain(choice: str, config: Any) -> Any:
     """The brain for ``--brain``: ``auto`` is Claude when ANTHROPIC_API_KEY is set, else heuristic.
@@ -99,7 +102,7 @@ def lineage_table(ws: Any) -> Any:
         rew = (v.metrics_summary or {}).get("reward/mean")
         avg = (v.eval_summary or {}).get("avg@k") if (v.eval_summary or {}).get("eval_name", "heldout") == "heldout" else None
         t.add_row(v.id, v.parent_id or "-", f"[{style.get(v.status, '')}]{v.status}[/]",
-                  "; ".join(iv.describe() for iv in v.interventions)[:60] or "base",
+                  v.describe_change()[:60],
                   f"{rew:.3f}" if isinstance(rew, (int, float)) else "", f"{avg:.3f}" if isinstance(avg, (int, float)) else "")
     return t
 
@@ -113,7 +116,7 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
     """
     from evotrainer.agents.loop import open_toolbox
     from evotrainer.agents.orchestrator import Orchestrator
-    from evotrainer.agents.search import RecipeSearch, StaticRun
+    from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
     from filelock import FileLock, Timeout
 
     from evotrainer.workspace import Workspace
@@ -141,6 +144,10 @@ def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: b
                 loop = StaticRun(config, tb, ws, on_event)
             elif mode == "recipe-search":
                 loop = RecipeSearch(config, tb, ws, on_event)
+            elif mode == "greedy":
+                loop = GreedySearch(config, tb, ws, on_event)
+            elif mode == "pbt":
+                loop = PBTRun(config, tb, ws, on_event)
             else:
                 loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
             summary = loop.run()
@@ -164,7 +171,7 @@ def register(app: typer.Typer) -> None:
     def run(
         config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/default.yaml).")],
         brain: Annotated[str | None, typer.Option("--brain", help="auto | heuristic | claude (default: the config's).")] = None,
-        mode: Annotated[str | None, typer.Option("--mode", help="evotrainer | static | recipe-search (default: the config's).")] = None,
+        mode: Annotated[str | None, typer.Option("--mode", help="evotrainer | static | recipe-search | greedy | pbt (default: the config's).")] = None,
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the config's run_dir.")] = False,
         run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Override the config's run_dir.")] = None,
         no_live: Annotated[bool, typer.Option("--no-live", help="Plain log lines instead of the live display.")] = False,
@@ -181,7 +188,7 @@ def register(app: typer.Typer) -> None:
         brain = brain or cfg.brain
         mode = mode or cfg.mode
         for name, val, allowed in (("--brain", brain, ("auto", "heuristic", "claude")),
-                                   ("--mode", mode, ("evotrainer", "static", "recipe-search"))):
+                                   ("--mode", mode, MODES)):
             if val not in allowed:
                 raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)
         if brain == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
@@ -208,8 +215,63 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         else:
             console.print(summary_table(ws))
+            c, final = summary.get("compute") or {}, summary.get("final") or {}
+            if c:
+                console.print(f"compute: {c.get('train_tokens', 0)} train + {c.get('eval_tokens', 0)} dev-eval tokens "
+                              f"(budget {cfg.budget.max_tokens or 'versions / steps'}), {c.get('cpu_s', 0):.0f} "
+                              f"CPU-s, {c.get('wall_s', 0):.0f} s wall", highlight=False)
+            if (final.get("test") or {}).get("avg@k") is not None:
+                console.print(f"test (sealed during the run): {final['version']} Avg@{final['test']['k']} "
+                              f"{final['test']['avg@k']:.3f}, no-RL {final['no_rl_test']['avg@k']:.3f}",
+                              highlight=False)
             console.print(f"report: {path}")
         ws.close()
+
+    @app.command()
+    def compare(
+        config: Annotated[Path, typer.Argument(help="Run config YAML (its recipe needs data.n_test > 0).")],
+        modes: Annotated[str, typer.Option("--modes", help="Comma-separated modes.")] = ",".join(MODES),
+        seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds, e.g. 0,1,2.")] = "0",
+        out: Annotated[Path, typer.Option("--out", help="Output folder (runs, compare.json / .md / .png).")] = Path(
+            "runs/compare"),
+        parallel: Annotated[int, typer.Option("--parallel", min=1, help="Runs at a time, as separate processes.")] = 1,
+        brain: Annotated[str, typer.Option("--brain", help="Brain of the evotrainer mode.")] = "heuristic",
+        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished (mode, seed) runs and "
+                                             "resume unfinished ones (the default).")] = True,
+    ) -> None:
+        """Run the modes at equal compute over seeds and write a table and a plot of test Avg@k (resumable)."""
+        from evotrainer.agents.compare import CompareError
+        from evotrainer.agents.compare import compare as run_compare
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from evotrainer.config import load_run_config
+
+        try:
+            seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"{seeds!r}: comma-separated integers, e.g. 0,1,2", param_hint="--seeds") from None
+        mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+        if not resume and (out / "runs").exists() and any((out / "runs").iterdir()):
+            _error(f"{out}/runs holds runs already; pass --resume to continue them, or choose another --out")
+        cfg = load_run_config(config)
+        console = Console()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("compare runs", total=len(mode_list) * max(1, len(seed_list)))
+
+            def on_progress(name: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, description=f"compare runs (last: {name})")
+
+            try:
+                table = run_compare(cfg, mode_list, seed_list, out, parallel=parallel, brain=brain,
+                                    on_progress=on_progress)
+            except CompareError as exc:
+                _error(str(exc))
+        from evotrainer.agents.compare import markdown
+
+        console.print(markdown(table), highlight=False)
+        console.print(f"table: {out / 'compare.md'}  json: {out / 'compare.json'}  plot: {out / 'compare.png'}")
 
     @app.command()
     def report(

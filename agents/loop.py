@@ -4,17 +4,29 @@ train / evaluate / decide through MCP tools, the run summary (used by :mod:`.orc
 
 Crash safety rests on :meth:`LoopBase.stage`: a stage's output is stored in the lineage store's kv
 (``loop/<key>``) when it completes and replayed on resume; side effects are find-or-create.
+
+Compute (issue 16, "Budget in compute"): every mode spends the same budget, counted by
+:meth:`LoopBase.compute`: training tokens (generated in rollouts: per step ``perf/tokens_per_sec x
+perf/step_seconds`` of the stored metrics), dev evaluation tokens (each evaluation's
+``gen_tokens``), CPU-seconds and wall time of this process (summed over resumes).
+``budget.max_tokens`` caps train + dev-eval tokens; the no-RL dev row and the final test
+evaluation (the same for every mode: its final answer and the no-RL row) are reported apart,
+outside the budget.
+
+The test split is sealed from the start of a run until :meth:`LoopBase.final_test` opens it after
+the last decision (``harness.gate.test_sealed``).
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict
-from evotrainer.agents.mcp_client import ToolBox
+from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from pydantic import BaseModel
 
 from evotrainer.config import RunConfig
@@ -74,20 +86,106 @@ class LoopBase:
 
     # --- budget ----------------------------------------------------------------------------------------
     def started_at(self) -> float:
-        """Wall-clock start of the run (kept across resumes)."""
+        """Wall-clock start of the run (kept across resumes). The first call of a process also seals the test
+        split until :meth:`final_test` (unless the run has finished) and starts this process's CPU clock."""
         t = self.lineage.kv_get("loop/started_at")
         if t is None:
             t = time.time()
             self.lineage.kv_set("loop/started_at", t)
+        if not hasattr(self, "_proc0"):
+            self._proc0 = (time.time(), _cpu_s())
+            self._compute0 = dict(self.lineage.kv_get("loop/process_compute") or {"cpu_s": 0.0, "wall_s": 0.0})
+            if not self.lineage.kv_get("loop/finished"):
+                self.lineage.kv_set("loop/test_unsealed", False)
         return float(t)
 
     def out_of_time(self) -> bool:
-        """True once the wall-clock budget is spent (no new version is started after that)."""
-        return (time.time() - self.started_at()) / 60.0 > self.config.budget.wall_clock_minutes
+        """True once the wall-clock budget, less the time the final test evaluation will take
+        (:meth:`test_reserve_s`), is spent (no new version is started after that)."""
+        spent = time.time() - self.started_at() + self.test_reserve_s()
+        return spent / 60.0 > self.config.budget.wall_clock_minutes
+
+    def test_reserve_s(self) -> float:
+        """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row) at the wall time
+        per sample of this run's dev evaluations so far (0 before the first one, or without a test split)."""
+        data, ev = self.config.recipe.data, self.config.recipe.eval
+        walls = self.lineage.kv_get("loop/eval_walls") or {}
+        if not data.n_test or not walls:
+            return 0.0
+        per_sample = sum(walls.values()) / len(walls) / max(1, min(ev.max_problems or data.n_heldout,
+                                                                   data.n_heldout) * ev.k)
+        return 2 * per_sample * data.n_test * (self.config.test_k or ev.k)
+
+    def out_of_budget(self) -> bool:
+        """True once the wall clock or the token budget (``budget.max_tokens``: train + dev-eval tokens) is spent."""
+        cap = self.config.budget.max_tokens
+        if self.out_of_time():
+            return True
+        if cap is None:
+            return False
+        c = self.compute()
+        return c["train_tokens"] + c["eval_tokens"] >= cap
+
+    def compute(self) -> dict[str, Any]:
+        """Compute spent so far: ``train_tokens``, ``eval_tokens`` (dev evaluations of trained versions: what the
+        budget counts with the train tokens), ``no_rl_tokens`` (the base model's dev row) and ``test_tokens``
+        (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
+        CPU-seconds, all threads) and ``wall_s``, summed over resumes."""
+        from evotrainer import metrics as M
+
+        train = 0.0
+        for v in self.lineage.versions():
+            tps = dict(self.lineage.metric_series(v.id, M.PERF_TOKENS_PER_SEC))
+            secs = dict(self.lineage.metric_series(v.id, M.PERF_STEP_SECONDS))
+            train += sum(float(tps[s]) * float(secs[s]) for s in tps if s in secs and tps[s] is not None
+                         and secs[s] is not None)
+        toks = self.lineage.kv_get("loop/eval_tokens") or {}
+        dev = sum(n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl"))
+        no_rl = sum(n for k, n in toks.items() if k.endswith("/no_rl"))
+        test = sum(n for k, n in toks.items() if _is_test_key(k))
+        if not hasattr(self, "_proc0"):
+            self.started_at()
+        t0, c0 = self._proc0
+        return {"train_tokens": int(round(train)), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
+                "test_tokens": int(test),
+                "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0, 1),
+                "wall_s": round(self._compute0["wall_s"] + time.time() - t0, 1)}
+
+    def save_compute(self) -> dict[str, Any]:
+        """Store :meth:`compute` in kv (``loop/compute``) and this process's clocks for a resume; returns it."""
+        c = self.compute()
+        t0, c0 = self._proc0
+        self.lineage.kv_set("loop/process_compute", {"cpu_s": c["cpu_s"], "wall_s": c["wall_s"]})
+        self._proc0, self._compute0 = (time.time(), _cpu_s()), {"cpu_s": c["cpu_s"], "wall_s": c["wall_s"]}
+        self.lineage.kv_set("loop/compute", c)
+        return c
+
+    def final_test(self, final: str | None) -> dict[str, Any]:
+        """After the last decision: open the test seal, score the final answer and the no-RL row on the test split.
+
+        Both use the same problems and sample seeds (``local.evaluate_checkpoint``), so modes pair on test.
+        Stored in kv ``loop/final`` (``{version, test, no_rl_test}``); nothing when ``data.n_test`` is 0.
+        """
+        root = self.lineage.root()
+        if root is None or not self.config.recipe.data.n_test:
+            return {}
+        self.lineage.kv_set("loop/test_unsealed", True)
+        k = self.config.test_k or self.config.recipe.eval.k
+        out: dict[str, Any] = {"version": final}
+        try:
+            out["no_rl_test"] = self.evaluate(root.id, "no_rl_test", k=k)
+            if final is not None:
+                out["test"] = self.evaluate(final, "test", k=k)
+        except (ToolCallError, LoopError) as exc:  # e.g. a backend without the test split: say so, keep the run
+            out["error"] = str(getattr(exc, "message", exc))[:500]
+            self.log(f"final test evaluation failed: {out['error']}")
+        self.lineage.kv_set("loop/final", out)
+        return out
 
     def n_versions(self) -> int:
-        """Versions in the lineage (each is trained once: the budget counts them)."""
-        return len(self.lineage.versions())
+        """Versions in the lineage that ``budget.max_versions`` counts: every one but the control arms (those are
+        paid from the token and wall-clock budget, like every mode's evaluations)."""
+        return sum(1 for v in self.lineage.versions() if not v.is_control)
 
     # --- root ------------------------------------------------------------------------------------------
     def ensure_root(self) -> str:
@@ -134,23 +232,56 @@ class LoopBase:
             return False
         return True
 
-    def evaluate(self, vid: str, eval_name: str = "heldout") -> dict[str, Any]:
-        """Held-out evaluation of ``vid`` (once per eval name); returns the eval summary."""
+    def evaluate(self, vid: str, eval_name: str = "heldout", k: int | None = None) -> dict[str, Any]:
+        """Evaluation of ``vid`` (once per eval name; dev unless a test eval name); returns the eval summary.
+
+        Its generated tokens are added to the run's compute (kv ``loop/eval_tokens``, keyed by the stage).
+        """
         key = f"eval/{vid}/{eval_name}"
 
         def run() -> dict[str, Any]:
             self.log(f"evaluating {vid} ({eval_name})", version=vid)
-            job = self.tb.call("evaluate_version", {"version_id": vid, "eval_name": eval_name})
+            args: dict[str, Any] = {"version_id": vid, "eval_name": eval_name}
+            if k is not None:
+                args["k"] = k
+            job = self.tb.call("evaluate_version", args)
             job = self._wait_job(job, vid, f"eval:{eval_name}")
             if job["status"] != "done":
                 raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
             res = job.get("result") or {}
             if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
                 return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
-                        "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name}
+                        "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name,
+                        "gen_tokens": int(res.get("gen_tokens") or 0), "wall_s": res.get("wall_s")}
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
-        return self.stage(key, run)
+        out = self.stage(key, run)
+        toks = dict(self.lineage.kv_get("loop/eval_tokens") or {})
+        if key not in toks:
+            toks[key] = int((out or {}).get("gen_tokens") or 0)
+            self.lineage.kv_set("loop/eval_tokens", toks)
+            if not _is_test_key(key) and isinstance((out or {}).get("wall_s"), (int, float)):
+                walls = dict(self.lineage.kv_get("loop/eval_walls") or {})
+                walls[key] = float(out["wall_s"])
+                self.lineage.kv_set("loop/eval_walls", walls)
+        return out
+
+    def train_to(self, vid: str, total_steps: int) -> bool:
+        """Train ``vid`` until it has ``total_steps`` steps, continuing a trained (undecided) version; False
+        when training failed."""
+        v = self.version(vid)
+        if v["status"] == "failed":
+            return False
+        if self.lineage.last_step(vid) + 1 >= total_steps:
+            return True
+        self.log(f"training {vid} to {total_steps} steps", version=vid)
+        job = self.tb.call("start_training", {"version_id": vid, "steps": total_steps})
+        job = self._wait_job(job, vid, "train")
+        self.emit("lineage", {})
+        if job["status"] != "done":
+            self.log(f"training of {vid} ended {job['status']}: {job.get('message', '')}", version=vid)
+            return False
+        return True
 
     def record_decision(self, verdict: Verdict, author: str) -> None:
         """Apply a verdict with the ``decide`` tool unless this version was decided already."""
@@ -183,20 +314,36 @@ class LoopBase:
         return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id
 
 
+def _cpu_s() -> float:
+    """User + system CPU-seconds of this process (all threads: the in-process MCP jobs included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _is_test_key(key: str) -> bool:
+    from evotrainer.rl_backend.base import is_test_eval
+
+    return is_test_eval(key.rsplit("/", 1)[-1])
+
+
 def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Headline numbers of a run from its lineage: per-version status / Avg@k, best kept, the no-RL row."""
+    """Headline numbers of a run from its lineage: per-version status / Avg@k (dev), best kept, the no-RL row,
+    compute spent (``compute``: train / eval / test tokens, CPU-seconds, wall time) and the final answer's test
+    score (``final``: ``{version, test, no_rl_test}``, once the run has ended)."""
     versions = ws.lineage.versions()
     no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
     kept = [v for v in versions if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
     best = max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)) if kept else None
     return {
-        "run_dir": str(ws.root), "mode": mode, "n_versions": len(versions),
+        "run_dir": str(ws.root), "mode": mode, "n_versions": sum(1 for v in versions if not v.is_control),
+        "n_controls": sum(1 for v in versions if v.is_control),
         "statuses": {v.id: v.status for v in versions},
         "avg_at_k": {v.id: (v.eval_summary or {}).get("avg@k") for v in versions},
         "no_rl_avg_at_k": no_rl.get("avg@k"), "best_version": best.id if best else None,
         "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
         "decisions": len(ws.lineage.decisions()), "usage": usage or {},
         "finished": bool(ws.lineage.kv_get("loop/finished")),
+        "compute": ws.lineage.kv_get("loop/compute") or {}, "final": ws.lineage.kv_get("loop/final") or {},
     }
 
 

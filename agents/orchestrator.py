@@ -70,7 +70,7 @@ class Orchestrator(LoopBase):
         r = int(self.lineage.kv_get("loop/round", 1))
         while True:
             in_progress = self.done(f"r{r}/parent") and not self.done(f"r{r}/done")
-            if not in_progress and (self.n_versions() >= self.config.budget.max_versions or self.out_of_time()):
+            if not in_progress and (self.n_versions() >= self.config.budget.max_versions or self.out_of_budget()):
                 break
             if not self.round(r):
                 self.log(f"round {r}: no untried intervention left; stopping")
@@ -78,14 +78,29 @@ class Orchestrator(LoopBase):
             r += 1
             self.lineage.kv_set("loop/round", r)
             self._save_usage()
+            self.save_compute()
         self._save_usage()
+        self.save_compute()
+        self.stage("final_test", lambda: self.final_test(self.frontier()))
+        self.save_compute()
         self.lineage.kv_set("loop/finished", True)
         return self.summary()
 
+    def frontier(self) -> str:
+        """The version the next round branches from: the best kept candidate of the latest round that kept one
+        (kv ``loop/frontier``, set by :meth:`round`), the root before that; a reverted frontier falls back to
+        its nearest kept (or root) ancestor."""
+        fid = self.lineage.kv_get("loop/frontier") or self.lineage.root().id
+        for v in self.lineage.path_to_root(fid):
+            if v.status != "reverted" or v.parent_id is None:
+                return v.id
+        return self.lineage.root().id
+
     def round(self, r: int) -> bool:
-        """One round: diagnose the parent, propose, rank, branch, train, gate, decide, learn. False: nothing to try."""
+        """One round: diagnose the parent, propose, rank, branch (+ the control arm), train all, gate against the
+        control, decide, learn. False: nothing to try."""
         budget = self.config.budget
-        parent = self.stage(f"r{r}/parent", lambda: self.best_kept() or self.lineage.root().id)
+        parent = self.stage(f"r{r}/parent", self.frontier)
         pv = self.lineage.get(parent)
         diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
                           Diagnosis)
@@ -94,37 +109,141 @@ class Orchestrator(LoopBase):
         # from its parent's checkpoint), e.g. v2 + x after the merge v1 (x) + v2 trains 8 more steps from v2
         proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
             parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
-        if not proposal.candidates:
+        has_control = any(c.is_control for c in self.lineage.children(parent))
+        # with nothing left to try the loop may still continue the parent's recipe (a control-only round: the
+        # lineage keeps accumulating training), at most until as many controls as max_versions were trained
+        n_controls = sum(1 for v in self.lineage.versions() if v.is_control)
+        if not proposal.candidates and (has_control or n_controls >= budget.max_versions):
             self.stage(f"r{r}/done", lambda: True)
             return False
         room = max(0, budget.max_versions - self.n_versions())
-        n_choose = min(budget.branches_per_round, room)
-        ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose), Ranking)
+        n_choose = min(budget.branches_per_round, room, len(proposal.candidates))
+        ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose)
+                             if n_choose else Ranking(chosen=[], scores=[], rationale="no room for a change: "
+                                                      "the control continues alone"), Ranking)
         children = self.stage(f"r{r}/branch", lambda: [self._branch(parent, proposal.candidates[i])
                                                        for i in ranking.chosen])
-        for vid in children:
-            self.process_child(vid, parent_id=parent, round_no=r)
+        # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
+        # pruned for damaged weights (lineage.damaged) has nothing to continue: its children are gated against it.
+        damaged = self.lineage.damaged(parent)
+        if damaged and not children:
+            self.stage(f"r{r}/done", lambda: True)
+            return False
+        control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r))
+        arms = [*([control] if control else []), *children]
+        for vid in arms:
+            self.train_and_evaluate(vid)
+        self.decide_round(r, control, children)
         self.stage(f"r{r}/memory", lambda: self._record_round(r, parent, diag, proposal, ranking, children))
-        self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=children))
+        self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=arms))
         merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children))
         if merged:
-            self.process_child(merged, parent_id=parent, round_no=r)
+            self.train_and_evaluate(merged)
+            self.decide_round(r, control, [merged], merge=True)
         self.stage(f"r{r}/evolve", lambda: self._evolve(r, [*children, *([merged] if merged else [])]))
+        self.stage(f"r{r}/frontier", lambda: self._advance(r, [*arms, *([merged] if merged else [])]))
         self.stage(f"r{r}/done", lambda: True)
         return True
 
-    def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
-        """Train → evaluate → diagnose → gate → decide one version (each step once)."""
-        if self.lineage.get(vid).status in DECIDED:
-            return
-        if not self.train(vid, self.config.budget.steps_per_version):
+    def _control(self, parent: str, r: int) -> str:
+        """Find-or-create the control arm of ``parent`` (``lineage.branch_control``)."""
+        existing = next((c.id for c in self.lineage.children(parent) if c.is_control), None)
+        if existing:
+            return existing
+        v = self.lineage.branch_control(parent, note=f"control of {parent} (round {r}): the parent's recipe "
+                                                     f"continued for {self.config.budget.steps_per_version} steps")
+        self.log(f"control arm {v.id}: {parent}'s recipe continued from its checkpoint", version=v.id)
+        self.emit("lineage", {})
+        return v.id
+
+    def _advance(self, r: int, candidates: list[str]) -> str:
+        """Move the frontier to the round's best kept candidate (dev Avg@k; the control when it was kept), or
+        leave it where it was when the round kept none."""
+        kept = [self.lineage.get(v) for v in candidates]
+        kept = [v for v in kept if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
+        cur = self.frontier()
+        if kept:
+            best = max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at))
+            self.lineage.kv_set("loop/frontier", best.id)
+            self.log(f"round {r}: frontier {cur} -> {best.id} ({best.describe_change()}, dev Avg@k "
+                     f"{best.eval_summary['avg@k']:.3f})", version=best.id)
+            return best.id
+        self.log(f"round {r}: nothing kept; the frontier stays at {cur}")
+        return cur
+
+    def train_and_evaluate(self, vid: str) -> bool:
+        """Train and evaluate (dev) one version once; a failure prunes it. False when it failed."""
+        v = self.lineage.get(vid)
+        if v.status in DECIDED:
+            return v.status != "failed"
+        if v.status == "failed" or not self.train(vid, self.config.budget.steps_per_version):
             self.fail_version(vid, self.author)
-            return
+            return False
         try:
             self.evaluate(vid)
         except LoopError as exc:
             self.log(str(exc), version=vid)
             self.fail_version(vid, self.author)
+            return False
+        return True
+
+    def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False) -> None:
+        """Gate every candidate of the round against the control, apply the round rule
+        (``harness.gate.round_decisions``: beat the control; shared blocking findings waived; the control
+        continues when nothing beats it), then let the brain decide each with the adjusted gate."""
+        from evotrainer.harness.gate import round_decisions
+
+        cands = ([] if merge or control is None else [control]) + children
+        # a version whose training or evaluation failed (pruned, no dev outcomes) is no candidate
+        cands = [v for v in cands if "avg@k" in (self.lineage.get(v).eval_summary or {})]
+        gates = {v: self.stage(f"gate/{v}", lambda v=v: self.backtester.gate(v)) for v in cands}
+        if merge:  # the merge is judged against the same control, with the round's shared findings waived
+            waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or []) if control else set()
+            adjusted = {v: round_decisions({v: g}, None)[v] for v, g in gates.items()}
+            for g in adjusted.values():
+                if waived:
+                    g["blocking"] = [b for b in g.get("blocking", []) if b.get("kind") not in waived]
+                    g["waived"] = sorted(waived)
+                    ci = g.get("ci")
+                    g["promote"] = bool(not g["blocking"] and not g.get("below_sources")
+                                        and isinstance(ci, (list, tuple)) and ci[0] > 0)
+        else:
+            adjusted = round_decisions(gates, control if control in gates else None)
+        for vid, g in adjusted.items():
+            g = self.stage(f"rgate/{vid}", lambda g=g: g)
+            ctx = {**self._ctx(vid), "gain": g.get("gain"), "significant": _significant(g),
+                   "gain_vs_parent": g.get("gain_vs_parent"), "control": g.get("control_id")}
+            diag = self.stage(f"diagnose/{vid}", lambda vid=vid, ctx=ctx: self.diagnostician.diagnose(vid, ctx),
+                              Diagnosis)
+            waived = set(g.get("waived") or [])
+            if waived:  # the round's shared findings do not block this decision (see round_decisions)
+                diag = diag.model_copy(update={"findings": [
+                    f.model_copy(update={"severity": "warn"}) if f.kind in waived and f.severity == "blocking" else f
+                    for f in diag.findings]})
+            verdict = self.stage(f"verdict/{vid}", lambda vid=vid, g=g, diag=diag: self.backtester.decide(vid, g, diag),
+                                 Verdict)
+            self.record_decision(verdict, self.author)
+            self._record_gains(vid, g)
+
+    def _record_gains(self, vid: str, g: dict[str, Any]) -> None:
+        """Both gains in the version's eval_summary (``vs_control``, ``vs_parent``) for reports and lineage show."""
+        v = self.lineage.get(vid)
+        ev = dict(v.eval_summary or {})
+        if g.get("control_id") and g.get("baseline_id") == g.get("control_id"):
+            ev["vs_control"] = {"version": g["control_id"], "gain": g.get("gain"), "ci": g.get("ci"),
+                                "p_value": g.get("p_value")}
+        if g.get("gain_vs_parent") is not None:
+            ev["vs_parent"] = {"version": v.parent_id, "gain": g.get("gain_vs_parent"), "ci": g.get("ci_vs_parent")}
+        if g.get("waived"):
+            ev["waived"] = list(g["waived"])
+        if ev != (v.eval_summary or {}):
+            self.lineage.update_version(vid, eval_summary=ev)
+
+    def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
+        """Train → evaluate → diagnose → gate → decide one version on its own (the root)."""
+        if self.lineage.get(vid).status in DECIDED:
+            return
+        if not self.train_and_evaluate(vid):
             return
         gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid))
         ctx = {**self._ctx(vid), "gain": gate.get("gain"), "significant": _significant(gate)}
@@ -221,7 +340,8 @@ class Orchestrator(LoopBase):
                 gate = self.backtester.gate(v.id)
             except ToolCallError:
                 continue
-            if gate.get("blocking"):
+            waived = set((self.lineage.kv_get(f"loop/rgate/{v.id}") or {}).get("waived") or [])
+            if set(blocking_kinds(gate)) - waived:
                 why = (f"revert {v.id}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
                        f"against it (round {r}); the frontier moves back to its parent")
                 self.record_decision(Verdict(version_id=v.id, action="revert", rationale=why,

@@ -88,9 +88,39 @@ def score_rows(ws: Workspace) -> list[dict[str, Any]]:
                                                                                                "heldout") == "heldout" else {})
         if not ev or ev.get("avg@k") is None:
             continue
+        es = v.eval_summary or {}
         rows.append({"name": v.id, "status": v.status, "avg": ev.get("avg@k"), "k": ev.get("k"),
-                     "pass": ev.get("pass@k"), "ci": bootstrap_ci(lin.eval_matrix(v.id, "heldout"))})
+                     "pass": ev.get("pass@k"), "ci": bootstrap_ci(lin.eval_matrix(v.id, "heldout")),
+                     "change": v.describe_change(), "vs_parent": es.get("vs_parent"), "vs_control": es.get("vs_control")})
     return rows
+
+
+def gain_text(g: dict[str, Any] | None) -> str:
+    """``+0.125 [+0.031, +0.219] (v1)`` from an ``eval_summary`` gain record (``vs_parent`` / ``vs_control``)."""
+    if not g or not isinstance(g.get("gain"), (int, float)):
+        return ""
+    ci = g.get("ci")
+    ci_s = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
+    return f"{g['gain']:+.3f}{ci_s} ({g.get('version')})"
+
+
+def _compute_and_test(ws: Workspace) -> str:
+    """Compute spent (tokens, CPU-seconds, wall) and the final answer's test score (issue 16)."""
+    lin = ws.lineage
+    c = lin.kv_get("loop/compute") or {}
+    final = lin.kv_get("loop/final") or {}
+    parts = []
+    if c:
+        parts.append(f"<p>compute: {c.get('train_tokens', 0)} train tokens (rollouts), {c.get('eval_tokens', 0)} dev "
+                     f"eval tokens (the budget counts both), {c.get('no_rl_tokens', 0)} no-RL dev and "
+                     f"{c.get('test_tokens', 0)} test eval tokens; {_fmt(c.get('cpu_s'), 0)} CPU-seconds, "
+                     f"{_fmt(c.get('wall_s'), 0)} s wall</p>")
+    if final.get("test") or final.get("no_rl_test"):
+        t, n = final.get("test") or {}, final.get("no_rl_test") or {}
+        parts.append(f"<p>test split (sealed during the run): final answer <b>{_e(final.get('version'))}</b> "
+                     f"Avg@{_e(t.get('k'))} {_fmt(t.get('avg@k'))} on {_e(t.get('n_problems'))} problems; no-RL "
+                     f"{_fmt(n.get('avg@k'))}</p>")
+    return "".join(parts) or "<p class='muted'>no compute or test record (an older run, or still in progress)</p>"
 
 
 def _score_plot(rows: list[dict[str, Any]]) -> str:
@@ -193,19 +223,25 @@ def _findings(ws: Workspace) -> str:
 def _interventions(ws: Workspace) -> str:
     rows = []
     for v in ws.lineage.versions():
-        if not v.interventions:
+        if not v.interventions and not v.is_control:
             continue
         gate = ws.lineage.kv_get(f"loop/gate/{v.id}") or {}
-        ci = gate.get("ci")
-        ci_s = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if isinstance(ci, list) and len(ci) == 2 else ""
-        for iv in v.interventions:
-            rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(v.parent_id)}</td><td><code>{_e(iv.describe())}</code></td>"
-                        f"<td>{_e(iv.category)}</td><td>{_e(iv.hypothesis)[:300]}</td><td>{_e(iv.source)}</td>"
-                        f"<td class='{_e(v.status)}'>{_e(v.status)}</td><td>{_fmt(gate.get('gain'))} {ci_s}</td></tr>")
+        es = v.eval_summary or {}
+        vs_parent = es.get("vs_parent") or ({"gain": gate.get("gain"), "ci": gate.get("ci"), "version": v.parent_id}
+                                            if gate.get("baseline_id", v.parent_id) == v.parent_id else None)
+        vs_p, vs_c = gain_text(vs_parent), gain_text(es.get("vs_control"))
+        ivs = v.interventions or [None]
+        for iv in ivs:
+            change = iv.describe() if iv else v.describe_change()
+            rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(v.parent_id)}</td><td><code>{_e(change)}</code></td>"
+                        f"<td>{_e(iv.category if iv else 'control')}</td><td>{_e(iv.hypothesis if iv else v.note)[:300]}"
+                        f"</td><td>{_e(iv.source if iv else 'loop')}</td>"
+                        f"<td class='{_e(v.status)}'>{_e(v.status)}</td><td>{_e(vs_c)}</td><td>{_e(vs_p)}</td></tr>")
     if not rows:
         return "<p class='muted'>no interventions tried</p>"
     return ("<table><tr><th>version</th><th>parent</th><th>change</th><th>category</th><th>hypothesis</th>"
-            "<th>source</th><th>outcome</th><th>gain vs parent [95% CI]</th></tr>" + "".join(rows) + "</table>")
+            "<th>source</th><th>outcome</th><th>gain vs control [95% CI]</th><th>gain vs parent [95% CI]</th></tr>"
+            + "".join(rows) + "</table>")
 
 
 def _kv_prefix(ws: Workspace, prefix: str) -> list[tuple[str, Any]]:
@@ -256,7 +292,8 @@ def render_html(ws: Workspace) -> str:
     score_tbl = "".join(
         f"<tr><td>{_e(r['name'])}</td><td class='{_e(r['status'])}'>{_e(r['status'])}</td><td>{_fmt(r['avg'])}</td>"
         f"<td>{'[' + _fmt(r['ci'][0]) + ', ' + _fmt(r['ci'][1]) + ']' if r['ci'] else ''}</td>"
-        f"<td>{_fmt(r['pass'])}</td><td>{_e(r['k'])}</td></tr>" for r in rows)
+        f"<td>{_fmt(r['pass'])}</td><td>{_e(r['k'])}</td><td>{_e(gain_text(r.get('vs_control')))}</td>"
+        f"<td>{_e(gain_text(r.get('vs_parent')))}</td></tr>" for r in rows)
     budget = cfg.get("budget", {})
     started = lin.kv_get("loop/started_at")
     head = (f"<p class='muted'>run <code>{_e(ws.root)}</code> &middot; mode <b>{_e(mode)}</b> &middot; brain "
@@ -276,8 +313,9 @@ def render_html(ws: Workspace) -> str:
 <style>{CSS}</style></head><body>
 <h1>EvoTrainer run report</h1>{head}
 <h2 id="scores">Held-out scores</h2>
-<table id="score-table"><tr><th>version</th><th>status</th><th>Avg@k</th><th>95% CI (bootstrap over problems)</th><th>pass@k</th><th>k</th></tr>{score_tbl}</table>
+<table id="score-table"><tr><th>version</th><th>status</th><th>Avg@k</th><th>95% CI (bootstrap over problems)</th><th>pass@k</th><th>k</th><th>gain vs control [95% CI]</th><th>gain vs parent [95% CI]</th></tr>{score_tbl}</table>
 {_score_plot(rows)}
+<h2 id="compute">Compute and test</h2>{_compute_and_test(ws)}
 <h2 id="lineage">Lineage and decisions</h2>{_tree(ws)}
 <h2 id="metrics">Training metrics per version</h2>{_metric_plots(ws)}
 <h2 id="findings">Findings</h2>{_findings(ws)}
@@ -304,10 +342,10 @@ def summary_table(ws: Workspace) -> Any:
     from rich.table import Table
 
     t = Table(title=f"EvoTrainer run {ws.root.name}")
-    for c in ("version", "status", "change", "Avg@k", "95% CI"):
+    for c in ("version", "status", "change", "Avg@k", "95% CI", "vs control", "vs parent"):
         t.add_column(c, overflow="fold", min_width=28 if c == "change" else None)  # fold, never cut, the change
-    changes = {v.id: "; ".join(iv.describe() for iv in v.interventions) or "base" for v in ws.lineage.versions()}
     for r in score_rows(ws):
         ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""
-        t.add_row(r["name"], r["status"], changes.get(r["name"], ""), _fmt(r["avg"]), ci)
+        t.add_row(r["name"], r["status"], r.get("change", ""), _fmt(r["avg"]), ci, gain_text(r.get("vs_control")),
+                  gain_text(r.get("vs_parent")))
     return t

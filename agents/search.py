@@ -1,14 +1,34 @@
-"""Baseline modes on the same budget as the EvoTrainer loop (issue 8, the paper's comparison table).
+"""Baseline modes on the same budget as the EvoTrainer loop (issues 8 and 16, the paper's comparison table).
+
+Every mode spends the same compute (``LoopBase.compute``: generated train + dev-eval tokens, capped by
+``budget.max_tokens``, and the wall clock), decides with the one shared gate rule
+(:func:`evotrainer.harness.gate.verdict_from_gate`; no brain), and at the end scores its final answer
+and the no-RL row on the sealed test split (``LoopBase.final_test``).
 
 - ``static``: the base recipe trained for the whole budget (``max_versions × steps_per_version``
-  steps), evaluated, gated against the no-RL row. No harness, no agents.
+  steps, or segments of ``steps_per_version`` until ``max_tokens`` is spent), evaluated, gated.
+  No harness, no agents.
 - ``recipe-search``: Optuna TPE (Bergstra et al. 2011; ``optuna.samplers.TPESampler``, seeded) over
   recipe fields (:data:`SEARCH_SPACE`), an AutoResearch-like baseline with no harness: trial 0 is
   the base recipe (the root), each later trial is a child of the root with the sampled fields,
   trained ``steps_per_version`` steps, scored by held-out Avg@k; the promotion gate keeps or prunes
   each trial. ``max_versions`` trials in all.
 
-Like the orchestrator, both are resumable: each trial's sampled parameters are stored in kv before
+- ``greedy``: karpathy/autoresearch's keep / discard loop: from the current best, one random single
+  change (a field of :data:`SEARCH_SPACE`, uniform on its log or linear range, or another choice),
+  trained ``steps_per_version`` steps from the best's checkpoint; kept when its dev Avg@k beats the
+  current best's (autoresearch keeps any improvement of the validation metric), discarded otherwise.
+  No harness: no analyzers, no diagnosis.
+- ``pbt``: Population Based Training (Jaderberg et al. 2017) with Ray Tune's
+  ``PopulationBasedTraining`` rules as the reference: a population of :data:`PBT_POPULATION`
+  members trains in segments of ``steps_per_version`` steps; after each segment the members are
+  ranked by dev Avg@k, each member in the bottom quantile (``quantile_fraction`` 0.25) exploits a
+  random member of the top quantile (copies its checkpoint and recipe: a child of its version) and
+  explores: each searched field is resampled from its distribution with probability
+  ``resample_probability`` 0.25, else multiplied by 0.8 or 1.2 (a choice moves to a neighbour);
+  the others continue their own recipe (a control child).
+
+Like the orchestrator, all are resumable: each trial's sampled parameters are stored in kv before
 the version is created, and the TPE study is rebuilt on resume by replaying the stored ask / tell
 sequence, so the sampler continues exactly where it stopped.
 """
@@ -34,11 +54,12 @@ SEARCH_SPACE: dict[str, tuple] = {
 
 
 def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
-    """The gate's verdict as a decision (the heuristic brain's rule: keep only what the gate promotes)."""
-    from evotrainer.agents.decisions import Diagnosis
-    from evotrainer.agents.heuristic import HeuristicBrain
+    """The gate's verdict as a decision: the shared rule (``harness.gate.verdict_from_gate``)."""
+    from evotrainer.harness.gate import verdict_from_gate
 
-    return HeuristicBrain().decide(None, vid, gate, Diagnosis(version_id=vid))
+    action, why = verdict_from_gate(vid, gate)
+    return Verdict(version_id=vid, action=action, rationale=why,
+                   evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"])
 
 
 class _Gated(LoopBase):
@@ -48,6 +69,31 @@ class _Gated(LoopBase):
         gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", {"version_id": vid}))
         verdict = self.stage(f"verdict/{vid}", lambda: _gate_verdict(vid, gate), Verdict)
         self.record_decision(verdict, f"{self.mode}")
+
+    def finish(self, final: str | None) -> dict[str, Any]:
+        """Score the final answer on test (once), store compute, mark the run finished; returns the summary."""
+        self.save_compute()
+        self.stage("final_test", lambda: self.final_test(final))
+        self.save_compute()
+        self.lineage.kv_set("loop/finished", True)
+        return self.summary()
+
+    def best_dev(self, vids: list[str] | None = None) -> str | None:
+        """The version with the highest dev Avg@k (earliest on ties) among ``vids`` (default: all evaluated)."""
+        vs = [self.lineage.get(v) for v in vids] if vids is not None else self.lineage.versions()
+        vs = [v for v in vs if "avg@k" in (v.eval_summary or {})]
+        return max(vs, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id if vs else None
+
+    def segment(self, vid: str) -> float:
+        """Train ``vid`` one segment (``steps_per_version``) and evaluate it on dev; its dev Avg@k (0 when failed)."""
+        v = self.lineage.get(vid)
+        if v.status not in ("kept", "pruned", "reverted", "failed"):
+            if not self.train(vid, self.config.budget.steps_per_version):
+                self.fail_version(vid, self.mode)
+                return 0.0
+            self.evaluate(vid)
+        ev = self.lineage.get(vid).eval_summary or {}
+        return float(ev.get("avg@k") or 0.0)
 
     def summary(self) -> dict[str, Any]:
         return run_summary(self.ws, self.mode)
@@ -63,14 +109,22 @@ class StaticRun(_Gated):
         self.started_at()
         root = self.ensure_root()
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
-        steps = self.config.budget.max_versions * self.config.budget.steps_per_version
-        if self.train(root, steps):
+        b = self.config.budget
+        if b.max_tokens is None:
+            ok = self.train(root, b.max_versions * b.steps_per_version)
+        else:  # segments of steps_per_version until the token budget is spent (the last may overshoot it)
+            ok, total = True, max(self.lineage.last_step(root) + 1, 0)
+            while ok and self.lineage.get(root).status not in ("kept", "pruned", "reverted"):
+                if total >= b.steps_per_version and self.out_of_budget():
+                    break
+                total += b.steps_per_version
+                ok = self.train_to(root, total)
+        if ok:
             self.evaluate(root)
             self.gate_and_decide(root, "no_rl")
         else:
             self.fail_version(root, self.mode)
-        self.lineage.kv_set("loop/finished", True)
-        return self.summary()
+        return self.finish(root)
 
 
 class RecipeSearch(_Gated):
@@ -120,10 +174,10 @@ class RecipeSearch(_Gated):
         t = 1
         while t < self.config.budget.max_versions:
             stored = self.lineage.kv_get(f"loop/trial/{t}")
+            if stored is None and self.out_of_budget():
+                break
             trial = study.ask(dists)
             if stored is None:
-                if self.out_of_time():
-                    break
                 stored = {"params": trial.params}
                 self.lineage.kv_set(f"loop/trial/{t}", stored)
             params = stored["params"]
@@ -135,8 +189,8 @@ class RecipeSearch(_Gated):
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=score))
             t += 1
-        self.lineage.kv_set("loop/finished", True)
-        return self.summary()
+        kept = [v.id for v in self.lineage.versions() if v.status == "kept"]
+        return self.finish(self.best_dev(kept) if kept else root)
 
     def _trial_child(self, root: str, base: Any, t: int, params: dict[str, Any]) -> str:
         """Find-or-create trial ``t``'s version: a child of the root with the sampled fields."""
@@ -173,3 +227,194 @@ class RecipeSearch(_Gated):
             self.gate_and_decide(vid, None if parent else "no_rl")
         ev = self.lineage.kv_get(f"loop/eval/{vid}/heldout") or self.lineage.get(vid).eval_summary or {}
         return float(ev.get("avg@k") or 0.0)
+
+
+def _sample_field(rng: Any, name: str, base: Any) -> Any:
+    """A value of one :data:`SEARCH_SPACE` field drawn from its distribution (log-uniform for log floats)."""
+    import math
+
+    spec = SEARCH_SPACE[name]
+    if spec[0] == "mult":
+        return int(get_path(base, name)) * int(rng.choice(spec[1]))
+    lo, hi, log = spec[1], spec[2], spec[3]
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi))
+
+
+def _changes(parent: Any, values: dict[str, Any], source: str, hypothesis: str) -> list[Intervention]:
+    """Interventions turning ``parent``'s recipe into one with ``values`` (unchanged fields left out)."""
+    ivs = []
+    for path, new in values.items():
+        old = get_path(parent, path)
+        if new != old:
+            ivs.append(Intervention(path=path, old=old, new=new, category=category_of(path), hypothesis=hypothesis,
+                                    source=source))
+    return ivs
+
+
+class GreedySearch(_Gated):
+    """karpathy/autoresearch-style keep / discard from the current best (see the module docstring)."""
+
+    mode = "greedy"
+
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) the greedy loop; returns the run summary."""
+        import random
+
+        self.started_at()
+        root = self.ensure_root()
+        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
+        self.segment(root)
+        self.gate_and_decide(root, "no_rl")
+        best = self.lineage.kv_get("loop/best") or root
+        t = 1
+        while len(self.lineage.versions()) < self.config.budget.max_versions:
+            stored = self.lineage.kv_get(f"loop/trial/{t}")
+            if stored is None:
+                if self.out_of_budget():
+                    break
+                rng = random.Random(f"greedy-{self.config.seed}-{t}")
+                base = self.lineage.get(best).recipe
+                name = rng.choice(sorted(SEARCH_SPACE))
+                new = _sample_field(rng, name, base)
+                ivs = _changes(base, {name: new}, "greedy", "random single change (greedy keep / discard)")
+                if not ivs:  # the draw hit the current value: nudge it so the trial is a real change
+                    ivs = _changes(base, {name: new * 2 if SEARCH_SPACE[name][0] == "mult" else new * 1.01},
+                                   "greedy", "random single change (greedy keep / discard)")
+                v = self.lineage.branch(best, ivs, note=f"greedy trial {t}")
+                stored = {"version": v.id, "parent": best}
+                self.lineage.kv_set(f"loop/trial/{t}", stored)
+                self.emit("lineage", {})
+            vid, parent = stored["version"], stored["parent"]
+            score = self.segment(vid)
+            ref = float((self.lineage.get(parent).eval_summary or {}).get("avg@k") or 0.0)
+            if self.lineage.get(vid).status not in ("kept", "pruned", "reverted"):
+                keep = score > ref
+                why = (f"{'keep' if keep else 'discard'} {vid}: dev Avg@k {score:.3f} "
+                       f"{'>' if keep else '<='} the current best {parent}'s {ref:.3f} (greedy: any improvement)")
+                self.record_decision(Verdict(version_id=vid, action="keep" if keep else "prune", rationale=why,
+                                             evidence=[f"eval:heldout:{vid}", f"eval:heldout:{parent}"]), self.mode)
+            if self.lineage.get(vid).status == "kept":
+                best = vid
+                self.lineage.kv_set("loop/best", best)
+            t += 1
+        return self.finish(best)
+
+
+PBT_POPULATION = 4
+"""Members of the PBT population (Jaderberg et al. 2017 use tens; 4 fits a CPU budget of a few versions)."""
+PBT_QUANTILE = 0.25
+"""Ray Tune ``PopulationBasedTraining(quantile_fraction=0.25)``: bottom / top quantile exploited / copied."""
+PBT_RESAMPLE_P = 0.25
+"""Ray Tune ``resample_probability=0.25``: chance a field is redrawn from its distribution instead of perturbed."""
+PBT_FACTORS = (0.8, 1.2)
+"""Ray Tune ``perturbation_factors=(1.2, 0.8)``: multiplicative perturbation of a continuous field."""
+
+
+def pbt_explore(rng: Any, recipe: Any) -> dict[str, Any]:
+    """Ray Tune PBT's explore step on the :data:`SEARCH_SPACE` fields of ``recipe``: each field is redrawn with
+    probability :data:`PBT_RESAMPLE_P`, else a float is multiplied by 0.8 or 1.2 (clipped to its range) and a
+    choice moves to a neighbouring choice. Returns the new values by path."""
+    out: dict[str, Any] = {}
+    for name, spec in SEARCH_SPACE.items():
+        if rng.random() < PBT_RESAMPLE_P:
+            out[name] = _sample_field(rng, name, recipe)
+            continue
+        cur = get_path(recipe, name)
+        if spec[0] == "mult":
+            base = int(get_path(recipe, name))
+            out[name] = max(1, int(round(base * rng.choice(PBT_FACTORS))))
+        else:
+            out[name] = float(min(max(float(cur) * rng.choice(PBT_FACTORS), spec[1]), spec[2]))
+    return out
+
+
+class PBTRun(_Gated):
+    """Population Based Training over recipe fields (see the module docstring)."""
+
+    mode = "pbt"
+
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) PBT; returns the run summary."""
+        import random
+
+        self.started_at()
+        root = self.ensure_root()
+        base = self.lineage.get(root).recipe
+        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
+        self.segment(root)
+        self.gate_and_decide(root, "no_rl")
+        members = self.lineage.kv_get("loop/members")
+        if members is None:  # generation 0: the base recipe and PBT_POPULATION - 1 sampled recipes
+            rng = random.Random(f"pbt-{self.config.seed}-init")
+            members = [root]
+            for i in range(1, min(PBT_POPULATION, self.config.budget.max_versions)):
+                vals = {n: _sample_field(rng, n, base) for n in SEARCH_SPACE}
+                ivs = _changes(base, vals, "pbt", "PBT initial sample")
+                members.append(self.lineage.branch(root, ivs, note=f"pbt member {i} generation 0").id)
+            self.lineage.kv_set("loop/members", members)
+            self.emit("lineage", {})
+        g = int(self.lineage.kv_get("loop/generation", 0))
+        for vid in members:  # a member the budget cannot pay for is left out of the population
+            if self.lineage.get(vid).status == "proposed" and vid != root and self.out_of_budget():
+                continue
+            self.segment(vid)
+        members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})] or [root]
+        while True:
+            if self.lineage.kv_get(f"loop/gen/{g + 1}") is None:
+                if len(self.lineage.versions()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
+                    break
+                self.lineage.kv_set(f"loop/gen/{g + 1}", self._next_generation(members, g + 1))
+            members = self.lineage.kv_get(f"loop/gen/{g + 1}")["members"]
+            for vid in members:
+                if self.lineage.get(vid).status == "proposed" and self.out_of_budget():
+                    continue  # the budget ran out within the generation: this member is not trained
+                self.segment(vid)
+            members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})]
+            g += 1
+            self.lineage.kv_set("loop/generation", g)
+            self.lineage.kv_set("loop/members", members)
+        members = members or [root]
+        for vid in members:
+            if self.lineage.get(vid).status not in ("kept", "pruned", "reverted", "failed"):
+                self.record_decision(Verdict(version_id=vid, action="keep", rationale=(
+                    f"keep {vid}: a member of the final PBT population (dev Avg@k "
+                    f"{(self.lineage.get(vid).eval_summary or {}).get('avg@k', 0.0):.3f})"),
+                    evidence=[f"eval:heldout:{vid}"]), self.mode)
+        return self.finish(self.best_dev(members))
+
+    def _next_generation(self, members: list[str], gen: int) -> dict[str, Any]:
+        """Exploit / explore: the bottom quantile copies a random top-quantile member (a perturbed child of its
+        version); the rest continue (a control child of their version). Decisions record who was replaced."""
+        import math
+        import random
+
+        rng = random.Random(f"pbt-{self.config.seed}-{gen}")
+        score = {m: float((self.lineage.get(m).eval_summary or {}).get("avg@k") or 0.0) for m in members}
+        order = sorted(members, key=lambda m: (-score[m], m))
+        n_q = max(1, int(math.ceil(len(order) * PBT_QUANTILE))) if len(order) >= 2 else 0
+        top, bottom = order[:n_q], set(order[len(order) - n_q:]) if n_q else set()
+        new = []
+        for m in members:
+            if m in bottom:
+                src = rng.choice(top)
+                rec = self.lineage.get(src).recipe
+                ivs = _changes(rec, pbt_explore(rng, rec), "pbt", f"PBT exploit {src} + explore")
+                if not ivs:
+                    lr = get_path(rec, "actor_learning_rate")
+                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=lr * 1.2, category="optimizer",
+                                        hypothesis="PBT explore (perturbation kept the recipe)", source="pbt")]
+                child = self.lineage.branch(src, ivs, note=f"pbt generation {gen}: exploit {src} for {m}").id
+                if self.lineage.get(m).status not in ("kept", "pruned", "reverted", "failed"):
+                    self.record_decision(Verdict(version_id=m, action="prune", rationale=(
+                        f"prune {m}: bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); replaced by "
+                        f"{child}, a perturbed copy of {src} ({score[src]:.3f})"), evidence=[f"eval:heldout:{m}"]),
+                        self.mode)
+                new.append(child)
+            else:
+                if self.lineage.get(m).status not in ("kept", "pruned", "reverted", "failed"):
+                    self.record_decision(Verdict(version_id=m, action="keep", rationale=(
+                        f"keep {m}: not in the bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); "
+                        "it continues its recipe"), evidence=[f"eval:heldout:{m}"]), self.mode)
+                new.append(self.lineage.branch_control(m, note=f"pbt generation {gen}: {m} continues").id)
+        self.emit("lineage", {})
+        return {"members": new, "scores": score}

@@ -19,10 +19,14 @@ class Budget(BaseModel):
     """Limits of one autonomous run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_versions: int = Field(6, ge=1, description="Versions trained, the base included.")
+    max_versions: int = Field(6, ge=1, description="Versions trained, the base included (the evotrainer mode's control "
+                              "arms, one per parent, are not counted: the token and wall-clock budgets pay for them).")
     steps_per_version: int = Field(8, ge=1, description="GRPO steps per version.")
     wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
     branches_per_round: int = Field(2, ge=1, description="Children trained per round.")
+    max_tokens: int | None = Field(None, ge=1, description=(
+        "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
+        "work once it is spent (None: the version / step budget alone)."))
 
 
 class RunConfig(BaseModel):
@@ -30,8 +34,9 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     run_dir: str = Field("runs/default", description="Run folder (workspace); relative to the current directory.")
-    mode: Literal["evotrainer", "static", "recipe-search"] = Field(
-        "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna TPE)."
+    mode: Literal["evotrainer", "static", "recipe-search", "greedy", "pbt"] = Field(
+        "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna "
+        "TPE), greedy (keep / discard a random single change from the current best), pbt (population based training)."
     )
     brain: Literal["auto", "heuristic", "claude"] = Field(
         "auto", description="auto: Claude when ANTHROPIC_API_KEY is set, the offline heuristic brain otherwise."
@@ -49,6 +54,8 @@ class RunConfig(BaseModel):
         1, ge=1, description="executor=ray: torch CPU threads (and Ray CPUs) per branch. 1: on a loaded 2-core "
                              "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
     budget: Budget = Field(default_factory=Budget)
+    test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
+                               "(default: recipe eval.k).")
     recipe: Recipe = Field(default_factory=Recipe)
 
 

@@ -100,7 +100,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
         """,
     ),
+    (
+        # issue 16: a control arm, the parent's recipe continued for the same steps from the same checkpoint
+        "002_version_role",
+        "ALTER TABLE versions ADD COLUMN role TEXT NOT NULL DEFAULT ''",
+    ),
 ]
+
+CONTROL = "control"
+"""``Version.role`` of a control arm: the parent's recipe, no change, trained for the same steps from the same
+checkpoint as its siblings (one per parent), the baseline the gate measures an intervention against."""
 
 
 class Version(BaseModel):
@@ -116,8 +125,20 @@ class Version(BaseModel):
     eval_summary: dict[str, Any] = Field(default_factory=dict)
     findings: list[dict[str, Any]] = Field(default_factory=list)
     note: str = ""
+    role: str = Field("", description="'' for a version, 'control' for a control arm (no change: 'continue').")
     created_at: float
     updated_at: float
+
+    @property
+    def is_control(self) -> bool:
+        """True for a control arm (:data:`CONTROL`)."""
+        return self.role == CONTROL
+
+    def describe_change(self) -> str:
+        """The change of this version in one line: its interventions, ``continue`` for a control, ``base``."""
+        if self.is_control:
+            return "continue (control)"
+        return "; ".join(iv.describe() for iv in self.interventions) or "base"
 
     @property
     def intervention(self) -> Intervention | None:
@@ -315,13 +336,42 @@ class LineageStore:
                 )
         return self.get(vid)
 
+    def branch_control(self, parent_id: str, note: str = "") -> Version:
+        """Find-or-create the control arm of ``parent_id``: a child with the parent's recipe and no
+        intervention (``role = 'control'``), trained like its siblings from the parent's checkpoint.
+
+        Raises:
+            LineageError: unknown parent.
+        """
+        for c in self.children(parent_id):
+            if c.is_control:
+                return c
+        parent = self.get(parent_id)
+        with self.tx() as db:
+            vid = self._next_id(db)
+            now = time.time()
+            db.execute(
+                "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, role, created_at, "
+                "updated_at) VALUES (?, ?, ?, '[]', 'proposed', ?, ?, ?, ?)",
+                (vid, parent_id, json.dumps(parent.recipe.to_dict()), note or f"control of {parent_id}: continue",
+                 CONTROL, now, now),
+            )
+        return self.get(vid)
+
+    def control_of(self, version_id: str) -> Version | None:
+        """The control arm among ``version_id``'s siblings (None for the root, a control, or when there is none)."""
+        v = self.get(version_id)
+        if v.parent_id is None or v.is_control:
+            return None
+        return next((c for c in self.children(v.parent_id) if c.is_control), None)
+
     def _row_to_version(self, r: sqlite3.Row) -> Version:
         return Version(
             id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(json.loads(r["recipe"])),
             interventions=[Intervention.model_validate(d) for d in json.loads(r["interventions"])],
             status=r["status"], checkpoint=r["checkpoint"],
             metrics_summary=json.loads(r["metrics_summary"]), eval_summary=json.loads(r["eval_summary"]),
-            findings=json.loads(r["findings"]), note=r["note"],
+            findings=json.loads(r["findings"]), note=r["note"], role=r["role"] if "role" in r.keys() else "",
             created_at=r["created_at"], updated_at=r["updated_at"],
         )
 
@@ -405,7 +455,7 @@ class LineageStore:
         versions = self.versions()
         nodes = {
             v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
-                   "intervention": [iv.describe() for iv in v.interventions],
+                   "intervention": [iv.describe() for iv in v.interventions], "role": v.role,
                    "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary, "children": []}
             for v in versions
         }

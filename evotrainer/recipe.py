@@ -85,9 +85,12 @@ class DataSpec(_Strict):
         "arithmetic", description="Task family."
     )
     path: str | None = Field(None, description="Dataset file (parquet in verl's schema, or JSONL).")
-    level: int = Field(1, ge=1, le=6, description="Arithmetic generator difficulty (1 = 1-digit a+b).")
+    level: int = Field(1, ge=1, le=6,
+                       description="Arithmetic generator difficulty (1 = a+b with operands 0..19, the easiest).")
     n_train: int = Field(256, ge=1, description="Number of training problems.")
-    n_heldout: int = Field(64, ge=1, description="Number of held-out problems (disjoint from train).")
+    n_heldout: int = Field(64, ge=1, description="Number of dev (held-out) problems: what the gate and the agents see.")
+    n_test: int = Field(0, ge=0, description="Number of test problems, disjoint from train and dev, scored only for a "
+                        "run's final answer when it ends (0: no test split).")
     seed: int = Field(0, description="Seed of the generator and of the train / held-out split.")
     difficulty_band: tuple[float, float] = Field(
         (0.0, 1.0),

@@ -1,11 +1,20 @@
-"""Promotion gate: keep a version only if it beats its parent on held-out problems and nothing blocks it.
+"""Promotion gate: keep an intervention only if it beats its control on dev problems and nothing blocks it.
 
-``gate(ws, version_id)`` compares the version's held-out outcome matrix with its parent's on the
-common problems (paired bootstrap CI and paired permutation test, ``harness.stats``), runs the
-analyzers on both versions' evidence, and promotes only when the CI's lower bound is above 0 and no
-``blocking`` finding stands against the version (fresh analysis, plus blocking findings stored on
-the version). The verdict lists its evidence references so a decision can cite them. The root
-version has no parent: it is promoted as the baseline when nothing blocks it (reason says so).
+``gate(ws, version_id)`` compares the version's dev (``heldout``) outcome matrix with its
+**baseline** on the common problems (paired bootstrap CI and paired permutation test,
+``harness.stats``): the baseline is the round's control arm (``lineage.control_of``: the parent's
+recipe continued for the same steps from the same checkpoint) when it has been evaluated, else the
+parent. The gain over the parent is reported beside it (``gain_vs_parent``), so a decision shows
+both what the change did (vs control) and what the round did (vs parent). It runs the analyzers on
+the version's evidence, and promotes only when the CI's lower bound is above 0 and no ``blocking``
+finding stands against the version (fresh analysis, plus blocking findings stored on the version).
+The verdict lists its evidence references so a decision can cite them. The root version has no
+parent: it is promoted as the baseline when nothing blocks it (reason says so). A control arm is
+gated against its parent; whether it advances the frontier is a round decision
+(:func:`round_decisions`: continuing is a decision too).
+
+The test split is sealed: gating on a test eval name while a run is under way raises (see
+:func:`test_sealed`).
 """
 
 from __future__ import annotations
@@ -17,15 +26,43 @@ from evotrainer.harness.findings import Finding
 from pydantic import BaseModel, Field
 
 
+def test_sealed(ws: Any, eval_name: str) -> str | None:
+    """Why ``eval_name``'s outcomes may not be read now, or None when they may.
+
+    Test eval names (``rl_backend.base.TEST_EVALS``) are sealed while a run is under way: from the
+    loop's start (kv ``loop/started_at``) until it has made its last decision and opened the seal
+    (kv ``loop/test_unsealed``) to score its final answer. Selecting on test outcomes would make the
+    reported test score a winner's-curse estimate (issue 16); the gate, the agents and the analyzers
+    use the dev split (``heldout``).
+    """
+    from evotrainer.rl_backend.base import is_test_eval
+
+    if not is_test_eval(eval_name):
+        return None
+    if ws.lineage.kv_get("loop/started_at") is None or ws.lineage.kv_get("loop/test_unsealed"):
+        return None
+    return (f"eval {eval_name!r} scores the test split, which is sealed while the run is under way: the gate, the "
+            "agents and the analyzers use the dev split (eval_name 'heldout'); test outcomes are computed for the "
+            "run's final answer when it ends")
+
+
 class GateVerdict(BaseModel):
     """The gate's decision and everything it rests on."""
 
     version_id: str
     parent_id: str | None
     promote: bool
-    gain: float | None = Field(None, description="Held-out Avg@k gain over the parent (fraction, paired problems).")
+    baseline_id: str | None = Field(None, description="What the gain is measured against: the control arm, else the "
+                                                      "parent (None for the root).")
+    control_id: str | None = Field(None, description="The round's control arm, when the version is an intervention.")
+    is_control: bool = Field(False, description="The version is itself a control arm (gated against its parent).")
+    gain: float | None = Field(None, description="Dev Avg@k gain over the baseline (fraction, paired problems).")
     ci: tuple[float, float] | None = Field(None, description="Bootstrap CI of the gain at `confidence`.")
     p_value: float | None = Field(None, description="Two-sided paired permutation p-value of the gain.")
+    gain_vs_parent: float | None = Field(None, description="Dev Avg@k gain over the parent (the same as `gain` when "
+                                                          "the baseline is the parent).")
+    ci_vs_parent: tuple[float, float] | None = Field(None, description="Bootstrap CI of `gain_vs_parent`.")
+    score: float | None = Field(None, description="Dev Avg@k of the version on the paired problems.")
     below_sources: list[str] = Field(default_factory=list,
                                      description="For a merge: the source siblings that score higher on held-out.")
     confidence: float = 0.95
@@ -51,11 +88,14 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
 
     Raises:
         LineageError: unknown version.
+        ValueError: ``eval_name`` is a sealed test eval (:func:`test_sealed`).
     """
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
     from evotrainer.harness.stats import compare_versions
 
+    if (why := test_sealed(ws, eval_name)) is not None:
+        raise ValueError(why)
     v = ws.lineage.get(version_id)
     parent = v.parent_id
     ids = [x.id for x in ws.lineage.path_to_root(version_id)]  # the version, its parent, ..., the root
@@ -74,27 +114,39 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
     evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
     evidence += [m for f in blocking for m in f.evidence[:3]]
     verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
-                          blocking=blocking, evidence=evidence)
+                          blocking=blocking, evidence=evidence, is_control=v.is_control)
     if parent is None:
         verdict.promote = not blocking
         verdict.reason = ("root version: the baseline, nothing to compare with" if not blocking else
                           f"root version blocked by {len(blocking)} finding(s): {', '.join(sorted(seen))}")
         return verdict
-    a, b = ws.lineage.eval_matrix(parent, eval_name), ws.lineage.eval_matrix(version_id, eval_name)
+    control = ws.lineage.control_of(version_id)
+    ctrl_m = ws.lineage.eval_matrix(control.id, eval_name) if control is not None else {}
+    base_id = control.id if ctrl_m else parent
+    verdict.control_id = control.id if control is not None else None
+    verdict.baseline_id = base_id
+    a, b = ctrl_m or ws.lineage.eval_matrix(parent, eval_name), ws.lineage.eval_matrix(version_id, eval_name)
     if not a or not b:
-        missing = [x for x, m in ((parent, a), (version_id, b)) if not m]
+        missing = [x for x, m in ((base_id, a), (version_id, b)) if not m]
         verdict.reason = f"no held-out '{eval_name}' outcomes for {', '.join(missing)}; evaluate before gating"
         return verdict
     try:
         cmp = compare_versions(a, b, n_resamples=n_resamples, confidence=confidence, seed=seed)
+        cmp_p = cmp if base_id == parent else compare_versions(
+            ws.lineage.eval_matrix(parent, eval_name) or a, b, n_resamples=n_resamples, confidence=confidence,
+            seed=seed)
     except ValueError as exc:
-        verdict.reason = f"cannot compare {version_id} with {parent}: {exc}"
+        verdict.reason = f"cannot compare {version_id} with {base_id}: {exc}"
         return verdict
     verdict.gain, verdict.ci, verdict.p_value, verdict.n_problems = cmp.gain, cmp.ci, cmp.p_value, cmp.n_problems
-    verdict.evidence = [f"eval:{eval_name}:{parent}", f"eval:{eval_name}:{version_id}"] + verdict.evidence
+    verdict.gain_vs_parent, verdict.ci_vs_parent, verdict.score = cmp_p.gain, cmp_p.ci, cmp.score_b
+    verdict.evidence = [f"eval:{eval_name}:{base_id}", f"eval:{eval_name}:{version_id}"] + verdict.evidence
     pct = int(round(100 * confidence))
-    stats = (f"held-out Avg@k {cmp.score_a:.3f} -> {cmp.score_b:.3f}, gain {cmp.gain:+.3f} "
+    what = f"vs control {base_id}" if base_id != parent else f"vs parent {parent}"
+    stats = (f"held-out Avg@k {cmp.score_a:.3f} -> {cmp.score_b:.3f} {what}, gain {cmp.gain:+.3f} "
              f"({pct}% CI [{cmp.ci[0]:+.3f}, {cmp.ci[1]:+.3f}], p={cmp.p_value:.3g}, {cmp.n_problems} problems)")
+    if base_id != parent:
+        stats += f"; vs parent {parent} {cmp_p.gain:+.3f} [{cmp_p.ci[0]:+.3f}, {cmp_p.ci[1]:+.3f}]"
     if blocking:
         verdict.reason = f"blocked by {', '.join(sorted(seen | {f.kind for f in blocking}))}; {stats}"
     elif cmp.ci[0] <= 0:
@@ -109,7 +161,7 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
             verdict.evidence += [f"eval:{eval_name}:{sid}" for sid, _ in below]
             verdict.reason = (f"merge below its source(s): held-out Avg@k {cmp.score_b:.3f} < "
                               + ", ".join(f"{sid} {score:.3f}" for sid, score in below)
-                              + f" (the single-factor changes do not compose); vs the parent: {stats}")
+                              + f" (the single-factor changes do not compose); {stats}")
     return verdict
 
 
@@ -168,4 +220,96 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
         src = avg_at_k(m)
         if src > score + 1e-12:
             out.append((c.id, src))
+    return out
+
+
+def _kinds(gate: dict[str, Any]) -> set[str]:
+    return {b.get("kind", "?") if isinstance(b, dict) else str(b) for b in gate.get("blocking", []) or []}
+
+
+def verdict_from_gate(version_id: str, gate: dict[str, Any]) -> tuple[str, str]:
+    """``(action, rationale)`` of the gate rule: keep exactly what the gate promotes, prune the rest.
+
+    The one verdict every mode shares (the baselines' decisions, the heuristic brain's rule); ``gate`` is a
+    :class:`GateVerdict` dump or the ``gate_version`` tool's result (possibly adjusted by :func:`round_decisions`).
+    """
+    keep = bool(gate.get("promote"))
+    reason = gate.get("reason") or ""
+    if keep and gate.get("parent_id") is None and gate.get("gain") is None:
+        return "keep", f"keep {version_id}: the root (baseline) version, no blocking finding. Gate: {reason}"
+    return ("keep" if keep else "prune"), f"{'keep' if keep else 'prune'} {version_id}: {reason}"
+
+
+NEVER_WAIVED = ("reward_hacking", "entropy_collapse", "nan_blowup", "kl_blowup")
+"""Blocking kinds a round never waives even when every candidate shares them: a leaky reward (a gain under it
+cannot be told from farming the term) and damaged weights (``lineage.DAMAGED_WEIGHTS``: nothing to build on)."""
+
+
+def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
+    """The gate verdicts of one round's candidates adjusted to the round: which may be kept.
+
+    Rules (issue 16, "Attribution"):
+
+    - An intervention is kept only if it beats the control: the lower bound of the CI of its dev gain over
+      the gate's baseline (the control) is above 0, no blocking finding of its own stands, and (a merge) it
+      is not below a source it composes.
+    - A blocking finding that **every** candidate of the round shares, the control included (two or more
+      candidates), is a property of the task or the recipe, not of a change: it is waived for this round's
+      decision (listed under ``waived``; the finding still stands and the next round's diagnosis sees it),
+      so the lineage keeps accumulating training instead of discarding every branch (e.g. truncation that
+      the base recipe's length budget causes). :data:`NEVER_WAIVED` kinds always block.
+    - The control (continuing: a decision too) is kept when no intervention is kept, no blocking finding of
+      its own stands, and it is not established worse than its parent (upper CI bound of ``gain_vs_parent``
+      >= 0): the frontier then advances by training longer. When an intervention is kept the control is not
+      (superseded), so each round advances the frontier by at most its best candidate.
+
+    Args:
+        gates: version id -> gate dict (``gate_version`` result / :class:`GateVerdict` dump) of every trained,
+            evaluated candidate of the round (failed ones left out).
+        control_id: the round's control arm (None: no control; interventions are then judged as gated).
+
+    Returns:
+        version id -> a copy of its gate with ``promote`` set by these rules, ``blocking`` without the waived
+        kinds, ``waived`` (kinds) and ``reason`` saying which rule decided.
+    """
+    kinds = {vid: _kinds(g) for vid, g in gates.items()}
+    shared = set.intersection(*kinds.values()) if len(gates) >= 2 and control_id in gates else set()
+    shared -= set(NEVER_WAIVED)
+    out: dict[str, dict[str, Any]] = {}
+    note = (f"; blocking finding(s) {', '.join(sorted(shared))} stand on every candidate of the round (control "
+            "included): a property of the task / recipe, waived for this decision") if shared else ""
+    for vid, g in gates.items():
+        if vid == control_id:
+            continue
+        own = kinds[vid] - shared
+        ci = g.get("ci")
+        beats = isinstance(ci, (list, tuple)) and len(ci) == 2 and ci[0] > 0
+        keep = beats and not own and not g.get("below_sources")
+        blocking = [b for b in g.get("blocking", []) or [] if (b.get("kind") if isinstance(b, dict) else b) not in shared]
+        reason = g.get("reason") or ""
+        if shared and keep and not g.get("promote"):
+            reason = "promote: " + reason.split("; ", 1)[-1]
+        out[vid] = {**g, "promote": keep, "blocking": blocking, "waived": sorted(shared), "reason": reason + note}
+    if control_id in gates:
+        g = gates[control_id]
+        own = kinds[control_id] - shared
+        ci_p = g.get("ci_vs_parent") or g.get("ci")
+        worse = isinstance(ci_p, (list, tuple)) and len(ci_p) == 2 and ci_p[1] < 0
+        kept = [vid for vid, x in out.items() if x["promote"]]
+        gain = g.get("gain_vs_parent", g.get("gain"))
+        nums = (f"dev gain over the parent {gain:+.3f} [{ci_p[0]:+.3f}, {ci_p[1]:+.3f}]"
+                if isinstance(gain, (int, float)) and isinstance(ci_p, (list, tuple)) else "no paired dev gain")
+        if kept:
+            keep, reason = False, f"superseded: {', '.join(kept)} beat this control ({nums})"
+        elif own:
+            keep, reason = False, f"continue blocked by {', '.join(sorted(own))} ({nums})"
+        elif worse:
+            keep, reason = False, f"continue: training longer made it worse than the parent ({nums})"
+        elif gain is None:
+            keep, reason = False, f"continue: not compared with the parent ({g.get('reason') or 'no dev outcomes'})"
+        else:
+            keep, reason = True, (f"continue: no change beat the control, and the control is not worse than the "
+                                  f"parent ({nums}): the frontier advances by training longer")
+        blocking = [b for b in g.get("blocking", []) or [] if (b.get("kind") if isinstance(b, dict) else b) not in shared]
+        out[control_id] = {**g, "promote": keep, "blocking": blocking, "waived": sorted(shared), "reason": reason + note}
     return out

@@ -174,3 +174,59 @@ def compare_versions(a: Matrix, b: Matrix, n_resamples: int = 10_000, confidence
     p = paired_permutation_test(sa, sb, n_resamples=n_resamples, seed=seed)
     return PairedComparison(n_problems=len(sa), score_a=float(sa.mean()), score_b=float(sb.mean()), gain=gain,
                             ci=(lo, hi), p_value=p, confidence=confidence)
+
+
+@dataclass
+class PooledComparison:
+    """Paired comparison of b against a pooled over groups (e.g. seeds), on each group's common problems."""
+
+    n_pairs: int
+    n_groups: int
+    score_a: float
+    score_b: float
+    gain: float
+    ci: tuple[float, float]
+    confidence: float
+
+
+def pooled_paired_bootstrap(groups: Sequence[tuple[Matrix, Matrix]], n_resamples: int = 10_000,
+                            confidence: float = 0.95, seed: int = 0) -> PooledComparison:
+    """Gain of b over a pooled over groups, with a stratified paired percentile bootstrap CI.
+
+    Each group (one seed's pair of runs) contributes its common problems' paired per-problem scores
+    (:func:`paired_scores`: ``a_p``, ``b_p`` means over the k samples, the same problems and sample seeds
+    for both). The gain is the mean of ``d = b_p - a_p`` over all pairs of all groups; each bootstrap
+    resample draws, within every group, as many pairs as it has with replacement (stratified by group,
+    so every seed keeps its weight; Efron & Tibshirani 1993, ch. 6 on stratified resampling), and the CI
+    is the percentile interval of the resampled pooled means.
+
+    Args:
+        groups: ``[(a_matrix, b_matrix), ...]`` outcome matrices ``{problem_id: [0/1 per sample]}``.
+        n_resamples, confidence, seed: as :func:`paired_bootstrap_ci`.
+
+    Raises:
+        ValueError: no group, a group with no common problem, or fewer than 2 pairs in all.
+    """
+    if not groups:
+        raise ValueError("no group to pool: give at least one (a, b) pair of outcome matrices")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}: must lie in (0, 1), e.g. 0.95")
+    diffs, sa_all, sb_all = [], [], []
+    for a, b in groups:
+        _, sa, sb = paired_scores(a, b)
+        diffs.append(sb - sa)
+        sa_all.append(sa)
+        sb_all.append(sb)
+    d_all = np.concatenate(diffs)
+    if len(d_all) < 2:
+        raise ValueError(f"{len(d_all)} paired problem(s) in all: a bootstrap CI needs at least 2")
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_resamples)
+    for d in diffs:  # (R, P_g) draws within the group, summed into the pooled total
+        total += d[rng.integers(0, len(d), size=(n_resamples, len(d)))].sum(axis=1)
+    means = total / len(d_all)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return PooledComparison(n_pairs=len(d_all), n_groups=len(groups), score_a=float(np.concatenate(sa_all).mean()),
+                            score_b=float(np.concatenate(sb_all).mean()), gain=float(d_all.mean()),
+                            ci=(float(lo), float(hi)), confidence=confidence)

@@ -41,7 +41,15 @@ from typing import Any
 import numpy as np
 import torch
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
+from evotrainer.rl_backend.base import (
+    NO_RL_TEST_EVAL,
+    BackendError,
+    EvalResult,
+    ProgressFn,
+    StopFn,
+    TrainResult,
+    is_test_eval,
+)
 from evotrainer.rl_backend.models import PolicyBundle, configure_threads, load_policy, save_checkpoint
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
@@ -172,7 +180,7 @@ class LocalBackend:
 
     def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
                should_stop: StopFn | None) -> TrainResult:
-        from evotrainer.rl_backend.tasks import load_problems, split_manifest
+        from evotrainer.rl_backend.tasks import load_problems, load_splits, split_manifest
         from torch.utils.tensorboard import SummaryWriter
 
         t_call = time.time()
@@ -236,7 +244,7 @@ class LocalBackend:
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary: dict[str, Any] = {name: float(np.nanmean([x for _, x in series if x is not None] or [math.nan]))
                                    for name, series in ws.lineage.all_metrics(vid).items()}
-        summary.update(steps=step + 1, data_split=split_manifest(*load_problems(recipe.data))["digest"])
+        summary.update(steps=step + 1, data_split=split_manifest(*load_splits(recipe.data))["digest"])
         ws.lineage.update_version(vid, status="trained", checkpoint=str(ckpt), metrics_summary=summary)
         ws.log(f"trained {vid}: {step + 1} steps, reward/mean {summary.get(M.REWARD_MEAN, math.nan):.3f}",
                version=vid, source="local")
@@ -460,47 +468,71 @@ class LocalBackend:
     # --- evaluate ------------------------------------------------------------------------------------
     def evaluate(self, ws: Any, version_id: str, k: int | None = None, eval_name: str = "heldout",
                  progress: ProgressFn | None = None) -> EvalResult:
-        """k samples per held-out problem of ``version_id``'s weights (its parent's / the base model's if
+        """k samples per dev problem of ``version_id``'s weights (its parent's / the base model's if
         untrained): Avg@k, pass@k, pass@1; per-sample outcomes into ``ws.lineage.log_eval_samples``,
         rollouts (split ``eval``, step = the version's last step), and ``eval_summary`` (for
         ``eval_name == "heldout"`` the top-level keys; every name also under ``eval_summary["by_name"]``).
+
+        The test eval names (``base.TEST_EVALS``: ``test`` = the version's weights, ``no_rl_test`` = the
+        base model) score the test split and write its outcomes to ``log_eval_samples`` only: no rollouts
+        and nothing in ``eval_summary``, so no analyzer or tool that reads those sees test outcomes.
         """
         v = ws.lineage.get(version_id)
+        test = is_test_eval(eval_name)
         ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
             self._parent_checkpoint(ws, v) if v.parent_id else None)
+        if eval_name == NO_RL_TEST_EVAL:
+            ckpt = None
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
                                                          version_id=version_id,
-                                                         step=max(0, ws.lineage.last_step(version_id)))
+                                                         step=max(0, ws.lineage.last_step(version_id)),
+                                                         split="test" if test else "dev")
         ws.lineage.log_eval_samples(version_id, eval_name, samples)
-        ws.rollouts.add(records)
-        summary = dict(v.eval_summary or {})
-        by_name = {**summary.get("by_name", {}), eval_name: res.summary()}
-        if eval_name == "heldout" or not summary:
-            summary.update(res.summary())
-        summary["by_name"] = by_name
-        ws.lineage.update_version(version_id, eval_summary=summary)
+        if not test:
+            ws.rollouts.add(records)
+            summary = dict(v.eval_summary or {})
+            by_name = {**summary.get("by_name", {}), eval_name: res.summary()}
+            if eval_name == "heldout" or not summary:
+                summary.update(res.summary())
+            summary["by_name"] = by_name
+            ws.lineage.update_version(version_id, eval_summary=summary)
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
 
     def evaluate_checkpoint(self, recipe: Any, checkpoint: str | None, k: int | None = None,
                             eval_name: str = "heldout", progress: ProgressFn | None = None, version_id: str = "",
-                            step: int = 0) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
-        """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the held-out set.
+                            step: int = 0, split: str = "dev",
+                            ) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
+        """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the dev split
+        (the first ``eval.max_problems`` dev problems) or, with ``split="test"``, on the whole test split.
 
         Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward; for
         ``data.task: swe`` each sample is an episode graded by the hidden tests (``swe_train.evaluate_episodes``).
+        Sample seeds depend on the recipe's seed and the problem batch only, so two versions evaluated on the
+        same split are paired sample by sample.
 
         Returns:
             ``(EvalResult, [(problem_id, sample_idx, correct, completion)], rollout records)``.
+
+        Raises:
+            BackendError: ``split`` is not dev / test, or the recipe has no test split (``data.n_test: 0``).
         """
-        from evotrainer.rl_backend.tasks import load_problems
+        from evotrainer.rl_backend.tasks import load_splits
 
         t0 = time.time()
         configure_threads(self.num_threads)
         k = k or recipe.eval.k
-        _, held = load_problems(recipe.data)
-        held = held[: recipe.eval.max_problems] if recipe.eval.max_problems else held
+        if split not in ("dev", "test"):
+            raise BackendError(f"split={split!r}: allowed: dev, test")
+        sp = load_splits(recipe.data)
+        if split == "test":
+            held = sp.test
+            if not held:
+                raise BackendError(f"eval {eval_name!r} scores the test split, but the recipe has none "
+                                   f"(data.n_test={recipe.data.n_test}); set data.n_test, e.g. 100")
+        else:
+            held = sp.dev[: recipe.eval.max_problems] if recipe.eval.max_problems else sp.dev
         bundle = load_policy(recipe.model, checkpoint=checkpoint, kl=False, device=self.device)
         bundle.model.eval()
         if recipe.data.task == "swe":
@@ -515,8 +547,10 @@ class LocalBackend:
         avg = float(np.mean([np.mean(x) for x in per_problem]))
         pk = float(np.mean([pass_at_k(k, int(sum(x)), k) for x in per_problem]))
         p1 = float(np.mean([pass_at_k(k, int(sum(x)), 1) for x in per_problem]))
+        gen = int(sum(int(r.get("length") or 0) for r in records))
         res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
-                         n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0)
+                         n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0, split=split,
+                         gen_tokens=gen)
         return res, samples, records
 
     def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,

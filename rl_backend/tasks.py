@@ -3,9 +3,10 @@
 Task families (``DataSpec.task``, DESIGN.md §3):
 
 - ``arithmetic``: a seeded generator with difficulty levels 1..6 for small models (level 1 =
-  1-digit a+b; see :data:`LEVELS`). SmolLM2-135M-Instruct at T=0.7 passes level 1 about 36% of the
-  time, level 2 about 7% and level 3 about 4% (issue 3's measurement), so level 1 gives groups with
-  reward variance.
+  a+b with operands 0..19, 400 distinct questions, enough for disjoint train / dev / test splits;
+  see :data:`LEVELS`). SmolLM2-135M-Instruct at T=0.7 passes level 1 about 22% of the time
+  (Avg@4 0.224 on the default config's 48 dev problems), level 2 about 7% and level 3 about 4%
+  (issue 3's measurement), so level 1 gives groups with reward variance.
 - ``gsm8k`` / ``math``: parquet files in verl's schema (``prompt`` as chat messages,
   ``reward_model.ground_truth``, ``extra_info``). ``data.path`` is a parquet file (split here with
   the seed) or a folder with ``train.parquet`` and ``test.parquet`` (held-out drawn from the test
@@ -18,13 +19,18 @@ Task families (``DataSpec.task``, DESIGN.md §3):
   ``data.path``), split by project; ``prompt`` is the problem statement, ``answer`` the instance id.
   Their episodes are multi-turn (``rl_backend/swe_train.py``), so ``build_messages`` is not used.
 
-Splits are deterministic (seeded), deduplicated and disjoint: the held-out set is drawn first,
-then every training problem whose question key (normalised prompt) is held out is dropped. The
-held-out set depends on the task, data, seed and ``n_heldout`` only (not on ``n_train`` or the
-band), so versions that change those stay comparable. ``n_heldout`` problems are held out when
-the task has at least twice as many distinct problems, else a fifth of them (level 1 has 100:
-20 held out); training gets at most ``n_train`` of the rest. Every problem records ``meta["split"]``; :func:`split_manifest`
-gives the ids and a digest to store with the version.
+Three splits (:func:`load_splits`), deterministic (seeded), deduplicated and disjoint: **dev**
+(``n_heldout`` problems, tagged ``meta["split"] = "heldout"``: what the gate, the agents, the
+analyzers and every MCP tool see, evaluated under the eval name ``heldout``), **test**
+(``data.n_test`` problems, tagged ``"test"``: scored only for a run's final answer, the no-RL row
+and each baseline's final version once the run ends; sealed from the MCP tools while it runs), and
+**train** (at most ``n_train`` of the rest). Dev is drawn first, test next, then every training
+problem whose question key (normalised prompt) is held out is dropped. Dev depends on the task,
+data, seed and ``n_heldout`` only, test on those and ``n_test`` (neither on ``n_train`` or the
+band), so versions that change those stay comparable. The held-out sizes are as asked when the
+task has at least twice ``n_heldout + n_test`` distinct problems, else a fifth of the pool each
+(the 1-digit level 1 of old had 100: 20 held out); :func:`load_problems` is ``(train, dev)``.
+:func:`split_manifest` gives the ids and a digest to store with the version.
 
 The difficulty band (``data.difficulty_band``) keeps training problems whose estimated pass rate
 lies in ``[low, high]``: see :func:`filter_by_pass_rate`. The estimate is a measured pass rate
@@ -43,7 +49,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,23 +93,24 @@ class Problem(BaseModel):
 
 # --- arithmetic generator -------------------------------------------------------------------------
 LEVELS: dict[int, str] = {
-    1: "1-digit a + b",
+    1: "a + b, operands 0..19 (1- and 2-digit)",
     2: "2-digit + 1-digit",
     3: "2-digit +/- 2-digit",
     4: "2-digit x 1-digit",
     5: "2-digit x 2-digit",
     6: "a op b op c, three 2-digit numbers, op in {+, -, x} (usual precedence)",
 }
-EST_PASS_RATE: dict[int, float] = {1: 0.36, 2: 0.07, 3: 0.04, 4: 0.02, 5: 0.01, 6: 0.005}
-"""Level-based pass-rate estimates for SmolLM2-135M at T=0.7 (levels 1-3 measured in issue 3; 4-6 guessed)."""
+EST_PASS_RATE: dict[int, float] = {1: 0.22, 2: 0.07, 3: 0.04, 4: 0.02, 5: 0.01, 6: 0.005}
+"""Level-based pass-rate estimates for SmolLM2-135M at T=0.7 (level 1: Avg@4 0.224 on the 48 dev problems of
+the default config, issue 16; levels 2-3 measured in issue 3; 4-6 guessed)."""
 
 _D1, _D2 = range(10), range(10, 100)
 
 
 def _level_space(level: int) -> tuple[int, Any]:
     """(number of distinct questions, index -> (a, op, b[, op2, c])) for one level."""
-    if level == 1:
-        return 100, lambda i: (i // 10, "+", i % 10)
+    if level == 1:  # 20 x 20: the 100 1-digit sums and 300 with a 10..19 operand
+        return 400, lambda i: (i // 20, "+", i % 20)
     if level == 2:
         return 900, lambda i: (10 + i // 10, "+", i % 10)
     if level == 3:
@@ -247,15 +254,23 @@ def _tag(problems: list[Problem], split: str) -> list[Problem]:
     return [p.model_copy(update={"meta": {**p.meta, "split": split}}) for p in problems]
 
 
-def _sizes(pool: int, n_train: int, n_heldout: int) -> tuple[int, int]:
-    """(train, held-out) sizes: ``n_heldout`` when the pool holds at least twice that, else a fifth of it.
+def _sizes(pool: int, n_train: int, n_heldout: int, n_test: int = 0) -> tuple[int, int, int]:
+    """(train, dev, test) sizes: as asked when the pool holds at least twice ``n_heldout + n_test``,
+    else a fifth of the pool each (at most as asked).
 
-    The held-out size never depends on ``n_train``, so changing ``n_train`` keeps the held-out set.
+    The held-out sizes never depend on ``n_train``, so changing ``n_train`` keeps dev and test.
+
+    Raises:
+        TaskError: the pool cannot give every split at least one problem.
     """
-    heldout = n_heldout if pool >= 2 * n_heldout else max(1, pool // 5)
-    if pool - heldout < 1:
-        raise TaskError(f"only {pool} distinct problem(s): need at least 2 for disjoint train / held-out splits")
-    return min(n_train, pool - heldout), heldout
+    if pool >= 2 * (n_heldout + n_test):
+        dev, test = n_heldout, n_test
+    else:
+        dev, test = min(n_heldout, max(1, pool // 5)), min(n_test, max(1, pool // 5))
+    if pool - dev - test < 1:
+        raise TaskError(f"only {pool} distinct problem(s): need at least {dev + test + 1} for disjoint train / dev"
+                        f"{' / test' if n_test else ''} splits; lower data.n_heldout / data.n_test or use a bigger task")
+    return min(n_train, pool - dev - test), dev, test
 
 
 def estimate_pass_rates(outcomes: Iterable[tuple[str, float]]) -> dict[str, float]:
@@ -307,7 +322,7 @@ def filter_by_pass_rate(problems: list[Problem], band: tuple[float, float],
 def _pool(data: DataSpec) -> tuple[list[Problem], list[Problem] | None]:
     """(all problems, or the train-file problems; held-out-file problems or None)."""
     if data.task == "arithmetic":
-        return arithmetic_problems(data.level, data.n_train + data.n_heldout, data.seed), None
+        return arithmetic_problems(data.level, data.n_train + data.n_heldout + data.n_test, data.seed), None
     if data.task in ("gsm8k", "math"):
         path = Path(data.path) if data.path else DATA_DIR / data.task / "test200.parquet"
         if path.is_dir():
@@ -325,18 +340,33 @@ def _pool(data: DataSpec) -> tuple[list[Problem], list[Problem] | None]:
     raise TaskError(f"data.task={data.task!r}: unknown task; allowed: arithmetic, gsm8k, math, jsonl, humaneval, swe")
 
 
+class Splits(NamedTuple):
+    """The three disjoint splits of a data spec (see the module docstring)."""
+
+    train: list[Problem]
+    dev: list[Problem]
+    test: list[Problem]
+
+
 def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
                   ) -> tuple[list[Problem], list[Problem]]:
-    """Deterministic, disjoint train and held-out problems for a data spec.
+    """``(train, dev)`` of :func:`load_splits`: what training, the gate and the agents use."""
+    sp = load_splits(data, pass_rates)
+    return sp.train, sp.dev
+
+
+def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -> Splits:
+    """Deterministic, disjoint train, dev and test problems for a data spec.
 
     Args:
-        data: the recipe's data section (task, path, level, n_train, n_heldout, seed, dedupe, band).
+        data: the recipe's data section (task, path, level, n_train, n_heldout (dev), n_test, seed, dedupe, band).
         pass_rates: measured pass rates by problem id for the difficulty-band filter (optional).
 
     Returns:
-        ``(train, heldout)``: at most ``n_train`` / ``n_heldout`` problems each (fewer when the task
-        has fewer distinct problems; then the pool is split in proportion), ``meta["split"]`` set.
-        The difficulty band filters the training list only.
+        :class:`Splits` of at most ``n_train`` / ``n_heldout`` / ``n_test`` problems (fewer when the task has
+        fewer distinct problems: then a fifth of the pool for each held-out split), ``meta["split"]`` set to
+        ``train`` / ``heldout`` / ``test``. The difficulty band filters the training list only. SWE tasks
+        (split by project) have no test split.
 
     Raises:
         TaskError: missing file, bad schema, unknown task or too few problems.
@@ -349,7 +379,7 @@ def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
         if not train:
             raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no SWE training task has a measured "
                             "pass rate in the band; widen it")
-        return train, heldout
+        return Splits(train, heldout, [])
     pool, test_pool = _pool(data)
     if data.dedupe:
         pool = dedupe(pool)
@@ -360,31 +390,40 @@ def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
         if data.task != "arithmetic":  # the generator's draw order is already seeded and prefix-stable
             rng.shuffle(pool)
         size = _level_space(data.level)[0] if data.task == "arithmetic" else len(pool)
-        n_train, n_heldout = _sizes(size, data.n_train, data.n_heldout)
-        heldout, rest = pool[:n_heldout], pool[n_heldout:]
-    else:
-        heldout = rng.sample(test_pool, min(data.n_heldout, len(test_pool)))
+        n_train, n_dev, n_test = _sizes(size, data.n_train, data.n_heldout, data.n_test)
+        heldout, test, rest = pool[:n_dev], pool[n_dev:n_dev + n_test], pool[n_dev + n_test:]
+    else:  # a separate held-out file: dev, then test, drawn from it (dev does not move with n_test)
+        held_pool = list(test_pool)
+        heldout = rng.sample(held_pool, min(data.n_heldout, len(held_pool)))
+        dev_ids = {p.id for p in heldout}
+        left = [p for p in held_pool if p.id not in dev_ids]
+        test = random.Random(f"test-{data.task}-{data.seed}").sample(left, min(data.n_test, len(left)))
         rest = list(pool)
         rng.shuffle(rest)
         n_train = data.n_train
-    held_keys = {_key(p.prompt) for p in heldout}
-    held_ids = {p.id for p in heldout}
+    held_keys = {_key(p.prompt) for p in [*heldout, *test]}
+    held_ids = {p.id for p in [*heldout, *test]}
     train = [p for p in rest if _key(p.prompt) not in held_keys and p.id not in held_ids][:n_train]
-    if not train or not heldout:
-        raise TaskError(f"data: got {len(train)} train / {len(heldout)} held-out problems; "
-                        "point data.path at a bigger file or lower n_train / n_heldout")
+    if not train or not heldout or len(test) < min(1, data.n_test):
+        raise TaskError(f"data: got {len(train)} train / {len(heldout)} dev / {len(test)} test problems; "
+                        "point data.path at a bigger file or lower n_train / n_heldout / n_test")
     train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
     if not train:
         raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no training problem has an estimated "
                         "pass rate in the band; widen it")
-    return _tag(train, "train"), _tag(heldout, "heldout")
+    return Splits(_tag(train, "train"), _tag(heldout, "heldout"), _tag(test, "test"))
 
 
-def split_manifest(train: list[Problem], heldout: list[Problem]) -> dict[str, Any]:
-    """What to record with a version: ids of both splits and a sha256 digest of them."""
+def split_manifest(train: list[Problem], heldout: list[Problem], test: list[Problem] | None = None) -> dict[str, Any]:
+    """What to record with a version: ids of the splits and a sha256 digest of them.
+
+    ``heldout`` is the dev split. Without a test split the digest is the two-split digest of old runs.
+    """
     ids = {"train": [p.id for p in train], "heldout": [p.id for p in heldout]}
+    if test:
+        ids["test"] = [p.id for p in test]
     digest = hashlib.sha256(json.dumps(ids, sort_keys=True).encode()).hexdigest()
-    return {"n_train": len(train), "n_heldout": len(heldout), "digest": digest, **ids}
+    return {"n_train": len(train), "n_heldout": len(heldout), "n_test": len(test or []), "digest": digest, **ids}
 
 
 def build_messages(problem: Problem, data: DataSpec) -> list[dict[str, str]]:

@@ -96,6 +96,12 @@ class GateInfo(BaseModel):
     reason: str
     below_sources: list[str] = Field(default_factory=list,
                                      description="For a merge: source siblings that score higher on held-out.")
+    baseline_id: str | None = Field(None, description="What `gain` is measured against: the control arm, else the parent.")
+    control_id: str | None = Field(None, description="The round's control arm (the parent's recipe continued).")
+    is_control: bool = Field(False, description="The version is a control arm (gated against its parent).")
+    gain_vs_parent: float | None = Field(None, description="Dev Avg@k gain over the parent.")
+    ci_vs_parent: list[float] | None = Field(None, description="Bootstrap CI of gain_vs_parent.")
+    score: float | None = Field(None, description="Dev Avg@k of the version on the paired problems.")
 
 
 def _num(x: Any) -> float | None:
@@ -252,4 +258,7 @@ def register(server: MCPServer, state: ServerState) -> None:
         return GateInfo(version_id=g.version_id, parent_id=g.parent_id, promote=g.promote, gain=_num(g.gain),
                         ci=list(g.ci) if g.ci else None, p_value=_num(g.p_value), confidence=g.confidence,
                         n_problems=g.n_problems, blocking=[finding_info(f) for f in g.blocking],
-                        evidence=list(g.evidence), reason=g.reason, below_sources=list(g.below_sources))
+                        evidence=list(g.evidence), reason=g.reason, below_sources=list(g.below_sources),
+                        baseline_id=g.baseline_id, control_id=g.control_id, is_control=g.is_control,
+                        gain_vs_parent=_num(g.gain_vs_parent), score=_num(g.score),
+                        ci_vs_parent=list(g.ci_vs_parent) if g.ci_vs_parent else None)

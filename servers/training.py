@@ -314,12 +314,22 @@ def register(server: MCPServer, state: ServerState) -> None:
         eval_name: Annotated[str, Field(description="Name of the evaluation set.", min_length=1)] = "heldout",
         wait_s: WaitS = 0.0,
     ) -> JobInfo:
-        """Evaluate a version on the held-out set (k samples per problem: Avg@k, pass@k) as a background job;
-        the result lands in the version's eval_summary. Pass wait_s to stream progress."""
+        """Evaluate a version on the dev (held-out) set (k samples per problem: Avg@k, pass@k) as a background
+        job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
+        (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
+        from evotrainer.harness.gate import test_sealed
+
         st = state_of(ctx)
         ws = st.workspace()
         require_version(ws, version_id)
+        if (why := test_sealed(ws, eval_name)) is not None:
+            raise ToolError(why)
         backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
+        from evotrainer.rl_backend.base import is_test_eval
+
+        if is_test_eval(eval_name) and getattr(backend, "name", "") != "local":
+            raise ToolError(f"eval {eval_name!r} scores the test split, which only the local backend evaluates; "
+                            f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
 
         def run(wws: Any, progress: Any, should_stop: Any) -> Any:
             return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)

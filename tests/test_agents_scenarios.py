@@ -47,7 +47,7 @@ def test_too_easy_data_zero_variance_found_and_data_fix_proposed(tmp_path):
     prop = ws.lineage.kv_get("loop/r1/propose")
     paths = [c["path"] for c in prop["candidates"]]
     assert any(p in ("dynamic_filtering", "data.level", "data.difficulty_band", "group_filter_top_p") for p in paths)
-    kids = [v for v in ws.lineage.versions() if v.parent_id]
+    kids = [v for v in ws.lineage.versions() if v.parent_id and not v.is_control]
     assert "data" in [v.interventions[0].category for v in kids], [v.interventions[0].describe() for v in kids]
     assert all(v.status in ("kept", "pruned") and ws.lineage.decisions(v.id) for v in kids)
     ws.close()
@@ -75,10 +75,16 @@ def test_lr_too_high_entropy_collapse_found_branch_not_kept(tmp_path):
     assert kinds & {"entropy_collapse", "template_collapse", "length_collapse", "nan_blowup", "kl_blowup"}, kinds
     prop = ws.lineage.kv_get("loop/r1/propose")
     assert any(c["path"] == "actor_learning_rate" and c["new"] < 0.05 for c in prop["candidates"])
-    # no version trained at lr 0.05 is kept unless it beat its parent on held-out (it cannot: Avg@k is 0)
+    # no intervention trained at lr 0.05 is kept unless it beat its control on held-out (it cannot: Avg@k is 0);
+    # the control arm continues the parent's lr-0.05 recipe by design (issue 16: continuing is a decision too)
+    # and may be kept only with no damaged-weights finding of its own (those are never waived)
     for v in ws.lineage.versions():
         if v.parent_id and v.recipe.actor_learning_rate >= 0.05:
-            assert v.status != "kept"
+            if v.is_control and v.status == "kept":
+                g = ws.lineage.kv_get(f"loop/rgate/{v.id}")
+                assert not {b["kind"] for b in g["blocking"]} & {"entropy_collapse", "nan_blowup", "kl_blowup"}
+            else:
+                assert v.status != "kept"
     ws.close()
 
 

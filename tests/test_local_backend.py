@@ -45,10 +45,16 @@ def test_pass_at_k_hand_values():
 
 def test_grpo_learns_a_token_reward_and_not_with_the_sign_flipped(tmp_path):
     # format_token pays 1 when the literal token occurs. ' slice' is the tiny model's most frequent
-    # token on these prompts (~12% of completions at step 0). weight -1 flips every advantage's sign.
+    # token on 1-digit sums (~12% of completions at step 0; on level 1's 0..19 operands the most frequent
+    # word is rarer, ~6%, too rare to learn in 10 steps of 4 prompts). weight -1 flips every advantage's sign.
+    one_digit = tmp_path / "one_digit.jsonl"
+    one_digit.write_text("".join(json.dumps({"id": f"arith-L1-{a}+{b}", "prompt": f"What is {a} + {b}?",
+                                             "answer": str(a + b)}) + "\n" for a in range(10) for b in range(10)))
+    data = {"task": "jsonl", "path": str(one_digit), "n_train": 80, "n_heldout": 20}
     series = {}
     for w in (1.0, -1.0):
-        ws, vid = _run(tmp_path, f"w{w}", reward={"format_token": {"weight": w, "params": {"token": "slice"}}})
+        ws, vid = _run(tmp_path, f"w{w}", data=data,
+                       reward={"format_token": {"weight": w, "params": {"token": "slice"}}})
         LocalBackend(checkpoint_every=100, num_threads=1).train(ws, vid, 10)
         series[w] = [x for _, x in ws.lineage.metric_series(vid, M.reward_component("format_token"))]
         # every kept group had reward variance (zero-variance groups are dropped)

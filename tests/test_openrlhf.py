@@ -343,7 +343,8 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
         assert ver.metrics_summary[M.LOSS_POLICY] == pytest.approx(0.05)  # 0.1 / step 2
         assert ws.lineage.kv_get(f"openrlhf/{v.id}")["ref"].startswith("local:")
         ev = backend.evaluate(ws, v.id)
-        assert (ev.avg_at_k, ev.pass_at_k, ev.k, ev.n_problems) == (0.25, 0.5, 8, 20)
+        # level 1 has 20 x 20 = 400 problems >= 2 x 64: all 64 dev problems are held out (a fifth of the old 100: 20)
+        assert (ev.avg_at_k, ev.pass_at_k, ev.k, ev.n_problems) == (0.25, 0.5, 8, 64)
         assert ws.lineage.get(v.id).eval_summary["avg@k"] == 0.25
         with pytest.raises(OpenRLHFError, match="k=4"):
             backend.evaluate(ws, v.id, k=4)

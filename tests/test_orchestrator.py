@@ -53,8 +53,10 @@ def test_tiny_loop_runs_to_budget_and_every_version_is_decided(tmp_path):
     assert no_rl["eval_name"] == "no_rl" and 0.0 <= no_rl["avg@k"] <= 1.0
     assert len(ws.lineage.eval_matrix("v0", "no_rl")) == cfg.recipe.eval.max_problems
     # children are single-factor changes of v0 (the best kept, or the root) with distinct paths
-    kids = [v for v in versions if v.parent_id]
+    kids = [v for v in versions if v.parent_id and not v.is_control]
     assert kids and all(len(v.interventions) == 1 and v.parent_id == "v0" for v in kids)
+    # one control arm per round: v0's recipe continued, no intervention
+    assert [(v.parent_id, v.interventions, v.recipe) for v in versions if v.is_control] == [("v0", [], versions[0].recipe)]
     assert len({v.interventions[0].path for v in kids}) == len(kids)
     assert ws.lineage.last_step("v1") == 1  # 2 steps, 0-based
     # stage records: diagnosis, proposal, ranking of round 1 replayable from kv

@@ -45,9 +45,9 @@ def test_arithmetic_level_shapes():
 
 
 def test_level1_small_pool_and_disjoint():
-    # Level 1 has 10 x 10 = 100 distinct questions < 2 x 64: a fifth (20) is held out, train gets the other 80
-    train, heldout = load_problems(DataSpec(level=1))
-    assert (len(train), len(heldout)) == (80, 20)
+    # Level 1 has 20 x 20 = 400 distinct questions < 2 x 250: a fifth (80) is held out, train gets 256 of the 320 left
+    train, heldout = load_problems(DataSpec(level=1, n_heldout=250))
+    assert (len(train), len(heldout)) == (256, 80)
     assert not {p.prompt for p in train} & {p.prompt for p in heldout}
     assert {p.meta["split"] for p in train} == {"train"} and {p.meta["split"] for p in heldout} == {"heldout"}
 
@@ -137,15 +137,15 @@ def test_difficulty_band_filter():
     assert [p.id for p in filter_by_pass_rate(ps, (0.5, 0.5))] == ["p0", "p1", "p2", "p3"]  # no estimate: kept
     # (p, correct) outcomes -> means: p0: (1 + 0) / 2 = 0.5, p1: 1 / 1 = 1.0; NaN skipped
     assert estimate_pass_rates([("p0", 1), ("p0", 0), ("p1", 1.0), ("p1", float("nan"))]) == {"p0": 0.5, "p1": 1.0}
-    # level 1 estimate 0.36 is inside [0.3, 0.4] and outside [0.5, 1]
-    assert len(load_problems(DataSpec(level=1, difficulty_band=(0.3, 0.4)))[0]) == 80
+    # level 1 estimate 0.22 is inside [0.2, 0.3] and outside [0.5, 1]
+    assert len(load_problems(DataSpec(level=1, difficulty_band=(0.2, 0.3)))[0]) == 256
     with pytest.raises(TaskError, match="difficulty_band"):
         load_problems(DataSpec(level=1, difficulty_band=(0.5, 1.0)))
     # measured rates override the level estimate; held-out is never filtered
     train, heldout = load_problems(DataSpec(level=1))
     measured = {p.id: (0.0 if i % 2 else 0.5) for i, p in enumerate(train)}
     kept, held2 = load_problems(DataSpec(level=1, difficulty_band=(0.1, 0.9)), pass_rates=measured)
-    assert len(kept) == 40 and [p.id for p in held2] == [p.id for p in heldout]
+    assert len(kept) == 128 and [p.id for p in held2] == [p.id for p in heldout]
 
 
 def test_workspace_pass_rates_move_the_band(tmp_path):
@@ -168,4 +168,4 @@ def test_workspace_pass_rates_move_the_band(tmp_path):
         assert workspace_pass_rates(ws, ["other"]) == {}
         kept, _ = load_problems(DataSpec(level=1, difficulty_band=(0.1, 0.9)), pass_rates=rates)
     ids = {p.id for p in kept}
-    assert b in ids and a not in ids and len(kept) == 79  # a (always solved) leaves; unmeasured 0.36 estimates stay
+    assert b in ids and a not in ids and len(kept) == 255  # a (always solved) leaves; unmeasured 0.22 estimates stay

@@ -1,0 +1,269 @@
+"""``evotrainer compare``: the modes at equal compute, scored on the sealed test split (issue 16, "The benchmark").
+
+For each (mode, seed) it runs (or resumes) one run in ``OUT/runs/<mode>-s<seed>`` from the same config:
+``config.seed = seed`` (the loop's choices) and ``recipe.seed = base recipe seed + seed`` (sampling and
+training), the same data (problems) for every run. Every mode gets the same budget: a token budget
+``budget.max_tokens`` (train + dev-eval generated tokens; derived when the config has none,
+:func:`equal_budget`) and the wall clock, with ``max_versions`` lifted so the token budget binds. A finished run (kv ``loop/finished``) is skipped, an unfinished one resumed, so
+re-running the command continues where it stopped. ``parallel > 1`` runs that many runs as separate
+processes. Each run has its own skills memory (``RUN/skills``, seeded like a fresh install), so no run
+learns from another seed's outcomes.
+
+It then writes ``OUT/compare.json``, ``OUT/compare.md`` and ``OUT/compare.png``: per mode the test Avg@k
+of its final version (mean over seeds, per seed), the compute spent (train / eval tokens, CPU-seconds,
+wall), the no-RL row, and the paired bootstrap CI of the difference between every two modes on the same
+test problems and sample seeds, pooled over seeds (:func:`evotrainer.harness.stats.pooled_paired_bootstrap`:
+within one seed, every mode's final answer is evaluated on the same test problems with the same sample
+seeds, so the outcomes pair problem by problem).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NO_RL = "no-RL"
+
+
+class CompareError(ValueError):
+    """The comparison cannot run (unknown mode, no test split, bad seeds); the message says the fix."""
+
+
+def equal_budget(config: Any) -> Any:
+    """``config`` with a token budget every mode spends: its ``budget.max_tokens``, or when None the static
+    mode's training tokens at most (``max_versions x steps_per_version x rollout_batch_size x
+    n_samples_per_prompt x generate_max_len``; searching modes spend part of it on dev evaluations)."""
+    b, r = config.budget, config.recipe
+    if b.max_tokens is not None:
+        return config
+    cap = b.max_versions * b.steps_per_version * r.rollout_batch_size * r.n_samples_per_prompt * r.generate_max_len
+    return config.model_copy(update={"budget": b.model_copy(update={"max_tokens": int(cap)})})
+
+
+VERSION_HEADROOM = 4
+"""compare lifts ``budget.max_versions`` by this factor so that the token budget, not the version count, is what
+stops every mode (a searching version costs its training plus a dev evaluation, about twice a static segment)."""
+
+
+def run_config(config: Any, mode: str, seed: int, out: Path) -> Any:
+    """The config of one (mode, seed) run of the comparison: the equal token budget, ``max_versions`` lifted by
+    :data:`VERSION_HEADROOM` (the static mode's step count stays the token budget's), the seeds moved."""
+    cfg = equal_budget(config)
+    recipe = config.recipe.model_copy(update={"seed": config.recipe.seed + seed})
+    budget = cfg.budget.model_copy(update={"max_versions": cfg.budget.max_versions * VERSION_HEADROOM})
+    if mode == "static":  # static trains segments until the token budget is spent: its version count is moot
+        budget = cfg.budget
+    return cfg.model_copy(update={"mode": mode, "seed": seed, "recipe": recipe, "budget": budget,
+                                  "run_dir": str(out / "runs" / f"{mode}-s{seed}")})
+
+
+def _finished(run_dir: Path) -> bool:
+    if not (run_dir / "lineage.db").exists():
+        return False
+    from evotrainer.workspace import Workspace
+
+    ws = Workspace.open(run_dir)
+    try:
+        return bool(ws.lineage.kv_get("loop/finished"))
+    finally:
+        ws.close()
+
+
+def _run_one(config_json: dict[str, Any], brain: str) -> dict[str, Any]:
+    """Run (or resume) one run; in a worker process for ``parallel > 1``."""
+    import os
+
+    from evotrainer.agents.cli import run_loop
+    from evotrainer.skills_db.store import SKILLS_DIR_ENV
+
+    from evotrainer.config import RunConfig
+
+    cfg = RunConfig.model_validate(config_json)
+    rd = Path(cfg.run_dir)
+    # each run starts from its own, freshly seeded skills memory: the seeds stay independent and reproducible,
+    # and runs in parallel processes never write one LanceDB store at once
+    before = os.environ.get(SKILLS_DIR_ENV)
+    os.environ[SKILLS_DIR_ENV] = str(rd / "skills")
+    try:
+        return run_loop(cfg, rd, brain, cfg.mode, resume=(rd / "lineage.db").exists())
+    finally:
+        if before is None:
+            os.environ.pop(SKILLS_DIR_ENV, None)
+        else:
+            os.environ[SKILLS_DIR_ENV] = before
+
+
+def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, parallel: int = 1,
+            brain: str = "heuristic", on_progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Run the comparison (resumable) and write its table and plot; returns the table (``compare.json``).
+
+    Args:
+        config: the run config (:class:`~evotrainer.config.RunConfig`); its recipe needs a test split.
+        modes: run modes (``agents.cli.MODES``).
+        seeds: seeds, e.g. ``[0, 1, 2]``.
+        out: output folder (runs under ``out/runs``).
+        parallel: runs at a time, as separate processes (1: in this process).
+        brain: the evotrainer mode's brain.
+        on_progress: ``(run_name, done, total)`` after each run (the CLI's progress bar).
+
+    Raises:
+        CompareError: unknown mode, no seed, or ``recipe.data.n_test`` is 0.
+    """
+    from evotrainer.agents.cli import MODES
+
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise CompareError(f"--modes {','.join(modes)}: unknown {', '.join(bad) or 'none given'}; allowed: "
+                           f"{', '.join(MODES)}")
+    if not seeds:
+        raise CompareError("--seeds: give at least one seed, e.g. 0,1,2")
+    if not config.recipe.data.n_test:
+        raise CompareError("recipe.data.n_test is 0: compare scores each mode's final version on the test split; "
+                           "set data.n_test (e.g. 100)")
+    out = Path(out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    jobs = [(m, s) for s in seeds for m in modes]
+    todo = [(m, s) for m, s in jobs if not _finished(Path(run_config(config, m, s, out).run_dir))]
+    done = len(jobs) - len(todo)
+    if on_progress:
+        on_progress("skipped finished runs", done, len(jobs))
+    if parallel > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=parallel, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(_run_one, run_config(config, m, s, out).model_dump(mode="json"), brain): (m, s)
+                    for m, s in todo}
+            for f in as_completed(futs):
+                f.result()
+                done += 1
+                if on_progress:
+                    m, s = futs[f]
+                    on_progress(f"{m}-s{s}", done, len(jobs))
+    else:
+        for m, s in todo:
+            _run_one(run_config(config, m, s, out).model_dump(mode="json"), brain)
+            done += 1
+            if on_progress:
+                on_progress(f"{m}-s{s}", done, len(jobs))
+    table = build_table(config, modes, seeds, out)
+    write_outputs(table, out)
+    return table
+
+
+def _run_outcomes(run_dir: Path) -> dict[str, Any]:
+    """A finished run's final version, its test and no-RL test outcome matrices and its compute."""
+    from evotrainer.workspace import Workspace
+
+    ws = Workspace.open(run_dir)
+    try:
+        final = ws.lineage.kv_get("loop/final") or {}
+        vid, root = final.get("version"), ws.lineage.root()
+        return {"version": vid, "test": ws.lineage.eval_matrix(vid, "test") if vid else {},
+                "no_rl_test": ws.lineage.eval_matrix(root.id, "no_rl_test") if root else {},
+                "compute": ws.lineage.kv_get("loop/compute") or {}, "k": (final.get("test") or {}).get("k")}
+    finally:
+        ws.close()
+
+
+def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_resamples: int = 10_000) -> dict[str, Any]:
+    """The comparison table from the finished runs (see the module docstring for what it holds)."""
+    import numpy as np
+    from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
+
+    runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) for m in modes for s in seeds}
+    outcomes: dict[str, dict[int, dict[str, list[float]]]] = {m: {s: runs[(m, s)]["test"] for s in seeds}
+                                                              for m in modes}
+    # the no-RL row: the base model on the same test problems with the same sample seeds (same per seed)
+    outcomes[NO_RL] = {s: next((runs[(m, s)]["no_rl_test"] for m in modes if runs[(m, s)]["no_rl_test"]), {})
+                       for s in seeds}
+    rows = []
+    for m in [*modes, NO_RL]:
+        per_seed = {s: avg_at_k(outcomes[m][s]) for s in seeds if outcomes[m][s]}
+        comp = [runs[(m, s)]["compute"] for s in seeds] if m != NO_RL else []
+
+        def mean(key: str, comp: list[dict[str, Any]] = comp) -> float | None:
+            return float(np.mean([c.get(key, 0) for c in comp])) if comp else None
+
+        rows.append({"mode": m, "test_avg_at_k": float(np.mean(list(per_seed.values()))) if per_seed else None,
+                     "per_seed": {str(s): v for s, v in per_seed.items()},
+                     "final_versions": {str(s): runs[(m, s)]["version"] for s in seeds} if m != NO_RL else {},
+                     "train_tokens": mean("train_tokens"), "eval_tokens": mean("eval_tokens"),
+                     "test_tokens": mean("test_tokens"), "cpu_s": mean("cpu_s"), "wall_s": mean("wall_s")})
+    pairs = []
+    names = [*modes, NO_RL]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            groups = [(outcomes[b][s], outcomes[a][s]) for s in seeds if outcomes[a][s] and outcomes[b][s]]
+            if not groups:
+                continue
+            c = pooled_paired_bootstrap(groups, n_resamples=n_resamples)
+            pairs.append({"a": a, "b": b, "diff": c.gain, "ci": list(c.ci), "n_pairs": c.n_pairs,
+                          "n_seeds": c.n_groups, "a_score": c.score_b, "b_score": c.score_a})
+    k = next((r["k"] for r in runs.values() if r.get("k")), None)
+    return {"config": config.recipe.name, "modes": modes, "seeds": seeds, "k": k,
+            "n_test": config.recipe.data.n_test, "max_tokens": equal_budget(config).budget.max_tokens,
+            "rows": rows, "pairs": pairs,
+            "points": [{"mode": m, "seed": s, "test_avg_at_k": avg_at_k(runs[(m, s)]["test"]) if runs[(m, s)]["test"]
+                        else None, "tokens": (runs[(m, s)]["compute"].get("train_tokens", 0)
+                                              + runs[(m, s)]["compute"].get("eval_tokens", 0))}
+                       for m in modes for s in seeds]}
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """The table as markdown: one row per mode (test Avg@k, per seed, compute), then the paired differences."""
+    k = table.get("k") or "k"
+    lines = [f"# compare: {table['config']}, seeds {', '.join(map(str, table['seeds']))}", "",
+             f"Test Avg@{k} of each mode's final version on {table['n_test']} test problems (sealed during the "
+             f"runs); budget {table['max_tokens']} generated tokens (train + dev eval) per run.", "",
+             f"| mode | test Avg@{k} | per seed | train tokens | eval tokens | CPU-s | wall-s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table["rows"]:
+        per = ", ".join(f"s{s}: {v:.3f}" for s, v in r["per_seed"].items())
+        lines.append(f"| {r['mode']} | {_fmt(r['test_avg_at_k'])} | {per} | {_fmt(r['train_tokens'], '.0f')} | "
+                     f"{_fmt(r['eval_tokens'], '.0f')} | {_fmt(r['cpu_s'], '.0f')} | {_fmt(r['wall_s'], '.0f')} |")
+    lines += ["", "Paired differences (a minus b) on the same test problems and sample seeds, pooled over seeds, "
+                  "95% stratified bootstrap CI:", "", "| a | b | a - b | 95% CI | pairs |", "|---|---|---|---|---|"]
+    for p in table["pairs"]:
+        lines.append(f"| {p['a']} | {p['b']} | {p['diff']:+.3f} | [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] | "
+                     f"{p['n_pairs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict[str, Any], path: Path) -> Path:
+    """Test Avg@k against compute spent (train + dev-eval tokens), one point per run, the no-RL row as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in table["modes"]:
+        pts = [p for p in table["points"] if p["mode"] == m and p["test_avg_at_k"] is not None]
+        ax.scatter([p["tokens"] for p in pts], [p["test_avg_at_k"] for p in pts], label=m)
+    no_rl = next((r["test_avg_at_k"] for r in table["rows"] if r["mode"] == NO_RL), None)
+    if no_rl is not None:
+        ax.axhline(no_rl, color="grey", linestyle="--", label=NO_RL)
+    ax.set_xlabel("compute spent (generated tokens: train + dev eval)")
+    ax.set_ylabel(f"test Avg@{table.get('k') or 'k'}")
+    ax.set_title(f"{table['config']}: test score vs compute")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(table: dict[str, Any], out: Path) -> dict[str, Path]:
+    """``compare.json``, ``compare.md`` and ``compare.png`` in ``out``."""
+    paths = {"json": out / "compare.json", "md": out / "compare.md", "png": out / "compare.png"}
+    paths["json"].write_text(json.dumps(table, indent=2) + "\n")
+    paths["md"].write_text(markdown(table))
+    plot(table, paths["png"])
+    return paths

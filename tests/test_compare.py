@@ -1,0 +1,135 @@
+"""`evotrainer compare` (issue 16, "The benchmark"): the modes at equal compute, the test split, paired CIs
+pooled over seeds, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from evotrainer.agents.compare import NO_RL, compare, equal_budget, run_config
+from evotrainer.harness.stats import pooled_paired_bootstrap
+
+from evotrainer.config import RunConfig
+from evotrainer.workspace import Workspace
+
+
+def test_pooled_paired_bootstrap_by_hand():
+    # seed 0: p1 a 0/2 -> b 2/2 (d = +1), p2 1 -> 1 (d = 0); p3 only in a: not paired, left out
+    # seed 1: p1 a 1/2 -> b 2/2 (d = +0.5)
+    g0 = ({"p1": [0, 0], "p2": [1, 1], "p3": [0, 0]}, {"p1": [1, 1], "p2": [1, 1]})
+    g1 = ({"p1": [0, 1]}, {"p1": [1, 1]})
+    c = pooled_paired_bootstrap([g0, g1], n_resamples=20_000, seed=0)
+    # pooled gain (1 + 0 + 0.5) / 3 = 0.5; a scores (0 + 1 + 0.5) / 3 = 0.5, b scores 1
+    assert (c.n_pairs, c.n_groups) == (3, 2) and c.gain == pytest.approx(0.5)
+    assert (c.score_a, c.score_b) == (pytest.approx(0.5), pytest.approx(1.0))
+    # stratified: seed 1's single pair always adds 0.5; seed 0 draws 2 of [1, 0]: sums 0 / 1 / 2 with
+    # probabilities 1/4, 1/2, 1/4 -> pooled means 0.5/3, 1.5/3, 2.5/3; the 2.5% / 97.5% quantiles are 1/6 and 5/6
+    assert c.ci == (pytest.approx(1 / 6), pytest.approx(5 / 6))
+    # one constant difference everywhere: the CI collapses onto it
+    same = pooled_paired_bootstrap([({"p1": [0], "p2": [0]}, {"p1": [1], "p2": [1]})] * 3)
+    assert same.gain == 1.0 and same.ci == (1.0, 1.0)
+    with pytest.raises(ValueError, match="no common problem"):
+        pooled_paired_bootstrap([({"p1": [1]}, {"p2": [1]})])
+
+
+TINY = {
+    "brain": "heuristic", "backend": "local", "seed": 0,
+    "budget": {"max_versions": 3, "steps_per_version": 2, "wall_clock_minutes": 10, "branches_per_round": 1,
+               "max_tokens": 320},
+    "recipe": {"name": "tiny", "seed": 0, "model": {"name_or_path": "tiny-random"}, "n_samples_per_prompt": 2,
+               "rollout_batch_size": 2, "micro_train_batch_size": 4, "generate_max_len": 8,
+               "actor_learning_rate": 1e-4,
+               "data": {"task": "arithmetic", "level": 1, "n_train": 16, "n_heldout": 8, "n_test": 6, "seed": 0},
+               "eval": {"k": 2, "max_problems": 8, "temperature": 0.7}},
+}
+MODES = ["evotrainer", "static", "recipe-search", "greedy", "pbt"]
+
+
+def test_equal_budget_is_derived_from_the_static_training_budget():
+    cfg = RunConfig.model_validate({**TINY, "budget": {**TINY["budget"], "max_tokens": None}})
+    # 3 versions x 2 steps x 2 prompts x 2 samples x 8 tokens = 192 generated tokens
+    assert equal_budget(cfg).budget.max_tokens == 192
+    rc = run_config(cfg, "pbt", 2, __import__("pathlib").Path("/x"))
+    assert (rc.mode, rc.seed, rc.recipe.seed, rc.run_dir) == ("pbt", 2, 2, "/x/runs/pbt-s2")
+
+
+def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
+    cfg = RunConfig.model_validate(TINY)
+    out = tmp_path / "cmp"
+    table = compare(cfg, MODES, [0, 1], out, parallel=2)
+    assert {p.name for p in out.iterdir()} >= {"compare.json", "compare.md", "compare.png", "runs"}
+    assert json.loads((out / "compare.json").read_text()) == table
+    rows = {r["mode"]: r for r in table["rows"]}
+    assert list(rows) == [*MODES, NO_RL] and table["k"] == 2 and table["n_test"] == 6
+    for m in MODES:
+        r = rows[m]
+        assert set(r["per_seed"]) == {"0", "1"} and r["test_avg_at_k"] == pytest.approx(
+            (r["per_seed"]["0"] + r["per_seed"]["1"]) / 2)
+        assert r["train_tokens"] > 0 and r["eval_tokens"] > 0 and r["cpu_s"] > 0 and r["wall_s"] > 0
+    # every two rows paired: C(6, 2) = 15 pairs, each on 2 seeds x 6 test problems = 12 pairs
+    assert len(table["pairs"]) == 15 and {(p["n_pairs"], p["n_seeds"]) for p in table["pairs"]} == {(12, 2)}
+    # the CI is the pooled paired bootstrap of the runs' stored test outcomes (same problems, same sample seeds)
+    pair = next(p for p in table["pairs"] if (p["a"], p["b"]) == ("evotrainer", "static"))
+    groups = []
+    for s in (0, 1):
+        mats = {}
+        for m in ("evotrainer", "static"):
+            ws = Workspace.open(out / "runs" / f"{m}-s{s}")
+            vid = ws.lineage.kv_get("loop/final")["version"]
+            mats[m] = ws.lineage.eval_matrix(vid, "test")
+            ws.close()
+        assert sorted(mats["evotrainer"]) == sorted(mats["static"])  # the same 6 test problems
+        groups.append((mats["static"], mats["evotrainer"]))
+    c = pooled_paired_bootstrap(groups)
+    assert pair["diff"] == pytest.approx(c.gain) and pair["ci"] == pytest.approx(list(c.ci))
+    # each evotrainer run kept its own seeded skills memory (no run learns from another seed's outcomes)
+    assert all((out / "runs" / f"evotrainer-s{s}" / "skills").is_dir() for s in (0, 1))
+    md = (out / "compare.md").read_text()
+    assert "| evotrainer | static |" in md and f"| {NO_RL} |" in md
+    # resumable: a second call finds every (mode, seed) run finished and trains nothing
+    seen = []
+    again = compare(cfg, MODES, [0, 1], out, on_progress=lambda name, done, total: seen.append((done, total)))
+    assert seen == [(10, 10)] and again["pairs"] == table["pairs"]
+
+
+def test_static_trains_segments_until_the_token_budget_is_spent(tmp_path):
+    from evotrainer.agents.cli import run_loop
+
+    # the random model never stops before generate_max_len: a step generates 2 prompts x 2 samples x 8 = 32
+    # tokens, a 2-step segment 64. Budget 100: after segment 1, 64 < 100 -> segment 2 -> 128 >= 100: stop at
+    # 4 steps. The no-RL dev row (8 problems x 2 x 8 = 128 tokens) is outside the budget; the root's dev
+    # evaluation (128) and the final test evaluations (2 x 6 x 2 x 8 = 192) are counted apart.
+    cfg = RunConfig.model_validate({**TINY, "mode": "static", "budget": {**TINY["budget"], "max_tokens": 100}})
+    s = run_loop(cfg, tmp_path / "static", "heuristic", "static", resume=False)
+    ws = Workspace.open(tmp_path / "static")
+    try:
+        assert ws.lineage.last_step("v0") == 3
+    finally:
+        ws.close()
+    c = s["compute"]
+    assert (c["train_tokens"], c["eval_tokens"], c["no_rl_tokens"], c["test_tokens"]) == (128, 128, 128, 192)
+
+
+def test_pbt_explore_follows_ray_tune_rules():
+    import random
+
+    from evotrainer.agents.search import PBT_FACTORS, SEARCH_SPACE, pbt_explore
+
+    from evotrainer.recipe import Recipe, get_path
+
+    base = Recipe(actor_learning_rate=1e-5, temperature=1.0, eps_clip_high=0.3, init_kl_coef=1e-3,
+                  generate_max_len=64)
+    seen = {"perturbed": 0, "resampled": 0}
+    for i in range(200):
+        new = pbt_explore(random.Random(i), base)
+        assert set(new) == set(SEARCH_SPACE)
+        for name, spec in SEARCH_SPACE.items():
+            old = get_path(base, name)
+            if spec[0] == "mult":  # 64 x 0.8 = 51.2 -> 51, 64 x 1.2 = 76.8 -> 77, or 64 x {1, 2, 4}
+                assert new[name] in (51, 77, 64, 128, 256)
+                continue
+            assert spec[1] <= new[name] <= spec[2]
+            perturbed = any(new[name] == pytest.approx(min(max(old * f, spec[1]), spec[2])) for f in PBT_FACTORS)
+            seen["perturbed" if perturbed else "resampled"] += 1
+    # resample_probability 0.25 over 200 draws x 4 float fields = 800: about 200 resampled (binomial sd ~12)
+    assert 140 < seen["resampled"] < 260 and seen["perturbed"] + seen["resampled"] == 800

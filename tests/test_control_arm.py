@@ -1,0 +1,136 @@
+"""Attribution (issue 16): every round trains one control arm, the parent's recipe continued; an intervention is
+kept only if it beats the control on dev; continuing is a decision too; a blocking finding every candidate shares
+does not discard every branch's training."""
+
+from __future__ import annotations
+
+import pytest
+from evotrainer.agents.cli import run_loop
+from evotrainer.harness.gate import gate, round_decisions, verdict_from_gate
+
+from evotrainer.config import load_run_config
+from evotrainer.intervention import Intervention
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+
+
+def _evals(ws, vid, k_correct, k=4):
+    ws.lineage.log_eval_samples(vid, "heldout", [(f"p{i:02d}", j, float(j < c), "") for i, c in enumerate(k_correct)
+                                                 for j in range(k)])
+
+
+def test_control_arm_is_one_per_parent_and_the_gate_measures_against_it(tmp_path):
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        ctl = ws.lineage.branch_control(root.id)
+        assert ws.lineage.branch_control(root.id).id == ctl.id  # find-or-create: one control serves the round
+        assert ctl.is_control and ctl.interventions == [] and ctl.recipe == root.recipe
+        assert ctl.describe_change() == "continue (control)"
+        child = ws.lineage.branch(root.id, Intervention(path="actor_learning_rate", old=1e-6, new=3e-6,
+                                                        category="optimizer", hypothesis="t"))
+        assert ws.lineage.control_of(child.id).id == ctl.id and ws.lineage.control_of(ctl.id) is None
+        _evals(ws, root.id, [1] * 20)  # parent Avg@4 0.25
+        _evals(ws, ctl.id, [2] * 20)  # training longer: 0.50
+        _evals(ws, child.id, [2, 3] * 10)  # 0.50 / 0.75 alternating: mean 0.625
+        g = gate(ws, child.id, n_resamples=2000)
+        # vs control: per-problem d = 0 / +0.25 alternating, mean +0.125, CI within [0, 0.25]; vs parent +0.375
+        assert g.baseline_id == ctl.id and g.control_id == ctl.id
+        assert g.gain == pytest.approx(0.125) and 0.0 < g.ci[0] < 0.125 < g.ci[1] <= 0.25
+        assert g.gain_vs_parent == pytest.approx(0.375) and g.ci_vs_parent[0] > 0.3
+        assert g.promote and f"vs control {ctl.id}" in g.reason and "vs parent v0 +0.375" in g.reason
+        # an intervention as good as the control is not kept, though it is +0.25 over its parent
+        same = ws.lineage.branch(root.id, Intervention(path="temperature", old=1.0, new=0.9, category="rollout",
+                                                       hypothesis="t"))
+        _evals(ws, same.id, [2] * 20)
+        g2 = gate(ws, same.id, n_resamples=2000)
+        assert g2.gain == pytest.approx(0.0) and g2.gain_vs_parent == pytest.approx(0.25) and not g2.promote
+        # the control itself is gated against its parent
+        gc = gate(ws, ctl.id, n_resamples=2000)
+        assert gc.is_control and gc.baseline_id == root.id and gc.gain == pytest.approx(0.25)
+
+
+def _g(ci, ci_p=(0.0, 0.1), gain_p=0.05, kinds=(), parent="v0"):
+    return {"parent_id": parent, "promote": bool(ci[0] > 0 and not kinds), "gain": sum(ci) / 2, "ci": list(ci),
+            "gain_vs_parent": gain_p, "ci_vs_parent": list(ci_p), "reason": "r",
+            "blocking": [{"kind": k, "severity": "blocking"} for k in kinds]}
+
+
+def test_round_rule_beat_the_control_continue_otherwise():
+    # a beats the control (CI lower bound 0.02 > 0), b does not (-0.05): keep a, prune b, the control is superseded
+    out = round_decisions({"c": _g((-0.1, 0.1)), "a": _g((0.02, 0.2)), "b": _g((-0.05, 0.1))}, "c")
+    assert [out[v]["promote"] for v in ("a", "b", "c")] == [True, False, False]
+    assert out["c"]["reason"].startswith("superseded: a beat this control")
+    # nothing beats the control and it is not worse than its parent (CI [-0.05, 0.1] reaches above 0): continue
+    out = round_decisions({"c": _g((-0.05, 0.1), ci_p=(-0.05, 0.1)), "a": _g((-0.2, 0.0))}, "c")
+    assert (out["a"]["promote"], out["c"]["promote"]) == (False, True) and out["c"]["reason"].startswith("continue")
+    # the control made things worse than the parent (upper bound -0.01 < 0): nothing is kept
+    out = round_decisions({"c": _g((-0.3, -0.1), ci_p=(-0.3, -0.01), gain_p=-0.15), "a": _g((-0.2, 0.0))}, "c")
+    assert not out["c"]["promote"] and "worse than the parent" in out["c"]["reason"]
+    # a blocking finding of the control alone stops it
+    out = round_decisions({"c": _g((0.0, 0.1), kinds=("nan_blowup",)), "a": _g((-0.2, 0.0))}, "c")
+    assert not out["c"]["promote"] and "nan_blowup" in out["c"]["reason"]
+
+
+def test_round_rule_waives_a_blocking_finding_every_candidate_shares():
+    # truncation on all three (control included): a property of the task / recipe; a beats the control -> kept
+    gates = {"c": _g((0.0, 0.1), kinds=("truncation",)), "a": _g((0.03, 0.2), kinds=("truncation",)),
+             "b": _g((0.05, 0.3), kinds=("truncation", "reward_hacking"))}
+    out = round_decisions(gates, "c")
+    assert out["a"]["promote"] and out["a"]["waived"] == ["truncation"] and out["a"]["blocking"] == []
+    assert not out["b"]["promote"] and [f["kind"] for f in out["b"]["blocking"]] == ["reward_hacking"]
+    assert not out["c"]["promote"] and "every candidate of the round" in out["a"]["reason"]
+    # no change beats the control: the control continues despite the shared finding, so training accumulates
+    gates["a"], gates["b"] = _g((-0.1, 0.1), kinds=("truncation",)), _g((-0.1, 0.05), kinds=("truncation",))
+    out = round_decisions(gates, "c")
+    assert out["c"]["promote"] and out["c"]["waived"] == ["truncation"] and not out["a"]["promote"]
+    # a leaky reward (or damaged weights) every candidate shares still blocks: no leaky version is ever kept
+    leak = {v: _g((0.05, 0.2), kinds=("reward_hacking", "truncation")) for v in ("c", "a")}
+    out = round_decisions(leak, "c")
+    assert out["a"]["waived"] == ["truncation"] and not out["a"]["promote"] and not out["c"]["promote"]
+    # a finding only some candidates have is not waived
+    out = round_decisions({"c": _g((0.0, 0.1)), "a": _g((0.1, 0.2), kinds=("truncation",))}, "c")
+    assert not out["a"]["promote"] and out["a"]["waived"] == [] and out["c"]["promote"]
+
+
+def test_verdict_from_gate_is_the_gate_rule():
+    assert verdict_from_gate("v2", {"promote": True, "parent_id": "v0", "gain": 0.1, "reason": "promote: x"}) == (
+        "keep", "keep v2: promote: x")
+    assert verdict_from_gate("v0", {"promote": True, "parent_id": None, "gain": None, "reason": "root"})[0] == "keep"
+    assert verdict_from_gate("v3", {"promote": False, "reason": "blocked by truncation"})[0] == "prune"
+
+
+def test_tiny_loop_trains_a_control_each_round_and_records_both_gains(tmp_path):
+    cfg = load_run_config("examples/tiny.yaml")
+    cfg = cfg.model_copy(update={"budget": cfg.budget.model_copy(update=dict(max_versions=4, steps_per_version=2,
+                                                                              branches_per_round=1))})
+    summary = run_loop(cfg, tmp_path / "run", "heuristic", "evotrainer", resume=False)
+    ws = Workspace.open(tmp_path / "run")
+    try:
+        vs = ws.lineage.versions()
+        controls = [v for v in vs if v.is_control]
+        rounds = int(ws.lineage.kv_get("loop/round")) - 1
+        # one control per round parent, trained the same steps as its siblings from the same checkpoint
+        assert len(controls) == len({c.parent_id for c in controls}) == summary["n_controls"] >= 1
+        assert all(ws.lineage.last_step(c.id) == 1 for c in controls)
+        for v in vs:
+            if v.parent_id is None or v.is_control or "avg@k" not in (v.eval_summary or {}):
+                continue
+            ev, g = v.eval_summary, ws.lineage.kv_get(f"loop/rgate/{v.id}")
+            ctl = ws.lineage.control_of(v.id)
+            assert ev["vs_control"]["version"] == ctl.id and ev["vs_parent"]["version"] == v.parent_id
+            assert ev["vs_control"]["gain"] == pytest.approx(
+                ev["avg@k"] - ctl.eval_summary["avg@k"])  # same dev problems: the paired mean is the Avg@k difference
+            # kept only when it beat the control (CI lower bound above 0)
+            assert (v.status == "kept") == (g["ci"][0] > 0 and not g["blocking"] and not g.get("below_sources"))
+        assert rounds >= 1 and ws.lineage.kv_get("loop/frontier") in {v.id for v in vs}
+        # the report shows both gains of every intervention, and the control's change as 'continue'
+        from evotrainer.agents.report import gain_text, render_html
+
+        page = render_html(ws)
+        assert "gain vs control [95% CI]" in page and "continue (control)" in page
+        child = next(v for v in vs if v.interventions and "vs_control" in v.eval_summary)
+        assert gain_text(child.eval_summary["vs_control"]) in page and gain_text(child.eval_summary["vs_parent"]) in page
+        assert gain_text({"gain": 0.125, "ci": [0.031, 0.219], "version": "v1"}) == "+0.125 [+0.031, +0.219] (v1)"
+        assert summary["compute"]["train_tokens"] > 0 and "Compute and test" in page
+    finally:
+        ws.close()
