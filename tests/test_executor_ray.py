@@ -217,3 +217,38 @@ def test_version_writers_side_by_side_and_one_writer_per_version(tmp_path):
         whole.close()
     with pytest.raises(WorkspaceError, match=r"version='../x': not a version id"):
         Workspace.open(tmp_path / "run", writer=True, version="../x")
+
+
+@pytest.mark.slow
+def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypatch):
+    """`evotrainer run` with executor: ray trains round 1's arms (a child and the control) side by side on Ray
+    workers and ends with the lineage, decisions and metric values of the inline run (same seed)."""
+    from evotrainer.agents.cli import run_loop
+    from test_orchestrator import lineage_signature
+
+    from evotrainer.config import load_run_config
+
+    base = load_run_config(ROOT / "examples/tiny.yaml")
+    base = base.model_copy(update={"budget": base.budget.model_copy(update={"max_versions": 2,
+                                                                          "steps_per_version": 2,
+                                                                          "branches_per_round": 1})})
+    runs = {}
+    for name, update in (("inline", {}), ("ray", {"executor": "ray", "max_parallel": 2, "branch_threads": 1})):
+        # each run its own skill memory: a run's recorded outcomes steer the next run's choices
+        monkeypatch.setenv("EVOTRAINER_SKILLS_DIR", str(tmp_path / f"skills-{name}"))
+        runs[name] = tmp_path / name
+        summary = run_loop(base.model_copy(update=update), runs[name], "heuristic", "evotrainer", resume=False)
+        assert summary["finished"]
+    assert lineage_signature(runs["inline"]) == lineage_signature(runs["ray"])
+    assert _lineage(runs["inline"]) == _lineage(runs["ray"])
+    s = LineageStore(runs["ray"] / "lineage.db", readonly=True)
+    try:
+        round1 = [v for v in s.versions() if v.parent_id == "v0"]
+        # round 1: one child and the control (examples/tiny.yaml's heuristic brain; 2 versions + the control)
+        assert len(round1) == 2 and sum(v.is_control for v in round1) == 1
+        jobs = [j for v in round1 for j in s.jobs(v.id) if j.kind == "train"]
+        # trained by Ray workers (their pids, not this process), side by side
+        assert len(jobs) == 2 and all(j.pid != os.getpid() for j in jobs) and jobs[0].pid != jobs[1].pid
+        assert max(j.created_at for j in jobs) < min(j.updated_at for j in jobs)
+    finally:
+        s.close()
