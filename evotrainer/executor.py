@@ -78,7 +78,10 @@ class TaskResult(BaseModel):
     eval: dict[str, Any] | None = Field(None, description="EvalResult of the eval command (--json).")
     jobs: list[str] = Field(default_factory=list)
     error: str = ""
-    wall_s: float = 0.0
+    wall_s: float = Field(0.0, description="Seconds from submission to the result (queueing included).")
+    started_at: float | None = Field(None, description="Unix seconds when the worker began the task.")
+    finished_at: float | None = Field(None, description="Unix seconds when the worker ended it.")
+    pid: int | None = Field(None, description="The worker process.")
 
 
 class Executor(Protocol):
@@ -147,13 +150,16 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
         train_args: more ``evotrainer train`` options (e.g. ``--cluster FILE`` for openrlhf).
 
     Returns:
-        ``{"train": TrainResult | None, "eval": EvalResult | None, "skipped": bool}`` as JSON dicts.
+        ``{"train": TrainResult | None, "eval": EvalResult | None, "skipped": bool, "started_at", "finished_at",
+        "pid"}`` (results as JSON dicts; times in Unix seconds).
     """
+    started_at = time.time()
     os.environ.update(env)
     t = Task.model_validate(task)
     root = Path(run_dir)
     extra = [*(["--threads", str(threads)] if threads else []), *(["--device", device] if device else [])]
-    out: dict[str, Any] = {"train": None, "eval": None, "skipped": False}
+    out: dict[str, Any] = {"train": None, "eval": None, "skipped": False, "started_at": started_at,
+                           "pid": os.getpid()}
     if t.steps is not None:
         if _already_trained(root, t):
             out["skipped"] = True
@@ -164,6 +170,7 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
     if t.evaluate:
         out["eval"] = _cli(["eval", t.version_id, "--run", str(root), "--json", "--job", job_ids["eval"],
                             "--name", t.eval_name, *(["--k", str(t.k)] if t.k else []), *extra])
+    out["finished_at"] = time.time()
     return out
 
 
@@ -180,7 +187,8 @@ def _result(task: Task, out: dict[str, Any], job_ids: dict[str, str], wall_s: fl
     jobs = [job_ids[k] for k in ("train", "eval") if out.get(k) is not None]
     skipped = out.get("skipped") and out.get("eval") is None
     return TaskResult(version_id=task.version_id, status="skipped" if skipped else "done", train=out.get("train"),
-                      eval=out.get("eval"), jobs=jobs, wall_s=round(wall_s, 3))
+                      eval=out.get("eval"), jobs=jobs, wall_s=round(wall_s, 3), started_at=out.get("started_at"),
+                      finished_at=out.get("finished_at"), pid=out.get("pid"))
 
 
 class _Progress:

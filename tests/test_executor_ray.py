@@ -126,13 +126,14 @@ def test_ray_round_matches_inline_round(base_run, ray_executor, tmp_path):
         assert [s for s, _ in b[vid]["metrics"]["reward/mean"]] == [0, 1]
         assert b[vid]["eval"]["k"] == 2 and b[vid]["eval"]["n_problems"] == 8
         assert len(b[vid]["eval_matrix"]) == 8 and all(len(x) == 2 for x in b[vid]["eval_matrix"].values())
-    # the branches ran in two worker processes side by side: each registered its jobs with its own pid,
-    # and their train jobs overlapped in time
+    # the branches ran in two worker processes side by side (max_parallel 2, 1 CPU each on a 2-CPU cluster: both
+    # submitted at once, the second began before the first ended); each registered its jobs with its pid
     with Workspace.open(ray_run) as ws:
         jobs = {j.version_id: j for j in ws.lineage.jobs() if j.kind == "train" and j.version_id != "v0"}
-    assert jobs["v1"].pid != jobs["v2"].pid != os.getpid()
+    assert {jobs["v1"].pid, jobs["v2"].pid} == {r.pid for r in on_ray} and len({r.pid for r in on_ray}) == 2
+    assert os.getpid() not in {r.pid for r in on_ray} and {r.pid for r in inline} == {os.getpid()}
     assert jobs["v1"].status == jobs["v2"].status == "done"
-    assert max(j.created_at for j in jobs.values()) < min(j.updated_at for j in jobs.values())
+    assert max(r.started_at for r in on_ray) < min(r.finished_at for r in on_ray)
     # one progress line per branch reached the last step (2 of 2)
     assert {(v, d, t) for v, k, d, t in seen if k == "train"} >= {("v1", 2, 2), ("v2", 2, 2)}
     assert wall < 600
@@ -247,8 +248,7 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
         # round 1: one child and the control (examples/tiny.yaml's heuristic brain; 2 versions + the control)
         assert len(round1) == 2 and sum(v.is_control for v in round1) == 1
         jobs = [j for v in round1 for j in s.jobs(v.id) if j.kind == "train"]
-        # trained by Ray workers (their pids, not this process), side by side
-        assert len(jobs) == 2 and all(j.pid != os.getpid() for j in jobs) and jobs[0].pid != jobs[1].pid
-        assert max(j.created_at for j in jobs) < min(j.updated_at for j in jobs)
+        # trained by Ray workers (not this process; the inline run's jobs are this process's)
+        assert len(jobs) == 2 and all(j.pid != os.getpid() for j in jobs)
     finally:
         s.close()
