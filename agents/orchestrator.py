@@ -132,6 +132,8 @@ class Orchestrator(LoopBase):
                                                       "the control continues alone"), Ranking)
         children = self.stage(f"r{r}/branch", lambda: [self._branch(parent, proposal.candidates[i])
                                                        for i in ranking.chosen])
+        if budget.probe_steps and len(proposal.candidates) > len(ranking.chosen) and ranking.chosen:
+            children = self.stage(f"r{r}/probe", lambda: self._probe(r, parent, proposal, ranking, children))
         # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
         # pruned for damaged weights (lineage.damaged) has nothing to continue: its children are gated against it.
         damaged = self.lineage.damaged(parent)
@@ -154,6 +156,39 @@ class Orchestrator(LoopBase):
         self.stage(f"r{r}/frontier", lambda: self._advance(r, [*arms, *([merged] if merged else [])]))
         self.stage(f"r{r}/done", lambda: True)
         return True
+
+    def _probe(self, r: int, parent: str, proposal: Proposal, ranking: Ranking, chosen: list[str]) -> list[str]:
+        """Successive halving, one rung (Li et al. 2020, ASHA; Jamieson & Talwalkar 2016): the chosen children and
+        as many runners-up (by backtest score) each train ``budget.probe_steps`` steps from the parent and are
+        scored on dev with 1 sample per problem (same problems and sample seeds: paired); the best
+        ``len(chosen)`` continue, the others are pruned with their probe score. Returns the children that go on."""
+        budget = self.config.budget
+        scores = {s.index: s.score for s in ranking.scores}
+        rest = sorted((i for i in range(len(proposal.candidates)) if i not in ranking.chosen),
+                      key=lambda i: (-scores.get(i, 0.0), i))[: len(ranking.chosen)]
+        room = max(0, budget.max_versions - self.n_versions())
+        pool = chosen + [self._branch(parent, proposal.candidates[i]) for i in rest[:room]]
+        probe: dict[str, float] = {}
+        for vid in pool:
+            if not self.train(vid, min(budget.probe_steps, budget.steps_per_version)):
+                self.fail_version(vid, self.author)
+                continue
+            try:
+                probe[vid] = float(self.evaluate(vid, "probe", k=1).get("avg@k") or 0.0)
+            except LoopError as exc:
+                self.log(str(exc), version=vid)
+                self.fail_version(vid, self.author)
+        order = sorted(probe, key=lambda v: (-probe[v], pool.index(v)))
+        keep, drop = order[: len(chosen)], order[len(chosen):]
+        for vid in drop:
+            why = (f"prune {vid}: probed out after {budget.probe_steps} steps (dev Avg@1 {probe[vid]:.3f}; the "
+                   f"{len(keep)} continuing scored " + ", ".join(f"{v} {probe[v]:.3f}" for v in keep) + ")")
+            self.record_decision(Verdict(version_id=vid, action="prune", rationale=why,
+                                         evidence=[f"eval:probe:{v}" for v in [vid, *keep]]), self.author)
+        for vid in keep:
+            self.train_to(vid, budget.steps_per_version)
+        self.log(f"round {r}: probe kept {', '.join(keep) or 'none'} of {', '.join(pool)}")
+        return keep
 
     def _control(self, parent: str, r: int) -> str:
         """Find-or-create the control arm of ``parent`` (``lineage.branch_control``)."""

@@ -24,6 +24,10 @@ class Budget(BaseModel):
     steps_per_version: int = Field(8, ge=1, description="GRPO steps per version.")
     wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
     branches_per_round: int = Field(2, ge=1, description="Children trained per round.")
+    probe_steps: int = Field(0, ge=0, description=(
+        "evotrainer mode: when > 0 and more candidates than branches_per_round are proposed, up to twice as many are "
+        "probed first: each trained this many steps from the parent and scored on dev with 1 sample per problem; "
+        "the best branches_per_round continue to steps_per_version (successive halving, one rung). 0: off."))
     max_tokens: int | None = Field(None, ge=1, description=(
         "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
         "work once it is spent (None: the version / step budget alone)."))

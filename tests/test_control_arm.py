@@ -134,3 +134,24 @@ def test_tiny_loop_trains_a_control_each_round_and_records_both_gains(tmp_path):
         assert summary["compute"]["train_tokens"] > 0 and "Compute and test" in page
     finally:
         ws.close()
+
+
+def test_probe_rung_trains_runners_up_briefly_and_continues_the_best(tmp_path):
+    cfg = load_run_config("examples/tiny.yaml")
+    cfg = cfg.model_copy(update={"budget": cfg.budget.model_copy(update=dict(
+        max_versions=3, steps_per_version=2, branches_per_round=1, probe_steps=1))})
+    run_loop(cfg, tmp_path / "run", "heuristic", "evotrainer", resume=False)
+    ws = Workspace.open(tmp_path / "run")
+    try:
+        kept_on = ws.lineage.kv_get("loop/r1/probe")
+        pool = [v for v in ws.lineage.children("v0") if not v.is_control and v.id in
+                {*kept_on, *(d.version_id for d in ws.lineage.decisions() if "probed out" in d.rationale)}]
+        # 1 branch per round: the chosen child and 1 runner-up probe 1 step each (1 dev sample per problem, 8
+        # problems); the better goes on to 2 steps, the other is pruned at 1 step
+        assert len(kept_on) == 1 and len(pool) == 2
+        (go,), (out,) = kept_on, [v.id for v in pool if v.id not in kept_on]
+        assert ws.lineage.last_step(go) == 1 and ws.lineage.last_step(out) == 0
+        assert len(ws.lineage.eval_matrix(out, "probe")) == 8 and ws.lineage.get(out).status == "pruned"
+        assert all(len(x) == 1 for x in ws.lineage.eval_matrix(out, "probe").values())
+    finally:
+        ws.close()
