@@ -246,6 +246,9 @@ class Orchestrator(LoopBase):
 
         results = self._executor.run(self.ws.root, [Task(version_id=v, steps=steps, evaluate=True) for v in todo],
                                      progress=progress)
+        # the workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own
+        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
+                            + sum(res.cpu_s for res in results))
         for res in results:  # (the progress calls ended at each branch's last step: its bars are full)
             if res.status == "done" and res.eval and res.eval.get("avg_at_k") is not None:
                 e = res.eval

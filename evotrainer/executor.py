@@ -82,6 +82,7 @@ class TaskResult(BaseModel):
     started_at: float | None = Field(None, description="Unix seconds when the worker began the task.")
     finished_at: float | None = Field(None, description="Unix seconds when the worker ended it.")
     pid: int | None = Field(None, description="The worker process.")
+    cpu_s: float = Field(0.0, description="User + system CPU-seconds the worker spent on the task.")
 
 
 class Executor(Protocol):
@@ -151,9 +152,11 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
 
     Returns:
         ``{"train": TrainResult | None, "eval": EvalResult | None, "skipped": bool, "started_at", "finished_at",
-        "pid"}`` (results as JSON dicts; times in Unix seconds).
+        "pid", "cpu_s"}`` (results as JSON dicts; times in Unix seconds; the task's CPU-seconds).
     """
-    started_at = time.time()
+    import resource
+
+    started_at, ru0 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
     os.environ.update(env)
     t = Task.model_validate(task)
     root = Path(run_dir)
@@ -170,7 +173,9 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
     if t.evaluate:
         out["eval"] = _cli(["eval", t.version_id, "--run", str(root), "--json", "--job", job_ids["eval"],
                             "--name", t.eval_name, *(["--k", str(t.k)] if t.k else []), *extra])
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     out["finished_at"] = time.time()
+    out["cpu_s"] = round(ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime, 3)
     return out
 
 
@@ -188,7 +193,7 @@ def _result(task: Task, out: dict[str, Any], job_ids: dict[str, str], wall_s: fl
     skipped = out.get("skipped") and out.get("eval") is None
     return TaskResult(version_id=task.version_id, status="skipped" if skipped else "done", train=out.get("train"),
                       eval=out.get("eval"), jobs=jobs, wall_s=round(wall_s, 3), started_at=out.get("started_at"),
-                      finished_at=out.get("finished_at"), pid=out.get("pid"))
+                      finished_at=out.get("finished_at"), pid=out.get("pid"), cpu_s=out.get("cpu_s") or 0.0)
 
 
 class _Progress:

@@ -134,6 +134,7 @@ def test_ray_round_matches_inline_round(base_run, ray_executor, tmp_path):
     assert os.getpid() not in {r.pid for r in on_ray} and {r.pid for r in inline} == {os.getpid()}
     assert jobs["v1"].status == jobs["v2"].status == "done"
     assert max(r.started_at for r in on_ray) < min(r.finished_at for r in on_ray)
+    assert all(r.cpu_s > 0 for r in on_ray)  # the workers' CPU is measured (the run's compute counts it)
     # one progress line per branch reached the last step (2 of 2)
     assert {(v, d, t) for v, k, d, t in seen if k == "train"} >= {("v1", 2, 2), ("v2", 2, 2)}
     assert wall < 600
@@ -250,5 +251,8 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
         jobs = [j for v in round1 for j in s.jobs(v.id) if j.kind == "train"]
         # trained by Ray workers (not this process; the inline run's jobs are this process's)
         assert len(jobs) == 2 and all(j.pid != os.getpid() for j in jobs)
+        # their CPU-seconds are part of the run's compute (loop/compute cpu_s = this process + the workers)
+        workers = s.kv_get("loop/worker_cpu_s")
+        assert workers > 0 and s.kv_get("loop/compute")["cpu_s"] >= workers
     finally:
         s.close()
