@@ -309,7 +309,8 @@ class RayExecutor:
         self.device, self.backend, self.temp_dir, self.poll_s = device, backend, temp_dir, poll_s
         self.train_args = tuple(train_args)
         self.reuse_workers = reuse_workers
-        self._owns_cluster = False
+        self._owns_cluster = False  # started the local cluster (close stops it)
+        self._owns_driver = False  # connected to the cluster at address (close disconnects)
         self._remote = None
 
     def _ray(self) -> Any:
@@ -322,6 +323,7 @@ class RayExecutor:
             if self.address:
                 try:
                     ray.init(address=self.address, **kwargs)
+                    self._owns_driver = True
                 except (ConnectionError, RuntimeError) as exc:
                     raise ExecutorError(f"ray_address={self.address!r}: cannot connect ({exc}); start the cluster "
                                         "(`ray start --head`) or fix the address, or leave ray_address empty for a "
@@ -394,12 +396,13 @@ class RayExecutor:
         return [r for r in results if r is not None]
 
     def close(self) -> None:
-        """Stop the local cluster this executor started (a cluster at ``address`` keeps running)."""
-        if self._owns_cluster:
+        """Stop the local cluster this executor started, or disconnect from the one at ``address`` (it keeps
+        running); a Ray session this process had opened before is left as it was."""
+        if self._owns_cluster or self._owns_driver:
             import ray
 
             ray.shutdown()
-            self._owns_cluster = False
+            self._owns_cluster = self._owns_driver = False
         self._remote = None
 
 

@@ -4,17 +4,23 @@
   the inline round on a copy of the same run;
 - SIGKILL of one branch's Ray worker mid-training: that version's job is ``interrupted``, the other
   branch's records are intact, and running the round again retrains the killed one (resumed);
-- per-version writer locks: two versions are written at once, a second writer of one version is refused.
+- per-version writer locks: two versions are written at once, a second writer of one version is refused;
+- ``ray_address``: a cluster started with ``ray start --head`` on 127.0.0.1 runs a branch;
+- (slow) ``evotrainer run`` with ``executor: ray`` decides as the inline run.
 
 The cluster is started once for the module with its own session folder; the fixture stops it and checks
-that no process of that session (raylet, gcs_server, workers) is left.
+that no process of that session (raylet, gcs_server, workers) is left (so does the ``ray start`` test).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,6 +108,21 @@ def _lineage(root: Path) -> dict:
         return out
     finally:
         s.close()
+
+
+def _stop_session(temp_dir: str) -> list[int]:
+    """SIGTERM, then SIGKILL, the processes of one Ray session (by its folder; never `ray stop`, which stops every
+    cluster of this user on the machine); returns those that were still alive at the end."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _session_pids(temp_dir):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 10
+        while _session_pids(temp_dir) and time.time() < deadline:
+            time.sleep(0.3)
+    return _session_pids(temp_dir)
 
 
 def _round() -> list[Task]:
@@ -256,3 +277,43 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
         assert workers > 0 and s.kv_get("loop/compute")["cpu_s"] >= workers
     finally:
         s.close()
+
+
+def test_executor_joins_a_cluster_started_with_ray_start(base_run, tmp_path):
+    """``ray_address``: a head started with ``ray start --head`` on 127.0.0.1; the executor (in its own process: this
+    one holds the module's cluster) trains v1 there, and its close disconnects without stopping the cluster."""
+    temp_dir = tempfile.mkdtemp(prefix="evs", dir="/tmp")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Ray's token auth is not under test; with it, drivers of one account share ~/.ray/auth_token
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address=127.0.0.1",
+                    f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}",
+                    "--disable-usage-stats"], env=env, check=True, timeout=180, capture_output=True)
+    try:
+        run = _copy(base_run, tmp_path / "addr")
+        code = (f"import json, ray\nfrom evotrainer.executor import RayExecutor, Task\n"
+                f"ex = RayExecutor(address='127.0.0.1:{port}', max_parallel=2, threads=1)\n"
+                f"[r] = ex.run({str(run)!r}, [Task(version_id='v1', steps={STEPS})])\n"
+                f"ex.close()\nimport os\nprint(json.dumps({{'status': r.status, 'error': r.error, 'pid': r.pid, "
+                f"'driver': os.getpid(), 'connected_after_close': ray.is_initialized()}}))\n")
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        assert out["status"] == "done", out["error"]
+        assert out["connected_after_close"] is False
+        # a worker of the cluster trained it, not the driver process
+        assert out["pid"] != out["driver"]
+        s = LineageStore(run / "lineage.db", readonly=True)
+        try:
+            assert s.get("v1").status == "trained" and s.last_step("v1") == STEPS - 1
+            [job] = [j for j in s.jobs("v1") if j.kind == "train"]
+            assert job.pid == out["pid"] and job.status == "done"
+        finally:
+            s.close()
+        assert len(_session_pids(temp_dir)) >= 2  # the cluster (gcs_server, raylet, ...) outlives the driver
+    finally:
+        left = _stop_session(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, f"Ray processes left behind: {left}"
