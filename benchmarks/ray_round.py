@@ -162,9 +162,10 @@ def main() -> None:
         for name in names:
             m = run_config(name, work / "base", work, ids, args.steps, args.rounds)
             out.append(m)
-            print(f"{name:10s} {args.rounds} round(s) {m['wall_s']:7.1f} s: " + "; ".join(
-                f"{w:.1f} s (branches {', '.join(f'{s:.1f}' for s in b)})" for w, b in zip(m["round_s"], m["branch_s"]))
-                + f" (cluster start {m['startup_s']:.1f} s, in the first)  load {os.getloadavg()[0]:.1f}", flush=True)
+            rounds = "; ".join(f"{w:.1f} s (branches {', '.join(f'{s:.1f}' for s in b)})"
+                               for w, b in zip(m["round_s"], m["branch_s"], strict=True))
+            print(f"{name:10s} {args.rounds} round(s) {m['wall_s']:7.1f} s: {rounds} (cluster start "
+                  f"{m['startup_s']:.1f} s, in the first)  load {os.getloadavg()[0]:.1f}", flush=True)
         same = all(m["signature"] == out[0]["signature"] and m["same_rounds"] for m in out)
         print(f"same lineage in every configuration: {same}")
         by = {m["config"]: m["wall_s"] for m in out}

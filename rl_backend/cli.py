@@ -198,14 +198,18 @@ def _cluster_spec(path: Path) -> Any:
         RecipeError: missing file, bad YAML, or a field fails validation (named).
     """
     import yaml
+    from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
     from pydantic import ValidationError
 
-    from evotrainer.recipe import RecipeError
-    from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
+    from evotrainer.recipe import RecipeError, _format_error
 
     if not path.is_file():
         raise RecipeError(f"--cluster {path}: no such file")
     try:
-        return ClusterSpec.model_validate(yaml.safe_load(path.read_text()) or {})
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise RecipeError(f"--cluster {path}: not a ClusterSpec ({exc})") from None
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"--cluster {path}: not valid YAML: {exc}") from None
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"--cluster {path}: {_format_error(err, prefix='cluster', root=ClusterSpec)}") from None

@@ -317,3 +317,24 @@ def test_executor_joins_a_cluster_started_with_ray_start(base_run, tmp_path):
         left = _stop_session(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
         assert not left, f"Ray processes left behind: {left}"
+
+
+def test_bad_executor_settings_name_the_value_and_the_fix(tmp_path):
+    from evotrainer.rl_backend.cli import _cluster_spec
+
+    from evotrainer.executor import ExecutorError, make_executor
+    from evotrainer.recipe import RecipeError
+
+    with pytest.raises(ExecutorError, match=r"executor='dask': allowed: inline, ray"):
+        make_executor("dask")
+    with pytest.raises(ExecutorError, match=r"max_parallel=0: run at least 1 branch at a time"):
+        RayExecutor(max_parallel=0)
+    with pytest.raises(ExecutorError, match=r"num_gpus=1 with backend=openrlhf: .*leave num_gpus at 0"):
+        RayExecutor(backend="openrlhf", num_gpus=1)
+    # train --cluster FILE (the OpenRLHF branches' hardware): a ClusterSpec, or an error naming the field
+    (tmp_path / "c.yaml").write_text("vllm_gpu_memory_utilization: 0.3\n")
+    assert _cluster_spec(tmp_path / "c.yaml").vllm_gpu_memory_utilization == 0.3
+    (tmp_path / "bad.yaml").write_text("num_gpus: 2\n")
+    with pytest.raises(RecipeError, match=r"--cluster .*bad\.yaml: cluster\.num_gpus: unknown field; "
+                                          r"allowed: ray_address, "):
+        _cluster_spec(tmp_path / "bad.yaml")
