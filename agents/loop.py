@@ -130,7 +130,8 @@ class LoopBase:
         """Compute spent so far: ``train_tokens``, ``eval_tokens`` (dev evaluations of trained versions: what the
         budget counts with the train tokens), ``no_rl_tokens`` (the base model's dev row) and ``test_tokens``
         (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
-        CPU-seconds, all threads) and ``wall_s``, summed over resumes."""
+        CPU-seconds, all threads, plus the Ray workers' of ``executor: ray``, kv ``loop/worker_cpu_s``) and
+        ``wall_s``, summed over resumes."""
         from evotrainer import metrics as M
 
         train = 0.0
@@ -146,17 +147,19 @@ class LoopBase:
         if not hasattr(self, "_proc0"):
             self.started_at()
         t0, c0 = self._proc0
+        workers = float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
         return {"train_tokens": int(round(train)), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
                 "test_tokens": int(test),
-                "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0, 1),
+                "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0 + workers, 1),
                 "wall_s": round(self._compute0["wall_s"] + time.time() - t0, 1)}
 
     def save_compute(self) -> dict[str, Any]:
         """Store :meth:`compute` in kv (``loop/compute``) and this process's clocks for a resume; returns it."""
         c = self.compute()
         t0, c0 = self._proc0
-        self.lineage.kv_set("loop/process_compute", {"cpu_s": c["cpu_s"], "wall_s": c["wall_s"]})
-        self._proc0, self._compute0 = (time.time(), _cpu_s()), {"cpu_s": c["cpu_s"], "wall_s": c["wall_s"]}
+        own = round(c["cpu_s"] - float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0), 1)  # this process's part
+        self.lineage.kv_set("loop/process_compute", {"cpu_s": own, "wall_s": c["wall_s"]})
+        self._proc0, self._compute0 = (time.time(), _cpu_s()), {"cpu_s": own, "wall_s": c["wall_s"]}
         self.lineage.kv_set("loop/compute", c)
         return c
 

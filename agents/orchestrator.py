@@ -57,10 +57,19 @@ class Orchestrator(LoopBase):
         self.intervener = Intervener(brain, toolbox)
         self.backtester = Backtester(brain, toolbox)
         self.author = f"orchestrator/{brain.name}"
+        self._executor: Any = None  # evotrainer.executor, made at the first round with executor: ray
 
     # --- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run (or resume) the loop to the end of the budget; returns the run summary."""
+        try:
+            return self._run()
+        finally:
+            if self._executor is not None:
+                self._executor.close()
+                self._executor = None
+
+    def _run(self) -> dict[str, Any]:
         self.started_at()
         self._usage0 = dict(self.lineage.kv_get("loop/usage") or {})
         self.lineage.kv_set("loop/brain", self.brain.name)
@@ -133,6 +142,7 @@ class Orchestrator(LoopBase):
             return False
         control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r))
         arms = [*([control] if control else []), *children]
+        self.train_side_by_side(arms)  # executor: ray (a no-op inline)
         for vid in arms:
             self.train_and_evaluate(vid)
         self.decide_round(r, control, children)
@@ -205,6 +215,51 @@ class Orchestrator(LoopBase):
             return best.id
         self.log(f"round {r}: nothing kept; the frontier stays at {cur}")
         return cur
+
+    def train_side_by_side(self, vids: list[str]) -> None:
+        """``executor: ray``: train and evaluate (dev) the round's versions side by side, at most ``max_parallel``
+        at once, through :mod:`evotrainer.executor` (a Ray task per version running our CLI on that version).
+
+        Their evaluations are stored as the loop's eval stages, so :meth:`train_and_evaluate` then finds each
+        trained and evaluated and goes on with the same MCP steps as a sequential run (the decisions do not
+        depend on the executor). A branch that failed or whose worker died is left to
+        :meth:`train_and_evaluate`, which trains it again through MCP (it resumes from its last checkpoint);
+        ``evotrainer run --resume`` after a crash submits the unfinished ones again. Inline: nothing here.
+        """
+        if self.config.executor != "ray":
+            return
+        from evotrainer.executor import Task, make_executor
+
+        todo = [v for v in vids if self.lineage.get(v).status not in (*DECIDED, "failed")
+                and not self.done(f"eval/{v}/heldout")]
+        if not todo:
+            return
+        if self._executor is None:
+            self._executor = make_executor("ray", ray_address=self.config.ray_address,
+                                           max_parallel=self.config.max_parallel,
+                                           threads=self.config.branch_threads, backend=self.config.backend)
+        steps = self.config.budget.steps_per_version
+        self.log(f"training {', '.join(todo)} side by side on Ray (at most {self._executor.max_parallel} at once)")
+
+        def progress(vid: str, kind: str, done: int, total: int) -> None:
+            self.emit("progress", {"version": vid, "what": kind, "done": done, "total": total})
+
+        results = self._executor.run(self.ws.root, [Task(version_id=v, steps=steps, evaluate=True) for v in todo],
+                                     progress=progress)
+        # the workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own
+        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
+                            + sum(res.cpu_s for res in results))
+        for res in results:  # (the progress calls ended at each branch's last step: its bars are full)
+            if res.status == "done" and res.eval and res.eval.get("avg_at_k") is not None:
+                e = res.eval
+                self.lineage.kv_set(f"loop/eval/{res.version_id}/heldout", {
+                    "k": e.get("k"), "avg@k": e["avg_at_k"], "pass@k": e.get("pass_at_k"),
+                    "pass@1": e.get("pass_at_1"), "n_problems": e.get("n_problems"), "eval_name": "heldout",
+                    "gen_tokens": int(e.get("gen_tokens") or 0), "wall_s": e.get("wall_s")})
+            elif res.status != "done":
+                self.log(f"{res.version_id} on Ray: {res.status} ({res.error[:300]}); it is trained again "
+                         "through MCP", version=res.version_id)
+        self.emit("lineage", {})
 
     def train_and_evaluate(self, vid: str) -> bool:
         """Train and evaluate (dev) one version once; a failure prunes it. False when it failed."""

@@ -48,6 +48,15 @@ class RunConfig(BaseModel):
     claude_model: str = Field("claude-sonnet-5-5", description="Anthropic model id for the Claude brain.")
     backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
     seed: int = Field(0, description="Seed of the loop's own choices.")
+    executor: Literal["inline", "ray"] = Field(
+        "inline", description="Where a round's branches train: inline (one after another, this process) or ray "
+                              "(Ray tasks side by side, evotrainer.executor).")
+    ray_address: str | None = Field(None, description="executor=ray: the cluster to use (host:port, ray://..., "
+                                                      "auto); empty: a local cluster started for the run.")
+    max_parallel: int = Field(2, ge=1, description="executor=ray: branches trained at the same time.")
+    branch_threads: int | None = Field(
+        1, ge=1, description="executor=ray: torch CPU threads (and Ray CPUs) per branch. 1: on a loaded 2-core "
+                             "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
     budget: Budget = Field(default_factory=Budget)
     test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
                                "(default: recipe eval.k).")

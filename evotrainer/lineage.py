@@ -184,7 +184,10 @@ def _pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed process its parent has not reaped yet (a zombie) answers kill(0) but runs no more
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class LineageStore:
@@ -211,7 +214,7 @@ class LineageStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
-            self._recover_jobs()
+            self.recover_jobs()
         self._db.row_factory = sqlite3.Row
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -250,8 +253,14 @@ class LineageStore:
                     raise
                 self._db.execute("COMMIT")
 
-    def _recover_jobs(self) -> None:
-        rows = self._db.execute("SELECT id, pid FROM jobs WHERE status IN ('running', 'queued')").fetchall()
+    def recover_jobs(self) -> list[str]:
+        """Mark ``interrupted`` the running / queued jobs whose process is gone; returns their ids.
+
+        Done on every writable open; a long-lived handle (an executor that saw a worker die) calls it
+        again. The process is looked up by pid on this machine, so the jobs' workers must run here
+        (one-machine Ray cluster; docs/interfaces.md).
+        """
+        rows = self._q("SELECT id, pid FROM jobs WHERE status IN ('running', 'queued')")
         dead = [r[0] for r in rows if not _pid_alive(r[1])]
         if dead:
             with self.tx() as db:
@@ -261,6 +270,7 @@ class LineageStore:
                         "WHERE id=?",
                         (time.time(), jid),
                     )
+        return dead
 
     def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -7,14 +7,23 @@ Layout::
       rollouts/         LanceDB dataset of rollouts (evotrainer.rollouts.RolloutStore)
       evals/ logs/ checkpoints/ reports/ tb/
       run.yaml          the run config this workspace was created with (if any)
-      .writer.lock      held by the one process that may train / write
+      .writer.lock      the run's writer lock (exclusive: a run-wide writer; shared: version writers)
+      .locks/<vid>.lock one per version being written (exclusive)
 
-Writers take the lock (:meth:`Workspace.open` with ``writer=True``); readers never block. The lock
-belongs to the handle, not to a thread: a server opens a job's writer handle in a request thread and the
-job closes it in its own thread, so the lock is taken with ``thread_local=False`` (filelock's default
-``thread_local=True`` keeps the held descriptor in the opening thread, a ``release()`` from another
-thread is a silent no-op, and the next writer of the same process found the run "locked by another
-process" until the garbage collector happened to drop the old handle).
+Writers take locks, readers never block (SQLite WAL). Two kinds of writer (DESIGN.md §6b):
+
+- a run-wide writer (:meth:`Workspace.open` with ``writer=True``): ``.writer.lock`` exclusively, so it
+  is the only writer of the run (``init``, a server job, ``evotrainer train`` creating v0);
+- a version writer (``writer=True, version="v3"``): ``.writer.lock`` shared and ``.locks/v3.lock``
+  exclusively, so branches of one round train side by side (each writes only its own rows: the
+  version's status, metrics, eval samples, rollouts, ``checkpoints/v3``, ``tb/v3``), while a second
+  trainer of the same version, or a run-wide writer, is refused with an error naming the lock.
+
+The locks are ``fcntl.flock`` locks on an open descriptor owned by the handle, not by a thread: a
+server opens a job's writer handle in a request thread and the job closes it in its own thread (a
+thread-local lock, filelock's default, ignored that release and the next writer of the same process
+found the run "locked by another process"). filelock has no shared mode (its ``ReadWriteLock`` is
+per thread), hence flock directly; a process killed with SIGKILL drops its locks with its descriptors.
 
 :meth:`Workspace.init` creates a run atomically: ``lineage.db`` with its root version ``v0`` is built
 under a temporary name and renamed into place, so a killed ``init`` leaves either no run or a run with v0.
@@ -23,14 +32,14 @@ Log records are JSON lines in ``logs/run.jsonl`` (``{time, level, version, sourc
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock, Timeout
 
 from evotrainer.lineage import LineageStore
 
@@ -48,16 +57,22 @@ class Workspace:
         root: the run folder.
         writer: take the writer lock (raises :class:`WorkspaceError` if another process holds it).
         create: create the folder layout when missing.
+        version: with ``writer``: write only this version (a version writer, see the module docstring),
+            so other versions of the run can be written at the same time by other handles.
     """
 
-    def __init__(self, root: str | Path, writer: bool = False, create: bool = True):
+    def __init__(self, root: str | Path, writer: bool = False, create: bool = True, version: str | None = None):
         self.root = Path(root).expanduser().resolve()
         if not create and not (self.root / "lineage.db").exists():
             raise WorkspaceError(f"{self.root}: not a run folder (no lineage.db); create one with `evotrainer init`")
         self.root.mkdir(parents=True, exist_ok=True)
         for d in SUBDIRS:
             (self.root / d).mkdir(exist_ok=True)
-        self._lock: FileLock | None = _take_writer_lock(self.root) if writer else None
+        if version is not None and not writer:
+            raise WorkspaceError(f"version={version!r} without writer=True: a version lock is for writers; "
+                                 "open with writer=True, or drop version to read")
+        self.version = version
+        self._locks: list[_Flock] = _take_writer_locks(self.root, version) if writer else []
         try:
             self.lineage = LineageStore(self.root / "lineage.db", readonly=False)
         except BaseException:
@@ -114,13 +129,13 @@ class Workspace:
             lock.release()
 
     @classmethod
-    def open(cls, root: str | Path, writer: bool = False) -> Workspace:
-        """Open an existing run folder.
+    def open(cls, root: str | Path, writer: bool = False, version: str | None = None) -> Workspace:
+        """Open an existing run folder (``version``: as a writer of that version only).
 
         Raises:
             WorkspaceError: the folder is not a run folder, or is locked by another writer.
         """
-        return cls(root, writer=writer, create=False)
+        return cls(root, writer=writer, create=False, version=version)
 
     @property
     def rollouts(self):
@@ -169,8 +184,8 @@ class Workspace:
             self._release_lock()
 
     def _release_lock(self) -> None:
-        if self._lock is not None and self._lock.is_locked:
-            self._lock.release()
+        while self._locks:
+            self._locks.pop().release()
 
     def __enter__(self) -> Workspace:
         return self
@@ -179,21 +194,80 @@ class Workspace:
         self.close()
 
 
-def _take_writer_lock(root: Path) -> FileLock:
-    """The run's writer lock, held by this handle whatever thread later releases it.
+class _Flock:
+    """An ``fcntl.flock`` lock on ``path``, shared or exclusive, held by this object (any thread releases it)."""
+
+    def __init__(self, path: Path, shared: bool, timeout_s: float = 0.5):
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(self._fd, mode)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(self._fd)
+                    self._fd = None
+                    raise
+                time.sleep(0.05)
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); closing the descriptor releases it."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+_VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _take_writer_locks(root: Path, version: str | None) -> list[_Flock]:
+    """The locks of a run-wide writer (``version=None``) or of a writer of one version.
 
     Raises:
-        WorkspaceError: another handle (this process or another) holds it for more than 0.5 s.
+        WorkspaceError: another handle (this process or another) holds a conflicting lock (waits 0.5 s; 5 s for
+            the shared run lock of a version writer),
+            or ``version`` is not a version id.
     """
-    lock = FileLock(str(root / ".writer.lock"), thread_local=False)
+    if version is None:
+        return [_take_writer_lock(root)]
+    if not _VERSION_ID.fullmatch(version):
+        raise WorkspaceError(f"version={version!r}: not a version id (letters, digits, '_', '.', '-'; e.g. 'v3')")
+    # a version writer waits a little for the shared lock: a run-wide writer (a server job) that has written
+    # its last row may still be closing its handle when the next branch starts
+    run = _take_writer_lock(root, shared=True, timeout_s=5.0)
+    (root / ".locks").mkdir(exist_ok=True)
+    path = root / ".locks" / f"{version}.lock"
     try:
-        lock.acquire(timeout=0.5)
-    except Timeout:
+        return [run, _Flock(path, shared=False)]
+    except BlockingIOError:
+        run.release()
+        raise WorkspaceError(f"{root}: another process is writing version {version} of this run (lock {path}); "
+                             "wait for it to finish, or write another version") from None
+
+
+def _take_writer_lock(root: Path, shared: bool = False, timeout_s: float = 0.5) -> _Flock:
+    """The run's writer lock ``.writer.lock``: exclusive for a run-wide writer, shared for version writers.
+
+    Raises:
+        WorkspaceError: a conflicting holder (this process or another) keeps it for more than ``timeout_s``.
+    """
+    path = root / ".writer.lock"
+    try:
+        return _Flock(path, shared=shared, timeout_s=timeout_s)
+    except BlockingIOError:
+        what = "another process is writing this run as a whole" if shared else "another process is writing this run"
         raise WorkspaceError(
-            f"{root}: another process is writing this run (lock {root / '.writer.lock'}); "
-            "wait for it or use another run folder"
+            f"{root}: {what} (lock {path}); wait for it or use another run folder"
+            + ("" if shared else "; versions of one run can be written side by side with "
+               "Workspace.open(run, writer=True, version=ID)")
         ) from None
-    return lock
 
 
 def _fsync(path: Path) -> None:

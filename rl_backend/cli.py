@@ -3,6 +3,10 @@
 ``evotrainer train RECIPE --run DIR --steps N``: creates the run with RECIPE as its base version
 ``v0`` when DIR is new (or trains ``--version V`` of an existing run), with a rich progress bar
 (step, reward, tokens/s, ETA). A crashed or interrupted training resumes when rerun.
+``--version V`` of an existing run opens it as a writer of V only, so branches of a round train side
+by side in separate processes (the executor's worker entry point, :mod:`evotrainer.executor`);
+``--job ID`` registers the command as a ``jobs`` row (pid, progress per step; ``interrupted`` when
+the process dies) that the executor follows.
 
 ``evotrainer eval TARGET --k 8``: TARGET is a version id of ``--run DIR`` (results stored in the
 run), a checkpoint folder, or ``base`` (the recipe's base model); the last two print results only
@@ -11,7 +15,8 @@ and take the recipe from ``--recipe`` (default recipe if omitted).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         backend_name: str = typer.Option("local", "--backend", help="local | openrlhf (OpenRLHF job on Ray)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="openrlhf: print the exact job, submit nothing."),
+        job_id: str | None = typer.Option(None, "--job", help="Register as this job id in the run's jobs table "
+                                                              "(progress per step; used by the executors)."),
+        cluster: Path | None = typer.Option(None, "--cluster", help="openrlhf: hardware / submission settings, a "
+                                                                    "YAML or JSON ClusterSpec (default: its defaults)."),
     ) -> None:
         """Train a version with the local GRPO backend: rollouts, metrics, TensorBoard, checkpoint."""
         from evotrainer.rl_backend.local import LocalBackend
@@ -68,7 +77,9 @@ def register(app: typer.Typer) -> None:
             print(openrlhf_dry_run(load_recipe(recipe), run, steps=steps, version_id=version or "v0"))
             return
 
-        with Workspace(run, writer=True) as ws:
+        existing = version is not None and (Path(run) / "lineage.db").exists()
+        # a version of an existing run: lock that version only (other branches train beside it)
+        with Workspace(run, writer=True, version=version if existing else None) as ws:
             root = ws.lineage.root()
             if version is None:
                 if root is None:
@@ -82,17 +93,19 @@ def register(app: typer.Typer) -> None:
             if backend_name == "openrlhf":
                 from evotrainer.rl_backend.base import get_backend
 
-                backend = get_backend("openrlhf")
+                backend = get_backend("openrlhf", cluster=_cluster_spec(cluster) if cluster else None)
             else:
                 backend = LocalBackend(device=device, num_threads=threads)
             if as_json:
-                res = backend.train(ws, version, steps)
+                with _job(ws, job_id, "train", version, steps) as job_progress:
+                    res = backend.train(ws, version, steps, progress=job_progress)
                 print_json(res.model_dump())
                 return
-            with _progress_bar(f"train {version}") as bar:
+            with _progress_bar(f"train {version}") as bar, _job(ws, job_id, "train", version, steps) as job_progress:
                 task = bar.add_task("train", total=steps, info="loading model")
 
                 def progress(p: dict[str, Any]) -> None:
+                    job_progress(p)
                     bar.update(task, completed=p["step"],
                                info=f"reward {p['reward']:.3f}  {p['tokens_per_sec']:.1f} tok/s  "
                                     f"{p['step_seconds']:.1f} s/step")
@@ -114,6 +127,8 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
         threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: idle cores)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        job_id: str | None = typer.Option(None, "--job", help="Register as this job id in the run's jobs table "
+                                                              "(with --run; used by the executors)."),
     ) -> None:
         """Evaluate on the held-out set: Avg@k, unbiased pass@k, pass@1."""
         from evotrainer.rl_backend.local import LocalBackend
@@ -130,10 +145,14 @@ def register(app: typer.Typer) -> None:
             bar.update(task, completed=p["step"], total=p["steps"], info=f"Avg@k so far {p['avg@k']:.3f}")
 
         if run is not None:
-            with Workspace.open(run, writer=True) as ws:
-                with bar if not as_json else nullcontext():
-                    res = backend.evaluate(ws, target, k=k, eval_name=eval_name,
-                                           progress=None if as_json else progress)
+            with Workspace.open(run, writer=True, version=target) as ws:  # writes only this version's records
+                with bar if not as_json else nullcontext(), _job(ws, job_id, "eval", target, 0) as job_progress:
+                    def both(p: dict[str, Any]) -> None:
+                        job_progress(p)
+                        if not as_json:
+                            progress(p)
+
+                    res = backend.evaluate(ws, target, k=k, eval_name=eval_name, progress=both)
         else:
             if target != "base" and not Path(target).is_dir():
                 fail(f"{target}: not a checkpoint folder; pass a folder, 'base', or a version id with --run DIR")
@@ -147,3 +166,50 @@ def register(app: typer.Typer) -> None:
         console.print(f"{target}: Avg@{res.k}={res.avg_at_k:.3f}  pass@{res.k}={res.pass_at_k:.3f}  "
                       f"pass@1={res.pass_at_1:.3f}  ({res.n_problems} problems, {res.wall_s:.0f} s)")
 
+
+
+@contextmanager
+def _job(ws: Any, job_id: str | None, kind: str, version_id: str, steps: int) -> Iterator[Any]:
+    """Register ``job_id`` (when given) as a running job of this process; yields the progress callback that
+    updates its row per step; the row ends ``done``, or ``failed`` with the error (re-raised). A killed
+    process leaves it ``running`` with a dead pid, which the lineage store marks ``interrupted``."""
+    if job_id is None:
+        yield lambda p: None
+        return
+    ws.lineage.create_job(job_id, version_id, kind, steps_total=steps)
+
+    def progress(p: dict[str, Any]) -> None:
+        done, total = int(p.get("step", 0)), int(p.get("steps", steps) or 0)
+        ws.lineage.update_job(job_id, steps_done=done, steps_total=total,
+                              progress=min(1.0, done / total) if total else 0.0)
+
+    try:
+        yield progress
+    except BaseException as exc:
+        ws.lineage.update_job(job_id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    ws.lineage.update_job(job_id, status="done", progress=1.0)
+
+
+def _cluster_spec(path: Path) -> Any:
+    """A :class:`~evotrainer.rl_backend.openrlhf_backend.ClusterSpec` from a YAML / JSON file.
+
+    Raises:
+        RecipeError: missing file, bad YAML, or a field fails validation (named).
+    """
+    import yaml
+    from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
+    from pydantic import ValidationError
+
+    from evotrainer.recipe import RecipeError, _format_error
+
+    if not path.is_file():
+        raise RecipeError(f"--cluster {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"--cluster {path}: not valid YAML: {exc}") from None
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"--cluster {path}: {_format_error(err, prefix='cluster', root=ClusterSpec)}") from None

@@ -248,8 +248,10 @@ class LocalBackend:
         elif v.checkpoint and Path(v.checkpoint).is_dir() and ws.lineage.last_step(vid) >= 0:
             first_step, load_from = ws.lineage.last_step(vid) + 1, v.checkpoint  # a trained version, continued
         resumed = first_step - 1 if first_step > 0 else None
+        # train rollouts after the resume point are stale: a killed attempt's steps are redone (from step 0
+        # when it died before its first resume checkpoint)
+        _drop_rollouts_after(ws, vid, first_step - 1)
         if resumed is not None:
-            _drop_rollouts_after(ws, vid, resumed)
             ws.log(f"resuming {vid} after step {resumed}", version=vid, source="local")
         train_set, _ = load_problems(recipe.data)
         kl_on = recipe.kl_enabled
@@ -666,8 +668,11 @@ class LocalBackend:
 
 
 def _drop_rollouts_after(ws: Any, vid: str, step: int) -> None:
-    """Delete train rollouts of steps after ``step`` (written before a crash, redone on resume)."""
-    ws.rollouts.delete(f"version_id = '{vid}' AND split = 'train' AND step > {int(step)}")
+    """Delete train rollouts of steps after ``step`` (written before a crash, redone on resume); no commit when
+    there are none (a first training), so concurrent branches do not contend for nothing."""
+    where = f"version_id = '{vid}' AND split = 'train' AND step > {int(step)}"
+    if ws.rollouts.count(where):
+        ws.rollouts.delete(where)
 
 
 def _quiet_transformers() -> None:

@@ -3,7 +3,8 @@
 :func:`submit` starts an :class:`~evotrainer.rl_backend.openrlhf_backend.OpenRLHFJob` through
 ``ray.job_submission.JobSubmissionClient`` (imported lazily; ``ray`` comes with the ``openrlhf``
 extra) when ``job.ray_address`` is set, else as a local subprocess in its own session (output in
-``job_dir/job.log``, exit code in ``job_dir/exit_code``). :func:`job_status`, :func:`job_logs` and
+``job_dir/job.log``, exit code in ``job_dir/exit_code``); started by a Ray worker of
+:mod:`evotrainer.executor`, that subprocess joins the worker's cluster (:func:`_executor_cluster_env`). :func:`job_status`, :func:`job_logs` and
 :func:`cancel_job` take the reference :func:`submit` returned (``ray:<id>`` | ``local:<pid>``).
 
 :func:`load_parser` / :func:`check_job` execute the argument-parsing part of OpenRLHF's
@@ -54,10 +55,29 @@ def submit(job: OpenRLHFJob) -> str:
     (d / "exit_code").unlink(missing_ok=True)
     (d / "cancelled").unlink(missing_ok=True)
     script = f"{job.entrypoint} > job.log 2>&1; echo $? > exit_code"
-    proc = subprocess.Popen(["bash", "-c", script], cwd=d, env={**os.environ, **job.env}, start_new_session=True,
+    env = {**os.environ, **_executor_cluster_env(), **job.env}
+    proc = subprocess.Popen(["bash", "-c", script], cwd=d, env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (d / "pid").write_text(str(proc.pid))
     return f"local:{proc.pid}"
+
+
+def _executor_cluster_env() -> dict[str, str]:
+    """``RAY_ADDRESS`` of the Ray cluster this process is a worker of, when it is one.
+
+    A round's OpenRLHF jobs run through :mod:`evotrainer.executor` like the local trainer: the Ray task
+    runs ``evotrainer train --backend openrlhf --version X``, which starts the job here as a local
+    subprocess. With this address, the job's own ``ray.init()`` joins the executor's cluster, so its actors
+    and vLLM engines get GPUs from the same pool as the other branches' jobs (side by side when the
+    cluster has the GPUs, queued by Ray's scheduler when not) instead of starting a second cluster on
+    GPUs the first one also hands out. Empty outside a Ray worker or when ``RAY_ADDRESS`` is set already.
+    """
+    import sys
+
+    ray = sys.modules.get("ray")
+    if "RAY_ADDRESS" in os.environ or ray is None or not ray.is_initialized():
+        return {}
+    return {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
 
 
 RAY_STATUS = {"PENDING": "queued", "RUNNING": "running", "SUCCEEDED": "done", "FAILED": "failed", "STOPPED": "cancelled"}

@@ -12,6 +12,11 @@
 #   4. `evotrainer`'s OpenRLHF job for $STEPS GRPO steps (1 GPU, colocated vLLM), run as a local
 #      subprocess (OpenRLHF starts its own local Ray), then its TensorBoard scalars ingested into a
 #      workspace and printed.
+#   5. a round of two OpenRLHF branches of that v0 (lr x2, temperature 0.9) through the Ray executor
+#      (evotrainer.executor.RayExecutor, backend openrlhf): each branch a Ray task running
+#      `evotrainer train --backend openrlhf --version X --cluster FILE`, whose OpenRLHF job joins the
+#      executor's cluster; prints each branch's status and whether their jobs overlapped in time (with one
+#      GPU, Ray queues the second job's GPU request: side by side needs a GPU per job).
 # Environment: MODEL, STEPS (default 3), VENV (default .venv-gpu), RUN_DIR (default runs/gpu_smoke),
 # TIMEOUT_S for the training job (default 1500), SKIP_INSTALL=1 to reuse the venv.
 set -euo pipefail
@@ -124,7 +129,40 @@ last = ingest_run(ws, root.id, job.tensorboard_dir, r.reward, checkpoint=job.sav
 summary = summarize(ws, root.id)
 print(f"ingested {last} steps; " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(summary.items())
                                             if k.startswith(("reward/", "policy/", "loss/", "completions/", "perf/"))))
+import json
+(ws.root / "cluster.json").write_text(json.dumps(cluster.model_dump()))
 ws.close()
 sys.exit(0 if status == "done" and last >= 1 else 1)
+EOF
+
+echo "== a round of 2 OpenRLHF branches through the Ray executor ($STEPS steps each)"
+"$PY" - <<'EOF'
+import os, sys
+from evotrainer.executor import RayExecutor, Task
+from evotrainer.intervention import Intervention
+from evotrainer.workspace import Workspace
+
+ws = Workspace.open(os.environ["RUN_DIR"])
+v0 = ws.lineage.root()
+kids = [ws.lineage.branch(v0.id, Intervention(path="actor_learning_rate", old=v0.recipe.actor_learning_rate,
+                                              new=v0.recipe.actor_learning_rate * 2, category="optimizer")).id,
+        ws.lineage.branch(v0.id, Intervention(path="temperature", old=v0.recipe.temperature, new=0.9,
+                                              category="rollout")).id]
+ex = RayExecutor(max_parallel=2, threads=None, backend="openrlhf",
+                 train_args=("--cluster", str(ws.root / "cluster.json")))
+try:
+    res = ex.run(ws.root, [Task(version_id=k, steps=int(os.environ["STEPS"])) for k in kids],
+                 progress=lambda v, kind, d, t: print(f"  {v} {kind} {d}/{t}", flush=True))
+finally:
+    ex.close()
+for r in res:
+    print(f"{r.version_id}: {r.status} in {r.wall_s:.0f} s {r.error[-1500:]}")
+jobs = [j for j in ws.lineage.jobs() if j.version_id in kids and j.kind == "train"]
+if len(jobs) == 2:
+    print(f"branches overlapped in time: {max(j.created_at for j in jobs) < min(j.updated_at for j in jobs)}")
+for k in kids:
+    v = ws.lineage.get(k)
+    print(k, v.status, {m: round(x, 4) for m, x in v.metrics_summary.items() if m.startswith(("reward/", "policy/kl"))})
+sys.exit(0 if all(r.status == "done" for r in res) else 1)
 EOF
 echo "== ok"
