@@ -336,5 +336,5 @@ def test_bad_executor_settings_name_the_value_and_the_fix(tmp_path):
     assert _cluster_spec(tmp_path / "c.yaml").vllm_gpu_memory_utilization == 0.3
     (tmp_path / "bad.yaml").write_text("num_gpus: 2\n")
     with pytest.raises(RecipeError, match=r"--cluster .*bad\.yaml: cluster\.num_gpus: unknown field; "
-                                          r"allowed: ray_address, "):
+                                          r"did you mean 'num_gpus_per_node'\?"):
         _cluster_spec(tmp_path / "bad.yaml")
