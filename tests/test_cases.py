@@ -57,8 +57,15 @@ def test_real_verl_logs_diagnose(log: Path, tmp_path: Path):
     name = log.name
     if name.startswith("Qwen2.5-0.5B"):
         # Checked against the series: actor/entropy_loss falls from ~0.5 (steps 0-10) to ~0.05 at the
-        # end (x0.2), and actor/grad_norm has repeated spikes (65.96 at step 16 against a ~2 median).
-        assert {"entropy_collapse", "grad_spike"} <= kinds
+        # end (x0.2): entropy_collapse. actor/grad_norm has spikes (65.96 at step 16 against a ~2
+        # median), but nothing suffers from them: the score keeps rising right after (0.086 at step 16,
+        # 0.18 at step 18), entropy and KL move by less than 2x and 5x around each spike, and the
+        # validation score rises 0.0008 -> 0.57. Until issue 17 these spikes were a warning; calibrated
+        # on healthy real runs, harmless spikes are info (the finding stays, with the steps).
+        assert "entropy_collapse" in kinds and "grad_spike" not in kinds
+        spikes = [f for f in report["findings"] if f["kind"] == "grad_spike"]
+        assert [f["severity"] for f in spikes] == ["info"] and spikes[0]["data"]["n_spikes"] >= 5
+        assert spikes[0]["data"]["damaged_after"] == {} and 33 in spikes[0]["steps"]  # a spike of both logs
     if "sft" in name:
         assert report["findings"] == []  # an SFT log: loss and lr only, nothing to judge
 

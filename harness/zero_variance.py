@@ -1,0 +1,204 @@
+"""Built-in analyzer ``zero_variance_groups``: groups whose rewards are all equal, read by their cause.
+
+A group whose samples all get the same reward has zero group-relative advantage (GRPO, Shao et al.
+2024, eq. 3; DAPO's dynamic sampling, Yu et al. 2025 sec. 3.2, exists to drop them): it carries no
+learning signal. This is a **level** (one step shows it), estimated from whichever batch
+statistics a run logs, best first:
+
+1. ``reward/frac_zero_std`` (TRL ``frac_reward_zero_std``; EvoTrainer; rollout-derived);
+2. ``reward/frac_solve_none + reward/frac_solve_all`` (groups with no / only correct samples; exact
+   for a 0/1 correctness reward);
+3. batches in which every rollout has one reward: ``reward/min == reward/max`` (verl
+   ``critic/score/min`` / ``max``), ``reward/std`` ~ 0 (batch std in verl, the mean within-group std
+   in TRL: both 0 only when every group is constant), or ``policy/advantage/std`` ~ 0 (all
+   advantages 0). Their share of the recent steps is a lower bound of the fraction.
+
+The **cause** decides the severity:
+
+* ``all_wrong``: groups where no sample is correct (too hard data, or a reward that never pays:
+  answer parsing, a broken verifier). Blocking at ZV_BLOCK or more: nothing is learned; easier
+  data or a reward fix;
+* ``all_right``: every sample correct (the policy saturated the data). A **warning** only, never
+  blocking: the version learned what this data teaches; raise the difficulty;
+* ``mixed`` / ``unknown``: blocking at ZV_BLOCK or more, as before the cause was known.
+
+The cause comes from the solve fractions when logged; else from the constant reward's value at the
+constant steps (<= 0, or the run's lowest reward: all-wrong; the run's highest reward when the run
+also saw lower ones: all-right); else from correctness ``c`` and the fraction ``z`` (per step, groups
+split into all-right ``sa``, all-wrong ``sn`` and mixed ``m = 1 - z``; ``c = sa + (mixed share)`` with the
+mixed share in ``[0, m]``, so ``sa >= c - m`` and ``sn >= z - c``). A cause is named when its share of
+the zero-variance groups is at least CAUSE_SHARE.
+
+A warning only, marked ``symptom_of: entropy_collapse``, when the fraction started under ZV_WARN
+and entropy collapsed in the same version: the data had variance, the policy lost it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from evotrainer.harness import builtin_analyzers as B
+from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import Finding
+from evotrainer.harness.trends import fmt, level
+
+from evotrainer import metrics as M
+
+
+def _aligned(ev: Evidence, v: str, a: str, b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps logged by both ``a`` and ``b`` with finite values: (steps, a values, b values)."""
+    sa, xa = ev.series(v, a)
+    sb, xb = ev.series(v, b)
+    common, ia, ib = np.intersect1d(sa, sb, assume_unique=False, return_indices=True)
+    ok = np.isfinite(xa[ia]) & np.isfinite(xb[ib])
+    return common[ok], xa[ia][ok], xb[ib][ok]
+
+
+def constant_batches(ev: Evidence, v: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Steps at which every rollout of the batch got one reward, from batch statistics.
+
+    Returns:
+        ``(steps, constant, value, sources)``: the ``(S,)`` steps where any of the statistics is
+        logged, a bool per step (True when reward max - min, reward std or advantage std is at most
+        ``ZERO_STD_TOL``), the batch's one reward where reward min == max (NaN elsewhere: a zero
+        std says every group is constant, not which value each has; TRL's ``reward_std`` is the mean
+        within-group std), and the metric names that showed a constant batch.
+    """
+    per: dict[int, tuple[bool, float]] = {}
+    sources: list[str] = []
+    s, lo, hi = _aligned(ev, v, M.REWARD_MIN, M.REWARD_MAX)
+    const = np.abs(hi - lo) <= B.ZERO_STD_TOL
+    if const.any():
+        sources += [M.REWARD_MIN, M.REWARD_MAX]
+    for st, c, x in zip(s.tolist(), const.tolist(), lo.tolist(), strict=True):
+        per[st] = (c, x if c else np.nan)
+    for name in (M.REWARD_STD, M.POLICY_ADVANTAGE_STD):  # every group constant; their values unknown
+        ss, xs = ev.series(v, name)
+        ok = np.isfinite(xs)
+        c = np.abs(xs[ok]) <= B.ZERO_STD_TOL
+        if c.any():
+            sources.append(name)
+        for st, ci in zip(ss[ok].tolist(), c.tolist(), strict=True):
+            old = per.get(st, (False, np.nan))
+            per[st] = (old[0] or ci, old[1])
+    steps = np.array(sorted(per), dtype=np.int64)
+    return (steps, np.array([per[x][0] for x in steps.tolist()], dtype=bool),
+            np.array([per[x][1] for x in steps.tolist()], dtype=np.float64), sources)
+
+
+def _fraction(ev: Evidence, v: str) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(name, steps, values) of the logged zero-variance fraction, or of solve_none + solve_all."""
+    s, z = ev.series(v, M.REWARD_FRAC_ZERO_STD)
+    if np.isfinite(z).any():
+        return M.REWARD_FRAC_ZERO_STD, s, z
+    s, sn, sa = _aligned(ev, v, M.REWARD_FRAC_SOLVE_NONE, M.REWARD_FRAC_SOLVE_ALL)
+    if len(s):
+        return f"{M.REWARD_FRAC_SOLVE_NONE} + {M.REWARD_FRAC_SOLVE_ALL}", s, sn + sa
+    return None
+
+
+def _recent(steps: np.ndarray, values: np.ndarray) -> float | None:
+    lv = level(steps, values)
+    return None if lv is None else lv.recent
+
+
+def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str, dict]:
+    """``(cause, numbers)``: all_wrong | all_right | mixed | unknown (see module docstring)."""
+    sn = _recent(*ev.series(v, M.REWARD_FRAC_SOLVE_NONE))
+    sa = _recent(*ev.series(v, M.REWARD_FRAC_SOLVE_ALL))
+    how: dict = {}
+    if sn is not None and sa is not None and sn + sa > 0:
+        how = {"frac_solve_none": sn, "frac_solve_all": sa, "from": "solve fractions"}
+        wrong, right = sn, sa
+    elif np.isfinite(const_vals).any():
+        c = float(np.median(const_vals[np.isfinite(const_vals)]))
+        _, lo = ev.series(v, M.REWARD_MIN)
+        _, hi = ev.series(v, M.REWARD_MAX)
+        _, mean = ev.series(v, M.REWARD_MEAN)
+        pool = np.concatenate([x[np.isfinite(x)] for x in (lo, hi, mean)])
+        low, high = (float(pool.min()), float(pool.max())) if len(pool) else (c, c)
+        how = {"constant_reward": c, "run_reward_min": low, "run_reward_max": high, "from": "constant reward"}
+        if c <= 0 or (c <= low + B.ZERO_STD_TOL and high > c + B.ZERO_STD_TOL):
+            return "all_wrong", how
+        if c >= high - B.ZERO_STD_TOL and low < c - B.ZERO_STD_TOL:
+            return "all_right", how
+        return "unknown", how
+    else:
+        cname = ev.first(v, *B.CORRECTNESS)
+        c = _recent(*ev.series(v, cname)) if cname else None
+        if c is None:
+            return "unknown", how
+        m = 1.0 - z
+        right, wrong = max(0.0, c - m), max(0.0, z - c)
+        how = {"correct_mean": c, "frac_solve_all_lb": right, "frac_solve_none_lb": wrong, "from": cname}
+    total = max(z, wrong + right, 1e-12)
+    if wrong >= B.CAUSE_SHARE * total:
+        return "all_wrong", how
+    if right >= B.CAUSE_SHARE * total:
+        return "all_right", how
+    return "mixed", how
+
+
+_READING = {
+    "all_wrong": ("no sample of those groups is correct: the data is too hard for the policy, or the reward "
+                  "never pays (check the verifier / answer parsing); use easier data or fix the reward"),
+    "all_right": ("every sample of those groups is correct: the policy saturated this data; move to harder "
+                  "data (a warning, not a failure of the version: it learned what this data teaches)"),
+    "mixed": "both all-wrong and all-right groups: the data is too easy for some prompts and too hard for others",
+    "unknown": "data too easy or too hard for the policy, or a constant reward",
+}
+
+
+@analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal), by cause")
+def zero_variance_groups(ev: Evidence) -> list[Finding]:
+    """Recent zero-variance fraction >= ZV_WARN (a level; see the module docstring for sources and cause)."""
+    out = []
+    for v in ev.versions:
+        frac = _fraction(ev, v)
+        cs, const, cvals, csrc = constant_batches(ev, v)
+        lz = level(frac[1], frac[2]) if frac else None
+        lc = level(cs, const.astype(np.float64)) if len(cs) else None
+        share = 0.0
+        if lc is not None:  # share of constant batches among the recent steps
+            share = float(np.mean(const[np.searchsorted(cs, lc.recent_from):]))
+        z = max(lz.recent if lz is not None else 0.0, share)
+        if z < B.ZV_WARN:
+            continue
+        by_frac = lz is not None and lz.recent >= share
+        name = frac[0] if by_frac else " / ".join(csrc)
+        span = B._span(lz if by_frac else lc)
+        cause, how = _cause(ev, v, z, cvals[const] if len(cs) else np.array([]))
+        sev = "warn" if cause == "all_right" else "blocking" if z >= B.ZV_BLOCK else "warn"
+        t = B._trend(ev, v, M.REWARD_FRAC_ZERO_STD)
+        data = {"late_frac": z, "cause": cause, **how, "source": name,
+                **(B._ldata(lz) if by_frac else {"constant_share": share, "n_recent": lc.n_recent}),
+                **({"early": t.early, "start": t.start} if t is not None else {})}
+        reading = _READING[cause]
+        et = B._trend(ev, v, M.POLICY_ENTROPY) if t is not None and t.early < B.ZV_WARN else None
+        if cause != "all_right" and et is not None and B._entropy_collapsed(et):
+            sev, data["symptom_of"] = "warn", "entropy_collapse"
+            reading = (f"here a symptom of the entropy collapse ({fmt(et.early)} -> {fmt(et.late)} nats/token): the "
+                       f"samples of a group became identical, while the data gave variance at the start")
+        gn = ev.series(v, M.POLICY_GRAD_NORM)[1]
+        gn = gn[np.isfinite(gn)]
+        g = f"; grad norm median {fmt(float(np.median(gn)))}" if len(gn) else ""
+        n_recent = lz.n_recent if by_frac else lc.n_recent
+        if by_frac:
+            what = (f"{fmt(100 * z)}% of groups have zero reward variance ({name}, median of the last {n_recent} "
+                    f"logged step(s)" + (f"; {fmt(100 * t.early)}% in the first 20%" if t is not None else "") + ")")
+        else:
+            what = (f"every rollout of the batch got the same reward in {fmt(100 * share)}% of the last {n_recent} "
+                    f"logged step(s) ({name} at 0)")
+        if "frac_solve_none" in how:
+            what += f"; {fmt(100 * how['frac_solve_none'])}% solve none, {fmt(100 * how['frac_solve_all'])}% solve all"
+        elif "constant_reward" in how:
+            what += (f"; the one reward is {fmt(how['constant_reward'])} (the run's rewards span "
+                     f"{fmt(how['run_reward_min'])}..{fmt(how['run_reward_max'])})")
+        elif "correct_mean" in how:
+            what += f"; correctness {fmt(how['correct_mean'])}"
+        out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=span, judged="level",
+                           evidence=[n for n in (frac[0].split(" + ") if by_frac else csrc)], data=data,
+                           explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
+                                       f"carries {'no' if z >= B.ZV_BLOCK else 'little'} learning signal; cause "
+                                       f"{cause.replace('_', '-')}: {reading}."))
+    return out
