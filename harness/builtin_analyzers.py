@@ -67,7 +67,7 @@ def _insufficient(kind: str, v: str, name: str, ev: Evidence) -> Finding | None:
     n = int(np.isfinite(values).sum())
     if 0 < n < MIN_POINTS:
         return Finding(kind=kind, severity="info", versions=[v], steps=[int(steps[0]), int(steps[-1])],
-                       evidence=[name], data={"n_points": n},
+                       evidence=[name], data={"n_points": n}, judged="trend",
                        explanation=f"insufficient evidence: {name} has {n} finite point(s) in {v}; "
                                    f"{kind} needs at least {MIN_POINTS} to judge a trend")
     return None
