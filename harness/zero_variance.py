@@ -24,7 +24,9 @@ The **cause** decides the severity:
 
 The cause comes from the solve fractions when logged; else from the constant reward's value at the
 constant steps (<= 0, or the run's lowest reward: all-wrong; the run's highest reward when the run
-also saw lower ones: all-right); else from correctness ``c`` and the fraction ``z`` (per step, groups
+also saw lower ones: all-right); else, with no correctness series, a mean reward of 0 in a run whose
+reward is never negative while every group is constant (every reward is 0: all-wrong); else from
+correctness ``c`` and the fraction ``z`` (per step, groups
 split into all-right ``sa``, all-wrong ``sn`` and mixed ``m = 1 - z``; ``c = sa + (mixed share)`` with the
 mixed share in ``[0, m]``, so ``sa >= c - m`` and ``sn >= z - c``). A cause is named when its share of
 the zero-variance groups is at least CAUSE_SHARE.
@@ -127,6 +129,12 @@ def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str,
         cname = ev.first(v, *B.CORRECTNESS)
         c = _recent(*ev.series(v, cname)) if cname else None
         if c is None:
+            rs, rm = ev.series(v, M.REWARD_MEAN)
+            r = _recent(rs, rm)
+            fin = rm[np.isfinite(rm)]
+            if r is not None and abs(r) <= B.ZERO_STD_TOL and z >= B.ZV_BLOCK and fin.min() >= -B.ZERO_STD_TOL:
+                # every group constant, mean reward 0 and the reward never negative: every reward is 0
+                return "all_wrong", {"reward_mean": r, "from": M.REWARD_MEAN}
             return "unknown", how
         m = 1.0 - z
         right, wrong = max(0.0, c - m), max(0.0, z - c)
@@ -138,6 +146,16 @@ def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str,
         return "all_right", how
     return "mixed", how
 
+
+# What would fix each cause, in the words of the skills memory (the query of `diagnose`'s interventions)
+_REMEDY = {
+    "all_wrong": "groups are all wrong, the model solves almost no training prompt, reward near 0: easier problems "
+                 "or a reward that pays",
+    "all_right": "groups are all correct, the model already solves nearly every training prompt and the train reward "
+                 "saturates near 1: harder problems",
+    "mixed": "drop prompts the model always or never solves; refill the batch with groups that have reward variance",
+    "unknown": "groups with all-equal rewards and zero advantage; refill the batch with groups that have variance",
+}
 
 _READING = {
     "all_wrong": ("no sample of those groups is correct: the data is too hard for the policy, or the reward "
@@ -170,7 +188,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         cause, how = _cause(ev, v, z, cvals[const] if len(cs) else np.array([]))
         sev = "warn" if cause == "all_right" else "blocking" if z >= B.ZV_BLOCK else "warn"
         t = B._trend(ev, v, M.REWARD_FRAC_ZERO_STD)
-        data = {"late_frac": z, "cause": cause, **how, "source": name,
+        data = {"late_frac": z, "cause": cause, **how, "source": name, "remedy": _REMEDY[cause],
                 **(B._ldata(lz) if by_frac else {"constant_share": share, "n_recent": lc.n_recent}),
                 **({"early": t.early, "start": t.start} if t is not None else {})}
         reading = _READING[cause]
@@ -196,6 +214,8 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
                      f"{fmt(how['run_reward_min'])}..{fmt(how['run_reward_max'])})")
         elif "correct_mean" in how:
             what += f"; correctness {fmt(how['correct_mean'])}"
+        elif "reward_mean" in how:
+            what += f"; mean reward {fmt(how['reward_mean'])}, never negative: every rollout scored 0"
         out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=span, judged="level",
                            evidence=[n for n in (frac[0].split(" + ") if by_frac else csrc)], data=data,
                            explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "

@@ -124,6 +124,18 @@ def test_zero_std_with_correctness_bounds_the_cause():
     assert (f.data["cause"], f.data["frac_solve_all_lb"]) == ("all_right", pytest.approx(0.8))
 
 
+def test_all_zero_rewards_without_correctness_are_all_wrong():
+    # TRL: frac_reward_zero_std 1.0, reward 0.0 on 4 steps, no accuracy series: every group constant and
+    # the mean 0 with no negative reward -> every reward is 0: all-wrong, blocking
+    ev = ev_of({M.REWARD_FRAC_ZERO_STD: [1.0] * 4, M.REWARD_MEAN: [0.0] * 4})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["cause"]) == ("blocking", "all_wrong") and "every rollout scored 0" in f.explanation
+    # a reward that goes negative (-1 / +1 rewards): a mean of 0 may be half -1 groups and half +1 -> unknown
+    ev = ev_of({M.REWARD_FRAC_ZERO_STD: [1.0] * 4, M.REWARD_MEAN: [-0.5, 0.0, 0.0, 0.0]})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["cause"]) == ("blocking", "unknown")
+
+
 def test_healthy_batch_statistics_raise_nothing():
     # min 0 / max 1, std 0.45, a third of the groups constant: signal in the batch
     ev = ev_of({M.REWARD_MIN: [0.0] * 5, M.REWARD_MAX: [1.0] * 5, M.REWARD_STD: [0.45] * 5,
