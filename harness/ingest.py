@@ -6,9 +6,19 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 * verl console logs (``.log``, or ``.log.gz``): lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
   ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
   metrics: {...}`` is the held-out score at step 0, ``Final validation metrics`` at the last step);
+* console logs without verl's step lines (``.log``, ``.txt``, ``.log.gz``): AReaL stats tables, then
+  console dicts (TRL ``GRPOTrainer``, slime ``step N: {...}``, ms-swift records), then pasted tables
+  with a ``Step`` column (the HF notebook table), read by
+  :mod:`evotrainer.harness.ingest_formats` (its docstring gives each format's step rule);
 * TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
 * TensorBoard event files (OpenRLHF, TRL, ours) through ``tensorboard``'s EventAccumulator;
-* JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step``);
+* JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step`` / ``train/step``,
+  or ms-swift's ``"global_step/max_steps": "300/1296"``; bare ``NaN`` allowed, as in ms-swift's
+  ``logging.jsonl``);
+* W&B exports: chart CSV (``Step``, ``<run> - <metric>``: one version per run) or history CSV (``_step``),
+  history JSON (a list of records with ``_step``);
+* MLflow file store runs: ``mlruns/<exp>/<run>/metrics/<key>`` (one version per run, named by the
+  ``mlflow.runName`` tag or the run id);
 * rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
   of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
   one column per reward function, ``advantage``).
@@ -16,7 +26,9 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is
 the file or folder name (the folder of a ``trainer_state.json``), and a folder holding several
-TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder.
+TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder. A file no
+reader understands raises :class:`IngestError` naming what was tried and what each format looks
+like (:data:`FORMATS`).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
+from evotrainer.harness import ingest_formats as F
 
 from evotrainer.jsonl import iter_jsonl
 
@@ -140,16 +153,14 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     """
     out: dict[int, dict[str, float]] = {}
     for i, rec in _jsonl(lines, source):
-        step = next((rec[k] for k in ("step", "global_step", "_step", "train/global_step") if k in rec), None)
+        if not isinstance(rec, dict):
+            raise IngestError(f"{source}:{i}: a JSON {type(rec).__name__}, not an object; one metrics object per line")
+        step = F.record_step(rec)
         if step is None:
-            raise IngestError(f"{source}:{i}: no step key; each line needs 'step' (or 'global_step')")
-        for k, x in rec.items():
-            if k in ("step", "global_step", "_step", "train/global_step") or isinstance(x, bool):
-                continue
-            if isinstance(x, (int, float)):
-                _add(out, int(step), k, float(x))
-            elif isinstance(x, str) and _num(x) is not None and x.strip().lower() in ("nan", "inf", "-inf"):
-                _add(out, int(step), k, _num(x))  # type: ignore[arg-type]
+            raise IngestError(f"{source}:{i}: no step key; each line needs 'step' (or 'global_step', '_step', "
+                              f"'train/step', ms-swift's 'global_step/max_steps': \"300/1296\")")
+        for k, x in F.numeric_items(rec).items():
+            _add(out, step, k, x)
     return out
 
 
@@ -266,35 +277,86 @@ def _is_verl_dump(path: Path) -> bool:
     return isinstance(rec, dict) and "output" in rec and ("input" in rec or "score" in rec)
 
 
-def _read_file(path: Path, version: str) -> tuple[dict[int, dict[str, float]], list[dict[str, Any]]]:
-    """Records and rollout rows of one file, by name and content."""
+FORMATS = (
+    "verl console log: lines 'step:12 - actor/entropy:0.41 - critic/score/mean:0.5 - ...'",
+    "console dicts (TRL GRPOTrainer, slime): one dict per step, \"{'loss': 0.0, 'reward': 0.5, 'epoch': 0.01}\" "
+    "or 'step 3: {...}' / 'rollout 3: {...}'",
+    "AReaL StatsLogger: 'Train step 3/100 done.' then a table of '│ ppo_actor/task_reward/avg │ 5.0000e-01 │'",
+    "JSONL metrics (ms-swift logging.jsonl, W&B history): one object a line with 'step', 'global_step', '_step' "
+    "or 'global_step/max_steps': \"300/1296\"",
+    "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
+    "a pasted table whose first column is 'Step' (the HF notebook's 'Step | Training Loss | reward | ...')",
+    "TRL trainer_state.json (log_history), W&B history JSON (a list of records with '_step')",
+    "TensorBoard events.out.tfevents.*; MLflow run folder mlruns/<exp>/<run>/metrics/<key> "
+    "(lines '<timestamp> <value> <step>')",
+)
+
+
+def unreadable(path: Path, tried: str) -> IngestError:
+    """The error for a file no reader understands: what was tried and what each format looks like."""
+    return IngestError(f"{path}: no training metrics found (tried: {tried}). Readable formats:\n  - "
+                       + "\n  - ".join(FORMATS))
+
+
+def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
+    """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts.
+
+    The first reader that finds any record wins; ``("", {})`` when none does.
+    """
+    for name, reader in (("verl 'step:N - k:v' lines", parse_verl_log), ("AReaL tables", F.parse_areal_log),
+                         ("console dicts", F.parse_dict_log), ("'Step | ...' tables", F.parse_table_log)):
+        records = reader(text)
+        if records:
+            return records, name
+    return {}, ""
+
+
+Runs = dict[str | None, dict[int, dict[str, float]]]
+
+
+def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
+    """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content."""
     name = path.name
     if name == "trainer_state.json":
-        return parse_trainer_state(json.loads(path.read_text())), []
+        return {None: parse_trainer_state(json.loads(path.read_text()))}, []
     if name.startswith("events.out.tfevents"):
-        return parse_tensorboard(path), []
+        return {None: parse_tensorboard(path)}, []
     if path.suffix == ".jsonl":
         if _is_verl_dump(path):
             return {}, read_verl_dump(path, version)
-        return parse_jsonl_metrics(path.read_text().splitlines(), str(path)), []
+        return {None: parse_jsonl_metrics(path.read_text(errors="replace").splitlines(), str(path))}, []
     if path.suffix == ".parquet" and "completions" in name:
         return {}, read_trl_completions(path, version)
+    if path.suffix == ".csv":
+        try:
+            runs = F.parse_wandb_csv(path.read_text(errors="replace"), str(path))
+        except ValueError as exc:
+            raise IngestError(str(exc)) from None
+        if not runs:
+            raise unreadable(path, "W&B CSV export (no numeric cells)")
+        return dict(runs), []
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(errors="replace"))
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
         if isinstance(data, dict) and "log_history" in data:
-            return parse_trainer_state(data), []
-        raise IngestError(f"{path}: a JSON file we cannot read (expected a trainer_state.json with log_history)")
+            return {None: parse_trainer_state(data)}, []
+        records = F.parse_wandb_history(data) if isinstance(data, (list, dict)) else {}
+        if not records:
+            raise unreadable(path, "trainer_state.json log_history, W&B history records")
+        return {None: records}, []
     if path.suffix == ".gz":
         import gzip
 
         text = gzip.decompress(path.read_bytes()).decode(errors="replace")
     else:
         text = path.read_text(errors="replace")
-    records = parse_verl_log(text)
+    records, _ = parse_text_log(text)
     if not records:
-        raise IngestError(f"{path}: no 'step:N - key:value' lines found; pass a verl console log, a "
-                          f"trainer_state.json, a TensorBoard event file, JSONL metrics or a rollout dump")
-    return records, []
+        raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
+                               "'Step | ...' tables")
+    return {None: records}, []
 
 
 _SKIP_DIRS = {"checkpoints", "rollouts", ".git", "__pycache__", "reports", "plots"}
@@ -306,8 +368,8 @@ def _run_files(folder: Path) -> list[Path]:
         if not p.is_file() or any(part in _SKIP_DIRS for part in p.relative_to(folder).parts[:-1]):
             continue
         n = p.name
-        if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl") or n.endswith(".log.gz")
-                or (p.suffix == ".parquet" and "completions" in n)):
+        if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl", ".csv", ".txt")
+                or n.endswith(".log.gz") or (p.suffix == ".parquet" and "completions" in n)):
             files.append(p)
     # HF checkpoints each hold a trainer_state.json: keep the most complete (the latest) one.
     states = [p for p in files if p.name == "trainer_state.json"]
@@ -359,31 +421,54 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         vid = p.parent.name or "run"
     else:
         vid = p.name.split(".log")[0] if ".log" in p.name else p.stem
-    files = _run_files(p) if p.is_dir() else [p]
-    if not files:
-        raise IngestError(f"{p}: no run files (verl .log, trainer_state.json, events.out.tfevents.*, "
-                          f".jsonl, completions parquet)")
+    mlflow = _mlflow_dirs(p)
+    files = [f for f in _run_files(p) if not any(d in f.parents for d in mlflow)] if p.is_dir() else [p]
+    if not files and not mlflow:
+        raise IngestError(f"{p}: no run files (verl .log, console .log / .txt, trainer_state.json, "
+                          f"events.out.tfevents.*, .jsonl, W&B .csv, MLflow metrics/ folder, completions parquet)")
     series: dict[str, RawSeries] = {}
     rows: list[dict[str, Any]] = []
     errors = []
+    for d in mlflow:
+        run = vid if len(mlflow) == 1 and not files else F.mlflow_run_name(d)
+        try:
+            series[run] = records_to_series(F.parse_mlflow_metrics(d))
+        except ValueError as exc:
+            errors.append(str(exc))
     for run, run_files in _split_runs(p, files, vid).items():
-        merged: dict[int, dict[str, float]] = {}
+        merged: dict[str, dict[int, dict[str, float]]] = {}
         for f in run_files:
             try:
-                recs, rws = _read_file(f, run)
+                runs, rws = _read_file(f, run)
             except IngestError as exc:
-                if len(files) == 1:
+                if len(files) == 1 and not mlflow:
                     raise
                 errors.append(str(exc))
                 continue
-            for step, rec in recs.items():
-                merged.setdefault(step, {}).update(rec)
+            for name, recs in runs.items():  # a W&B chart export may hold several runs
+                key = run if name is None or len(runs) == 1 else name
+                for step, rec in recs.items():
+                    merged.setdefault(key, {}).setdefault(step, {}).update(rec)
             rows += rws
-        if merged:
-            series[run] = records_to_series(merged)
+        for key, recs in merged.items():
+            if recs:
+                series[key] = records_to_series(recs)
     if not series and not rows:
         raise IngestError(f"{p}: nothing readable; " + "; ".join(errors[:3]))
     return series_to_evidence(series, rows, str(p))
+
+
+def _mlflow_dirs(p: Path) -> list[Path]:
+    """MLflow file store ``metrics/`` folders at or under ``p`` (one per run)."""
+    if not p.is_dir():
+        return []
+    cands = [p] if p.name == "metrics" else []
+    cands += [d for d in sorted(p.rglob("metrics")) if d.is_dir()]
+    found: list[Path] = []
+    for d in cands:
+        if not any(f in d.parents for f in found) and F.is_mlflow_metrics_dir(d):
+            found.append(d)
+    return found
 
 
 def _split_runs(root: Path, files: list[Path], vid: str) -> dict[str, list[Path]]:

@@ -26,7 +26,24 @@ def _diagnose(path: Path, out: Path) -> dict:
     return json.loads(res.stdout)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# Real cases whose `must` needs analyzers that judge levels (one step) rather than trends; the analyzers
+# work (issue 17) makes them pass. strict: a case that starts passing fails here until it leaves this list.
+AWAITING_LEVEL_ANALYZERS = {
+    "trl_all_groups_zero_std": "zero_variance_groups from one step: frac_reward_zero_std 1.0, reward_std 0.0",
+    "rllm_verl_solve_none_all_prompts": "zero_variance_groups from one step: reward/min == reward/max == 0, "
+                                        "batch/solve_none 128, advantages all 0",
+    "openr1_accuracy_falls_format_rises": "reward_hacking on 3 points: format 0.48 -> 0.86, correctness 0.16 -> 0.06",
+    "slime_grad_norm_1e9": "grad_spike as a level (grad_norm ~3e9 at steps 1 and 28), not nan_blowup",
+    "trl_quickstart_all_truncated": "truncation from 3 points: completions/clipped_ratio 1.0, mean length 256",
+}
+
+
+def _case_param(c: Path):
+    reason = AWAITING_LEVEL_ANALYZERS.get(c.name)
+    return pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=reason)] if reason else [])
+
+
+@pytest.mark.parametrize("case", [_case_param(c) for c in CASES])
 def test_case_must_and_must_not(case: Path, tmp_path: Path):
     expected = json.loads((case / "expected.json").read_text())
     report = _diagnose(case, tmp_path)
@@ -39,6 +56,14 @@ def test_case_must_and_must_not(case: Path, tmp_path: Path):
 def test_cases_are_all_there():
     assert {c.name for c in CASES} >= {"format_reward_hacking", "nan_after_kl_overflow", "truncation_all_clipped",
                                        "zero_variance_easy_data"}
+    assert len(CASES) >= 15 and sum(c.name.startswith("healthy_") for c in CASES) >= 5
+    assert set(AWAITING_LEVEL_ANALYZERS) <= {c.name for c in CASES}
+    for c in CASES:  # every real case cites its source; the first four are paraphrased (no SOURCE.md)
+        if c.name not in ("format_reward_hacking", "nan_after_kl_overflow", "truncation_all_clipped",
+                          "zero_variance_easy_data"):
+            assert "https://" in (c / "SOURCE.md").read_text() or "verl-project/verl" in (c / "SOURCE.md").read_text(), c
+        if c.name.startswith("healthy_"):
+            assert json.loads((c / "expected.json").read_text())["must"] == [], c
     # the verl-log test checks Qwen and SFT logs by name: an empty or renamed set would pass it vacuously
     names = [p.name for p in VERL_LOGS]
     assert sum(n.startswith("Qwen2.5-0.5B") for n in names) == 2 and sum("sft" in n for n in names) == 1, names

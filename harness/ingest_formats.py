@@ -1,0 +1,422 @@
+"""Readers for the training logs users paste: console dicts (TRL, slime), AReaL tables, W&B exports, MLflow.
+
+Each reader returns per-step records ``{step: {foreign key: value}}`` (names go through
+``harness.aliases`` later, in ``ingest.records_to_series``); the multi-run readers return
+``{run name: records}``. Values are floats; ``nan`` / ``inf`` tokens are kept as non-finite floats
+(they are evidence); strings that are not numbers (``"23.15%"``, ``"20h 20m"``) are dropped.
+
+Formats (each was checked against a real sample under ``tests/data/ingest``, see its SOURCE.md):
+
+* **Console dicts** (:func:`parse_dict_log`): one Python dict literal per logging step, as printed by
+  ``transformers.Trainer.log`` (TRL ``GRPOTrainer``: ``{'loss': 0.0, 'grad_norm': ..., 'reward': ...,
+  'epoch': 0.01}``), usually with tqdm progress-bar noise around it or on the same line (``\\r``);
+  slime's ``step 3: {...}``, ``rollout 3: {...}``, ``perf 3: {...}``, ``eval 3: {...}`` lines
+  (``slime/backends/megatron_utils/model.py``, ``slime/observability/*.py``); rllm's
+  ``current step is 3, training metrics is {...}``. A record's step is, in this order: the number
+  in front of the dict (slime's rollout id; slime logs ``train/step`` and the rollout id on the
+  same axis when ``num_steps_per_rollout`` is 1, its default); a step key inside the dict
+  (``step``, ``global_step``, ``train/step``, ``_step``, or ms-swift's ``global_step/max_steps``
+  string ``"300/1296"``); otherwise the **ordinal of the training record** (1, 2, ...: the HF
+  Trainer prints no step, and ``epoch`` is a fraction of an epoch, not a step). An evaluation dict
+  (every key ``eval_*``) belongs to the step of the training record before it; the final summary
+  (``train_runtime`` ...) is skipped. With ``logging_steps`` > 1 the ordinal times
+  ``logging_steps`` is the optimizer step.
+* **AReaL** (:func:`parse_areal_log`): ``StatsLogger`` prints ``Epoch e/E Step s/S Train step n/N
+  done.`` then the step's stats as a tabulate ``fancy_grid`` table of ``│ key │ value │`` cells
+  (``areal/utils/stats_logger.py``, ``areal/utils/printing.py``: four key/value pairs a row, values
+  ``.4e``). Cells after a marker, until its table closes (``╘``), belong to step ``n``.
+* **W&B exports** (:func:`parse_wandb_csv`, :func:`parse_wandb_history`): a chart's CSV from the
+  web UI (``"Step","<run> - <metric>","<run> - <metric>__MIN","<run> - <metric>__MAX"``; one run
+  per ``<run>`` prefix; ``__MIN`` / ``__MAX`` are the sampling envelope and are dropped), a
+  ``run.history()`` CSV (``_step`` column, one column per metric), or history JSON (a list of
+  records, or ``{"history": [...]}``) / JSONL with ``_step``.
+* **MLflow** (:func:`parse_mlflow_metrics`): a file store run's ``metrics/`` folder, one file per
+  key with lines ``<timestamp ms> <value> <step>`` (``mlflow/store/tracking/file_store.py``); a key
+  with ``/`` is a nested folder (``metrics/train/loss`` is ``train/loss``).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Records = dict[int, dict[str, float]]
+
+STEP_KEYS = ("step", "global_step", "train/global_step", "train/step", "_step", "rollout/step", "eval/step")
+_SWIFT_STEP = "global_step/max_steps"  # ms-swift: "300/1296"
+_NAMES = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
+_PREFIX = re.compile(r"\b(?:step|rollout|perf|eval)(?:\s+is)?\s+(\d+)\b[^{}]*$")
+_AREAL_STEP = re.compile(r"Train step (\d+)/\d+ done|The next step is .*?\(global step (\d+)\)")
+_ANSI = re.compile(r"(?:\x1b|\ufffd)?\[[0-9;]*m")
+_AREAL_CELLS = re.compile(r"│\s*([^│]+?)\s*│\s*([-+0-9.eE]+|nan|inf|-inf)\s*(?=│)")
+_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def to_float(x: Any) -> float | None:
+    """A logged value as a float: numbers as they are, numeric strings (``"NaN"``, ``"0.5"``), else None."""
+    if isinstance(x, bool) or x is None:
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str):
+        try:
+            return float(x.strip())  # Python's float reads "NaN", "nan", "-inf", "Infinity"
+        except ValueError:
+            return None
+    return None
+
+
+def record_step(rec: dict[str, Any]) -> int | None:
+    """The step a record names itself: a step key (:data:`STEP_KEYS`) or ms-swift's ``"N/M"``; else None."""
+    for k in STEP_KEYS:
+        if k in rec and (x := to_float(rec[k])) is not None and math.isfinite(x):
+            return int(x)
+    s = rec.get(_SWIFT_STEP)
+    if isinstance(s, str) and "/" in s:
+        head = s.split("/", 1)[0].strip()
+        if head.isdigit():
+            return int(head)
+    return None
+
+
+def numeric_items(rec: dict[str, Any]) -> dict[str, float]:
+    """The record's numeric values (step keys and non-numeric strings left out)."""
+    out = {}
+    for k, v in rec.items():
+        if k in STEP_KEYS or k == _SWIFT_STEP:
+            continue
+        x = to_float(v)
+        if x is not None:
+            out[str(k)] = x
+    return out
+
+
+# --- console dicts ---------------------------------------------------------------------------------
+def _value(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _NAMES:
+        return _NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        x = _value(node.operand)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return -x if isinstance(node.op, ast.USub) else x
+    if isinstance(node, ast.Call) and node.args and _call_name(node.func) in _NUMBER_WRAPPERS:
+        x = _value(node.args[0])  # tensor(0.5), np.float64(0.5)
+        return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return None
+
+
+_NUMBER_WRAPPERS = {"tensor", "float", "float16", "float32", "float64", "int64", "array"}
+
+
+def _call_name(func: ast.AST) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def literal_dict(text: str) -> dict[str, Any] | None:
+    """A printed Python dict (``ast``, no evaluation; ``nan`` / ``inf`` / ``tensor(x)`` allowed), or None."""
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Dict):
+        return None
+    out = {}
+    for k, v in zip(node.keys, node.values, strict=True):
+        if isinstance(k, ast.Constant) and isinstance(k.value, str):
+            out[k.value] = _value(v)
+    return out
+
+
+_MAX_WRAPPED_LINES = 20  # a dict wrapped by the paste (issue threads) may span this many lines
+
+
+def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
+    """``(start, end, closed)`` of each ``{...}`` that starts with a quoted key.
+
+    A span may cross line breaks (a wrapped paste) but not a nested ``{`` (these logs never nest: a
+    new ``{`` means the previous dict was cut off), a line break inside a quoted string, or more than
+    :data:`_MAX_WRAPPED_LINES` lines; such a span (and one cut by the end of the text) is yielded with
+    ``closed=False`` up to where it stopped, and the scan restarts there.
+    """
+    i = 0
+    while (start := _next_open(text, i)) >= 0:
+        close = text.find("}", start)  # fast path: one line, no nested brace, no brace inside a string
+        if close > 0 and text.find("\n", start, close) < 0 and text.find("{", start + 1, close) < 0 \
+                and text.count("'", start, close) % 2 == 0 and text.count('"', start, close) % 2 == 0:
+            yield start, close + 1, True
+            i = close + 1
+            continue
+        quote, j, lines, stop = "", start + 1, 0, -1
+        while j < len(text):
+            c = text[j]
+            if c == "\n":
+                lines += 1
+                if quote or lines > _MAX_WRAPPED_LINES:
+                    stop = j
+                    break
+            elif quote:
+                if c == "\\":
+                    j += 1
+                elif c == quote:
+                    quote = ""
+            elif c in "'\"":
+                quote = c
+            elif c == "{":
+                stop = j
+                break
+            elif c == "}":
+                break
+            j += 1
+        if stop < 0 and j < len(text):
+            yield start, j + 1, True
+            i = j + 1
+        else:
+            stop = len(text) if stop < 0 else stop
+            yield start, stop, False
+            i = stop
+
+
+def _complete_pairs(body: str) -> str:
+    """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``."""
+    quote, last = "", -1
+    for k, c in enumerate(body):
+        if quote:
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == ",":
+            last = k
+    return body[:last] + "}" if last > 0 else ""
+
+
+_OPEN = re.compile(r"\{['\"]")
+
+
+def _next_open(s: str, i: int) -> int:
+    m = _OPEN.search(s, i)  # one search for both quotes (two str.find calls rescan the text for the absent one)
+    return m.start() if m else -1
+
+
+def parse_dict_log(text: str) -> Records:
+    """Per-step records of console dict lines (see module docstring for the step rule).
+
+    ``\\r`` (tqdm redraws) counts as a line break; a dict wrapped over several lines by a paste is joined;
+    a dict cut off (by the end of a pasted excerpt, or by the next dict) keeps its whole pairs (the pair
+    that was cut is dropped).
+    """
+    text = text.replace("\r", "\n")
+    out: Records = {}
+    ordinal = 0
+    for start, end, closed in _dict_spans(text):
+        body = text[start:end].replace("\n", "")
+        d = literal_dict(body if closed else _complete_pairs(body))
+        if not d:
+            continue
+        vals = numeric_items(d)
+        if not vals or _SUMMARY_KEYS & set(d):
+            continue
+        m = _PREFIX.search(text[text.rfind("\n", 0, start) + 1:start])
+        step = int(m.group(1)) if m else record_step(d)
+        if step is None:
+            is_eval = all(k.startswith("eval_") or k == "epoch" for k in vals)
+            if not is_eval:
+                ordinal += 1
+            step = ordinal
+        out.setdefault(step, {}).update(vals)
+    return out
+
+
+# --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
+_TABLE_STEP = {"step", "steps", "global step", "global_step"}
+_TABLE_NAMES = {"training loss": "loss", "validation loss": "eval_loss"}
+
+
+def _cells(line: str, sep: str) -> list[str]:
+    if sep == "|":
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    elif sep == "\t":
+        cells = [c.strip() for c in line.split("\t")]
+    elif sep == "  ":
+        cells = re.split(r"\s{2,}", line.strip())
+    else:
+        cells = line.split()
+    return cells
+
+
+def _table_name(cell: str) -> str:
+    name = re.sub(r"\s*/\s*", "/", cell.strip())  # "rewards / match_format" -> "rewards/match_format"
+    return _TABLE_NAMES.get(name.lower(), name)
+
+
+def parse_table_log(text: str) -> Records:
+    """Per-step records of a pasted metrics table whose first column is ``Step``.
+
+    The HF Trainer's notebook table (``Step | Training Loss | reward | ...``, markdown or tab separated,
+    as users paste it from Jupyter / Colab, e.g. unsloth GRPO notebooks) and plain whitespace tables
+    (``Step  loss  grad_norm  reward_mean ...``). Columns are split on ``|``, tabs, two or more spaces, or
+    single spaces, whichever gives the header's cell count on the rows; ``Training Loss`` is ``loss``;
+    rows whose first cell is not an integer (``--``, ``...``) are skipped.
+    """
+    out: Records = {}
+    header: list[str] | None = None
+    sep = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        for cand in ("|", "\t", "  ", " "):
+            if cand.strip() and cand not in line:
+                continue
+            cells = _cells(line, cand)
+            if len(cells) >= 2 and cells[0].strip().lower() in _TABLE_STEP:
+                header, sep = [_table_name(c) for c in cells], cand
+                break
+        else:
+            if header is None:
+                continue
+            cells = _cells(line, sep)
+            if len(cells) != len(header) and sep == "  ":
+                cells = line.split()
+            if len(cells) != len(header) or not cells[0].isdigit():
+                continue
+            step = int(cells[0])
+            for name, cell in zip(header[1:], cells[1:], strict=True):
+                if (x := to_float(cell)) is not None:
+                    out.setdefault(step, {})[name] = x
+            continue
+    return out
+
+
+# --- AReaL -------------------------------------------------------------------------------------------
+def parse_areal_log(text: str) -> Records:
+    """Per-step records of an AReaL stats log (see module docstring).
+
+    Markers: ``Train step n/N done.`` (AReaL lite, the table follows it) or, in the older realhf
+    master worker, ``The next step is epoch e/E step s/S (global step n).`` (the step's table
+    follows it). A log with cells but no marker (one pasted table) is step 0. ANSI colours and Ray
+    prefixes are ignored; a cell split over two lines is skipped.
+    """
+    out: Records = {}
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    has_marker = any(_AREAL_STEP.search(line) for line in lines)
+    step: int | None = None if has_marker else 0
+    for line in lines:
+        if m := _AREAL_STEP.search(line):
+            step = int(m.group(1) or m.group(2))
+            continue
+        if step is None:
+            continue
+        if "╘" in line and has_marker:
+            step = None  # the table closed: cells after it belong to no step until the next marker
+            continue
+        for key, val in _AREAL_CELLS.findall(line):
+            x = to_float(val)
+            if x is not None and "/" in key and " " not in key.strip():
+                out.setdefault(step, {})[key.strip()] = x
+    return out
+
+
+# --- W&B ---------------------------------------------------------------------------------------------
+_WANDB_STEP_COLUMNS = ("Step", "_step", "step", "global_step", "train/global_step")
+_WANDB_DROP = ("_runtime", "_timestamp", "_wandb", "Wall time", "Relative Time (Process)", "Relative Time (Wall)")
+
+
+def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
+    """Records of a W&B CSV export, per run (``None``: columns without a ``<run> - `` prefix).
+
+    Raises:
+        ValueError: no step column (names ``source`` and the columns found).
+    """
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        return {}
+    header = [h.strip() for h in rows[0]]
+    step_col = next((header.index(c) for c in _WANDB_STEP_COLUMNS if c in header), None)
+    if step_col is None:
+        raise ValueError(f"{source}: a CSV without a step column; a W&B export has 'Step' or '_step' "
+                         f"(columns found: {', '.join(header[:6])}{', ...' if len(header) > 6 else ''})")
+    cols: list[tuple[int, str | None, str]] = []
+    for i, h in enumerate(header):
+        if i == step_col or h.endswith(("__MIN", "__MAX")) or h in _WANDB_DROP:
+            continue
+        run, sep, metric = h.partition(" - ")
+        cols.append((i, run, metric) if sep else (i, None, h))
+    out: dict[str | None, Records] = {}
+    for row in rows[1:]:
+        if len(row) <= step_col or (s := to_float(row[step_col])) is None or not math.isfinite(s):
+            continue
+        for i, run, metric in cols:
+            if i < len(row) and row[i].strip() != "" and (x := to_float(row[i])) is not None:
+                out.setdefault(run, {}).setdefault(int(s), {})[metric] = x
+    return out
+
+
+def parse_wandb_history(data: Any) -> Records:
+    """Records of W&B history JSON: a list of records with ``_step`` (or ``{"history": [...]}``)."""
+    hist = data.get("history") if isinstance(data, dict) else data
+    out: Records = {}
+    for i, rec in enumerate(hist or [], 1):
+        if isinstance(rec, dict):
+            step = record_step(rec)
+            out.setdefault(i if step is None else step, {}).update(numeric_items(rec))
+    return out
+
+
+# --- MLflow ------------------------------------------------------------------------------------------
+def is_mlflow_metrics_dir(folder: Path) -> bool:
+    """True for a run's ``metrics`` folder: its run folder has MLflow's ``meta.yaml`` / ``tags`` / ``params``,
+    or its first file reads ``<int> <number> <int>``."""
+    if folder.name != "metrics" or not folder.is_dir():
+        return False
+    if any((folder.parent / n).exists() for n in ("meta.yaml", "tags", "params")):
+        return True
+    first = next((p for p in sorted(folder.rglob("*")) if p.is_file()), None)
+    if first is None:
+        return False
+    with open(first, errors="replace") as f:
+        parts = f.readline().split()
+    return len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip("-").isdigit() and to_float(parts[1]) is not None
+
+
+def parse_mlflow_metrics(folder: Path) -> Records:
+    """Records of an MLflow file store run's ``metrics/`` folder (keys from the relative paths).
+
+    Raises:
+        ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line).
+    """
+    out: Records = {}
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file():
+            continue
+        key = p.relative_to(folder).as_posix()
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            parts = line.split()
+            if not parts:
+                continue
+            x = to_float(parts[1]) if len(parts) >= 2 else None
+            if len(parts) not in (2, 3) or x is None:
+                raise ValueError(f"{p}:{n}: not an MLflow metric line; each line is '<timestamp ms> <value> <step>'")
+            step = int(parts[2]) if len(parts) == 3 else 0  # MLflow < 1.0 wrote no step
+            out.setdefault(step, {})[key] = x
+    return out
+
+
+def mlflow_run_name(metrics_dir: Path) -> str:
+    """The run's name: ``tags/mlflow.runName`` when present, else the run folder's name (its id)."""
+    tag = metrics_dir.parent / "tags" / "mlflow.runName"
+    if tag.is_file() and (name := tag.read_text(errors="replace").strip()):
+        return name
+    return metrics_dir.parent.name
+
+
+def load_json_any(path: Path) -> Any:
+    """JSON of a file (``NaN`` / ``Infinity`` accepted, as Python's json does)."""
+    return json.loads(path.read_text(errors="replace"))
