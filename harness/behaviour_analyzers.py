@@ -6,7 +6,7 @@ look at what the policy produces and at what the reward pays for:
 * ``template_collapse``: completions duplicated across different prompts (outputs stop depending on
   the input), distinct-2 falling, 4-gram repetition rising;
 * ``reward_hacking``: a reward term (or the total) rises while correctness or the held-out score
-  falls; a rising reward term that pays wrong answers as much as right ones (a leaky term the
+  falls (a trend; on 3 to 7 steps, a change: every step moves that way); a rising reward term that pays wrong answers as much as right ones (a leaky term the
   policy farms whatever the answer: blocking when correctness stays flat, a warning when correctness
   rises more slowly); answers leaked in prompts;
   test files edited in code / SWE episodes;
@@ -25,7 +25,7 @@ from evotrainer.harness import builtin_analyzers as B
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import fmt
+from evotrainer.harness.trends import MIN_POINTS, fmt
 
 from evotrainer import metrics as M
 
@@ -101,6 +101,44 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
                                        f"for something other than solving the task."))
         break
     return out
+
+
+def _steady(x: np.ndarray, sign: int) -> bool:
+    """Every step moves in direction ``sign`` (+1 up, -1 down) or stays."""
+    return bool(np.all(sign * np.diff(x) >= 0))
+
+
+def _hacking_from_few_points(ev: Evidence, v: str) -> list[Finding]:
+    """A change on 3 to MIN_POINTS - 1 steps, too few for a trend: correctness falls at every step by
+    >= HACK_FALL in all while a reward term (not correctness) rises at every step by >= HACK_RISE in all.
+    A warning (three points cannot make it blocking); judged ``change`` with every value listed."""
+    cname = ev.first(v, *B.CORRECTNESS)
+    if not cname:
+        return []
+    cs, cx = ev.series(v, cname)
+    ok = np.isfinite(cx)
+    cs, cx = cs[ok], cx[ok]
+    if not 3 <= len(cx) < MIN_POINTS or not (_steady(cx, -1) and cx[0] - cx[-1] >= B.HACK_FALL):
+        return []
+    risers = []
+    for n in _component_names(ev, v):
+        s, x = ev.series(v, n)
+        ok = np.isfinite(x)
+        s, x = s[ok], x[ok]
+        if 3 <= len(x) < MIN_POINTS and _steady(x, +1) and x[-1] - x[0] >= B.HACK_RISE:
+            risers.append((n, s, x))
+    if not risers:
+        return []
+    vals = lambda x: " -> ".join(fmt(float(a)) for a in x)  # noqa: E731
+    desc = "; ".join(f"{n} {vals(x)}" for n, _, x in risers)
+    return [Finding(kind="reward_hacking", severity="warn", versions=[v], judged="change",
+                    steps=[int(min(cs[0], *(s[0] for _, s, _ in risers))), int(max(cs[-1], *(s[-1] for _, s, _ in risers)))],
+                    evidence=[n for n, _, _ in risers] + [cname],
+                    data={"rising": {n: x.tolist() for n, _, x in risers}, "falling": {cname: cx.tolist()},
+                          "n_points": int(len(cx))},
+                    explanation=f"{v}: at every logged step a reward term rises ({desc}) while {cname} falls "
+                                f"({vals(cx)}): the policy is paid for something other than solving the task "
+                                f"({len(cx)} steps: a change, too few for a trend test).")]
 
 
 def _component_payout(ev: Evidence, v: str, names: list[str]) -> dict[str, dict] | None:
@@ -278,7 +316,7 @@ def reward_hacking(ev: Evidence) -> list[Finding]:
     """Four signatures of a reward paid for the wrong thing (see module docstring)."""
     out = []
     for v in ev.versions:
-        series = _hacking_from_series(ev, v)
+        series = _hacking_from_series(ev, v) or _hacking_from_few_points(ev, v)
         out += series or _leaky_component(ev, v)
         out += _leaked_answers(ev, v)
         out += _test_file_edits(ev, v)

@@ -40,6 +40,7 @@ KL_WARN = 1.0  # nats per token: KL level that is a blow-up whatever the trend
 KL_JUMP = 5.0  # change-point after/before ratio that is a blow-up (with after >= KL_JUMP_MIN)
 KL_JUMP_MIN = 0.2
 GRAD_SPIKE_K, GRAD_SPIKES_WARN = 10.0, 3  # spike size in robust sds; spikes that warn when no series shows damage
+GRAD_NORM_LEVEL = 1e4  # pre-clip grad norm at or above this is abnormal on one step (10^4 x verl / TRL / OpenRLHF max_norm 1.0)
 GRAD_DAMAGE_WINDOW = 5  # logged steps before / after a spike compared for damage
 REWARD_DROP_RANGE = 0.1  # a reward drop after a spike counts when >= this share of the run's p5-p95 range (and 3 noise sds)
 ZERO_STD_TOL = 5e-4  # a reward spread at or below this is 0 (half the last digit of verl's 3-decimal console values)
@@ -152,14 +153,16 @@ def _nan_series(ev: Evidence, v: str) -> list[str]:
 
 @analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
 def nan_blowup(ev: Evidence) -> list[Finding]:
-    """Non-finite (or > 1e8 in magnitude) values of core series (a level: one step is enough);
+    """Non-finite (or > 1e8 in magnitude, grad norms excepted) values of core series (a level: one step is enough);
     blocking when they persist (two or more, or on the last step), warn for one that recovered."""
     out = []
     for v in ev.versions:
         hits = []
         for name in _nan_series(ev, v):
             steps, values = ev.series(v, name)
-            bad = ~np.isfinite(values) | (np.abs(np.nan_to_num(values, nan=0.0)) > 1e8)
+            bad = ~np.isfinite(values)
+            if "grad_norm" not in name:  # a huge pre-clip grad norm is grad_spike's (a level there), not corrupt weights
+                bad |= np.abs(np.nan_to_num(values, nan=0.0)) > 1e8
             if bad.any():
                 hits.append((name, steps[bad], int(bad.sum()), len(values), bool(bad[-1])))
         if not hits:
@@ -389,6 +392,7 @@ def grad_spike(ev: Evidence) -> list[Finding]:
     """Spikes of the grad norm above GRAD_SPIKE_K robust sds of its trailing rolling median (and 3x it),
     judged by what follows them (a change: :func:`_damage_after`), or a 10x rising trend.
 
+    A level first: any logged value at or above GRAD_NORM_LEVEL warns from one step.
     Severity: ``warn`` when a spike is followed by damage, when the grad norm rises 10x, or when
     GRAD_SPIKES_WARN or more spikes come with no reward, entropy or KL series to judge damage by;
     ``info`` for spikes the run shows no harm from, however many (healthy GRPO runs spike now and
@@ -396,9 +400,23 @@ def grad_spike(ev: Evidence) -> list[Finding]:
     """
     out = []
     for v in ev.versions:
+        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
+        huge = np.isfinite(g) & (g >= GRAD_NORM_LEVEL)
+        if huge.any():
+            ok = np.isfinite(g)
+            out.append(Finding(
+                kind="grad_spike", severity="warn", versions=[v], steps=steps[huge][:50].tolist(), judged="level",
+                evidence=[M.POLICY_GRAD_NORM],
+                data={"n_huge": int(huge.sum()), "n_points": int(ok.sum()), "max": float(g[huge].max()),
+                      "median": float(np.median(g[ok])), "level": GRAD_NORM_LEVEL},
+                explanation=f"{v}: the gradient norm is {fmt(float(g[huge].max()))} at its peak, at or above "
+                            f"{fmt(GRAD_NORM_LEVEL)} on {int(huge.sum())} of {int(ok.sum())} logged steps (steps "
+                            f"{', '.join(map(str, steps[huge][:8].tolist()))}; median {fmt(float(np.median(g[ok])))}): "
+                            f"an abnormal gradient (look for a loss-scale, precision or data cause); clipping "
+                            f"bounds the update, not the cause."))
+            continue
         if (t := _trend_or_note(ev, v, "grad_spike", M.POLICY_GRAD_NORM, out)) is None:
             continue
-        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
         mask = spikes(g, k=GRAD_SPIKE_K)
         sp = steps[mask]
         rising = t.rising(ALPHA) and t.early > 0 and t.late >= 10 * t.early

@@ -8,10 +8,13 @@ statistics a run logs, best first:
 1. ``reward/frac_zero_std`` (TRL ``frac_reward_zero_std``; EvoTrainer; rollout-derived);
 2. ``reward/frac_solve_none + reward/frac_solve_all`` (groups with no / only correct samples; exact
    for a 0/1 correctness reward);
-3. batches in which every rollout has one reward: ``reward/min == reward/max`` (verl
-   ``critic/score/min`` / ``max``), ``reward/std`` ~ 0 (batch std in verl, the mean within-group std
-   in TRL: both 0 only when every group is constant), or ``policy/advantage/std`` ~ 0 (all
-   advantages 0). Their share of the recent steps is a lower bound of the fraction.
+3. batches with no group-relative signal (:func:`constant_batches`): all advantages 0
+   (``policy/advantage/min == max == 0``, verl ``critic/advantages/*``, or advantage std 0), or, where
+   no advantage statistic is logged, every rollout with one reward (``reward/min == reward/max``,
+   verl ``critic/score/min`` / ``max``; ``reward/std`` ~ 0, the batch std in verl, the mean
+   within-group std in TRL: both 0 only when every group is constant). One reward with spread
+   advantages is a critic's baseline (PPO with GAE): not counted. Their share of the recent steps
+   is a lower bound of the fraction.
 
 The **cause** decides the severity:
 
@@ -37,6 +40,8 @@ and entropy collapsed in the same version: the data had variance, the policy los
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from evotrainer.harness import builtin_analyzers as B
 from evotrainer.harness.analyzers import analyzer
@@ -56,36 +61,55 @@ def _aligned(ev: Evidence, v: str, a: str, b: str) -> tuple[np.ndarray, np.ndarr
     return common[ok], xa[ia][ok], xb[ib][ok]
 
 
-def constant_batches(ev: Evidence, v: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """Steps at which every rollout of the batch got one reward, from batch statistics.
+class Batches(NamedTuple):
+    """Per-step verdicts of :func:`constant_batches` (all arrays ``(S,)`` over ``steps``)."""
 
-    Returns:
-        ``(steps, constant, value, sources)``: the ``(S,)`` steps where any of the statistics is
-        logged, a bool per step (True when reward max - min, reward std or advantage std is at most
-        ``ZERO_STD_TOL``), the batch's one reward where reward min == max (NaN elsewhere: a zero
-        std says every group is constant, not which value each has; TRL's ``reward_std`` is the mean
-        within-group std), and the metric names that showed a constant batch.
+    steps: np.ndarray  # int64 steps where any batch statistic is logged
+    constant: np.ndarray  # bool: the batch carries no group-relative signal
+    value: np.ndarray  # float64: the batch's one reward where reward min == max, NaN elsewhere
+    sources: list[str]  # metric names that showed a constant batch
+    vetoed: list[int]  # steps with one reward whose advantages still spread (a critic / global baseline)
+
+
+def constant_batches(ev: Evidence, v: str) -> Batches:
+    """Steps at which the batch carries no group-relative signal, from batch statistics.
+
+    A step is constant when its advantages are all 0 (advantage max - min, or advantage std, at most
+    ``ZERO_STD_TOL``: the direct evidence), or, where no advantage statistic is logged, when every
+    rollout got one reward (reward max - min or reward std at most ``ZERO_STD_TOL``). A step with
+    one reward whose advantages still spread is *vetoed*: a critic (PPO with GAE, verl's quickstart)
+    or a batch-wide baseline gives advantages from equal rewards, so there is no zero-variance group
+    in the GRPO sense. A zero std says every group is constant, not which value each has (TRL's
+    ``reward_std`` is the mean within-group std), so ``value`` is known only where reward min == max.
     """
-    per: dict[int, tuple[bool, float]] = {}
+    reward_const: dict[int, bool] = {}
+    value: dict[int, float] = {}
+    adv_zero: dict[int, bool] = {}
     sources: list[str] = []
-    s, lo, hi = _aligned(ev, v, M.REWARD_MIN, M.REWARD_MAX)
-    const = np.abs(hi - lo) <= B.ZERO_STD_TOL
-    if const.any():
-        sources += [M.REWARD_MIN, M.REWARD_MAX]
-    for st, c, x in zip(s.tolist(), const.tolist(), lo.tolist(), strict=True):
-        per[st] = (c, x if c else np.nan)
-    for name in (M.REWARD_STD, M.POLICY_ADVANTAGE_STD):  # every group constant; their values unknown
-        ss, xs = ev.series(v, name)
-        ok = np.isfinite(xs)
-        c = np.abs(xs[ok]) <= B.ZERO_STD_TOL
+
+    def mark(table: dict[int, bool], steps: np.ndarray, spread: np.ndarray, names: list[str]) -> None:
+        c = np.abs(spread) <= B.ZERO_STD_TOL
         if c.any():
-            sources.append(name)
-        for st, ci in zip(ss[ok].tolist(), c.tolist(), strict=True):
-            old = per.get(st, (False, np.nan))
-            per[st] = (old[0] or ci, old[1])
-    steps = np.array(sorted(per), dtype=np.int64)
-    return (steps, np.array([per[x][0] for x in steps.tolist()], dtype=bool),
-            np.array([per[x][1] for x in steps.tolist()], dtype=np.float64), sources)
+            sources.extend(n for n in names if n not in sources)
+        for st, ci in zip(steps.tolist(), c.tolist(), strict=True):
+            table[st] = table.get(st, False) or ci
+
+    s, lo, hi = _aligned(ev, v, M.REWARD_MIN, M.REWARD_MAX)
+    mark(reward_const, s, hi - lo, [M.REWARD_MIN, M.REWARD_MAX])
+    value.update({st: x for st, x, c in zip(s.tolist(), lo.tolist(), (np.abs(hi - lo) <= B.ZERO_STD_TOL).tolist(),
+                                            strict=True) if c})
+    ss, xs = ev.series(v, M.REWARD_STD)
+    mark(reward_const, ss[np.isfinite(xs)], xs[np.isfinite(xs)], [M.REWARD_STD])
+    s, lo, hi = _aligned(ev, v, M.POLICY_ADVANTAGE_MIN, M.POLICY_ADVANTAGE_MAX)
+    mark(adv_zero, s, np.maximum(np.abs(hi), np.abs(lo)), [M.POLICY_ADVANTAGE_MIN, M.POLICY_ADVANTAGE_MAX])
+    ss, xs = ev.series(v, M.POLICY_ADVANTAGE_STD)
+    mark(adv_zero, ss[np.isfinite(xs)], xs[np.isfinite(xs)], [M.POLICY_ADVANTAGE_STD])
+    steps = np.array(sorted(set(reward_const) | set(adv_zero)), dtype=np.int64)
+    const = [adv_zero[x] if x in adv_zero else reward_const[x] for x in steps.tolist()]
+    vetoed = [x for x in steps.tolist() if reward_const.get(x) and x in adv_zero and not adv_zero[x]]
+    return Batches(steps, np.array(const, dtype=bool),
+                   np.array([value.get(x, np.nan) if c else np.nan for x, c in zip(steps.tolist(), const, strict=True)],
+                            dtype=np.float64), sources, vetoed)
 
 
 def _fraction(ev: Evidence, v: str) -> tuple[str, np.ndarray, np.ndarray] | None:
@@ -173,7 +197,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
     out = []
     for v in ev.versions:
         frac = _fraction(ev, v)
-        cs, const, cvals, csrc = constant_batches(ev, v)
+        cs, const, cvals, csrc, vetoed = constant_batches(ev, v)
         lz = level(frac[1], frac[2]) if frac else None
         lc = level(cs, const.astype(np.float64)) if len(cs) else None
         share = 0.0
@@ -181,6 +205,14 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
             share = float(np.mean(const[np.searchsorted(cs, lc.recent_from):]))
         z = max(lz.recent if lz is not None else 0.0, share)
         if z < B.ZV_WARN:
+            if vetoed:
+                out.append(Finding(
+                    kind="zero_variance_groups", severity="info", versions=[v], steps=vetoed[:50], judged="level",
+                    evidence=[M.REWARD_MIN, M.REWARD_MAX, M.POLICY_ADVANTAGE_MIN, M.POLICY_ADVANTAGE_MAX],
+                    data={"vetoed_steps": vetoed[:50], "late_frac": z},
+                    explanation=f"{v}: every rollout got the same reward at step(s) {', '.join(map(str, vetoed[:8]))}, "
+                                f"but the advantages still spread there (a critic or batch-wide baseline, as in PPO "
+                                f"with GAE): the policy gets a signal, so these are not zero-variance groups."))
             continue
         by_frac = lz is not None and lz.recent >= share
         name = frac[0] if by_frac else " / ".join(csrc)

@@ -224,3 +224,42 @@ def test_level_helper():
     # finite points 0.2 (step 3) and 0.6 (step 9): window min(2, max(3, 0)) = 2, median 0.4
     assert (lv.n, lv.recent, lv.last, lv.recent_from, lv.first_step, lv.last_step) == (2, 0.4, 0.6, 3, 3, 9)
     assert level(np.array([1]), np.array([np.nan])) is None
+
+
+# --- changes on a handful of steps; levels of a gradient norm; a critic's baseline ------------------------
+def test_reward_hacking_as_a_change_on_three_steps():
+    # open-r1#255 shape: format 0.476 -> 0.554 -> 0.857 (+0.381 >= HACK_RISE 0.05, up at every step) while
+    # correctness 0.160 -> 0.118 -> 0.064 (-0.096 >= HACK_FALL 0.02, down at every step): a warning
+    ev = ev_of({"reward/format/mean": [0.476, 0.554, 0.857], M.reward_component("correctness"): [0.16, 0.118, 0.064]})
+    f = only(run_analyzers(ev, names=["reward_hacking"]), "reward_hacking")
+    assert (f.severity, f.judged, f.steps, f.data["n_points"]) == ("warn", "change", [0, 2], 3)
+    assert "0.476 -> 0.554 -> 0.857" in f.explanation
+    # correctness not falling at every step (0.16 -> 0.2 -> 0.064): no steady change, nothing
+    ev = ev_of({"reward/format/mean": [0.476, 0.554, 0.857], M.reward_component("correctness"): [0.16, 0.2, 0.064]})
+    assert run_analyzers(ev, names=["reward_hacking"]) == []
+
+
+def test_grad_norm_of_a_billion_is_a_level_not_a_nan():
+    # slime: grad_norm 2.96e9 (step 1) and 2.22e9 (step 28) with losses ~0.1: >= GRAD_NORM_LEVEL 1e4 -> warn
+    ev = ev_of({M.POLICY_GRAD_NORM: [2.955e9, 2.217e9], M.LOSS_TOTAL: [0.10, 0.15]},
+               steps={M.POLICY_GRAD_NORM: np.array([1, 28]), M.LOSS_TOTAL: np.array([1, 28])})
+    found = run_analyzers(ev, names=["grad_spike", "nan_blowup"])
+    f = only(found, "grad_spike")
+    assert (f.severity, f.judged, f.steps, f.data["n_huge"]) == ("warn", "level", [1, 28], 2)
+    assert not [x for x in found if x.kind == "nan_blowup"]  # finite: the weights are not NaN
+    # a loss of 1e9 is still a blow-up (> 1e8 in magnitude)
+    f = only(run_analyzers(ev_of({M.LOSS_TOTAL: [0.1, 1e9]}), names=["nan_blowup"]), "nan_blowup")
+    assert f.severity == "blocking"
+
+
+def test_one_reward_with_spread_advantages_is_a_critic_not_zero_variance():
+    # verl PPO quickstart: step 1 has critic/score min == max == 0 but advantages -2.6..2.7 (GAE with a
+    # critic): not a zero-variance batch -> only an info note; advantages min == max == 0 would be one
+    ev = ev_of({M.REWARD_MIN: [0.0, 0.0], M.REWARD_MAX: [1.0, 0.0],
+                M.POLICY_ADVANTAGE_MIN: [-3.0, -2.6], M.POLICY_ADVANTAGE_MAX: [2.1, 2.7]})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["vetoed_steps"]) == ("info", [1])
+    ev = ev_of({M.REWARD_MIN: [0.0, 0.0], M.REWARD_MAX: [0.0, 0.0],
+                M.POLICY_ADVANTAGE_MIN: [0.0, 0.0], M.POLICY_ADVANTAGE_MAX: [0.0, 0.0]})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["cause"]) == ("blocking", "all_wrong")
