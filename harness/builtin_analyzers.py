@@ -277,14 +277,20 @@ def length_collapse(ev: Evidence) -> list[Finding]:
 
 @analyzer("length_blowup", description="completions grow to a multiple of their start")
 def length_blowup(ev: Evidence) -> list[Finding]:
-    """Mean length late/early >= LEN_BLOWUP_RATIO and rising; warn when truncation rises or correctness
-    (else the reward) does not, info otherwise."""
+    """Mean length at its end >= LEN_BLOWUP_RATIO x its start: last vs first segment (a change), or the
+    last vs first 20% windows with a rising trend or a 1.5x level shift; warn when truncation rises or
+    correctness (else the reward) does not, info otherwise."""
     out = []
     for v in ev.versions:
         t = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
-        if t is None or t.early <= 0 or t.ratio < LEN_BLOWUP_RATIO:
+        if t is None:
             continue
-        if not (t.rising(ALPHA) or (t.change_step is not None and t.after >= 1.5 * t.before)):
+        if t.n_segments > 1 and t.start > 0 and t.end >= LEN_BLOWUP_RATIO * t.start:
+            basis, a, b = "segments", t.start, t.end
+        elif (t.early > 0 and t.ratio >= LEN_BLOWUP_RATIO
+              and (t.rising(ALPHA) or (t.change_step is not None and t.after >= 1.5 * t.before))):
+            basis, a, b = "windows", t.early, t.late
+        else:
             continue
         ct = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
         cname = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
@@ -299,9 +305,11 @@ def length_blowup(ev: Evidence) -> list[Finding]:
             why.append(f"{cname} {fmt(cor.early)} -> {fmt(cor.late)}")
         out.append(Finding(kind="length_blowup", severity=sev, versions=[v], steps=_span(t),
                            evidence=[M.COMPLETIONS_MEAN_LENGTH] + ([M.COMPLETIONS_CLIPPED_RATIO] if ct else []),
-                           data=_tdata(t), judged="trend",
-                           explanation=f"{v}: mean completion length grew from {fmt(t.early)} to {fmt(t.late)} tokens "
-                                       f"(x{fmt(t.ratio)}){'; ' + ', '.join(why) if why else ''}."
+                           data={**_tdata(t), "basis": basis, "from": a, "to": b},
+                           judged="change" if basis == "segments" else "trend",
+                           explanation=f"{v}: mean completion length grew from {fmt(a)} to {fmt(b)} tokens "
+                                       f"(x{fmt(b / a)}; {_how(basis, t, 'tokens')})"
+                                       f"{'; ' + ', '.join(why) if why else ''}."
                                        + (f" Longer answers are buying no gain in {cname}." if no_gain else
                                           " More completions hit the length cap." if clip_up else
                                           " The reward rose with it, so this may be useful reasoning." if cor else

@@ -263,3 +263,17 @@ def test_one_reward_with_spread_advantages_is_a_critic_not_zero_variance():
                 M.POLICY_ADVANTAGE_MIN: [0.0, 0.0], M.POLICY_ADVANTAGE_MAX: [0.0, 0.0]})
     f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
     assert (f.severity, f.data["cause"]) == ("blocking", "all_wrong")
+
+
+def test_length_blowup_early_in_a_long_run_is_a_change():
+    n = 1200
+    s = np.arange(n)
+    # length 100 -> 400 tokens over steps 0-40, then 400: the first / last 20% medians are both ~400 (x1),
+    # the first / last segments ~100-250 / 400 (>= x2); the clipped ratio follows 0 -> 0.3 (>= TRUNC_WARN 0.2)
+    length = np.where(s < 40, 100 + 300 * s / 40, 400) + RNG.normal(0, 3, n)
+    clip = np.where(s < 40, 0.3 * s / 40, 0.3) + RNG.normal(0, 0.005, n)
+    f = only(run_analyzers(ev_of({M.COMPLETIONS_MEAN_LENGTH: length, M.COMPLETIONS_CLIPPED_RATIO: clip}),
+                           names=["length_blowup"]), "length_blowup")
+    assert (f.severity, f.judged, f.data["basis"]) == ("warn", "change", "segments")
+    assert f.data["to"] == pytest.approx(400, abs=2) and f.data["to"] / f.data["from"] >= 2
+    assert f.data["early"] == pytest.approx(400, abs=5)  # what the windows alone saw: no change
