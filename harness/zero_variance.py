@@ -47,7 +47,7 @@ from evotrainer.harness import builtin_analyzers as B
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import fmt, level
+from evotrainer.harness.trends import fmt, level, trend
 
 from evotrainer import metrics as M
 
@@ -219,7 +219,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         span = B._span(lz if by_frac else lc)
         cause, how = _cause(ev, v, z, cvals[const] if len(cs) else np.array([]))
         sev = "warn" if cause == "all_right" else "blocking" if z >= B.ZV_BLOCK else "warn"
-        t = B._trend(ev, v, M.REWARD_FRAC_ZERO_STD)
+        t = trend(frac[1], frac[2]) if frac else None  # the fraction over the run, when it has enough points
         data = {"late_frac": z, "cause": cause, **how, "source": name, "remedy": _REMEDY[cause],
                 **(B._ldata(lz) if by_frac else {"constant_share": share, "n_recent": lc.n_recent}),
                 **({"early": t.early, "start": t.start} if t is not None else {})}
@@ -238,7 +238,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
                     f"logged step(s)" + (f"; {fmt(100 * t.early)}% in the first 20%" if t is not None else "") + ")")
         else:
             what = (f"every rollout of the batch got the same reward in {fmt(100 * share)}% of the last {n_recent} "
-                    f"logged step(s) ({name} at 0)")
+                    f"logged step(s) (no spread in {name})")
         if "frac_solve_none" in how:
             what += f"; {fmt(100 * how['frac_solve_none'])}% solve none, {fmt(100 * how['frac_solve_all'])}% solve all"
         elif "constant_reward" in how:
