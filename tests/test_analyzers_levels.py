@@ -277,3 +277,15 @@ def test_length_blowup_early_in_a_long_run_is_a_change():
     assert (f.severity, f.judged, f.data["basis"]) == ("warn", "change", "segments")
     assert f.data["to"] == pytest.approx(400, abs=2) and f.data["to"] / f.data["from"] >= 2
     assert f.data["early"] == pytest.approx(400, abs=5)  # what the windows alone saw: no change
+
+
+def test_evidence_excerpt_at_a_findings_steps():
+    ev = ev_of({M.POLICY_GRAD_NORM: [1.0, 1.1, 30.0, 1.0, np.nan, 25.0, 1.2, 1.0, 0.9, 1.0]})
+    # more than two steps are points (spike steps): their values, in order
+    assert ev.excerpt("v1", M.POLICY_GRAD_NORM, [2, 5, 9]) == {
+        "series": M.POLICY_GRAD_NORM, "version": "v1", "n_points": 10, "steps": [2, 5, 9], "values": [30.0, 25.0, 1.0]}
+    # a span [2, 6]: 5 logged steps, k=3 evenly spaced with the ends -> indices 0, 2, 4 of steps 2..6 = 2, 4, 6;
+    # step 4 is NaN -> None
+    x = ev.excerpt("v1", M.POLICY_GRAD_NORM, [2, 6], k=3)
+    assert (x["steps"], x["values"]) == ([2, 4, 6], [30.0, None, 1.2])
+    assert ev.excerpt("v1", "policy/nope") is None
