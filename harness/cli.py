@@ -56,7 +56,9 @@ def diagnose(
         out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (_bare_name(path) or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
     evid = [_evidence_of(ev, f) for f in findings]
-    fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir)
+    agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
+    fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,
+                                                                                 agentic=agentic)
     if as_json:
         rows = [{**f.model_dump(mode="json"), "evidence_values": e, "interventions": x}
                 for f, e, x in zip(findings, evid, fixes, strict=True)]
@@ -126,14 +128,19 @@ def _evidence_of(ev, f) -> list[dict]:
     return out
 
 
-def _interventions(findings: list, skills_dir: Path | None, k: int = 3) -> tuple[list[list[dict]], str]:
+AGENTIC_TAGS = {"tool_use", "agentic", "swe"}  # seed-skill tags of changes that need tool-use episodes
+
+
+def _interventions(findings: list, skills_dir: Path | None, k: int = 3,
+                   agentic: bool = True) -> tuple[list[list[dict]], str]:
     """Per finding, the ``k`` interventions of the skills memory that address its kind, most relevant first.
 
     Only warn / blocking findings get them. The query is the finding's ``data["remedy"]`` when the
     analyzer states one (the direction its cause calls for, e.g. zero variance from all-correct
     groups: "... harder problems"), else its explanation; filtered to interventions whose
-    ``addresses`` hold the kind. Returns ``(lists, note)``; the note says why there are none when the memory could
-    not be opened (the diagnosis itself never fails for it).
+    ``addresses`` hold the kind; with ``agentic`` False (the run logged no ``tools/*`` metric), skills
+    tagged :data:`AGENTIC_TAGS` are left out. Returns ``(lists, note)``; the note says why there are
+    none when the memory could not be opened (the diagnosis itself never fails for it).
     """
     out: list[list[dict]] = [[] for _ in findings]
     if not any(f.is_failure for f in findings):
@@ -146,7 +153,10 @@ def _interventions(findings: list, skills_dir: Path | None, k: int = 3) -> tuple
             if not f.is_failure:
                 continue
             query = str(f.data.get("remedy") or f.explanation)
-            hits = store.search(query, kind="intervention", finding_kinds=[f.kind], limit=k)
+            hits = store.search(query, kind="intervention", finding_kinds=[f.kind], limit=k + 3)
+            if not agentic:  # tool-use / SWE changes do not apply to a run without tool episodes
+                hits = [h for h in hits if not set(h.skill.tags) & AGENTIC_TAGS]
+            hits = hits[:k]
             out[i] = [{"id": h.skill.id, "name": h.skill.name, "recipe_path": h.skill.recipe_path,
                        "value": h.skill.value, "source": h.skill.source, "score": round(h.score, 4),
                        "tried": h.record.tried, "helped": h.record.helped} for h in hits]

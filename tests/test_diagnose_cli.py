@@ -58,3 +58,6 @@ def test_text_report_prints_judgement_evidence_and_what_to_change(tmp_path: Path
     assert "judged: level" in out
     assert "evidence completions/clipped_ratio (1 points) at step 1: 1" in out
     assert "try Double the generation length cap: generate_max_len x2" in out
+    # no tools/* metric in this run: tool-use changes (a larger tool-call budget) are not offered
+    (f,) = [x for x in _diagnose(run)["findings"] if x["kind"] == "truncation"]
+    assert [x["id"] for x in f["interventions"]] == ["raise_max_len", "overlong_shaping"]
