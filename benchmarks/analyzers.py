@@ -8,8 +8,12 @@ rollout-store schema, plus 10,000 steps of the step metrics a trainer logs, then
 * ``rollouts only``: no logged metrics, everything derived from the 1M rollouts (a foreign run's
   dump): distinct-2 / repetition on 200 sampled steps.
 
+The logged grad norm has a spike every 100 steps (100 spikes, each judged by the damage checks
+of ``grad_spike``) and the batch statistics of the zero-variance analyzer (reward min / max, solve
+fractions) are logged, so the level, change and trend paths all run.
+
 Usage: ``python benchmarks/analyzers.py [--rows 1000000] [--steps 10000]``; prints seconds.
-Target (issue 4): under 5 s on this machine for the ``logged`` case.
+Target (issue 17): under 2 s on this machine for both cases (issue 4 had 5 s for ``logged``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
+
+TARGET_S = 2.0  # issue 17: analyzers over 1M rollouts + 10k steps
 
 
 def build(rows: int, steps: int, seed: int = 0) -> tuple[pa.Table, dict]:
@@ -70,6 +76,12 @@ def build(rows: int, steps: int, seed: int = 0) -> tuple[pa.Table, dict]:
     }, schema=SCHEMA)
     s = np.arange(steps)
     logged = {name: (s, rng.normal(1.0, 0.05, steps)) for name in M.ALL_STEP_METRICS}
+    g = logged[M.POLICY_GRAD_NORM][1]
+    g[50::100] = 30.0  # 100 isolated spikes
+    logged[M.REWARD_MIN] = (s, np.zeros(steps))
+    logged[M.REWARD_MAX] = (s, np.ones(steps))
+    logged[M.REWARD_FRAC_SOLVE_NONE] = (s, rng.uniform(0.1, 0.3, steps))
+    logged[M.REWARD_FRAC_SOLVE_ALL] = (s, rng.uniform(0.1, 0.3, steps))
     logged[M.EVAL_AVG_AT_K] = (s[::50], rng.normal(0.5, 0.01, len(s[::50])))
     return t, logged
 
@@ -103,14 +115,15 @@ def main() -> None:
     s_rollouts, n2 = time_run(table, None)
     res = {"rows": table.num_rows, "steps": args.steps, "setup_s": round(setup, 2),
            "logged_s": round(s_logged, 3), "rollouts_only_s": round(s_rollouts, 3),
-           "findings": [n1, n2], "target_s": 5.0, "ok": s_logged < 5.0}
+           "findings": [n1, n2], "target_s": TARGET_S, "ok": max(s_logged, s_rollouts) < TARGET_S}
     if args.json:
         print(json.dumps(res))
     else:
         print(f"{table.num_rows:,} rollouts, {args.steps:,} steps (setup {setup:.1f} s, untimed)")
-        print(f"all built-in analyzers, trainer-logged metrics + rollouts: {s_logged:.2f} s "
-              f"({'under' if s_logged < 5 else 'OVER'} the 5 s target)")
-        print(f"all built-in analyzers, metrics derived from the rollouts only: {s_rollouts:.2f} s")
+        for what, sec in (("trainer-logged metrics + rollouts", s_logged), ("metrics derived from the rollouts only",
+                                                                             s_rollouts)):
+            print(f"all built-in analyzers, {what}: {sec:.2f} s ({'under' if sec < TARGET_S else 'OVER'} the "
+                  f"{TARGET_S:g} s target)")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ POLICY_ADVANTAGE_STD = "policy/advantage/std"
 # Not in ALL_STEP_METRICS: the local trainer does not log them.
 POLICY_CLIP_FRAC = "policy/clip_frac"  # fraction of tokens where the PPO clip is active (either side)
 POLICY_PPO_KL = "policy/ppo_kl"  # KL(old policy || new policy) within the update (not the reference KL)
+# Read from foreign logs (verl critic/advantages/min, /max; harness.zero_variance): min == max == 0 is a
+# batch with no policy-gradient signal; a spread under a constant reward is a critic / global baseline
+# (PPO with GAE), where equal rewards still give advantages. Not in ALL_STEP_METRICS.
+POLICY_ADVANTAGE_MIN = "policy/advantage/min"
+POLICY_ADVANTAGE_MAX = "policy/advantage/max"
 
 # --- completions ----------------------------------------------------------------------------------
 COMPLETIONS_MEAN_LENGTH = "completions/mean_length"  # tokens

@@ -67,6 +67,8 @@ ALIASES: dict[str, str] = {
     "actor/pg_clipfrac": M.POLICY_CLIP_FRAC,
     "actor/ppo_kl": M.POLICY_PPO_KL,
     "critic/advantages/mean": M.POLICY_ADVANTAGE_MEAN,
+    "critic/advantages/max": M.POLICY_ADVANTAGE_MAX,
+    "critic/advantages/min": M.POLICY_ADVANTAGE_MIN,
     "response_length/mean": M.COMPLETIONS_MEAN_LENGTH,
     "response_length/max": M.COMPLETIONS_MAX_LENGTH,
     "response_length/clip_ratio": M.COMPLETIONS_CLIPPED_RATIO,

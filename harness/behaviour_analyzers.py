@@ -6,7 +6,7 @@ look at what the policy produces and at what the reward pays for:
 * ``template_collapse``: completions duplicated across different prompts (outputs stop depending on
   the input), distinct-2 falling, 4-gram repetition rising;
 * ``reward_hacking``: a reward term (or the total) rises while correctness or the held-out score
-  falls; a rising reward term that pays wrong answers as much as right ones (a leaky term the
+  falls (a trend; on 3 to 7 steps, a change: every step moves that way); a rising reward term that pays wrong answers as much as right ones (a leaky term the
   policy farms whatever the answer: blocking when correctness stays flat, a warning when correctness
   rises more slowly); answers leaked in prompts;
   test files edited in code / SWE episodes;
@@ -25,7 +25,7 @@ from evotrainer.harness import builtin_analyzers as B
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import fmt
+from evotrainer.harness.trends import MIN_POINTS, fmt
 
 from evotrainer import metrics as M
 
@@ -63,7 +63,7 @@ def template_collapse(ev: Evidence) -> list[Finding]:
             evid.append(M.COMPLETIONS_REPETITION)
             data["repetition"], span = B._tdata(r), span or B._span(r)
         if why:
-            out.append(Finding(kind="template_collapse", severity="warn", versions=[v], steps=span or [],
+            out.append(Finding(kind="template_collapse", severity="warn", versions=[v], steps=span or [], judged="change",
                                evidence=evid, data=data,
                                explanation=f"{v}: {'; '.join(why)}. The policy answers with a template rather "
                                            f"than the input; rewards that pay for form can sustain it."))
@@ -92,7 +92,7 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
         if not risers:
             continue
         desc = ", ".join(f"{n} {fmt(t.early)} -> {fmt(t.late)}" for n, t in risers)
-        out.append(Finding(kind="reward_hacking", severity="blocking", versions=[v],
+        out.append(Finding(kind="reward_hacking", severity="blocking", versions=[v], judged="trend",
                            steps=[min(t.first_step for _, t in risers), max(t.last_step for _, t in risers)],
                            evidence=[n for n, _ in risers] + [tname],
                            data={"rising": {n: B._tdata(t) for n, t in risers}, "falling": {tname: B._tdata(tt)}},
@@ -101,6 +101,44 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
                                        f"for something other than solving the task."))
         break
     return out
+
+
+def _steady(x: np.ndarray, sign: int) -> bool:
+    """Every step moves in direction ``sign`` (+1 up, -1 down) or stays."""
+    return bool(np.all(sign * np.diff(x) >= 0))
+
+
+def _hacking_from_few_points(ev: Evidence, v: str) -> list[Finding]:
+    """A change on 3 to MIN_POINTS - 1 steps, too few for a trend: correctness falls at every step by
+    >= HACK_FALL in all while a reward term (not correctness) rises at every step by >= HACK_RISE in all.
+    A warning (three points cannot make it blocking); judged ``change`` with every value listed."""
+    cname = ev.first(v, *B.CORRECTNESS)
+    if not cname:
+        return []
+    cs, cx = ev.series(v, cname)
+    ok = np.isfinite(cx)
+    cs, cx = cs[ok], cx[ok]
+    if not 3 <= len(cx) < MIN_POINTS or not (_steady(cx, -1) and cx[0] - cx[-1] >= B.HACK_FALL):
+        return []
+    risers = []
+    for n in _component_names(ev, v):
+        s, x = ev.series(v, n)
+        ok = np.isfinite(x)
+        s, x = s[ok], x[ok]
+        if 3 <= len(x) < MIN_POINTS and _steady(x, +1) and x[-1] - x[0] >= B.HACK_RISE:
+            risers.append((n, s, x))
+    if not risers:
+        return []
+    vals = lambda x: " -> ".join(fmt(float(a)) for a in x)  # noqa: E731
+    desc = "; ".join(f"{n} {vals(x)}" for n, _, x in risers)
+    return [Finding(kind="reward_hacking", severity="warn", versions=[v], judged="change",
+                    steps=[int(min(cs[0], *(s[0] for _, s, _ in risers))), int(max(cs[-1], *(s[-1] for _, s, _ in risers)))],
+                    evidence=[n for n, _, _ in risers] + [cname],
+                    data={"rising": {n: x.tolist() for n, _, x in risers}, "falling": {cname: cx.tolist()},
+                          "n_points": int(len(cx))},
+                    explanation=f"{v}: at every logged step a reward term rises ({desc}) while {cname} falls "
+                                f"({vals(cx)}): the policy is paid for something other than solving the task "
+                                f"({len(cx)} steps: a change, too few for a trend test).")]
 
 
 def _component_payout(ev: Evidence, v: str, names: list[str]) -> dict[str, dict] | None:
@@ -187,7 +225,7 @@ def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
         tail = (f"faster than {cname} ({fmt(ct.early)} -> {fmt(ct.late)}): the term pays whatever the answer and the "
                 f"policy farms it alongside the task; unless it is meant to be paid regardless of correctness, part of "
                 f"the train reward is not skill (the held-out score decides).")
-    return [Finding(kind="reward_hacking", severity=sev, versions=[v],
+    return [Finding(kind="reward_hacking", severity=sev, versions=[v], judged="trend",
                     steps=[min(t.first_step for _, t in leaky), max(t.last_step for _, t in leaky)],
                     evidence=[n for n, _ in leaky] + [cname],
                     data={"rising": {n: B._tdata(t) for n, t in leaky}, "correctness": {cname: B._tdata(ct)},
@@ -219,7 +257,7 @@ def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
     if not n or len(leaked) / n < B.LEAK_WARN:
         return []
     frac = len(leaked) / n
-    return [Finding(kind="reward_hacking", severity="blocking" if frac >= 0.2 else "warn", versions=[v],
+    return [Finding(kind="reward_hacking", severity="blocking" if frac >= 0.2 else "warn", versions=[v], judged="level",
                     evidence=[f"prompt:{p}" for p in leaked[:10]], data={"leaked_frac": frac, "n_prompts": n},
                     explanation=f"{v}: {len(leaked)} of {n} prompts ({fmt(100 * frac)}%) contain their own answer; "
                                 f"the policy can copy it instead of solving the problem, so train reward and "
@@ -257,14 +295,14 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
                         break
     if hits:
         rewarded = sum(1 for _, r in hits if r and r > 0)
-        out.append(Finding(kind="reward_hacking", severity="blocking" if rewarded else "warn", versions=[v],
+        out.append(Finding(kind="reward_hacking", severity="blocking" if rewarded else "warn", versions=[v], judged="level",
                            evidence=[f"rollout:{rid}" for rid, _ in hits[:10]],
                            data={"episodes": len(hits), "rewarded": rewarded},
                            explanation=f"{v}: {len(hits)} episode(s) edited test files ({rewarded} of them rewarded); "
                                        f"passing tests the policy rewrote is not solving the task."))
     elif len(steps) and vals.max() > 0:
         late = float(np.median(vals[-max(3, len(vals) // 5):]))
-        out.append(Finding(kind="reward_hacking", severity="blocking" if late > 0 else "warn", versions=[v],
+        out.append(Finding(kind="reward_hacking", severity="blocking" if late > 0 else "warn", versions=[v], judged="level",
                            steps=[int(steps[0]), int(steps[-1])], evidence=[M.TOOLS_TEST_EDIT_FRAC],
                            data={"max": float(vals.max()), "late": late, "trend": B._tdata(tt) if tt else None},
                            explanation=f"{v}: up to {fmt(100 * float(vals.max()))}% of episodes edited test files "
@@ -278,48 +316,80 @@ def reward_hacking(ev: Evidence) -> list[Finding]:
     """Four signatures of a reward paid for the wrong thing (see module docstring)."""
     out = []
     for v in ev.versions:
-        series = _hacking_from_series(ev, v)
+        series = _hacking_from_series(ev, v) or _hacking_from_few_points(ev, v)
         out += series or _leaky_component(ev, v)
         out += _leaked_answers(ev, v)
         out += _test_file_edits(ev, v)
     return out
 
 
+def _train_gain(t) -> tuple[str, float, float]:
+    """``(basis, start, end)`` of a train series: first / last segments when they show the larger rise
+    (a saturation in the first few percent of a long run), else the first / last 20% medians."""
+    if t.n_segments > 1 and t.end - t.start > t.late - t.early:
+        return "segments", t.start, t.end
+    return "windows", t.early, t.late
+
+
 @analyzer("train_eval_divergence", description="train reward up, held-out score flat or down")
 def train_eval_divergence(ev: Evidence) -> list[Finding]:
-    """Within a run: train reward rises by >= DIVERGE_RISE while the per-step held-out series does not.
+    """Within a run (a change): the train score (correctness, else the reward) rises by >= DIVERGE_RISE
+    from its start to its end (first / last segments or 20% windows, with a rising Mann-Kendall trend
+    for the windows) while the held-out series, however sparse (>= 2 evaluations, e.g. one before
+    training and one every N steps), gains at most ``max(0.01, min(DIVERGE_VAL_MAX, DIVERGE_VAL_SHARE
+    x train gain))``. The held-out start is the mean of its evaluations up to the end of the train
+    score's first segment (else its first quarter), its end the mean of those from the start of the
+    last segment (else its last quarter). Blocking when the held-out score falls by more than 0.02.
 
     Across versions: a child whose train reward beats its parent's while its paired held-out gain
     over the parent is not above 0 (bootstrap CI, ``harness.stats``).
     """
     out = []
     for v in ev.versions:
-        rname = ev.first(v, M.REWARD_MEAN, *B.CORRECTNESS)
+        rname = ev.first(v, *B.CORRECTNESS, M.REWARD_MEAN)
         rt = B._trend(ev, v, rname) if rname else None
         ename = ev.first(v, *EVAL_SERIES)
-        if rt is not None and ename and rt.late >= rt.early + B.DIVERGE_RISE and rt.rising(B.ALPHA):
-            es, evals = ev.series(v, ename)
-            ok = np.isfinite(evals)
-            es, evals = es[ok], evals[ok]
-            if len(evals) < 3:
-                out.append(Finding(kind="train_eval_divergence", severity="info", versions=[v], evidence=[ename],
-                                   explanation=f"insufficient evidence: {ename} has {len(evals)} point(s) in {v}; "
-                                               f"train_eval_divergence needs at least 3 held-out evaluations"))
-            else:
-                w = max(1, len(evals) // 4)
-                e0, e1 = float(np.mean(evals[:w])), float(np.mean(evals[-w:]))
-                if e1 <= e0 + 0.01:
-                    out.append(Finding(
-                        kind="train_eval_divergence", severity="blocking" if e1 < e0 - 0.02 else "warn",
-                        versions=[v], steps=[rt.first_step, rt.last_step], evidence=[rname, ename],
-                        data={"train": B._tdata(rt), "heldout_early": e0, "heldout_late": e1},
-                        explanation=f"{v}: train {rname} rose from {fmt(rt.early)} to {fmt(rt.late)} while the held-out "
-                                    f"{ename} went from {fmt(e0)} to {fmt(e1)} over {len(evals)} evaluations: a "
-                                    f"misleading high score."))
+        if rt is not None and ename:
+            basis, r0, r1 = _train_gain(rt)
+            gain = r1 - r0
+            if gain >= B.DIVERGE_RISE and (basis == "segments" or rt.rising(B.ALPHA)):
+                out += _flat_heldout(ev, v, rname, rt, ename, basis, r0, r1)
         parent = ev.parents.get(v)
         if parent and v in ev.evals and parent in ev.evals:
             out += _versus_parent(ev, v, parent)
     return out
+
+
+def _flat_heldout(ev: Evidence, v: str, rname: str, rt, ename: str, basis: str, r0: float, r1: float) -> list[Finding]:
+    """The within-run finding of :func:`train_eval_divergence`, or [] when the held-out score kept up."""
+    es, evals = ev.series(v, ename)
+    ok = np.isfinite(evals)
+    es, evals = es[ok], evals[ok]
+    if len(evals) < 2:
+        return [Finding(kind="train_eval_divergence", severity="info", versions=[v], evidence=[ename], judged="change",
+                        data={"n_points": int(len(evals))},
+                        explanation=f"insufficient evidence: {ename} has {len(evals)} point(s) in {v}; "
+                                    f"train_eval_divergence needs at least 2 held-out evaluations")]
+    w = max(1, len(evals) // 4)
+    head = evals[es <= rt.start_until] if basis == "segments" and rt.start_until is not None else evals[:0]
+    tail = evals[es >= rt.end_from] if basis == "segments" and rt.end_from is not None else evals[:0]
+    head = head if len(head) and len(head) < len(evals) else evals[:w]
+    tail = tail if len(tail) and len(tail) < len(evals) else evals[-w:]
+    e0, e1 = float(np.mean(head)), float(np.mean(tail))
+    tol = max(0.01, min(B.DIVERGE_VAL_MAX, B.DIVERGE_VAL_SHARE * (r1 - r0)))
+    if e1 - e0 > tol:
+        return []
+    where = (f"first segment steps {rt.first_step}-{rt.start_until}, last segment from step {rt.end_from}"
+             if basis == "segments" else "medians of the first and last 20% of steps")
+    return [Finding(
+        kind="train_eval_divergence", severity="blocking" if e1 < e0 - 0.02 else "warn", judged="change",
+        versions=[v], steps=[rt.first_step, rt.last_step], evidence=[rname, ename],
+        data={"train": B._tdata(rt), "basis": basis, "train_from": r0, "train_to": r1, "heldout_early": e0,
+              "heldout_late": e1, "heldout_tolerance": tol, "n_heldout": int(len(evals)),
+              "heldout_steps": es[:50].tolist()},
+        explanation=f"{v}: train {rname} rose from {fmt(r0)} to {fmt(r1)} ({where}) while the held-out "
+                    f"{ename} went from {fmt(e0)} to {fmt(e1)} over {len(evals)} evaluations (steps {int(es[0])}.."
+                    f"{int(es[-1])}; a gain of at most {fmt(tol)} counts as flat): a misleading high score.")]
 
 
 def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
@@ -338,7 +408,8 @@ def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
     if train_gain < B.DIVERGE_RISE or cmp.ci[0] > 0:
         return []
     sev = "blocking" if cmp.ci[1] < 0 else "warn"
-    return [Finding(kind="train_eval_divergence", severity=sev, versions=[v, parent], evidence=[M.REWARD_MEAN, "eval/heldout"],
+    return [Finding(kind="train_eval_divergence", severity=sev, versions=[v, parent], judged="change",
+                    evidence=[M.REWARD_MEAN, "eval/heldout"],
                     data={"train_gain": train_gain, "heldout_gain": cmp.gain, "ci": list(cmp.ci), "p_value": cmp.p_value,
                           "n_problems": cmp.n_problems},
                     explanation=f"{v} vs its parent {parent}: train reward up by {fmt(train_gain)} but the held-out "

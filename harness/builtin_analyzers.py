@@ -1,14 +1,21 @@
 """Built-in analyzers, one per failure kind of ``harness.findings.KINDS`` (DESIGN.md §4).
 
-Each reads metric series (logged, or derived from rollouts), judges trends over the run with the
-robust statistics of ``harness/trends.py`` (early vs late medians, Mann-Kendall, change points,
-rolling-median spikes) and never a single step, and returns findings whose explanation carries
-the numbers. A series with fewer than ``trends.MIN_POINTS`` finite points gives an ``info``
-"insufficient evidence" finding instead of a guess. Thresholds are module constants, named and
-commented, so a backtest can judge them.
+Each reads metric series (logged, or derived from rollouts) and judges what it can see, saying
+which (``Finding.judged``) with the numbers in ``data`` and the explanation:
 
-Benign artefacts raise nothing: a policy loss printing 0.0 (GRPO's surrogate is ~0 at the
-on-policy point with group-normalised advantages) is not a failure while grad norm and reward move.
+* a **level** needs one step (``trends.level``): non-finite values, a clip ratio of 1.0, a batch
+  in which every group has one reward (reward/min == reward/max, reward std or advantage std 0,
+  reward/frac_zero_std or solve_none + solve_all at 1), a KL above the blow-up level;
+* a **change** compares the first and last segments of the run (``trends.segments``: binary
+  segmentation, so a collapse in the first 3% of a 1000-step run is seen) or the steps around a
+  gradient spike;
+* a **trend** (Mann-Kendall, Theil-Sen) needs ``trends.MIN_POINTS`` finite points: below that a
+  trend-based analyzer gives an ``info`` "insufficient evidence" finding instead of a guess.
+
+Thresholds are module constants, named and commented, so a backtest can judge them. Benign
+artefacts raise nothing: a policy loss printing 0.0 (GRPO's surrogate is ~0 at the on-policy point
+with group-normalised advantages) is not a failure while grad norm and reward move; isolated
+gradient spikes that nothing suffers from are ``info``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import numpy as np
 from evotrainer.harness.analyzers import analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import MIN_POINTS, Trend, fmt, spikes, trend
+from evotrainer.harness.trends import MIN_POINTS, Level, Trend, fmt, level, noise_sd, spikes, trend
 
 from evotrainer import metrics as M
 
@@ -32,14 +39,23 @@ LEN_COLLAPSE_RATIO, LEN_BLOWUP_RATIO = 0.5, 2.0  # late / early mean completion 
 KL_WARN = 1.0  # nats per token: KL level that is a blow-up whatever the trend
 KL_JUMP = 5.0  # change-point after/before ratio that is a blow-up (with after >= KL_JUMP_MIN)
 KL_JUMP_MIN = 0.2
-GRAD_SPIKE_K, GRAD_SPIKES_WARN = 10.0, 3  # spike size in robust sds; number of spikes for a warning
+GRAD_SPIKE_K, GRAD_SPIKES_WARN = 10.0, 3  # spike size in robust sds; spikes that warn when no series shows damage
+GRAD_NORM_LEVEL = 1e4  # pre-clip grad norm at or above this is abnormal on one step (10^4 x verl / TRL / OpenRLHF max_norm 1.0)
+GRAD_DAMAGE_WINDOW = 5  # logged steps before / after a spike compared for damage
+REWARD_DROP_RANGE = 0.1  # a reward drop after a spike counts when >= this share of the run's p5-p95 range (and 3 noise sds)
+ZERO_STD_TOL = 5e-4  # a reward spread at or below this is 0 (half the last digit of verl's 3-decimal console values)
+CAUSE_SHARE = 0.8  # all-wrong (or all-right) groups making up this share of the zero-variance groups name the cause
 DUP_WARN = 0.3  # late fraction of completions duplicated across prompts
 DISTINCT_RATIO = 0.5  # late / early distinct-2
 HACK_RISE, HACK_FALL = 0.05, 0.02  # absolute rise of a reward term / fall of correctness
 LEAK_WARN = 0.05  # fraction of prompts containing their answer
 DIVERGE_RISE = 0.05  # train reward rise that makes a flat held-out score suspicious
+DIVERGE_VAL_SHARE, DIVERGE_VAL_MAX = 0.2, 0.05  # held-out gain under this share of the train gain (and <= MAX) is flat
 NAN_CORE = (M.LOSS_POLICY, M.LOSS_KL, M.LOSS_TOTAL, M.POLICY_KL, M.POLICY_GRAD_NORM, M.POLICY_ENTROPY,
             M.REWARD_MEAN, M.REWARD_STD, M.COMPLETIONS_MEAN_LENGTH)
+# foreign series kept under their own names are core too when they are a loss or a gradient norm
+# (verl critic/vf_loss, critic/grad_norm; ms-swift loss) -- never timing or throughput
+_NAN_FOREIGN = ("loss", "grad_norm")
 
 
 def _trend(ev: Evidence, v: str, name: str) -> Trend | None:
@@ -52,7 +68,7 @@ def _insufficient(kind: str, v: str, name: str, ev: Evidence) -> Finding | None:
     n = int(np.isfinite(values).sum())
     if 0 < n < MIN_POINTS:
         return Finding(kind=kind, severity="info", versions=[v], steps=[int(steps[0]), int(steps[-1])],
-                       evidence=[name], data={"n_points": n},
+                       evidence=[name], data={"n_points": n}, judged="trend",
                        explanation=f"insufficient evidence: {name} has {n} finite point(s) in {v}; "
                                    f"{kind} needs at least {MIN_POINTS} to judge a trend")
     return None
@@ -67,37 +83,86 @@ def _trend_or_note(ev: Evidence, v: str, kind: str, name: str, out: list[Finding
     return t
 
 
-def _span(t: Trend) -> list[int]:
+def _span(t: Trend | Level) -> list[int]:
     return [t.first_step, t.last_step]
 
 
 def _tdata(t: Trend) -> dict:
     return {"early": t.early, "late": t.late, "head": t.head, "tail": t.tail, "tau": t.tau, "p_value": t.p_value,
-            "slope": t.slope, "change_step": t.change_step, "n_points": t.n}
+            "slope": t.slope, "change_step": t.change_step, "n_points": t.n, "start": t.start, "end": t.end,
+            "start_until": t.start_until, "end_from": t.end_from, "n_segments": t.n_segments}
+
+
+def _ldata(lv: Level) -> dict:
+    return {"recent": lv.recent, "last": lv.last, "min": lv.lo, "max": lv.hi, "n_points": lv.n,
+            "n_recent": lv.n_recent, "recent_from": lv.recent_from}
+
+
+def _level(ev: Evidence, v: str, name: str) -> Level | None:
+    steps, values = ev.series(v, name)
+    return level(steps, values) if len(steps) else None
+
+
+def _drop(t: Trend, ratio: float, floor: float = 0.0) -> tuple[str, float, float] | None:
+    """How a series fell to ``ratio`` of its start (or under ``floor`` from over twice it), or None.
+
+    Returns ``(basis, start, end)``: ``"segments"`` when the last segment of the binary segmentation
+    is at or below ``ratio`` of the first (a change, wherever in the run it happened), else
+    ``"windows"`` when the median of the last 20% of points is at or below ``ratio`` of the first
+    20% with a falling Mann-Kendall trend or a level shift to under half (the single change point).
+    """
+    def low(a: float, b: float) -> bool:
+        return a > 0 and (b <= ratio * a or b <= floor < a / 2)
+
+    if t.n_segments > 1 and low(t.start, t.end):
+        return "segments", t.start, t.end
+    if low(t.early, t.late) and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)):
+        return "windows", t.early, t.late
+    return None
+
+
+def _how(basis: str, t: Trend, unit: str) -> str:
+    """The numbers behind a :func:`_drop`, for an explanation."""
+    if basis == "segments":
+        return (f"first segment {fmt(t.start)} {unit} (steps {t.first_step}-{t.start_until}), last segment "
+                f"{fmt(t.end)} (steps {t.end_from}-{t.last_step}); {t.n_segments} segments by binary segmentation; "
+                f"medians of the first / last 20% of steps {fmt(t.early)} / {fmt(t.late)}")
+    return (f"medians of the first and last 20% of steps; {fmt(t.head)} at the start, {fmt(t.tail)} at the end; "
+            f"Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
+            + (f", level shift at step {t.change_step}" if t.change_step is not None else ""))
 
 
 def _entropy_collapsed(t: Trend | None) -> bool:
     """Whether a policy-entropy trend collapsed (the rule of :func:`entropy_collapse`)."""
-    if t is None or not (t.early > 0 and (t.ratio <= ENTROPY_RATIO or (t.late <= ENTROPY_FLOOR < t.early / 2))):
-        return False
-    return t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)
+    return t is not None and _drop(t, ENTROPY_RATIO, ENTROPY_FLOOR) is not None
 
 
 def _groups_emptied(ev: Evidence, v: str) -> Trend | None:
     """The zero-std-group fraction of ``v`` when it rose from under ZV_WARN to at least ZV_BLOCK, else None."""
     t = _trend(ev, v, M.REWARD_FRAC_ZERO_STD)
-    return t if t is not None and t.early < ZV_WARN and t.late >= ZV_BLOCK else None
+    if t is None:
+        return None
+    return t if (t.early < ZV_WARN and t.late >= ZV_BLOCK) or (t.start < ZV_WARN and t.end >= ZV_BLOCK) else None
+
+
+def _nan_series(ev: Evidence, v: str) -> list[str]:
+    names = [n for n in NAN_CORE if ev.has(v, n)]
+    return names + [n for n in ev.metric_names(v) if n not in NAN_CORE and any(k in n for k in _NAN_FOREIGN)
+                    and not n.startswith(("timing", "perf", "time/"))]
 
 
 @analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
 def nan_blowup(ev: Evidence) -> list[Finding]:
-    """Non-finite (or > 1e8 in magnitude) values of core series; blocking when they persist."""
+    """Non-finite (or > 1e8 in magnitude, grad norms excepted) values of core series (a level: one step is enough);
+    blocking when they persist (two or more, or on the last step), warn for one that recovered."""
     out = []
     for v in ev.versions:
         hits = []
-        for name in NAN_CORE:
+        for name in _nan_series(ev, v):
             steps, values = ev.series(v, name)
-            bad = ~np.isfinite(values) | (np.abs(np.nan_to_num(values, nan=0.0)) > 1e8)
+            bad = ~np.isfinite(values)
+            if "grad_norm" not in name:  # a huge pre-clip grad norm is grad_spike's (a level there), not corrupt weights
+                bad |= np.abs(np.nan_to_num(values, nan=0.0)) > 1e8
             if bad.any():
                 hits.append((name, steps[bad], int(bad.sum()), len(values), bool(bad[-1])))
         if not hits:
@@ -113,7 +178,9 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
             kl_before = f"; KL before the blow-up rose from {fmt(np.median(pre[:3]))} to {fmt(np.median(pre[-3:]))}"
         out.append(Finding(
             kind="nan_blowup", severity="blocking" if persistent else "warn", versions=[v], steps=[first, last],
-            evidence=[h[0] for h in hits], data={"first_step": first, "series": {h[0]: h[2] for h in hits}},
+            evidence=[h[0] for h in hits], judged="level",
+            data={"first_step": first, "series": {h[0]: h[2] for h in hits},
+                  "bad_steps": {h[0]: h[1][:20].tolist() for h in hits}},
             explanation=f"{v}: non-finite values from step {first} ({'; '.join(parts)})"
                         f"{kl_before}. {'They persist: the weights are corrupt from here on.' if persistent else 'An isolated value that recovered.'}"))
     return out
@@ -121,130 +188,109 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
 
 @analyzer("truncation", description="completions cut at the length cap")
 def truncation(ev: Evidence) -> list[Finding]:
-    """Late clipped ratio high (or mean length pinned at the cap when no clipped ratio is logged)."""
+    """Recent clipped ratio high (a level: the median of the last 20% of steps, one step when only one
+    is logged), or mean length pinned at the cap when no clipped ratio is logged."""
     out = []
     for v in ev.versions:
-        t = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
-        if t is not None:
-            if t.late >= TRUNC_WARN:
-                sev = "blocking" if t.late >= TRUNC_BLOCK else "warn"
-                out.append(Finding(kind="truncation", severity=sev, versions=[v], steps=_span(t),
-                                   evidence=[M.COMPLETIONS_CLIPPED_RATIO], data=_tdata(t),
-                                   explanation=f"{v}: {fmt(100 * t.late)}% of completions hit the length cap in the "
-                                               f"last steps (median; {fmt(100 * t.early)}% early, steps "
-                                               f"{t.first_step}-{t.last_step}); their rewards judge unfinished answers."))
-            continue
-        if (f := _insufficient("truncation", v, M.COMPLETIONS_CLIPPED_RATIO, ev)) is not None:
-            out.append(f)
+        lv = _level(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
+        if lv is not None:
+            if lv.recent >= TRUNC_WARN:
+                t = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
+                sev = "blocking" if lv.recent >= TRUNC_BLOCK else "warn"
+                where = (f"the only logged step ({lv.last_step})" if lv.n == 1 else
+                         f"the last {lv.n_recent} logged steps (median, steps {lv.recent_from}-{lv.last_step})")
+                early = f"; {fmt(100 * t.early)}% in the first 20% of steps" if t is not None else ""
+                out.append(Finding(kind="truncation", severity=sev, versions=[v], steps=_span(lv),
+                                   evidence=[M.COMPLETIONS_CLIPPED_RATIO], judged="level",
+                                   data={**_ldata(lv), **(_tdata(t) if t is not None else {})},
+                                   explanation=f"{v}: {fmt(100 * lv.recent)}% of completions hit the length cap in "
+                                               f"{where}{early}; their rewards judge unfinished answers."))
             continue
         cap = (ev.recipes.get(v) or {}).get("generate_max_len")
-        lt = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
-        if lt is None:
+        ll = _level(ev, v, M.COMPLETIONS_MEAN_LENGTH)
+        if ll is None:
             continue
-        mx = _trend(ev, v, M.COMPLETIONS_MAX_LENGTH)
+        mx = _trend(ev, v, M.COMPLETIONS_MAX_LENGTH)  # a max length constant over >= MIN_POINTS steps is the cap
         cap = cap or (mx.late if mx is not None and np.isclose(mx.early, mx.late) else None)
-        if cap and lt.late >= 0.98 * cap:
-            out.append(Finding(kind="truncation", severity="blocking", versions=[v], steps=_span(lt),
-                               evidence=[M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_MAX_LENGTH], data=_tdata(lt),
-                               explanation=f"{v}: mean completion length {fmt(lt.late)} tokens sits at the cap "
+        if cap and ll.recent >= 0.98 * cap:
+            out.append(Finding(kind="truncation", severity="blocking", versions=[v], steps=_span(ll),
+                               evidence=[M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_MAX_LENGTH], judged="level",
+                               data={**_ldata(ll), "cap": float(cap)},
+                               explanation=f"{v}: mean completion length {fmt(ll.recent)} tokens sits at the cap "
                                            f"{fmt(cap)} in the last steps: nearly every completion is truncated."))
-    return out
-
-
-@analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal)")
-def zero_variance_groups(ev: Evidence) -> list[Finding]:
-    """Late fraction of zero-std groups high (or the whole batch's reward std ~0). A warning only, marked
-    ``symptom_of: entropy_collapse``, when the fraction started under ZV_WARN and entropy collapsed in
-    the same version: the data had variance, the policy lost it (entropy_collapse then blocks)."""
-    out = []
-    for v in ev.versions:
-        t = _trend(ev, v, M.REWARD_FRAC_ZERO_STD)
-        name = M.REWARD_FRAC_ZERO_STD
-        if t is None:
-            if (f := _insufficient("zero_variance_groups", v, name, ev)) is not None:
-                out.append(f)
-                continue
-            st = _trend(ev, v, M.REWARD_STD)
-            if st is None or st.late > 1e-6:
-                continue
-            t, name = st, M.REWARD_STD
-            late = 1.0
-        else:
-            late = t.late
-        if late < ZV_WARN:
-            continue
-        sev = "blocking" if late >= ZV_BLOCK else "warn"
-        data = {**_tdata(t), "late_frac": late}
-        cause = "data too easy or too hard for the policy, or a constant reward"
-        et = _trend(ev, v, M.POLICY_ENTROPY) if name == M.REWARD_FRAC_ZERO_STD and t.early < ZV_WARN else None
-        if et is not None and _entropy_collapsed(et):  # the groups had variance and lost it as the policy turned deterministic
-            sev, data["symptom_of"] = "warn", "entropy_collapse"
-            cause = (f"here a symptom of the entropy collapse ({fmt(et.early)} -> {fmt(et.late)} nats/token): the "
-                     f"samples of a group became identical, while the data gave variance at the start")
-        gn = ev.series(v, M.POLICY_GRAD_NORM)[1]
-        gn = gn[np.isfinite(gn)]
-        g = f"; grad norm median {fmt(float(np.median(gn)))}" if len(gn) else ""
-        what = (f"{fmt(100 * late)}% of groups have zero reward variance (median of the last steps; "
-                f"{fmt(100 * t.early)}% early)" if name == M.REWARD_FRAC_ZERO_STD else
-                "the reward std of every batch is 0 in the last steps, so every group has zero variance")
-        out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=_span(t), evidence=[name],
-                           data=data,
-                           explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
-                                       f"carries {'no' if late >= ZV_BLOCK else 'little'} learning signal ({cause})."))
     return out
 
 
 @analyzer("entropy_collapse", description="policy entropy falls to a fraction of its start")
 def entropy_collapse(ev: Evidence) -> list[Finding]:
-    """Entropy late/early <= ENTROPY_RATIO (or below ENTROPY_FLOOR nats) with a falling trend or a level
-    shift to under half; blocking when the zero-std group fraction rose with it from under ZV_WARN to
-    ZV_BLOCK or more (the collapse emptied the groups: no learning signal is left)."""
+    """Entropy at its end <= ENTROPY_RATIO of its start (or below ENTROPY_FLOOR nats from over twice it),
+    judged as a change between the first and last segments of the run (binary segmentation) or as a
+    trend of the first / last 20% windows (:func:`_drop`); blocking when the zero-std group fraction
+    rose with it from under ZV_WARN to ZV_BLOCK or more (the collapse emptied the groups)."""
     out = []
     for v in ev.versions:
         if (t := _trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
             continue
-        if _entropy_collapsed(t):
-            zt = _groups_emptied(ev, v)
-            stop = (f" The groups followed: {fmt(100 * zt.early)}% -> {fmt(100 * zt.late)}% have zero reward "
-                    f"variance, so training has stopped (blocking)." if zt is not None else "")
-            out.append(Finding(kind="entropy_collapse", severity="blocking" if zt is not None else "warn",
-                               versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []),
-                               data={**_tdata(t), **({"zero_std_frac_late": zt.late} if zt is not None else {})},
-                               explanation=f"{v}: policy entropy fell from {fmt(t.early)} to {fmt(t.late)} nats/token "
-                                           f"(medians of the first and last 20% of steps; {fmt(t.head)} at the start, "
-                                           f"{fmt(t.tail)} at the end; x{fmt(t.ratio)}; Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
-                                           f"{f', level shift at step {t.change_step}' if t.change_step is not None else ''}); "
-                                           f"the policy stops exploring and groups lose reward variance.{stop}"))
+        if (d := _drop(t, ENTROPY_RATIO, ENTROPY_FLOOR)) is None:
+            continue
+        basis, start, end = d
+        zt = _groups_emptied(ev, v)
+        stop = (f" The groups followed: {fmt(100 * zt.early)}% -> {fmt(100 * zt.late)}% have zero reward "
+                f"variance, so training has stopped (blocking)." if zt is not None else "")
+        early_note = ""
+        if basis == "segments" and t.start_until is not None and t.last_step > t.first_step:
+            frac = (t.start_until - t.first_step) / (t.last_step - t.first_step)
+            early_note = (f" It left its starting level after step {t.start_until} ({fmt(100 * frac)}% into the run) "
+                          f"and holds the low level from step {t.end_from}.")
+        out.append(Finding(kind="entropy_collapse", severity="blocking" if zt is not None else "warn",
+                           versions=[v], steps=_span(t), judged="change" if basis == "segments" else "trend",
+                           evidence=[M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []),
+                           data={**_tdata(t), "basis": basis, "from": start, "to": end,
+                                 **({"zero_std_frac_late": zt.late} if zt is not None else {})},
+                           explanation=f"{v}: policy entropy fell from {fmt(start)} to {fmt(end)} nats/token "
+                                       f"(x{fmt(end / start)}; {_how(basis, t, 'nats/token')}); the policy stops "
+                                       f"exploring and groups lose reward variance.{early_note}{stop}"))
     return out
 
 
 @analyzer("length_collapse", description="completions shrink to a fraction of their start")
 def length_collapse(ev: Evidence) -> list[Finding]:
-    """Mean completion length late/early <= LEN_COLLAPSE_RATIO with a falling trend."""
+    """Mean completion length at its end <= LEN_COLLAPSE_RATIO of its start and >= 5 tokens shorter
+    (first / last segments, or first / last 20% windows with a falling trend; :func:`_drop`)."""
     out = []
     for v in ev.versions:
         if (t := _trend_or_note(ev, v, "length_collapse", M.COMPLETIONS_MEAN_LENGTH, out)) is None:
             continue
-        if t.early > 0 and t.ratio <= LEN_COLLAPSE_RATIO and t.early - t.late >= 5 and t.falling(ALPHA):
-            out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=_span(t),
-                               evidence=[M.COMPLETIONS_MEAN_LENGTH], data=_tdata(t),
-                               explanation=f"{v}: mean completion length fell from {fmt(t.early)} to {fmt(t.late)} "
-                                           f"tokens (x{fmt(t.ratio)}, tau {fmt(t.tau)}, p={fmt(t.p_value)}): the policy "
-                                           f"is shortening its answers, often to satisfy a format or length term."))
+        d = _drop(t, LEN_COLLAPSE_RATIO)
+        if d is None or d[0] == "windows" and not t.falling(ALPHA) or d[1] - d[2] < 5:
+            continue
+        basis, start, end = d
+        out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=_span(t),
+                           evidence=[M.COMPLETIONS_MEAN_LENGTH], data={**_tdata(t), "basis": basis, "from": start,
+                                                                       "to": end},
+                           judged="change" if basis == "segments" else "trend",
+                           explanation=f"{v}: mean completion length fell from {fmt(start)} to {fmt(end)} tokens "
+                                       f"(x{fmt(end / start)}; {_how(basis, t, 'tokens')}): the policy is shortening "
+                                       f"its answers, often to satisfy a format or length term."))
     return out
 
 
 @analyzer("length_blowup", description="completions grow to a multiple of their start")
 def length_blowup(ev: Evidence) -> list[Finding]:
-    """Mean length late/early >= LEN_BLOWUP_RATIO and rising; warn when truncation rises or correctness
-    (else the reward) does not, info otherwise."""
+    """Mean length at its end >= LEN_BLOWUP_RATIO x its start: last vs first segment (a change), or the
+    last vs first 20% windows with a rising trend or a 1.5x level shift; warn when truncation rises or
+    correctness (else the reward) does not, info otherwise."""
     out = []
     for v in ev.versions:
         t = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
-        if t is None or t.early <= 0 or t.ratio < LEN_BLOWUP_RATIO:
+        if t is None:
             continue
-        if not (t.rising(ALPHA) or (t.change_step is not None and t.after >= 1.5 * t.before)):
+        if t.n_segments > 1 and t.start > 0 and t.end >= LEN_BLOWUP_RATIO * t.start:
+            basis, a, b = "segments", t.start, t.end
+        elif (t.early > 0 and t.ratio >= LEN_BLOWUP_RATIO
+              and (t.rising(ALPHA) or (t.change_step is not None and t.after >= 1.5 * t.before))):
+            basis, a, b = "windows", t.early, t.late
+        else:
             continue
         ct = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
         cname = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
@@ -259,9 +305,11 @@ def length_blowup(ev: Evidence) -> list[Finding]:
             why.append(f"{cname} {fmt(cor.early)} -> {fmt(cor.late)}")
         out.append(Finding(kind="length_blowup", severity=sev, versions=[v], steps=_span(t),
                            evidence=[M.COMPLETIONS_MEAN_LENGTH] + ([M.COMPLETIONS_CLIPPED_RATIO] if ct else []),
-                           data=_tdata(t),
-                           explanation=f"{v}: mean completion length grew from {fmt(t.early)} to {fmt(t.late)} tokens "
-                                       f"(x{fmt(t.ratio)}){'; ' + ', '.join(why) if why else ''}."
+                           data={**_tdata(t), "basis": basis, "from": a, "to": b},
+                           judged="change" if basis == "segments" else "trend",
+                           explanation=f"{v}: mean completion length grew from {fmt(a)} to {fmt(b)} tokens "
+                                       f"(x{fmt(b / a)}; {_how(basis, t, 'tokens')})"
+                                       f"{'; ' + ', '.join(why) if why else ''}."
                                        + (f" Longer answers are buying no gain in {cname}." if no_gain else
                                           " More completions hit the length cap." if clip_up else
                                           " The reward rose with it, so this may be useful reasoning." if cor else
@@ -272,10 +320,22 @@ def length_blowup(ev: Evidence) -> list[Finding]:
 
 @analyzer("kl_blowup", description="KL to the reference policy explodes")
 def kl_blowup(ev: Evidence) -> list[Finding]:
-    """KL late level >= KL_WARN nats, or a level shift by >= KL_JUMP x to >= KL_JUMP_MIN; info for a steady drift."""
+    """KL recent level >= KL_WARN nats (a level: one step is enough), or a level shift by >= KL_JUMP x
+    to >= KL_JUMP_MIN (a change); info for a steady drift (a trend)."""
     out = []
     for v in ev.versions:
-        if (t := _trend_or_note(ev, v, "kl_blowup", M.POLICY_KL, out)) is None:
+        lv = _level(ev, v, M.POLICY_KL)
+        t = _trend(ev, v, M.POLICY_KL)
+        if t is None and lv is not None and lv.recent >= KL_WARN:
+            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=_span(lv), evidence=[M.POLICY_KL],
+                               judged="level", data=_ldata(lv),
+                               explanation=f"{v}: KL to the reference is {fmt(lv.recent)} nats/token on the "
+                                           f"{lv.n} logged step(s) (median), above the blow-up level {KL_WARN}; the "
+                                           f"policy left the trust region; raise init_kl_coef or lower the learning rate."))
+            continue
+        if t is None:
+            if (f := _insufficient("kl_blowup", v, M.POLICY_KL, ev)) is not None:
+                out.append(f)
             continue
         jump = (t.change_step is not None and t.after >= KL_JUMP_MIN
                 and t.after >= KL_JUMP * max(t.before, 1e-6))
@@ -283,43 +343,123 @@ def kl_blowup(ev: Evidence) -> list[Finding]:
             why = (f"late median {fmt(t.late)} nats/token" if t.late >= KL_WARN else
                    f"a level shift at step {t.change_step} from {fmt(t.before)} to {fmt(t.after)} nats/token")
             out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_KL], data=_tdata(t),
+                               evidence=[M.POLICY_KL], data=_tdata(t), judged="level" if t.late >= KL_WARN else "change",
                                explanation=f"{v}: KL to the reference shows {why} (early {fmt(t.early)}); the policy "
                                            f"left the trust region; raise init_kl_coef or lower the learning rate."))
         elif t.rising(ALPHA) and t.late >= 10 * max(t.early, 1e-4) and t.late >= 0.01:
             out.append(Finding(kind="kl_blowup", severity="info", versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_KL], data=_tdata(t),
+                               evidence=[M.POLICY_KL], data=_tdata(t), judged="trend",
                                explanation=f"{v}: KL drifts up steadily from {fmt(t.early)} to {fmt(t.late)} nats/token "
                                            f"(tau {fmt(t.tau)}); below the blow-up level {KL_WARN}, worth watching."))
     return out
 
 
-@analyzer("grad_spike", description="gradient-norm spikes or a rising gradient norm")
+def _around(steps: np.ndarray, values: np.ndarray, at: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finite values of the ``w`` logged steps before ``at`` and the ``w`` after it (``at`` excluded)."""
+    ok = np.isfinite(values)
+    s, x = steps[ok], values[ok]
+    return x[max(0, np.searchsorted(s, at) - w):np.searchsorted(s, at)], x[np.searchsorted(s, at, "right"):][:w]
+
+
+def _damage_after(ev: Evidence, v: str, at: int, until: int) -> list[str]:
+    """What got worse right after a gradient spike at step ``at`` (up to step ``until``), in words.
+
+    Damage (``GRAD_DAMAGE_WINDOW`` logged steps before vs after, medians): a non-finite core value in
+    ``(at, until]``; the reward (or correctness) down by more than 3 noise sds (``trends.noise_sd``) and
+    ``REWARD_DROP_RANGE`` of its p5-p95 range over the run; entropy x2 or x0.5; KL up KL_JUMP x to at
+    least KL_JUMP_MIN; the grad norm itself staying x3 higher (a level shift, not a spike).
+    """
+    w, out = GRAD_DAMAGE_WINDOW, []
+    for name in NAN_CORE:
+        s, x = ev.series(v, name)
+        if len(s) and (~np.isfinite(x[(s > at) & (s <= until)])).any():
+            out.append(f"{name} non-finite after step {at}")
+    rname = ev.first(v, M.REWARD_MEAN, *CORRECTNESS)
+    if rname:
+        s, x = ev.series(v, rname)
+        pre, post = _around(s, x, at, w)
+        fx = x[np.isfinite(x)]
+        if len(pre) >= 2 and len(post) >= 2 and len(fx) >= 2 * w:
+            drop = float(np.median(pre) - np.median(post))
+            spread = float(np.percentile(fx, 95) - np.percentile(fx, 5))
+            if drop > 3 * noise_sd(fx) and drop >= REWARD_DROP_RANGE * spread and drop > 0:
+                out.append(f"{rname} {fmt(float(np.median(pre)))} -> {fmt(float(np.median(post)))}")
+    checks = ((M.POLICY_ENTROPY, lambda a, b: a > 0 and (b >= 2 * a or b <= a / 2)),
+              (M.POLICY_KL, lambda a, b: b >= KL_JUMP_MIN and b >= KL_JUMP * max(a, 1e-6)),
+              (M.POLICY_GRAD_NORM, lambda a, b: a > 0 and b >= 3 * a))
+    for name, bad in checks:
+        s, x = ev.series(v, name)
+        pre, post = _around(s, x, at, w)
+        if len(pre) >= 2 and len(post) >= 2 and bad(float(np.median(pre)), float(np.median(post))):
+            out.append(f"{name} {fmt(float(np.median(pre)))} -> {fmt(float(np.median(post)))}")
+    return out
+
+
+@analyzer("grad_spike", description="gradient-norm spikes that do damage, or a rising gradient norm")
 def grad_spike(ev: Evidence) -> list[Finding]:
-    """Rolling-median spikes of the grad norm: warn for >= GRAD_SPIKES_WARN spikes or a 10x rising trend."""
+    """Spikes of the grad norm above GRAD_SPIKE_K robust sds of its trailing rolling median (and 3x it),
+    judged by what follows them (a change: :func:`_damage_after`), or a 10x rising trend.
+
+    A level first: any logged value at or above GRAD_NORM_LEVEL warns from one step.
+    Severity: ``warn`` when a spike is followed by damage, when the grad norm rises 10x, or when
+    GRAD_SPIKES_WARN or more spikes come with no reward, entropy or KL series to judge damage by;
+    ``info`` for spikes the run shows no harm from, however many (healthy GRPO runs spike now and
+    then: the loss of one batch of long or rare completions; the clipped update bounds their effect).
+    """
     out = []
     for v in ev.versions:
+        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
+        huge = np.isfinite(g) & (g >= GRAD_NORM_LEVEL)
+        if huge.any():
+            ok = np.isfinite(g)
+            out.append(Finding(
+                kind="grad_spike", severity="warn", versions=[v], steps=steps[huge][:50].tolist(), judged="level",
+                evidence=[M.POLICY_GRAD_NORM],
+                data={"n_huge": int(huge.sum()), "n_points": int(ok.sum()), "max": float(g[huge].max()),
+                      "median": float(np.median(g[ok])), "level": GRAD_NORM_LEVEL},
+                explanation=f"{v}: the gradient norm is {fmt(float(g[huge].max()))} at its peak, at or above "
+                            f"{fmt(GRAD_NORM_LEVEL)} on {int(huge.sum())} of {int(ok.sum())} logged steps (steps "
+                            f"{', '.join(map(str, steps[huge][:8].tolist()))}; median {fmt(float(np.median(g[ok])))}): "
+                            f"an abnormal gradient (look for a loss-scale, precision or data cause); clipping "
+                            f"bounds the update, not the cause."))
+            continue
         if (t := _trend_or_note(ev, v, "grad_spike", M.POLICY_GRAD_NORM, out)) is None:
             continue
-        steps, g = ev.series(v, M.POLICY_GRAD_NORM)
         mask = spikes(g, k=GRAD_SPIKE_K)
         sp = steps[mask]
         rising = t.rising(ALPHA) and t.early > 0 and t.late >= 10 * t.early
         if len(sp) == 0 and not rising:
             continue
-        sev = "warn" if len(sp) >= GRAD_SPIKES_WARN or rising else "info"
+        fs = steps[np.isfinite(g)]
+        damage: dict[int, list[str]] = {}
+        for at in sp[:200].tolist():  # the first 200 spikes are judged (bounded cost on 10k-step runs)
+            j = np.searchsorted(fs, at, "right") + GRAD_DAMAGE_WINDOW - 1
+            if hurt := _damage_after(ev, v, at, int(fs[min(j, len(fs) - 1)])):
+                damage[at] = hurt
+        judgeable = any(ev.has(v, n) for n in (M.REWARD_MEAN, *CORRECTNESS, M.POLICY_ENTROPY, M.POLICY_KL))
+        blind = not judgeable and len(sp) >= GRAD_SPIKES_WARN
+        sev = "warn" if damage or rising or blind else "info"
         gf = g[np.isfinite(g)]
         peak = float(g[mask].max()) if len(sp) else float(gf.max())
         txt = (f"{len(sp)} spike(s) above {fmt(GRAD_SPIKE_K)} robust sds of the rolling median (peak {fmt(peak)}, "
                f"median {fmt(float(np.median(gf)))}) at steps {', '.join(map(str, sp[:8].tolist()))}"
                f"{' ...' if len(sp) > 8 else ''}" if len(sp) else "")
+        if damage:
+            txt += "; followed by damage: " + "; ".join(f"after step {at}: {', '.join(h)}"
+                                                         for at, h in list(damage.items())[:4])
+        elif len(sp):
+            txt += ("; no series shows harm after them" if judgeable else
+                    "; no reward, entropy or KL series to show whether they did harm")
         if rising:
             txt += ("; " if txt else "") + f"grad norm rose from {fmt(t.early)} to {fmt(t.late)} (tau {fmt(t.tau)})"
         out.append(Finding(kind="grad_spike", severity=sev, versions=[v],
                            steps=sp.tolist() if len(sp) else _span(t), evidence=[M.POLICY_GRAD_NORM],
-                           data={**_tdata(t), "n_spikes": int(len(sp))},
-                           explanation=f"{v}: {txt}." + ("" if sev == "warn" else " Isolated; no action needed yet.")))
+                           judged="trend" if rising and not len(sp) else "change",
+                           data={**_tdata(t), "n_spikes": int(len(sp)), "spike_steps": sp[:50].tolist(),
+                                 "damaged_after": {str(k): h for k, h in damage.items()}, "rising": bool(rising)},
+                           explanation=f"{v}: {txt}." + ("" if sev == "warn" else " No action needed yet.")))
     return out
 
 
 from evotrainer.harness import behaviour_analyzers as _behaviour  # noqa: E402,F401  (registers the rest)
+from evotrainer.harness import zero_variance as _zero_variance  # noqa: E402,F401

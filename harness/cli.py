@@ -2,8 +2,11 @@
 
 ``evotrainer diagnose PATH [--json] [--out DIR]``: ingest a run folder (EvoTrainer workspace or a
 run of verl / TRL / OpenRLHF) or a log file, run every analyzer, print the findings (rich table,
-or JSON with ``--json``) and write plots of the key series. ``evotrainer analyzers list`` shows
-the registered analyzers.
+or JSON with ``--json``) and write plots of the key series. For each warn / blocking finding it
+prints what was judged (level, change or trend), the evidence (each series' values at the
+finding's steps) and the interventions that address it from the skills memory (``skills_db``:
+a hybrid search of the finding's explanation among the interventions for its kind), so a user
+knows what to change. ``evotrainer analyzers list`` shows the registered analyzers.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def diagnose(
     gate_kept: Annotated[bool, typer.Option("--kept", help="--fail-on judges only kept versions (workspace).")] = False,
     gate_best: Annotated[bool, typer.Option("--best", help="--fail-on judges only the best kept version (highest "
                                             "held-out Avg@k; workspace).")] = False,
+    no_skills: Annotated[bool, typer.Option("--no-skills", help="Do not look up interventions in the skills "
+                                            "memory.")] = False,
+    skills_dir: Annotated[Path | None, typer.Option("--skills-dir", help="Skills memory folder (default: "
+                                                    "$EVOTRAINER_SKILLS_DIR or the user data dir).")] = None,
 ) -> None:
     """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
     from evotrainer.harness.analyzers import run_analyzers
@@ -54,9 +61,15 @@ def diagnose(
         is_ws = path.is_dir() and (path / "lineage.db").exists()
         out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (_bare_name(path) or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
+    evid = [_evidence_of(ev, f) for f in findings]
+    agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
+    fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,
+                                                                                 agentic=agentic)
     if as_json:
-        payload = {"source": str(path), "summary": ev.summary(), "findings": [f.model_dump(mode="json") for f in findings],
-                   "plots": plots}
+        rows = [{**f.model_dump(mode="json"), "evidence_values": e, "interventions": x}
+                for f, e, x in zip(findings, evid, fixes, strict=True)]
+        payload = {"source": str(path), "summary": ev.summary(), "findings": rows, "plots": plots,
+                   **({"skills_note": note} if note else {})}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         console = Console(width=None if sys.stdout.isatty() else 160)
@@ -70,14 +83,16 @@ def diagnose(
             t.add_column("kind", no_wrap=True)
             t.add_column("versions", max_width=24)
             t.add_column("steps", no_wrap=True)
-            t.add_column("explanation", ratio=1)
-            for f in findings:
+            t.add_column("explanation, evidence and what to change", ratio=1)
+            for f, e, x in zip(findings, evid, fixes, strict=True):
                 steps = f"{f.steps[0]}..{f.steps[-1]}" if f.steps else ""
                 t.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.kind, ", ".join(f.versions), steps,
-                          f.explanation)
+                          _cell(f, e, x))
             console.print(t)
         else:
             console.print("no findings")
+        if note:
+            console.print(f"[dim]{note}[/]")
         for p in plots:
             console.print(f"plot: {p}")
     judged = [f for f in findings if gated is None or not f.versions or gated & set(f.versions)]
@@ -140,6 +155,78 @@ def register(app: typer.Typer) -> None:
     """Add this subpackage's commands to the main evotrainer app."""
     app.command("diagnose")(diagnose)
     app.add_typer(analyzers_app, name="analyzers")
+
+
+def _evidence_of(ev, f) -> list[dict]:
+    """The values of each series a finding cites, at its steps (``Evidence.excerpt``), per version."""
+    out = []
+    for v in f.versions[:2]:
+        for name in f.evidence:
+            if (x := ev.excerpt(v, name, f.steps or None)) is not None:
+                out.append(x)
+    return out
+
+
+AGENTIC_TAGS = {"tool_use", "agentic", "swe"}  # seed-skill tags of changes that need tool-use episodes
+
+
+def _interventions(findings: list, skills_dir: Path | None, k: int = 3,
+                   agentic: bool = True) -> tuple[list[list[dict]], str]:
+    """Per finding, the ``k`` interventions of the skills memory that address its kind, most relevant first.
+
+    Only warn / blocking findings get them. The query is the finding's ``data["remedy"]`` when the
+    analyzer states one (the direction its cause calls for, e.g. zero variance from all-correct
+    groups: "... harder problems"), else its explanation; filtered to interventions whose
+    ``addresses`` hold the kind; with ``agentic`` False (the run logged no ``tools/*`` metric), skills
+    tagged :data:`AGENTIC_TAGS` are left out. Returns ``(lists, note)``; the note says why there are
+    none when the memory could not be opened (the diagnosis itself never fails for it).
+    """
+    out: list[list[dict]] = [[] for _ in findings]
+    if not any(f.is_failure for f in findings):
+        return out, ""
+    try:
+        from evotrainer.skills_db.store import SkillStore
+
+        store = SkillStore(skills_dir)
+        for i, f in enumerate(findings):
+            if not f.is_failure:
+                continue
+            query = str(f.data.get("remedy") or f.explanation)
+            hits = store.search(query, kind="intervention", finding_kinds=[f.kind], limit=k + 3)
+            if not agentic:  # tool-use / SWE changes do not apply to a run without tool episodes
+                hits = [h for h in hits if not set(h.skill.tags) & AGENTIC_TAGS]
+            hits = hits[:k]
+            out[i] = [{"id": h.skill.id, "name": h.skill.name, "recipe_path": h.skill.recipe_path,
+                       "value": h.skill.value, "source": h.skill.source, "score": round(h.score, 4),
+                       "tried": h.record.tried, "helped": h.record.helped} for h in hits]
+    except Exception as exc:  # noqa: BLE001  (the memory is advice; the findings stand without it)
+        return [[] for _ in findings], f"skills memory unavailable ({type(exc).__name__}: {exc}); --no-skills skips it"
+    return out, ""
+
+
+def _value_text(value) -> str:
+    if isinstance(value, dict) and "op" in value:
+        op = value["op"]
+        arg = value.get("by", value.get("value", ""))
+        return {"mul": f"x{arg}", "add": f"{'+' if float(arg) >= 0 else ''}{arg}", "set": f"= {arg}"}.get(op, op)
+    return f"= {value}"
+
+
+def _cell(f, evid: list[dict], fixes: list[dict]) -> str:
+    """The explanation cell: explanation, what was judged, the evidence values, the interventions."""
+    from rich.markup import escape
+
+    lines = [escape(f.explanation)]
+    if f.judged:
+        lines.append(f"[dim]judged: {f.judged}[/]")
+    for e in evid[:4]:
+        pairs = ", ".join(f"{s}: {'nan' if x is None else f'{x:.4g}'}" for s, x in zip(e["steps"], e["values"],
+                                                                                      strict=True))
+        lines.append(f"[dim]evidence {escape(e['series'])} ({e['n_points']} points) at step {escape(pairs)}[/]")
+    for x in fixes:
+        lines.append(f"[green]try[/] {escape(x['name'])}: {escape(x['recipe_path'] or '')} "
+                     f"{escape(_value_text(x['value']))} [dim]({escape(x['source'])})[/]")
+    return "\n".join(lines)
 
 
 def _bare_name(path: Path) -> str:

@@ -110,6 +110,32 @@ class Evidence:
         """True when the version has at least one value of ``name``."""
         return len(self.series(version, name)[0]) > 0
 
+    def excerpt(self, version: str, name: str, steps: list[int] | None = None, k: int = 6) -> dict[str, Any] | None:
+        """The values of one series at the steps a finding names, for a report.
+
+        Args:
+            steps: a finding's ``steps``: more than two entries are points (spike steps: their first
+                ``k``); one or two are a span ``[first, last]`` (``k`` logged points evenly spaced over
+                it, ends included); None is the whole series.
+
+        Returns:
+            ``{"series", "version", "n_points", "steps": [int], "values": [float | None]}`` (None for
+            NaN / inf), or None when the version has no such series.
+        """
+        s, x = self.series(version, name)
+        if not len(s):
+            return None
+        if steps and len(steps) > 2:
+            idx = np.flatnonzero(np.isin(s, np.asarray(steps[:k])))
+        else:
+            lo, hi = (steps[0], steps[-1]) if steps else (int(s[0]), int(s[-1]))
+            inside = np.flatnonzero((s >= lo) & (s <= hi))
+            if not len(inside):
+                inside = np.arange(len(s))
+            idx = inside[np.unique(np.linspace(0, len(inside) - 1, min(k, len(inside))).round().astype(int))]
+        return {"series": name, "version": version, "n_points": int(len(s)), "steps": s[idx].tolist(),
+                "values": [float(v) if np.isfinite(v) else None for v in x[idx].tolist()]}
+
     def first(self, version: str, *names: str) -> str | None:
         """The first of ``names`` the version has, or None."""
         return next((n for n in names if self.has(version, n)), None)

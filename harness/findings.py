@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Severity = Literal["info", "warn", "blocking"]
+Judged = Literal["level", "change", "trend"]
 SEVERITY_RANK = {"info": 0, "warn": 1, "blocking": 2}
 
 # Built-in failure kinds (issue 4). Runtime analyzers may report other kinds.
@@ -48,6 +49,11 @@ class Finding(BaseModel):
         explanation: one paragraph with the numbers that triggered it.
         analyzer: name of the analyzer that produced it.
         data: the numbers behind the explanation, machine-readable (early/late levels, p-values, ...).
+        judged: what the analyzer judged (``harness/trends.py``): ``level`` (what the logged steps
+            show, visible from one step: a NaN, a clip ratio of 1.0, a batch with one reward),
+            ``change`` (the start of the run against its end, the steps around a spike, a version
+            against its parent) or ``trend`` (a monotone drift, which needs several points); None
+            for runtime analyzers that do not say.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +66,7 @@ class Finding(BaseModel):
     explanation: str = Field(..., min_length=1)
     analyzer: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
+    judged: Judged | None = None
 
     @field_validator("kind")
     @classmethod

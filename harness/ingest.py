@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from evotrainer.harness import ingest_formats as F
 from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness import ingest_formats as F
 
 from evotrainer.jsonl import iter_jsonl
 

@@ -1,8 +1,9 @@
 """Plots of the key series of a diagnosis (matplotlib, Agg backend; PNG files).
 
-One figure per version: a grid of the key metrics (reward and correctness, held-out score,
-entropy, KL, grad norm, completion length, clipped ratio, zero-variance groups, reward
-components) with the step spans of warn / blocking findings shaded.
+One figure per version: a grid of the key metrics (reward and correctness with the batch's reward
+min / max, held-out score, entropy, KL, grad norm, completion length, clipped ratio, zero-variance
+groups with the solve-none / solve-all fractions, reward components) with the step spans of warn /
+blocking findings shaded, and their single steps (spikes, one-step levels) marked by lines.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from evotrainer.harness.findings import Finding
 from evotrainer import metrics as M
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
-    ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"))),
+    ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"), M.REWARD_MIN, M.REWARD_MAX)),
     ("held-out", (M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_1)),
     ("entropy (nats/token)", (M.POLICY_ENTROPY,)),
     ("KL (nats/token)", (M.POLICY_KL,)),
     ("grad norm", (M.POLICY_GRAD_NORM,)),
     ("completion length (tokens)", (M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_P95_LENGTH)),
     ("clipped ratio", (M.COMPLETIONS_CLIPPED_RATIO,)),
-    ("zero-variance groups", (M.REWARD_FRAC_ZERO_STD,)),
+    ("zero-variance groups", (M.REWARD_FRAC_ZERO_STD, M.REWARD_FRAC_SOLVE_NONE, M.REWARD_FRAC_SOLVE_ALL)),
     ("duplicates / distinct-2", (M.COMPLETIONS_DUPLICATE_FRAC, M.COMPLETIONS_DISTINCT_2)),
 ]
 _COLORS = {"warn": "#f0a030", "blocking": "#d03030"}
@@ -62,7 +63,11 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
             if bad.any():
                 ax.scatter(s[bad], np.zeros(bad.sum()), marker="x", color="red", s=12, label=f"{n} non-finite")
         for f in mine:
-            ax.axvspan(min(f.steps), max(f.steps), color=_COLORS[f.severity], alpha=0.08)
+            if len(f.steps) > 2 or min(f.steps) == max(f.steps):  # points (spike steps, a one-step level)
+                for st in f.steps[:50]:
+                    ax.axvline(st, color=_COLORS[f.severity], alpha=0.3, lw=0.8)
+            else:
+                ax.axvspan(min(f.steps), max(f.steps), color=_COLORS[f.severity], alpha=0.08)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -48,6 +48,8 @@ class FindingInfo(BaseModel):
     explanation: str
     analyzer: str
     data: dict[str, Any] = Field(default_factory=dict)
+    judged: str | None = Field(None, description="level (one step shows it) | change (start vs end, around a "
+                                                 "spike, vs the parent) | trend (a drift over many steps)")
 
 
 class AnalysisResult(BaseModel):

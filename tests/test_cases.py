@@ -28,13 +28,11 @@ def _diagnose(path: Path, out: Path) -> dict:
 
 # Real cases whose `must` needs analyzers that judge levels (one step) rather than trends; the analyzers
 # work (issue 17) makes them pass. strict: a case that starts passing fails here until it leaves this list.
-AWAITING_LEVEL_ANALYZERS = {
-    "trl_all_groups_zero_std": "zero_variance_groups from one step: frac_reward_zero_std 1.0, reward_std 0.0",
-    "rllm_verl_solve_none_all_prompts": "zero_variance_groups from one step: reward/min == reward/max == 0, "
-                                        "batch/solve_none 128, advantages all 0",
-    "openr1_accuracy_falls_format_rises": "reward_hacking on 3 points: format 0.48 -> 0.86, correctness 0.16 -> 0.06",
-    "slime_grad_norm_1e9": "grad_spike as a level (grad_norm ~3e9 at steps 1 and 28), not nan_blowup",
-    "trl_quickstart_all_truncated": "truncation from 3 points: completions/clipped_ratio 1.0, mean length 256",
+AWAITING_LEVEL_ANALYZERS: dict[str, str] = {
+    # emptied by issue 17's level analyzers: trl_all_groups_zero_std and rllm_verl_solve_none_all_prompts
+    # (zero variance from one step's batch statistics), openr1_accuracy_falls_format_rises (reward hacking as a
+    # change on 3 steps), slime_grad_norm_1e9 (grad norm ~3e9 as a level), trl_quickstart_all_truncated
+    # (clipped ratio 1.0 as a level)
 }
 
 
@@ -82,8 +80,15 @@ def test_real_verl_logs_diagnose(log: Path, tmp_path: Path):
     name = log.name
     if name.startswith("Qwen2.5-0.5B"):
         # Checked against the series: actor/entropy_loss falls from ~0.5 (steps 0-10) to ~0.05 at the
-        # end (x0.2), and actor/grad_norm has repeated spikes (65.96 at step 16 against a ~2 median).
-        assert {"entropy_collapse", "grad_spike"} <= kinds
+        # end (x0.2): entropy_collapse. actor/grad_norm has spikes (65.96 at step 16 against a ~2
+        # median), but nothing suffers from them: the score keeps rising right after (0.086 at step 16,
+        # 0.18 at step 18), entropy and KL move by less than 2x and 5x around each spike, and the
+        # validation score rises 0.0008 -> 0.57. Until issue 17 these spikes were a warning; calibrated
+        # on healthy real runs, harmless spikes are info (the finding stays, with the steps).
+        assert "entropy_collapse" in kinds and "grad_spike" not in kinds
+        spikes = [f for f in report["findings"] if f["kind"] == "grad_spike"]
+        assert [f["severity"] for f in spikes] == ["info"] and spikes[0]["data"]["n_spikes"] >= 5
+        assert spikes[0]["data"]["damaged_after"] == {} and 33 in spikes[0]["steps"]  # a spike of both logs
     if "sft" in name:
         assert report["findings"] == []  # an SFT log: loss and lr only, nothing to judge
 

@@ -231,7 +231,7 @@ def test_the_evidence_real_cases_give_the_analyzers():
     assert _s(ev, M.POLICY_GRAD_NORM) == [(1, 0.0), (2, 0.0)]  # the second dict is cut after grad_norm
     ev = ingest(CASES / "rllm_verl_solve_none_all_prompts")
     assert _s(ev, M.REWARD_MIN) == _s(ev, M.REWARD_MAX) == [(4, 0.0)]
-    assert _s(ev, "critic/advantages/max") == _s(ev, "critic/advantages/min") == [(4, 0.0)]
+    assert _s(ev, M.POLICY_ADVANTAGE_MAX) == _s(ev, M.POLICY_ADVANTAGE_MIN) == [(4, 0.0)]  # critic/advantages/*
     ev = ingest(CASES / "openr1_accuracy_falls_format_rises")
     assert [round(x, 3) for _, x in _s(ev, "reward/format/mean")] == [0.476, 0.554, 0.857]
     assert [round(x, 3) for _, x in _s(ev, "reward/correctness/mean")] == [0.16, 0.118, 0.064]
@@ -242,7 +242,7 @@ def test_the_evidence_real_cases_give_the_analyzers():
     assert _s(ev, M.EVAL_AVG_AT_K) == [(0, 0.508)]  # val-core/openai/gsm8k/acc/mean@1
     assert _s(ev, "val-aux/openai/gsm8k/reward/mean@1") == [(0, 0.565)]
     ev = ingest(CASES / "healthy_verl_quickstart_ppo")
-    assert _s(ev, M.REWARD_MAX)[1] == (1, 0.0) and _s(ev, "critic/advantages/max")[1] == (1, 2.702)
+    assert _s(ev, M.REWARD_MAX)[1] == (1, 0.0) and _s(ev, M.POLICY_ADVANTAGE_MAX)[1] == (1, 2.702)
 
 
 def test_pasted_tables_real_samples():

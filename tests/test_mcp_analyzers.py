@@ -50,11 +50,14 @@ def test_list_and_run_builtin_analyzers(client):
     assert names["truncation"]["builtin"] and not names["truncation"]["sandboxed"]
     res = client.ok("run_analyzer", {"version_ids": ["v0"], "names": ["zero_variance_groups", "truncation"]})
     assert res["versions"] == ["v0"] and res["analyzers"] == ["zero_variance_groups", "truncation"]
-    # v0 has train rollouts at steps 0 and 1 only: the clipped ratio and the zero-std fraction derived from
-    # them have 2 points each, fewer than the 8 a trend needs -> one "insufficient evidence" info per analyzer
-    assert [(f["kind"], f["severity"], f["steps"], f["data"]) for f in res["findings"]] == [
-        ("truncation", "info", [0, 1], {"n_points": 2}), ("zero_variance_groups", "info", [0, 1], {"n_points": 2})]
-    assert (res["n_blocking"], res["n_warn"]) == (0, 0)
+    # v0 has train rollouts at steps 0 and 1 only. Both analyzers judge a level, which needs no trend
+    # (issue 17): clipped ratio 2/4 = 0.5 at step 0 and 0 at step 1, median 0.25 >= 0.2 -> truncation warn;
+    # one group of two has all-equal rewards at each step (g1 [0, 0], then g0 [1, 1]): 0.5 >= 0.5 ->
+    # zero_variance_groups warn, cause mixed (solve none: median(0.5, 0) = 0.25, solve all: 0.25)
+    assert [(f["kind"], f["severity"], f["steps"], f["judged"]) for f in res["findings"]] == [
+        ("truncation", "warn", [0, 1], "level"), ("zero_variance_groups", "warn", [0, 1], "level")]
+    assert res["findings"][0]["data"]["recent"] == 0.25 and res["findings"][1]["data"]["cause"] == "mixed"
+    assert (res["n_blocking"], res["n_warn"]) == (0, 2)
     assert "unknown analyzer 'nope'" in client.err("run_analyzer", {"names": ["nope"]})
     assert "not found" in client.err("run_analyzer", {"version_ids": ["v9"]})
     assert "empty" in client.err("run_analyzer", {"version_ids": []})
