@@ -227,6 +227,10 @@ class LoopBase:
         if v["status"] in ("trained", *DECIDED) or v["status"] == "failed":
             return v["status"] != "failed"
         self.log(f"training {vid} for {steps} steps", version=vid)
+        return self._train_job(vid, steps)
+
+    def _train_job(self, vid: str, steps: int) -> bool:
+        """``start_training`` up to ``steps`` steps in all and wait for it; False when the job did not finish."""
         job = self.tb.call("start_training", {"version_id": vid, "steps": steps})
         job = self._wait_job(job, vid, "train")
         self.emit("lineage", {})
@@ -278,13 +282,7 @@ class LoopBase:
         if self.lineage.last_step(vid) + 1 >= total_steps:
             return True
         self.log(f"training {vid} to {total_steps} steps", version=vid)
-        job = self.tb.call("start_training", {"version_id": vid, "steps": total_steps})
-        job = self._wait_job(job, vid, "train")
-        self.emit("lineage", {})
-        if job["status"] != "done":
-            self.log(f"training of {vid} ended {job['status']}: {job.get('message', '')}", version=vid)
-            return False
-        return True
+        return self._train_job(vid, total_steps)
 
     def record_decision(self, verdict: Verdict, author: str) -> None:
         """Apply a verdict with the ``decide`` tool unless this version was decided already."""

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer.recipe import Recipe, RecipeError, _format_error
+from evotrainer.recipe import Recipe, RecipeError, _format_error, read_yaml
 
 
 class Budget(BaseModel):
@@ -77,13 +76,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     Raises:
         RecipeError: missing file, bad YAML, or a field fails validation (message names the path).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise RecipeError(f"{p}: no such run config file")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{p}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "run config file")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:

@@ -391,19 +391,34 @@ def validate_recipe(data: dict[str, Any]) -> Recipe:
         raise RecipeError(_format_error(err)) from None
 
 
+
+def read_yaml(path: str | Path, what: str, label: str | None = None) -> Any:
+    """The parsed YAML (or JSON) of a config file, ``{}`` when it is empty.
+
+    Args:
+        what: what the file is, for the missing-file message ("recipe file", "run config file").
+        label: how messages name the file (default: its path).
+
+    Raises:
+        RecipeError: the file is missing or is not valid YAML (message names the file).
+    """
+    p = Path(path)
+    name = label or str(p)
+    if not p.is_file():
+        raise RecipeError(f"{name}: no such {what}")
+    try:
+        return yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{name}: not valid YAML: {exc}") from None
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Load a recipe from YAML. A run config's ``recipe:`` section is accepted too.
 
     Raises:
         RecipeError: the file is missing, is not YAML, or fails validation.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise RecipeError(f"{p}: no such recipe file")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{p}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "recipe file")
     if isinstance(data, dict) and "recipe" in data and isinstance(data["recipe"], dict):
         data = data["recipe"]
     return validate_recipe(data)

@@ -197,18 +197,12 @@ def _cluster_spec(path: Path) -> Any:
     Raises:
         RecipeError: missing file, bad YAML, or a field fails validation (named).
     """
-    import yaml
     from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
     from pydantic import ValidationError
 
-    from evotrainer.recipe import RecipeError, _format_error
+    from evotrainer.recipe import RecipeError, _format_error, read_yaml
 
-    if not path.is_file():
-        raise RecipeError(f"--cluster {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"--cluster {path}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "file", label=f"--cluster {path}")
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as err:
