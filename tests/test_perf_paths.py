@@ -74,7 +74,9 @@ def test_hybrid_top3_unchanged(tmp_path, monkeypatch):
     plain = [[h.skill.id for h in store.search(q, limit=3)] for q in QUERIES]
     E.QUERY_CACHE.clear()
     assert fast == plain
-    assert fast[0][0] == "analyzer.truncation"  # the query names it; sanity that results are real
+    # the query names a finding kind: the top hit addresses it (overlong_shaping since issue 17's seed texts;
+    # analyzer.truncation before), sanity that results are real
+    assert "truncation" in store.get(fast[0][0]).addresses or fast[0][0] == "analyzer.truncation"
     assert all(len(ids) == 3 for ids in fast)
 
 
@@ -82,9 +84,10 @@ def test_search_imports_no_torch(tmp_path):
     SkillStore(tmp_path / "skills").count()  # created (and seeds embedded) here, not in the child
     code = ("import sys; from evotrainer.skills_db.store import SkillStore; "
             f"hits = SkillStore({str(tmp_path / 'skills')!r}).search('truncation', limit=3); "
-            "print(hits[0].skill.id, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
+            "print('truncation' in hits[0].skill.addresses or hits[0].skill.id == 'analyzer.truncation', "
+            "'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["analyzer.truncation", "False", "False"], out.stderr
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr
 
 
 @pytest.mark.parametrize("flag", ["--version", "--help"])
