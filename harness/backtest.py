@@ -396,6 +396,8 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
       term's gradient per token is ``A·ρ``); with the KL in the reward: ``|Δβ|·KL·L / σ_r`` (L: mean
       completion length, σ_r: median ``reward/std``); ``l2``: ``lr·|Δwd| / (||dθ||/||θ||)`` (decoupled weight
       decay against the median ``policy/update_rel_norm``).
+    * **no_behaviour** (``generate_max_len`` raised): no completion of the parent's last 4 steps reached the old
+      limit and no reward term reads it (:func:`_inert_longer_budget`).
     * **no_behaviour** (``reward.<name>.*``): the parent's stored train rollouts re-scored under the change
       (:func:`rescore_rollouts`) give the same group advantages (within :data:`ADV_TOL`) and the same
       group-filter decisions: the component is constant within every group (e.g. a repetition penalty
@@ -457,9 +459,39 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
                        f"l2 {old} -> {new}: weight decay moves θ by lr·|Δwd| = {fmt_num(lr * abs(float(new) - float(old)))} "
                        f"of ||θ|| per step against an update of {fmt_num(rel)} (share {fmt_num(share)}; inert below "
                        f"{COEF_INERT})", share=share, update_rel_norm=rel)
+    if path == "generate_max_len" and new is not None and old is not None and int(new) > int(old):
+        return _inert_longer_budget(r, int(old), int(new), evidence, version, verdict)
     if path.startswith("reward."):
         return _inert_reward(r, changed, path, old, new, evidence, version, verdict)
     return verdict(False, "none", f"no inert-change rule for {path}")
+
+
+LENGTH_READERS = ("overlong", "length_penalty")  # reward terms whose value depends on generate_max_len
+
+
+def _inert_longer_budget(r: Any, old: int, new: int, ev: Evidence | None, v: str | None,
+                         verdict: Callable) -> InertCheck:
+    """``generate_max_len`` raised while no completion of the parent's last steps reached the old limit:
+    sampling stops at EOS first, so the same seeds draw the same tokens and the child trains exactly as its
+    control would (the default run's v7, 16 -> 32 at a clipped ratio of 0, tied its control on every dev
+    sample). Not inert when a reward term reads the limit (overlong shaping, length penalty)."""
+    readers = [c for c in LENGTH_READERS if (spec := r.reward.get(c)) is not None and spec.weight]
+    if readers:
+        return verdict(False, "none", f"generate_max_len {old} -> {new}: {', '.join(readers)} reads the limit")
+    if ev is None or v is None:
+        return verdict(False, "none", f"no evidence of {v}: cannot tell whether completions reach the limit")
+    steps, clipped = ev.series(v, M.COMPLETIONS_CLIPPED_RATIO)
+    _, longest = ev.series(v, M.COMPLETIONS_MAX_LENGTH)
+    late = slice(max(0, len(clipped) - 4), None)  # the last 4 logged steps: where the child starts from
+    c, m = clipped[late], longest[max(0, len(longest) - 4):]
+    if not len(c) or not np.isfinite(c).all() or not len(m) or not np.isfinite(m).all():
+        return verdict(False, "none", f"no {M.COMPLETIONS_CLIPPED_RATIO} / {M.COMPLETIONS_MAX_LENGTH} of {v}'s last steps")
+    if float(c.max()) == 0.0 and float(m.max()) < old:
+        return verdict(True, "no_behaviour", f"generate_max_len {old} -> {new}: no completion of {v}'s last {len(c)} "
+                       f"steps reached {old} tokens (clipped ratio 0, longest {fmt_num(float(m.max()))}): the longer "
+                       f"budget changes no sample", clipped_max=float(c.max()), longest=float(m.max()))
+    return verdict(False, "none", f"completions reach the limit (clipped ratio up to {fmt_num(float(c.max()))})",
+                   clipped_max=float(c.max()))
 
 
 def fmt_num(x: float) -> str:

@@ -159,3 +159,21 @@ def test_check_inert_tool_and_the_heuristic_skips_inert_candidates(tmp_path):
     assert [by[i].method for i in range(3)] == ["inert"] * 3 and all(by[i].score == INERT_SCORE for i in range(3))
     assert "ratio is exactly 1" in by[0].detail and "share 7.91e-05" in by[1].detail
     assert r.chosen == [3, 4]
+
+
+def test_a_longer_budget_nothing_reaches_is_inert():
+    # the default run's v7: generate_max_len 16 -> 32 when no completion was cut any more; it tied its control
+    # on every dev sample (+0.000 [-0.026, +0.031])
+    r = Recipe(generate_max_len=16)
+    quiet = _ev(**{M.COMPLETIONS_CLIPPED_RATIO: [0.58, 0.2, 0.0, 0.0, 0.0, 0.0],
+                   M.COMPLETIONS_MAX_LENGTH: [16, 16, 12, 11, 13, 12]})
+    c = inert_change(r, "generate_max_len", 32, quiet, "v0")
+    assert (c.inert, c.check, c.data) == (True, "no_behaviour", {"clipped_max": 0.0, "longest": 13.0})
+    # one cut completion in the last 4 steps: the budget acts
+    cut = _ev(**{M.COMPLETIONS_CLIPPED_RATIO: [0.0, 0.0, 0.04, 0.0], M.COMPLETIONS_MAX_LENGTH: [12, 12, 16, 12]})
+    assert not inert_change(r, "generate_max_len", 32, cut, "v0").inert
+    # overlong shaping reads the limit (L_max, buffer): not inert even with nothing cut
+    shaped = set_path(r, "reward.overlong.weight", 1.0)
+    c = inert_change(shaped, "generate_max_len", 32, quiet, "v0")
+    assert not c.inert and c.reason == "generate_max_len 16 -> 32: overlong reads the limit"
+    assert not inert_change(r, "generate_max_len", 8, quiet, "v0").inert  # a shorter budget is not this rule
