@@ -480,10 +480,8 @@ def _inert_longer_budget(r: Any, old: int, new: int, ev: Evidence | None, v: str
         return verdict(False, "none", f"generate_max_len {old} -> {new}: {', '.join(readers)} reads the limit")
     if ev is None or v is None:
         return verdict(False, "none", f"no evidence of {v}: cannot tell whether completions reach the limit")
-    steps, clipped = ev.series(v, M.COMPLETIONS_CLIPPED_RATIO)
-    _, longest = ev.series(v, M.COMPLETIONS_MAX_LENGTH)
-    late = slice(max(0, len(clipped) - 4), None)  # the last 4 logged steps: where the child starts from
-    c, m = clipped[late], longest[max(0, len(longest) - 4):]
+    # the last 4 logged steps: where the child starts from
+    c, m = ev.series(v, M.COMPLETIONS_CLIPPED_RATIO)[1][-4:], ev.series(v, M.COMPLETIONS_MAX_LENGTH)[1][-4:]
     if not len(c) or not np.isfinite(c).all() or not len(m) or not np.isfinite(m).all():
         return verdict(False, "none", f"no {M.COMPLETIONS_CLIPPED_RATIO} / {M.COMPLETIONS_MAX_LENGTH} of {v}'s last steps")
     if float(c.max()) == 0.0 and float(m.max()) < old:
