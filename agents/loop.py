@@ -355,7 +355,7 @@ def open_toolbox(run_dir: str | Path, backend: str = "local") -> ToolBox:
         LoopError: the servers package is not installed.
     """
     try:
-        from evotrainer.servers import build_server
+        from evotrainer.servers.app import build_server
     except ImportError as exc:
         raise LoopError(f"the MCP servers are not available ({exc})") from None
     server = build_server("all", str(run_dir))

@@ -2,7 +2,7 @@
 
 The agents act only through MCP tools (DESIGN.md §1, §7). :class:`ToolBox` opens one
 ``mcp.Client`` session to a server (an in-process ``MCPServer`` built with
-``evotrainer.servers.build_server(name, run_dir)``, or a stdio command) on a private event-loop
+``evotrainer.servers.app.build_server(name, run_dir)``, or a stdio command) on a private event-loop
 thread, so the synchronous orchestrator and the brains can call tools with
 ``toolbox.call(name, args)``. :class:`RoleTools` is the subset of tools one agent role may use
 (:data:`ROLE_TOOLS`), and is what a brain sees.

@@ -106,7 +106,7 @@ def measure(run: Path, n: int) -> dict:
     """Time bare vs ours on the three transports; returns ``{transport: {case: {p50_ms, p95_ms}}}``."""
     import anyio
     import httpx2
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
     from mcp import Client, StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
 

@@ -70,7 +70,7 @@ def config_reference() -> str:
 def mcp_catalogue() -> str:
     """Markdown list of every MCP tool, resource and prompt of `evotrainer serve all`, by server."""
     try:
-        from evotrainer.servers import build_server
+        from evotrainer.servers.app import build_server
     except ImportError:
         return "(the MCP servers are not built yet)"
     from mcp import Client

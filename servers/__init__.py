@@ -1,19 +1,13 @@
-"""MCP servers: training control, rollouts, logs, analyzers, skills (DESIGN.md §6).
+"""MCP servers: training control, rollouts, logs, analyzers, skills (docs/design.md §3).
 
-``build_server(name, run_dir)`` (from :mod:`evotrainer.servers.app`) is imported lazily so that
-``evotrainer --help`` does not load the MCP SDK.
+Public API (import it from its module; this package imports nothing, so that ``evotrainer --help``, which
+loads :mod:`evotrainer.servers.cli`, does not load the MCP SDK):
+
+- :mod:`evotrainer.servers.app`: ``build_server(name, run_dir, backend=...)``, ``SERVER_NAMES``, ``TOOLSETS``,
+  ``TOOL_META``, ``run_stdio``, ``describe``;
+- :mod:`evotrainer.servers.http`: ``serve_http``, ``http_app`` (streamable HTTP, bearer token), ``ServeError``;
+- :mod:`evotrainer.servers.common`: ``ServerState`` (the typed lifespan context), ``make_tool``, ``tool``;
+- :mod:`evotrainer.servers.jobs`: ``JobManager`` (background train / evaluate jobs);
+- the toolset modules ``training``, ``rollouts``, ``logs``, ``analyzers`` (with ``backtests``), ``skills``:
+  their tools as typed functions, listed in each module's ``TOOLS``.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["build_server", "SERVER_NAMES"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from evotrainer.servers import app
-
-        return getattr(app, name)
-    raise AttributeError(f"module 'evotrainer.servers' has no attribute {name!r}")

@@ -1,34 +1,52 @@
-"""Build the MCP servers: one per toolset, or all of them as one server (DESIGN.md §6).
+"""Build the MCP servers: one per toolset, or all of them as one server (docs/design.md §3).
 
 ``build_server(name, run_dir)`` returns an ``MCPServer`` (official SDK 2.x) for ``training``,
-``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each server has the shared
-:class:`~evotrainer.servers.common.ServerState` as its lifespan context and the prompts
-``diagnose_run`` and ``propose_next_intervention``; :mod:`evotrainer.servers.protocol` adds the
-protocol details (error codes, logging, completions, per-version resources and subscriptions,
-one capability set for both protocol eras). Transports live in :mod:`evotrainer.servers.http`
-(streamable HTTP with a bearer token) and :func:`run_stdio`; both put
-:mod:`evotrainer.servers.envelope` in front of the SDK transport (every malformed JSON-RPC message gets an
-error reply).
+``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each toolset module lists its tools,
+module-level typed functions, in ``TOOLS`` (:data:`TOOLSETS`); they become SDK ``Tool`` objects
+(:func:`~evotrainer.servers.common.make_tool`, with the titles and hints of :data:`TOOL_META`) that the
+server is constructed with. Every server has a typed :class:`~evotrainer.servers.common.ServerState` as its
+lifespan context, the tool ``server_info`` and the prompts ``diagnose_run`` and
+``propose_next_intervention``; :mod:`evotrainer.servers.protocol` adds the protocol details (error codes,
+logging, completions, per-version resources and subscriptions, one capability set for both protocol eras).
+Transports live in :mod:`evotrainer.servers.http` (streamable HTTP with a bearer token) and
+:func:`run_stdio`; both put :mod:`evotrainer.servers.envelope` in front of the SDK transport (every
+malformed JSON-RPC message gets an error reply).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from evotrainer.servers.common import ServerState, argument_error_middleware, make_lifespan, tool
+import anyio
+from evotrainer.servers import analyzers, logs, protocol, rollouts, skills, training
+from evotrainer.servers.common import (
+    ServerState,
+    ToolContext,
+    ToolMeta,
+    argument_error_middleware,
+    make_lifespan,
+    make_tool,
+    state_of,
+)
+from evotrainer.servers.envelope import serve_stdio
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
-TOOLSETS: dict[str, str] = {
-    "training": "evotrainer.servers.training",
-    "rollouts": "evotrainer.servers.rollouts",
-    "logs": "evotrainer.servers.logs",
-    "analyzers": "evotrainer.servers.analyzers",
-    "skills": "evotrainer.servers.skills",
+ToolFn = Callable[..., Any]
+
+TOOLSETS: dict[str, tuple[ToolFn, ...]] = {
+    "training": training.TOOLS,
+    "rollouts": rollouts.TOOLS,
+    "logs": logs.TOOLS,
+    "analyzers": analyzers.TOOLS,
+    "skills": skills.TOOLS,
 }
+"""The tools of each toolset, in catalogue order."""
+
 SERVER_NAMES: tuple[str, ...] = (*TOOLSETS, "all")
 
 INSTRUCTIONS = {
@@ -50,7 +68,7 @@ INSTRUCTIONS = {
 # destructiveHint: it may discard or overwrite state (prune / revert a version, stop a job, replace a
 # stored analyzer, skill or findings); idempotentHint: calling it again with the same arguments has
 # no further effect. No tool reaches outside the run and the skill memory (openWorldHint false).
-TOOL_META: dict[str, tuple[str, bool, bool, bool]] = {
+TOOL_META: dict[str, ToolMeta] = {
     # training
     "list_versions": ("List versions", True, False, True),
     "get_version": ("Get a version", True, False, True),
@@ -97,33 +115,14 @@ TOOL_META: dict[str, tuple[str, bool, bool, bool]] = {
 }
 
 
-def _apply_tool_meta(server: MCPServer) -> None:
-    """Set each registered tool's title and annotations from :data:`TOOL_META`.
-
-    A tool without an entry keeps the hints its ``@tool`` decorator gave (tests/test_mcp_protocol.py
-    fails until it has one).
-    """
-    from mcp_types import ToolAnnotations
-
-    for t in server._tool_manager.list_tools():  # SDK: list_tools reads these fields live
-        if t.name not in TOOL_META:
-            continue
-        title, read_only, destructive, idempotent = TOOL_META[t.name]
-        t.title = title
-        t.annotations = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
-                                        idempotent_hint=idempotent, open_world_hint=False)
-
-
-class GuardedMCPServer(MCPServer):
+class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
     async def run_stdio_async(self) -> None:
-        from evotrainer.servers.envelope import serve_stdio
-
         await serve_stdio(self)
 
 
-def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> MCPServer:
+def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> GuardedMCPServer:
     """An MCP server with the tools of ``name`` (one toolset or ``all``) over the run in ``run_dir``.
 
     Args:
@@ -137,34 +136,29 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     """
     if name not in SERVER_NAMES:
         raise ValueError(f"server {name!r}: choose one of {', '.join(SERVER_NAMES)}")
-    from evotrainer.servers import protocol
-
-    state = ServerState(run_dir)
-    state.extras["backend_name"] = backend
     sets = list(TOOLSETS) if name == "all" else [name]
+    state = ServerState(run_dir, backend_name=backend, server_name=f"evotrainer-{name}", toolsets=tuple(sets))
     instructions = " ".join(INSTRUCTIONS[s] for s in sets)
+    tools = [make_tool(fn, TOOL_META.get(fn.__name__)) for s in sets for fn in TOOLSETS[s]]
+    tools += [make_tool(fn, TOOL_META.get(fn.__name__)) for fn in TOOLS]
     protocol.one_line_stderr_logging()  # before the SDK's rich handler (basicConfig keeps the first)
     holder: dict[str, protocol.VersionWatcher] = {}
-    server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions,
-                       lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
-                       log_level="WARNING", version=_version())
-    for s in sets:
-        importlib.import_module(TOOLSETS[s]).register(server, state)
-    _add_server_info(server, state, name, sets)
-    _apply_tool_meta(server)
-    server.middleware.append(argument_error_middleware(server))
-    _add_prompts(server, state)
+    server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions, tools=tools,
+                              lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
+                              log_level="WARNING", version=_version())
+    if "training" in sets:
+        training.register(server, state)
+    server.middleware.append(argument_error_middleware(tools))
+    for prompt in PROMPTS:
+        server.prompt()(prompt)
     holder["watcher"] = protocol.install(server, state)
-    server.evotrainer_state = state  # type: ignore[attr-defined]  (tests and the CLI reach jobs through it)
     return server
 
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("evotrainer")
-    except Exception:
+    except PackageNotFoundError:
         return "0"
 
 
@@ -196,51 +190,57 @@ class ServerInfo(BaseModel):
     running_jobs: list[str] = Field(description="Jobs running in this server process.")
 
 
-def _add_server_info(server: MCPServer, state: ServerState, name: str, sets: list[str]) -> None:
-    @tool(server)
-    async def server_info() -> ServerInfo:
-        """Which EvoTrainer server this is, its run folder and running jobs: a cheap health check."""
-        return ServerInfo(server=f"evotrainer-{name}", version=server.version, toolsets=sets,
-                          run_dir=str(state.run_dir) if state.run_dir else None,
-                          run_exists=bool(state.run_dir and (state.run_dir / "lineage.db").exists()),
-                          backend=state.extras.get("backend_name", "local"),
-                          running_jobs=[j.id for j in state.jobs.running()] if state.jobs else [])
+async def server_info(ctx: ToolContext) -> ServerInfo:
+    """Which EvoTrainer server this is, its run folder and running jobs: a cheap health check."""
+    st = state_of(ctx)
+    return ServerInfo(server=st.server_name, version=_version(), toolsets=list(st.toolsets),
+                      run_dir=str(st.run_dir) if st.run_dir else None,
+                      run_exists=bool(st.run_dir and (st.run_dir / "lineage.db").exists()),
+                      backend=st.backend_name, running_jobs=[j.id for j in st.jobs.running()])
 
 
-def _add_prompts(server: MCPServer, state: ServerState) -> None:
-    @server.prompt()
-    def diagnose_run(
-        version_id: Annotated[str | None, Field(description="Version to diagnose (default: the latest trained).")]
-        = None,
-    ) -> str:
-        """Diagnose a trained version: read its metrics, rollouts and logs, run analyzers, and report findings
-        with evidence."""
-        target = version_id or "the most recently trained version"
-        return (
-            f"Diagnose {target} of this EvoTrainer run.\n\nLineage now:\n{_lineage_table(state)}\n\n"
-            "Steps: (1) metric_summary and get_metric_series for reward/mean, reward/frac_zero_std, policy/entropy, "
-            "completions/mean_length, completions/clipped_ratio, policy/kl; (2) group_stats and sample_rollouts "
-            "(look at zero-variance groups, truncated completions, high-reward completions that look wrong); "
-            "(3) list_analyzers then run_analyzer on the version; (4) search_logs for warnings and errors. "
-            "Report each finding as: kind, severity (info | warn | blocking), steps, evidence refs (metric "
-            "names, rollout ids), and a one-line explanation. Do not propose fixes yet."
-        )
+TOOLS = (server_info,)
+"""The tools every server has, after its toolsets' tools."""
 
-    @server.prompt()
-    def propose_next_intervention(
-        version_id: Annotated[str, Field(description="Parent version of the next child.")],
-        findings: Annotated[str, Field(description="Findings of the diagnosis (text or JSON).")] = "",
-    ) -> str:
-        """Propose the next single-factor intervention on a version from its findings and the skill memory."""
-        return (
-            f"Propose the next intervention on {version_id}.\n\nLineage now:\n{_lineage_table(state)}\n\n"
-            f"Findings:\n{findings or '(run diagnose_run first, or call run_analyzer)'}\n\n"
-            "Steps: (1) search_skills with the finding kinds; (2) pick ONE recipe path to change (single factor), "
-            "with a hypothesis and the metric expected to move; (3) where possible backtest it first "
-            "(rescore_rollouts for a reward change, replay_filter for a filter change); (4) call "
-            "propose_intervention(parent_id, path, new_value, hypothesis, expected_metric, expected_direction, "
-            "source='skill:<id>'). Avoid interventions already tried in the lineage above."
-        )
+
+def diagnose_run(
+    ctx: ToolContext,
+    version_id: Annotated[str | None, Field(description="Version to diagnose (default: the latest trained).")]
+    = None,
+) -> str:
+    """Diagnose a trained version: read its metrics, rollouts and logs, run analyzers, and report findings
+    with evidence."""
+    target = version_id or "the most recently trained version"
+    return (
+        f"Diagnose {target} of this EvoTrainer run.\n\nLineage now:\n{_lineage_table(state_of(ctx))}\n\n"
+        "Steps: (1) metric_summary and get_metric_series for reward/mean, reward/frac_zero_std, policy/entropy, "
+        "completions/mean_length, completions/clipped_ratio, policy/kl; (2) group_stats and sample_rollouts "
+        "(look at zero-variance groups, truncated completions, high-reward completions that look wrong); "
+        "(3) list_analyzers then run_analyzer on the version; (4) search_logs for warnings and errors. "
+        "Report each finding as: kind, severity (info | warn | blocking), steps, evidence refs (metric "
+        "names, rollout ids), and a one-line explanation. Do not propose fixes yet."
+    )
+
+
+def propose_next_intervention(
+    ctx: ToolContext,
+    version_id: Annotated[str, Field(description="Parent version of the next child.")],
+    findings: Annotated[str, Field(description="Findings of the diagnosis (text or JSON).")] = "",
+) -> str:
+    """Propose the next single-factor intervention on a version from its findings and the skill memory."""
+    return (
+        f"Propose the next intervention on {version_id}.\n\nLineage now:\n{_lineage_table(state_of(ctx))}\n\n"
+        f"Findings:\n{findings or '(run diagnose_run first, or call run_analyzer)'}\n\n"
+        "Steps: (1) search_skills with the finding kinds; (2) pick ONE recipe path to change (single factor), "
+        "with a hypothesis and the metric expected to move; (3) where possible backtest it first "
+        "(rescore_rollouts for a reward change, replay_filter for a filter change); (4) call "
+        "propose_intervention(parent_id, path, new_value, hypothesis, expected_metric, expected_direction, "
+        "source='skill:<id>'). Avoid interventions already tried in the lineage above."
+    )
+
+
+PROMPTS = (diagnose_run, propose_next_intervention)
+"""The prompts every server has."""
 
 
 def run_stdio(name: str, run_dir: str | Path | None, backend: str = "local") -> None:
@@ -250,8 +250,6 @@ def run_stdio(name: str, run_dir: str | Path | None, backend: str = "local") -> 
 
 def describe(name: str) -> str:
     """JSON list of the tools of a server (name and first line of the description), for docs and --json."""
-    import anyio
-
     server = build_server(name, None)
     tools = anyio.run(server.list_tools)
     return json.dumps([{"name": t.name, "description": (t.description or "").strip().splitlines()[0]}

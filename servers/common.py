@@ -1,13 +1,16 @@
-"""Shared plumbing of the MCP servers: server state (lifespan context), error mapping, pagination.
+"""Shared plumbing of the MCP servers: the typed server state (lifespan context), tool construction, error
+mapping, argument bounds, pagination.
 
-Every toolset module (``training``, ``rollouts``, ``logs``, ``analyzers``, ``skills``) exposes
-``register(server)``; its tools reach the run through :func:`state_of` (the lifespan context,
-as in the SDK's ``lifespan_example.py``) and raise :class:`ToolError` with a message that says what
-to fix. :func:`tool` registers a function with that error mapping: a known domain error
-(``LineageError``, ``RecipeError``, ...) becomes a tool error with its own message; anything else
-becomes a tool error that names the exception (the server keeps serving either way).
+Every toolset module (``training``, ``rollouts``, ``logs``, ``analyzers`` with ``backtests``, ``skills``)
+defines its tools as module-level typed functions and lists them in ``TOOLS``; a tool takes
+``ctx: ToolContext``, reaches the run through :func:`state_of` (``ctx.request_context.lifespan_context``,
+a :class:`ServerState`, as in the SDK's lifespan examples) and raises :class:`ToolError` with a message
+that says what to fix. :func:`make_tool` turns such a function into the SDK ``Tool`` that
+:func:`~evotrainer.servers.app.build_server` serves, with the error mapping of :func:`guard`: a known
+domain error (``LineageError``, ``RecipeError``, ...) becomes a tool error with its own message; anything
+else becomes a tool error that names the exception (the server keeps serving either way).
 
-Bounds every tool gets from :func:`tool` (issue 22):
+Bounds every tool gets from :func:`make_tool`:
 
 - a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``): a call still running after it is answered
   with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so the
@@ -30,18 +33,27 @@ import re
 import threading
 import types
 import typing
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 from annotated_types import Ge, Le, MaxLen
+from evotrainer.servers.jobs import JobManager
+from evotrainer.skills_db.store import SkillStore
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import AllowInfNan, BaseModel, Field, create_model
+
+from evotrainer.intervention import InterventionError
+from evotrainer.lineage import LineageError, Version
+from evotrainer.recipe import RecipeError
+from evotrainer.workspace import Workspace, WorkspaceError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,32 +74,43 @@ JsonScalar = str | int | float | bool | None
 JsonValue = str | int | float | bool | list[JsonScalar | dict[str, Any]] | dict[str, Any] | None
 
 
+@dataclass
 class ServerState:
-    """Handles shared by all tools of one server process (the lifespan context).
+    """Handles shared by all tools of one server process: the typed lifespan context.
 
-    The workspace is opened lazily and read-only in spirit (no writer lock): training and
-    evaluation jobs open their own writer handle (:mod:`evotrainer.servers.training`). SQLite WAL
-    and Lance snapshots give readers consistent views while a job writes.
+    Every tool reaches it as ``ctx.request_context.lifespan_context`` (:func:`state_of`), the pattern of
+    the SDK's lifespan examples; the same state is yielded to every session (:func:`make_lifespan`),
+    because it outlives them: jobs keep running between sessions. The workspace is opened lazily and
+    read-only in spirit (no writer lock): training and evaluation jobs open their own writer handle
+    (:mod:`evotrainer.servers.jobs`). SQLite WAL and Lance snapshots give readers consistent views while
+    a job writes.
 
     Args:
         run_dir: the run folder the tools act on (None: the tools that need a run say so).
+        backend_name: training backend of start_training / evaluate_version (``local`` | ``openrlhf``).
+        server_name: the server's name, e.g. ``evotrainer-all`` (server_info).
+        toolsets: the toolsets the server serves (server_info).
     """
 
-    def __init__(self, run_dir: str | Path | None):
-        self.run_dir = Path(run_dir).expanduser().resolve() if run_dir else None
-        self._ws = None
-        self._lock = threading.Lock()
-        self.jobs: Any = None  # training.JobManager, set by training.register
-        self.extras: dict[str, Any] = {}  # lazily opened handles of other toolsets (skill store, ...)
+    run_dir: Path | None = None
+    backend_name: str = "local"
+    server_name: str = ""
+    toolsets: tuple[str, ...] = ()
+    jobs: JobManager = field(init=False)
+    _ws: Workspace | None = field(default=None, init=False, repr=False)
+    _skills: SkillStore | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    def workspace(self):
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir else None
+        self.jobs = JobManager(self.run_dir)
+
+    def workspace(self) -> Workspace:
         """The run's :class:`~evotrainer.workspace.Workspace` (opened on first use).
 
         Raises:
             ToolError: no run folder was given, or it is not a run folder.
         """
-        from evotrainer.workspace import Workspace, WorkspaceError
-
         with self._lock:
             if self._ws is None:
                 if self.run_dir is None:
@@ -98,12 +121,13 @@ class ServerState:
                     raise ToolError(str(exc)) from None
             return self._ws
 
-    def extra(self, key: str, factory: Callable[[], Any]) -> Any:
-        """A lazily created shared handle (one per server process), e.g. the skill store."""
+    def skill_store(self) -> SkillStore:
+        """The process-wide :class:`~evotrainer.skills_db.store.SkillStore` (opened on first use; the seed
+        library is loaded when its table is created)."""
         with self._lock:
-            if key not in self.extras:
-                self.extras[key] = factory()
-            return self.extras[key]
+            if self._skills is None:
+                self._skills = SkillStore()
+            return self._skills
 
     def close(self) -> None:
         """Close the workspace (jobs keep their own handles)."""
@@ -113,33 +137,39 @@ class ServerState:
                 self._ws = None
 
 
-def make_lifespan(state: ServerState):
+Lifespan = Callable[[MCPServer[ServerState]], AbstractAsyncContextManager[ServerState]]
+
+
+def make_lifespan(state: ServerState) -> Lifespan:
     """A lifespan that hands ``state`` to every session (state outlives sessions: jobs keep running)."""
 
     @asynccontextmanager
-    async def lifespan(_server: MCPServer) -> AsyncIterator[ServerState]:
+    async def lifespan(_server: MCPServer[ServerState]) -> AsyncIterator[ServerState]:
         yield state
 
     return lifespan
 
 
-def state_of(ctx: Context) -> ServerState:
-    """The :class:`ServerState` of the server handling this request (the lifespan context; for a direct
-    ``server.call_tool`` without a session, the state :func:`~evotrainer.servers.app.build_server` attached)."""
+ToolContext = Context[ServerState, Any]
+"""The ``ctx`` argument of every tool: the request's MCP context, whose lifespan context is the :class:`ServerState`."""
+
+
+def state_of(ctx: Context[ServerState, Any]) -> ServerState:
+    """The :class:`ServerState` of the server handling this request (its lifespan context).
+
+    Raises:
+        ToolError: the call came without a request context (``MCPServer.call_tool`` outside a session).
+    """
     try:
         return ctx.request_context.lifespan_context
     except ValueError:
-        return ctx.mcp_server.evotrainer_state  # type: ignore[attr-defined]
+        raise ToolError("this tool needs an MCP session (its lifespan context holds the run): call it through a "
+                        "client, e.g. mcp.Client(server)") from None
 
 
-def _known_errors() -> tuple[type[BaseException], ...]:
-    from evotrainer.intervention import InterventionError
-    from evotrainer.lineage import LineageError
-    from evotrainer.recipe import RecipeError
-    from evotrainer.workspace import WorkspaceError
-
-    return (LineageError, RecipeError, InterventionError, WorkspaceError, ValueError, KeyError,
-            FileNotFoundError, PermissionError, TimeoutError)
+_KNOWN_ERRORS: tuple[type[BaseException], ...] = (
+    LineageError, RecipeError, InterventionError, WorkspaceError, ValueError, KeyError, FileNotFoundError,
+    PermissionError, TimeoutError)
 
 
 def _to_tool_error(name: str, exc: BaseException) -> ToolError:
@@ -148,7 +178,7 @@ def _to_tool_error(name: str, exc: BaseException) -> ToolError:
     if type(exc).__module__.split(".")[0] in ("duckdb", "_duckdb"):
         return ToolError(f"{name} failed: the rollout query was rejected ({type(exc).__name__}); check that numbers "
                          f"are within range (integers within signed 64 bits, finite floats) and retry")
-    if isinstance(exc, _known_errors()):
+    if isinstance(exc, _KNOWN_ERRORS):
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return ToolError(scrub(str(msg)))
     return ToolError(f"{name} failed: {type(exc).__name__}: {scrub(str(exc))}")
@@ -169,53 +199,86 @@ def scrub(text: str) -> str:
     return text
 
 
-def tool(server: MCPServer, *, read_only: bool = True, destructive: bool = False,
-         deadline_s: float | None = None) -> Callable[[F], F]:
-    """Register ``fn`` as a tool of ``server`` with domain errors mapped to tool errors.
+ToolMeta = tuple[str, bool, bool, bool]
+"""``(title, read_only, destructive, idempotent)`` of a tool (``app.TOOL_META``)."""
+
+
+def guard(fn: Callable[..., Any], deadline_s: float | None = None) -> Callable[..., Awaitable[Any]]:
+    """``fn`` as an async tool body with domain errors mapped to tool errors and a deadline.
+
+    A sync ``fn`` runs in a worker thread; after ``deadline_s`` seconds (default :data:`DEFAULT_DEADLINE_S`,
+    read at call time) the call is answered with a tool error (the thread finishes in the background: Python
+    threads cannot be killed, so long loops also check their own deadline, e.g. ``search_logs``).
+    """
+    name = fn.__name__
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                raise _to_tool_error(name, exc) from exc
+    else:
+        @functools.wraps(fn)
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            call = functools.partial(fn, *args, **kwargs)
+            limit = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
+            try:
+                with anyio.move_on_after(limit) as scope:
+                    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                if scope.cancelled_caught:
+                    raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
+                                    "(a version, a step range, a smaller limit) or retry later")
+            except Exception as exc:
+                raise _to_tool_error(name, exc) from exc
+    return wrapped
+
+
+def description_of(fn: Callable[..., Any]) -> str:
+    """The tool description clients see: ``fn``'s docstring on one line."""
+    return " ".join((fn.__doc__ or "").split())
+
+
+def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
+    """The SDK :class:`~mcp.server.mcpserver.tools.Tool` of a module-level tool function.
 
     The docstring is the tool description; arguments carry ``Field(description=...)``; the return
-    annotation (a pydantic model) is the output schema. A sync ``fn`` runs in a worker thread; after
-    ``deadline_s`` seconds (default :data:`DEFAULT_DEADLINE_S`, read at call time) the call is answered with
-    a tool error (the thread finishes in the background: Python threads cannot be killed, so long loops also
-    check their own deadline, e.g. ``search_logs``).
+    annotation (a pydantic model) is the output schema; ``meta`` gives the title and the behaviour hints
+    (without it: read-only, not destructive). The body runs under :func:`guard`. The argument model is
+    strict (unknown argument names such as ``limt`` are errors, not silently dropped) and bounded
+    (:func:`bounded_arg_model`); the output schema has its ``$ref`` inlined (:func:`inline_refs`). The
+    result goes to ``MCPServer(tools=[...])``, the SDK's public way to serve a prepared ``Tool``.
+    """
+    if meta is None:
+        title, annotations = None, ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+    else:
+        title, read_only, destructive, idempotent = meta
+        annotations = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
+                                      idempotent_hint=idempotent, open_world_hint=False)
+    t = Tool.from_function(guard(fn), name=fn.__name__, title=title, description=description_of(fn),
+                           annotations=annotations)
+    base = t.fn_metadata.arg_model
+    strict = type(base.__name__, (base,), {"model_config": {**base.model_config, "extra": "forbid"}})
+    t.fn_metadata.arg_model = bounded_arg_model(strict)
+    t.parameters = t.fn_metadata.arg_model.model_json_schema(by_alias=True)
+    t.parameters["additionalProperties"] = False
+    if t.fn_metadata.output_schema:
+        t.fn_metadata.output_schema = inline_refs(t.fn_metadata.output_schema)
+    return t
+
+
+def tool(server: MCPServer[Any], *, read_only: bool = True, destructive: bool = False,
+         deadline_s: float | None = None) -> Callable[[F], F]:
+    """Decorator: add ``fn`` to any ``server`` through the SDK's ``add_tool``, under :func:`guard`.
+
+    For a one-off tool outside the catalogue (tests, experiments): the SDK builds its argument model, so it
+    is neither strict nor bounded; the catalogue's tools are made with :func:`make_tool`.
     """
 
     def deco(fn: F) -> F:
-        name = fn.__name__
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def wrapped(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await fn(*args, **kwargs)
-                except Exception as exc:
-                    raise _to_tool_error(name, exc) from exc
-        else:
-            @functools.wraps(fn)
-            async def wrapped(*args: Any, **kwargs: Any) -> Any:
-                call = functools.partial(fn, *args, **kwargs)
-                limit = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
-                try:
-                    with anyio.move_on_after(limit) as scope:
-                        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-                    if scope.cancelled_caught:
-                        raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
-                                        "(a version, a step range, a smaller limit) or retry later")
-                except Exception as exc:
-                    raise _to_tool_error(name, exc) from exc
-
-        description = " ".join((fn.__doc__ or "").split())  # one line: the docstring, unwrapped
-        server.add_tool(wrapped, description=description, annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
-                                                              open_world_hint=False))
-        registered = server._tool_manager.get_tool(name)  # SDK: fields of fn_metadata are read live
-        if registered is not None:
-            # unknown argument names (typos such as 'limt') are errors, not silently dropped
-            base = registered.fn_metadata.arg_model
-            strict = type(base.__name__, (base,), {"model_config": {**base.model_config, "extra": "forbid"}})
-            registered.fn_metadata.arg_model = bounded_arg_model(strict)
-            registered.parameters = registered.fn_metadata.arg_model.model_json_schema(by_alias=True)
-            registered.parameters["additionalProperties"] = False
-            if registered.fn_metadata.output_schema:
-                registered.fn_metadata.output_schema = inline_refs(registered.fn_metadata.output_schema)
+        server.add_tool(guard(fn, deadline_s), description=description_of(fn),
+                        annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive,
+                                                    open_world_hint=False))
         return fn
 
     return deco
@@ -326,9 +389,11 @@ def explain_validation_error(text: str, schema: dict[str, Any] | None) -> str | 
     return f"Error executing tool {head.group(1)}: invalid arguments: " + "; ".join(items)
 
 
-def argument_error_middleware(server: MCPServer) -> Callable[..., Any]:
+def argument_error_middleware(tools: Iterable[Tool]) -> Callable[..., Any]:
     """Server middleware for ``tools/call``: arguments over :data:`MAX_ARGUMENTS_BYTES` are refused before
-    validation; argument-validation errors get :func:`explain_validation_error`; error text is :func:`scrub`-bed."""
+    validation; argument-validation errors get :func:`explain_validation_error` (with the argument schema of
+    the tool, from ``tools``: the server's own :func:`make_tool` results); error text is :func:`scrub`-bed."""
+    schemas = {t.name: t.parameters for t in tools}
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
         if ctx.method == "tools/call" and isinstance(ctx.params, dict):
@@ -346,8 +411,8 @@ def argument_error_middleware(server: MCPServer) -> Callable[..., Any]:
             content = result.get("content") or []
             text = content[0].get("text", "") if content and isinstance(content[0], dict) else ""
             name = (ctx.params or {}).get("name")
-            registered = server._tool_manager.get_tool(name) if isinstance(name, str) else None
-            better = scrub(explain_validation_error(text, registered.parameters if registered else None) or text)
+            schema = schemas.get(name) if isinstance(name, str) else None
+            better = scrub(explain_validation_error(text, schema) or text)
             if better != text:
                 result = {**result, "content": [{**content[0], "text": better}, *content[1:]]}
         except Exception:  # never let error formatting break a reply
@@ -380,10 +445,8 @@ def clip_text(text: str | None, max_chars: int) -> str:
     return text[:max_chars] + f"... [{len(text) - max_chars} more chars]"
 
 
-def require_version(ws: Any, version_id: str) -> Any:
+def require_version(ws: Workspace, version_id: str) -> Version:
     """The version ``version_id`` of the run, or a tool error listing the known ids."""
-    from evotrainer.lineage import LineageError
-
     try:
         return ws.lineage.get(version_id)
     except LineageError as exc:

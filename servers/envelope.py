@@ -28,6 +28,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import JSONRPCError, jsonrpc_message_adapter
+from pydantic import ValidationError
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -70,8 +75,6 @@ async def check_envelope_async(raw: bytes | str) -> tuple[dict[str, Any] | None,
     keeps serving other requests while a 4 MiB body is parsed)."""
     if len(raw) <= INLINE_CHECK_BYTES:
         return check_envelope(raw)
-    import anyio.to_thread
-
     return await anyio.to_thread.run_sync(check_envelope, raw)
 
 
@@ -124,9 +127,6 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
         if "error" in obj and not (isinstance(err, dict) and isinstance(err.get("code"), int)
                                    and not isinstance(err.get("code"), bool) and isinstance(err.get("message"), str)):
             return bad("'error' must be an object with an integer 'code' and a string 'message'")
-    from mcp_types import jsonrpc_message_adapter
-    from pydantic import ValidationError
-
     try:
         jsonrpc_message_adapter.validate_python(obj, by_name=False)
     except ValidationError as exc:  # anything the checks above missed: one short line, no pydantic URLs
@@ -142,7 +142,6 @@ TOO_LARGE = object()  # marker of a stdio line over MAX_MESSAGE_BYTES (already d
 async def _read_lines(f: Any) -> AsyncIterator[Any]:
     """Lines (bytes) of a binary file read in a worker thread, each at most :data:`MAX_MESSAGE_BYTES` bytes
     (longer: ``TOO_LARGE``, the rest of the line is skipped)."""
-    import anyio.to_thread
 
     async def readline(n: int) -> bytes:
         return await anyio.to_thread.run_sync(f.readline, n, abandon_on_cancel=True)
@@ -222,10 +221,6 @@ def _claim_stdin() -> tuple[Any, Callable[[], None]]:
 
 async def serve_stdio(server: Any) -> None:
     """Serve ``server`` (an ``MCPServer``) over stdio with :class:`GuardedLines` in front of the SDK transport."""
-    from mcp.server.stdio import stdio_server
-    from mcp.shared.message import SessionMessage
-    from mcp_types import JSONRPCError
-
     source, restore = _claim_stdin()
     lines = GuardedLines(source)
     try:

@@ -1,4 +1,4 @@
-"""Streamable-HTTP transport with the project's security rules (DESIGN.md §6).
+"""Streamable-HTTP transport with the project's security rules (docs/design.md §3).
 
 - binds 127.0.0.1 by default; a non-loopback address needs ``allow_public=True`` (``--allow-public``);
 - every request needs ``Authorization: Bearer <token>`` (token from ``EVOTRAINER_MCP_TOKEN`` or
@@ -26,6 +26,9 @@ import secrets
 from typing import Any
 from urllib.parse import urlsplit
 
+import uvicorn
+from evotrainer.servers.envelope import EnvelopeGuard
+from evotrainer.servers.protocol import ProtocolVersionGuard
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
@@ -146,22 +149,18 @@ def session_limits(session_idle_s: float | None = None, max_sessions: int | None
             pick(max_sessions, MAX_SESSIONS_ENV, MAX_SESSIONS, int))
 
 
-def http_app(server: MCPServer, token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = (),
+def http_app(server: MCPServer[Any], token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = (),
              session_idle_s: float | None = None, max_sessions: int | None = None) -> Any:
     """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` behind :class:`EnvelopeGuard` and
     :class:`SecurityMiddleware` (outermost), with idle expiry and a cap on sessions (:func:`session_limits`)."""
-    from evotrainer.servers.envelope import EnvelopeGuard
-
     idle, cap = session_limits(session_idle_s, max_sessions)
     security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     inner = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security,
                                        session_idle_timeout=idle, max_sessions=cap)
-    from evotrainer.servers.protocol import ProtocolVersionGuard
-
     return SecurityMiddleware(EnvelopeGuard(ProtocolVersionGuard(inner)), token, allowed_origins)
 
 
-def serve_http(server: MCPServer, *, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
+def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
                allow_public: bool = False, allowed_origins: tuple[str, ...] = (),
                announce: Any = None) -> None:
     """Serve ``server`` over streamable HTTP until interrupted.
@@ -172,8 +171,6 @@ def serve_http(server: MCPServer, *, host: str = "127.0.0.1", port: int = 8765, 
     Raises:
         ServeError: public bind without ``allow_public``, or a too-short token.
     """
-    import uvicorn
-
     check_bind(host, allow_public)
     tok, generated = resolve_token(token)
     app = http_app(server, tok, host, allowed_origins)

@@ -15,13 +15,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-RunFn = Callable[[Any, Callable[[dict[str, Any]], None], Callable[[], bool]], Any]
+from evotrainer.workspace import Workspace, WorkspaceError
+
+ProgressFn = Callable[[dict[str, Any]], None]
+StopFn = Callable[[], bool]
+RunFn = Callable[[Workspace, ProgressFn, StopFn], Any]
+"""``run(ws, progress, should_stop)``: the backend call of a job, on the job's own writer handle."""
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -64,7 +70,7 @@ class JobManager:
         run_dir: the run folder (a writer handle is opened on it per job).
     """
 
-    def __init__(self, run_dir: Any):
+    def __init__(self, run_dir: Path | None):
         self.run_dir = run_dir
         self._jobs: dict[str, RunningJob] = {}
         self._lock = threading.Lock()
@@ -85,8 +91,6 @@ class JobManager:
         Raises:
             ToolError: no run folder, or another job / process holds the run's writer lock.
         """
-        from evotrainer.workspace import Workspace, WorkspaceError
-
         if self.run_dir is None:
             raise ToolError("this server was started without a run folder; restart it with --run PATH")
         # A job of ours whose result is in (the store already says done / failed) may still be closing its
@@ -113,7 +117,7 @@ class JobManager:
         job.thread.start()
         return job
 
-    def _run(self, job: RunningJob, ws: Any, run: RunFn) -> None:
+    def _run(self, job: RunningJob, ws: Workspace, run: RunFn) -> None:
         def progress(info: dict[str, Any]) -> None:
             job.last = dict(info)
             if isinstance(info.get("step"), int) and isinstance(info.get("steps"), int):
@@ -159,7 +163,7 @@ class JobManager:
         job.cancel.set()
         return job
 
-    async def wait(self, ctx: Context | None, job_id: str, wait_s: float) -> None:
+    async def wait(self, ctx: Context[Any, Any] | None, job_id: str, wait_s: float) -> None:
         """Wait up to ``wait_s`` seconds for a job to finish, sending MCP progress notifications per step."""
         job = self.get(job_id)
         if job is None or wait_s <= 0:

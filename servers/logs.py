@@ -19,17 +19,16 @@ import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
+import re2
 from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
-    ServerState,
+    ToolContext,
     clip_text,
     page_fields,
     require_version,
     state_of,
-    tool,
 )
-from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
@@ -144,8 +143,6 @@ def compile_regex(query: str) -> Any:
     Raises:
         ToolError: ``query`` is not valid RE2 syntax (e.g. a backreference or look-around).
     """
-    import re2
-
     opts = re2.Options()
     opts.case_sensitive = False
     opts.log_errors = False
@@ -190,119 +187,119 @@ def stats_of(name: str, series: list[tuple[int, float | None]]) -> MetricStats:
                        mean=sum(vals) / len(vals), slope_per_step=slope, last_k_mean=sum(tail) / len(tail))
 
 
-def register(server: MCPServer, state: ServerState) -> None:
-    """Add the log- and metric-search tools to ``server``."""
+def search_logs(
+    ctx: ToolContext,
+    query: Annotated[str | None, Field(description="Text to find in the message (case-insensitive), or a "
+                                                   "RE2 regex with regex=true (no backreferences / look-around).",
+                                                   max_length=1000)] = None,
+    regex: Annotated[bool, Field(description="Treat query as a regular expression.")] = False,
+    version_id: Annotated[str | None, Field(description="Only records of this version.")] = None,
+    level: Annotated[Literal["debug", "info", "warning", "error"] | None, Field(
+        description="Minimum level (debug < info < warning < error).")] = None,
+    since: TimeArg = None,
+    until: TimeArg = None,
+    offset: Annotated[int, Field(description="Index of the first record.", ge=0)] = 0,
+    limit: Annotated[int, Field(description="Records per page.", ge=1, le=MAX_LIMIT)] = 50,
+    max_chars: Annotated[int, Field(description="Cut messages to this many characters (0 = no cut).", ge=0)]
+    = 2000,
+) -> LogList:
+    """Search the run log (training, jobs, decisions, errors) by text or regex, version, level and time."""
+    ws = state_of(ctx).workspace()
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    if t0 is not None and t1 is not None and t0 > t1:
+        raise ToolError(f"since={since!r} is after until={until!r}: give since <= until")
+    pattern = compile_regex(query) if query and regex else None
+    needle = query.lower() if query and not regex else None
+    min_level = LEVELS.index(level) if level else 0
+    all_records = ws.read_logs()
+    deadline = time.monotonic() + SEARCH_DEADLINE_S
+    out = []
+    for i, rec in enumerate(all_records):
+        if i % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+            raise ToolError(f"search_logs stopped after {SEARCH_DEADLINE_S:g} s at record {i} of {len(all_records)}; "
+                            "narrow it with version_id, level, since / until, or a simpler query")
+        msg = str(rec.get("message", ""))
+        lvl = str(rec.get("level", "info")).lower()
+        t = rec.get("time")
+        if version_id is not None and rec.get("version") != version_id:
+            continue
+        if (LEVELS.index(lvl) if lvl in LEVELS else len(LEVELS)) < min_level:
+            continue
+        if not isinstance(t, (int, float)) or (t0 is not None and t < t0) or (t1 is not None and t > t1):
+            continue
+        if pattern is not None and not pattern.search(msg):
+            continue
+        if needle is not None and needle not in msg.lower():
+            continue
+        out.append(rec)
+    page = out[offset:offset + limit]
+    skip = {"time", "level", "version", "source", "message"}
+    records = [LogRecord(time=r["time"], iso_time=datetime.fromtimestamp(r["time"], timezone.utc).isoformat(),
+                         level=str(r.get("level", "info")), version=r.get("version"),
+                         source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
+                         extra={k: v for k, v in r.items() if k not in skip}) for r in page]
+    return LogList(records=records, **page_fields(len(out), offset, len(page)))
 
-    @tool(server)
-    def search_logs(
-        ctx: Context,
-        query: Annotated[str | None, Field(description="Text to find in the message (case-insensitive), or a "
-                                                       "RE2 regex with regex=true (no backreferences / look-around).",
-                                                       max_length=1000)] = None,
-        regex: Annotated[bool, Field(description="Treat query as a regular expression.")] = False,
-        version_id: Annotated[str | None, Field(description="Only records of this version.")] = None,
-        level: Annotated[Literal["debug", "info", "warning", "error"] | None, Field(
-            description="Minimum level (debug < info < warning < error).")] = None,
-        since: TimeArg = None,
-        until: TimeArg = None,
-        offset: Annotated[int, Field(description="Index of the first record.", ge=0)] = 0,
-        limit: Annotated[int, Field(description="Records per page.", ge=1, le=MAX_LIMIT)] = 50,
-        max_chars: Annotated[int, Field(description="Cut messages to this many characters (0 = no cut).", ge=0)]
-        = 2000,
-    ) -> LogList:
-        """Search the run log (training, jobs, decisions, errors) by text or regex, version, level and time."""
-        ws = state_of(ctx).workspace()
-        t0, t1 = parse_time(since, "since"), parse_time(until, "until")
-        if t0 is not None and t1 is not None and t0 > t1:
-            raise ToolError(f"since={since!r} is after until={until!r}: give since <= until")
-        pattern = compile_regex(query) if query and regex else None
-        needle = query.lower() if query and not regex else None
-        min_level = LEVELS.index(level) if level else 0
-        all_records = ws.read_logs()
-        deadline = time.monotonic() + SEARCH_DEADLINE_S
-        out = []
-        for i, rec in enumerate(all_records):
-            if i % _CHECK_EVERY == 0 and time.monotonic() > deadline:
-                raise ToolError(f"search_logs stopped after {SEARCH_DEADLINE_S:g} s at record {i} of {len(all_records)}; "
-                                "narrow it with version_id, level, since / until, or a simpler query")
-            msg = str(rec.get("message", ""))
-            lvl = str(rec.get("level", "info")).lower()
-            t = rec.get("time")
-            if version_id is not None and rec.get("version") != version_id:
-                continue
-            if (LEVELS.index(lvl) if lvl in LEVELS else len(LEVELS)) < min_level:
-                continue
-            if not isinstance(t, (int, float)) or (t0 is not None and t < t0) or (t1 is not None and t > t1):
-                continue
-            if pattern is not None and not pattern.search(msg):
-                continue
-            if needle is not None and needle not in msg.lower():
-                continue
-            out.append(rec)
-        page = out[offset:offset + limit]
-        skip = {"time", "level", "version", "source", "message"}
-        records = [LogRecord(time=r["time"], iso_time=datetime.fromtimestamp(r["time"], timezone.utc).isoformat(),
-                             level=str(r.get("level", "info")), version=r.get("version"),
-                             source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
-                             extra={k: v for k, v in r.items() if k not in skip}) for r in page]
-        return LogList(records=records, **page_fields(len(out), offset, len(page)))
 
-    @tool(server)
-    def list_metrics(
-        ctx: Context,
-        version_id: Annotated[str | None, Field(description="Only this version (default: every version).")] = None,
-    ) -> MetricList:
-        """Metric names logged in the run and, per version, the metrics and number of steps."""
-        ws = state_of(ctx).workspace()
-        vids = [require_version(ws, version_id).id] if version_id else [v.id for v in ws.lineage.versions()]
-        per = []
-        for vid in vids:
-            allm = ws.lineage.all_metrics(vid)
-            if not allm and version_id is None:
-                continue
-            steps = {s for series in allm.values() for s, _ in series}
-            per.append(MetricVersion(version_id=vid, n_steps=len(steps), last_step=max(steps, default=-1),
-                                     names=sorted(allm)))
-        return MetricList(names=sorted({n for p in per for n in p.names}), versions=per)
+def list_metrics(
+    ctx: ToolContext,
+    version_id: Annotated[str | None, Field(description="Only this version (default: every version).")] = None,
+) -> MetricList:
+    """Metric names logged in the run and, per version, the metrics and number of steps."""
+    ws = state_of(ctx).workspace()
+    vids = [require_version(ws, version_id).id] if version_id else [v.id for v in ws.lineage.versions()]
+    per = []
+    for vid in vids:
+        allm = ws.lineage.all_metrics(vid)
+        if not allm and version_id is None:
+            continue
+        steps = {s for series in allm.values() for s, _ in series}
+        per.append(MetricVersion(version_id=vid, n_steps=len(steps), last_step=max(steps, default=-1),
+                                 names=sorted(allm)))
+    return MetricList(names=sorted({n for p in per for n in p.names}), versions=per)
 
-    @tool(server)
-    def get_metric_series(
-        ctx: Context,
-        version_id: Annotated[str, Field(description="Version id.")],
-        name: Annotated[str, Field(description="Metric name, e.g. 'reward/mean' (list_metrics shows them).")],
-        max_points: Annotated[int, Field(description="Most points returned; longer series are bucket-averaged.",
-                                         ge=1, le=5000)] = 200,
-        step_min: Annotated[int | None, Field(description="First step (inclusive).", ge=0)] = None,
-        step_max: Annotated[int | None, Field(description="Last step (inclusive).", ge=0)] = None,
-    ) -> MetricSeries:
-        """A metric of a version over training steps, downsampled to at most max_points (mean, min, max per
-        bucket)."""
-        ws = state_of(ctx).workspace()
-        require_version(ws, version_id)
-        series = ws.lineage.metric_series(version_id, name)
-        if not series:
-            names = ws.lineage.metric_names(version_id)
-            raise ToolError(f"metric {name!r} not logged for {version_id}; "
-                            + (f"it has: {', '.join(names)}" if names else "it has no metrics yet (train it first)"))
-        series = [(s, v) for s, v in series if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)]
-        return MetricSeries(version_id=version_id, name=name, n_raw=len(series), downsampled=len(series) > max_points,
-                            points=downsample(series, max_points))
 
-    @tool(server)
-    def metric_summary(
-        ctx: Context,
-        version_id: Annotated[str, Field(description="Version id.")],
-        names: Annotated[list[str] | None, Field(description="Metric names (default: all logged).")] = None,
-    ) -> MetricSummary:
-        """Per metric of a version: n, first, last, min, max, mean, slope per step and mean of the last 10
-        values; plus the version's eval summary."""
-        ws = state_of(ctx).workspace()
-        v = require_version(ws, version_id)
-        allm = ws.lineage.all_metrics(version_id)
-        if names:
-            missing = [n for n in names if n not in allm]
-            if missing:
-                raise ToolError(f"metrics not logged for {version_id}: {', '.join(missing)}; it has: "
-                                f"{', '.join(sorted(allm)) or 'none (train it first)'}")
-        return MetricSummary(version_id=version_id, eval_summary=v.eval_summary,
-                             metrics=[stats_of(n, allm[n]) for n in (names or sorted(allm))])
+def get_metric_series(
+    ctx: ToolContext,
+    version_id: Annotated[str, Field(description="Version id.")],
+    name: Annotated[str, Field(description="Metric name, e.g. 'reward/mean' (list_metrics shows them).")],
+    max_points: Annotated[int, Field(description="Most points returned; longer series are bucket-averaged.",
+                                     ge=1, le=5000)] = 200,
+    step_min: Annotated[int | None, Field(description="First step (inclusive).", ge=0)] = None,
+    step_max: Annotated[int | None, Field(description="Last step (inclusive).", ge=0)] = None,
+) -> MetricSeries:
+    """A metric of a version over training steps, downsampled to at most max_points (mean, min, max per
+    bucket)."""
+    ws = state_of(ctx).workspace()
+    require_version(ws, version_id)
+    series = ws.lineage.metric_series(version_id, name)
+    if not series:
+        names = ws.lineage.metric_names(version_id)
+        raise ToolError(f"metric {name!r} not logged for {version_id}; "
+                        + (f"it has: {', '.join(names)}" if names else "it has no metrics yet (train it first)"))
+    series = [(s, v) for s, v in series if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)]
+    return MetricSeries(version_id=version_id, name=name, n_raw=len(series), downsampled=len(series) > max_points,
+                        points=downsample(series, max_points))
+
+
+def metric_summary(
+    ctx: ToolContext,
+    version_id: Annotated[str, Field(description="Version id.")],
+    names: Annotated[list[str] | None, Field(description="Metric names (default: all logged).")] = None,
+) -> MetricSummary:
+    """Per metric of a version: n, first, last, min, max, mean, slope per step and mean of the last 10
+    values; plus the version's eval summary."""
+    ws = state_of(ctx).workspace()
+    v = require_version(ws, version_id)
+    allm = ws.lineage.all_metrics(version_id)
+    if names:
+        missing = [n for n in names if n not in allm]
+        if missing:
+            raise ToolError(f"metrics not logged for {version_id}: {', '.join(missing)}; it has: "
+                            f"{', '.join(sorted(allm)) or 'none (train it first)'}")
+    return MetricSummary(version_id=version_id, eval_summary=v.eval_summary,
+                         metrics=[stats_of(n, allm[n]) for n in (names or sorted(allm))])
+
+
+TOOLS = (search_logs, list_metrics, get_metric_series, metric_summary)
+"""The log- and metric-search tools, in catalogue order."""

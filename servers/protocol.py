@@ -29,10 +29,12 @@ import warnings
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from evotrainer.servers.common import ServerState, ToolContext, state_of
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import (
@@ -54,9 +56,7 @@ from mcp_types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
-if TYPE_CHECKING:
-    from evotrainer.servers.common import ServerState
-    from mcp.server.mcpserver import MCPServer
+from evotrainer.lineage import LineageError
 
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id
@@ -124,7 +124,7 @@ class VersionWatcher:
     subscription bus (the SDK filters by the URIs each listen asked for).
     """
 
-    def __init__(self, server: MCPServer, state: ServerState):
+    def __init__(self, server: MCPServer[ServerState], state: ServerState):
         self.server = server
         self.state = state
         self.seen: dict[str, float] | None = None
@@ -168,23 +168,16 @@ class VersionWatcher:
             await self.check()
 
 
-def _version_resource(server: MCPServer, state: ServerState) -> None:
-    @server.resource(VERSION_URI, name="lineage_version", title="One version of the lineage",
-                     mime_type="application/json")
-    def lineage_version(version_id: str) -> str:
-        """One version: recipe, interventions, status, checkpoint, metric / eval summaries, findings (JSON).
-        Subscribe to be told when it changes."""
-        from mcp.server.mcpserver.exceptions import ToolError
-
-        from evotrainer.lineage import LineageError
-
-        try:
-            v = state.workspace().lineage.get(version_id)
-        except ToolError as exc:
-            raise ResourceError(str(exc)) from None
-        except LineageError as exc:
-            raise ResourceNotFoundError(f"{exc}; complete the version_id argument or read lineage://tree") from None
-        return json.dumps(v.model_dump(mode="json"), default=str)
+def lineage_version(ctx: ToolContext, version_id: str) -> str:
+    """One version: recipe, interventions, status, checkpoint, metric / eval summaries, findings (JSON).
+    Subscribe to be told when it changes."""
+    try:
+        v = state_of(ctx).workspace().lineage.get(version_id)
+    except ToolError as exc:
+        raise ResourceError(str(exc)) from None
+    except LineageError as exc:
+        raise ResourceNotFoundError(f"{exc}; complete the version_id argument or read lineage://tree") from None
+    return json.dumps(v.model_dump(mode="json"), default=str)
 
 
 # --- handlers --------------------------------------------------------------------------------------
@@ -197,7 +190,7 @@ def _capabilities() -> ServerCapabilities:
                               completions=CompletionsCapability())
 
 
-def install(server: MCPServer, state: ServerState) -> VersionWatcher:
+def install(server: MCPServer[ServerState], state: ServerState) -> VersionWatcher:
     """Install the handlers of the module docstring on ``server``; returns its version watcher."""
     low = server._lowlevel_server
     watcher = VersionWatcher(server, state)
@@ -256,7 +249,8 @@ def install(server: MCPServer, state: ServerState) -> VersionWatcher:
         hits = [v for v in ids if v.startswith(argument.value or "")]
         return Completion(values=hits[:100], total=len(hits), has_more=len(hits) > 100)
 
-    _version_resource(server, state)
+    server.resource(VERSION_URI, name="lineage_version", title="One version of the lineage",
+                    mime_type="application/json")(lineage_version)
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
         if ctx.request_id is None or ctx.method in ("initialize", "server/discover", "logging/setLevel"):

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from evotrainer.servers.common import JsonValue, ServerState, state_of, tool
-from mcp.server.mcpserver import Context, MCPServer
+from evotrainer.servers.common import JsonValue, ToolContext, state_of
+from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, VersionSummary, new_id
+from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
 from pydantic import BaseModel, Field
 
 SkillKindArg = Literal["intervention", "analyzer", "procedure"]
@@ -88,14 +89,7 @@ class RecordId(BaseModel):
     id: str
 
 
-def skill_store(state: ServerState) -> Any:
-    """The process-wide :class:`SkillStore` (opened on first use; seed library loaded on first open)."""
-    from evotrainer.skills_db.store import SkillStore
-
-    return state.extra("skills", SkillStore)
-
-
-def _info(s: Any) -> SkillInfo:
+def _info(s: Skill) -> SkillInfo:
     tot = s.totals()
     return SkillInfo(id=s.id, kind=s.kind, name=s.name, description=s.description, addresses=list(s.addresses),
                      recipe_path=s.recipe_path, value=s.value, code=s.code, tags=list(s.tags), source=s.source,
@@ -103,151 +97,142 @@ def _info(s: Any) -> SkillInfo:
                      record=SkillRecord(**tot.model_dump()), created_at=s.created_at, updated_at=s.updated_at)
 
 
-def register(server: MCPServer, state: ServerState) -> None:
-    """Add the skill-retrieval tools to ``server``."""
+def search_skills(
+    ctx: ToolContext,
+    query: Annotated[str, Field(description="Free text, e.g. a finding's kind and explanation.", min_length=1,
+                                max_length=2000)],
+    kind: Annotated[SkillKindArg | None, Field(description="Only this kind of skill.")] = None,
+    finding_kinds: Annotated[list[str] | None, Field(description="Only skills addressing one of these finding "
+                                                                 "kinds, e.g. ['entropy_collapse'].")] = None,
+    tags: Annotated[list[str] | None, Field(description="Only skills with one of these tags.")] = None,
+    mode: Annotated[Literal["hybrid", "vector", "fts"], Field(description="hybrid (vector + BM25, RRF), vector "
+                                                                          "or fts.")] = "hybrid",
+    limit: Annotated[int, Field(description="Hits, best first.", ge=1, le=100)] = 10,
+) -> SkillSearchResult:
+    """Search the skill memory (interventions, analyzers, procedures) for what addresses a problem; each
+    hit has its track record (tried / helped / hurt)."""
+    hits = state_of(ctx).skill_store().search(query, kind=kind, finding_kinds=finding_kinds, tags=tags, mode=mode,
+                                             limit=limit)
+    return SkillSearchResult(query=query, mode=mode, hits=[
+        SkillHitInfo(id=h.skill.id, kind=h.skill.kind, name=h.skill.name, description=h.skill.description,
+                     addresses=list(h.skill.addresses), recipe_path=h.skill.recipe_path, value=h.skill.value,
+                     tags=list(h.skill.tags), score=h.score, record=SkillRecord(**h.record.model_dump()))
+        for h in hits])
 
-    @tool(server)
-    def search_skills(
-        ctx: Context,
-        query: Annotated[str, Field(description="Free text, e.g. a finding's kind and explanation.", min_length=1,
-                                    max_length=2000)],
-        kind: Annotated[SkillKindArg | None, Field(description="Only this kind of skill.")] = None,
-        finding_kinds: Annotated[list[str] | None, Field(description="Only skills addressing one of these finding "
-                                                                     "kinds, e.g. ['entropy_collapse'].")] = None,
-        tags: Annotated[list[str] | None, Field(description="Only skills with one of these tags.")] = None,
-        mode: Annotated[Literal["hybrid", "vector", "fts"], Field(description="hybrid (vector + BM25, RRF), vector "
-                                                                              "or fts.")] = "hybrid",
-        limit: Annotated[int, Field(description="Hits, best first.", ge=1, le=100)] = 10,
-    ) -> SkillSearchResult:
-        """Search the skill memory (interventions, analyzers, procedures) for what addresses a problem; each
-        hit has its track record (tried / helped / hurt)."""
-        hits = skill_store(state_of(ctx)).search(query, kind=kind, finding_kinds=finding_kinds, tags=tags, mode=mode,
-                                                 limit=limit)
-        return SkillSearchResult(query=query, mode=mode, hits=[
-            SkillHitInfo(id=h.skill.id, kind=h.skill.kind, name=h.skill.name, description=h.skill.description,
-                         addresses=list(h.skill.addresses), recipe_path=h.skill.recipe_path, value=h.skill.value,
-                         tags=list(h.skill.tags), score=h.score, record=SkillRecord(**h.record.model_dump()))
-            for h in hits])
 
-    @tool(server)
-    def get_skill(
-        ctx: Context,
-        skill_id: Annotated[str, Field(description="Skill id (search_skills shows them).", min_length=1)],
-    ) -> SkillInfo:
-        """The full record of one skill: description, recipe path and value rule or analyzer code, track record."""
-        return _info(skill_store(state_of(ctx)).get(skill_id))
+def get_skill(
+    ctx: ToolContext,
+    skill_id: Annotated[str, Field(description="Skill id (search_skills shows them).", min_length=1)],
+) -> SkillInfo:
+    """The full record of one skill: description, recipe path and value rule or analyzer code, track record."""
+    return _info(state_of(ctx).skill_store().get(skill_id))
 
-    @tool(server, read_only=False)
-    def add_skill(
-        ctx: Context,
-        kind: Annotated[SkillKindArg, Field(description="intervention (recipe change), analyzer (code) or "
-                                                        "procedure (text).")],
-        name: Annotated[str, Field(description="Short human name.", min_length=1)],
-        description: Annotated[str, Field(description="What it does, when it helps, what it costs.", min_length=1)],
-        skill_id: Annotated[str | None, Field(description="Stable id (lowercase, digits, _ - . :); generated when "
-                                                          "omitted.")] = None,
-        addresses: Annotated[list[str], Field(description="Finding kinds it is meant for.")] = [],  # noqa: B006
-        recipe_path: Annotated[str | None, Field(description="Interventions: the dotted recipe path.")] = None,
-        value: Annotated[JsonValue, Field(description="Interventions: literal value or rule {op: set|mul|add|toggle, "
-                                                "value|by, min, max}.")] = None,
-        code: Annotated[str | None, Field(description="Analyzers: Python source or 'builtin:<name>'.")] = None,
-        tags: Annotated[list[str], Field(description="Free tags (domain, category, paper).")] = [],  # noqa: B006
-        source: Annotated[str, Field(description="Paper, report, run id, or 'user'.")] = "mcp-client",
-        replace: Annotated[bool, Field(description="Overwrite an existing skill with this id.")] = False,
-    ) -> SkillInfo:
-        """Add a skill to the memory (embedded for search)."""
-        from evotrainer.skills_db.models import Skill, new_id
 
-        skill = Skill(id=skill_id or new_id(kind[:5]), kind=kind, name=name, description=description,
-                      addresses=addresses, recipe_path=recipe_path, value=value, code=code, tags=tags, source=source)
-        store = skill_store(state_of(ctx))
-        store.add(skill, replace=replace)
-        return _info(store.get(skill.id))
+def add_skill(
+    ctx: ToolContext,
+    kind: Annotated[SkillKindArg, Field(description="intervention (recipe change), analyzer (code) or "
+                                                    "procedure (text).")],
+    name: Annotated[str, Field(description="Short human name.", min_length=1)],
+    description: Annotated[str, Field(description="What it does, when it helps, what it costs.", min_length=1)],
+    skill_id: Annotated[str | None, Field(description="Stable id (lowercase, digits, _ - . :); generated when "
+                                                      "omitted.")] = None,
+    addresses: Annotated[list[str], Field(description="Finding kinds it is meant for.")] = [],  # noqa: B006
+    recipe_path: Annotated[str | None, Field(description="Interventions: the dotted recipe path.")] = None,
+    value: Annotated[JsonValue, Field(description="Interventions: literal value or rule {op: set|mul|add|toggle, "
+                                            "value|by, min, max}.")] = None,
+    code: Annotated[str | None, Field(description="Analyzers: Python source or 'builtin:<name>'.")] = None,
+    tags: Annotated[list[str], Field(description="Free tags (domain, category, paper).")] = [],  # noqa: B006
+    source: Annotated[str, Field(description="Paper, report, run id, or 'user'.")] = "mcp-client",
+    replace: Annotated[bool, Field(description="Overwrite an existing skill with this id.")] = False,
+) -> SkillInfo:
+    """Add a skill to the memory (embedded for search)."""
+    skill = Skill(id=skill_id or new_id(kind[:5]), kind=kind, name=name, description=description,
+                  addresses=addresses, recipe_path=recipe_path, value=value, code=code, tags=tags, source=source)
+    store = state_of(ctx).skill_store()
+    store.add(skill, replace=replace)
+    return _info(store.get(skill.id))
 
-    @tool(server, read_only=False)
-    def record_skill_outcome(
-        ctx: Context,
-        skill_id: Annotated[str, Field(description="Skill the intervention came from.", min_length=1)],
-        outcome: Annotated[Literal["helped", "hurt", "neutral"], Field(
-            description="helped (version kept), hurt (held-out drop or blocking finding), neutral.")],
-        domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "general",
-    ) -> OutcomeResult:
-        """Count one trial of a skill in a domain (tried += 1, and helped or hurt += 1)."""
-        rec = skill_store(state_of(ctx)).record_outcome(skill_id, domain, outcome)
-        return OutcomeResult(skill_id=skill_id, domain=domain or "general", record=SkillRecord(**rec.model_dump()))
 
-    @tool(server, read_only=False)
-    def add_failed_case(
-        ctx: Context,
-        version_id: Annotated[str, Field(description="The failed version.", min_length=1)],
-        outcome: Annotated[str, Field(description="pruned | reverted | failed ... with the held-out delta.",
-                                      min_length=1)],
-        intervention: Annotated[str, Field(description="e.g. 'eps_clip_high: 0.28 -> 0.4'.")] = "",
-        findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
-        skill_id: Annotated[str | None, Field(description="Skill the intervention came from.")] = None,
-        domain: Annotated[str, Field(description="Task domain.")] = "",
-        evidence_summary: Annotated[str, Field(description="One paragraph with the numbers.")] = "",
-        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
-    ) -> RecordId:
-        """Remember a version that went wrong and why, so later runs avoid it."""
-        from evotrainer.skills_db.models import FailedCase
+def record_skill_outcome(
+    ctx: ToolContext,
+    skill_id: Annotated[str, Field(description="Skill the intervention came from.", min_length=1)],
+    outcome: Annotated[Literal["helped", "hurt", "neutral"], Field(
+        description="helped (version kept), hurt (held-out drop or blocking finding), neutral.")],
+    domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "general",
+) -> OutcomeResult:
+    """Count one trial of a skill in a domain (tried += 1, and helped or hurt += 1)."""
+    rec = state_of(ctx).skill_store().record_outcome(skill_id, domain, outcome)
+    return OutcomeResult(skill_id=skill_id, domain=domain or "general", record=SkillRecord(**rec.model_dump()))
 
-        st = state_of(ctx)
-        case = FailedCase(run=run or str(st.run_dir or ""), version_id=version_id, domain=domain, findings=findings,
-                          intervention=intervention, skill_id=skill_id, outcome=outcome,
-                          evidence_summary=evidence_summary)
-        return RecordId(id=skill_store(st).add_failed_case(case))
 
-    @tool(server, read_only=False)
-    def add_search_trace(
-        ctx: Context,
-        agent: Annotated[str, Field(description="Agent role or client name.", min_length=1)],
-        query: Annotated[str, Field(description="What was searched.", min_length=1)],
-        results: Annotated[list[str], Field(description="Skill ids returned, best first.")] = [],  # noqa: B006
-        chosen: Annotated[str | None, Field(description="Skill id acted on, if any.")] = None,
-        rationale: Annotated[str, Field(description="Why it was chosen (or why none).")] = "",
-        filters: Annotated[dict[str, Any], Field(description="Filters used.")] = {},  # noqa: B006
-        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
-    ) -> RecordId:
-        """Log what an agent searched, found and chose, and why."""
-        from evotrainer.skills_db.models import SearchTrace
+def add_failed_case(
+    ctx: ToolContext,
+    version_id: Annotated[str, Field(description="The failed version.", min_length=1)],
+    outcome: Annotated[str, Field(description="pruned | reverted | failed ... with the held-out delta.",
+                                  min_length=1)],
+    intervention: Annotated[str, Field(description="e.g. 'eps_clip_high: 0.28 -> 0.4'.")] = "",
+    findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
+    skill_id: Annotated[str | None, Field(description="Skill the intervention came from.")] = None,
+    domain: Annotated[str, Field(description="Task domain.")] = "",
+    evidence_summary: Annotated[str, Field(description="One paragraph with the numbers.")] = "",
+    run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+) -> RecordId:
+    """Remember a version that went wrong and why, so later runs avoid it."""
+    st = state_of(ctx)
+    case = FailedCase(run=run or str(st.run_dir or ""), version_id=version_id, domain=domain, findings=findings,
+                      intervention=intervention, skill_id=skill_id, outcome=outcome,
+                      evidence_summary=evidence_summary)
+    return RecordId(id=st.skill_store().add_failed_case(case))
 
-        st = state_of(ctx)
-        trace = SearchTrace(run=run or str(st.run_dir or ""), agent=agent, query=query, filters=filters,
-                            results=results, chosen=chosen, rationale=rationale)
-        return RecordId(id=skill_store(st).add_search_trace(trace))
 
-    @tool(server, read_only=False)
-    def add_version_summary(
-        ctx: Context,
-        version_id: Annotated[str, Field(description="The version.", min_length=1)],
-        status: Annotated[str, Field(description="Lineage status (kept, pruned, reverted, ...).")],
-        domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "",
-        intervention: Annotated[str, Field(description="e.g. 'temperature: 1.0 -> 1.2'; empty for a root.")] = "",
-        metrics: Annotated[dict[str, float], Field(description="Numbers by name (headline metrics, or the "
-                                                               "analyzer synthesiser's features).")] = {},  # noqa: B006
-        findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
-        summary: Annotated[str, Field(description="One paragraph.")] = "",
-        run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
-    ) -> RecordId:
-        """Remember a version in a few lines for later runs (replaces the summary of the same run and version)."""
-        from evotrainer.skills_db.models import VersionSummary
+def add_search_trace(
+    ctx: ToolContext,
+    agent: Annotated[str, Field(description="Agent role or client name.", min_length=1)],
+    query: Annotated[str, Field(description="What was searched.", min_length=1)],
+    results: Annotated[list[str], Field(description="Skill ids returned, best first.")] = [],  # noqa: B006
+    chosen: Annotated[str | None, Field(description="Skill id acted on, if any.")] = None,
+    rationale: Annotated[str, Field(description="Why it was chosen (or why none).")] = "",
+    filters: Annotated[dict[str, Any], Field(description="Filters used.")] = {},  # noqa: B006
+    run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+) -> RecordId:
+    """Log what an agent searched, found and chose, and why."""
+    st = state_of(ctx)
+    trace = SearchTrace(run=run or str(st.run_dir or ""), agent=agent, query=query, filters=filters,
+                        results=results, chosen=chosen, rationale=rationale)
+    return RecordId(id=st.skill_store().add_search_trace(trace))
 
-        st = state_of(ctx)
-        run = run or str(st.run_dir or "")
-        vs = VersionSummary(id=f"{run}/{version_id}", run=run, version_id=version_id, domain=domain, status=status,
-                            intervention=intervention, metrics=metrics, findings=findings, summary=summary)
-        return RecordId(id=skill_store(st).add_version_summary(vs))
 
-    @tool(server)
-    def list_version_summaries(
-        ctx: Context,
-        domain: Annotated[str | None, Field(description="Only this task domain.")] = None,
-        limit: Annotated[int, Field(description="Newest first.", ge=1, le=10_000)] = 1000,
-    ) -> VersionSummaryList:
-        """Version summaries remembered by earlier runs (newest first), e.g. labelled versions to learn from."""
-        from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
+def add_version_summary(
+    ctx: ToolContext,
+    version_id: Annotated[str, Field(description="The version.", min_length=1)],
+    status: Annotated[str, Field(description="Lineage status (kept, pruned, reverted, ...).")],
+    domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "",
+    intervention: Annotated[str, Field(description="e.g. 'temperature: 1.0 -> 1.2'; empty for a root.")] = "",
+    metrics: Annotated[dict[str, float], Field(description="Numbers by name (headline metrics, or the "
+                                                           "analyzer synthesiser's features).")] = {},  # noqa: B006
+    findings: Annotated[list[str], Field(description="Finding kinds raised against it.")] = [],  # noqa: B006
+    summary: Annotated[str, Field(description="One paragraph.")] = "",
+    run: Annotated[str, Field(description="Run folder or name (default: this server's run).")] = "",
+) -> RecordId:
+    """Remember a version in a few lines for later runs (replaces the summary of the same run and version)."""
+    st = state_of(ctx)
+    run = run or str(st.run_dir or "")
+    vs = VersionSummary(id=f"{run}/{version_id}", run=run, version_id=version_id, domain=domain, status=status,
+                        intervention=intervention, metrics=metrics, findings=findings, summary=summary)
+    return RecordId(id=st.skill_store().add_version_summary(vs))
 
-        where = f"domain = {sql_str(domain)}" if domain else None
-        rows = skill_store(state_of(ctx)).records(VERSION_SUMMARIES, where=where, limit=limit)
-        return VersionSummaryList(summaries=[r.model_dump(mode="json") for r in rows])
+
+def list_version_summaries(
+    ctx: ToolContext,
+    domain: Annotated[str | None, Field(description="Only this task domain.")] = None,
+    limit: Annotated[int, Field(description="Newest first.", ge=1, le=10_000)] = 1000,
+) -> VersionSummaryList:
+    """Version summaries remembered by earlier runs (newest first), e.g. labelled versions to learn from."""
+    where = f"domain = {sql_str(domain)}" if domain else None
+    rows = state_of(ctx).skill_store().records(VERSION_SUMMARIES, where=where, limit=limit)
+    return VersionSummaryList(summaries=[r.model_dump(mode="json") for r in rows])
+
+
+TOOLS = (search_skills, get_skill, add_skill, record_skill_outcome, add_failed_case, add_search_trace,
+         add_version_summary, list_version_summaries)
+"""The skill-memory tools, in catalogue order."""

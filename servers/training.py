@@ -1,34 +1,43 @@
 """Training-control tools: the version lineage, branching, training / evaluation jobs, decisions.
 
-Tools: ``list_versions``, ``get_version``, ``diff_versions``, ``propose_intervention``,
+Tools (:data:`TOOLS`): ``list_versions``, ``get_version``, ``diff_versions``, ``propose_intervention``,
 ``start_training``, ``evaluate_version``, ``job_status``, ``list_jobs``, ``cancel_job``, ``decide``;
-resource ``lineage://tree``. Training and evaluation run as background jobs
+resource ``lineage://tree`` (:func:`register`). Training and evaluation run as background jobs
 (:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.base.get_backend`` (docs/interfaces.md);
 ``wait_s`` > 0 keeps the call open and streams MCP progress notifications, one per step.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
+from evotrainer.harness.gate import test_sealed
+from evotrainer.rl_backend.base import Backend, get_backend, is_test_eval
 from evotrainer.servers.common import (
     MAX_LIMIT,
     JsonValue,
     Page,
     ServerState,
+    ToolContext,
     page_fields,
     require_version,
     state_of,
-    tool,
 )
-from evotrainer.servers.jobs import JobManager, to_jsonable
-from mcp.server.mcpserver import Context, MCPServer
+from evotrainer.servers.jobs import ProgressFn, StopFn, to_jsonable
+from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.resources import FunctionResource
 from pydantic import BaseModel, Field
+
+from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
+from evotrainer.lineage import Decision, Job, LineageError, Version
+from evotrainer.recipe import RecipeError, get_path, set_path
+from evotrainer.workspace import Workspace
 
 StatusFilter = Literal["proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed"]
 VersionId = Annotated[str, Field(description="Version id, e.g. 'v0' (list_versions shows them).", min_length=1,
@@ -136,7 +145,7 @@ class DecisionResult(BaseModel):
 
 
 # --- helpers -------------------------------------------------------------------------------------
-def summary_of(v: Any) -> VersionSummary:
+def summary_of(v: Version) -> VersionSummary:
     """A :class:`VersionSummary` of a lineage ``Version``."""
     ev, ms = v.eval_summary or {}, v.metrics_summary or {}
     avg = ev.get("avg@k")
@@ -148,9 +157,9 @@ def summary_of(v: Any) -> VersionSummary:
                           created_at=v.created_at)
 
 
-def job_info(state: ServerState, row: Any) -> JobInfo:
+def job_info(state: ServerState, row: Job) -> JobInfo:
     """A :class:`JobInfo` from a lineage ``Job`` row plus this process's in-memory result."""
-    mem = state.jobs.get(row.id) if state.jobs else None
+    mem = state.jobs.get(row.id)
     result = to_jsonable(mem.result) if mem is not None and mem.done.is_set() else None
     if result is not None and not isinstance(result, dict):
         result = {"value": result}
@@ -160,13 +169,11 @@ def job_info(state: ServerState, row: Any) -> JobInfo:
                    elapsed_s=round(end - row.created_at, 3), result=result)
 
 
-def _decision(d: Any) -> DecisionInfo:
+def _decision(d: Decision) -> DecisionInfo:
     return DecisionInfo(**d.model_dump())
 
 
-def _job_row(ws: Any, job_id: str) -> Any:
-    from evotrainer.lineage import LineageError
-
+def _job_row(ws: Workspace, job_id: str) -> Job:
     try:
         return ws.lineage.job(job_id)
     except LineageError:
@@ -174,261 +181,254 @@ def _job_row(ws: Any, job_id: str) -> Any:
         raise ToolError(f"job {job_id!r} not found; recent jobs: {known} (list_jobs shows all)") from None
 
 
-def _backend(state: ServerState) -> Any:
+def _backend(state: ServerState) -> Backend:
+    return get_backend(state.backend_name)
+
+
+def list_versions(
+    ctx: ToolContext,
+    status: Annotated[StatusFilter | None, Field(description="Only versions with this status.")] = None,
+    offset: Annotated[int, Field(description="Index of the first version to return.", ge=0)] = 0,
+    limit: Annotated[int, Field(description="Versions per page.", ge=1, le=MAX_LIMIT)] = 50,
+) -> VersionList:
+    """List the versions of the run (id, parent, status, intervention, headline scores), paginated."""
+    ws = state_of(ctx).workspace()
+    vs = [v for v in ws.lineage.versions() if status is None or v.status == status]
+    page = vs[offset:offset + limit]
+    return VersionList(versions=[summary_of(v) for v in page], **page_fields(len(vs), offset, len(page)))
+
+
+def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
+    """Full record of one version: recipe, interventions, status, metric / eval summaries, findings,
+    decisions and jobs."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    v = require_version(ws, version_id)
+    return VersionDetail(
+        id=v.id, parent_id=v.parent_id, status=v.status, children=[c.id for c in ws.lineage.children(v.id)],
+        interventions=[iv.model_dump(mode="json") for iv in v.interventions], recipe=v.recipe.to_dict(),
+        checkpoint=v.checkpoint, metrics_summary=v.metrics_summary, eval_summary=v.eval_summary,
+        findings=v.findings, note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
+        jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], created_at=v.created_at, updated_at=v.updated_at)
+
+
+def diff_versions(ctx: ToolContext, a: VersionId, b: VersionId) -> RecipeDiff:
+    """Recipe paths whose values differ between versions a and b (dotted paths, sorted)."""
+    ws = state_of(ctx).workspace()
+    require_version(ws, a)
+    require_version(ws, b)
+    return RecipeDiff(a=a, b=b, changes=[RecipeChange(path=p, a_value=va, b_value=vb)
+                                         for p, va, vb in ws.lineage.diff(a, b)])
+
+
+def propose_intervention(
+    ctx: ToolContext,
+    parent_id: VersionId,
+    path: Annotated[str, Field(description="Dotted recipe path to change, e.g. 'eps_clip_high', "
+                                           "'reward.format.weight', 'data.level'.", min_length=1)],
+    new_value: Annotated[JsonValue, Field(description="New value (JSON): number, string, bool, list or object.")],
+    hypothesis: Annotated[str, Field(description="Why this should help, citing the evidence.")] = "",
+    expected_metric: Annotated[str | None, Field(description="Metric expected to move, e.g. 'eval/avg@k'.")] = None,
+    expected_direction: Annotated[Literal["up", "down"] | None, Field(
+        description="Direction expected for expected_metric.")] = None,
+    category: Annotated[Literal["reward", "data", "rollout", "optimizer", "tool_use"] | None, Field(
+        description="Category; inferred from the path when omitted.")] = None,
+    source: Annotated[str, Field(description="Where the idea came from: 'skill:<id>', an agent role, "
+                                             "or 'user'.")] = "mcp-client",
+    note: Annotated[str, Field(description="Free-form note stored with the version.")] = "",
+) -> VersionDetail:
+    """Create a proposed child of parent_id whose recipe differs by one single-factor intervention
+    (path: parent value -> new_value). Train it with start_training."""
+    ws = state_of(ctx).workspace()
+    parent = require_version(ws, parent_id)
+    if (expected_metric is None) != (expected_direction is None):
+        raise ToolError("give expected_metric and expected_direction together (or neither)")
     try:
-        from evotrainer.rl_backend.base import get_backend
-    except ImportError as exc:
-        raise ToolError(f"the training backend is not available in this install ({exc})") from None
-    return get_backend(state.extras.get("backend_name", "local"))
+        old = get_path(parent.recipe, path)
+    except RecipeError:
+        if not path.startswith("reward."):
+            raise
+        old = None
+    child = set_path(parent.recipe, path, new_value)
+    new = get_path(child, path) if not (new_value is None and path.startswith("reward.")) else None
+    iv = Intervention(
+        path=path, old=old, new=new, category=category or category_of(path), hypothesis=hypothesis,
+        expected_effect=ExpectedEffect(metric=expected_metric, direction=expected_direction)
+        if expected_metric else None, source=source)
+    v = ws.lineage.branch(parent_id, iv, note=note)
+    ws.log(f"proposed {v.id} from {parent_id}: {iv.describe()}", version=v.id, source="mcp")
+    return get_version(ctx, v.id)
 
 
-def register(server: MCPServer, state: ServerState) -> None:
-    """Add the training-control tools and the ``lineage://tree`` resource to ``server``.
+async def start_training(
+    ctx: ToolContext,
+    version_id: VersionId,
+    steps: Annotated[int, Field(description="Total GRPO steps of the version (one rollout batch each).", ge=1,
+                                           le=100000)],
+    wait_s: WaitS = 0.0,
+) -> JobInfo:
+    """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (an
+    earlier one when the parent was pruned for collapsed / diverged weights; a partly trained version resumes
+    from its last step). Returns the job; poll job_status or pass wait_s to
+    stream progress notifications."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    v = require_version(ws, version_id)
+    if v.status in ("kept", "pruned", "reverted"):
+        raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
+    start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
+    if start is not None and (not start.checkpoint or not Path(start.checkpoint).is_dir()):
+        # fail now rather than in the job (the backend starts from this checkpoint)
+        role = "parent" if start.id == v.parent_id else "start point"
+        raise ToolError(f"{role} {start.id} of {version_id} has no checkpoint (status {start.status}); "
+                        f"train {start.id} first")
+    busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
+    if busy:
+        raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
+    backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
 
-    ``state`` gets its job manager here (static resources have no request context, so the
-    resource reads ``state`` directly; tools reach it through the lifespan context).
-    """
-    if state.jobs is None:
-        state.jobs = JobManager(state.run_dir)
+    def run(wws: Workspace, progress: ProgressFn, should_stop: StopFn) -> Any:
+        return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop)
 
-    @tool(server)
-    def list_versions(
-        ctx: Context,
-        status: Annotated[StatusFilter | None, Field(description="Only versions with this status.")] = None,
-        offset: Annotated[int, Field(description="Index of the first version to return.", ge=0)] = 0,
-        limit: Annotated[int, Field(description="Versions per page.", ge=1, le=MAX_LIMIT)] = 50,
-    ) -> VersionList:
-        """List the versions of the run (id, parent, status, intervention, headline scores), paginated."""
-        ws = state_of(ctx).workspace()
-        vs = [v for v in ws.lineage.versions() if status is None or v.status == status]
-        page = vs[offset:offset + limit]
-        return VersionList(versions=[summary_of(v) for v in page], **page_fields(len(vs), offset, len(page)))
+    # off the event loop: start() may wait for the previous job to release the writer lock
+    job = await anyio.to_thread.run_sync(st.jobs.start, "train", version_id, steps, run)
+    await st.jobs.wait(ctx, job.id, wait_s)
+    return job_info(st, ws.lineage.job(job.id))
 
-    @tool(server)
-    def get_version(ctx: Context, version_id: VersionId) -> VersionDetail:
-        """Full record of one version: recipe, interventions, status, metric / eval summaries, findings,
-        decisions and jobs."""
-        st = state_of(ctx)
-        ws = st.workspace()
-        v = require_version(ws, version_id)
-        return VersionDetail(
-            id=v.id, parent_id=v.parent_id, status=v.status, children=[c.id for c in ws.lineage.children(v.id)],
-            interventions=[iv.model_dump(mode="json") for iv in v.interventions], recipe=v.recipe.to_dict(),
-            checkpoint=v.checkpoint, metrics_summary=v.metrics_summary, eval_summary=v.eval_summary,
-            findings=v.findings, note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
-            jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], created_at=v.created_at, updated_at=v.updated_at)
 
-    @tool(server)
-    def diff_versions(ctx: Context, a: VersionId, b: VersionId) -> RecipeDiff:
-        """Recipe paths whose values differ between versions a and b (dotted paths, sorted)."""
-        ws = state_of(ctx).workspace()
-        require_version(ws, a)
-        require_version(ws, b)
-        return RecipeDiff(a=a, b=b, changes=[RecipeChange(path=p, a_value=va, b_value=vb)
-                                             for p, va, vb in ws.lineage.diff(a, b)])
+async def evaluate_version(
+    ctx: ToolContext,
+    version_id: VersionId,
+    k: Annotated[int | None, Field(description="Samples per held-out problem (default: recipe eval.k).",
+                                   ge=1, le=256)] = None,
+    eval_name: Annotated[str, Field(description="Name of the evaluation set.", min_length=1)] = "heldout",
+    wait_s: WaitS = 0.0,
+) -> JobInfo:
+    """Evaluate a version on the dev (held-out) set (k samples per problem: Avg@k, pass@k) as a background
+    job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
+    (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    require_version(ws, version_id)
+    if (why := test_sealed(ws, eval_name)) is not None:
+        raise ToolError(why)
+    backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
+    if is_test_eval(eval_name) and getattr(backend, "name", "") != "local":
+        raise ToolError(f"eval {eval_name!r} scores the test split, which only the local backend evaluates; "
+                        f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
 
-    @tool(server, read_only=False)
-    def propose_intervention(
-        ctx: Context,
-        parent_id: VersionId,
-        path: Annotated[str, Field(description="Dotted recipe path to change, e.g. 'eps_clip_high', "
-                                               "'reward.format.weight', 'data.level'.", min_length=1)],
-        new_value: Annotated[JsonValue, Field(description="New value (JSON): number, string, bool, list or object.")],
-        hypothesis: Annotated[str, Field(description="Why this should help, citing the evidence.")] = "",
-        expected_metric: Annotated[str | None, Field(description="Metric expected to move, e.g. 'eval/avg@k'.")] = None,
-        expected_direction: Annotated[Literal["up", "down"] | None, Field(
-            description="Direction expected for expected_metric.")] = None,
-        category: Annotated[Literal["reward", "data", "rollout", "optimizer", "tool_use"] | None, Field(
-            description="Category; inferred from the path when omitted.")] = None,
-        source: Annotated[str, Field(description="Where the idea came from: 'skill:<id>', an agent role, "
-                                                 "or 'user'.")] = "mcp-client",
-        note: Annotated[str, Field(description="Free-form note stored with the version.")] = "",
-    ) -> VersionDetail:
-        """Create a proposed child of parent_id whose recipe differs by one single-factor intervention
-        (path: parent value -> new_value). Train it with start_training."""
-        from evotrainer.intervention import ExpectedEffect, Intervention, category_of
-        from evotrainer.recipe import RecipeError, get_path, set_path
+    def run(wws: Workspace, progress: ProgressFn, should_stop: StopFn) -> Any:
+        return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
 
-        ws = state_of(ctx).workspace()
-        parent = require_version(ws, parent_id)
-        if (expected_metric is None) != (expected_direction is None):
-            raise ToolError("give expected_metric and expected_direction together (or neither)")
-        try:
-            old = get_path(parent.recipe, path)
-        except RecipeError:
-            if not path.startswith("reward."):
-                raise
-            old = None
-        child = set_path(parent.recipe, path, new_value)
-        new = get_path(child, path) if not (new_value is None and path.startswith("reward.")) else None
-        iv = Intervention(
-            path=path, old=old, new=new, category=category or category_of(path), hypothesis=hypothesis,
-            expected_effect=ExpectedEffect(metric=expected_metric, direction=expected_direction)
-            if expected_metric else None, source=source)
-        v = ws.lineage.branch(parent_id, iv, note=note)
-        ws.log(f"proposed {v.id} from {parent_id}: {iv.describe()}", version=v.id, source="mcp")
-        return get_version(ctx, v.id)
+    job = await anyio.to_thread.run_sync(st.jobs.start, "eval", version_id, 0, run)
+    await st.jobs.wait(ctx, job.id, wait_s)
+    return job_info(st, ws.lineage.job(job.id))
 
-    @tool(server, read_only=False)
-    async def start_training(
-        ctx: Context,
-        version_id: VersionId,
-        steps: Annotated[int, Field(description="Total GRPO steps of the version (one rollout batch each).", ge=1,
-                                               le=100000)],
-        wait_s: WaitS = 0.0,
-    ) -> JobInfo:
-        """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (an
-        earlier one when the parent was pruned for collapsed / diverged weights; a partly trained version resumes
-        from its last step). Returns the job; poll job_status or pass wait_s to
-        stream progress notifications."""
-        st = state_of(ctx)
-        ws = st.workspace()
-        v = require_version(ws, version_id)
-        if v.status in ("kept", "pruned", "reverted"):
-            raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
-        start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
-        if start is not None and (not start.checkpoint or not Path(start.checkpoint).is_dir()):
-            # fail now rather than in the job (the backend starts from this checkpoint)
-            role = "parent" if start.id == v.parent_id else "start point"
-            raise ToolError(f"{role} {start.id} of {version_id} has no checkpoint (status {start.status}); "
-                            f"train {start.id} first")
-        busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
-        if busy:
-            raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
-        backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
 
-        def run(wws: Any, progress: Any, should_stop: Any) -> Any:
-            return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop)
+async def job_status(
+    ctx: ToolContext,
+    job_id: Annotated[str, Field(description="Job id returned by start_training / evaluate_version.")],
+    wait_s: WaitS = 0.0,
+) -> JobInfo:
+    """Status and progress of a job; with wait_s > 0, wait for it to finish while streaming progress."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    _job_row(ws, job_id)
+    await st.jobs.wait(ctx, job_id, wait_s)
+    return job_info(st, ws.lineage.job(job_id))
 
-        # off the event loop: start() may wait for the previous job to release the writer lock
-        job = await anyio.to_thread.run_sync(st.jobs.start, "train", version_id, steps, run)
-        await st.jobs.wait(ctx, job.id, wait_s)
-        return job_info(st, ws.lineage.job(job.id))
 
-    @tool(server, read_only=False)
-    async def evaluate_version(
-        ctx: Context,
-        version_id: VersionId,
-        k: Annotated[int | None, Field(description="Samples per held-out problem (default: recipe eval.k).",
-                                       ge=1, le=256)] = None,
-        eval_name: Annotated[str, Field(description="Name of the evaluation set.", min_length=1)] = "heldout",
-        wait_s: WaitS = 0.0,
-    ) -> JobInfo:
-        """Evaluate a version on the dev (held-out) set (k samples per problem: Avg@k, pass@k) as a background
-        job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
-        (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
-        from evotrainer.harness.gate import test_sealed
-
-        st = state_of(ctx)
-        ws = st.workspace()
+def list_jobs(
+    ctx: ToolContext,
+    version_id: Annotated[str | None, Field(description="Only jobs of this version.")] = None,
+) -> JobList:
+    """All train / evaluate jobs of the run, oldest first."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    if version_id is not None:
         require_version(ws, version_id)
-        if (why := test_sealed(ws, eval_name)) is not None:
-            raise ToolError(why)
-        backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
-        from evotrainer.rl_backend.base import is_test_eval
+    return JobList(jobs=[job_info(st, j) for j in ws.lineage.jobs(version_id)])
 
-        if is_test_eval(eval_name) and getattr(backend, "name", "") != "local":
-            raise ToolError(f"eval {eval_name!r} scores the test split, which only the local backend evaluates; "
-                            f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
 
-        def run(wws: Any, progress: Any, should_stop: Any) -> Any:
-            return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
+async def cancel_job(
+    ctx: ToolContext,
+    job_id: Annotated[str, Field(description="Job id to stop.")],
+    wait_s: Annotated[float, Field(description="Seconds to wait for the job to stop.", ge=0, le=600)] = 30.0,
+) -> JobInfo:
+    """Stop a running job after its current step (the version keeps the steps done; training resumes
+    from there next time)."""
+    st = state_of(ctx)
+    ws = st.workspace()
+    _job_row(ws, job_id)
+    st.jobs.cancel(job_id)
+    await st.jobs.wait(None, job_id, wait_s)
+    return job_info(st, ws.lineage.job(job_id))
 
-        job = await anyio.to_thread.run_sync(st.jobs.start, "eval", version_id, 0, run)
-        await st.jobs.wait(ctx, job.id, wait_s)
-        return job_info(st, ws.lineage.job(job.id))
 
-    @tool(server)
-    async def job_status(
-        ctx: Context,
-        job_id: Annotated[str, Field(description="Job id returned by start_training / evaluate_version.")],
-        wait_s: WaitS = 0.0,
-    ) -> JobInfo:
-        """Status and progress of a job; with wait_s > 0, wait for it to finish while streaming progress."""
-        st = state_of(ctx)
-        ws = st.workspace()
-        _job_row(ws, job_id)
-        await st.jobs.wait(ctx, job_id, wait_s)
-        return job_info(st, ws.lineage.job(job_id))
+def decide(
+    ctx: ToolContext,
+    version_id: VersionId,
+    action: Annotated[Literal["keep", "prune", "revert", "merge"], Field(
+        description="keep (promote), prune (discard), revert (un-keep a kept version), merge (create the "
+                    "merged child of version_id and merge_with, two kept siblings).")],
+    rationale: Annotated[str, Field(description="Why, with the numbers (gain, CI, findings).", min_length=1)],
+    evidence: Annotated[list[str], Field(description="Evidence refs: metric series, rollout ids, finding ids, "
+                                                     "job ids.")] = [],  # noqa: B006 (pydantic copies it)
+    merge_with: Annotated[str | None, Field(description="For action=merge: the kept sibling to merge with.")] = None,
+    author: Annotated[str, Field(description="Who decides: an agent role or 'user'.")] = "mcp-client",
+) -> DecisionResult:
+    """Record a decision with its rationale and evidence and apply its status change. A merge creates a
+    new child of the common parent with both siblings' interventions (it still needs training)."""
+    ws = state_of(ctx).workspace()
+    v = require_version(ws, version_id)
+    target = v.id
+    if action == "merge":
+        if not merge_with:
+            raise ToolError("action=merge needs merge_with: the id of a kept sibling of version_id")
+        w = require_version(ws, merge_with)
+        if v.parent_id is None or v.parent_id != w.parent_id or v.id == w.id:
+            raise ToolError(f"merge needs two distinct siblings (same parent); {v.id} has parent {v.parent_id}, "
+                            f"{w.id} has parent {w.parent_id}")
+        not_kept = [x.id + f" ({x.status})" for x in (v, w) if x.status != "kept"]
+        if not_kept:
+            raise ToolError(f"merge needs two kept siblings; not kept: {', '.join(not_kept)}")
+        evidence = [*evidence, v.id, w.id]
+        # child + merge decision in one transaction: a crash leaves both or neither
+        child = ws.lineage.branch(v.parent_id, merge(v.interventions, w.interventions),
+                                  note=f"merge of {v.id} and {w.id}",
+                                  merge_decision=(rationale, evidence, author))
+        target = child.id
+        d = ws.lineage.decisions(target)[-1]
+    elif merge_with:
+        raise ToolError(f"merge_with is only for action=merge (action is {action})")
+    if action != "merge":
+        d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author)
+    ws.log(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
+    return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
 
-    @tool(server)
-    def list_jobs(
-        ctx: Context,
-        version_id: Annotated[str | None, Field(description="Only jobs of this version.")] = None,
-    ) -> JobList:
-        """All train / evaluate jobs of the run, oldest first."""
-        st = state_of(ctx)
-        ws = st.workspace()
-        if version_id is not None:
-            require_version(ws, version_id)
-        return JobList(jobs=[job_info(st, j) for j in ws.lineage.jobs(version_id)])
 
-    @tool(server, read_only=False, destructive=True)
-    async def cancel_job(
-        ctx: Context,
-        job_id: Annotated[str, Field(description="Job id to stop.")],
-        wait_s: Annotated[float, Field(description="Seconds to wait for the job to stop.", ge=0, le=600)] = 30.0,
-    ) -> JobInfo:
-        """Stop a running job after its current step (the version keeps the steps done; training resumes
-        from there next time)."""
-        st = state_of(ctx)
-        ws = st.workspace()
-        _job_row(ws, job_id)
-        st.jobs.cancel(job_id)
-        await st.jobs.wait(None, job_id, wait_s)
-        return job_info(st, ws.lineage.job(job_id))
+TOOLS = (list_versions, get_version, diff_versions, propose_intervention, start_training, evaluate_version,
+         job_status, list_jobs, cancel_job, decide)
+"""The training-control tools, in catalogue order."""
 
-    @tool(server, read_only=False)
-    def decide(
-        ctx: Context,
-        version_id: VersionId,
-        action: Annotated[Literal["keep", "prune", "revert", "merge"], Field(
-            description="keep (promote), prune (discard), revert (un-keep a kept version), merge (create the "
-                        "merged child of version_id and merge_with, two kept siblings).")],
-        rationale: Annotated[str, Field(description="Why, with the numbers (gain, CI, findings).", min_length=1)],
-        evidence: Annotated[list[str], Field(description="Evidence refs: metric series, rollout ids, finding ids, "
-                                                         "job ids.")] = [],  # noqa: B006 (pydantic copies it)
-        merge_with: Annotated[str | None, Field(description="For action=merge: the kept sibling to merge with.")] = None,
-        author: Annotated[str, Field(description="Who decides: an agent role or 'user'.")] = "mcp-client",
-    ) -> DecisionResult:
-        """Record a decision with its rationale and evidence and apply its status change. A merge creates a
-        new child of the common parent with both siblings' interventions (it still needs training)."""
-        from evotrainer.intervention import merge
+LINEAGE_TREE_URI = "lineage://tree"
 
-        ws = state_of(ctx).workspace()
-        v = require_version(ws, version_id)
-        target = v.id
-        if action == "merge":
-            if not merge_with:
-                raise ToolError("action=merge needs merge_with: the id of a kept sibling of version_id")
-            w = require_version(ws, merge_with)
-            if v.parent_id is None or v.parent_id != w.parent_id or v.id == w.id:
-                raise ToolError(f"merge needs two distinct siblings (same parent); {v.id} has parent {v.parent_id}, "
-                                f"{w.id} has parent {w.parent_id}")
-            not_kept = [x.id + f" ({x.status})" for x in (v, w) if x.status != "kept"]
-            if not_kept:
-                raise ToolError(f"merge needs two kept siblings; not kept: {', '.join(not_kept)}")
-            evidence = [*evidence, v.id, w.id]
-            # child + merge decision in one transaction: a crash leaves both or neither
-            child = ws.lineage.branch(v.parent_id, merge(v.interventions, w.interventions),
-                                      note=f"merge of {v.id} and {w.id}",
-                                      merge_decision=(rationale, evidence, author))
-            target = child.id
-            d = ws.lineage.decisions(target)[-1]
-        elif merge_with:
-            raise ToolError(f"merge_with is only for action=merge (action is {action})")
-        if action != "merge":
-            d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author)
-        ws.log(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
-        return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
 
-    @server.resource("lineage://tree", name="lineage_tree", mime_type="application/json")
-    def lineage_tree() -> str:
-        """The run's version tree (nested id, status, intervention, summaries, children) and all decisions, JSON."""
-        try:
-            ws = state.workspace()
-        except ToolError as exc:
-            raise ResourceError(str(exc)) from None
-        return json.dumps({"tree": ws.lineage.tree(), "decisions": [d.model_dump() for d in ws.lineage.decisions()]},
-                          default=str)
+def lineage_tree(state: ServerState) -> str:
+    """The run's version tree (nested id, status, intervention, summaries, children) and all decisions, JSON."""
+    try:
+        ws = state.workspace()
+    except ToolError as exc:
+        raise ResourceError(str(exc)) from None
+    return json.dumps({"tree": ws.lineage.tree(), "decisions": [d.model_dump() for d in ws.lineage.decisions()]},
+                      default=str)
 
+
+def register(server: MCPServer[ServerState], state: ServerState) -> None:
+    """Add the ``lineage://tree`` resource to ``server`` (the tools go to the server's constructor: ``TOOLS``).
+
+    A static resource gets no request context, so it reads ``state`` bound here rather than the lifespan context.
+    """
+    server.add_resource(FunctionResource.from_function(
+        functools.partial(lineage_tree, state), uri=LINEAGE_TREE_URI, name="lineage_tree",
+        description=lineage_tree.__doc__, mime_type="application/json"))

@@ -1,7 +1,7 @@
 """The Claude brain against a fake Anthropic Messages API on 127.0.0.1, through real MCP servers.
 
 The fake records what the anthropic SDK sends and answers with scripted tool_use blocks; the tools
-run on the real ``all`` server of a fresh run (``evotrainer.servers.build_server``).
+run on the real ``all`` server of a fresh run (``evotrainer.servers.app.build_server``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from evotrainer.workspace import Workspace
 
 @pytest.fixture()
 def toolbox(tmp_path):
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     with Workspace(tmp_path / "run") as ws:
         ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))

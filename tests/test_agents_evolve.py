@@ -33,7 +33,7 @@ def _run(tmp_path, v1_len: float, v2_len: float):
 
 
 def _evolve(run_dir):
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     with ToolBox(build_server("all", str(run_dir))) as tb:
         diag = Diagnosis(version_id="v2", findings=[], unexplained=True)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
 
 DATA = Path(__file__).parent / "data"

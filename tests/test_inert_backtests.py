@@ -131,7 +131,7 @@ def test_check_inert_tool_and_the_heuristic_skips_inert_candidates(tmp_path):
     from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
     from evotrainer.agents.heuristic import INERT_SCORE, HeuristicBrain
     from evotrainer.agents.mcp_client import RoleTools, ToolBox, ToolCallError
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     ws = Workspace(tmp_path / "run", writer=True)
     v0 = ws.lineage.create_root(set_path(Recipe(), "init_kl_coef", 0.001))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
 from evotrainer.sandbox import sandbox_info

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 import yaml
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from evotrainer.servers.http import MCP_PATH, http_app
 from mcp_testlib import make_run
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
 N_CALLS = 400

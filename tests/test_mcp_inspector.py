@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
 INSPECTOR_DIR = Path(os.environ.get("EVOTRAINER_INSPECTOR_DIR", Path.home() / ".cache" / "evotrainer" / "inspector"))

@@ -4,7 +4,7 @@ progress notifications, one writer per run, consistent reads while training writ
 from __future__ import annotations
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
 
 from evotrainer.recipe import Recipe

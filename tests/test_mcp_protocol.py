@@ -11,7 +11,7 @@ import warnings
 
 import anyio
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_testlib import SyncClient, make_run

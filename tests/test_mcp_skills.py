@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
 
 

@@ -15,7 +15,7 @@ from evotrainer.workspace import Workspace
 
 @pytest.fixture()
 def orch(tmp_path):
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     ws = Workspace(tmp_path / "run")
     lin = ws.lineage

@@ -33,7 +33,7 @@ TOO_LARGE[M.CORRECT_MEAN] = [[i, x] for i, x in enumerate([0.3, 0.2, 0.35, 0.25,
 @pytest.fixture()
 def run_with(tmp_path):
     """A run whose root v0 (examples/default.yaml's recipe) logged the given metric series; yields a ToolBox."""
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     def make(metrics):
         ws = Workspace(tmp_path / "run", writer=True)
@@ -96,7 +96,7 @@ def test_task_mismatch_table():
 def test_swe_only_reward_terms_are_never_proposed_on_a_math_task(tmp_path):
     # the issue's failed child: a reward_hacking finding on arithmetic retrieved the seed skill test_edit_penalty
     # (reward.test_file_edit.weight = 1), which raised RewardError at the child's first step
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     ws = Workspace(tmp_path / "run", writer=True)
     ws.lineage.create_root(Recipe())

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from evotrainer.servers.jobs import JobManager
 from mcp_testlib import SyncClient, make_run
 

@@ -183,7 +183,7 @@ def _orch(ws, brain=None):
     from evotrainer.agents.heuristic import HeuristicBrain
     from evotrainer.agents.mcp_client import ToolBox
     from evotrainer.agents.orchestrator import Orchestrator
-    from evotrainer.servers import build_server
+    from evotrainer.servers.app import build_server
 
     from evotrainer.config import RunConfig
 

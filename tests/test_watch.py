@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 from evotrainer.harness.watch import Watcher
-from evotrainer.servers import build_server
+from evotrainer.servers.app import build_server
 from mcp import Client
 
 from evotrainer import metrics as M

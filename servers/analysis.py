@@ -1,0 +1,68 @@
+"""What the analyzer and backtest tools share: the run's evidence, its runtime analyzers, the finding model.
+
+:mod:`evotrainer.servers.analyzers` and :mod:`evotrainer.servers.backtests` both import this module (and not
+each other's internals): :func:`evidence_of` builds the harness ``Evidence`` of checked versions,
+:func:`sync_registry` registers in this process the runtime analyzers a run stores under :data:`KV_KEY`,
+and :class:`FindingInfo` is the result model of a harness ``Finding``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evotrainer.harness import analyzers as reg
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import Finding
+from evotrainer.servers.common import require_version
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+from evotrainer.workspace import Workspace
+
+KV_KEY = "analyzers/registered"  # {name: {code, kinds, description, timeout_s, memory_mb}}
+
+
+class FindingInfo(BaseModel):
+    """One finding: a failure kind seen in some versions over some steps (harness/findings.py)."""
+
+    kind: str
+    severity: str = Field(description="info | warn | blocking")
+    versions: list[str]
+    steps: list[int]
+    evidence: list[str] = Field(description="Metric names and rollout:<id> references.")
+    explanation: str
+    analyzer: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    judged: str | None = Field(None, description="level (one step shows it) | change (start vs end, around a "
+                                                 "spike, vs the parent) | trend (a drift over many steps)")
+
+
+def finding_info(f: Finding) -> FindingInfo:
+    """A :class:`FindingInfo` from a harness ``Finding``."""
+    return FindingInfo(**f.model_dump(mode="json"))
+
+
+def evidence_of(ws: Workspace, version_ids: list[str] | None) -> Evidence:
+    """``Evidence.from_workspace`` for the given versions (each checked first)."""
+    if version_ids is not None:
+        if not version_ids:
+            raise ToolError("version_ids is empty; pass at least one version id, or omit it for all versions")
+        for v in version_ids:
+            require_version(ws, v)
+    return Evidence.from_workspace(ws, version_ids)
+
+
+def sync_registry(ws: Workspace) -> list[str]:
+    """Register, in this process, the runtime analyzers stored in the run (idempotent).
+
+    Returns the analyzers in scope for this run: the built-ins and the run's own runtime analyzers. The process
+    registry may hold runtime analyzers of other runs (several runs served by one process); they are not in scope.
+    """
+    stored = ws.lineage.kv_get(KV_KEY, {}) or {}
+    known = {s.name for s in reg.list_analyzers()}
+    for name, spec in stored.items():
+        if name not in known:
+            reg.register_analyzer(name, spec["code"], kinds=tuple(spec.get("kinds", ())),
+                                  description=spec.get("description", ""), timeout_s=spec.get("timeout_s", 60.0),
+                                  memory_mb=spec.get("memory_mb", 1024))
+    return [s.name for s in reg.list_analyzers(builtin=True)] + sorted(stored)
