@@ -137,7 +137,8 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     if name not in SERVER_NAMES:
         raise ValueError(f"server {name!r}: choose one of {', '.join(SERVER_NAMES)}")
     sets = list(TOOLSETS) if name == "all" else [name]
-    state = ServerState(run_dir, backend_name=backend, server_name=f"evotrainer-{name}", toolsets=tuple(sets))
+    state = ServerState(Path(run_dir) if run_dir else None, backend_name=backend, server_name=f"evotrainer-{name}",
+                        toolsets=tuple(sets))
     instructions = " ".join(INSTRUCTIONS[s] for s in sets)
     tools = [make_tool(fn, TOOL_META.get(fn.__name__)) for s in sets for fn in TOOLSETS[s]]
     tools += [make_tool(fn, TOOL_META.get(fn.__name__)) for fn in TOOLS]

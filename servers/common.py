@@ -154,7 +154,7 @@ ToolContext = Context[ServerState, Any]
 """The ``ctx`` argument of every tool: the request's MCP context, whose lifespan context is the :class:`ServerState`."""
 
 
-def state_of(ctx: Context[ServerState, Any]) -> ServerState:
+def state_of(ctx: ToolContext) -> ServerState:
     """The :class:`ServerState` of the server handling this request (its lifespan context).
 
     Raises:
