@@ -203,9 +203,10 @@ def install(server: MCPServer[ServerState], state: ServerState) -> VersionWatche
         lg.setLevel(min(lg.level or logging.WARNING, logging.INFO))  # tool failures (INFO) reach clients
 
     async def get_prompt(ctx: Any, params: GetPromptRequestParams) -> Any:
-        prompt = server._prompt_manager.get_prompt(params.name)
+        prompts = {p.name: p for p in await server.list_prompts()}
+        prompt = prompts.get(params.name)
         if prompt is None:
-            known = ", ".join(p.name for p in server._prompt_manager.list_prompts())
+            known = ", ".join(prompts)
             raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {params.name!r}; prompts: {known}")
         missing = [a for a in prompt.arguments or [] if a.required and a.name not in (params.arguments or {})]
         if missing:
