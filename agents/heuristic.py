@@ -97,7 +97,7 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
          "eval/avg@k", "up"),
         ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
     ],
-    # progress findings (harness/progress_analyzers.py): the learning rate's scale is logarithmic, so its
+    # progress findings (harness/analyzers/progress.py): the learning rate's scale is logarithmic, so its
     # steps are multiplicative (x3 / x10 up, /3 / /10 down); rank() puts the one nearest the finding's
     # lr_factor_to_target first.
     "update_too_small": [
@@ -521,7 +521,7 @@ STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGE
 
 
 def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
-    """Rank bonus of a learning-rate change that a progress finding asks for (harness/progress_analyzers.py).
+    """Rank bonus of a learning-rate change that a progress finding asks for (harness/analyzers/progress.py).
 
     ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
     proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one

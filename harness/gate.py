@@ -22,7 +22,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from evotrainer.harness.analyzers import run_analyzers
+from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
+from evotrainer.harness.stats import avg_at_k, compare_versions
+from evotrainer.rl_backend.base import is_test_eval
 from pydantic import BaseModel, Field
 
 
@@ -35,8 +39,6 @@ def test_sealed(ws: Any, eval_name: str) -> str | None:
     reported test score a winner's-curse estimate (issue 16); the gate, the agents and the analyzers
     use the dev split (``heldout``).
     """
-    from evotrainer.rl_backend.base import is_test_eval
-
     if not is_test_eval(eval_name):
         return None
     if ws.lineage.kv_get("loop/started_at") is None or ws.lineage.kv_get("loop/test_unsealed"):
@@ -90,10 +92,6 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
         LineageError: unknown version.
         ValueError: ``eval_name`` is a sealed test eval (:func:`test_sealed`).
     """
-    from evotrainer.harness.analyzers import run_analyzers
-    from evotrainer.harness.evidence import Evidence
-    from evotrainer.harness.stats import compare_versions
-
     if (why := test_sealed(ws, eval_name)) is not None:
         raise ValueError(why)
     v = ws.lineage.get(version_id)
@@ -168,7 +166,7 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
 def inherited_leaks(v: Any, findings: list[Finding]) -> list[Finding]:
     """Blocking findings for the reward terms ``v`` still pays that a leaky-term ``reward_hacking`` finding named.
 
-    A leaky-term finding (``harness.behaviour_analyzers``: its ``data["payout"]`` maps each term to its
+    A leaky-term finding (``harness.analyzers.behaviour``: its ``data["payout"]`` maps each term to its
     payout on wrong vs right answers) on ``v`` or an ancestor means the term pays whatever the answer.
     While ``v``'s recipe still gives that term a non-zero weight, a held-out gain cannot be told apart
     from the policy farming it, so the version is not kept (issue 8: the loop never keeps a leaky
@@ -202,8 +200,6 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
     only if it is at least as good (point estimate of Avg@k) as each source it composes, besides beating the
     parent: otherwise keeping it would move the frontier to a worse recipe than a kept sibling.
     """
-    from evotrainer.harness.stats import avg_at_k
-
     if len(v.interventions) < 2 or not v.parent_id:
         return []
     keys = {(iv.path, json.dumps(iv.new, sort_keys=True)) for iv in v.interventions}
