@@ -35,8 +35,8 @@ from evotrainer.agents.decisions import (
 )
 from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
+from evotrainer.harness.findings import DAMAGES_WEIGHTS
 
-from evotrainer.lineage import DAMAGED_WEIGHTS
 from evotrainer.recipe import Recipe, RecipeError, get_path
 
 # Built-in fixes per finding kind: (path, rule, hypothesis, expected metric, direction). Rules:
@@ -140,7 +140,7 @@ TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the f
 # A collapse whose metric fell to this fraction of its early level or less (entropy x0.05 in 8 steps at
 # a 100x learning rate) is a blow-up of the step size: learning-rate cuts rank first, the largest cut first.
 FAST_COLLAPSE_RATIO = 0.1
-FAST_COLLAPSE_KINDS = DAMAGED_WEIGHTS  # the kinds whose versions' weights the lineage treats as damaged
+FAST_COLLAPSE_KINDS = DAMAGES_WEIGHTS  # the kinds whose findings mark a version's weights as damaged
 
 
 def findings_from(result: Any) -> list[FindingRef]:

@@ -211,8 +211,8 @@ def import_cmd(
     """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
     import dataclasses
 
-    from evotrainer.harness.ingest import IngestError
     from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import IngestError
 
     try:
         s = import_run(path, run_dir)

@@ -24,7 +24,7 @@ from typing import Any
 
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.findings import Finding
+from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
 from evotrainer.harness.stats import avg_at_k, compare_versions
 from evotrainer.rl_backend.base import is_test_eval
 from pydantic import BaseModel, Field
@@ -70,6 +70,9 @@ class GateVerdict(BaseModel):
     confidence: float = 0.95
     n_problems: int = 0
     blocking: list[Finding] = Field(default_factory=list)
+    damaged_weights: str | None = Field(None, description="The kind of a blocking finding on this version alone that "
+                                                          "damages its weights (Finding.damages_weights): a prune or "
+                                                          "revert for it restarts its children from its start point.")
     evidence: list[str] = Field(default_factory=list)
     reason: str = ""
 
@@ -111,8 +114,9 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
                                         versions=[version_id], explanation=str(stored)[:500], analyzer="stored"))
     evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
     evidence += [m for f in blocking for m in f.evidence[:3]]
+    damaged = next((f.kind for f in blocking if f.damages_weights and f.versions == [version_id]), None)
     verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
-                          blocking=blocking, evidence=evidence, is_control=v.is_control)
+                          blocking=blocking, damaged_weights=damaged, evidence=evidence, is_control=v.is_control)
     if parent is None:
         verdict.promote = not blocking
         verdict.reason = ("root version: the baseline, nothing to compare with" if not blocking else
@@ -236,9 +240,9 @@ def verdict_from_gate(version_id: str, gate: dict[str, Any]) -> tuple[str, str]:
     return ("keep" if keep else "prune"), f"{'keep' if keep else 'prune'} {version_id}: {reason}"
 
 
-NEVER_WAIVED = ("reward_hacking", "entropy_collapse", "nan_blowup", "kl_blowup")
+NEVER_WAIVED = ("reward_hacking", *DAMAGES_WEIGHTS)
 """Blocking kinds a round never waives even when every candidate shares them: a leaky reward (a gain under it
-cannot be told from farming the term) and damaged weights (``lineage.DAMAGED_WEIGHTS``: nothing to build on)."""
+cannot be told from farming the term) and damaged weights (``findings.DAMAGES_WEIGHTS``: nothing to build on)."""
 
 
 def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
