@@ -1,6 +1,6 @@
 """Analyzer code the agents write at run time (harness evolution), and the code contract they follow.
 
-The contract is harness/analyzers.py's ``run_analyzer_code``: the evidence folder is mounted
+The contract is harness/analyzers/registry.py's ``run_analyzer_code``: the evidence folder is mounted
 read-only at ``$EVIDENCE_DIR`` (``metrics.json`` = ``{version: {metric: [[step, value], ...]}}``,
 ``meta.json`` with recipes, parents, statuses, eval summaries); the code prints a JSON list of
 findings (``kind, severity, versions, steps, evidence, explanation``) as the last stdout line. It

@@ -50,4 +50,6 @@ class Backtester:
         """Keep / prune verdict on a trained, evaluated version."""
         v = self.brain.decide(self.decider_tools, version_id, gate, diagnosis)
         v.version_id = version_id
+        if v.action in ("prune", "revert"):  # the gate's typed damage flag, whichever brain decided
+            v.damaged_weights = gate.get("damaged_weights")
         return v

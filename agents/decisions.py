@@ -122,6 +122,8 @@ class Verdict(_Out):
     action: Literal["keep", "prune", "revert", "merge"]
     rationale: str = Field(..., min_length=1, description="Why, with the numbers (gain, CI, findings).")
     evidence: list[str] = Field(default_factory=list, description="Refs: metric names, rollout ids, eval names.")
+    damaged_weights: str | None = Field(None, description="With prune / revert: the gate's damaged_weights (the finding "
+                                                          "kind that damages the version's weights).")
 
 
 class AnalyzerDraft(_Out):

@@ -35,8 +35,8 @@ from evotrainer.agents.decisions import (
 )
 from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
+from evotrainer.harness.findings import DAMAGES_WEIGHTS
 
-from evotrainer.lineage import DAMAGED_WEIGHTS
 from evotrainer.recipe import Recipe, RecipeError, get_path
 
 # Built-in fixes per finding kind: (path, rule, hypothesis, expected metric, direction). Rules:
@@ -97,7 +97,7 @@ FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
          "eval/avg@k", "up"),
         ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
     ],
-    # progress findings (harness/progress_analyzers.py): the learning rate's scale is logarithmic, so its
+    # progress findings (harness/analyzers/progress.py): the learning rate's scale is logarithmic, so its
     # steps are multiplicative (x3 / x10 up, /3 / /10 down); rank() puts the one nearest the finding's
     # lr_factor_to_target first.
     "update_too_small": [
@@ -140,7 +140,7 @@ TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the f
 # A collapse whose metric fell to this fraction of its early level or less (entropy x0.05 in 8 steps at
 # a 100x learning rate) is a blow-up of the step size: learning-rate cuts rank first, the largest cut first.
 FAST_COLLAPSE_RATIO = 0.1
-FAST_COLLAPSE_KINDS = DAMAGED_WEIGHTS  # the kinds whose versions' weights the lineage treats as damaged
+FAST_COLLAPSE_KINDS = DAMAGES_WEIGHTS  # the kinds whose findings mark a version's weights as damaged
 
 
 def findings_from(result: Any) -> list[FindingRef]:
@@ -521,7 +521,7 @@ STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGE
 
 
 def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:
-    """Rank bonus of a learning-rate change that a progress finding asks for (harness/progress_analyzers.py).
+    """Rank bonus of a learning-rate change that a progress finding asks for (harness/analyzers/progress.py).
 
     ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
     proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one

@@ -289,8 +289,9 @@ class LoopBase:
         v = self.version(verdict.version_id)
         if v["status"] in DECIDED and verdict.action in ("keep", "prune"):
             return
+        damage = {"damaged_weights": verdict.damaged_weights} if verdict.damaged_weights else {}
         self.tb.call("decide", {"version_id": verdict.version_id, "action": verdict.action,
-                                "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author})
+                                "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author, **damage})
         rationale = verdict.rationale
         if not rationale.startswith(f"{verdict.action} {verdict.version_id}"):
             rationale = f"{verdict.action} {verdict.version_id}: {rationale}"

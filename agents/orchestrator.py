@@ -435,7 +435,8 @@ class Orchestrator(LoopBase):
                 why = (f"revert {v.id}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
                        f"against it (round {r}); the frontier moves back to its parent")
                 self.record_decision(Verdict(version_id=v.id, action="revert", rationale=why,
-                                             evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["gate"]),
+                                             evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["gate"],
+                                             damaged_weights=gate.get("damaged_weights")),
                                      self.author)
                 reverted.append(v.id)
         return reverted

@@ -59,7 +59,8 @@ def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
 
     action, why = verdict_from_gate(vid, gate)
     return Verdict(version_id=vid, action=action, rationale=why,
-                   evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"])
+                   evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"],
+                   damaged_weights=gate.get("damaged_weights") if action == "prune" else None)
 
 
 class _Gated(LoopBase):

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 OLD_IMPORTS = ("import evotrainer.recipe, evotrainer.intervention, evotrainer.lineage, evotrainer.workspace, "
-               "evotrainer.importer; ")
+               "evotrainer.harness.importer; ")
 ST_QUERY = ("from evotrainer.skills_db import embeddings as E; "
             "E.embed_query = lambda text: E.embed([text])[0]; ")
 

@@ -2,7 +2,7 @@
 
 Core commands live here (``init``, ``import``, ``lineage show|diff``, ``recipe validate``); each subpackage
 adds its own through a ``register(app)`` function in its ``cli`` module (``rl_backend.cli``:
-train, eval, swe; ``harness.cli``: diagnose, sandbox; ``harness.watch``: watch; ``skills_db.cli``: skills;
+train, eval, swe; ``harness.cli``: diagnose, analyzers, watch; ``skills_db.cli``: skills;
 ``servers.cli``: serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
 shows the traceback.
 """
@@ -41,7 +41,6 @@ SUBCOMMAND_MODULES = (
     "evotrainer.rl_backend.swe_cli",
     "evotrainer.sandbox_cli",
     "evotrainer.harness.cli",
-    "evotrainer.harness.watch",
     "evotrainer.skills_db.cli",
     "evotrainer.servers.cli",
     "evotrainer.agents.cli",
@@ -212,8 +211,8 @@ def import_cmd(
     """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
     import dataclasses
 
+    from evotrainer.harness.importer import import_run
     from evotrainer.harness.ingest import IngestError
-    from evotrainer.importer import import_run
 
     try:
         s = import_run(path, run_dir)
@@ -242,7 +241,7 @@ _register_subcommands()
 # and `--version` do not import recipe / intervention / lineage / workspace (~0.15 s CPU here).
 _KNOWN_ERRORS = (("evotrainer.recipe", "RecipeError"), ("evotrainer.intervention", "InterventionError"),
                  ("evotrainer.lineage", "LineageError"), ("evotrainer.workspace", "WorkspaceError"),
-                 ("evotrainer.importer", "RunImportError"))
+                 ("evotrainer.harness.importer", "RunImportError"))
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:

@@ -30,9 +30,6 @@ Status = Literal["proposed", "training", "trained", "kept", "pruned", "reverted"
 STATUSES: tuple[str, ...] = ("proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed")
 Action = Literal["keep", "prune", "revert", "merge"]
 ACTION_STATUS = {"keep": "kept", "prune": "pruned", "revert": "reverted", "merge": "merged"}
-# Finding kinds whose blocking decision means the version's weights themselves are damaged (a collapsed
-# or diverged policy): its children restart from its own start point rather than from its checkpoint.
-DAMAGED_WEIGHTS = ("entropy_collapse", "nan_blowup", "kl_blowup")
 
 
 class LineageError(ValueError):
@@ -105,6 +102,23 @@ MIGRATIONS: list[tuple[str, str]] = [
         "002_version_role",
         "ALTER TABLE versions ADD COLUMN role TEXT NOT NULL DEFAULT ''",
     ),
+    (
+        # the finding kind that marks a pruned / reverted version's weights as damaged, typed (the gate's
+        # damaged_weights). Decisions written before it cited the finding as 'finding:<kind>:<version>' among
+        # their evidence with one of the three kinds that meant damage then; those rows are filled in once here.
+        "003_decision_damaged_weights",
+        """
+        ALTER TABLE decisions ADD COLUMN damaged_weights TEXT;
+        UPDATE decisions SET damaged_weights = (
+            SELECT substr(j.value, 9, length(j.value) - 9 - length(decisions.version_id))
+            FROM json_each(decisions.evidence) AS j
+            WHERE j.value IN ('finding:entropy_collapse:' || decisions.version_id,
+                              'finding:nan_blowup:' || decisions.version_id,
+                              'finding:kl_blowup:' || decisions.version_id)
+            ORDER BY j.key LIMIT 1)
+        WHERE action IN ('prune', 'revert')
+        """,
+    ),
 ]
 
 CONTROL = "control"
@@ -157,6 +171,9 @@ class Decision(BaseModel):
     author: str
     prev_status: str
     created_at: float
+    damaged_weights: str | None = Field(None, description="The finding kind that marks the version's weights as "
+                                                          "damaged (a prune / revert for it): its children start "
+                                                          "from its own start point.")
 
 
 class Job(BaseModel):
@@ -412,19 +429,15 @@ class LineageStore:
     def damaged(self, version_id: str) -> str | None:
         """The finding kind that marks ``version_id``'s weights as damaged, or None.
 
-        A version is damaged when its latest decision pruned or reverted it with a
-        :data:`DAMAGED_WEIGHTS` finding on it among the evidence (``finding:<kind>:<version>``): a
-        policy whose entropy collapsed or whose update diverged is no start point for a fix
-        (the usual roll-back-to-the-last-good-checkpoint practice after a blow-up).
+        A version is damaged when its latest decision pruned or reverted it for damaged weights
+        (``Decision.damaged_weights``: the gate's ``damaged_weights``, a blocking finding on the version
+        itself whose kind damages weights): a policy whose entropy collapsed or whose update diverged is
+        no start point for a fix (the usual roll-back-to-the-last-good-checkpoint practice after a blow-up).
         """
         ds = self.decisions(version_id)
         if not ds or ds[-1].action not in ("prune", "revert"):
             return None
-        for ref in ds[-1].evidence:
-            parts = ref.split(":")
-            if len(parts) == 3 and parts[0] == "finding" and parts[1] in DAMAGED_WEIGHTS and parts[2] == version_id:
-                return parts[1]
-        return None
+        return ds[-1].damaged_weights
 
     def start_version(self, version_id: str) -> Version | None:
         """The version whose checkpoint ``version_id`` trains from; None for the base model.
@@ -496,14 +509,16 @@ class LineageStore:
 
     # --- decisions --------------------------------------------------------------------------------
     def decide(self, version_id: str, action: Action, rationale: str, evidence: list[str] | None = None,
-               author: str = "user") -> Decision:
+               author: str = "user", damaged_weights: str | None = None) -> Decision:
         """Record a decision and apply its status change in one transaction.
 
         keep → kept, prune → pruned, revert → reverted (only a kept version), merge → merged (the
-        merged child; its parents keep their status).
+        merged child; its parents keep their status). ``damaged_weights``: the finding kind for which a
+        prune / revert discards the version's weights (see :meth:`damaged`).
 
         Raises:
-            LineageError: unknown version or action, empty rationale, or revert of a non-kept version.
+            LineageError: unknown version or action, empty rationale, revert of a non-kept version, or
+                ``damaged_weights`` on a keep / merge.
         """
         if action not in ACTION_STATUS:
             raise LineageError(f"action={action!r}: allowed: keep, prune, revert, merge")
@@ -512,12 +527,15 @@ class LineageStore:
         v = self.get(version_id)
         if action == "revert" and v.status != "kept":
             raise LineageError(f"revert {version_id}: only a kept version can be reverted (status is {v.status})")
+        if damaged_weights is not None and action not in ("prune", "revert"):
+            raise LineageError(f"damaged_weights={damaged_weights!r} with action={action!r}: damaged weights are a "
+                               "reason to prune or revert a version, not to keep or merge it")
         now = time.time()
         with self.tx() as db:
             cur = db.execute(
-                "INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (version_id, action, rationale, json.dumps(evidence or []), author, v.status, now),
+                "INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at,"
+                " damaged_weights) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (version_id, action, rationale, json.dumps(evidence or []), author, v.status, now, damaged_weights),
             )
             db.execute("UPDATE versions SET status=?, updated_at=? WHERE id=?", (ACTION_STATUS[action], now, version_id))
             did = cur.lastrowid

@@ -35,7 +35,7 @@ POLICY_ADVANTAGE_STD = "policy/advantage/std"
 # Not in ALL_STEP_METRICS: the local trainer does not log them.
 POLICY_CLIP_FRAC = "policy/clip_frac"  # fraction of tokens where the PPO clip is active (either side)
 POLICY_PPO_KL = "policy/ppo_kl"  # KL(old policy || new policy) within the update (not the reference KL)
-# Read from foreign logs (verl critic/advantages/min, /max; harness.zero_variance): min == max == 0 is a
+# Read from foreign logs (verl critic/advantages/min, /max; harness.analyzers.zero_variance): min == max == 0 is a
 # batch with no policy-gradient signal; a spread under a constant reward is a critic / global baseline
 # (PPO with GAE), where equal rewards still give advantages. Not in ALL_STEP_METRICS.
 POLICY_ADVANTAGE_MIN = "policy/advantage/min"
@@ -113,7 +113,7 @@ ALL_STEP_METRICS: tuple[str, ...] = (
 # Logged by the local trainer on every step (0.0 on a step with no kept group: nothing was updated); the
 # KL / post-update ratio / clip metrics are measured on the first micro-batch of the kept batch.
 # Targets they are judged against: PPO's KL target d_targ = 0.01 (Schulman et al. 2017 §4; Spinning Up
-# PPO target_kl = 0.01, early stop at 1.5 x target_kl); see harness/progress_analyzers.py.
+# PPO target_kl = 0.01, early stop at 1.5 x target_kl); see harness/analyzers/progress.py.
 POLICY_UPDATE_KL = "policy/update_kl"  # nats/token, k3 estimate of KL(pi_old || pi_new) on the step's kept tokens
 POLICY_UPDATE_KL_K1 = "policy/update_kl_k1"  # nats/token, k1 estimate mean(log pi_old - log pi_new), same tokens
 POLICY_RATIO_MAX = "policy/ratio/max"  # largest pi_theta / pi_old over kept tokens, PPO epochs and the updated policy

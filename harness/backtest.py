@@ -1,4 +1,4 @@
-"""Backtests: judge a change without training (DESIGN.md §4).
+"""Backtests: judge a change without training (docs/design.md §2, step 7).
 
 * :func:`rescore_rollouts`: score stored rollouts again under a changed reward spec (with
   ``evotrainer.rl_backend.rewards.compute_rewards``, the trainer's own reward code) and recompute
@@ -28,10 +28,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from evotrainer.harness.analyzers import get_analyzer
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.findings import Finding
+from evotrainer.harness.findings import SEVERITY_RANK, Finding
+from evotrainer.rl_backend import grpo
+from evotrainer.rl_backend.rewards import RewardError, compute_rewards
+from evotrainer.rl_backend.tasks import Problem
 
 from evotrainer import metrics as M
+from evotrainer.recipe import get_path, set_path
 
 
 def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:
@@ -51,7 +56,6 @@ def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:
 def _advantages(rewards: np.ndarray, groups: list[np.ndarray], estimator: str) -> np.ndarray:
     """Per-row group advantages with ``rl_backend.grpo.group_advantages``, batched by group size."""
     import torch
-    from evotrainer.rl_backend.grpo import group_advantages
 
     out = np.zeros(len(rewards))
     by_size: dict[int, list[np.ndarray]] = {}
@@ -61,7 +65,7 @@ def _advantages(rewards: np.ndarray, groups: list[np.ndarray], estimator: str) -
         idx = np.concatenate(members)  # groups contiguous, G = size each
         if size < 2:
             continue
-        adv = group_advantages(torch.tensor(rewards[idx], dtype=torch.float64), size, estimator=estimator)
+        adv = grpo.group_advantages(torch.tensor(rewards[idx], dtype=torch.float64), size, estimator=estimator)
         out[idx] = adv.numpy()
     return out
 
@@ -102,8 +106,6 @@ def rescore_rollouts(rollouts: pa.Table, reward_spec: Mapping[str, Any], *, gene
         ValueError: an empty table.
         RewardError: a component cannot be computed (e.g. missing extras).
     """
-    from evotrainer.rl_backend.rewards import compute_rewards
-    from evotrainer.rl_backend.tasks import Problem
     from scipy.stats import kendalltau
 
     if rollouts is None or rollouts.num_rows == 0:
@@ -311,9 +313,6 @@ def backtest_analyzer(analyzer: str | Callable[[Evidence], list[Finding]], evide
     Raises:
         ValueError: no version of known outcome.
     """
-    from evotrainer.harness.analyzers import get_analyzer
-    from evotrainer.harness.findings import SEVERITY_RANK
-
     if isinstance(analyzer, str):
         name, fn = analyzer, get_analyzer(analyzer).fn
     else:
@@ -415,8 +414,6 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
     Raises:
         RecipeError: ``new`` is not a valid value for ``path``.
     """
-    from evotrainer.recipe import get_path, set_path
-
     try:
         old = get_path(recipe, path)
     except ValueError:
@@ -529,8 +526,6 @@ def _inert_kl_coef(r: Any, old: Any, new: Any, ev: Evidence | None, v: str | Non
 
 def _inert_reward(r: Any, changed: Any, path: str, old: Any, new: Any, ev: Evidence | None, v: str | None,
                   verdict: Callable) -> InertCheck:
-    from evotrainer.rl_backend.rewards import RewardError
-
     t = ev.rollouts_of(v, "train") if ev is not None and v is not None else None
     if t is None or not t.num_rows:
         return verdict(False, "none", f"no stored train rollouts of {v} to re-score")

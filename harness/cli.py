@@ -7,12 +7,16 @@ prints what was judged (level, change or trend), the evidence (each series' valu
 finding's steps) and the interventions that address it from the skills memory (``skills_db``:
 a hybrid search of the finding's explanation among the interventions for its kind), so a user
 knows what to change. ``evotrainer analyzers list`` shows the registered analyzers.
+
+``evotrainer watch PATH``: follow a growing run and print findings as they appear (the logic is
+``harness/watch.py``'s :class:`~evotrainer.harness.watch.Watcher`; its docstring describes the options).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -151,10 +155,65 @@ def analyzers_list(as_json: Annotated[bool, typer.Option("--json", help="Print J
     Console().print(t)
 
 
+def watch(
+    path: Annotated[Path, typer.Argument(help="A growing log or run folder (any format `diagnose` reads), or an "
+                                              "EvoTrainer run folder.")],
+    run_dir: Annotated[Path | None, typer.Option("--run", help="Keep this run folder current for `serve --run` "
+                                                 "(imported on the first poll; foreign sources only).")] = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 2 when a new finding of this severity or worse "
+                                         "appears: none | warn | blocking.")] = "none",
+    keep_going: Annotated[bool, typer.Option("--keep-going", help="With --fail-on: print an ALERT line on stderr "
+                                             "and keep watching instead of exiting.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 5.0,
+    idle_exit: Annotated[float, typer.Option("--idle-exit", help="Stop (exit 0) when the source has not changed "
+                                             "for this many seconds; 0 watches until interrupted.")] = 0.0,
+) -> None:
+    """Follow a training run: re-run the analyzers as steps arrive and print findings when they appear."""
+    from evotrainer.harness.findings import SEVERITY_RANK
+    from evotrainer.harness.watch import Watcher
+    from rich.console import Console
+    from rich.markup import escape
+
+    if fail_on not in ("none", "warn", "blocking"):
+        raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
+    if interval <= 0:
+        raise typer.BadParameter(f"--interval {interval}: poll at least every few seconds (a positive number)")
+    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+    w = Watcher(path, run_dir)
+    console.print(f"watching {w.path} every {interval:g} s" + (f", keeping {w.run_dir} current" if w.run_dir else "")
+                  + (f", failing on {fail_on}" if fail_on != "none" else ""), highlight=False, markup=False)
+    last_change = time.monotonic()
+    first = True
+    while True:
+        r = w.poll()
+        if r.changed:
+            last_change = time.monotonic()
+            if first and w.run_dir is not None and w._imported:
+                console.print(f"imported into {w.run_dir}: serve it with evotrainer serve all --run {w.run_dir}",
+                              highlight=False, markup=False)
+                first = False
+        for f in r.new:
+            steps = f" steps {f.steps[0]}..{f.steps[-1]}" if f.steps else ""
+            console.print(escape(f"[step {r.last_step}] ") + f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] "
+                          + escape(f"{f.kind} ({', '.join(f.versions)}{steps}): {f.explanation}"), highlight=False)
+        hit = [f for f in r.new if fail_on != "none" and SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on]]
+        if hit:
+            if not keep_going:
+                raise typer.Exit(2)
+            sys.stderr.write(f"\aALERT: {len(hit)} new {fail_on}+ finding(s) at step {r.last_step}: "
+                             + ", ".join(f.kind for f in hit) + "\n")
+            sys.stderr.flush()
+        if idle_exit > 0 and time.monotonic() - last_change >= idle_exit:
+            console.print(f"no change for {idle_exit:g} s; stopping", highlight=False, markup=False)
+            return
+        time.sleep(interval)
+
+
 def register(app: typer.Typer) -> None:
     """Add this subpackage's commands to the main evotrainer app."""
     app.command("diagnose")(diagnose)
     app.add_typer(analyzers_app, name="analyzers")
+    app.command("watch")(watch)
 
 
 def _evidence_of(ev, f) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Evidence: everything an analyzer may look at, in one object (DESIGN.md §4).
+"""Evidence: everything an analyzer may look at, in one object (docs/design.md §2, step 6).
 
 * ``metrics``: per-step series per version, ``{version: {metric: (steps, values)}}`` held as numpy
   arrays (int64 steps, float64 values, sorted by step; NaN / inf kept: they are evidence). Names
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from evotrainer.harness.rollout_metrics import step_metrics_from_rollouts
 
 SeriesArrays = tuple[np.ndarray, np.ndarray]
 _EMPTY: SeriesArrays = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
@@ -166,8 +167,6 @@ class Evidence:
             if self.rollouts is None or not self.rollouts.num_rows:
                 self._derived = {}
             else:
-                from evotrainer.harness.rollout_metrics import step_metrics_from_rollouts
-
                 self._derived = step_metrics_from_rollouts(self.rollouts, skip=self.metrics)
         return self._derived
 
@@ -207,7 +206,7 @@ class Evidence:
         else:
             chosen = [ws.lineage.get(v) for v in version_ids]
         ev = cls(source=str(ws.root))
-        imported = (ws.lineage.kv_get("import/source") or {}).get("version_id")  # evotrainer.importer
+        imported = (ws.lineage.kv_get("import/source") or {}).get("version_id")  # evotrainer.harness.importer
         for v in chosen:
             ev.parents[v.id] = v.parent_id
             ev.statuses[v.id] = v.status

@@ -1,4 +1,4 @@
-"""Findings: what an analyzer reports (DESIGN.md §4).
+"""Findings: what an analyzer reports (docs/design.md §2, step 6).
 
 A :class:`Finding` names a failure kind (one of :data:`KINDS` for built-in analyzers; runtime
 analyzers may report new kinds), a severity (``info`` | ``warn`` | ``blocking``), the versions and
@@ -8,19 +8,23 @@ evidence", a benign artefact). ``blocking`` findings stop the promotion gate (``
 
 Evidence references are strings: a metric name (``policy/entropy``, from ``evotrainer/metrics.py``)
 or ``rollout:<rollout_id>`` for a stored rollout.
+
+Whether a finding means the version's weights themselves are damaged is a typed field,
+``Finding.damages_weights``, set from the one table :data:`DAMAGES_WEIGHTS` unless an analyzer says;
+the gate carries it into its verdict (``GateVerdict.damaged_weights``) and the decision stores it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Severity = Literal["info", "warn", "blocking"]
 Judged = Literal["level", "change", "trend"]
 SEVERITY_RANK = {"info": 0, "warn": 1, "blocking": 2}
 
-# Built-in failure kinds (issue 4). Runtime analyzers may report other kinds.
+# Built-in failure kinds. Runtime analyzers may report other kinds.
 KINDS: tuple[str, ...] = (
     "truncation",
     "zero_variance_groups",
@@ -34,6 +38,11 @@ KINDS: tuple[str, ...] = (
     "train_eval_divergence",
     "grad_spike",
 )
+
+DAMAGES_WEIGHTS: tuple[str, ...] = ("entropy_collapse", "nan_blowup", "kl_blowup")
+"""Finding kinds that mean the version's weights themselves are damaged (a collapsed or diverged policy):
+a version pruned or reverted for a blocking one is no start point, so its children restart from its own
+start point (``LineageStore.start_version``). The default of ``Finding.damages_weights``."""
 
 
 class Finding(BaseModel):
@@ -54,6 +63,8 @@ class Finding(BaseModel):
             ``change`` (the start of the run against its end, the steps around a spike, a version
             against its parent) or ``trend`` (a monotone drift, which needs several points); None
             for runtime analyzers that do not say.
+        damages_weights: the finding means the weights of its versions are damaged (default: the
+            kind is in :data:`DAMAGES_WEIGHTS`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -67,6 +78,15 @@ class Finding(BaseModel):
     analyzer: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
     judged: Judged | None = None
+    damages_weights: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _damage_by_kind(cls, data: Any) -> Any:
+        """``damages_weights`` defaults to whether the kind is in :data:`DAMAGES_WEIGHTS`."""
+        if isinstance(data, dict) and data.get("damages_weights") is None:
+            data = {**data, "damages_weights": data.get("kind") in DAMAGES_WEIGHTS}
+        return data
 
     @field_validator("kind")
     @classmethod

@@ -22,7 +22,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from evotrainer.harness.findings import Finding
+from evotrainer.harness.analyzers import run_analyzers
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
+from evotrainer.harness.stats import avg_at_k, compare_versions
+from evotrainer.rl_backend.base import is_test_eval
 from pydantic import BaseModel, Field
 
 
@@ -32,11 +36,9 @@ def test_sealed(ws: Any, eval_name: str) -> str | None:
     Test eval names (``rl_backend.base.TEST_EVALS``) are sealed while a run is under way: from the
     loop's start (kv ``loop/started_at``) until it has made its last decision and opened the seal
     (kv ``loop/test_unsealed``) to score its final answer. Selecting on test outcomes would make the
-    reported test score a winner's-curse estimate (issue 16); the gate, the agents and the analyzers
+    reported test score a winner's-curse estimate; the gate, the agents and the analyzers
     use the dev split (``heldout``).
     """
-    from evotrainer.rl_backend.base import is_test_eval
-
     if not is_test_eval(eval_name):
         return None
     if ws.lineage.kv_get("loop/started_at") is None or ws.lineage.kv_get("loop/test_unsealed"):
@@ -68,6 +70,9 @@ class GateVerdict(BaseModel):
     confidence: float = 0.95
     n_problems: int = 0
     blocking: list[Finding] = Field(default_factory=list)
+    damaged_weights: str | None = Field(None, description="The kind of a blocking finding on this version alone that "
+                                                          "damages its weights (Finding.damages_weights): a prune or "
+                                                          "revert for it restarts its children from its start point.")
     evidence: list[str] = Field(default_factory=list)
     reason: str = ""
 
@@ -90,10 +95,6 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
         LineageError: unknown version.
         ValueError: ``eval_name`` is a sealed test eval (:func:`test_sealed`).
     """
-    from evotrainer.harness.analyzers import run_analyzers
-    from evotrainer.harness.evidence import Evidence
-    from evotrainer.harness.stats import compare_versions
-
     if (why := test_sealed(ws, eval_name)) is not None:
         raise ValueError(why)
     v = ws.lineage.get(version_id)
@@ -113,8 +114,9 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
                                         versions=[version_id], explanation=str(stored)[:500], analyzer="stored"))
     evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
     evidence += [m for f in blocking for m in f.evidence[:3]]
+    damaged = next((f.kind for f in blocking if f.damages_weights and f.versions == [version_id]), None)
     verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
-                          blocking=blocking, evidence=evidence, is_control=v.is_control)
+                          blocking=blocking, damaged_weights=damaged, evidence=evidence, is_control=v.is_control)
     if parent is None:
         verdict.promote = not blocking
         verdict.reason = ("root version: the baseline, nothing to compare with" if not blocking else
@@ -168,10 +170,10 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
 def inherited_leaks(v: Any, findings: list[Finding]) -> list[Finding]:
     """Blocking findings for the reward terms ``v`` still pays that a leaky-term ``reward_hacking`` finding named.
 
-    A leaky-term finding (``harness.behaviour_analyzers``: its ``data["payout"]`` maps each term to its
+    A leaky-term finding (``harness.analyzers.behaviour``: its ``data["payout"]`` maps each term to its
     payout on wrong vs right answers) on ``v`` or an ancestor means the term pays whatever the answer.
     While ``v``'s recipe still gives that term a non-zero weight, a held-out gain cannot be told apart
-    from the policy farming it, so the version is not kept (issue 8: the loop never keeps a leaky
+    from the policy farming it, so the version is not kept (the loop never keeps a leaky
     branch); the fix is ``reward.<term>.weight = 0``. One finding per term.
     """
     out: dict[str, Finding] = {}
@@ -202,8 +204,6 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
     only if it is at least as good (point estimate of Avg@k) as each source it composes, besides beating the
     parent: otherwise keeping it would move the frontier to a worse recipe than a kept sibling.
     """
-    from evotrainer.harness.stats import avg_at_k
-
     if len(v.interventions) < 2 or not v.parent_id:
         return []
     keys = {(iv.path, json.dumps(iv.new, sort_keys=True)) for iv in v.interventions}
@@ -240,15 +240,15 @@ def verdict_from_gate(version_id: str, gate: dict[str, Any]) -> tuple[str, str]:
     return ("keep" if keep else "prune"), f"{'keep' if keep else 'prune'} {version_id}: {reason}"
 
 
-NEVER_WAIVED = ("reward_hacking", "entropy_collapse", "nan_blowup", "kl_blowup")
+NEVER_WAIVED = ("reward_hacking", *DAMAGES_WEIGHTS)
 """Blocking kinds a round never waives even when every candidate shares them: a leaky reward (a gain under it
-cannot be told from farming the term) and damaged weights (``lineage.DAMAGED_WEIGHTS``: nothing to build on)."""
+cannot be told from farming the term) and damaged weights (``findings.DAMAGES_WEIGHTS``: nothing to build on)."""
 
 
 def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
     """The gate verdicts of one round's candidates adjusted to the round: which may be kept.
 
-    Rules (issue 16, "Attribution"):
+    Rules:
 
     - An intervention is kept only if it beats the control: the lower bound of the CI of its dev gain over
       the gate's baseline (the control) is above 0, no blocking finding of its own stands, and (a merge) it

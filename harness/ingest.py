@@ -34,6 +34,7 @@ like (:data:`FORMATS`).
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import math
@@ -49,6 +50,8 @@ from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
 
 from evotrainer.jsonl import iter_jsonl
+from evotrainer.rollouts import SCHEMA, make_record
+from evotrainer.workspace import Workspace
 
 RawSeries = dict[str, list[tuple[int, float]]]
 
@@ -195,8 +198,6 @@ def records_to_series(records: dict[int, dict[str, float]]) -> RawSeries:
 
 # --- rollout dumps ------------------------------------------------------------------------------------
 def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    from evotrainer.rollouts import SCHEMA
-
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
@@ -217,8 +218,6 @@ def _prompt_id(prompt: str) -> str:
 
 def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
     """Rollout rows of a verl generations dump ``{step}.jsonl`` (``input``, ``output``, ``score``)."""
-    from evotrainer.rollouts import make_record
-
     rows: list[dict[str, Any]] = []
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
@@ -241,8 +240,6 @@ def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
 def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
     """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``)."""
     import pyarrow.parquet as pq
-
-    from evotrainer.rollouts import make_record
 
     t = pq.read_table(path).to_pylist()
     rows: list[dict[str, Any]] = []
@@ -347,8 +344,6 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
             raise unreadable(path, "trainer_state.json log_history, W&B history records")
         return {None: records}, []
     if path.suffix == ".gz":
-        import gzip
-
         text = gzip.decompress(path.read_bytes()).decode(errors="replace")
     else:
         text = path.read_text(errors="replace")
@@ -406,8 +401,6 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or folder")
     if p.is_dir() and (p / "lineage.db").exists():
-        from evotrainer.workspace import Workspace
-
         ws = Workspace.open(p)
         try:
             return Evidence.from_workspace(ws)

@@ -23,7 +23,7 @@ Labels are treated as exchangeable; versions of one run share a parent and a mod
 optimistic to that extent.
 
 A kept rule compiles (:func:`compile_program`) to the sandboxed analyzer contract of
-``harness/analyzers.py`` (``run_analyzer_code``: stdlib Python, reads ``$EVIDENCE_DIR/metrics.json``
+``harness/analyzers/registry.py`` (``run_analyzer_code``: stdlib Python, reads ``$EVIDENCE_DIR/metrics.json``
 and ``meta.json``, prints findings JSON). The in-process search and the compiled code share one
 feature function (:data:`FEATURE_SRC`, exec'd here and pasted there), so a rule fires in the sandbox
 on exactly the versions the search predicted.
@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.ingest import ingest
 
 from evotrainer import metrics as M
 
@@ -239,8 +241,6 @@ def case_examples(cases_dir: str | Path, kind: str | None = None) -> list[Exampl
     With ``kind``: a case is bad when ``kind`` is in ``must``, good when it is in ``must_not``, else
     unused. Without: every case with a non-empty ``must`` is a bad run (the corpus has failures only).
     """
-    from evotrainer.harness.ingest import ingest
-
     out = []
     for case in sorted(p for p in Path(cases_dir).iterdir() if (p / "expected.json").exists()):
         exp = json.loads((case / "expected.json").read_text())
@@ -398,8 +398,6 @@ def synthesize(examples: list[Example], kind: str = "predicted_regression", n_pe
     Raises:
         SynthesisError: no examples.
     """
-    import time
-
     t0 = time.perf_counter()
     if not examples:
         raise SynthesisError("no labelled examples; pass versions of known outcome (kept / pruned)")

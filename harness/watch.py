@@ -1,4 +1,4 @@
-"""``evotrainer watch PATH``: follow a run while it trains and report findings as they appear.
+"""Follow a run while it trains and report findings as they appear (``evotrainer watch PATH``, harness/cli.py).
 
 PATH is anything ``diagnose`` reads (:func:`evotrainer.harness.ingest.ingest`): a verl / TRL /
 OpenRLHF / ms-swift log or output folder, TensorBoard events, JSONL metrics, or an EvoTrainer run
@@ -12,7 +12,7 @@ folder (then every version of its lineage is judged). Each poll:
    few steps to judge yet is not announced, and does not count as seen): a finding is identified by ``(kind, versions)``, and is new
    again when its severity rises (warn -> blocking); one that only widens its step span is not;
 4. with ``--run DIR`` (foreign sources only), keeps the run folder current: the first poll that reads
-   anything imports PATH (:func:`evotrainer.importer.import_run`); later polls append the new steps'
+   anything imports PATH (:func:`evotrainer.harness.importer.import_run`); later polls append the new steps'
    metrics (the last step seen is re-written: a line read while half-written is completed), new
    rollouts, new text-log lines and the current findings to ``v0``. Updating ``v0`` moves its
    ``updated_at``, which ``evotrainer serve --run DIR`` turns into a
@@ -26,16 +26,27 @@ seconds. A source that cannot be read yet (empty, no step logged) is waited for,
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
 
-import typer
+from evotrainer.harness.analyzers import run_analyzers
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import SEVERITY_RANK, Finding
+from evotrainer.harness.importer import (
+    RunImportError,
+    finding_level,
+    import_run,
+    line_level,
+    metric_rows,
+    read_lines,
+    rekeyed_rollouts,
+    text_logs,
+)
+from evotrainer.harness.ingest import IngestError, ingest
+
+from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)
-SEVERITY_STYLE = {"blocking": "bold red", "warn": "yellow", "info": "dim"}
 
 
 def signature(path: Path) -> tuple[tuple[str, int, int], ...]:
@@ -58,8 +69,8 @@ class PollResult:
 
     changed: bool
     last_step: int = -1
-    findings: list[Any] = field(default_factory=list)
-    new: list[Any] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    new: list[Finding] = field(default_factory=list)
 
 
 class Watcher:
@@ -71,13 +82,11 @@ class Watcher:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        evotrainer.importer.RunImportError: ``run_dir`` with an EvoTrainer run folder as ``path``
+        RunImportError: ``run_dir`` with an EvoTrainer run folder as ``path``
             (serve that folder directly), or ``run_dir`` holds another run.
     """
 
     def __init__(self, path: str | Path, run_dir: str | Path | None = None):
-        from evotrainer.importer import RunImportError
-
         self.path = Path(path).expanduser()
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such file or folder to watch")
@@ -98,10 +107,6 @@ class Watcher:
 
     def poll(self) -> PollResult:
         """Re-read and re-judge the source if it changed since the last poll."""
-        from evotrainer.harness.analyzers import run_analyzers
-        from evotrainer.harness.findings import SEVERITY_RANK
-        from evotrainer.harness.ingest import IngestError, ingest
-
         sig = signature(self.path)
         if sig == self._sig:
             return PollResult(changed=False)
@@ -126,122 +131,47 @@ class Watcher:
         return PollResult(changed=True, last_step=int(last), findings=findings, new=new)
 
     # --- the imported run ---------------------------------------------------------------------------
-    def _update_run(self, ev: Any, findings: list[Any], new: list[Any]) -> None:
-        from evotrainer.importer import _ERROR, _WARN, _read_lines, _text_logs, import_run
-        from evotrainer.workspace import Workspace
-
+    def _update_run(self, ev: Evidence, findings: list[Finding], new: list[Finding]) -> None:
         if not self._imported:
             s = import_run(self.path, self.run_dir)
             self._imported = True
             self._last_step = max(self._steps(ev)) if s.n_steps else -1
             self._last_rollout_step = self._rollout_last_step(ev)
-            self._log_lines = {str(f): len(_read_lines(f)) for f in _text_logs(self.path)}
+            self._log_lines = {str(f): len(read_lines(f)) for f in text_logs(self.path)}
             return
-        import numpy as np
-
         foreign = ev.versions[0]
         with Workspace(self.run_dir, writer=True) as ws:
             vid = ws.lineage.kv_get("import/source")["version_id"]
-            by_step: dict[int, dict[str, float]] = {}
-            means: dict[str, float] = {}
-            for name in ev.metric_names(foreign):
-                steps, values = ev.series(foreign, name)
-                finite = values[np.isfinite(values)]
-                if len(finite):
-                    means[name] = float(finite.mean())
-                for s, x in zip(steps.tolist(), values.tolist(), strict=True):
-                    if s >= self._last_step:  # the last step seen may have been read half-written
-                        by_step.setdefault(int(s), {})[name] = float(x)
+            # the last step seen may have been read half-written: it is written again
+            by_step, means = metric_rows(ev, foreign, from_step=self._last_step)
             for step in sorted(by_step):
                 ws.lineage.log_metrics(vid, step, by_step[step])
             self._last_step = max([self._last_step, *by_step])
             if ev.rollouts is not None and ev.rollouts.num_rows:
-                rows = [r for r in ev.rollouts.to_pylist() if r["step"] > self._last_rollout_step]
-                for r in rows:
-                    r["version_id"] = vid
-                    r["rollout_id"] = f"{vid}/{r['split']}/{r['step']}/{r['group_id']}/{r['sample_idx']}"
+                rows = rekeyed_rollouts([r for r in ev.rollouts.to_pylist() if r["step"] > self._last_rollout_step],
+                                        vid)
                 if rows:
                     ws.rollouts.add(rows)
                     self._last_rollout_step = max(r["step"] for r in rows)
-            for f in _text_logs(self.path):
-                lines = _read_lines(f)
+            for f in text_logs(self.path):
+                lines = read_lines(f)
                 for line in lines[self._log_lines.get(str(f), 0):]:
                     if line.strip():
-                        level = "error" if _ERROR.search(line) else "warning" if _WARN.search(line) else "info"
-                        ws.log(line, level=level, version=vid, source=f"import:{f.name}")
+                        ws.log(line, level=line_level(line), version=vid, source=f"import:{f.name}")
                 self._log_lines[str(f)] = len(lines)
             fs = [{**f.model_dump(mode="json"), "versions": [vid]} for f in findings]
             ws.lineage.update_version(vid, metrics_summary=means, findings=fs)  # moves updated_at: MCP notification
             for f in new:
-                level = "error" if f.severity == "blocking" else "warning" if f.severity == "warn" else "info"
-                ws.log(f"finding {f.kind} [{f.severity}]: {f.explanation}", level=level, version=vid,
-                       source="watch")
+                ws.log(f"finding {f.kind} [{f.severity}]: {f.explanation}", level=finding_level(f.severity),
+                       version=vid, source="watch")
 
     @staticmethod
-    def _steps(ev: Any) -> list[int]:
+    def _steps(ev: Evidence) -> list[int]:
         foreign = ev.versions[0]
         return [int(s) for n in ev.metric_names(foreign) for s in ev.series(foreign, n)[0].tolist()] or [-1]
 
     @staticmethod
-    def _rollout_last_step(ev: Any) -> int:
+    def _rollout_last_step(ev: Evidence) -> int:
         if ev.rollouts is None or not ev.rollouts.num_rows:
             return -1
         return int(max(ev.rollouts.column("step").to_pylist()))
-
-
-def watch(
-    path: Annotated[Path, typer.Argument(help="A growing log or run folder (any format `diagnose` reads), or an "
-                                              "EvoTrainer run folder.")],
-    run_dir: Annotated[Path | None, typer.Option("--run", help="Keep this run folder current for `serve --run` "
-                                                 "(imported on the first poll; foreign sources only).")] = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 2 when a new finding of this severity or worse "
-                                         "appears: none | warn | blocking.")] = "none",
-    keep_going: Annotated[bool, typer.Option("--keep-going", help="With --fail-on: print an ALERT line on stderr "
-                                             "and keep watching instead of exiting.")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 5.0,
-    idle_exit: Annotated[float, typer.Option("--idle-exit", help="Stop (exit 0) when the source has not changed "
-                                             "for this many seconds; 0 watches until interrupted.")] = 0.0,
-) -> None:
-    """Follow a training run: re-run the analyzers as steps arrive and print findings when they appear."""
-    from evotrainer.harness.findings import SEVERITY_RANK
-    from rich.console import Console
-    from rich.markup import escape
-
-    if fail_on not in ("none", "warn", "blocking"):
-        raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
-    if interval <= 0:
-        raise typer.BadParameter(f"--interval {interval}: poll at least every few seconds (a positive number)")
-    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
-    w = Watcher(path, run_dir)
-    console.print(f"watching {w.path} every {interval:g} s" + (f", keeping {w.run_dir} current" if w.run_dir else "")
-                  + (f", failing on {fail_on}" if fail_on != "none" else ""), highlight=False, markup=False)
-    last_change = time.monotonic()
-    first = True
-    while True:
-        r = w.poll()
-        if r.changed:
-            last_change = time.monotonic()
-            if first and w.run_dir is not None and w._imported:
-                console.print(f"imported into {w.run_dir}: serve it with evotrainer serve all --run {w.run_dir}",
-                              highlight=False, markup=False)
-                first = False
-        for f in r.new:
-            steps = f" steps {f.steps[0]}..{f.steps[-1]}" if f.steps else ""
-            console.print(escape(f"[step {r.last_step}] ") + f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] "
-                          + escape(f"{f.kind} ({', '.join(f.versions)}{steps}): {f.explanation}"), highlight=False)
-        hit = [f for f in r.new if fail_on != "none" and SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on]]
-        if hit:
-            if not keep_going:
-                raise typer.Exit(2)
-            sys.stderr.write(f"\aALERT: {len(hit)} new {fail_on}+ finding(s) at step {r.last_step}: "
-                             + ", ".join(f.kind for f in hit) + "\n")
-            sys.stderr.flush()
-        if idle_exit > 0 and time.monotonic() - last_change >= idle_exit:
-            console.print(f"no change for {idle_exit:g} s; stopping", highlight=False, markup=False)
-            return
-        time.sleep(interval)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``watch`` to the main evotrainer app."""
-    app.command("watch")(watch)

@@ -84,7 +84,6 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
                  ) -> dict[str, Any]:
     """Run one scripted policy over ``tasks``; returns rewards, metrics, findings and per-episode rows."""
     import pyarrow as pa
-    from evotrainer.harness import swe_analyzers  # noqa: F401  (registers the SWE analyzers)
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
     from evotrainer.rl_backend.rewards import compute_rewards

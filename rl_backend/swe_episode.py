@@ -347,7 +347,7 @@ def episode_record(ep: Episode, *, version_id: str, step: int, group_id: str, re
     ``completion`` is the transcript; ``length`` the policy's own tokens; ``answer`` the task id;
     ``correct`` the hidden-test reward. The episode counters and the grader's outcome are appended as
     a last turn ``{"role": "outcome", "content": json({"outcome", "stats"})}`` (read by
-    ``harness/swe_analyzers.py``); sampled ``token_ids`` stay in the assistant turns.
+    ``harness/analyzers/swe.py``); sampled ``token_ids`` stay in the assistant turns.
     """
     from evotrainer.rollouts import make_record
 

@@ -35,6 +35,7 @@ class FindingInfo(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     judged: str | None = Field(None, description="level (one step shows it) | change (start vs end, around a "
                                                  "spike, vs the parent) | trend (a drift over many steps)")
+    damages_weights: bool = Field(False, description="The finding means its versions' weights are damaged.")
 
 
 def finding_info(f: Finding) -> FindingInfo:

@@ -126,6 +126,8 @@ class GateInfo(BaseModel):
     gain_vs_parent: float | None = Field(None, description="Dev Avg@k gain over the parent.")
     ci_vs_parent: list[float] | None = Field(None, description="Bootstrap CI of gain_vs_parent.")
     score: float | None = Field(None, description="Dev Avg@k of the version on the paired problems.")
+    damaged_weights: str | None = Field(None, description="Kind of a blocking finding on this version that damages its "
+                                                          "weights; pass it to `decide` with a prune or revert.")
 
 
 def _num(x: Any) -> float | None:
@@ -286,7 +288,8 @@ def gate_version(
                     evidence=list(g.evidence), reason=g.reason, below_sources=list(g.below_sources),
                     baseline_id=g.baseline_id, control_id=g.control_id, is_control=g.is_control,
                     gain_vs_parent=_num(g.gain_vs_parent), score=_num(g.score),
-                    ci_vs_parent=list(g.ci_vs_parent) if g.ci_vs_parent else None)
+                    ci_vs_parent=list(g.ci_vs_parent) if g.ci_vs_parent else None,
+                    damaged_weights=g.damaged_weights)
 
 
 TOOLS = (rescore_rollouts, replay_filter, check_inert, backtest_analyzer, gate_version)

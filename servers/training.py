@@ -76,6 +76,8 @@ class DecisionInfo(BaseModel):
     author: str
     prev_status: str
     created_at: float
+    damaged_weights: str | None = Field(None, description="The finding kind for which this prune / revert discards "
+                                                          "the version's weights.")
 
 
 class JobInfo(BaseModel):
@@ -376,6 +378,10 @@ def decide(
                                                      "job ids.")] = [],  # noqa: B006 (pydantic copies it)
     merge_with: Annotated[str | None, Field(description="For action=merge: the kept sibling to merge with.")] = None,
     author: Annotated[str, Field(description="Who decides: an agent role or 'user'.")] = "mcp-client",
+    damaged_weights: Annotated[str | None, Field(description="With prune / revert: the finding kind that damages "
+                                                             "the version's weights (gate_version's "
+                                                             "damaged_weights); its children then start from its "
+                                                             "own start point.")] = None,
 ) -> DecisionResult:
     """Record a decision with its rationale and evidence and apply its status change. A merge creates a
     new child of the common parent with both siblings' interventions (it still needs training)."""
@@ -383,6 +389,8 @@ def decide(
     v = require_version(ws, version_id)
     target = v.id
     if action == "merge":
+        if damaged_weights is not None:
+            raise ToolError("damaged_weights is only for action=prune or revert (a merge keeps its sources)")
         if not merge_with:
             raise ToolError("action=merge needs merge_with: the id of a kept sibling of version_id")
         w = require_version(ws, merge_with)
@@ -402,7 +410,8 @@ def decide(
     elif merge_with:
         raise ToolError(f"merge_with is only for action=merge (action is {action})")
     if action != "merge":
-        d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author)
+        d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author,
+                              damaged_weights=damaged_weights)
     ws.log(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
     return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
 

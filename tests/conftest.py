@@ -26,7 +26,6 @@ def _analyzer_registry_restored():
     registry is process-global, and a leaked ``always_blocking_x`` made later tests' diagnoses block."""
     from evotrainer.harness import analyzers
 
-    before = dict(analyzers._REGISTRY)
+    before = analyzers.registry_snapshot()
     yield
-    analyzers._REGISTRY.clear()
-    analyzers._REGISTRY.update(before)
+    analyzers.restore_registry(before)

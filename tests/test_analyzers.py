@@ -12,9 +12,11 @@ import pyarrow as pa
 import pytest
 from evotrainer.harness.analyzers import (
     AnalyzerError,
+    behaviour,
     get_analyzer,
     list_analyzers,
     register_analyzer,
+    rules,
     run_analyzers,
     unregister_analyzer,
 )
@@ -332,9 +334,8 @@ def test_reward_hacking_quiet_when_the_rising_term_pays_right_answers():
     # the format mean still rises (1/6 -> 3/8) but wrong answers get 0.25*share vs 1 for right ones:
     # late payout 0.25 * 51/66 = 0.193 < 0.8 x 1.0, the term tracks correctness: not leaky
     ev = _leaky_ev(lambda share: 1.0, lambda share: 0.25 * share)
-    from evotrainer.harness import builtin_analyzers as B
-    t = B._trend(ev, "v1", "reward/format/mean")
-    assert t.rising(B.ALPHA) and t.late >= t.early + B.HACK_RISE  # the series half of the signature holds
+    t = rules.trend_of(ev, "v1", "reward/format/mean")
+    assert t.rising(rules.ALPHA) and t.late >= t.early + behaviour.HACK_RISE  # the series half of the signature holds
     assert "reward_hacking" not in failures(run_analyzers(ev, names=["reward_hacking"]))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
 from evotrainer.harness.gate import gate
 
 from evotrainer import metrics as M
@@ -142,3 +143,35 @@ def test_gate_blocks_a_version_that_still_pays_a_leaky_term_an_ancestor_was_foun
         # a finding of another kind, or without a payout table, does not block by inheritance
         other = Finding(kind="truncation", severity="warn", versions=[root.id], explanation="x", data={"payout": {}})
         assert gate(ws, leaky.id, n_resamples=2000, findings=[other]).promote
+
+
+def test_gate_names_the_damaged_weights_finding_of_the_version_itself(tmp_path):
+    # the typed flag the decision stores (Finding.damages_weights, by kind from findings.DAMAGES_WEIGHTS): set
+    # for a blocking entropy_collapse / nan_blowup / kl_blowup on this version alone, not for truncation, not
+    # for a finding that covers the parent too
+    assert DAMAGES_WEIGHTS == ("entropy_collapse", "nan_blowup", "kl_blowup")
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        child = _child(ws, root.id, 2e-6)
+        _evals(ws, root.id, [1] * 10)
+        _evals(ws, child.id, [3] * 10)
+
+        def blocking(kind, versions):
+            return Finding(kind=kind, severity="blocking", versions=versions, explanation="test")
+
+        g = gate(ws, child.id, n_resamples=500, findings=[blocking("truncation", [child.id]),
+                                                         blocking("entropy_collapse", [child.id])])
+        assert not g.promote and g.damaged_weights == "entropy_collapse"
+        assert [f.damages_weights for f in g.blocking] == [False, True]
+        g = gate(ws, child.id, n_resamples=500, findings=[blocking("truncation", [child.id])])
+        assert not g.promote and g.damaged_weights is None
+        g = gate(ws, child.id, n_resamples=500, findings=[blocking("nan_blowup", [child.id, root.id])])
+        assert not g.promote and g.damaged_weights is None
+        # an analyzer may say so for a kind outside the table; a stored finding without the field gets it by kind
+        g = gate(ws, child.id, n_resamples=500, findings=[Finding(kind="weights_corrupt", severity="blocking",
+                                                                  versions=[child.id], explanation="test",
+                                                                  damages_weights=True)])
+        assert g.damaged_weights == "weights_corrupt"
+        ws.lineage.update_version(child.id, findings=[{"kind": "kl_blowup", "severity": "blocking",
+                                                       "explanation": "stored", "versions": [child.id]}])
+        assert gate(ws, child.id, n_resamples=500, findings=[]).damaged_weights == "kl_blowup"

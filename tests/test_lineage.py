@@ -57,9 +57,10 @@ def test_children_of_damaged_weights_start_from_the_last_healthy_version(tmp_pat
     v1 = s.branch(v0.id, _iv("temperature", 1.0, 0.8))
     s.decide(v1.id, "prune", "truncation", evidence=["finding:truncation:v1", "completions/clipped_ratio"])
     v2 = s.branch(v0.id, _iv("temperature", 1.0, 1.2))
-    s.decide(v2.id, "prune", "collapsed", evidence=["finding:entropy_collapse:v2", "policy/entropy"])
+    s.decide(v2.id, "prune", "collapsed", evidence=["finding:entropy_collapse:v2", "policy/entropy"],
+             damaged_weights="entropy_collapse")
     v3 = s.branch(v2.id, _iv("eps_clip_high", 0.28, 0.3, "optimizer"))
-    s.decide(v3.id, "prune", "nan", evidence=["finding:nan_blowup:v3"])
+    s.decide(v3.id, "prune", "nan", evidence=["finding:nan_blowup:v3"], damaged_weights="nan_blowup")
     v4 = s.branch(v3.id, _iv("temperature", 1.2, 1.0))
     v5 = s.branch(v1.id, _iv("eps_clip_high", 0.28, 0.3, "optimizer"))
     assert [s.damaged(v) for v in ("v0", "v1", "v2", "v3")] == [None, None, "entropy_collapse", "nan_blowup"]
@@ -72,8 +73,45 @@ def test_children_of_damaged_weights_start_from_the_last_healthy_version(tmp_pat
     # a collapsed root: its children start from the base model
     t = LineageStore(tmp_path / "root.db")
     r = t.create_root(Recipe())
-    t.decide(r.id, "prune", "collapsed", evidence=["finding:kl_blowup:v0"])
+    t.decide(r.id, "prune", "collapsed", evidence=["finding:kl_blowup:v0"], damaged_weights="kl_blowup")
     assert t.start_version(t.branch(r.id, _iv("temperature", 1.0, 0.8)).id) is None
+
+
+def test_damaged_weights_is_a_typed_field_of_the_decision(tmp_path):
+    # the store reads Decision.damaged_weights, never the evidence strings; only a prune / revert carries it
+    s = LineageStore(tmp_path / "lineage.db")
+    v0 = s.create_root(Recipe())
+    v1 = s.branch(v0.id, _iv("temperature", 1.0, 0.8))
+    s.decide(v1.id, "prune", "cites a collapse, not flagged", evidence=["finding:entropy_collapse:v1"])
+    assert s.damaged(v1.id) is None and s.decisions(v1.id)[-1].damaged_weights is None
+    with pytest.raises(LineageError, match="damaged weights are a reason to prune or revert"):
+        s.decide(v0.id, "keep", "kept", damaged_weights="entropy_collapse")
+    s.decide(v0.id, "keep", "kept")
+    s.decide(v0.id, "revert", "collapsed later", damaged_weights="nan_blowup")
+    assert s.damaged(v0.id) == "nan_blowup" and s.decisions(v0.id)[-1].damaged_weights == "nan_blowup"
+
+
+def test_migration_003_types_the_damage_of_decisions_written_before_it(tmp_path):
+    # a lineage.db from before 003_decision_damaged_weights: its decisions cite the finding among the evidence
+    path = tmp_path / "lineage.db"
+    s = LineageStore(path)
+    v0 = s.create_root(Recipe())
+    s.decide(v0.id, "keep", "kept for the test", evidence=["finding:entropy_collapse:v0"])
+    v1 = s.branch(v0.id, _iv("temperature", 1.0, 0.8))
+    s.decide(v1.id, "prune", "truncation", evidence=["finding:truncation:v1", "completions/clipped_ratio"])
+    v2 = s.branch(v0.id, _iv("temperature", 1.0, 1.2))
+    s.decide(v2.id, "prune", "collapsed", evidence=["policy/entropy", "finding:kl_blowup:v2", "finding:nan_blowup:v2"])
+    v3 = s.branch(v0.id, _iv("temperature", 1.0, 0.9))
+    s.decide(v3.id, "prune", "inherited", evidence=["finding:entropy_collapse:v1", "finding:entropy_collapse:v3,v0"])
+    s.close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE decisions DROP COLUMN damaged_weights")
+    db.execute("DELETE FROM _migrations WHERE name = '003_decision_damaged_weights'")
+    db.commit()
+    db.close()
+    s = LineageStore(path)
+    assert [s.damaged(v) for v in ("v0", "v1", "v2", "v3")] == [None, None, "kl_blowup", None]
+    assert s.decisions("v0")[-1].damaged_weights is None  # a keep is never damage
 
 
 def test_errors_name_the_fix(tmp_path):

@@ -130,7 +130,8 @@ def test_child_of_a_collapsed_version_trains_from_the_base_model(tmp_path):
     ws.lineage.decide(vid, "prune", "truncation only", evidence=[f"finding:truncation:{vid}"])
     a = ws.lineage.branch(vid, Intervention(path="temperature", old=1.0, new=0.9, category="rollout"))
     assert be._parent_checkpoint(ws, ws.lineage.get(a.id)) == ws.lineage.get(vid).checkpoint
-    ws.lineage.decide(vid, "prune", "entropy collapsed", evidence=[f"finding:entropy_collapse:{vid}"])
+    ws.lineage.decide(vid, "prune", "entropy collapsed", evidence=[f"finding:entropy_collapse:{vid}"],
+                      damaged_weights="entropy_collapse")
     assert be._parent_checkpoint(ws, ws.lineage.get(a.id)) is None  # the base model
     be.train(ws, a.id, 1)
     assert any(r["message"] == f"{a.id} starts from the base model: parent {vid} was pruned for entropy_collapse, "

@@ -6,6 +6,8 @@ import pytest
 from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
+from evotrainer.workspace import Workspace
+
 TRAINING_TOOLS = {"list_versions", "get_version", "diff_versions", "propose_intervention", "start_training",
                   "evaluate_version", "job_status", "list_jobs", "cancel_job", "decide", "server_info"}
 
@@ -113,6 +115,17 @@ def test_decide_keep_prune_revert_merge(client):
     assert "rationale" in client.err("decide", {"version_id": "v1", "action": "prune", "rationale": ""})
     assert "decided" in client.err("start_training", {"version_id": "v1", "steps": 1})
     assert [x["action"] for x in client.ok("get_version", {"version_id": "v2"})["decisions"]] == ["keep", "revert"]
+
+
+def test_decide_stores_the_gates_damaged_weights(client, run):
+    # gate_version's damaged_weights travels typed into the decision: the lineage restarts v1's children from v0
+    assert "not to keep or merge it" in client.err("decide", {"version_id": "v1", "action": "keep", "rationale": "x",
+                                                              "damaged_weights": "entropy_collapse"})
+    d = client.ok("decide", {"version_id": "v1", "action": "prune", "rationale": "entropy collapsed",
+                             "evidence": ["finding:entropy_collapse:v1"], "damaged_weights": "entropy_collapse"})
+    assert d["decision"]["damaged_weights"] == "entropy_collapse"
+    with Workspace.open(run) as ws:
+        assert ws.lineage.damaged("v1") == "entropy_collapse"
 
 
 def test_job_errors_and_lineage_resource(client):

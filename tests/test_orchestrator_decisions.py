@@ -58,6 +58,19 @@ def test_revert_a_kept_version_when_a_blocking_finding_now_stands(orch):
     assert orch.lineage.get("v1").status == "reverted" and orch.lineage.get("v2").status == "kept"
     d = orch.lineage.decisions("v1")[-1]
     assert d.action == "revert" and "reward_hacking" in d.rationale and d.prev_status == "kept"
+
+
+def test_revert_for_damaged_weights_stores_the_gates_typed_flag(orch):
+    # a blocking entropy_collapse stored on v1 alone: the gate names it (damaged_weights), the revert goes through
+    # the decide tool with it, and v1's children then restart from v0's start point (the base model)
+    orch.lineage.update_version("v1", findings=[{"kind": "entropy_collapse", "severity": "blocking", "versions": ["v1"],
+                                                 "explanation": "policy entropy 0.9 -> 0.02", "analyzer": "test"}])
+    assert orch.backtester.gate("v1")["damaged_weights"] == "entropy_collapse"
+    assert orch._revert_check(2, exclude=[]) == ["v1"]
+    d = orch.lineage.decisions("v1")[-1]
+    assert d.action == "revert" and d.damaged_weights == "entropy_collapse"
+    assert orch.lineage.damaged("v1") == "entropy_collapse"
+    assert orch.lineage.damaged("v2") is None  # still kept
     # the frontier moves back: v2 is now the best kept version
     assert orch.best_kept() == "v2"
 

@@ -107,7 +107,7 @@ def test_cli_edge_imports_stay_light(flag):
 def test_known_errors_only_from_loaded_modules(monkeypatch):
     from evotrainer import cli
 
-    monkeypatch.delitem(sys.modules, "evotrainer.importer", raising=False)
+    monkeypatch.delitem(sys.modules, "evotrainer.harness.importer", raising=False)
     import evotrainer.recipe as recipe
 
     errs = cli._known_errors()

@@ -1,4 +1,4 @@
-"""Progress analyzers (harness/progress_analyzers.py): update too small / too large, plateau, headroom,
+"""Progress analyzers (harness/analyzers/progress.py): update too small / too large, plateau, headroom,
 on hand-made series and on a stored default-style run (SmolLM2-135M, examples/default.yaml, lr 2e-6)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from evotrainer.harness.analyzers import list_analyzers, run_analyzers
+from evotrainer.harness.analyzers.progress import KL_TARGET, PROGRESS_KINDS, slope_ci
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.progress_analyzers import KL_TARGET, PROGRESS_KINDS, slope_ci
 
 from evotrainer import metrics as M
 

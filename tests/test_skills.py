@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from evotrainer.harness.progress_analyzers import PROGRESS_KINDS  # learning-progress kinds (issue 16)
+from evotrainer.harness.analyzers.progress import PROGRESS_KINDS  # learning-progress kinds (issue 16)
 from evotrainer.skills_db.embeddings import FUNCTION_NAME, embed, embed_query, load_model
 from evotrainer.skills_db.models import (
     FailedCase,

@@ -6,8 +6,8 @@ import json
 
 import pyarrow as pa
 import pytest
-from evotrainer.harness import swe_analyzers
 from evotrainer.harness.analyzers import run_analyzers
+from evotrainer.harness.analyzers import swe as swe_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.rl_backend.swe_episode import (
     encode_trajectory,

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from evotrainer.harness.importer import RunImportError
 from evotrainer.harness.watch import Watcher
 from evotrainer.servers.app import build_server
 from mcp import Client
 
 from evotrainer import metrics as M
-from evotrainer.importer import RunImportError
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 

@@ -1,9 +1,10 @@
 """Analyzer registry: one protocol (evidence in, findings out) for built-in and runtime analyzers.
 
-An analyzer is a callable ``fn(evidence: Evidence) -> list[Finding]``. Built-ins
-(``harness/builtin_analyzers.py``, ``behaviour_analyzers.py``, and the SWE-episode ones in
-``swe_analyzers.py``) register themselves with :func:`analyzer`; agents and users
-register more at run time with :func:`register_analyzer`, either as a Python callable or as
+An analyzer is a callable ``fn(evidence: Evidence) -> list[Finding]``. The built-ins are declared in
+the rule modules of :data:`BUILTIN_MODULES` (each an ``ANALYZERS`` table, ``rules.AnalyzerTable``) and
+registered here, once, when this module is imported: an explicit list, so importing a rule module
+has no side effect and the imports point one way (registry -> rule modules -> ``rules``). Agents and
+users register more at run time with :func:`register_analyzer`, either as a Python callable or as
 analyzer CODE, which runs in the sandbox (``evotrainer.sandbox.run_in_sandbox``) against the
 evidence written as files (:meth:`Evidence.to_dir`) and mounted read-only; the code prints
 findings JSON (``[{"kind", "severity", "versions", "steps", "evidence", "explanation"}]``) to
@@ -18,46 +19,30 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
+import evotrainer.harness.analyzers.behaviour as behaviour_rules
+import evotrainer.harness.analyzers.builtin as builtin_rules
+import evotrainer.harness.analyzers.progress as progress_rules
+import evotrainer.harness.analyzers.swe as swe_rules
+import evotrainer.harness.analyzers.zero_variance as zero_variance_rules
+from evotrainer.harness.analyzers.rules import AnalyzerFn, AnalyzerSpec, first_line
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding, parse_findings, sort_findings
 
-AnalyzerFn = Callable[[Evidence], list[Finding]]
+from evotrainer.sandbox import run_in_sandbox
+
+BUILTIN_MODULES: tuple[ModuleType, ...] = (builtin_rules, behaviour_rules, zero_variance_rules, progress_rules,
+                                           swe_rules)
+"""The rule modules whose ``ANALYZERS`` tables are the built-in analyzers, in registration order."""
 
 
 class AnalyzerError(ValueError):
     """Unknown analyzer, bad registration, or analyzer code that failed / printed invalid findings."""
 
 
-@dataclass
-class AnalyzerSpec:
-    """A registered analyzer."""
-
-    name: str
-    fn: AnalyzerFn
-    kinds: tuple[str, ...] = ()
-    description: str = ""
-    builtin: bool = False
-    code: str | None = None  # source of a sandboxed analyzer
-    options: dict = field(default_factory=dict)
-
-
-_REGISTRY: dict[str, AnalyzerSpec] = {}
-
-
-def analyzer(name: str, kinds: tuple[str, ...] = (), description: str = "") -> Callable[[AnalyzerFn], AnalyzerFn]:
-    """Decorator the built-ins use: register ``fn`` under ``name`` as a built-in analyzer."""
-
-    def deco(fn: AnalyzerFn) -> AnalyzerFn:
-        _REGISTRY[name] = AnalyzerSpec(name=name, fn=fn, kinds=tuple(kinds or (name,)),
-                                       description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                                       builtin=True)
-        return fn
-
-    return deco
+_REGISTRY: dict[str, AnalyzerSpec] = {spec.name: spec for mod in BUILTIN_MODULES for spec in mod.ANALYZERS.specs}
 
 
 def register_analyzer(name: str, fn_or_code: AnalyzerFn | str, kinds: tuple[str, ...] | list[str] = (),
@@ -97,7 +82,7 @@ def register_analyzer(name: str, fn_or_code: AnalyzerFn | str, kinds: tuple[str,
                             options={"timeout_s": timeout_s, "memory_mb": memory_mb})
     elif callable(fn_or_code):
         spec = AnalyzerSpec(name=name, fn=fn_or_code, kinds=tuple(kinds),
-                            description=description or (fn_or_code.__doc__ or "").strip().split("\n")[0])
+                            description=description or first_line(fn_or_code.__doc__))
     else:
         raise AnalyzerError(f"analyzer {name!r}: pass a callable or Python source, got {type(fn_or_code).__name__}")
     _REGISTRY[name] = spec
@@ -131,6 +116,17 @@ def list_analyzers(builtin: bool | None = None) -> list[AnalyzerSpec]:
     """Registered analyzers (built-ins first, then runtime ones), optionally only one sort."""
     specs = [s for s in _REGISTRY.values() if builtin is None or s.builtin == builtin]
     return sorted(specs, key=lambda s: (not s.builtin, s.name))
+
+
+def registry_snapshot() -> dict[str, AnalyzerSpec]:
+    """A copy of the registry (name -> spec), for :func:`restore_registry` (tests, scoped registrations)."""
+    return dict(_REGISTRY)
+
+
+def restore_registry(snapshot: dict[str, AnalyzerSpec]) -> None:
+    """Put the registry back to a :func:`registry_snapshot` (runtime analyzers registered since are gone)."""
+    _REGISTRY.clear()
+    _REGISTRY.update(snapshot)
 
 
 def run_analyzers(evidence: Evidence, names: list[str] | None = None) -> list[Finding]:
@@ -172,11 +168,9 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
         AnalyzerError: the code exited non-zero, hit a sandbox limit, or printed no valid findings
             JSON (the message quotes the end of stderr / stdout).
     """
-    from evotrainer.sandbox import run_in_sandbox
-
     with tempfile.TemporaryDirectory(prefix="evidence-") as tmp:
         evidence_dir = evidence.to_dir(Path(tmp) / "evidence")
-        res = _call_sandbox(run_in_sandbox, code, evidence_dir, timeout_s, memory_mb)
+        res = _call_sandbox(code, evidence_dir, timeout_s, memory_mb)
     if res.exit_code != 0 or getattr(res, "limit_hit", None):
         tail = (res.stderr or res.stdout or "")[-600:].strip()
         limit = f" (limit hit: {res.limit_hit})" if getattr(res, "limit_hit", None) else ""
@@ -194,13 +188,8 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
         raise AnalyzerError(f"analyzer {name!r}: {exc}") from None
 
 
-def _call_sandbox(run_in_sandbox: Callable, code: str, evidence_dir: Path, timeout_s: float, memory_mb: int):
+def _call_sandbox(code: str, evidence_dir: Path, timeout_s: float, memory_mb: int):
     """Run ``code`` with each evidence file mounted read-only at ``/evidence/<file>``."""
     inputs = {p.name: p for p in sorted(evidence_dir.iterdir())}
     return run_in_sandbox(code=code, inputs=inputs, env={"EVIDENCE_DIR": "/evidence"}, timeout_s=timeout_s,
                           memory_mb=memory_mb)
-
-
-from evotrainer.harness import builtin_analyzers as _builtin_analyzers  # noqa: E402,F401  (registers the built-ins)
-from evotrainer.harness import progress_analyzers as _progress_analyzers  # noqa: E402,F401  (learning progress)
-from evotrainer.harness import swe_analyzers as _swe_analyzers  # noqa: E402,F401  (SWE-episode built-ins)

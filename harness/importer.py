@@ -27,6 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from evotrainer.harness.analyzers import run_analyzers
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.ingest import ingest
+
+from evotrainer.recipe import Recipe
+from evotrainer.workspace import Workspace
+
 MAX_LOG_LINES = 50_000  # text-log lines kept as run-log records (the head of a longer log)
 _ERROR = re.compile(r"\b(error|exception|traceback|fatal|nan)\b", re.I)
 _WARN = re.compile(r"\bwarn(ing)?\b", re.I)
@@ -50,16 +58,53 @@ class ImportSummary:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _text_logs(path: Path) -> list[Path]:
+def text_logs(path: Path) -> list[Path]:
+    """The text logs at ``path`` (``.log``, ``.txt``, ``.log.gz``; the file itself, or every one under the folder)."""
     files = [path] if path.is_file() else sorted(path.rglob("*"))
     return [f for f in files if f.is_file() and (f.suffix in (".log", ".txt") or f.name.endswith(".log.gz"))]
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
+    """The lines of a text log (gunzipped for ``.gz``; undecodable bytes replaced)."""
     data = path.read_bytes()
     if path.suffix == ".gz":
         data = gzip.decompress(data)
     return data.decode(errors="replace").splitlines()
+
+
+def line_level(line: str) -> str:
+    """The run-log level of a text-log line from its words: ``error``, ``warning`` or ``info``."""
+    return "error" if _ERROR.search(line) else "warning" if _WARN.search(line) else "info"
+
+
+def finding_level(severity: str) -> str:
+    """The run-log level of a finding of ``severity``: blocking -> error, warn -> warning, info -> info."""
+    return "error" if severity == "blocking" else "warning" if severity == "warn" else "info"
+
+
+def metric_rows(ev: Evidence, version: str, from_step: int | None = None
+                ) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
+    """``({step: {metric: value}}, {metric: mean of its finite values})`` of one version of the evidence
+    (logged series, else those computed from its rollouts); with ``from_step`` only the steps from there on."""
+    by_step: dict[int, dict[str, float]] = {}
+    means: dict[str, float] = {}
+    for name in ev.metric_names(version):
+        steps, values = ev.series(version, name)
+        finite = values[np.isfinite(values)]
+        if len(finite):
+            means[name] = float(finite.mean())
+        for s, x in zip(steps.tolist(), values.tolist(), strict=True):
+            if from_step is None or s >= from_step:
+                by_step.setdefault(int(s), {})[name] = float(x)
+    return by_step, means
+
+
+def rekeyed_rollouts(rows: list[dict[str, Any]], version_id: str) -> list[dict[str, Any]]:
+    """Rollout rows of a foreign run moved to ``version_id`` (version id and rollout id rewritten, in place)."""
+    for r in rows:
+        r["version_id"] = version_id
+        r["rollout_id"] = f"{version_id}/{r['split']}/{r['step']}/{r['group_id']}/{r['sample_idx']}"
+    return rows
 
 
 def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
@@ -70,13 +115,6 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
         evotrainer.harness.ingest.IngestError: nothing readable at ``path``.
         RunImportError: ``path`` holds several runs, is an EvoTrainer run already, or ``run_dir`` has a lineage.
     """
-    import numpy as np
-
-    from evotrainer.harness.analyzers import run_analyzers
-    from evotrainer.harness.ingest import ingest
-    from evotrainer.recipe import Recipe
-    from evotrainer.workspace import Workspace
-
     src = Path(path).expanduser()
     if src.is_dir() and (src / "lineage.db").exists():
         raise RunImportError(f"{src} is an EvoTrainer run folder already; serve it directly with --run {src}")
@@ -92,39 +130,26 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
     findings = run_analyzers(ev)
     with Workspace(run, writer=True) as ws:
         v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
-        by_step: dict[int, dict[str, float]] = {}
-        means: dict[str, float] = {}
-        for name in ev.metric_names(foreign):  # logged series, else those computed from the rollouts
-            steps, values = ev.series(foreign, name)
-            finite = values[np.isfinite(values)]
-            if len(finite):
-                means[name] = float(finite.mean())
-            for s, x in zip(steps.tolist(), values.tolist(), strict=True):
-                by_step.setdefault(int(s), {})[name] = float(x)
+        by_step, means = metric_rows(ev, foreign)  # logged series, else those computed from the rollouts
         for step in sorted(by_step):
             ws.lineage.log_metrics(v.id, step, by_step[step])
         n_rollouts = 0
         if ev.rollouts is not None and ev.rollouts.num_rows:
-            rows = ev.rollouts.to_pylist()
-            for r in rows:
-                r["version_id"] = v.id
-                r["rollout_id"] = f"{v.id}/{r['split']}/{r['step']}/{r['group_id']}/{r['sample_idx']}"
+            rows = rekeyed_rollouts(ev.rollouts.to_pylist(), v.id)
             ws.rollouts.add(rows)
             n_rollouts = len(rows)
         fs = [{**f.model_dump(mode="json"), "versions": [v.id]} for f in findings]
         ws.lineage.update_version(v.id, status="trained", metrics_summary=means, findings=fs)
         n_lines = 0
-        for f in _text_logs(src):
-            for line in _read_lines(f)[: MAX_LOG_LINES - n_lines]:
+        for f in text_logs(src):
+            for line in read_lines(f)[: MAX_LOG_LINES - n_lines]:
                 if not line.strip():
                     continue
-                level = "error" if _ERROR.search(line) else "warning" if _WARN.search(line) else "info"
-                ws.log(line, level=level, version=v.id, source=f"import:{f.name}")
+                ws.log(line, level=line_level(line), version=v.id, source=f"import:{f.name}")
                 n_lines += 1
         for f in fs:
-            level = "error" if f["severity"] == "blocking" else "warning" if f["severity"] == "warn" else "info"
-            ws.log(f"finding {f['kind']} [{f['severity']}]: {f['explanation']}", level=level, version=v.id,
-                   source="import:diagnose")
+            ws.log(f"finding {f['kind']} [{f['severity']}]: {f['explanation']}", level=finding_level(f["severity"]),
+                   version=v.id, source="import:diagnose")
         ws.log(f"imported {src}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
                f"{len(fs)} findings", version=v.id, source="import")
         ws.lineage.kv_set("import/source", {"path": str(src), "foreign_version": foreign, "version_id": v.id})

@@ -14,7 +14,7 @@ grader's verdict per episode rather than guessing from text.
   submit on the first turn without editing (always-submit-immediately), or loop on search (the
   same pattern :data:`LOOP_REPEATS` times or more, or the tool budget spent mostly on searches).
 
-Importing this module registers both analyzers in ``harness.analyzers``.
+``analyzers/registry.py`` registers both (they are in its list of built-in modules).
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ import json
 from typing import Any
 
 import pyarrow.compute as pc
-from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.analyzers.rules import AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 
 from evotrainer import metrics as M
+
+ANALYZERS = AnalyzerTable()
+"""This module's built-in analyzers (registered by ``analyzers/registry.py``)."""
 
 HACK_BLOCK_FRAC = 0.25
 COLLAPSE_FRAC = 0.5
@@ -62,7 +65,7 @@ def _steps(eps: list[dict[str, Any]]) -> list[int]:
     return [min(s), max(s)] if s else []
 
 
-@analyzer("swe_hacking", kinds=("reward_hacking",),
+@ANALYZERS.analyzer("swe_hacking", kinds=("reward_hacking",),
           description="SWE episodes that edit test files or break test collection")
 def swe_hacking(ev: Evidence) -> list[Finding]:
     """Test-file edits and collection errors in SWE episodes (see module docstring)."""
@@ -91,7 +94,7 @@ def swe_hacking(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("swe_behaviour", kinds=("behaviour_collapse",),
+@ANALYZERS.analyzer("swe_behaviour", kinds=("behaviour_collapse",),
           description="SWE tool use collapsed: always submit at once, or search loops until the budget runs out")
 def swe_behaviour(ev: Evidence) -> list[Finding]:
     """Always-submit-immediately and search-loop collapse in SWE episodes (see module docstring)."""

@@ -1,4 +1,6 @@
-"""Built-in analyzers, one per failure kind of ``harness.findings.KINDS`` (DESIGN.md §4).
+"""Built-in analyzers of the training dynamics: ``nan_blowup``, ``truncation``, ``entropy_collapse``,
+``length_collapse``, ``length_blowup``, ``kl_blowup``, ``grad_spike`` (kinds of ``harness.findings.KINDS``;
+docs/design.md §2, step 6). The other kinds are judged in ``behaviour.py`` and ``zero_variance.py``.
 
 Each reads metric series (logged, or derived from rollouts) and judges what it can see, saying
 which (``Finding.judged``) with the numbers in ``data`` and the explanation:
@@ -12,7 +14,8 @@ which (``Finding.judged``) with the numbers in ``data`` and the explanation:
 * a **trend** (Mann-Kendall, Theil-Sen) needs ``trends.MIN_POINTS`` finite points: below that a
   trend-based analyzer gives an ``info`` "insufficient evidence" finding instead of a guess.
 
-Thresholds are module constants, named and commented, so a backtest can judge them. Benign
+Thresholds are module constants, named and commented, so a backtest can judge them (those several
+rule modules share are in ``rules.py``). Benign
 artefacts raise nothing: a policy loss printing 0.0 (GRPO's surrogate is ~0 at the on-policy point
 with group-normalised advantages) is not a failure while grad norm and reward move; isolated
 gradient spikes that nothing suffers from are ``info``.
@@ -21,20 +24,33 @@ gradient spikes that nothing suffers from are ``info``.
 from __future__ import annotations
 
 import numpy as np
-from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.analyzers.rules import (
+    ALPHA,
+    CORRECTNESS,
+    ENTROPY_FLOOR,
+    ENTROPY_RATIO,
+    ZV_BLOCK,
+    ZV_WARN,
+    AnalyzerTable,
+    drop,
+    insufficient,
+    level_data,
+    level_of,
+    span,
+    trend_data,
+    trend_of,
+    trend_or_note,
+)
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import MIN_POINTS, Level, Trend, fmt, level, noise_sd, spikes, trend
+from evotrainer.harness.trends import Trend, fmt, noise_sd, spikes
 
 from evotrainer import metrics as M
 
-ALPHA = 0.01  # Mann-Kendall significance for "rising" / "falling"
+ANALYZERS = AnalyzerTable()
+"""This module's built-in analyzers (registered by ``analyzers/registry.py``)."""
 
-CORRECTNESS = (M.CORRECT_MEAN, M.reward_component("correctness"))
-ENTROPY_RATIO = 0.3  # late / early entropy at or below this: collapse
-ENTROPY_FLOOR = 0.05  # nats per token: collapsed whatever the start
 TRUNC_WARN, TRUNC_BLOCK = 0.2, 0.5  # late clipped ratio
-ZV_WARN, ZV_BLOCK = 0.5, 0.99  # late fraction of zero-variance groups
 LEN_COLLAPSE_RATIO, LEN_BLOWUP_RATIO = 0.5, 2.0  # late / early mean completion length
 KL_WARN = 1.0  # nats per token: KL level that is a blow-up whatever the trend
 KL_JUMP = 5.0  # change-point after/before ratio that is a blow-up (with after >= KL_JUMP_MIN)
@@ -43,14 +59,6 @@ GRAD_SPIKE_K, GRAD_SPIKES_WARN = 10.0, 3  # spike size in robust sds; spikes tha
 GRAD_NORM_LEVEL = 1e4  # pre-clip grad norm at or above this is abnormal on one step (10^4 x verl / TRL / OpenRLHF max_norm 1.0)
 GRAD_DAMAGE_WINDOW = 5  # logged steps before / after a spike compared for damage
 REWARD_DROP_RANGE = 0.1  # a reward drop after a spike counts when >= this share of the run's p5-p95 range (and 3 noise sds)
-ZERO_STD_TOL = 5e-4  # a reward spread at or below this is 0 (half the last digit of verl's 3-decimal console values)
-CAUSE_SHARE = 0.8  # all-wrong (or all-right) groups making up this share of the zero-variance groups name the cause
-DUP_WARN = 0.3  # late fraction of completions duplicated across prompts
-DISTINCT_RATIO = 0.5  # late / early distinct-2
-HACK_RISE, HACK_FALL = 0.05, 0.02  # absolute rise of a reward term / fall of correctness
-LEAK_WARN = 0.05  # fraction of prompts containing their answer
-DIVERGE_RISE = 0.05  # train reward rise that makes a flat held-out score suspicious
-DIVERGE_VAL_SHARE, DIVERGE_VAL_MAX = 0.2, 0.05  # held-out gain under this share of the train gain (and <= MAX) is flat
 NAN_CORE = (M.LOSS_POLICY, M.LOSS_KL, M.LOSS_TOTAL, M.POLICY_KL, M.POLICY_GRAD_NORM, M.POLICY_ENTROPY,
             M.REWARD_MEAN, M.REWARD_STD, M.COMPLETIONS_MEAN_LENGTH)
 # foreign series kept under their own names are core too when they are a loss or a gradient norm
@@ -58,71 +66,8 @@ NAN_CORE = (M.LOSS_POLICY, M.LOSS_KL, M.LOSS_TOTAL, M.POLICY_KL, M.POLICY_GRAD_N
 _NAN_FOREIGN = ("loss", "grad_norm")
 
 
-def _trend(ev: Evidence, v: str, name: str) -> Trend | None:
-    steps, values = ev.series(v, name)
-    return trend(steps, values) if len(steps) else None
-
-
-def _insufficient(kind: str, v: str, name: str, ev: Evidence) -> Finding | None:
-    steps, values = ev.series(v, name)
-    n = int(np.isfinite(values).sum())
-    if 0 < n < MIN_POINTS:
-        return Finding(kind=kind, severity="info", versions=[v], steps=[int(steps[0]), int(steps[-1])],
-                       evidence=[name], data={"n_points": n}, judged="trend",
-                       explanation=f"insufficient evidence: {name} has {n} finite point(s) in {v}; "
-                                   f"{kind} needs at least {MIN_POINTS} to judge a trend")
-    return None
-
-
-def _trend_or_note(ev: Evidence, v: str, kind: str, name: str, out: list[Finding]) -> Trend | None:
-    """The trend of series ``name`` in version ``v``, or None; when None and the series has 1 to
-    ``MIN_POINTS - 1`` finite points, an "insufficient evidence" info finding of ``kind`` is appended to ``out``."""
-    t = _trend(ev, v, name)
-    if t is None and (f := _insufficient(kind, v, name, ev)) is not None:
-        out.append(f)
-    return t
-
-
-def _span(t: Trend | Level) -> list[int]:
-    return [t.first_step, t.last_step]
-
-
-def _tdata(t: Trend) -> dict:
-    return {"early": t.early, "late": t.late, "head": t.head, "tail": t.tail, "tau": t.tau, "p_value": t.p_value,
-            "slope": t.slope, "change_step": t.change_step, "n_points": t.n, "start": t.start, "end": t.end,
-            "start_until": t.start_until, "end_from": t.end_from, "n_segments": t.n_segments}
-
-
-def _ldata(lv: Level) -> dict:
-    return {"recent": lv.recent, "last": lv.last, "min": lv.lo, "max": lv.hi, "n_points": lv.n,
-            "n_recent": lv.n_recent, "recent_from": lv.recent_from}
-
-
-def _level(ev: Evidence, v: str, name: str) -> Level | None:
-    steps, values = ev.series(v, name)
-    return level(steps, values) if len(steps) else None
-
-
-def _drop(t: Trend, ratio: float, floor: float = 0.0) -> tuple[str, float, float] | None:
-    """How a series fell to ``ratio`` of its start (or under ``floor`` from over twice it), or None.
-
-    Returns ``(basis, start, end)``: ``"segments"`` when the last segment of the binary segmentation
-    is at or below ``ratio`` of the first (a change, wherever in the run it happened), else
-    ``"windows"`` when the median of the last 20% of points is at or below ``ratio`` of the first
-    20% with a falling Mann-Kendall trend or a level shift to under half (the single change point).
-    """
-    def low(a: float, b: float) -> bool:
-        return a > 0 and (b <= ratio * a or b <= floor < a / 2)
-
-    if t.n_segments > 1 and low(t.start, t.end):
-        return "segments", t.start, t.end
-    if low(t.early, t.late) and (t.falling(ALPHA) or (t.change_step is not None and t.after < t.before / 2)):
-        return "windows", t.early, t.late
-    return None
-
-
 def _how(basis: str, t: Trend, unit: str) -> str:
-    """The numbers behind a :func:`_drop`, for an explanation."""
+    """The numbers behind a :func:`~evotrainer.harness.analyzers.rules.drop`, for an explanation."""
     if basis == "segments":
         return (f"first segment {fmt(t.start)} {unit} (steps {t.first_step}-{t.start_until}), last segment "
                 f"{fmt(t.end)} (steps {t.end_from}-{t.last_step}); {t.n_segments} segments by binary segmentation; "
@@ -132,14 +77,9 @@ def _how(basis: str, t: Trend, unit: str) -> str:
             + (f", level shift at step {t.change_step}" if t.change_step is not None else ""))
 
 
-def _entropy_collapsed(t: Trend | None) -> bool:
-    """Whether a policy-entropy trend collapsed (the rule of :func:`entropy_collapse`)."""
-    return t is not None and _drop(t, ENTROPY_RATIO, ENTROPY_FLOOR) is not None
-
-
 def _groups_emptied(ev: Evidence, v: str) -> Trend | None:
     """The zero-std-group fraction of ``v`` when it rose from under ZV_WARN to at least ZV_BLOCK, else None."""
-    t = _trend(ev, v, M.REWARD_FRAC_ZERO_STD)
+    t = trend_of(ev, v, M.REWARD_FRAC_ZERO_STD)
     if t is None:
         return None
     return t if (t.early < ZV_WARN and t.late >= ZV_BLOCK) or (t.start < ZV_WARN and t.end >= ZV_BLOCK) else None
@@ -151,7 +91,7 @@ def _nan_series(ev: Evidence, v: str) -> list[str]:
                     and not n.startswith(("timing", "perf", "time/"))]
 
 
-@analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
+@ANALYZERS.analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
 def nan_blowup(ev: Evidence) -> list[Finding]:
     """Non-finite (or > 1e8 in magnitude, grad norms excepted) values of core series (a level: one step is enough);
     blocking when they persist (two or more, or on the last step), warn for one that recovered."""
@@ -186,52 +126,52 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("truncation", description="completions cut at the length cap")
+@ANALYZERS.analyzer("truncation", description="completions cut at the length cap")
 def truncation(ev: Evidence) -> list[Finding]:
     """Recent clipped ratio high (a level: the median of the last 20% of steps, one step when only one
     is logged), or mean length pinned at the cap when no clipped ratio is logged."""
     out = []
     for v in ev.versions:
-        lv = _level(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
+        lv = level_of(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
         if lv is not None:
             if lv.recent >= TRUNC_WARN:
-                t = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
+                t = trend_of(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
                 sev = "blocking" if lv.recent >= TRUNC_BLOCK else "warn"
                 where = (f"the only logged step ({lv.last_step})" if lv.n == 1 else
                          f"the last {lv.n_recent} logged steps (median, steps {lv.recent_from}-{lv.last_step})")
                 early = f"; {fmt(100 * t.early)}% in the first 20% of steps" if t is not None else ""
-                out.append(Finding(kind="truncation", severity=sev, versions=[v], steps=_span(lv),
+                out.append(Finding(kind="truncation", severity=sev, versions=[v], steps=span(lv),
                                    evidence=[M.COMPLETIONS_CLIPPED_RATIO], judged="level",
-                                   data={**_ldata(lv), **(_tdata(t) if t is not None else {})},
+                                   data={**level_data(lv), **(trend_data(t) if t is not None else {})},
                                    explanation=f"{v}: {fmt(100 * lv.recent)}% of completions hit the length cap in "
                                                f"{where}{early}; their rewards judge unfinished answers."))
             continue
         cap = (ev.recipes.get(v) or {}).get("generate_max_len")
-        ll = _level(ev, v, M.COMPLETIONS_MEAN_LENGTH)
+        ll = level_of(ev, v, M.COMPLETIONS_MEAN_LENGTH)
         if ll is None:
             continue
-        mx = _trend(ev, v, M.COMPLETIONS_MAX_LENGTH)  # a max length constant over >= MIN_POINTS steps is the cap
+        mx = trend_of(ev, v, M.COMPLETIONS_MAX_LENGTH)  # a max length constant over >= MIN_POINTS steps is the cap
         cap = cap or (mx.late if mx is not None and np.isclose(mx.early, mx.late) else None)
         if cap and ll.recent >= 0.98 * cap:
-            out.append(Finding(kind="truncation", severity="blocking", versions=[v], steps=_span(ll),
+            out.append(Finding(kind="truncation", severity="blocking", versions=[v], steps=span(ll),
                                evidence=[M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_MAX_LENGTH], judged="level",
-                               data={**_ldata(ll), "cap": float(cap)},
+                               data={**level_data(ll), "cap": float(cap)},
                                explanation=f"{v}: mean completion length {fmt(ll.recent)} tokens sits at the cap "
                                            f"{fmt(cap)} in the last steps: nearly every completion is truncated."))
     return out
 
 
-@analyzer("entropy_collapse", description="policy entropy falls to a fraction of its start")
+@ANALYZERS.analyzer("entropy_collapse", description="policy entropy falls to a fraction of its start")
 def entropy_collapse(ev: Evidence) -> list[Finding]:
     """Entropy at its end <= ENTROPY_RATIO of its start (or below ENTROPY_FLOOR nats from over twice it),
     judged as a change between the first and last segments of the run (binary segmentation) or as a
-    trend of the first / last 20% windows (:func:`_drop`); blocking when the zero-std group fraction
+    trend of the first / last 20% windows (:func:`~evotrainer.harness.analyzers.rules.drop`); blocking when the zero-std group fraction
     rose with it from under ZV_WARN to ZV_BLOCK or more (the collapse emptied the groups)."""
     out = []
     for v in ev.versions:
-        if (t := _trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
+        if (t := trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
             continue
-        if (d := _drop(t, ENTROPY_RATIO, ENTROPY_FLOOR)) is None:
+        if (d := drop(t, ENTROPY_RATIO, ENTROPY_FLOOR)) is None:
             continue
         basis, start, end = d
         zt = _groups_emptied(ev, v)
@@ -243,9 +183,9 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
             early_note = (f" It left its starting level after step {t.start_until} ({fmt(100 * frac)}% into the run) "
                           f"and holds the low level from step {t.end_from}.")
         out.append(Finding(kind="entropy_collapse", severity="blocking" if zt is not None else "warn",
-                           versions=[v], steps=_span(t), judged="change" if basis == "segments" else "trend",
+                           versions=[v], steps=span(t), judged="change" if basis == "segments" else "trend",
                            evidence=[M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []),
-                           data={**_tdata(t), "basis": basis, "from": start, "to": end,
+                           data={**trend_data(t), "basis": basis, "from": start, "to": end,
                                  **({"zero_std_frac_late": zt.late} if zt is not None else {})},
                            explanation=f"{v}: policy entropy fell from {fmt(start)} to {fmt(end)} nats/token "
                                        f"(x{fmt(end / start)}; {_how(basis, t, 'nats/token')}); the policy stops "
@@ -253,20 +193,20 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("length_collapse", description="completions shrink to a fraction of their start")
+@ANALYZERS.analyzer("length_collapse", description="completions shrink to a fraction of their start")
 def length_collapse(ev: Evidence) -> list[Finding]:
     """Mean completion length at its end <= LEN_COLLAPSE_RATIO of its start and >= 5 tokens shorter
-    (first / last segments, or first / last 20% windows with a falling trend; :func:`_drop`)."""
+    (first / last segments, or first / last 20% windows with a falling trend; :func:`~evotrainer.harness.analyzers.rules.drop`)."""
     out = []
     for v in ev.versions:
-        if (t := _trend_or_note(ev, v, "length_collapse", M.COMPLETIONS_MEAN_LENGTH, out)) is None:
+        if (t := trend_or_note(ev, v, "length_collapse", M.COMPLETIONS_MEAN_LENGTH, out)) is None:
             continue
-        d = _drop(t, LEN_COLLAPSE_RATIO)
+        d = drop(t, LEN_COLLAPSE_RATIO)
         if d is None or d[0] == "windows" and not t.falling(ALPHA) or d[1] - d[2] < 5:
             continue
         basis, start, end = d
-        out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=_span(t),
-                           evidence=[M.COMPLETIONS_MEAN_LENGTH], data={**_tdata(t), "basis": basis, "from": start,
+        out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=span(t),
+                           evidence=[M.COMPLETIONS_MEAN_LENGTH], data={**trend_data(t), "basis": basis, "from": start,
                                                                        "to": end},
                            judged="change" if basis == "segments" else "trend",
                            explanation=f"{v}: mean completion length fell from {fmt(start)} to {fmt(end)} tokens "
@@ -275,14 +215,14 @@ def length_collapse(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("length_blowup", description="completions grow to a multiple of their start")
+@ANALYZERS.analyzer("length_blowup", description="completions grow to a multiple of their start")
 def length_blowup(ev: Evidence) -> list[Finding]:
     """Mean length at its end >= LEN_BLOWUP_RATIO x its start: last vs first segment (a change), or the
     last vs first 20% windows with a rising trend or a 1.5x level shift; warn when truncation rises or
     correctness (else the reward) does not, info otherwise."""
     out = []
     for v in ev.versions:
-        t = _trend(ev, v, M.COMPLETIONS_MEAN_LENGTH)
+        t = trend_of(ev, v, M.COMPLETIONS_MEAN_LENGTH)
         if t is None:
             continue
         if t.n_segments > 1 and t.start > 0 and t.end >= LEN_BLOWUP_RATIO * t.start:
@@ -292,9 +232,9 @@ def length_blowup(ev: Evidence) -> list[Finding]:
             basis, a, b = "windows", t.early, t.late
         else:
             continue
-        ct = _trend(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
+        ct = trend_of(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
         cname = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
-        cor = _trend(ev, v, cname) if cname else None
+        cor = trend_of(ev, v, cname) if cname else None
         clip_up = ct is not None and (ct.late >= TRUNC_WARN or ct.late >= ct.early + 0.1)
         no_gain = cor is not None and cor.late <= cor.early + 0.01
         sev = "warn" if clip_up or no_gain else "info"
@@ -303,9 +243,9 @@ def length_blowup(ev: Evidence) -> list[Finding]:
             why.append(f"clipped ratio {fmt(ct.early)} -> {fmt(ct.late)}")
         if cor is not None:
             why.append(f"{cname} {fmt(cor.early)} -> {fmt(cor.late)}")
-        out.append(Finding(kind="length_blowup", severity=sev, versions=[v], steps=_span(t),
+        out.append(Finding(kind="length_blowup", severity=sev, versions=[v], steps=span(t),
                            evidence=[M.COMPLETIONS_MEAN_LENGTH] + ([M.COMPLETIONS_CLIPPED_RATIO] if ct else []),
-                           data={**_tdata(t), "basis": basis, "from": a, "to": b},
+                           data={**trend_data(t), "basis": basis, "from": a, "to": b},
                            judged="change" if basis == "segments" else "trend",
                            explanation=f"{v}: mean completion length grew from {fmt(a)} to {fmt(b)} tokens "
                                        f"(x{fmt(b / a)}; {_how(basis, t, 'tokens')})"
@@ -318,23 +258,23 @@ def length_blowup(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("kl_blowup", description="KL to the reference policy explodes")
+@ANALYZERS.analyzer("kl_blowup", description="KL to the reference policy explodes")
 def kl_blowup(ev: Evidence) -> list[Finding]:
     """KL recent level >= KL_WARN nats (a level: one step is enough), or a level shift by >= KL_JUMP x
     to >= KL_JUMP_MIN (a change); info for a steady drift (a trend)."""
     out = []
     for v in ev.versions:
-        lv = _level(ev, v, M.POLICY_KL)
-        t = _trend(ev, v, M.POLICY_KL)
+        lv = level_of(ev, v, M.POLICY_KL)
+        t = trend_of(ev, v, M.POLICY_KL)
         if t is None and lv is not None and lv.recent >= KL_WARN:
-            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=_span(lv), evidence=[M.POLICY_KL],
-                               judged="level", data=_ldata(lv),
+            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=span(lv), evidence=[M.POLICY_KL],
+                               judged="level", data=level_data(lv),
                                explanation=f"{v}: KL to the reference is {fmt(lv.recent)} nats/token on the "
                                            f"{lv.n} logged step(s) (median), above the blow-up level {KL_WARN}; the "
                                            f"policy left the trust region; raise init_kl_coef or lower the learning rate."))
             continue
         if t is None:
-            if (f := _insufficient("kl_blowup", v, M.POLICY_KL, ev)) is not None:
+            if (f := insufficient("kl_blowup", v, M.POLICY_KL, ev)) is not None:
                 out.append(f)
             continue
         jump = (t.change_step is not None and t.after >= KL_JUMP_MIN
@@ -342,13 +282,13 @@ def kl_blowup(ev: Evidence) -> list[Finding]:
         if t.late >= KL_WARN or jump:
             why = (f"late median {fmt(t.late)} nats/token" if t.late >= KL_WARN else
                    f"a level shift at step {t.change_step} from {fmt(t.before)} to {fmt(t.after)} nats/token")
-            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_KL], data=_tdata(t), judged="level" if t.late >= KL_WARN else "change",
+            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=span(t),
+                               evidence=[M.POLICY_KL], data=trend_data(t), judged="level" if t.late >= KL_WARN else "change",
                                explanation=f"{v}: KL to the reference shows {why} (early {fmt(t.early)}); the policy "
                                            f"left the trust region; raise init_kl_coef or lower the learning rate."))
         elif t.rising(ALPHA) and t.late >= 10 * max(t.early, 1e-4) and t.late >= 0.01:
-            out.append(Finding(kind="kl_blowup", severity="info", versions=[v], steps=_span(t),
-                               evidence=[M.POLICY_KL], data=_tdata(t), judged="trend",
+            out.append(Finding(kind="kl_blowup", severity="info", versions=[v], steps=span(t),
+                               evidence=[M.POLICY_KL], data=trend_data(t), judged="trend",
                                explanation=f"{v}: KL drifts up steadily from {fmt(t.early)} to {fmt(t.late)} nats/token "
                                            f"(tau {fmt(t.tau)}); below the blow-up level {KL_WARN}, worth watching."))
     return out
@@ -380,9 +320,9 @@ def _damage_after(ev: Evidence, v: str, at: int, until: int) -> list[str]:
         pre, post = _around(s, x, at, w)
         fx = x[np.isfinite(x)]
         if len(pre) >= 2 and len(post) >= 2 and len(fx) >= 2 * w:
-            drop = float(np.median(pre) - np.median(post))
+            fall = float(np.median(pre) - np.median(post))
             spread = float(np.percentile(fx, 95) - np.percentile(fx, 5))
-            if drop > 3 * noise_sd(fx) and drop >= REWARD_DROP_RANGE * spread and drop > 0:
+            if fall > 3 * noise_sd(fx) and fall >= REWARD_DROP_RANGE * spread and fall > 0:
                 out.append(f"{rname} {fmt(float(np.median(pre)))} -> {fmt(float(np.median(post)))}")
     checks = ((M.POLICY_ENTROPY, lambda a, b: a > 0 and (b >= 2 * a or b <= a / 2)),
               (M.POLICY_KL, lambda a, b: b >= KL_JUMP_MIN and b >= KL_JUMP * max(a, 1e-6)),
@@ -395,7 +335,7 @@ def _damage_after(ev: Evidence, v: str, at: int, until: int) -> list[str]:
     return out
 
 
-@analyzer("grad_spike", description="gradient-norm spikes that do damage, or a rising gradient norm")
+@ANALYZERS.analyzer("grad_spike", description="gradient-norm spikes that do damage, or a rising gradient norm")
 def grad_spike(ev: Evidence) -> list[Finding]:
     """Spikes of the grad norm above GRAD_SPIKE_K robust sds of its trailing rolling median (and 3x it),
     judged by what follows them (a change: :func:`_damage_after`), or a 10x rising trend.
@@ -423,7 +363,7 @@ def grad_spike(ev: Evidence) -> list[Finding]:
                             f"an abnormal gradient (look for a loss-scale, precision or data cause); clipping "
                             f"bounds the update, not the cause."))
             continue
-        if (t := _trend_or_note(ev, v, "grad_spike", M.POLICY_GRAD_NORM, out)) is None:
+        if (t := trend_or_note(ev, v, "grad_spike", M.POLICY_GRAD_NORM, out)) is None:
             continue
         mask = spikes(g, k=GRAD_SPIKE_K)
         sp = steps[mask]
@@ -453,13 +393,9 @@ def grad_spike(ev: Evidence) -> list[Finding]:
         if rising:
             txt += ("; " if txt else "") + f"grad norm rose from {fmt(t.early)} to {fmt(t.late)} (tau {fmt(t.tau)})"
         out.append(Finding(kind="grad_spike", severity=sev, versions=[v],
-                           steps=sp.tolist() if len(sp) else _span(t), evidence=[M.POLICY_GRAD_NORM],
+                           steps=sp.tolist() if len(sp) else span(t), evidence=[M.POLICY_GRAD_NORM],
                            judged="trend" if rising and not len(sp) else "change",
-                           data={**_tdata(t), "n_spikes": int(len(sp)), "spike_steps": sp[:50].tolist(),
+                           data={**trend_data(t), "n_spikes": int(len(sp)), "spike_steps": sp[:50].tolist(),
                                  "damaged_after": {str(k): h for k, h in damage.items()}, "rising": bool(rising)},
                            explanation=f"{v}: {txt}." + ("" if sev == "warn" else " No action needed yet.")))
     return out
-
-
-from evotrainer.harness import behaviour_analyzers as _behaviour  # noqa: E402,F401  (registers the rest)
-from evotrainer.harness import zero_variance as _zero_variance  # noqa: E402,F401

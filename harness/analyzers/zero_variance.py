@@ -43,13 +43,27 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from evotrainer.harness import builtin_analyzers as B
-from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.analyzers.rules import (
+    CORRECTNESS,
+    ZERO_STD_TOL,
+    ZV_BLOCK,
+    ZV_WARN,
+    AnalyzerTable,
+    entropy_collapsed,
+    level_data,
+    span,
+    trend_of,
+)
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import fmt, level, trend
 
 from evotrainer import metrics as M
+
+ANALYZERS = AnalyzerTable()
+"""This module's built-in analyzer (registered by ``analyzers/registry.py``)."""
+
+CAUSE_SHARE = 0.8  # all-wrong (or all-right) groups making up this share of the zero-variance groups name the cause
 
 
 def _aligned(ev: Evidence, v: str, a: str, b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,7 +102,7 @@ def constant_batches(ev: Evidence, v: str) -> Batches:
     sources: list[str] = []
 
     def mark(table: dict[int, bool], steps: np.ndarray, spread: np.ndarray, names: list[str]) -> None:
-        c = np.abs(spread) <= B.ZERO_STD_TOL
+        c = np.abs(spread) <= ZERO_STD_TOL
         if c.any():
             sources.extend(n for n in names if n not in sources)
         for st, ci in zip(steps.tolist(), c.tolist(), strict=True):
@@ -96,7 +110,7 @@ def constant_batches(ev: Evidence, v: str) -> Batches:
 
     s, lo, hi = _aligned(ev, v, M.REWARD_MIN, M.REWARD_MAX)
     mark(reward_const, s, hi - lo, [M.REWARD_MIN, M.REWARD_MAX])
-    value.update({st: x for st, x, c in zip(s.tolist(), lo.tolist(), (np.abs(hi - lo) <= B.ZERO_STD_TOL).tolist(),
+    value.update({st: x for st, x, c in zip(s.tolist(), lo.tolist(), (np.abs(hi - lo) <= ZERO_STD_TOL).tolist(),
                                             strict=True) if c})
     ss, xs = ev.series(v, M.REWARD_STD)
     mark(reward_const, ss[np.isfinite(xs)], xs[np.isfinite(xs)], [M.REWARD_STD])
@@ -144,19 +158,19 @@ def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str,
         pool = np.concatenate([x[np.isfinite(x)] for x in (lo, hi, mean)])
         low, high = (float(pool.min()), float(pool.max())) if len(pool) else (c, c)
         how = {"constant_reward": c, "run_reward_min": low, "run_reward_max": high, "from": "constant reward"}
-        if c <= 0 or (c <= low + B.ZERO_STD_TOL and high > c + B.ZERO_STD_TOL):
+        if c <= 0 or (c <= low + ZERO_STD_TOL and high > c + ZERO_STD_TOL):
             return "all_wrong", how
-        if c >= high - B.ZERO_STD_TOL and low < c - B.ZERO_STD_TOL:
+        if c >= high - ZERO_STD_TOL and low < c - ZERO_STD_TOL:
             return "all_right", how
         return "unknown", how
     else:
-        cname = ev.first(v, *B.CORRECTNESS)
+        cname = ev.first(v, *CORRECTNESS)
         c = _recent(*ev.series(v, cname)) if cname else None
         if c is None:
             rs, rm = ev.series(v, M.REWARD_MEAN)
             r = _recent(rs, rm)
             fin = rm[np.isfinite(rm)]
-            if r is not None and abs(r) <= B.ZERO_STD_TOL and z >= B.ZV_BLOCK and fin.min() >= -B.ZERO_STD_TOL:
+            if r is not None and abs(r) <= ZERO_STD_TOL and z >= ZV_BLOCK and fin.min() >= -ZERO_STD_TOL:
                 # every group constant, mean reward 0 and the reward never negative: every reward is 0
                 return "all_wrong", {"reward_mean": r, "from": M.REWARD_MEAN}
             return "unknown", how
@@ -164,9 +178,9 @@ def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str,
         right, wrong = max(0.0, c - m), max(0.0, z - c)
         how = {"correct_mean": c, "frac_solve_all_lb": right, "frac_solve_none_lb": wrong, "from": cname}
     total = max(z, wrong + right, 1e-12)
-    if wrong >= B.CAUSE_SHARE * total:
+    if wrong >= CAUSE_SHARE * total:
         return "all_wrong", how
-    if right >= B.CAUSE_SHARE * total:
+    if right >= CAUSE_SHARE * total:
         return "all_right", how
     return "mixed", how
 
@@ -191,7 +205,7 @@ _READING = {
 }
 
 
-@analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal), by cause")
+@ANALYZERS.analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal), by cause")
 def zero_variance_groups(ev: Evidence) -> list[Finding]:
     """Recent zero-variance fraction >= ZV_WARN (a level; see the module docstring for sources and cause)."""
     out = []
@@ -204,7 +218,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
         if lc is not None:  # share of constant batches among the recent steps
             share = float(np.mean(const[np.searchsorted(cs, lc.recent_from):]))
         z = max(lz.recent if lz is not None else 0.0, share)
-        if z < B.ZV_WARN:
+        if z < ZV_WARN:
             if vetoed:
                 out.append(Finding(
                     kind="zero_variance_groups", severity="info", versions=[v], steps=vetoed[:50], judged="level",
@@ -216,16 +230,16 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
             continue
         by_frac = lz is not None and lz.recent >= share
         name = frac[0] if by_frac else " / ".join(csrc)
-        span = B._span(lz if by_frac else lc)
+        steps = span(lz if by_frac else lc)
         cause, how = _cause(ev, v, z, cvals[const] if len(cs) else np.array([]))
-        sev = "warn" if cause == "all_right" else "blocking" if z >= B.ZV_BLOCK else "warn"
+        sev = "warn" if cause == "all_right" else "blocking" if z >= ZV_BLOCK else "warn"
         t = trend(frac[1], frac[2]) if frac else None  # the fraction over the run, when it has enough points
         data = {"late_frac": z, "cause": cause, **how, "source": name, "remedy": _REMEDY[cause],
-                **(B._ldata(lz) if by_frac else {"constant_share": share, "n_recent": lc.n_recent}),
+                **(level_data(lz) if by_frac else {"constant_share": share, "n_recent": lc.n_recent}),
                 **({"early": t.early, "start": t.start} if t is not None else {})}
         reading = _READING[cause]
-        et = B._trend(ev, v, M.POLICY_ENTROPY) if t is not None and t.early < B.ZV_WARN else None
-        if cause != "all_right" and et is not None and B._entropy_collapsed(et):
+        et = trend_of(ev, v, M.POLICY_ENTROPY) if t is not None and t.early < ZV_WARN else None
+        if cause != "all_right" and et is not None and entropy_collapsed(et):
             sev, data["symptom_of"] = "warn", "entropy_collapse"
             reading = (f"here a symptom of the entropy collapse ({fmt(et.early)} -> {fmt(et.late)} nats/token): the "
                        f"samples of a group became identical, while the data gave variance at the start")
@@ -248,9 +262,9 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
             what += f"; correctness {fmt(how['correct_mean'])}"
         elif "reward_mean" in how:
             what += f"; mean reward {fmt(how['reward_mean'])}, never negative: every rollout scored 0"
-        out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=span, judged="level",
+        out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=steps, judged="level",
                            evidence=[n for n in (frac[0].split(" + ") if by_frac else csrc)], data=data,
                            explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
-                                       f"carries {'no' if z >= B.ZV_BLOCK else 'little'} learning signal; cause "
+                                       f"carries {'no' if z >= ZV_BLOCK else 'little'} learning signal; cause "
                                        f"{cause.replace('_', '-')}: {reading}."))
     return out

@@ -1,4 +1,4 @@
-"""Progress analyzers: learning dynamics, not only failures (issue 16; DESIGN.md §4).
+"""Progress analyzers: learning dynamics, not only failures (docs/design.md §2, step 6).
 
 A run can be healthy and still waste its budget: at a learning rate of 2e-6 the SmolLM2 default
 trained with KL ~0.002 to the reference and clip ratio 0 on every step, the reward flat, and
@@ -38,12 +38,15 @@ import math
 from typing import Any
 
 import numpy as np
-from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.analyzers.rules import CORRECTNESS, AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import MIN_POINTS, fmt
 
 from evotrainer import metrics as M
+
+ANALYZERS = AnalyzerTable()
+"""This module's built-in analyzers (registered by ``analyzers/registry.py``)."""
 
 PROGRESS_KINDS = ("update_too_small", "update_too_large", "plateau", "headroom")
 
@@ -72,8 +75,6 @@ THRESHOLDS = {
     "headroom_min": {"value": HEADROOM_MIN, "source": "pass rate >= 0.9: saturated"},
     "slope_confidence": {"value": SLOPE_CONFIDENCE, "source": "Theil-Sen CI, scipy.stats.theilslopes (Sen 1968)"},
 }
-
-CORRECTNESS = (M.CORRECT_MEAN, M.reward_component("correctness"))
 
 
 def slope_ci(steps: np.ndarray, values: np.ndarray, confidence: float = SLOPE_CONFIDENCE
@@ -211,7 +212,7 @@ def _signal_text(n: dict[str, Any]) -> str:
     return "" if s is None else f"; {fmt(100 * s)}% of groups carry signal (1 - reward/frac_zero_std, median)"
 
 
-@analyzer("update_size", kinds=("update_too_small", "update_too_large"),
+@ANALYZERS.analyzer("update_size", kinds=("update_too_small", "update_too_large"),
           description="how far each update moves the policy: too small to learn, or too large to trust")
 def update_size(ev: Evidence) -> list[Finding]:
     """``update_too_small`` / ``update_too_large`` from the update KL, clip fraction, reward slope and headroom."""
@@ -257,7 +258,7 @@ def update_size(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("plateau", kinds=("plateau",), description="the reward rose, then stopped, with headroom left")
+@ANALYZERS.analyzer("plateau", kinds=("plateau",), description="the reward rose, then stopped, with headroom left")
 def plateau(ev: Evidence) -> list[Finding]:
     """First-half gain >= PLATEAU_RISE, second-half gain < PLATEAU_KEEP of it with its slope CI containing 0."""
     out = []
@@ -289,7 +290,7 @@ def plateau(ev: Evidence) -> list[Finding]:
     return out
 
 
-@analyzer("headroom", kinds=("headroom",), description="train pass rate near 1: the data is saturated")
+@ANALYZERS.analyzer("headroom", kinds=("headroom",), description="train pass rate near 1: the data is saturated")
 def headroom(ev: Evidence) -> list[Finding]:
     """Info when the late train pass rate is >= 1 - HEADROOM_MIN: harder data, not a failure."""
     out = []

@@ -1,6 +1,6 @@
 """Built-in analyzers of behaviour: template collapse, reward hacking, train / held-out divergence.
 
-Companion of ``harness/builtin_analyzers.py`` (same conventions and thresholds module). These
+Companion of ``builtin.py`` (same conventions; shared thresholds and helpers in ``rules.py``). These
 look at what the policy produces and at what the reward pays for:
 
 * ``template_collapse``: completions duplicated across different prompts (outputs stop depending on
@@ -21,14 +21,30 @@ import re
 
 import numpy as np
 import pyarrow.compute as pc
-from evotrainer.harness import builtin_analyzers as B
-from evotrainer.harness.analyzers import analyzer
+from evotrainer.harness.analyzers.rules import (
+    ALPHA,
+    CORRECTNESS,
+    AnalyzerTable,
+    span,
+    trend_data,
+    trend_of,
+)
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
+from evotrainer.harness.stats import compare_versions
 from evotrainer.harness.trends import MIN_POINTS, fmt
 
 from evotrainer import metrics as M
 
+ANALYZERS = AnalyzerTable()
+"""This module's built-in analyzers (registered by ``analyzers/registry.py``)."""
+
+DUP_WARN = 0.3  # late fraction of completions duplicated across prompts
+DISTINCT_RATIO = 0.5  # late / early distinct-2
+HACK_RISE, HACK_FALL = 0.05, 0.02  # absolute rise of a reward term / fall of correctness
+LEAK_WARN = 0.05  # fraction of prompts containing their answer
+DIVERGE_RISE = 0.05  # train reward rise that makes a flat held-out score suspicious
+DIVERGE_VAL_SHARE, DIVERGE_VAL_MAX = 0.2, 0.05  # held-out gain under this share of the train gain (and <= MAX) is flat
 _TEST_PATH = re.compile(r"(^|[/\s\"'])(tests?/|test_[\w.-]*\.py|[\w.-]*_test\.py|conftest\.py)")
 _EDIT_TOOLS = ("edit", "write", "create", "str_replace", "apply_patch", "patch")
 EVAL_SERIES = (M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_1)
@@ -36,34 +52,34 @@ LEAK_SAMPLE = 20_000  # distinct prompts checked for a leaked answer (all of the
 LEAK_PAY_RATIO = 0.8  # a term paying wrong answers >= this share of what it pays right ones pays 'whatever the answer'
 
 
-@analyzer("template_collapse", description="outputs stop depending on the input / near-duplicate completions")
+@ANALYZERS.analyzer("template_collapse", description="outputs stop depending on the input / near-duplicate completions")
 def template_collapse(ev: Evidence) -> list[Finding]:
     """Duplicate fraction late >= DUP_WARN and up; distinct-2 late/early <= DISTINCT_RATIO and falling
     (Mann-Kendall) or shifted down to <= DISTINCT_RATIO of its level (change point, as entropy_collapse)."""
     out = []
     for v in ev.versions:
-        why, evid, data, span = [], [], {}, None
-        d = B._trend(ev, v, M.COMPLETIONS_DUPLICATE_FRAC)
-        if d is not None and d.late >= B.DUP_WARN and d.late >= d.early + 0.1:
+        why, evid, data, steps = [], [], {}, None
+        d = trend_of(ev, v, M.COMPLETIONS_DUPLICATE_FRAC)
+        if d is not None and d.late >= DUP_WARN and d.late >= d.early + 0.1:
             why.append(f"{fmt(100 * d.late)}% of completions are identical to a completion of another prompt "
                        f"(was {fmt(100 * d.early)}%)")
             evid.append(M.COMPLETIONS_DUPLICATE_FRAC)
-            data["duplicate_frac"], span = B._tdata(d), B._span(d)
-        t = B._trend(ev, v, M.COMPLETIONS_DISTINCT_2)
-        shift = t is not None and t.change_step is not None and t.after <= B.DISTINCT_RATIO * t.before
-        if t is not None and t.early > 0 and t.ratio <= B.DISTINCT_RATIO and (t.falling(B.ALPHA) or shift):
-            how = (f"Mann-Kendall p={fmt(t.p_value)}" if t.falling(B.ALPHA) else
+            data["duplicate_frac"], steps = trend_data(d), span(d)
+        t = trend_of(ev, v, M.COMPLETIONS_DISTINCT_2)
+        shift = t is not None and t.change_step is not None and t.after <= DISTINCT_RATIO * t.before
+        if t is not None and t.early > 0 and t.ratio <= DISTINCT_RATIO and (t.falling(ALPHA) or shift):
+            how = (f"Mann-Kendall p={fmt(t.p_value)}" if t.falling(ALPHA) else
                    f"level shift at step {t.change_step}: {fmt(t.before)} -> {fmt(t.after)}")
             why.append(f"distinct-2 fell from {fmt(t.early)} to {fmt(t.late)} ({how})")
             evid.append(M.COMPLETIONS_DISTINCT_2)
-            data["distinct_2"], span = B._tdata(t), span or B._span(t)
-        r = B._trend(ev, v, M.COMPLETIONS_REPETITION)
-        if r is not None and r.late >= 0.5 and r.late >= r.early + 0.2 and r.rising(B.ALPHA):
+            data["distinct_2"], steps = trend_data(t), steps or span(t)
+        r = trend_of(ev, v, M.COMPLETIONS_REPETITION)
+        if r is not None and r.late >= 0.5 and r.late >= r.early + 0.2 and r.rising(ALPHA):
             why.append(f"4-gram repetition rose from {fmt(r.early)} to {fmt(r.late)}")
             evid.append(M.COMPLETIONS_REPETITION)
-            data["repetition"], span = B._tdata(r), span or B._span(r)
+            data["repetition"], steps = trend_data(r), steps or span(r)
         if why:
-            out.append(Finding(kind="template_collapse", severity="warn", versions=[v], steps=span or [], judged="change",
+            out.append(Finding(kind="template_collapse", severity="warn", versions=[v], steps=steps or [], judged="change",
                                evidence=evid, data=data,
                                explanation=f"{v}: {'; '.join(why)}. The policy answers with a template rather "
                                            f"than the input; rewards that pay for form can sustain it."))
@@ -71,23 +87,23 @@ def template_collapse(ev: Evidence) -> list[Finding]:
 
 
 def _component_names(ev: Evidence, v: str) -> list[str]:
-    skip = set(B.CORRECTNESS)
+    skip = set(CORRECTNESS)
     return [n for n in ev.metric_names(v)
             if n.startswith("reward/") and n.endswith("/mean") and n.count("/") == 2 and n not in skip]
 
 
 def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
     """A reward term (or the total) rises while correctness or the held-out score falls."""
-    targets = [n for n in (ev.first(v, *B.CORRECTNESS), ev.first(v, *EVAL_SERIES)) if n]
+    targets = [n for n in (ev.first(v, *CORRECTNESS), ev.first(v, *EVAL_SERIES)) if n]
     out = []
     for tname in targets:
-        tt = B._trend(ev, v, tname)
-        if tt is None or not (tt.late <= tt.early - B.HACK_FALL and (tt.falling(B.ALPHA) or tname in EVAL_SERIES)):
+        tt = trend_of(ev, v, tname)
+        if tt is None or not (tt.late <= tt.early - HACK_FALL and (tt.falling(ALPHA) or tname in EVAL_SERIES)):
             continue
         risers = []
         for cname in _component_names(ev, v) + [M.REWARD_MEAN]:
-            ct = B._trend(ev, v, cname)
-            if ct is not None and ct.late >= ct.early + B.HACK_RISE and ct.rising(B.ALPHA):
+            ct = trend_of(ev, v, cname)
+            if ct is not None and ct.late >= ct.early + HACK_RISE and ct.rising(ALPHA):
                 risers.append((cname, ct))
         if not risers:
             continue
@@ -95,8 +111,8 @@ def _hacking_from_series(ev: Evidence, v: str) -> list[Finding]:
         out.append(Finding(kind="reward_hacking", severity="blocking", versions=[v], judged="trend",
                            steps=[min(t.first_step for _, t in risers), max(t.last_step for _, t in risers)],
                            evidence=[n for n, _ in risers] + [tname],
-                           data={"rising": {n: B._tdata(t) for n, t in risers}, "falling": {tname: B._tdata(tt)}},
-                           explanation=f"{v}: the reward rises ({desc}; Mann-Kendall p < {B.ALPHA}) while "
+                           data={"rising": {n: trend_data(t) for n, t in risers}, "falling": {tname: trend_data(tt)}},
+                           explanation=f"{v}: the reward rises ({desc}; Mann-Kendall p < {ALPHA}) while "
                                        f"{tname} falls from {fmt(tt.early)} to {fmt(tt.late)}: the policy is paid "
                                        f"for something other than solving the task."))
         break
@@ -112,20 +128,20 @@ def _hacking_from_few_points(ev: Evidence, v: str) -> list[Finding]:
     """A change on 3 to MIN_POINTS - 1 steps, too few for a trend: correctness falls at every step by
     >= HACK_FALL in all while a reward term (not correctness) rises at every step by >= HACK_RISE in all.
     A warning (three points cannot make it blocking); judged ``change`` with every value listed."""
-    cname = ev.first(v, *B.CORRECTNESS)
+    cname = ev.first(v, *CORRECTNESS)
     if not cname:
         return []
     cs, cx = ev.series(v, cname)
     ok = np.isfinite(cx)
     cs, cx = cs[ok], cx[ok]
-    if not 3 <= len(cx) < MIN_POINTS or not (_steady(cx, -1) and cx[0] - cx[-1] >= B.HACK_FALL):
+    if not 3 <= len(cx) < MIN_POINTS or not (_steady(cx, -1) and cx[0] - cx[-1] >= HACK_FALL):
         return []
     risers = []
     for n in _component_names(ev, v):
         s, x = ev.series(v, n)
         ok = np.isfinite(x)
         s, x = s[ok], x[ok]
-        if 3 <= len(x) < MIN_POINTS and _steady(x, +1) and x[-1] - x[0] >= B.HACK_RISE:
+        if 3 <= len(x) < MIN_POINTS and _steady(x, +1) and x[-1] - x[0] >= HACK_RISE:
             risers.append((n, s, x))
     if not risers:
         return []
@@ -187,15 +203,15 @@ def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
       the task (some format rewards are meant to be; the held-out score decides);
     * ``warn`` from the series alone (flat correctness, no rollouts with a known ``correct``).
     """
-    cname = ev.first(v, *B.CORRECTNESS)
-    ct = B._trend(ev, v, cname) if cname else None
+    cname = ev.first(v, *CORRECTNESS)
+    ct = trend_of(ev, v, cname) if cname else None
     if ct is None:
         return []
-    flat = not (ct.late > ct.early + B.HACK_FALL or ct.rising(B.ALPHA))
+    flat = not (ct.late > ct.early + HACK_FALL or ct.rising(ALPHA))
     risers = []
     for n in _component_names(ev, v):
-        t = B._trend(ev, v, n)
-        if (t is not None and t.late >= t.early + B.HACK_RISE and t.rising(B.ALPHA)
+        t = trend_of(ev, v, n)
+        if (t is not None and t.late >= t.early + HACK_RISE and t.rising(ALPHA)
                 and (flat or t.late - t.early > ct.late - ct.early)):
             risers.append((n, t))
     if not risers:
@@ -228,9 +244,9 @@ def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
     return [Finding(kind="reward_hacking", severity=sev, versions=[v], judged="trend",
                     steps=[min(t.first_step for _, t in leaky), max(t.last_step for _, t in leaky)],
                     evidence=[n for n, _ in leaky] + [cname],
-                    data={"rising": {n: B._tdata(t) for n, t in leaky}, "correctness": {cname: B._tdata(ct)},
+                    data={"rising": {n: trend_data(t) for n, t in leaky}, "correctness": {cname: trend_data(ct)},
                           "correctness_flat": flat, "payout": {short[n]: (pay or {}).get(short[n]) for n, _ in leaky}},
-                    explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {B.ALPHA}) {tail}")]
+                    explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {ALPHA}) {tail}")]
 
 
 def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
@@ -254,7 +270,7 @@ def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
         n += 1
         if re.search(r"(?<![\w.])" + re.escape(a) + r"(?![\w.])", prompt or ""):
             leaked.append(pid)
-    if not n or len(leaked) / n < B.LEAK_WARN:
+    if not n or len(leaked) / n < LEAK_WARN:
         return []
     frac = len(leaked) / n
     return [Finding(kind="reward_hacking", severity="blocking" if frac >= 0.2 else "warn", versions=[v], judged="level",
@@ -267,7 +283,7 @@ def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
 def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
     """Episodes whose tool calls edit test files (rollout turns), or a logged test-edit fraction."""
     out = []
-    tt = B._trend(ev, v, M.TOOLS_TEST_EDIT_FRAC)
+    tt = trend_of(ev, v, M.TOOLS_TEST_EDIT_FRAC)
     steps, vals = ev.series(v, M.TOOLS_TEST_EDIT_FRAC)
     ok = np.isfinite(vals)
     steps, vals = steps[ok], vals[ok]
@@ -277,7 +293,7 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
         turns = t.column("turns")
         cand = pc.and_(pc.match_substring_regex(turns, _TEST_PATH.pattern),
                        pc.match_substring_regex(turns, "|".join(_EDIT_TOOLS)))
-        # SWE episodes with a graded outcome turn are judged by swe_analyzers.swe_hacking
+        # SWE episodes with a graded outcome turn are judged by swe.swe_hacking
         cand = pc.and_(cand, pc.invert(pc.match_substring(turns, '"role": "outcome"')))
         rows = pc.indices_nonzero(pc.fill_null(cand, False))
         if len(rows):
@@ -304,13 +320,13 @@ def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
         late = float(np.median(vals[-max(3, len(vals) // 5):]))
         out.append(Finding(kind="reward_hacking", severity="blocking" if late > 0 else "warn", versions=[v], judged="level",
                            steps=[int(steps[0]), int(steps[-1])], evidence=[M.TOOLS_TEST_EDIT_FRAC],
-                           data={"max": float(vals.max()), "late": late, "trend": B._tdata(tt) if tt else None},
+                           data={"max": float(vals.max()), "late": late, "trend": trend_data(tt) if tt else None},
                            explanation=f"{v}: up to {fmt(100 * float(vals.max()))}% of episodes edited test files "
                                        f"(late median {fmt(100 * late)}%): the policy can pass tests it rewrote."))
     return out
 
 
-@analyzer("reward_hacking", description="reward rises while correctness / held-out falls; a term that pays wrong "
+@ANALYZERS.analyzer("reward_hacking", description="reward rises while correctness / held-out falls; a term that pays wrong "
                                         "answers rises; leaked answers; test edits")
 def reward_hacking(ev: Evidence) -> list[Finding]:
     """Four signatures of a reward paid for the wrong thing (see module docstring)."""
@@ -331,7 +347,7 @@ def _train_gain(t) -> tuple[str, float, float]:
     return "windows", t.early, t.late
 
 
-@analyzer("train_eval_divergence", description="train reward up, held-out score flat or down")
+@ANALYZERS.analyzer("train_eval_divergence", description="train reward up, held-out score flat or down")
 def train_eval_divergence(ev: Evidence) -> list[Finding]:
     """Within a run (a change): the train score (correctness, else the reward) rises by >= DIVERGE_RISE
     from its start to its end (first / last segments or 20% windows, with a rising Mann-Kendall trend
@@ -346,13 +362,13 @@ def train_eval_divergence(ev: Evidence) -> list[Finding]:
     """
     out = []
     for v in ev.versions:
-        rname = ev.first(v, *B.CORRECTNESS, M.REWARD_MEAN)
-        rt = B._trend(ev, v, rname) if rname else None
+        rname = ev.first(v, *CORRECTNESS, M.REWARD_MEAN)
+        rt = trend_of(ev, v, rname) if rname else None
         ename = ev.first(v, *EVAL_SERIES)
         if rt is not None and ename:
             basis, r0, r1 = _train_gain(rt)
             gain = r1 - r0
-            if gain >= B.DIVERGE_RISE and (basis == "segments" or rt.rising(B.ALPHA)):
+            if gain >= DIVERGE_RISE and (basis == "segments" or rt.rising(ALPHA)):
                 out += _flat_heldout(ev, v, rname, rt, ename, basis, r0, r1)
         parent = ev.parents.get(v)
         if parent and v in ev.evals and parent in ev.evals:
@@ -376,7 +392,7 @@ def _flat_heldout(ev: Evidence, v: str, rname: str, rt, ename: str, basis: str, 
     head = head if len(head) and len(head) < len(evals) else evals[:w]
     tail = tail if len(tail) and len(tail) < len(evals) else evals[-w:]
     e0, e1 = float(np.mean(head)), float(np.mean(tail))
-    tol = max(0.01, min(B.DIVERGE_VAL_MAX, B.DIVERGE_VAL_SHARE * (r1 - r0)))
+    tol = max(0.01, min(DIVERGE_VAL_MAX, DIVERGE_VAL_SHARE * (r1 - r0)))
     if e1 - e0 > tol:
         return []
     where = (f"first segment steps {rt.first_step}-{rt.start_until}, last segment from step {rt.end_from}"
@@ -384,7 +400,7 @@ def _flat_heldout(ev: Evidence, v: str, rname: str, rt, ename: str, basis: str, 
     return [Finding(
         kind="train_eval_divergence", severity="blocking" if e1 < e0 - 0.02 else "warn", judged="change",
         versions=[v], steps=[rt.first_step, rt.last_step], evidence=[rname, ename],
-        data={"train": B._tdata(rt), "basis": basis, "train_from": r0, "train_to": r1, "heldout_early": e0,
+        data={"train": trend_data(rt), "basis": basis, "train_from": r0, "train_to": r1, "heldout_early": e0,
               "heldout_late": e1, "heldout_tolerance": tol, "n_heldout": int(len(evals)),
               "heldout_steps": es[:50].tolist()},
         explanation=f"{v}: train {rname} rose from {fmt(r0)} to {fmt(r1)} ({where}) while the held-out "
@@ -393,8 +409,6 @@ def _flat_heldout(ev: Evidence, v: str, rname: str, rt, ename: str, basis: str, 
 
 
 def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
-    from evotrainer.harness.stats import compare_versions
-
     rv, rp = ev.series(v, M.REWARD_MEAN)[1], ev.series(parent, M.REWARD_MEAN)[1]
     rv, rp = rv[np.isfinite(rv)], rp[np.isfinite(rp)]
     if not (len(rv) and len(rp)):
@@ -405,7 +419,7 @@ def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
         cmp = compare_versions(ev.evals[parent], ev.evals[v])
     except ValueError:
         return []
-    if train_gain < B.DIVERGE_RISE or cmp.ci[0] > 0:
+    if train_gain < DIVERGE_RISE or cmp.ci[0] > 0:
         return []
     sev = "blocking" if cmp.ci[1] < 0 else "warn"
     return [Finding(kind="train_eval_divergence", severity=sev, versions=[v, parent], judged="change",
