@@ -66,8 +66,12 @@ bench: install sandbox-deps
 	$(PIP) install -q -e ".[dev,bench]"
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# ruff; the architecture rules (layers, no import cycle, no function-level imports outside the CLI edge; also
+# part of `make test`); mypy on the core and rl_backend/ (scripts/typecheck.py lays out the package-dir namespace).
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m pytest -q tests/test_architecture.py
+	$(PY) scripts/typecheck.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

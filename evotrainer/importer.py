@@ -121,9 +121,9 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
                 level = "error" if _ERROR.search(line) else "warning" if _WARN.search(line) else "info"
                 ws.log(line, level=level, version=v.id, source=f"import:{f.name}")
                 n_lines += 1
-        for f in fs:
-            level = "error" if f["severity"] == "blocking" else "warning" if f["severity"] == "warn" else "info"
-            ws.log(f"finding {f['kind']} [{f['severity']}]: {f['explanation']}", level=level, version=v.id,
+        for fd in fs:
+            level = "error" if fd["severity"] == "blocking" else "warning" if fd["severity"] == "warn" else "info"
+            ws.log(f"finding {fd['kind']} [{fd['severity']}]: {fd['explanation']}", level=level, version=v.id,
                    source="import:diagnose")
         ws.log(f"imported {src}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
                f"{len(fs)} findings", version=v.id, source="import")

@@ -453,7 +453,7 @@ class LineageStore:
     def tree(self) -> dict[str, Any]:
         """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root."""
         versions = self.versions()
-        nodes = {
+        nodes: dict[str, dict[str, Any]] = {
             v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
                    "intervention": [iv.describe() for iv in v.interventions], "role": v.role,
                    "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary, "children": []}
@@ -525,7 +525,8 @@ class LineageStore:
 
     def decisions(self, version_id: str | None = None, decision_id: int | None = None) -> list[Decision]:
         """Decision records, oldest first, optionally for one version."""
-        sql, args = "SELECT * FROM decisions", ()
+        sql = "SELECT * FROM decisions"
+        args: tuple[Any, ...] = ()
         if decision_id is not None:
             sql, args = sql + " WHERE id=?", (decision_id,)
         elif version_id is not None:

@@ -39,9 +39,12 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evotrainer.lineage import LineageStore
+
+if TYPE_CHECKING:
+    from evotrainer.rollouts import RolloutStore
 
 SUBDIRS = ("evals", "logs", "checkpoints", "reports", "tb")
 
@@ -78,7 +81,7 @@ class Workspace:
         except BaseException:
             self._release_lock()
             raise
-        self._rollouts = None
+        self._rollouts: RolloutStore | None = None
         self._log_lock = threading.Lock()
 
     @classmethod
