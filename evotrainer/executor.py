@@ -1,4 +1,4 @@
-"""Executors: where "train version X for N steps" and "evaluate X" run (DESIGN.md §6b, issue 19).
+"""Executors: where "train version X for N steps" and "evaluate X" run.
 
 A :class:`Task` is one branch of a round: train a version up to ``steps`` GRPO steps, then (optionally)
 evaluate it on the held-out set. Both executors run a task the same way, through our own CLI::

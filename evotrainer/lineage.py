@@ -101,7 +101,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # issue 16: a control arm, the parent's recipe continued for the same steps from the same checkpoint
+        # a control arm, the parent's recipe continued for the same steps from the same checkpoint
         "002_version_role",
         "ALTER TABLE versions ADD COLUMN role TEXT NOT NULL DEFAULT ''",
     ),
@@ -113,7 +113,7 @@ checkpoint as its siblings (one per parent), the baseline the gate measures an i
 
 
 class Version(BaseModel):
-    """A node of the lineage tree (DESIGN.md §2)."""
+    """A node of the lineage tree (docs/design.md §2)."""
 
     id: str
     parent_id: str | None

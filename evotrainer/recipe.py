@@ -1,4 +1,4 @@
-"""The recipe: the complete training configuration of one version (DESIGN.md §2).
+"""The recipe: the complete training configuration of one version (docs/design.md §2).
 
 Top-level GRPO field names follow OpenRLHF's ``train_ppo_ray`` options (0.10 spelling, flat:
 ``advantage_estimator``, ``n_samples_per_prompt``, ``init_kl_coef``, ...). Each knob cites its

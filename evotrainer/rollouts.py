@@ -1,4 +1,4 @@
-"""Rollout store: every sampled completion of a run, in a LanceDB table (DESIGN.md §2).
+"""Rollout store: every sampled completion of a run, in a LanceDB table (docs/design.md §2).
 
 One row per sample. Columns (:data:`SCHEMA`): ``rollout_id`` (``<version>/<step>/<group>/<sample>``),
 ``version_id``, ``step``, ``split`` (``train`` | ``eval``), ``prompt_id``, ``group_id``,

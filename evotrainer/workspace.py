@@ -1,4 +1,4 @@
-"""Workspace: the folder of one run (DESIGN.md §2).
+"""Workspace: the folder of one run (docs/design.md §2).
 
 Layout::
 
@@ -10,7 +10,7 @@ Layout::
       .writer.lock      the run's writer lock (exclusive: a run-wide writer; shared: version writers)
       .locks/<vid>.lock one per version being written (exclusive)
 
-Writers take locks, readers never block (SQLite WAL). Two kinds of writer (DESIGN.md §6b):
+Writers take locks, readers never block (SQLite WAL). Two kinds of writer:
 
 - a run-wide writer (:meth:`Workspace.open` with ``writer=True``): ``.writer.lock`` exclusively, so it
   is the only writer of the run (``init``, a server job, ``evotrainer train`` creating v0);

@@ -1,4 +1,4 @@
-"""The diagnostic harness: metrics, analyzers, ingest, statistics, backtests, gate, sandbox (DESIGN.md §4).
+"""The diagnostic harness: metrics, analyzers, ingest, statistics, backtests, gate, sandbox (docs/design.md §1).
 
 Modules, in the order a diagnosis uses them:
 

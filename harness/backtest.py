@@ -1,4 +1,4 @@
-"""Backtests: judge a change without training (DESIGN.md §4).
+"""Backtests: judge a change without training (docs/design.md §2, step 7).
 
 * :func:`rescore_rollouts`: score stored rollouts again under a changed reward spec (with
   ``evotrainer.rl_backend.rewards.compute_rewards``, the trainer's own reward code) and recompute

@@ -1,4 +1,4 @@
-"""Built-in analyzers, one per failure kind of ``harness.findings.KINDS`` (DESIGN.md §4).
+"""Built-in analyzers, one per failure kind of ``harness.findings.KINDS`` (docs/design.md §2, step 6).
 
 Each reads metric series (logged, or derived from rollouts) and judges what it can see, saying
 which (``Finding.judged``) with the numbers in ``data`` and the explanation:

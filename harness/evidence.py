@@ -1,4 +1,4 @@
-"""Evidence: everything an analyzer may look at, in one object (DESIGN.md §4).
+"""Evidence: everything an analyzer may look at, in one object (docs/design.md §2, step 6).
 
 * ``metrics``: per-step series per version, ``{version: {metric: (steps, values)}}`` held as numpy
   arrays (int64 steps, float64 values, sorted by step; NaN / inf kept: they are evidence). Names

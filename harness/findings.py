@@ -1,4 +1,4 @@
-"""Findings: what an analyzer reports (DESIGN.md §4).
+"""Findings: what an analyzer reports (docs/design.md §2, step 6).
 
 A :class:`Finding` names a failure kind (one of :data:`KINDS` for built-in analyzers; runtime
 analyzers may report new kinds), a severity (``info`` | ``warn`` | ``blocking``), the versions and
@@ -20,7 +20,7 @@ Severity = Literal["info", "warn", "blocking"]
 Judged = Literal["level", "change", "trend"]
 SEVERITY_RANK = {"info": 0, "warn": 1, "blocking": 2}
 
-# Built-in failure kinds (issue 4). Runtime analyzers may report other kinds.
+# Built-in failure kinds. Runtime analyzers may report other kinds.
 KINDS: tuple[str, ...] = (
     "truncation",
     "zero_variance_groups",

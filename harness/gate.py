@@ -32,7 +32,7 @@ def test_sealed(ws: Any, eval_name: str) -> str | None:
     Test eval names (``rl_backend.base.TEST_EVALS``) are sealed while a run is under way: from the
     loop's start (kv ``loop/started_at``) until it has made its last decision and opened the seal
     (kv ``loop/test_unsealed``) to score its final answer. Selecting on test outcomes would make the
-    reported test score a winner's-curse estimate (issue 16); the gate, the agents and the analyzers
+    reported test score a winner's-curse estimate; the gate, the agents and the analyzers
     use the dev split (``heldout``).
     """
     from evotrainer.rl_backend.base import is_test_eval
@@ -171,7 +171,7 @@ def inherited_leaks(v: Any, findings: list[Finding]) -> list[Finding]:
     A leaky-term finding (``harness.behaviour_analyzers``: its ``data["payout"]`` maps each term to its
     payout on wrong vs right answers) on ``v`` or an ancestor means the term pays whatever the answer.
     While ``v``'s recipe still gives that term a non-zero weight, a held-out gain cannot be told apart
-    from the policy farming it, so the version is not kept (issue 8: the loop never keeps a leaky
+    from the policy farming it, so the version is not kept (the loop never keeps a leaky
     branch); the fix is ``reward.<term>.weight = 0``. One finding per term.
     """
     out: dict[str, Finding] = {}
@@ -248,7 +248,7 @@ cannot be told from farming the term) and damaged weights (``lineage.DAMAGED_WEI
 def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
     """The gate verdicts of one round's candidates adjusted to the round: which may be kept.
 
-    Rules (issue 16, "Attribution"):
+    Rules:
 
     - An intervention is kept only if it beats the control: the lower bound of the CI of its dev gain over
       the gate's baseline (the control) is above 0, no blocking finding of its own stands, and (a merge) it

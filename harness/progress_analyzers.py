@@ -1,4 +1,4 @@
-"""Progress analyzers: learning dynamics, not only failures (issue 16; DESIGN.md §4).
+"""Progress analyzers: learning dynamics, not only failures (docs/design.md §2, step 6).
 
 A run can be healthy and still waste its budget: at a learning rate of 2e-6 the SmolLM2 default
 trained with KL ~0.002 to the reference and clip ratio 0 on every step, the reward flat, and

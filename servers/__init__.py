@@ -1,4 +1,4 @@
-"""MCP servers: training control, rollouts, logs, analyzers, skills (DESIGN.md §6).
+"""MCP servers: training control, rollouts, logs, analyzers, skills (docs/design.md §3).
 
 ``build_server(name, run_dir)`` (from :mod:`evotrainer.servers.app`) is imported lazily so that
 ``evotrainer --help`` does not load the MCP SDK.

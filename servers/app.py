@@ -1,4 +1,4 @@
-"""Build the MCP servers: one per toolset, or all of them as one server (DESIGN.md §6).
+"""Build the MCP servers: one per toolset, or all of them as one server (docs/design.md §3).
 
 ``build_server(name, run_dir)`` returns an ``MCPServer`` (official SDK 2.x) for ``training``,
 ``rollouts``, ``logs``, ``analyzers``, ``skills`` or ``all``. Each server has the shared

@@ -7,7 +7,7 @@ to fix. :func:`tool` registers a function with that error mapping: a known domai
 (``LineageError``, ``RecipeError``, ...) becomes a tool error with its own message; anything else
 becomes a tool error that names the exception (the server keeps serving either way).
 
-Bounds every tool gets from :func:`tool` (issue 22):
+Bounds every tool gets from :func:`tool`:
 
 - a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``): a call still running after it is answered
   with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so the

@@ -1,4 +1,4 @@
-"""Streamable-HTTP transport with the project's security rules (DESIGN.md §6).
+"""Streamable-HTTP transport with the project's security rules (docs/design.md §3).
 
 - binds 127.0.0.1 by default; a non-loopback address needs ``allow_public=True`` (``--allow-public``);
 - every request needs ``Authorization: Bearer <token>`` (token from ``EVOTRAINER_MCP_TOKEN`` or
