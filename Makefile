@@ -66,8 +66,15 @@ bench: install sandbox-deps
 	$(PIP) install -q -e ".[dev,bench]"
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# ruff; the architecture rules (layers, no import cycle, no function-level imports outside the CLI edge; also
+# part of `make test`); mypy on the core and rl_backend/ (scripts/typecheck.py lays out the package-dir namespace).
+# All three run; the target fails if any did.
 lint: install
-	$(PY) -m ruff check .
+	@status=0; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) -m pytest -q tests/test_architecture.py || status=1; \
+	$(PY) scripts/typecheck.py || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info

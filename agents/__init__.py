@@ -1,1 +1,1 @@
-"""Agents and the autonomous loop: diagnostician, intervener, backtester, orchestrator (DESIGN.md §7)."""
+"""Agents and the autonomous loop: diagnostician, intervener, backtester, orchestrator (docs/design.md §1)."""

@@ -213,7 +213,7 @@ class ClaudeBrain:
                 "(vs control, vs parent), the CIs and the findings, with evidence refs.")
         v = self._with_fallback("decide", tools, task, Verdict, "submit_verdict", version_id, gate, diagnosis)
         if v.action == "keep" and (not gate.get("promote") or gate.get("blocking") or diagnosis.blocking()):
-            # The gate is a hard rule (DESIGN.md §4): the model may not promote what the gate refuses.
+            # The gate is a hard rule (docs/design.md §2, step 8): the model may not promote what the gate refuses.
             return self.fallback.decide(tools, version_id, gate, diagnosis)
         return v
 

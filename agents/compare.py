@@ -1,4 +1,4 @@
-"""``evotrainer compare``: the modes at equal compute, scored on the sealed test split (issue 16, "The benchmark").
+"""``evotrainer compare``: the modes at equal compute, scored on the sealed test split.
 
 For each (mode, seed) it runs (or resumes) one run in ``OUT/runs/<mode>-s<seed>`` from the same config:
 ``config.seed = seed`` (the loop's choices) and ``recipe.seed = base recipe seed + seed`` (sampling and

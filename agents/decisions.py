@@ -1,4 +1,4 @@
-"""Typed outputs of the agents (DESIGN.md §7): both brains (Claude, heuristic) produce these models.
+"""Typed outputs of the agents (docs/design.md §2): both brains (Claude, heuristic) produce these models.
 
 - :class:`Diagnosis` (diagnostician): findings on a version, and whether its held-out move is unexplained;
 - :class:`Proposal` (intervener): single-factor intervention candidates for a parent version;

@@ -6,7 +6,7 @@ parent's recipe (it must apply as one single-factor :class:`~evotrainer.interven
 and drops changes already tried on this parent, so both brains obey the same rules. A candidate must
 also apply to the run's domain (:func:`task_mismatch`): a reward term that exists only for SWE
 episodes is never proposed on a math task (``test_file_edit`` on arithmetic raised RewardError at the
-first step of a child, issue 16).
+first step of a child).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ train / evaluate / decide through MCP tools, the run summary (used by :mod:`.orc
 Crash safety rests on :meth:`LoopBase.stage`: a stage's output is stored in the lineage store's kv
 (``loop/<key>``) when it completes and replayed on resume; side effects are find-or-create.
 
-Compute (issue 16, "Budget in compute"): every mode spends the same budget, counted by
+Compute: every mode spends the same budget, counted by
 :meth:`LoopBase.compute`: training tokens (generated in rollouts: per step ``perf/tokens_per_sec x
 perf/step_seconds`` of the stored metrics), dev evaluation tokens (each evaluation's
 ``gen_tokens``), CPU-seconds and wall time of this process (summed over resumes).

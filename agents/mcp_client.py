@@ -1,6 +1,6 @@
 """MCP client helpers: a synchronous, role-filtered handle on the EvoTrainer MCP tools.
 
-The agents act only through MCP tools (DESIGN.md §1, §7). :class:`ToolBox` opens one
+The agents act only through MCP tools (docs/design.md §1). :class:`ToolBox` opens one
 ``mcp.Client`` session to a server (an in-process ``MCPServer`` built with
 ``evotrainer.servers.app.build_server(name, run_dir)``, or a stdio command) on a private event-loop
 thread, so the synchronous orchestrator and the brains can call tools with
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-# Tools each agent role may call (issue 7's catalogue). A tool the server lacks is simply absent.
+# Tools each agent role may call (docs/design.md §3). A tool the server lacks is simply absent.
 ROLE_TOOLS: dict[str, tuple[str, ...]] = {
     "diagnostician": (
         "list_versions", "get_version", "sample_rollouts", "get_group", "group_stats", "search_rollouts",

@@ -1,4 +1,4 @@
-"""The orchestrator: EvoTrainer's autonomous loop (DESIGN.md §7, issue 8).
+"""The orchestrator: EvoTrainer's autonomous loop (docs/design.md §2).
 
     evaluate the base model (no-RL row) → train the base recipe → evaluate → gate
     repeat within the budget (versions, steps per version, wall clock):

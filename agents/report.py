@@ -1,4 +1,4 @@
-"""The run's HTML report (issue 10): one self-contained file in ``RUN/reports/report.html``.
+"""The run's HTML report: one self-contained file in ``RUN/reports/report.html``.
 
 A rendering of stored data (lineage store, its kv stage records, logged metrics), not an agent:
 inline CSS, plots as base64 PNG (matplotlib, Agg backend), no scripts and no external links, so
@@ -105,7 +105,7 @@ def gain_text(g: dict[str, Any] | None) -> str:
 
 
 def _compute_and_test(ws: Workspace) -> str:
-    """Compute spent (tokens, CPU-seconds, wall) and the final answer's test score (issue 16)."""
+    """Compute spent (tokens, CPU-seconds, wall) and the final answer's test score."""
     lin = ws.lineage
     c = lin.kv_get("loop/compute") or {}
     final = lin.kv_get("loop/final") or {}

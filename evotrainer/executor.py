@@ -1,4 +1,4 @@
-"""Executors: where "train version X for N steps" and "evaluate X" run (DESIGN.md §6b, issue 19).
+"""Executors: where "train version X for N steps" and "evaluate X" run.
 
 A :class:`Task` is one branch of a round: train a version up to ``steps`` GRPO steps, then (optionally)
 evaluate it on the held-out set. Both executors run a task the same way, through our own CLI::
@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,7 +108,7 @@ def _already_trained(run_dir: Path, task: Task) -> bool:
         v = store.get(task.version_id)
         if v.status in ("kept", "pruned", "reverted"):
             return True
-        return (v.status == "trained" and bool(v.checkpoint) and Path(v.checkpoint).is_dir()
+        return (v.status == "trained" and bool(v.checkpoint) and Path(cast(str, v.checkpoint)).is_dir()
                 and store.last_step(task.version_id) + 1 >= (task.steps or 0))
     finally:
         store.close()
@@ -209,7 +209,7 @@ class _Progress:
         self._last: dict[str, tuple[int, int]] = {}
 
     def poll(self, running: list[tuple[Task, dict[str, str]]]) -> None:
-        if self.store is None:
+        if self.store is None or self.progress is None:
             return
         from evotrainer.lineage import LineageError
 
@@ -311,7 +311,7 @@ class RayExecutor:
         self.reuse_workers = reuse_workers
         self._owns_cluster = False  # started the local cluster (close stops it)
         self._owns_driver = False  # connected to the cluster at address (close disconnects)
-        self._remote = None
+        self._remote: Any = None  # ray.remote(run_task) once connected
 
     def _ray(self) -> Any:
         try:

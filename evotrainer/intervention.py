@@ -1,4 +1,4 @@
-"""Interventions: single-factor changes of a recipe (DESIGN.md §2).
+"""Interventions: single-factor changes of a recipe (docs/design.md §2).
 
 An :class:`Intervention` changes exactly one recipe path from ``old`` to ``new``. A child version
 differs from its parent by one intervention; a merged version by the composition of sibling

@@ -98,7 +98,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # issue 16: a control arm, the parent's recipe continued for the same steps from the same checkpoint
+        # a control arm, the parent's recipe continued for the same steps from the same checkpoint
         "002_version_role",
         "ALTER TABLE versions ADD COLUMN role TEXT NOT NULL DEFAULT ''",
     ),
@@ -127,7 +127,7 @@ checkpoint as its siblings (one per parent), the baseline the gate measures an i
 
 
 class Version(BaseModel):
-    """A node of the lineage tree (DESIGN.md §2)."""
+    """A node of the lineage tree (docs/design.md §2)."""
 
     id: str
     parent_id: str | None
@@ -466,7 +466,7 @@ class LineageStore:
     def tree(self) -> dict[str, Any]:
         """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root."""
         versions = self.versions()
-        nodes = {
+        nodes: dict[str, dict[str, Any]] = {
             v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
                    "intervention": [iv.describe() for iv in v.interventions], "role": v.role,
                    "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary, "children": []}
@@ -543,7 +543,8 @@ class LineageStore:
 
     def decisions(self, version_id: str | None = None, decision_id: int | None = None) -> list[Decision]:
         """Decision records, oldest first, optionally for one version."""
-        sql, args = "SELECT * FROM decisions", ()
+        sql = "SELECT * FROM decisions"
+        args: tuple[Any, ...] = ()
         if decision_id is not None:
             sql, args = sql + " WHERE id=?", (decision_id,)
         elif version_id is not None:

@@ -1,4 +1,4 @@
-"""The recipe: the complete training configuration of one version (DESIGN.md §2).
+"""The recipe: the complete training configuration of one version (docs/design.md §2).
 
 Top-level GRPO field names follow OpenRLHF's ``train_ppo_ray`` options (0.10 spelling, flat:
 ``advantage_estimator``, ``n_samples_per_prompt``, ``init_kl_coef``, ...). Each knob cites its
@@ -16,7 +16,7 @@ import copy
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -339,7 +339,7 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
             lines.append(f"{prefix}.{ctx['path']}={ctx['value']!r}: {ctx['rule']}")
         elif e["type"] == "extra_forbidden":
             parent_fields = _fields_at(root or Recipe, e["loc"][:-1])
-            close = did_you_mean(e["loc"][-1], parent_fields)
+            close = did_you_mean(cast(str, e["loc"][-1]), parent_fields)
             if close:
                 lines.append(f"{path}: unknown field; did you mean {close!r}?")
             else:

@@ -1,4 +1,4 @@
-"""Rollout store: every sampled completion of a run, in a LanceDB table (DESIGN.md §2).
+"""Rollout store: every sampled completion of a run, in a LanceDB table (docs/design.md §2).
 
 One row per sample. Columns (:data:`SCHEMA`): ``rollout_id`` (``<version>/<step>/<group>/<sample>``),
 ``version_id``, ``step``, ``split`` (``train`` | ``eval``), ``prompt_id``, ``group_id``,
@@ -199,7 +199,8 @@ class RolloutStore:
             have = {tuple(ix.columns) for ix in tbl.list_indices()}
             for col in FTS_COLUMNS:
                 if (col,) not in have:
-                    with_commit_retries(lambda c=col: tbl.create_index(c, config=FTS(), replace=True),
+                    # mypy infers no type for a lambda with a default argument where Callable[[], Any] is due
+                    with_commit_retries(lambda c=col: tbl.create_index(c, config=FTS(), replace=True),  # type: ignore[misc]
                                         f"creating the full-text index on {col}")
             threshold = FTS_OPTIMIZE_ROWS if min_unindexed is None else min_unindexed
             pending = max((getattr(tbl.index_stats(f"{c}_idx"), "num_unindexed_rows", 0) or 0) for c in FTS_COLUMNS)

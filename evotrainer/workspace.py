@@ -1,4 +1,4 @@
-"""Workspace: the folder of one run (DESIGN.md §2).
+"""Workspace: the folder of one run (docs/design.md §2).
 
 Layout::
 
@@ -10,7 +10,7 @@ Layout::
       .writer.lock      the run's writer lock (exclusive: a run-wide writer; shared: version writers)
       .locks/<vid>.lock one per version being written (exclusive)
 
-Writers take locks, readers never block (SQLite WAL). Two kinds of writer (DESIGN.md §6b):
+Writers take locks, readers never block (SQLite WAL). Two kinds of writer:
 
 - a run-wide writer (:meth:`Workspace.open` with ``writer=True``): ``.writer.lock`` exclusively, so it
   is the only writer of the run (``init``, a server job, ``evotrainer train`` creating v0);
@@ -39,9 +39,12 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evotrainer.lineage import LineageStore
+
+if TYPE_CHECKING:
+    from evotrainer.rollouts import RolloutStore
 
 SUBDIRS = ("evals", "logs", "checkpoints", "reports", "tb")
 
@@ -78,7 +81,7 @@ class Workspace:
         except BaseException:
             self._release_lock()
             raise
-        self._rollouts = None
+        self._rollouts: RolloutStore | None = None
         self._log_lock = threading.Lock()
 
     @classmethod

@@ -1,1 +1,1 @@
-"""GRPO training backends (local torch trainer; OpenRLHF on Ray), tasks, rewards (DESIGN.md §3)."""
+"""GRPO training backends (local torch trainer; OpenRLHF on Ray), tasks, rewards (docs/design.md §1)."""

@@ -1,4 +1,4 @@
-"""The local GRPO backend: torch + transformers on one machine (DESIGN.md §3).
+"""The local GRPO backend: torch + transformers on one machine (docs/design.md §2, step 4).
 
 One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
 

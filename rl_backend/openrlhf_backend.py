@@ -1,4 +1,4 @@
-"""OpenRLHF backend: a recipe becomes an OpenRLHF ``train_ppo_ray`` GRPO job (DESIGN.md §3).
+"""OpenRLHF backend: a recipe becomes an OpenRLHF ``train_ppo_ray`` GRPO job (docs/design.md §1).
 
 :func:`build_job` writes, into ``RUN/openrlhf/<version>/``, the prompt datasets (``train.jsonl``,
 ``heldout.jsonl``: chat messages + a JSON label per problem), the reward function file OpenRLHF

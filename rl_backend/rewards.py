@@ -1,4 +1,4 @@
-"""Reward components: named, weighted terms computed per sample and logged separately (DESIGN.md §3).
+"""Reward components: named, weighted terms computed per sample and logged separately.
 
 ``compute_rewards`` evaluates every component of a recipe's reward spec on a batch of ``B``
 completions (B = prompts x samples per prompt, group-major: the samples of prompt 0 first) and

@@ -1,12 +1,12 @@
 """Tasks: problems with verifiable answers, their fixed train / held-out splits, and chat prompts.
 
-Task families (``DataSpec.task``, DESIGN.md §3):
+Task families (``DataSpec.task``; splits: docs/design.md §2, step 3):
 
 - ``arithmetic``: a seeded generator with difficulty levels 1..6 for small models (level 1 =
   a+b with operands 0..19, 400 distinct questions, enough for disjoint train / dev / test splits;
   see :data:`LEVELS`). SmolLM2-135M-Instruct at T=0.7 passes level 1 about 22% of the time
   (Avg@4 0.224 on the default config's 48 dev problems), level 2 about 7% and level 3 about 4%
-  (issue 3's measurement), so level 1 gives groups with reward variance.
+  (measured), so level 1 gives groups with reward variance.
 - ``gsm8k`` / ``math``: parquet files in verl's schema (``prompt`` as chat messages,
   ``reward_model.ground_truth``, ``extra_info``). ``data.path`` is a parquet file (split here with
   the seed) or a folder with ``train.parquet`` and ``test.parquet`` (held-out drawn from the test
@@ -102,7 +102,7 @@ LEVELS: dict[int, str] = {
 }
 EST_PASS_RATE: dict[int, float] = {1: 0.22, 2: 0.07, 3: 0.04, 4: 0.02, 5: 0.01, 6: 0.005}
 """Level-based pass-rate estimates for SmolLM2-135M at T=0.7 (level 1: Avg@4 0.224 on the 48 dev problems of
-the default config, issue 16; levels 2-3 measured in issue 3; 4-6 guessed)."""
+the default config; levels 2-3 measured; 4-6 guessed)."""
 
 _D1, _D2 = range(10), range(10, 100)
 

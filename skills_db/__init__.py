@@ -1,4 +1,4 @@
-"""LanceDB memory: skills, failed cases, search traces, version summaries (DESIGN.md §5).
+"""LanceDB memory: skills, failed cases, search traces, version summaries (docs/design.md §1).
 
 ``store.py`` (SkillStore: tables, hybrid retrieval, versions), ``models.py`` (records, value rules,
 ``intervention_from_skill``), ``embeddings.py`` (all-MiniLM-L6-v2 behind a path-free LanceDB
