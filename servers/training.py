@@ -3,7 +3,7 @@
 Tools: ``list_versions``, ``get_version``, ``diff_versions``, ``propose_intervention``,
 ``start_training``, ``evaluate_version``, ``job_status``, ``list_jobs``, ``cancel_job``, ``decide``;
 resource ``lineage://tree``. Training and evaluation run as background jobs
-(:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.base.get_backend`` (docs/interfaces.md);
+(:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.backends.get_backend`` (docs/interfaces.md);
 ``wait_s`` > 0 keeps the call open and streams MCP progress notifications, one per step.
 """
 
@@ -176,7 +176,7 @@ def _job_row(ws: Any, job_id: str) -> Any:
 
 def _backend(state: ServerState) -> Any:
     try:
-        from evotrainer.rl_backend.base import get_backend
+        from evotrainer.rl_backend.backends import get_backend
     except ImportError as exc:
         raise ToolError(f"the training backend is not available in this install ({exc})") from None
     return get_backend(state.extras.get("backend_name", "local"))
