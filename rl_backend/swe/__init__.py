@@ -11,44 +11,24 @@ Modules, bottom to top (each imports only the ones before it, plus core):
   policy-token mask, tool-use metrics, rollout rows;
 - :mod:`~evotrainer.rl_backend.swe.policies`: scripted policies (oracle, noop, cheat, loop) and a chat model;
 - :mod:`~evotrainer.rl_backend.swe.train`: the local trainer's hooks (rollouts, metrics, evaluation of
-  episodes); imports torch, so it is not re-exported here: ``from evotrainer.rl_backend.swe import train``;
+  episodes; the only module here that imports torch);
 - :mod:`~evotrainer.rl_backend.swe.cli`: ``evotrainer swe tasks|check|episodes`` (CLI edge).
 
 The split of SWE problems into train / dev is :func:`evotrainer.rl_backend.tasks.load_swe_problems`,
-beside the other task families. The public API below imports no torch.
+beside the other task families.
+
+Public API, by module (the package re-exports nothing, so ``evotrainer swe --help`` and
+``rl_backend.tasks`` load no episode machinery; import the module you need):
+
+- ``tasks``: ``SweTask``, ``BugSpec``, ``SweTaskError``, ``TASKSET_DIR``, ``load_taskset``, ``load_manifest``,
+  ``load_swebench_jsonl``, ``materialize``, ``run_pytest``, ``PytestResult``, ``is_test_file``,
+  ``test_file_digests``, ``write_snapshot``;
+- ``env``: ``SweEnv``, ``SweOutcome``, ``EpisodeStats``, ``TOOLS``, ``parse_tool_calls``, ``repo_digest``;
+- ``episode``: ``Episode``, ``Action``, ``Policy``, ``run_episodes``, ``encode_trajectory``, ``episode_extras``,
+  ``episode_metrics``, ``episode_record``, ``EXTRA_COMPONENTS``;
+- ``policies``: ``ScriptedPolicy``, ``ChatModelPolicy``, ``SCRIPTED``, ``snapshot_file``;
+- ``train``: ``rollout``, ``step_metrics``, ``step_records``, ``evaluate_episodes``, ``episodes_to_rollout_batch``;
+- ``cli``: ``register`` (adds the swe command group to the main app).
 """
 
-from evotrainer.rl_backend.swe.env import TOOLS, EpisodeStats, SweEnv, SweOutcome, parse_tool_calls
-from evotrainer.rl_backend.swe.episode import (
-    EXTRA_COMPONENTS,
-    Action,
-    Episode,
-    Policy,
-    encode_trajectory,
-    episode_extras,
-    episode_metrics,
-    episode_record,
-    run_episodes,
-)
-from evotrainer.rl_backend.swe.policies import SCRIPTED, ChatModelPolicy, ScriptedPolicy, snapshot_file
-from evotrainer.rl_backend.swe.tasks import (
-    TASKSET_DIR,
-    BugSpec,
-    PytestResult,
-    SweTask,
-    SweTaskError,
-    load_manifest,
-    load_swebench_jsonl,
-    load_taskset,
-    materialize,
-    run_pytest,
-)
-
-__all__ = [
-    "EXTRA_COMPONENTS", "SCRIPTED", "TASKSET_DIR", "TOOLS",
-    "Action", "BugSpec", "ChatModelPolicy", "Episode", "EpisodeStats", "Policy", "PytestResult", "ScriptedPolicy",
-    "SweEnv", "SweOutcome", "SweTask", "SweTaskError",
-    "encode_trajectory", "episode_extras", "episode_metrics", "episode_record", "load_manifest",
-    "load_swebench_jsonl", "load_taskset", "materialize", "parse_tool_calls", "run_episodes", "run_pytest",
-    "snapshot_file",
-]
+__all__ = ["cli", "env", "episode", "policies", "tasks", "train"]
