@@ -38,7 +38,7 @@ STATE: dict[str, Any] = {"debug": False}
 
 SUBCOMMAND_MODULES = (
     "evotrainer.rl_backend.cli",
-    "evotrainer.rl_backend.swe_cli",
+    "evotrainer.rl_backend.swe.cli",
     "evotrainer.sandbox_cli",
     "evotrainer.harness.cli",
     "evotrainer.skills_db.cli",

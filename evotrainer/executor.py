@@ -301,7 +301,7 @@ class RayExecutor:
         self.address, self.max_parallel, self.threads = address, max_parallel, threads
         self.num_cpus = float(num_cpus if num_cpus is not None else (threads or 1))
         # an OpenRLHF branch's task only follows its job; the job's own actors take the GPUs from the cluster
-        # (openrlhf_runner joins it), so a task holding a GPU would starve its own job
+        # (rl_backend.openrlhf.runner joins it), so a task holding a GPU would starve its own job
         if backend == "openrlhf" and num_gpus:
             raise ExecutorError(f"num_gpus={num_gpus} with backend=openrlhf: the OpenRLHF job's actors reserve the "
                                 "GPUs themselves (ClusterSpec.num_gpus_per_node); leave num_gpus at 0")

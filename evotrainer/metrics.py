@@ -30,7 +30,7 @@ POLICY_GRAD_NORM = "policy/grad_norm"  # L2 norm before clipping
 POLICY_LR = "policy/lr"
 POLICY_ADVANTAGE_MEAN = "policy/advantage/mean"
 POLICY_ADVANTAGE_STD = "policy/advantage/std"
-# Read from foreign logs (harness.aliases): verl actor/pg_clipfrac, TRL clip_ratio/region_mean, slime
+# Read from foreign logs (evotrainer.aliases): verl actor/pg_clipfrac, TRL clip_ratio/region_mean, slime
 # train/pg_clipfrac, AReaL update/clip_ratio; verl actor/ppo_kl, slime train/ppo_kl, AReaL update/approx_kl.
 # Not in ALL_STEP_METRICS: the local trainer does not log them.
 POLICY_CLIP_FRAC = "policy/clip_frac"  # fraction of tokens where the PPO clip is active (either side)

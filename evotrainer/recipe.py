@@ -59,7 +59,7 @@ def _swe_mode(v: Any) -> str | None:
     return None if v in ("all", "fraction") else "allowed values: 'all' or 'fraction'"
 
 
-# Parameters each reward component reads (rl_backend.rewards, swe_train), with their type and rule:
+# Parameters each reward component reads (rl_backend.rewards, rl_backend.swe.train), with their type and rule:
 # ``{component: {param: (type, rule(value) -> error or None)}}``; a component absent here takes none.
 REWARD_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "format": {"pattern": (str, _regex)},

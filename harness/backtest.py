@@ -156,28 +156,16 @@ def rescore_rollouts(rollouts: pa.Table, reward_spec: Mapping[str, Any], *, gene
 def filter_keep(rewards: np.ndarray, group_size: int, *, drop_zero_variance_groups: bool = True,
                 dynamic_filtering: bool = False, dynamic_filtering_range: tuple[float, float] = (0.0, 1.0),
                 group_filter_top_p: float = 1.0) -> np.ndarray:
-    """``(N,)`` bool keep mask of N groups of G rewards ``(N*G,)``, with the trainer's filter functions.
-
-    Order as the local trainer (``rl_backend/local.py``): drop zero-variance groups, then the
-    dynamic-sampling range, then keep the top-p by reward std *among the groups still kept*
-    (``rl_backend.grpo``: ``zero_variance_groups``, ``dynamic_filter_keep``, ``top_p_std_keep``).
-    """
+    """``(N,)`` bool keep mask of N groups of G rewards ``(N*G,)``: the trainer's own group filter,
+    ``rl_backend.grpo.group_filter_keep`` (zero-variance drop, dynamic-sampling range, top-p by reward std
+    among the groups still kept)."""
     import torch
     from evotrainer.rl_backend import grpo
 
     r = torch.tensor(np.asarray(rewards, dtype=np.float64))
-    n_groups = len(rewards) // group_size
-    keep = torch.ones(n_groups, dtype=torch.bool)
-    if drop_zero_variance_groups:
-        keep &= ~grpo.zero_variance_groups(r, group_size)
-    if dynamic_filtering:
-        keep &= grpo.dynamic_filter_keep(r, group_size, *dynamic_filtering_range)
-    if group_filter_top_p < 1.0 and keep.any():
-        kept_idx = keep.nonzero().squeeze(-1)
-        sub = r.reshape(n_groups, group_size)[kept_idx].reshape(-1)
-        top = grpo.top_p_std_keep(sub, group_size, group_filter_top_p)
-        keep[kept_idx[~top]] = False
-    return keep.numpy()
+    return grpo.group_filter_keep(r, group_size, drop_zero_variance_groups=drop_zero_variance_groups,
+                                  dynamic_filtering=dynamic_filtering, dynamic_filtering_range=dynamic_filtering_range,
+                                  group_filter_top_p=group_filter_top_p).numpy()
 
 
 @dataclass

@@ -26,7 +26,7 @@ from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
 from evotrainer.harness.stats import avg_at_k, compare_versions
-from evotrainer.rl_backend.base import is_test_eval
+from evotrainer.rl_backend.tasks import is_test_eval
 from pydantic import BaseModel, Field
 
 

@@ -1,7 +1,7 @@
 """Ingest runs we did not train: metrics and samples of other frameworks → :class:`Evidence`.
 
 Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names go through
-``harness.aliases`` once, in :func:`series_to_evidence`):
+``evotrainer.aliases`` once, in :func:`series_to_evidence`):
 
 * verl console logs (``.log``, or ``.log.gz``): lines ``step:N - key:value - ...`` (ANSI colour and Ray prefixes such as
   ``(main_task pid=1)`` are ignored; several lines of one step merge; ``Initial validation
@@ -11,7 +11,7 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
   with a ``Step`` column (the HF notebook table), read by
   :mod:`evotrainer.harness.ingest_formats` (its docstring gives each format's step rule);
 * TRL ``trainer_state.json`` (``log_history``: one dict per logging step, ``step`` key);
-* TensorBoard event files (OpenRLHF, TRL, ours) through ``tensorboard``'s EventAccumulator;
+* TensorBoard event files (OpenRLHF, TRL, ours) through :func:`evotrainer.tb_events.parse_tensorboard`;
 * JSONL metrics: one JSON object per line with ``step`` (or ``global_step`` / ``_step`` / ``train/step``,
   or ms-swift's ``"global_step/max_steps": "300/1296"``; bare ``NaN`` allowed, as in ms-swift's
   ``logging.jsonl``);
@@ -43,15 +43,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from evotrainer.harness import ingest_formats as F
-from evotrainer.harness.aliases import map_record
 from evotrainer.harness.evidence import Evidence
 
+from evotrainer.aliases import map_record
 from evotrainer.jsonl import iter_jsonl
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.workspace import Workspace
+from evotrainer.tb_events import parse_tensorboard
 
 RawSeries = dict[str, list[tuple[int, float]]]
 
@@ -164,26 +164,6 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
                               f"'train/step', ms-swift's 'global_step/max_steps': \"300/1296\")")
         for k, x in F.numeric_items(rec).items():
             _add(out, step, k, x)
-    return out
-
-
-def parse_tensorboard(path: str | Path) -> dict[int, dict[str, float]]:
-    """Per-step records of the scalar summaries in a TensorBoard event file or folder."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
-    ea.Reload()
-    out: dict[int, dict[str, float]] = {}
-    tags = ea.Tags()
-    for tag in tags.get("scalars", []):
-        for e in ea.Scalars(tag):
-            _add(out, int(e.step), tag, float(e.value))
-    for tag in tags.get("tensors", []):  # TF2-style scalar summaries
-        for e in ea.Tensors(tag):
-            arr = np.frombuffer(e.tensor_proto.tensor_content, dtype=np.float32) if e.tensor_proto.tensor_content \
-                else np.array(e.tensor_proto.float_val, dtype=np.float32)
-            if arr.size == 1:
-                _add(out, int(e.step), tag, float(arr[0]))
     return out
 
 

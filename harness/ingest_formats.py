@@ -1,7 +1,7 @@
 """Readers for the training logs users paste: console dicts (TRL, slime), AReaL tables, W&B exports, MLflow.
 
 Each reader returns per-step records ``{step: {foreign key: value}}`` (names go through
-``harness.aliases`` later, in ``ingest.records_to_series``); the multi-run readers return
+``evotrainer.aliases`` later, in ``ingest.records_to_series``); the multi-run readers return
 ``{run name: records}``. Values are floats; ``nan`` / ``inf`` tokens are kept as non-finite floats
 (they are evidence); strings that are not numbers (``"23.15%"``, ``"20h 20m"``) are dropped.
 

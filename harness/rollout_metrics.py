@@ -1,13 +1,11 @@
 """Per-step metrics computed from rollouts, for runs that did not log them (and for the trainer).
 
-Batch helpers (one step's completions in, one number out) the local trainer may call directly:
-:func:`distinct_n`, :func:`repetition_rate`, :func:`duplicate_frac`, :func:`frac_zero_std_groups`.
+The text statistics of one batch (distinct-n, n-gram repetition, duplicates across prompts) are
+:mod:`evotrainer.text_stats`, shared with the local trainer (whitespace-separated words, no
+tokenizer); :func:`frac_zero_std_groups` is one step's fraction of zero-std groups.
 :func:`step_metrics_from_rollouts` computes the per-step series of a whole rollout table at once
 (vectorised with Arrow dictionary encoding and pandas group-bys), under ``evotrainer/metrics.py``
 names.
-
-Tokens for the text metrics are whitespace-separated words (no tokenizer needed; a departure
-from model-token n-grams that keeps the metric comparable across models).
 """
 
 from __future__ import annotations
@@ -20,51 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evotrainer import metrics as M
-
-
-def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-
-
-def distinct_n(texts: Sequence[str], n: int = 2) -> float:
-    """Distinct-n: distinct n-grams / all n-grams over the batch (Li et al. 2016); NaN with no n-gram.
-
-    1.0 means no n-gram repeats anywhere in the batch; near 0 means the batch says the same thing.
-    """
-    total, seen = 0, set()
-    for t in texts:
-        grams = _ngrams(t.split(), n)
-        total += len(grams)
-        seen.update(grams)
-    return len(seen) / total if total else float("nan")
-
-
-def repetition_rate(texts: Sequence[str], n: int = 4) -> float:
-    """Mean over completions of the fraction of n-grams that repeat an earlier n-gram of the same completion.
-
-    Completions with fewer than n words count as 0 (no repetition possible). NaN for an empty batch.
-    """
-    if not texts:
-        return float("nan")
-    rates = []
-    for t in texts:
-        grams = _ngrams(t.split(), n)
-        rates.append(1.0 - len(set(grams)) / len(grams) if grams else 0.0)
-    return float(np.mean(rates))
-
-
-def duplicate_frac(completions: Sequence[str], prompt_ids: Sequence[Any]) -> float:
-    """Fraction of completions identical (after whitespace strip) to a completion of another prompt in the batch.
-
-    High values mean outputs no longer depend on the input (template collapse).
-    """
-    if not completions:
-        return float("nan")
-    prompts_of: dict[str, set] = {}
-    keys = [c.strip() for c in completions]
-    for k, p in zip(keys, prompt_ids, strict=True):
-        prompts_of.setdefault(k, set()).add(p)
-    return float(np.mean([len(prompts_of[k]) > 1 for k in keys]))
+from evotrainer.text_stats import distinct_n, repetition_rate
 
 
 def frac_zero_std_groups(rewards: Sequence[float], group_ids: Sequence[Any], atol: float = 1e-9) -> float:

@@ -5,10 +5,10 @@ arrays of shape ``(P, k)`` (P problems, k samples each). Two versions are compar
 the problems both were evaluated on, per-problem means ``a_p`` and ``b_p`` and differences
 ``d_p = b_p - a_p``. Everything random is seeded (``seed``) and reproducible.
 
-Sources: pass@k estimator, Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
-eq. 1, numerically stable product form of their Fig. 3); percentile bootstrap (Efron & Tibshirani
-1993), matching ``scipy.stats.bootstrap(paired=True, method="percentile")``; paired sign-flip
-permutation test matching ``scipy.stats.permutation_test(permutation_type="samples")``.
+Sources: the pass@k and Avg@k estimators of :mod:`evotrainer.estimators` (Chen et al. 2021);
+percentile bootstrap (Efron & Tibshirani 1993), matching
+``scipy.stats.bootstrap(paired=True, method="percentile")``; paired sign-flip permutation test
+matching ``scipy.stats.permutation_test(permutation_type="samples")``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from evotrainer import estimators
 
 Matrix = Mapping[str, Sequence[float]]
 
@@ -39,30 +41,18 @@ def as_matrix(outcomes: Matrix | np.ndarray | Sequence[Sequence[float]]) -> np.n
 
 
 def avg_at_k(outcomes: Matrix | np.ndarray) -> float:
-    """Avg@k: mean over problems of the mean correctness of the k samples (= expected pass@1)."""
-    m = as_matrix(outcomes)
-    return float(np.mean(np.nanmean(m, axis=1)))
-
-
-def pass_at_k_single(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``n`` samples of which ``c`` are correct.
-
-    ``1 - C(n-c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (Chen et al. 2021).
+    """Avg@k of an outcome matrix: mean over problems of the mean correctness of the k samples
+    (= expected pass@1; :func:`evotrainer.estimators.avg_at_k`).
 
     Raises:
-        ValueError: ``k > n`` or ``c`` outside ``[0, n]``.
+        ValueError: empty input.
     """
-    if not 0 <= c <= n:
-        raise ValueError(f"c={c}: the number of correct samples must lie in [0, n={n}]")
-    if k < 1 or k > n:
-        raise ValueError(f"k={k}: pass@k needs 1 <= k <= n={n} samples per problem")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+    return estimators.avg_at_k(as_matrix(outcomes))
 
 
 def pass_at_k(outcomes: Matrix | np.ndarray, k: int) -> float:
-    """Mean unbiased pass@k over problems (Chen et al. 2021); each problem needs ``n >= k`` samples.
+    """Mean unbiased pass@k over problems (:func:`evotrainer.estimators.pass_at_k`, Chen et al. 2021); each
+    problem needs ``n >= k`` samples, a sample counts as correct above 0.5.
 
     Raises:
         ValueError: some problem has fewer than ``k`` samples.
@@ -70,7 +60,7 @@ def pass_at_k(outcomes: Matrix | np.ndarray, k: int) -> float:
     m = as_matrix(outcomes)
     n = np.sum(~np.isnan(m), axis=1).astype(int)
     c = np.nansum(m > 0.5, axis=1).astype(int)
-    return float(np.mean([pass_at_k_single(int(ni), int(ci), k) for ni, ci in zip(n, c, strict=True)]))
+    return estimators.mean_pass_at_k(zip(n, c, strict=True), k)
 
 
 def paired_scores(a: Matrix, b: Matrix) -> tuple[list[str], np.ndarray, np.ndarray]:

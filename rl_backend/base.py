@@ -2,9 +2,11 @@
 
 A backend trains a version of a run for N GRPO steps from its parent's checkpoint (the base model
 for the root), writing step metrics, rollouts, TensorBoard scalars and a checkpoint into the
-workspace, and evaluates a version with k samples per held-out problem. ``get_backend(name)``
-returns one: ``local`` (embedded torch trainer, :mod:`evotrainer.rl_backend.local`) or
-``openrlhf`` (:mod:`evotrainer.rl_backend.openrlhf_backend`, when present).
+workspace, and evaluates a version with k samples per held-out problem. This module holds the
+protocol and its result types only and imports no backend; ``backends.get_backend(name)`` returns
+one: ``local`` (embedded torch trainer, :mod:`evotrainer.rl_backend.local`) or ``openrlhf``
+(:mod:`evotrainer.rl_backend.openrlhf`). The test eval names come from the splits
+(:mod:`evotrainer.rl_backend.tasks`).
 """
 
 from __future__ import annotations
@@ -12,21 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
 from pydantic import BaseModel, Field
+
+__all__ = ["NO_RL_TEST_EVAL", "TEST_EVAL", "TEST_EVALS", "Backend", "BackendError", "EvalResult", "ProgressFn",
+           "StopFn", "TrainResult", "is_test_eval"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
 StopFn = Callable[[], bool]
-
-TEST_EVAL = "test"
-"""Eval name of a version's weights on the test split (``tasks.load_splits``): the run's final answer only."""
-NO_RL_TEST_EVAL = "no_rl_test"
-"""Eval name of the base model (no RL) on the test split."""
-TEST_EVALS = (TEST_EVAL, NO_RL_TEST_EVAL)
-
-
-def is_test_eval(eval_name: str) -> bool:
-    """True for the eval names that score the test split (sealed from the agents while a run is under way)."""
-    return eval_name in TEST_EVALS
 
 
 class TrainResult(BaseModel):
@@ -83,25 +78,3 @@ class Backend(Protocol):
 
 class BackendError(RuntimeError):
     """A backend cannot run this request (unknown backend, untrained parent, ...); the message says the fix."""
-
-
-BACKENDS = ("local", "openrlhf")
-
-
-def get_backend(name: str = "local", **kwargs: Any) -> Backend:
-    """A backend by name.
-
-    Raises:
-        BackendError: unknown name, or the backend's module is not installed.
-    """
-    if name == "local":
-        from evotrainer.rl_backend.local import LocalBackend
-
-        return LocalBackend(**kwargs)
-    if name == "openrlhf":
-        try:
-            from evotrainer.rl_backend.openrlhf_backend import OpenRLHFBackend
-        except ImportError as exc:
-            raise BackendError(f"backend 'openrlhf' is not available here ({exc}); use backend 'local'") from None
-        return OpenRLHFBackend(**kwargs)
-    raise BackendError(f"backend={name!r}: allowed: {', '.join(BACKENDS)}")

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--backend {backend_name!r}{' --dry-run' if dry_run else ''}: choose local, or openrlhf "
                  "(--dry-run is for openrlhf)")
         if dry_run:
-            from evotrainer.rl_backend.openrlhf_backend import dry_run as openrlhf_dry_run
+            from evotrainer.rl_backend.openrlhf import dry_run as openrlhf_dry_run
 
             if recipe is None:
                 fail("--dry-run needs a RECIPE file")
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
                          "folder, or --version to train an existing version")
                 version = root.id
             if backend_name == "openrlhf":
-                from evotrainer.rl_backend.base import get_backend
+                from evotrainer.rl_backend.backends import get_backend
 
                 backend = get_backend("openrlhf", cluster=_cluster_spec(cluster) if cluster else None)
             else:
@@ -192,12 +192,12 @@ def _job(ws: Any, job_id: str | None, kind: str, version_id: str, steps: int) ->
 
 
 def _cluster_spec(path: Path) -> Any:
-    """A :class:`~evotrainer.rl_backend.openrlhf_backend.ClusterSpec` from a YAML / JSON file.
+    """A :class:`~evotrainer.rl_backend.openrlhf.ClusterSpec` from a YAML / JSON file.
 
     Raises:
         RecipeError: missing file, bad YAML, or a field fails validation (named).
     """
-    from evotrainer.rl_backend.openrlhf_backend import ClusterSpec
+    from evotrainer.rl_backend.openrlhf import ClusterSpec
     from pydantic import ValidationError
 
     from evotrainer.recipe import RecipeError, _format_error, read_yaml

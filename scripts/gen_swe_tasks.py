@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evotrainer.rl_backend.swe_tasks import (
+from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
     BugSpec,
     SweTask,

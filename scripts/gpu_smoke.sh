@@ -86,9 +86,9 @@ echo "== OpenRLHF GRPO job ($STEPS steps)"
 "$PY" - <<'EOF'
 import os, sys, time
 from evotrainer.recipe import Recipe, set_path
-from evotrainer.rl_backend.openrlhf_backend import ClusterSpec, build_job, format_job
-from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
-from evotrainer.rl_backend.openrlhf_runner import check_job, job_logs, job_status, submit
+from evotrainer.rl_backend.openrlhf.job import ClusterSpec, build_job, format_job
+from evotrainer.rl_backend.openrlhf.ingest import ingest_run, summarize
+from evotrainer.rl_backend.openrlhf.runner import check_job, job_logs, job_status, submit
 from evotrainer.workspace import Workspace
 
 try:
@@ -120,7 +120,7 @@ while job_status(job, ref) == "running":
     log = job_logs(job, ref)
     sys.stdout.write(log[seen:]); sys.stdout.flush(); seen = len(log)
     if time.time() - t0 > float(os.environ["TIMEOUT_S"]):
-        from evotrainer.rl_backend.openrlhf_runner import cancel_job
+        from evotrainer.rl_backend.openrlhf.runner import cancel_job
         cancel_job(job, ref); print("timeout: cancelled"); break
 status = job_status(job, ref)
 sys.stdout.write(job_logs(job, ref)[seen:])

@@ -368,7 +368,7 @@ def compare_versions(
 
 
 # The no-RL base-model evaluation is stored as eval rollouts of the root whose group ids are
-# ``no_rl-<prompt>`` (rl_backend.local / swe_train: eval group ids are ``<eval_name>-<prompt>``).
+# ``no_rl-<prompt>`` (rl_backend.local / rl_backend.swe.train: eval group ids are ``<eval_name>-<prompt>``).
 NO_RL_NAMES = ("no-rl", "base")
 NO_RL_GROUPS = "no_rl-%"
 

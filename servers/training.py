@@ -2,8 +2,8 @@
 
 Tools (:data:`TOOLS`): ``list_versions``, ``get_version``, ``diff_versions``, ``propose_intervention``,
 ``start_training``, ``evaluate_version``, ``job_status``, ``list_jobs``, ``cancel_job``, ``decide``;
-resource ``lineage://tree`` (:func:`register`). Training and evaluation run as background jobs
-(:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.base.get_backend`` (docs/interfaces.md);
+resource ``lineage://tree``. Training and evaluation run as background jobs
+(:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.backends.get_backend`` (docs/interfaces.md);
 ``wait_s`` > 0 keeps the call open and streams MCP progress notifications, one per step.
 """
 
@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from evotrainer.harness.gate import test_sealed
-from evotrainer.rl_backend.base import Backend, get_backend, is_test_eval
+from evotrainer.rl_backend.backends import get_backend
+from evotrainer.rl_backend.base import Backend, is_test_eval
 from evotrainer.servers.common import (
     MAX_LIMIT,
     JsonValue,

@@ -22,15 +22,11 @@ from evotrainer.harness.analyzers import (
 )
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import KINDS, Finding
-from evotrainer.harness.rollout_metrics import (
-    distinct_n,
-    duplicate_frac,
-    frac_zero_std_groups,
-    repetition_rate,
-)
+from evotrainer.harness.rollout_metrics import frac_zero_std_groups
 
 from evotrainer import metrics as M
 from evotrainer.rollouts import SCHEMA, make_record
+from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 
 RNG = np.random.default_rng(0)
 N = 100

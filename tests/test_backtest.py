@@ -117,7 +117,7 @@ def test_backtest_analyzer_precision_recall():
 
 def test_replay_and_rescore_on_a_version_trained_by_the_local_backend(tmp_path):
     """The real trainer (tiny random model, 2 steps) with a leaky reward and the top-p filter."""
-    from evotrainer.rl_backend.base import get_backend
+    from evotrainer.rl_backend.backends import get_backend
 
     r = Recipe()
     for path, value in [("model.name_or_path", "tiny-random"), ("n_samples_per_prompt", 4),

@@ -271,5 +271,5 @@ def test_reward_params_table_matches_what_the_reward_code_reads():
         name = chunk.split('"', 1)[0]
         body = chunk.split("\n@register", 1)[0].split("\ndef _behaviour_penalty", 1)[0]
         read[name] = set(re.findall(r'params\.get\("(\w+)"', body))
-    read["swe_tests"] = set(re.findall(r'comp\.params\.get\("(\w+)"', (root / "swe_train.py").read_text()))
+    read["swe_tests"] = set(re.findall(r'comp\.params\.get\("(\w+)"', (root / "swe" / "train.py").read_text()))
     assert {n: ps for n, ps in read.items() if ps} == {n: set(ps) for n, ps in REWARD_PARAMS.items()}

@@ -14,8 +14,10 @@ import math
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
+from evotrainer.harness.backtest import filter_keep
 from evotrainer.rl_backend import grpo
 
 L2 = math.log(2.0)
@@ -225,3 +227,24 @@ def test_advantages_match_openrlhf_formula(est):
     else:
         ref = (ref - ref.mean(-1, keepdim=True)) / (ref.std(-1, keepdim=True) + 1e-9)
     torch.testing.assert_close(grpo.group_advantages(rewards, n, est), ref.reshape(-1), atol=1e-6, rtol=0)
+
+
+def test_group_filter_keep_applies_the_filters_in_the_trainers_order():
+    # groups of 3: all-zero (zero variance), mean 1/3, mean 2/3 (higher std than the next), all-one
+    r = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert grpo.group_filter_keep(r, 3).tolist() == [False, True, True, False]
+    assert grpo.group_filter_keep(r, 3, drop_zero_variance_groups=False).tolist() == [True] * 4
+    assert grpo.group_filter_keep(r, 3, dynamic_filtering=True, dynamic_filtering_range=(0.5, 1.0)).tolist() == \
+        [False, False, True, False]
+    # top-p among the groups still kept: of the two kept groups (equal std) the earlier one stays
+    assert grpo.group_filter_keep(r, 3, group_filter_top_p=0.5).tolist() == [False, True, False, False]
+
+
+def test_the_backtest_replays_the_trainers_group_filter():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        r = rng.integers(0, 3, size=24).astype(np.float64) / 2
+        for kw in ({}, {"dynamic_filtering": True}, {"group_filter_top_p": 0.5},
+                   {"drop_zero_variance_groups": False, "group_filter_top_p": 0.3}):
+            assert filter_keep(r, 4, **kw).tolist() == grpo.group_filter_keep(torch.tensor(r), 4, **kw).tolist()
+

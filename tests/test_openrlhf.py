@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from evotrainer.rl_backend.openrlhf_backend import (
+from evotrainer.rl_backend.openrlhf.job import (
     FLAGS,
     ClusterSpec,
     OpenRLHFError,
@@ -26,7 +26,7 @@ from evotrainer.rl_backend.openrlhf_backend import (
     format_job,
     installed_openrlhf_version,
 )
-from evotrainer.rl_backend.openrlhf_runner import (
+from evotrainer.rl_backend.openrlhf.runner import (
     cancel_job,
     check_job,
     job_logs,
@@ -249,7 +249,7 @@ def test_ray_submission_without_ray_says_how_to_install(tmp_path, monkeypatch):
 def test_ingest_recorded_tensorboard_feeds_the_analyzers(tmp_path):
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
-    from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
+    from evotrainer.rl_backend.openrlhf.ingest import ingest_run, summarize
 
     from evotrainer import metrics as M
     from evotrainer.workspace import Workspace
@@ -283,7 +283,7 @@ real parser, calls the job's reward file on each training row with the right ans
 TensorBoard scalars and the final HF folder where OpenRLHF would."""
 import importlib.util, json, os, sys, time
 from pathlib import Path
-from evotrainer.rl_backend.openrlhf_runner import load_parser
+from evotrainer.rl_backend.openrlhf.runner import load_parser
 from torch.utils.tensorboard import SummaryWriter
 
 args = load_parser().parse_args(sys.argv[1:])
@@ -315,7 +315,7 @@ out = Path(a["ckpt.output_dir"]); out.mkdir(parents=True, exist_ok=True)
 
 def test_backend_train_and_evaluate_through_the_runner(tmp_path):
     """The backend's real loop (build, submit, poll, ingest, status) around a stand-in trainer program."""
-    from evotrainer.rl_backend.base import get_backend
+    from evotrainer.rl_backend.backends import get_backend
 
     from evotrainer import metrics as M
     from evotrainer.workspace import Workspace
@@ -351,7 +351,7 @@ def test_backend_train_and_evaluate_through_the_runner(tmp_path):
 
 
 def test_dry_run_text(tmp_path):
-    from evotrainer.rl_backend.openrlhf_backend import dry_run
+    from evotrainer.rl_backend.openrlhf.backend import dry_run
 
     text = dry_run(Recipe(), tmp_path, steps=2, cluster=ClusterSpec(openrlhf_version="0.11.2"))
     lines = text.splitlines()
@@ -541,7 +541,7 @@ def test_ray_address_unreachable(tmp_path):
 
 
 def test_backend_cancel_stops_the_job(tmp_path):
-    from evotrainer.rl_backend.openrlhf_runner import OpenRLHFBackend
+    from evotrainer.rl_backend.openrlhf.backend import OpenRLHFBackend
 
     from evotrainer.workspace import Workspace
 

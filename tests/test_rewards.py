@@ -11,11 +11,11 @@ from evotrainer.rl_backend.rewards import (
     RewardError,
     compute_rewards,
     overlong_penalty,
-    repeated_ngram_rate,
 )
 from evotrainer.rl_backend.tasks import Problem
 
 from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
+from evotrainer.text_stats import repeated_ngram_rate
 
 ADD = Problem(id="a", prompt="What is 3 + 4?", answer="7", meta={"task": "arithmetic"})
 FRAC = Problem(id="m", prompt="Simplify 10/12.", answer="\\frac56", meta={"task": "math"})

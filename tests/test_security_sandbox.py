@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from evotrainer.rl_backend.swe_env import SweEnv
+from evotrainer.rl_backend.swe.env import SweEnv
 from test_swe_tasks import make_git_task
 
 from evotrainer.recipe import ToolUseSpec

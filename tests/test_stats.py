@@ -12,9 +12,10 @@ from evotrainer.harness.stats import (
     paired_bootstrap_ci,
     paired_permutation_test,
     pass_at_k,
-    pass_at_k_single,
 )
 from scipy import stats as sps
+
+from evotrainer import estimators
 
 
 def test_avg_at_k_by_hand():
@@ -24,12 +25,12 @@ def test_avg_at_k_by_hand():
 
 def test_pass_at_k_unbiased_by_hand():
     # n=4, c=1, k=2: 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5
-    assert pass_at_k_single(4, 1, 2) == pytest.approx(0.5)
+    assert estimators.pass_at_k(4, 1, 2) == pytest.approx(0.5)
     # n=5, c=2, k=3: 1 - C(3,3)/C(5,3) = 1 - 1/10 = 0.9
-    assert pass_at_k_single(5, 2, 3) == pytest.approx(0.9)
+    assert estimators.pass_at_k(5, 2, 3) == pytest.approx(0.9)
     # n - c < k: every draw of k contains a correct sample
-    assert pass_at_k_single(4, 3, 2) == 1.0
-    assert pass_at_k_single(4, 0, 4) == 0.0
+    assert estimators.pass_at_k(4, 3, 2) == 1.0
+    assert estimators.pass_at_k(4, 0, 4) == 0.0
     # matrix: problem a (c=1 of 4) -> 0.5 at k=2, problem b (c=0) -> 0: mean 0.25
     assert pass_at_k({"a": [1, 0, 0, 0], "b": [0, 0, 0, 0]}, 2) == pytest.approx(0.25)
     # pass@1 equals Avg@k
@@ -42,7 +43,7 @@ def test_pass_at_k_matches_comb_formula():
         for c in range(n + 1):
             for k in range(1, n + 1):
                 want = 1.0 - (math.comb(n - c, k) / math.comb(n, k))
-                assert pass_at_k_single(n, c, k) == pytest.approx(want, abs=1e-12)
+                assert estimators.pass_at_k(n, c, k) == pytest.approx(want, abs=1e-12)
 
 
 def test_pass_at_k_errors_name_the_rule():

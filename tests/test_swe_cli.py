@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from evotrainer.rl_backend.swe_tasks import load_taskset
+from evotrainer.rl_backend.swe.tasks import load_taskset
 
 
 def evotrainer(*args: str) -> subprocess.CompletedProcess:

@@ -9,15 +9,15 @@ import pytest
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.analyzers import swe as swe_analyzers
 from evotrainer.harness.evidence import Evidence
-from evotrainer.rl_backend.swe_episode import (
+from evotrainer.rl_backend.swe.episode import (
     encode_trajectory,
     episode_extras,
     episode_metrics,
     episode_record,
     run_episodes,
 )
-from evotrainer.rl_backend.swe_policies import ScriptedPolicy
-from evotrainer.rl_backend.swe_tasks import load_taskset
+from evotrainer.rl_backend.swe.policies import ScriptedPolicy
+from evotrainer.rl_backend.swe.tasks import load_taskset
 
 from evotrainer import metrics as M
 from evotrainer.recipe import ToolUseSpec
@@ -175,7 +175,7 @@ def tiny():
 def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_tasks, tmp_path, tiny):
     """A tiny random model plays 2 turns: its replies are no tool calls, the ids and mask still line up."""
     import torch
-    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+    from evotrainer.rl_backend.swe.policies import ChatModelPolicy
 
     torch.manual_seed(0)
     bundle = tiny
@@ -199,8 +199,8 @@ def test_episodes_to_rollout_batch_feeds_the_trainer_forward(two_tasks, tmp_path
     """Two tiny-model episodes become a RolloutBatch whose masked log-probs cover the policy tokens only."""
     import torch
     from evotrainer.rl_backend.sampling import sequence_logprobs
-    from evotrainer.rl_backend.swe_episode import episodes_to_rollout_batch
-    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+    from evotrainer.rl_backend.swe.policies import ChatModelPolicy
+    from evotrainer.rl_backend.swe.train import episodes_to_rollout_batch
 
     torch.manual_seed(1)
     bundle = tiny

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from evotrainer.rl_backend.swe_policies import snapshot_file
-from evotrainer.rl_backend.swe_tasks import (
+from evotrainer.rl_backend.swe.policies import snapshot_file
+from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
     SweTaskError,
     is_test_file,
@@ -142,7 +142,7 @@ def test_generator_mutations_and_unique_snippets():
 
 
 def test_load_swe_problems_splits_by_project():
-    from evotrainer.rl_backend.swe_tasks import load_swe_problems
+    from evotrainer.rl_backend.tasks import load_swe_problems
 
     from evotrainer.recipe import DataSpec
 

@@ -1,4 +1,4 @@
-"""GRPO on SWE episodes (rl_backend/swe_train.py through rl_backend/local.py) with the tiny random model.
+"""GRPO on SWE episodes (rl_backend/swe/train.py through rl_backend/local.py) with the tiny random model.
 
 The tiny model never writes a valid tool call, so every episode plays ``max_turns`` = 2 invalid
 turns and fails the hidden tests (swe_tests = 0). With ``correctness`` alone all rewards tie; the
@@ -14,10 +14,10 @@ import os
 
 import pytest
 import torch
-from evotrainer.rl_backend import swe_train
 from evotrainer.rl_backend.local import LocalBackend
 from evotrainer.rl_backend.models import load_policy
-from evotrainer.rl_backend.swe_policies import ChatModelPolicy
+from evotrainer.rl_backend.swe import train as swe_train
+from evotrainer.rl_backend.swe.policies import ChatModelPolicy
 from evotrainer.rl_backend.tasks import load_problems
 
 from evotrainer import metrics as M

@@ -1,7 +1,7 @@
 """SWE-episode analyzers: reward hacking through the tests, and tool-use behaviour collapse.
 
 They read stored multi-turn rollouts: rows whose ``turns`` JSON ends with the ``outcome`` turn the
-SWE episode runner writes (``evotrainer.rl_backend.swe_episode.episode_record``:
+SWE episode runner writes (``evotrainer.rl_backend.swe.episode.episode_record``:
 ``{"role": "outcome", "content": json({"outcome": {...}, "stats": {...}})}``), so they judge the
 grader's verdict per episode rather than guessing from text.
 

@@ -169,7 +169,7 @@ PATTERNS: list[tuple[re.Pattern[str], object]] = [
 ]
 
 # EvoTrainer's OpenRLHF reward file logs each component and ``correct`` as extra_logs, which
-# OpenRLHF's TensorBoard logger writes as ``train/<name>`` (rl_backend/reward_func_template.py).
+# OpenRLHF's TensorBoard logger writes as ``train/<name>`` (rl_backend/openrlhf/reward_func.py).
 _OWN_TB = {f"train/{c}": M.reward_component(c) for c in REWARD_COMPONENTS} | {"train/correct": M.CORRECT_MEAN}
 
 _OURS = set(M.ALL_STEP_METRICS) | {M.EVAL_AVG_AT_K, M.EVAL_PASS_AT_K, M.EVAL_PASS_AT_1, M.POLICY_CLIP_FRAC,

@@ -1,6 +1,6 @@
 """Running a policy over SWE episodes: turns, trajectories, the policy-token mask, outcomes, metrics.
 
-:func:`run_episodes` steps a batch of :class:`~evotrainer.rl_backend.swe_env.SweEnv` episodes
+:func:`run_episodes` steps a batch of :class:`~evotrainer.rl_backend.swe.env.SweEnv` episodes
 together (one policy call per turn for all live episodes, so a model policy generates in batches),
 grades each final repo with the hidden tests, and returns :class:`Episode` records: every turn
 (the policy's reply with its sampled token ids, then the environment's observation), the episode
@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from evotrainer.rl_backend.swe_env import TOOLS, SweEnv, SweOutcome, parse_tool_calls
-from evotrainer.rl_backend.swe_tasks import TASKSET_DIR, SweTask
+from evotrainer.rl_backend.swe.env import TOOLS, SweEnv, SweOutcome, parse_tool_calls
+from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
 
 from evotrainer import metrics as M
 from evotrainer.recipe import ToolUseSpec
+from evotrainer.rollouts import make_record
+from evotrainer.sandbox_fs import remove_tree
 
 EXTRA_COMPONENTS = ("swe_tests", "test_file_edit", "tool_budget", "submit_without_test")
 
@@ -63,7 +65,7 @@ class Episode:
         messages: the full chat (system, user, then assistant / tool turns alternating).
         turns: ``[{role, content, tokens, tool, ok, token_ids?, finish_reason?}]`` after the opening
             messages: the rollout store's ``turns`` JSON (``tokens`` = token count, 0 when unknown).
-        stats: the episode counters (:class:`~evotrainer.rl_backend.swe_env.EpisodeStats` as a dict).
+        stats: the episode counters (:class:`~evotrainer.rl_backend.swe.env.EpisodeStats` as a dict).
         outcome: the hidden-test verdict.
         extras: ``{component: value}`` for the behaviour and test reward components.
         finish_reason: ``submit`` when the policy submitted, else ``budget`` (turns, tool budget or time).
@@ -165,8 +167,6 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
         return [e for e in episodes if e is not None]
     finally:
         if tmp:  # not shutil.rmtree: it recurses, and a policy's test run can leave a 1,100-deep tree
-            from evotrainer.sandbox_fs import remove_tree
-
             remove_tree(tmp)
 
 
@@ -267,48 +267,6 @@ def encode_trajectory(tokenizer: Any, messages: list[dict[str, str]],
     return EncodedTrajectory(ids, mask, prompt_len, mismatches, spans)
 
 
-def episodes_to_rollout_batch(tokenizer: Any, episodes: Sequence[Episode], pad_id: int | None = None) -> Any:
-    """Episodes as the local trainer's ``RolloutBatch`` (``rl_backend/sampling.py``) for the GRPO loss.
-
-    Each episode is laid out by :func:`encode_trajectory`: the opening messages are the prompt
-    (left-padded, ``P``), everything after is the completion (right-padded, ``T``) with
-    ``completion_mask`` = 1 on the policy's sampled tokens only and ``completion_attention_mask`` = 1
-    on all real tokens (observations stay in the context). ``sampling_logprobs`` are zeros: the
-    episode runner does not keep them, so the trainer computes the old log-probs with one
-    ``sequence_logprobs`` pass before its update (same weights, so the same distribution).
-
-    Raises:
-        ValueError: an episode without an assistant turn.
-    """
-    import torch
-    from evotrainer.rl_backend.sampling import RolloutBatch
-
-    pad = tokenizer.pad_token_id if pad_id is None else pad_id
-    encs = [encode_trajectory(tokenizer, e.messages, e.policy_token_ids()) for e in episodes]
-    P = max(x.prompt_len for x in encs)
-    T = max(len(x.input_ids) - x.prompt_len for x in encs)
-    B = len(encs)
-    prompt_ids = torch.full((B, P), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((B, P), dtype=torch.long)
-    comp_ids = torch.full((B, T), pad, dtype=torch.long)
-    comp_mask = torch.zeros((B, T), dtype=torch.long)
-    comp_attn = torch.zeros((B, T), dtype=torch.long)
-    for b, x in enumerate(encs):
-        p, c = x.input_ids[: x.prompt_len], x.input_ids[x.prompt_len:]
-        prompt_ids[b, P - len(p):] = torch.tensor(p)  # (P,) left padding
-        prompt_mask[b, P - len(p):] = 1
-        comp_ids[b, : len(c)] = torch.tensor(c)  # (T,) right padding
-        comp_mask[b, : len(c)] = torch.tensor(x.completion_mask[x.prompt_len:])
-        comp_attn[b, : len(c)] = 1
-    return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=comp_ids,
-                        completion_mask=comp_mask, sampling_logprobs=torch.zeros((B, T)),
-                        completions=[e.transcript() for e in episodes],
-                        finish_reasons=[e.finish_reason for e in episodes],
-                        lengths=[int(comp_mask[b].sum()) for b in range(B)],
-                        prompts=[tokenizer.decode(x.input_ids[: x.prompt_len]) for x in encs],
-                        turns=[e.turns for e in episodes], completion_attention_mask=comp_attn)
-
-
 # --- metrics and rollout records ------------------------------------------------------------------
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Tool-use metrics of a batch of episodes (names from ``evotrainer.metrics``, ``tools/*``): means per episode."""
@@ -349,8 +307,6 @@ def episode_record(ep: Episode, *, version_id: str, step: int, group_id: str, re
     a last turn ``{"role": "outcome", "content": json({"outcome", "stats"})}`` (read by
     ``harness/analyzers/swe.py``); sampled ``token_ids`` stay in the assistant turns.
     """
-    from evotrainer.rollouts import make_record
-
     comps = dict(components or {})
     turns = [{k: v for k, v in t.items() if v is not None} for t in ep.turns]
     turns.append({"role": "outcome", "content": json.dumps({"outcome": ep.outcome.to_dict(), "stats": ep.stats}),

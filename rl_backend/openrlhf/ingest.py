@@ -3,10 +3,10 @@
 OpenRLHF's ``TensorboardLogger`` writes ``<tensorboard_dir>/<run_name>/events.out.tfevents.*``
 with ``train/<key>`` per step (``policy_loss``, ``kl``, ``reward``, ``entropy_loss``, ...),
 ``eval/eval_<dataset>_pass<n>`` and the text ``train/generated_samples``. The scalars go through
-the harness alias table (:func:`evotrainer.harness.ingest.parse_tensorboard` and
-:func:`evotrainer.harness.aliases.map_record`); before that, the tags our reward function adds
+the alias table (:func:`evotrainer.tb_events.parse_tensorboard` and
+:func:`evotrainer.aliases.map_record`); before that, the tags our reward function adds
 (``train/<component>`` for each reward component, ``train/correct``) and OpenRLHF's ``train/score``
-(our correctness, see :mod:`evotrainer.rl_backend.reward_func_template`) are renamed to
+(our correctness, see :mod:`evotrainer.rl_backend.openrlhf.reward_func`) are renamed to
 ``reward/<component>/mean`` and ``reward/correct/mean``. The result lands in
 ``ws.lineage.log_metrics`` so analyzers and MCP tools read an OpenRLHF version like a local one.
 """
@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer import metrics as M
+from evotrainer.aliases import map_record
+from evotrainer.rollouts import make_record
+from evotrainer.tb_events import parse_tensorboard
 
 _SAMPLE = re.compile(r"^Sample:(?:\\n|\n)(?P<text>.*)(?:\\n|\n)(?:\\n|\n)Reward: (?P<reward>[-0-9.eE+naif]+)\s*$", re.S)
 
@@ -50,9 +53,6 @@ def read_metrics(tb_dir: str | Path, reward_names: Iterable[str] = ()) -> dict[i
     Raises:
         FileNotFoundError: no event file under ``tb_dir``.
     """
-    from evotrainer.harness.aliases import map_record
-    from evotrainer.harness.ingest import parse_tensorboard
-
     p = event_dir(tb_dir)
     ours = own_tags(reward_names)
     out: dict[int, dict[str, float]] = {}
@@ -94,8 +94,6 @@ def ingest_run(ws, version_id: str, tb_dir: str | Path, reward_names: Iterable[s
     Raises:
         FileNotFoundError: no event file under ``tb_dir``.
     """
-    from evotrainer.rollouts import make_record
-
     records = read_metrics(tb_dir, reward_names)
     last = since_step
     for step in sorted(records):

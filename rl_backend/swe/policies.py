@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evotrainer.rl_backend.swe_episode import Action
-from evotrainer.rl_backend.swe_tasks import TASKSET_DIR, SweTask
+from evotrainer.rl_backend.swe.episode import Action
+from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
 
 SCRIPTED = ("oracle", "noop", "cheat", "loop")
 

@@ -4,7 +4,7 @@ OpenRLHF (0.10 and 0.11, ``--reward.remote_url`` / ``--remote_rm_url`` pointing 
 imports the file with ``importlib.util.spec_from_file_location`` and calls
 ``reward_func(queries, prompts, labels)`` (one sample per call in 0.11.2's
 ``SingleTurnAgentExecutor``), expecting ``{"rewards": (B,), "scores": (B,), "extra_logs":
-{name: (B,)}}`` tensors. The file :func:`evotrainer.rl_backend.openrlhf_backend.write_reward_file`
+{name: (B,)}}`` tensors. The file :func:`evotrainer.rl_backend.openrlhf.job.write_reward_file`
 writes holds only a config and one call to :func:`make_reward_func`, so the rewards are
 :func:`evotrainer.rl_backend.rewards.compute_rewards`, the same code as the local trainer.
 
@@ -33,6 +33,11 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+from evotrainer.rl_backend.rewards import compute_rewards
+from evotrainer.rl_backend.tasks import Problem
+
+from evotrainer.recipe import RewardComponent
 
 _TRAILING_SPECIAL = re.compile(r"(<\|[^|>]{1,40}\|>|</s>|<eos>|<pad>)+\s*$")
 
@@ -80,11 +85,6 @@ def make_reward_func(config: dict[str, Any]) -> Callable[..., dict[str, Any]]:
         config: ``{"reward": {name: {"weight", "params"}}, "generate_max_len": int,
             "tokenizer": model path or None, "task": str}`` (written by ``write_reward_file``).
     """
-    from evotrainer.rl_backend.rewards import compute_rewards
-    from evotrainer.rl_backend.tasks import Problem
-
-    from evotrainer.recipe import RewardComponent
-
     spec = {k: RewardComponent(**v) for k, v in config["reward"].items()}
     max_len = int(config["generate_max_len"])
     state: dict[str, Any] = {}

@@ -5,14 +5,14 @@ training step (group filters, advantages, PPO update, stores) is the single-turn
 
 One rollout (:func:`rollout`), for P tasks and G = ``n_samples_per_prompt``:
 
-1. the current policy plays G episodes per task (``swe_episode.run_episodes`` with
-   ``swe_policies.ChatModelPolicy``: ``generate_max_len`` tokens per reply, ``temperature`` /
+1. the current policy plays G episodes per task (``swe.episode.run_episodes`` with
+   ``swe.policies.ChatModelPolicy``: ``generate_max_len`` tokens per reply, ``temperature`` /
    ``top_p`` of the recipe, limits from ``recipe.tool_use``), seeded;
 2. the reward spec is evaluated with the episodes' outcomes as ``extras`` (``swe_tests``,
    ``test_file_edit``, ``tool_budget``, ``submit_without_test``; ``correctness`` reads
    ``swe_tests``); the hidden tests grade with ``reward.swe_tests.params.mode`` (``all`` or
    ``fraction``, default ``all``);
-3. the episodes become one ``RolloutBatch`` (``swe_episode.episodes_to_rollout_batch``): each
+3. the episodes become one ``RolloutBatch`` (:func:`episodes_to_rollout_batch`): each
    trajectory laid out with the chat template, ``completion_mask`` = 1 on the policy's sampled
    tokens only, observations attended (``completion_attention_mask``) but not trained on;
 4. the batch's ``sampling_logprobs`` (zeros from the episode runner, which keeps no log-probs) are
@@ -42,16 +42,16 @@ from typing import Any
 import torch
 from evotrainer.rl_backend.rewards import compute_rewards
 from evotrainer.rl_backend.sampling import RolloutBatch, sequence_logprobs
-from evotrainer.rl_backend.swe_episode import (
+from evotrainer.rl_backend.swe.episode import (
     Episode,
+    encode_trajectory,
     episode_extras,
     episode_metrics,
     episode_record,
-    episodes_to_rollout_batch,
     run_episodes,
 )
-from evotrainer.rl_backend.swe_policies import ChatModelPolicy
-from evotrainer.rl_backend.swe_tasks import SweTask, SweTaskError, load_swebench_jsonl, load_taskset
+from evotrainer.rl_backend.swe.policies import ChatModelPolicy
+from evotrainer.rl_backend.swe.tasks import SweTask, SweTaskError, load_swebench_jsonl, load_taskset
 
 from evotrainer import metrics as M
 
@@ -67,7 +67,7 @@ def _tasks_at(source: str) -> dict[str, SweTask]:
 
 
 def tasks_for(problems: Sequence[Any]) -> tuple[list[SweTask], Path | None]:
-    """The SWE tasks behind ``load_swe_problems``'s problems, and their task set folder (None for a JSONL file).
+    """The SWE tasks behind ``tasks.load_swe_problems``'s problems, and their task set folder (None for a JSONL file).
 
     Raises:
         SweTaskError: a problem is not a SWE problem, the problems come from several task sources,
@@ -75,7 +75,7 @@ def tasks_for(problems: Sequence[Any]) -> tuple[list[SweTask], Path | None]:
     """
     sources = {p.meta.get("source") for p in problems}
     if any(p.meta.get("task") != "swe" for p in problems) or len(sources) != 1 or None in sources:
-        raise SweTaskError("swe training needs problems from one task source (rl_backend.swe_tasks.load_swe_problems)"
+        raise SweTaskError("swe training needs problems from one task source (rl_backend.tasks.load_swe_problems)"
                            f"; got sources {sorted(map(str, sources))}")
     (source,) = sources
     by_id = _tasks_at(str(source))
@@ -127,6 +127,45 @@ def policy_logprobs(model: Any, rb: RolloutBatch, temperature: float, group_size
     return torch.cat(out)
 
 
+def episodes_to_rollout_batch(tokenizer: Any, episodes: Sequence[Episode], pad_id: int | None = None) -> RolloutBatch:
+    """Episodes as the local trainer's ``RolloutBatch`` (``rl_backend/sampling.py``) for the GRPO loss.
+
+    Each episode is laid out by :func:`~evotrainer.rl_backend.swe.episode.encode_trajectory`: the opening messages are the prompt
+    (left-padded, ``P``), everything after is the completion (right-padded, ``T``) with
+    ``completion_mask`` = 1 on the policy's sampled tokens only and ``completion_attention_mask`` = 1
+    on all real tokens (observations stay in the context). ``sampling_logprobs`` are zeros: the
+    episode runner does not keep them, so the trainer computes the old log-probs with one
+    ``sequence_logprobs`` pass before its update (same weights, so the same distribution).
+
+    Raises:
+        ValueError: an episode without an assistant turn.
+    """
+    pad = tokenizer.pad_token_id if pad_id is None else pad_id
+    encs = [encode_trajectory(tokenizer, e.messages, e.policy_token_ids()) for e in episodes]
+    P = max(x.prompt_len for x in encs)
+    T = max(len(x.input_ids) - x.prompt_len for x in encs)
+    B = len(encs)
+    prompt_ids = torch.full((B, P), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    comp_ids = torch.full((B, T), pad, dtype=torch.long)
+    comp_mask = torch.zeros((B, T), dtype=torch.long)
+    comp_attn = torch.zeros((B, T), dtype=torch.long)
+    for b, x in enumerate(encs):
+        p, c = x.input_ids[: x.prompt_len], x.input_ids[x.prompt_len:]
+        prompt_ids[b, P - len(p):] = torch.tensor(p)  # (P,) left padding
+        prompt_mask[b, P - len(p):] = 1
+        comp_ids[b, : len(c)] = torch.tensor(c)  # (T,) right padding
+        comp_mask[b, : len(c)] = torch.tensor(x.completion_mask[x.prompt_len:])
+        comp_attn[b, : len(c)] = 1
+    return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=comp_ids,
+                        completion_mask=comp_mask, sampling_logprobs=torch.zeros((B, T)),
+                        completions=[e.transcript() for e in episodes],
+                        finish_reasons=[e.finish_reason for e in episodes],
+                        lengths=[int(comp_mask[b].sum()) for b in range(B)],
+                        prompts=[tokenizer.decode(x.input_ids[: x.prompt_len]) for x in encs],
+                        turns=[e.turns for e in episodes], completion_attention_mask=comp_attn)
+
+
 def rollout(bundle: Any, recipe: Any, problems: Sequence[Any], *, seed: int) -> tuple[RolloutBatch, Any, list[Episode]]:
     """One GRPO rollout on SWE tasks: ``(RolloutBatch (B rows), RewardOutput, episodes)``, B = P x G.
 
@@ -160,7 +199,7 @@ def step_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def step_records(episodes: Sequence[Episode], *, version_id: str, step: int, group_size: int, rewards: Sequence[float],
                  components: dict[str, list[float]], advantages: Sequence[float], kept: set[int]) -> list[dict[str, Any]]:
-    """One train rollout row per episode (``swe_episode.episode_record``: every turn plus the outcome turn).
+    """One train rollout row per episode (``swe.episode.episode_record``: every turn plus the outcome turn).
 
     ``group_id`` is ``g<row // G>`` (the row's group in the step, as single-turn rollouts).
     """

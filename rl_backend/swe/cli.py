@@ -36,7 +36,7 @@ def _fail(msg: str) -> None:
 
 
 def _select(taskset: Path | None, tasks: str | None, limit: int | None) -> list[Any]:
-    from evotrainer.rl_backend.swe_tasks import TASKSET_DIR, SweTaskError, load_taskset
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTaskError, load_taskset
 
     try:
         all_tasks = load_taskset(taskset or TASKSET_DIR)
@@ -59,7 +59,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 @swe_app.command("tasks")
 def tasks_cmd(taskset: TasksetOpt = None, as_json: JsonOpt = False) -> None:
     """List the SWE tasks: id, project, bugged file and line, mutation, hidden test counts."""
-    from evotrainer.rl_backend.swe_tasks import TASKSET_DIR, load_manifest
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, load_manifest
     from rich.table import Table
 
     from evotrainer.cli import console, print_json
@@ -87,13 +87,13 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
     from evotrainer.rl_backend.rewards import compute_rewards
-    from evotrainer.rl_backend.swe_episode import (
+    from evotrainer.rl_backend.swe.episode import (
         episode_extras,
         episode_metrics,
         episode_record,
         run_episodes,
     )
-    from evotrainer.rl_backend.swe_policies import ScriptedPolicy
+    from evotrainer.rl_backend.swe.policies import ScriptedPolicy
     from evotrainer.rl_backend.tasks import Problem
 
     from evotrainer.rollouts import SCHEMA
@@ -136,8 +136,8 @@ def check_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run scripted policies over the tasks in the sandbox: mean rewards, tool-use metrics, findings."""
-    from evotrainer.rl_backend.swe_policies import SCRIPTED
-    from evotrainer.rl_backend.swe_tasks import TASKSET_DIR
+    from evotrainer.rl_backend.swe.policies import SCRIPTED
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR
     from rich.progress import Progress
     from rich.table import Table
 
@@ -196,9 +196,9 @@ def episodes_cmd(
     """Let a model play SWE episodes; print outcomes, tool-use metrics and policy-token mask sizes."""
     import torch
     from evotrainer.rl_backend.models import load_policy
-    from evotrainer.rl_backend.swe_episode import encode_trajectory, episode_metrics, run_episodes
-    from evotrainer.rl_backend.swe_policies import ChatModelPolicy
-    from evotrainer.rl_backend.swe_tasks import TASKSET_DIR
+    from evotrainer.rl_backend.swe.episode import encode_trajectory, episode_metrics, run_episodes
+    from evotrainer.rl_backend.swe.policies import ChatModelPolicy
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR
 
     from evotrainer.cli import console, print_json
     from evotrainer.recipe import ModelSpec, ToolUseSpec

@@ -1,6 +1,6 @@
 """Run and follow OpenRLHF jobs: Ray Jobs API or a local subprocess; check commands with OpenRLHF's own parser.
 
-:func:`submit` starts an :class:`~evotrainer.rl_backend.openrlhf_backend.OpenRLHFJob` through
+:func:`submit` starts an :class:`~evotrainer.rl_backend.openrlhf.job.OpenRLHFJob` through
 ``ray.job_submission.JobSubmissionClient`` (imported lazily; ``ray`` comes with the ``openrlhf``
 extra) when ``job.ray_address`` is set, else as a local subprocess in its own session (output in
 ``job_dir/job.log``, exit code in ``job_dir/exit_code``); started by a Ray worker of
@@ -15,13 +15,20 @@ parser and checks of each supported version.
 
 from __future__ import annotations
 
+import argparse
+import ast
+import contextlib
+import datetime
+import importlib.util
+import io
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from evotrainer.rl_backend.openrlhf_backend import PINNED_VERSION, OpenRLHFError, OpenRLHFJob
+from evotrainer.rl_backend.openrlhf.job import PINNED_VERSION, OpenRLHFError, OpenRLHFJob
 
 
 # --- submission -----------------------------------------------------------------------------------
@@ -72,8 +79,6 @@ def _executor_cluster_env() -> dict[str, str]:
     cluster has the GPUs, queued by Ray's scheduler when not) instead of starting a second cluster on
     GPUs the first one also hands out. Empty outside a Ray worker or when ``RAY_ADDRESS`` is set already.
     """
-    import sys
-
     ray = sys.modules.get("ray")
     if "RAY_ADDRESS" in os.environ or ray is None or not ray.is_initialized():
         return {}
@@ -135,9 +140,6 @@ def cancel_job(job: OpenRLHFJob, ref: str) -> None:
 
 def _main_blocks(source: str | Path | None) -> tuple[Path, list, list]:
     """(source file, statements before ``args = parser.parse_args()``, statements after) of the main block."""
-    import ast
-    import importlib.util
-
     if source is None:
         spec = importlib.util.find_spec("openrlhf")
         if spec is None or not spec.submodule_search_locations:
@@ -153,8 +155,6 @@ def _main_blocks(source: str | Path | None) -> tuple[Path, list, list]:
 
 
 def _exec(stmts: list, source: Path, ns: dict[str, Any]) -> None:
-    import ast
-
     keep = [s for s in stmts if not (isinstance(s, ast.ImportFrom) and (s.module or "").startswith("openrlhf"))]
     exec(compile(ast.Module(body=keep, type_ignores=[]), str(source), "exec"), ns)  # noqa: S102 - OpenRLHF's own code
 
@@ -169,9 +169,6 @@ def load_parser(source: str | Path | None = None):
     Raises:
         OpenRLHFError: openrlhf is not installed and no source was given.
     """
-    import argparse
-    import datetime
-
     path, before, _ = _main_blocks(source)
     ns: dict[str, Any] = {"argparse": argparse, "datetime": datetime.datetime}
     _exec(before, path, ns)
@@ -189,11 +186,6 @@ def check_job(job: OpenRLHFJob, source: str | Path | None = None):
     Raises:
         OpenRLHFError: the parser rejects the command or a check fails (with OpenRLHF's message).
     """
-    import argparse
-    import contextlib
-    import datetime
-    import io
-
     path, before, after = _main_blocks(source)
     captured: dict[str, Any] = {}
     ns: dict[str, Any] = {"argparse": argparse, "datetime": datetime.datetime, "print": lambda *a, **k: None,
@@ -213,136 +205,3 @@ def check_job(job: OpenRLHFJob, source: str | Path | None = None):
     except AssertionError as exc:
         raise OpenRLHFError(f"OpenRLHF's argument checks failed: {exc}") from None
     return captured.get("args", ns["args"])
-
-
-# --- the backend: a workspace version trained by OpenRLHF ------------------------------------------
-def _hf_folder(path: str | None) -> str | None:
-    return path if path and (Path(path) / "config.json").exists() else None
-
-
-class OpenRLHFBackend:
-    """The ``openrlhf`` training backend (``rl_backend.base.Backend`` protocol, docs/interfaces.md).
-
-    ``train`` builds the version's job (starting from the parent's checkpoint when it is a HF
-    folder, else from the recipe's model), submits it, follows it (ingesting TensorBoard scalars
-    and samples every ``poll_s`` seconds, calling ``progress``, cancelling when ``should_stop()``)
-    and records status (``trained``; ``failed`` when the job failed or was cancelled), checkpoint
-    and ``metrics_summary``. The job reference is kept in the lineage kv store
-    (``openrlhf/<version>``: ``{ref, job}``) so another process can follow or cancel it.
-    ``evaluate`` reads OpenRLHF's own held-out evaluation of the last step (k samples per
-    problem, scored by correctness): Avg@k and pass@k, without per-sample outcomes.
-
-    Args:
-        cluster: hardware and submission settings (:class:`~evotrainer.rl_backend.openrlhf_backend.ClusterSpec`).
-        poll_s: seconds between status polls.
-    """
-
-    name = "openrlhf"
-
-    def __init__(self, cluster: Any = None, poll_s: float = 10.0):
-        self.cluster = cluster
-        self.poll_s = poll_s
-
-    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None):
-        """Train ``version_id`` for ``steps`` OpenRLHF steps; returns a ``rl_backend.base.TrainResult``
-        (``stopped_early`` when ``should_stop`` cancelled the job). ``progress`` gets one call per step.
-
-        Raises:
-            OpenRLHFError: the recipe cannot run on OpenRLHF or the job failed (the log tail is in the message).
-        """
-        import time
-
-        from evotrainer.rl_backend.base import TrainResult
-        from evotrainer.rl_backend.openrlhf_backend import build_job
-        from evotrainer.rl_backend.openrlhf_ingest import ingest_run, summarize
-
-        from evotrainer import metrics as M
-
-        t0 = time.monotonic()
-        v = ws.lineage.get(version_id)
-        start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
-        parent_ckpt = start.checkpoint if start is not None else None
-        job = build_job(v.recipe, ws.root, version_id=version_id, steps=steps, cluster=self.cluster,
-                        model_path=_hf_folder(parent_ckpt))
-        ws.lineage.update_version(version_id, status="training")
-        ref = submit(job)
-        ws.lineage.kv_set(f"openrlhf/{version_id}", {"ref": ref, "job": job.model_dump()})
-        ws.log(f"openrlhf job {ref} submitted ({job.openrlhf_version}, {steps} steps)", version=version_id,
-               source="openrlhf")
-        nan = float("nan")
-
-        def emit(done: int, new: int) -> None:  # one progress call per new step (NaN: not logged)
-            if new <= done or progress is None:
-                return
-            series = ws.lineage.all_metrics(version_id)
-            for step in range(done + 1, new + 1):
-                at = {name: dict(pts).get(step) for name, pts in series.items()}
-                progress({"step": step, "steps": steps, **{key: nan if at.get(name) is None else at[name]
-                          for key, name in (("reward", M.REWARD_MEAN), ("tokens_per_sec", M.PERF_TOKENS_PER_SEC),
-                                            ("step_seconds", M.PERF_STEP_SECONDS))}})
-
-        last, stopped = 0, False
-        status = job_status(job, ref)
-        while status in ("queued", "running"):
-            time.sleep(self.poll_s)
-            try:
-                new = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, since_step=last)
-            except FileNotFoundError:
-                new = last
-            emit(last, new)
-            last = new
-            if not stopped and should_stop is not None and should_stop():
-                cancel_job(job, ref)
-                stopped = True
-            status = job_status(job, ref)
-        try:
-            new = ingest_run(ws, version_id, job.tensorboard_dir, v.recipe.reward, checkpoint=job.save_path,
-                             since_step=last)
-            emit(last, new)
-            last = new
-        except FileNotFoundError:
-            pass
-        summary = summarize(ws, version_id)
-        final = "trained" if status == "done" else "failed"
-        ws.lineage.update_version(version_id, status=final, metrics_summary=summary)
-        ws.log(f"openrlhf job {ref} {status} after {last} step(s)", version=version_id, source="openrlhf",
-               level="info" if status in ("done", "cancelled") else "error")
-        if status not in ("done", "cancelled"):
-            tail = job_logs(job, ref)[-2000:]
-            raise OpenRLHFError(f"openrlhf job {ref} of {version_id} ended {status} after {last} step(s); "
-                                f"log tail:\n{tail}")
-        return TrainResult(version_id=version_id, steps_done=last, steps_requested=steps,
-                           checkpoint=ws.lineage.get(version_id).checkpoint, metrics_summary=summary,
-                           stopped_early=status == "cancelled", wall_s=round(time.monotonic() - t0, 3))
-
-    def evaluate(self, ws, version_id: str, k: int | None = None, eval_name: str = "heldout",
-                 progress=None):
-        """Held-out Avg@k / pass@k (``rl_backend.base.EvalResult``) from OpenRLHF's evaluation at the last
-        training step: k samples per problem scored by correctness, so its pass1 is Avg@k (= unbiased
-        pass@1) and its pass<k> (max over the k samples) the unbiased pass@k with n = k.
-
-        Raises:
-            OpenRLHFError: the version has no OpenRLHF evaluation (not trained here, or no eval step),
-                or ``k`` differs from the ``recipe.eval.k`` the job evaluated with.
-        """
-        from evotrainer.rl_backend.base import EvalResult
-
-        from evotrainer import metrics as M
-
-        v = ws.lineage.get(version_id)
-        if k is not None and k != v.recipe.eval.k:
-            raise OpenRLHFError(f"k={k}: the OpenRLHF job evaluated with recipe.eval.k={v.recipe.eval.k}; "
-                                "evaluate other k with the local backend on the checkpoint")
-        series = ws.lineage.all_metrics(version_id)
-        if not series.get(M.EVAL_PASS_AT_1):
-            raise OpenRLHFError(f"{version_id}: no OpenRLHF held-out evaluation stored (eval/pass@1); train it with "
-                                "the openrlhf backend first")
-        job = ws.lineage.kv_get(f"openrlhf/{version_id}") or {}
-        held = Path(job["job"]["files"]["heldout"]) if job else None
-        n = len(held.read_text().splitlines()) if held is not None and held.exists() else 0
-        avg = series[M.EVAL_PASS_AT_1][-1][1]
-        passk = series.get(M.EVAL_PASS_AT_K, [(0, avg)])[-1][1]
-        res = EvalResult(version_id=version_id, eval_name=eval_name, k=v.recipe.eval.k, avg_at_k=avg,
-                         pass_at_k=passk, pass_at_1=avg, n_problems=n, checkpoint=v.checkpoint)
-        ws.lineage.update_version(version_id, eval_summary={**res.summary(), "source": "openrlhf", "per_sample": False})
-        return res

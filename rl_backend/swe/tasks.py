@@ -33,6 +33,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evotrainer.jsonl import iter_jsonl
+from evotrainer.sandbox import run_in_sandbox
+from evotrainer.sandbox_fs import read_file, walk
 
-TASKSET_DIR = Path(__file__).parent / "data" / "swe_tasks"
+TASKSET_DIR = Path(__file__).parents[1] / "data" / "swe_tasks"
 DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "tests/*", "test/*",
                                           "testing/*", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 """Paths (fnmatch on the repo-relative path, and on its file name) that count as test files or test config."""
@@ -257,8 +260,6 @@ def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = 
     A link or a special file at a test path gets a digest of its kind and target (``link:<target>``,
     ``fifo`` ...), so it never equals a real file's digest and counts as a test-file edit.
     """
-    from evotrainer.sandbox_fs import read_file, walk
-
     out = {}
     for fd, name, rel, st in walk(repo, prune=lambda r, _st: r.rsplit("/", 1)[-1] == "__pycache__"):
         if stat.S_ISDIR(st.st_mode) or not is_test_file(rel, patterns):
@@ -347,8 +348,6 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
         evotrainer.sandbox.SandboxUnavailable: no isolating backend (its message says how to get one).
     """
     if sandbox:
-        from evotrainer.sandbox import run_in_sandbox
-
         # The repo goes in read-only and is copied inside the sandbox onto its private tmpfs: whatever
         # the tests write (links to host files, FIFOs, deep trees, gigabytes) never lands on the host.
         argv = pytest_argv(targets, python="python")
@@ -358,8 +357,6 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
         text = (res.stdout or "") + (res.stderr or "")
         limit, code, wall, backend = bool(res.limit_hit), int(res.exit_code), float(res.wall_s or 0.0), str(res.backend)
     else:
-        import time
-
         t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         try:
@@ -374,46 +371,3 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
         coll = True
     return PytestResult(outcomes=outcomes, exit_code=-1 if limit else code, collection_error=coll, output=text,
                         wall_s=wall, timed_out=limit, backend=backend)
-
-
-def load_swe_problems(data: Any, root: str | Path | None = None) -> tuple[list[Any], list[Any]]:
-    """Train and held-out problems for ``data.task == "swe"`` (the trainer's ``Problem`` objects).
-
-    ``data.path`` names a task set folder (with ``tasks.jsonl``) or a SWE-bench JSONL file; default
-    the shipped set. The split is seeded (``data.seed``) and disjoint **by project** when there
-    are several projects (held-out tasks come from repositories the policy never trained on),
-    else by task. ``Problem.prompt`` is the problem statement, ``answer`` the instance id and
-    ``meta`` holds ``task="swe"``, ``instance_id``, ``repo`` and ``split``.
-
-    Raises:
-        SweTaskError: the path cannot be loaded, or a split would be empty.
-    """
-    import random
-
-    from evotrainer.rl_backend.tasks import Problem
-
-    src = Path(root or data.path or TASKSET_DIR)
-    tasks = load_taskset(src) if src.is_dir() else load_swebench_jsonl(src)
-    repos = sorted({t.repo for t in tasks})
-    rng = random.Random(f"split-swe-{data.seed}")
-    if len(repos) > 1:
-        rng.shuffle(repos)
-        n_held = max(1, round(len(repos) * data.n_heldout / (data.n_train + data.n_heldout)))
-        held_repos = set(repos[:n_held])
-        train = [t for t in tasks if t.repo not in held_repos]
-        held = [t for t in tasks if t.repo in held_repos]
-    else:
-        order = list(tasks)
-        rng.shuffle(order)
-        n_held = max(1, round(len(order) * data.n_heldout / (data.n_train + data.n_heldout)))
-        held, train = order[:n_held], order[n_held:]
-    train, held = train[: data.n_train], held[: data.n_heldout]
-    if not train or not held:
-        raise SweTaskError(f"data: {len(train)} train / {len(held)} held-out SWE tasks; use a bigger task set")
-
-    def prob(t: SweTask, split: str) -> Any:
-        return Problem(id=t.instance_id, prompt=t.problem_statement, answer=t.instance_id,
-                       meta={"task": "swe", "instance_id": t.instance_id, "repo": t.repo, "split": split,
-                             "source": str(src)})
-
-    return [prob(t, "train") for t in train], [prob(t, "heldout") for t in held]

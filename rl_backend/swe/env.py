@@ -29,6 +29,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import time
 import uuid
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.rl_backend.swe_tasks import (
+from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
     SweTask,
     is_test_file,
@@ -550,8 +551,6 @@ class SweEnv:
         copy = self._grading_copy()
         try:
             if self.task.test_patch:
-                import subprocess
-
                 subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=copy,
                                capture_output=True, timeout=60)
             res = run_pytest(copy, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
