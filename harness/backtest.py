@@ -160,7 +160,6 @@ def filter_keep(rewards: np.ndarray, group_size: int, *, drop_zero_variance_grou
     ``rl_backend.grpo.group_filter_keep`` (zero-variance drop, dynamic-sampling range, top-p by reward std
     among the groups still kept)."""
     import torch
-    from evotrainer.rl_backend import grpo
 
     r = torch.tensor(np.asarray(rewards, dtype=np.float64))
     return grpo.group_filter_keep(r, group_size, drop_zero_variance_groups=drop_zero_variance_groups,

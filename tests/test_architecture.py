@@ -56,6 +56,8 @@ HARNESS_USES_FROM_RL_BACKEND = frozenset({
     "evotrainer.rl_backend.tasks",
     "evotrainer.rl_backend.code_tasks",
     "evotrainer.rl_backend.math_verify_utils",
+    # the SWE task family's loader and pytest runner (tasks.load_swe_problems reads it); no model code, no torch
+    "evotrainer.rl_backend.swe.tasks",
 })
 # Layers of one rank that must not import each other.
 SEPARATE_LAYERS = (frozenset({"rl_backend", "skills_db"}),)
