@@ -48,7 +48,7 @@ from evotrainer.agents.decisions import Verdict, gate_verdict
 from evotrainer.agents.loop import LoopBase, run_summary
 
 from evotrainer.intervention import Intervention, category_of
-from evotrainer.recipe import Recipe, get_path
+from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
 # name -> (kind, low, high | choices, log). Paths are recipe paths (OpenRLHF names).
 SEARCH_SPACE: dict[str, tuple] = {
@@ -134,7 +134,7 @@ class RecipeSearch(_Gated):
             if name not in params:
                 continue
             if spec[0] == "mult":
-                out[name] = int(get_path(base, name)) * int(params[name])
+                out[name] = _scaled(base, name, int(params[name]))
             else:
                 out[name] = float(params[name])
         return out
@@ -204,7 +204,8 @@ class RecipeSearch(_Gated):
                                     hypothesis="TPE sample", source="recipe-search"))
         if not ivs:  # TPE re-sampled the base: nudge the learning rate so the trial is a real child
             lr = get_path(base, "actor_learning_rate")
-            ivs = [Intervention(path="actor_learning_rate", old=lr, new=lr * 1.01, category="optimizer",
+            ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(base, "actor_learning_rate", 1.01),
+                                category="optimizer",
                                 hypothesis="TPE sample (base re-sampled)", source="recipe-search")]
         # A multi-field child is a recipe-search trial, not an agent intervention; the core lineage
         # store creates it (the MCP propose tool is single-factor by design).
@@ -224,11 +225,17 @@ class RecipeSearch(_Gated):
         return float(ev.get("avg@k") or 0.0)
 
 
+def _scaled(recipe: Recipe, name: str, factor: float) -> Any:
+    """``recipe``'s value at ``name`` times ``factor`` (:func:`evotrainer.recipe.apply_value_rule`: an int field
+    stays an int of at least its minimum, a float keeps 12 significant digits)."""
+    return apply_value_rule({"op": "mul", "by": factor}, get_path(recipe, name), name)
+
+
 def _sample_field(rng: random.Random, name: str, base: Recipe) -> Any:
     """A value of one :data:`SEARCH_SPACE` field drawn from its distribution (log-uniform for log floats)."""
     spec = SEARCH_SPACE[name]
     if spec[0] == "mult":
-        return int(get_path(base, name)) * int(rng.choice(spec[1]))
+        return _scaled(base, name, int(rng.choice(spec[1])))
     lo, hi, log = spec[1], spec[2], spec[3]
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi))
 
@@ -268,7 +275,7 @@ class GreedySearch(_Gated):
                 name = rng.choice(sorted(SEARCH_SPACE))
                 new = _sample_field(rng, name, base)
                 if new == get_path(base, name):  # the draw hit the current value: nudge it so the trial is a change
-                    new = new * 2 if SEARCH_SPACE[name][0] == "mult" else new * 1.01
+                    new = apply_value_rule({"op": "mul", "by": 2 if SEARCH_SPACE[name][0] == "mult" else 1.01}, new, name)
                 note = f"greedy trial {t}"
                 # one changed field: a single-factor child (propose_intervention; find-or-create by its note)
                 vid = self.child_with_note(best, note) or self.propose(
@@ -312,10 +319,10 @@ def pbt_explore(rng: random.Random, recipe: Recipe) -> dict[str, Any]:
             continue
         cur = get_path(recipe, name)
         if spec[0] == "mult":
-            base = int(get_path(recipe, name))
-            out[name] = max(1, int(round(base * rng.choice(PBT_FACTORS))))
+            out[name] = _scaled(recipe, name, rng.choice(PBT_FACTORS))
         else:
-            out[name] = float(min(max(float(cur) * rng.choice(PBT_FACTORS), spec[1]), spec[2]))
+            out[name] = float(apply_value_rule({"op": "mul", "by": rng.choice(PBT_FACTORS), "min": spec[1], "max": spec[2]},
+                                               float(cur), name))
     return out
 
 
@@ -387,7 +394,8 @@ class PBTRun(_Gated):
                 ivs = _changes(rec, pbt_explore(rng, rec), "pbt", f"PBT exploit {src} + explore")
                 if not ivs:
                     lr = get_path(rec, "actor_learning_rate")
-                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=lr * 1.2, category="optimizer",
+                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(rec, "actor_learning_rate", 1.2),
+                                        category="optimizer",
                                         hypothesis="PBT explore (perturbation kept the recipe)", source="pbt")]
                 child = self.lineage.branch(src, ivs, note=f"pbt generation {gen}: exploit {src} for {m}").id
                 if self.status(m) not in ("kept", "pruned", "reverted", "failed"):
