@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
 
@@ -20,7 +21,7 @@ class Backtester:
 
     role = "backtester"
 
-    def __init__(self, brain: Any, toolbox: ToolBox):
+    def __init__(self, brain: Brain, toolbox: ToolBox):
         self.brain = brain
         self.tools = RoleTools(toolbox, self.role)
         self.decider_tools = RoleTools(toolbox, "decider")

@@ -21,9 +21,11 @@ import json
 import os
 from typing import Any
 
-from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis, Proposal, Ranking, Verdict
+from evotrainer.agents.analyzer_templates import CONTRACT
+from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis, Proposal, Ranking, Verdict, gate_verdict
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
+from evotrainer.harness.synthesis import KEEP_RULE
 from pydantic import BaseModel, ValidationError
 
 from evotrainer.recipe import Recipe
@@ -88,7 +90,7 @@ class ClaudeBrain:
 
     def __init__(self, model: str = "claude-sonnet-5-5", api_key: str | None = None, base_url: str | None = None,
                  max_turns: int = 12, max_retries: int = 3, max_tokens: int = 2048, timeout_s: float = 120.0):
-        import anthropic
+        import anthropic  # heavy (seconds): only when a Claude brain is made
 
         self.model = model
         self.max_turns = max_turns
@@ -212,18 +214,16 @@ class ClaudeBrain:
                 "reward-hacking finding. Submit a Verdict (action keep or prune) whose rationale quotes both gains "
                 "(vs control, vs parent), the CIs and the findings, with evidence refs.")
         v = self._with_fallback("decide", tools, task, Verdict, "submit_verdict", version_id, gate, diagnosis)
-        if v.action == "keep" and (not gate.get("promote") or gate.get("blocking") or diagnosis.blocking()):
-            # The gate is a hard rule (docs/design.md §2, step 8): the model may not promote what the gate refuses.
-            return self.fallback.decide(tools, version_id, gate, diagnosis)
+        rule = gate_verdict(version_id, gate, diagnosis)
+        if v.action == "keep" and rule.action != "keep":
+            # The gate is a hard rule (docs/design.md §2, "Gate"): the model may not promote what the gate refuses.
+            return rule
         return v
 
     def write_analyzer(self, tools: RoleTools, version_id: str, diagnosis: Diagnosis,
                        context: dict[str, Any]) -> AnalyzerDraft | None:
         """Write a new analyzer for an unexplained held-out move (the orchestrator backtests the draft in the
         sandbox and keeps it only under ``harness.synthesis.KEEP_RULE``, the offline synthesiser's rule)."""
-        from evotrainer.agents.analyzer_templates import CONTRACT
-        from evotrainer.harness.synthesis import KEEP_RULE
-
         task = (f"Version {version_id} moved on held-out and no finding explains it. Diagnosis: "
                 f"{diagnosis.model_dump_json()[:3000]}\nWrite a new analyzer that would detect what changed. "
                 f"{CONTRACT}\nTry it with run_analyzer_code, then submit an AnalyzerDraft (name, kind, description, "

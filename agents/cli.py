@@ -14,28 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
-MODES = ("evotrainer", "static", "recipe-search", "greedy", "pbt")
-"""Run modes: the EvoTrainer loop and the baselines at equal compute (agents/search.py)."""
-
-
-def pick_brain(choice: str, config: Any) -> Any:
-    """The brain for ``--brain``: ``auto`` is Claude when ANTHROPIC_API_KEY is set, else heuristic.
-
-    Raises:
-        ValueError: ``claude`` was asked for but ANTHROPIC_API_KEY is not set.
-    """
-    from evotrainer.agents.heuristic import HeuristicBrain
-
-    if choice == "auto":
-        choice = "claude" if os.environ.get("ANTHROPIC_API_KEY") else "heuristic"
-    if choice == "claude":
-        if not os.environ.get("ANTHROPIC_API_KEY"):
-            raise ValueError("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
-        from evotrainer.agents.claude import ClaudeBrain
-
-        return ClaudeBrain(model=config.claude_model)
-    return HeuristicBrain()
+from evotrainer.agents.modes import BRAINS, MODES
 
 
 class LiveView:
@@ -109,56 +88,6 @@ def lineage_table(ws: Any) -> Any:
     return t
 
 
-def run_loop(config: Any, run_dir: Path, brain_choice: str, mode: str, resume: bool, on_event: Any = None,
-             backend: str | None = None) -> dict[str, Any]:
-    """Run (or resume) one autonomous run; returns its summary. Used by the CLI and the tests.
-
-    Raises:
-        ValueError: the run folder has a lineage and ``resume`` is False, or another orchestrator runs it.
-    """
-    from evotrainer.agents.loop import open_toolbox
-    from evotrainer.agents.orchestrator import Orchestrator
-    from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
-    from filelock import FileLock, Timeout
-
-    from evotrainer.workspace import Workspace
-
-    run_dir = Path(run_dir)
-    if (run_dir / "lineage.db").exists() and not resume:
-        raise ValueError(f"{run_dir} holds a run already; pass --resume to continue it, or choose another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(run_dir / ".orchestrator.lock"))
-    try:
-        lock.acquire(timeout=0.5)
-    except Timeout:
-        raise ValueError(f"{run_dir}: another `evotrainer run` is driving this run; wait for it") from None
-    try:
-        ws = Workspace(run_dir)
-        stored_mode = ws.lineage.kv_get("loop/mode")
-        if stored_mode and stored_mode != mode:
-            raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
-        ws.lineage.kv_set("loop/mode", mode)
-        import yaml
-
-        (run_dir / "run.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        with open_toolbox(run_dir, backend or config.backend) as tb:
-            if mode == "static":
-                loop = StaticRun(config, tb, ws, on_event)
-            elif mode == "recipe-search":
-                loop = RecipeSearch(config, tb, ws, on_event)
-            elif mode == "greedy":
-                loop = GreedySearch(config, tb, ws, on_event)
-            elif mode == "pbt":
-                loop = PBTRun(config, tb, ws, on_event)
-            else:
-                loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
-            summary = loop.run()
-        ws.close()
-        return summary
-    finally:
-        lock.release()
-
-
 def _error(message: str) -> None:
     """One error line on stderr, exit 1 (a ClickException: evotrainer.cli.main prints it and exits 1)."""
     import click
@@ -181,6 +110,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
         from evotrainer.agents.report import summary_table, write_report
+        from evotrainer.agents.runner import run_loop
         from rich.console import Console
 
         from evotrainer.config import load_run_config
@@ -189,7 +119,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_run_config(config)
         brain = brain or cfg.brain
         mode = mode or cfg.mode
-        for name, val, allowed in (("--brain", brain, ("auto", "heuristic", "claude")),
+        for name, val, allowed in (("--brain", brain, BRAINS),
                                    ("--mode", mode, MODES)):
             if val not in allowed:
                 raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)

@@ -20,9 +20,21 @@ seeds, so the outcomes pair problem by problem).
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from evotrainer.agents.modes import MODES
+from evotrainer.agents.runner import run_loop
+from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
+from evotrainer.skills_db.store import SKILLS_DIR_ENV
+
+from evotrainer.config import RunConfig
+from evotrainer.workspace import Workspace
 
 NO_RL = "no-RL"
 
@@ -62,8 +74,6 @@ def run_config(config: Any, mode: str, seed: int, out: Path) -> Any:
 def _finished(run_dir: Path) -> bool:
     if not (run_dir / "lineage.db").exists():
         return False
-    from evotrainer.workspace import Workspace
-
     ws = Workspace.open(run_dir)
     try:
         return bool(ws.lineage.kv_get("loop/finished"))
@@ -73,13 +83,6 @@ def _finished(run_dir: Path) -> bool:
 
 def _run_one(config_json: dict[str, Any], brain: str) -> dict[str, Any]:
     """Run (or resume) one run; in a worker process for ``parallel > 1``."""
-    import os
-
-    from evotrainer.agents.cli import run_loop
-    from evotrainer.skills_db.store import SKILLS_DIR_ENV
-
-    from evotrainer.config import RunConfig
-
     cfg = RunConfig.model_validate(config_json)
     rd = Path(cfg.run_dir)
     # each run starts from its own, freshly seeded skills memory: the seeds stay independent and reproducible,
@@ -101,7 +104,7 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
 
     Args:
         config: the run config (:class:`~evotrainer.config.RunConfig`); its recipe needs a test split.
-        modes: run modes (``agents.cli.MODES``).
+        modes: run modes (:data:`evotrainer.agents.modes.MODES`).
         seeds: seeds, e.g. ``[0, 1, 2]``.
         out: output folder (runs under ``out/runs``).
         parallel: runs at a time, as separate processes (1: in this process).
@@ -111,8 +114,6 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
     Raises:
         CompareError: unknown mode, no seed, or ``recipe.data.n_test`` is 0.
     """
-    from evotrainer.agents.cli import MODES
-
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise CompareError(f"--modes {','.join(modes)}: unknown {', '.join(bad) or 'none given'}; allowed: "
@@ -130,9 +131,6 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
     if on_progress:
         on_progress("skipped finished runs", done, len(jobs))
     if parallel > 1 and len(todo) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         with ProcessPoolExecutor(max_workers=parallel, mp_context=mp.get_context("spawn")) as pool:
             futs = {pool.submit(_run_one, run_config(config, m, s, out).model_dump(mode="json"), brain): (m, s)
                     for m, s in todo}
@@ -155,8 +153,6 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
 
 def _run_outcomes(run_dir: Path) -> dict[str, Any]:
     """A finished run's final version, its test and no-RL test outcome matrices and its compute."""
-    from evotrainer.workspace import Workspace
-
     ws = Workspace.open(run_dir)
     try:
         final = ws.lineage.kv_get("loop/final") or {}
@@ -170,9 +166,6 @@ def _run_outcomes(run_dir: Path) -> dict[str, Any]:
 
 def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_resamples: int = 10_000) -> dict[str, Any]:
     """The comparison table from the finished runs (see the module docstring for what it holds)."""
-    import numpy as np
-    from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
-
     runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) for m in modes for s in seeds}
     outcomes: dict[str, dict[int, dict[str, list[float]]]] = {m: {s: runs[(m, s)]["test"] for s in seeds}
                                                               for m in modes}

@@ -6,6 +6,9 @@
 - :class:`Verdict` (decider): keep / prune / revert / merge with rationale and evidence refs;
 - :class:`AnalyzerDraft` (diagnostician, harness evolution): code of a new analyzer.
 
+:func:`gate_verdict` turns a promotion gate's result into a :class:`Verdict` with the one gate rule
+(:func:`evotrainer.harness.gate.verdict_from_gate`): every brain and every baseline decides through it.
+
 Every model is stored as JSON in the lineage store's kv (the orchestrator's stage records), so a
 resumed run replays the same decisions instead of asking the brain again.
 """
@@ -14,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from evotrainer.harness.gate import verdict_from_gate
 from pydantic import BaseModel, ConfigDict, Field
 
-from evotrainer.intervention import CATEGORIES, ExpectedEffect, Intervention, category_of
+from evotrainer.intervention import CATEGORIES, ExpectedEffect, Intervention, category_of, change_key
 
 
 class _Out(BaseModel):
@@ -83,10 +87,8 @@ class Candidate(_Out):
         )
 
     def key(self) -> str:
-        """Identity of the change: ``path=new`` (JSON)."""
-        import json
-
-        return f"{self.path}={json.dumps(self.new, sort_keys=True)}"
+        """Identity of the change: ``path=new`` (JSON; :func:`evotrainer.intervention.change_key`)."""
+        return change_key(self.path, self.new)
 
 
 class Proposal(_Out):
@@ -133,3 +135,46 @@ class AnalyzerDraft(_Out):
     kind: str = Field(..., description="Finding kind the analyzer emits.")
     description: str = ""
     code: str = Field(..., description="Python source reading the evidence files and printing findings JSON.")
+
+
+# --- the gate rule as a decision -----------------------------------------------------------------------
+def blocking_kinds(gate: dict[str, Any]) -> list[str]:
+    """Finding kinds of the gate's blocking findings (dicts from ``gate_version``, or plain kinds)."""
+    return [b.get("kind", "?") if isinstance(b, dict) else str(b) for b in gate.get("blocking", []) or []]
+
+
+def gate_verdict(version_id: str, gate: dict[str, Any], diagnosis: Diagnosis | None = None) -> Verdict:
+    """The keep / prune :class:`Verdict` of the gate rule (:func:`evotrainer.harness.gate.verdict_from_gate`).
+
+    A blocking finding of ``diagnosis`` that the gate did not count blocks too (the brains diagnose with the
+    round's shared findings waived). The rationale quotes the gain, its CI and p-value, the blocking kinds
+    and the gate's own reason; the evidence is the gate's (``eval:heldout`` when it has none).
+    """
+    blocking = sorted(set(blocking_kinds(gate)) | {f.kind for f in (diagnosis.blocking() if diagnosis else [])})
+    action, _ = verdict_from_gate(version_id, {**gate, "promote": bool(gate.get("promote")) and not blocking})
+    nums = _gate_numbers(gate.get("gain"), gate.get("ci"), gate.get("p_value"))
+    reason = f" Gate: {gate['reason']}" if gate.get("reason") else ""
+    if action == "keep" and gate.get("parent_id") is None and gate.get("gain") is None:
+        why = f"keep {version_id}: the root (baseline) version, no blocking finding.{reason}"
+    elif action == "keep":
+        why = f"keep {version_id}: held-out gain {nums}; no blocking finding.{reason}"
+    elif blocking:
+        why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"
+    elif gate.get("below_sources"):
+        why = f"prune {version_id}: the merge scores below a source it composes ({nums} over the parent).{reason}"
+    else:
+        why = f"prune {version_id}: held-out gain not established ({nums}).{reason}"
+    evidence = [str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"]
+    return Verdict(version_id=version_id, action=action, rationale=why, evidence=evidence,
+                   damaged_weights=gate.get("damaged_weights") if action == "prune" else None)
+
+
+def _gate_numbers(gain: Any, ci: Any, p: Any) -> str:
+    parts = []
+    if isinstance(gain, (int, float)):
+        parts.append(f"{gain:+.3f}")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+        parts.append(f"95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]")
+    if isinstance(p, (int, float)):
+        parts.append(f"p={p:.3f}")
+    return ", ".join(parts) or "no paired held-out comparison"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis
 from evotrainer.agents.mcp_client import RoleTools, ToolBox, ToolCallError
 
@@ -26,7 +27,7 @@ class Diagnostician:
 
     role = "diagnostician"
 
-    def __init__(self, brain: Any, toolbox: ToolBox):
+    def __init__(self, brain: Brain, toolbox: ToolBox):
         self.brain = brain
         self.tools = RoleTools(toolbox, self.role)
 

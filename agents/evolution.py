@@ -27,14 +27,18 @@ report's "Analyzers added" section shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-from evotrainer.agents.mcp_client import ToolCallError
+from evotrainer.agents.brain import Brain
+from evotrainer.agents.decisions import Diagnosis
+from evotrainer.agents.diagnostician import Diagnostician
+from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.harness import synthesis as S
+from evotrainer.harness.evidence import Evidence
 
-if TYPE_CHECKING:
-    from evotrainer.agents.orchestrator import Orchestrator
+from evotrainer.lineage import LineageStore
+from evotrainer.workspace import Workspace
 
 TAG = "synthesised"
 INHERITED_KEY = "loop/analyzers/inherited"  # [{skill_id, name, program, loo, ...}]
@@ -42,11 +46,29 @@ USED_KEY = "loop/analyzers/used"  # /<name>/<version>: outcome recorded on the s
 SCOPE_KEY = "loop/analyzers/synthesised"  # {name: {skill_id, program, loo, origin}} in scope for this run
 
 
+class EvolvingLoop(Protocol):
+    """What harness evolution uses of the loop that runs it (:class:`~evotrainer.agents.orchestrator.Orchestrator`)."""
+
+    tb: ToolBox
+    ws: Workspace
+    lineage: LineageStore
+    brain: Brain
+    diagnostician: Diagnostician
+
+    def log(self, message: str, version: str | None = None, **extra: Any) -> None:
+        """A run log record."""
+        ...
+
+    def _ctx(self, vid: str) -> dict[str, Any]:
+        """The brain's context of a version (parent, summaries, recipe)."""
+        ...
+
+
 def _domain(task: str) -> str:
     return {"humaneval": "code", "swe": "swe"}.get(task, "math")
 
 
-def _call(loop: Orchestrator, tool: str, args: dict[str, Any]) -> Any:
+def _call(loop: EvolvingLoop, tool: str, args: dict[str, Any]) -> Any:
     if not loop.tb.has(tool):
         loop.log(f"harness evolution: tool {tool} not available; skipped")
         return None
@@ -57,13 +79,13 @@ def _call(loop: Orchestrator, tool: str, args: dict[str, Any]) -> Any:
         return None
 
 
-def _register(loop: Orchestrator, name: str, code: str, kind: str, description: str) -> bool:
+def _register(loop: EvolvingLoop, name: str, code: str, kind: str, description: str) -> bool:
     res = _call(loop, "register_analyzer", {"name": name, "code": code, "kind": kind, "description": description,
                                             "replace": True})
     return res is not None
 
 
-def inherit(loop: Orchestrator) -> list[dict[str, Any]]:
+def inherit(loop: EvolvingLoop) -> list[dict[str, Any]]:
     """Register the synthesised analyzers of earlier runs (once per run); returns ``inherited`` entries."""
     if loop.lineage.kv_get(INHERITED_KEY) is not None:
         return []
@@ -89,7 +111,7 @@ def inherit(loop: Orchestrator) -> list[dict[str, Any]]:
     return out
 
 
-def use(loop: Orchestrator, ev: Any, children: list[str], labels: dict[str, bool]) -> list[dict[str, Any]]:
+def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool]) -> list[dict[str, Any]]:
     """Score the in-scope synthesised analyzers on the round's decided versions; early-stop counterfactuals."""
     scope = loop.lineage.kv_get(SCOPE_KEY) or {}
     out = []
@@ -127,8 +149,6 @@ def use(loop: Orchestrator, ev: Any, children: list[str], labels: dict[str, bool
 
 def _first_half(ev: Any, vid: str) -> Any:
     """The version's evidence as it stood half-way through training (steps < half of the last step + 1)."""
-    from evotrainer.harness.evidence import Evidence
-
     ms = ev.metrics.get(vid, {})
     last = max((int(s[-1]) for s, _ in ms.values() if len(s)), default=-1)
     cut = (last + 1) // 2
@@ -149,7 +169,7 @@ REMEMBERED_KEY = "loop/analyzers/remembered"  # {version: status} written to the
 BAD = ("pruned", "reverted")
 
 
-def remembered_examples(loop: Orchestrator, domain: str) -> list[S.Example]:
+def remembered_examples(loop: EvolvingLoop, domain: str) -> list[S.Example]:
     """Labelled versions of earlier runs in ``domain`` (``list_version_summaries``), as feature-only examples."""
     res = _call(loop, "list_version_summaries", {"domain": domain, "limit": 10_000}) or {}
     here = str(loop.ws.root)
@@ -164,7 +184,7 @@ def remembered_examples(loop: Orchestrator, domain: str) -> list[S.Example]:
     return out
 
 
-def remember(loop: Orchestrator, examples: list[S.Example], domain: str) -> int:
+def remember(loop: EvolvingLoop, examples: list[S.Example], domain: str) -> int:
     """Store this run's labelled versions' features for later runs (once per version and status)."""
     done = dict(loop.lineage.kv_get(REMEMBERED_KEY) or {})
     n = 0
@@ -183,7 +203,7 @@ def remember(loop: Orchestrator, examples: list[S.Example], domain: str) -> int:
     return n
 
 
-def synthesise(loop: Orchestrator, r: int, ev: Any, labels: dict[str, bool]) -> dict[str, Any]:
+def synthesise(loop: EvolvingLoop, r: int, ev: Any, labels: dict[str, bool]) -> dict[str, Any]:
     """Search (this run's labels + those remembered by earlier runs of the domain), judge, and when kept
     sandbox-backtest, register and store one synthesised analyzer; remember this run's labels."""
     domain = _domain(loop.lineage.root().recipe.data.task)
@@ -224,10 +244,8 @@ def synthesise(loop: Orchestrator, r: int, ev: Any, labels: dict[str, bool]) -> 
     return entry
 
 
-def draft(loop: Orchestrator, vid: str, labels: dict[str, bool]) -> dict[str, Any]:
+def draft(loop: EvolvingLoop, vid: str, labels: dict[str, bool]) -> dict[str, Any]:
     """The brain's analyzer draft for an unexplained move, backtested in the sandbox and kept by the keep rule."""
-    from evotrainer.agents.decisions import Diagnosis
-
     n_bad = sum(labels.values())
     if len(set(labels.values())) < 2:
         return {"type": "draft", "version": vid, "registered": False,
@@ -262,10 +280,8 @@ def draft(loop: Orchestrator, vid: str, labels: dict[str, bool]) -> dict[str, An
     return entry
 
 
-def evolve_round(loop: Orchestrator, r: int, children: list[str]) -> list[dict[str, Any]]:
+def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[str, Any]]:
     """One round of harness evolution (see the module docstring); the entries for the report."""
-    from evotrainer.harness.evidence import Evidence
-
     # labels: kept children (good) vs pruned / reverted / failed versions (bad); a kept root is the
     # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
     labels = {v.id: v.status in ("pruned", "reverted") for v in loop.lineage.versions()

@@ -5,14 +5,18 @@ Same typed outputs as the Claude brain (:mod:`evotrainer.agents.decisions`):
 - diagnose: run the built-in analyzers on the version (``run_analyzer``), keep their findings;
   "unexplained" when the held-out gain over the parent is significant and no warn/blocking finding
   stands;
-- propose: for each finding kind (blocking first), the skills that address it (``search_skills``
-  with ``finding_kinds``), then the built-in fix table :data:`FIXES`; each becomes one
-  single-factor candidate on the parent's recipe; already-tried changes are skipped;
+- propose: for each finding kind (blocking first), the skills that address it: first those the skills
+  memory returns (``search_skills`` with ``finding_kinds``, best track record first), then the rest of the
+  seed library's skills for that kind (``skills_db/seed_skills.yaml``, in file order: the fixes have
+  one home, the seed skills); the seed procedure :data:`ZERO_SUSPECT_REWARD` zeroes the weight of the
+  reward term a finding's evidence names. Each becomes one single-factor candidate on the parent's recipe
+  (values by :func:`evotrainer.recipe.apply_value_rule`); already-tried changes are skipped. With no
+  failure standing, the seed skills :data:`EXPLORE_SKILLS` explore;
 - rank: prior (finding severity matched + skill track record) plus backtests: re-score stored
   rollouts for reward changes (``rescore_rollouts``), replay the group filter for filter changes
   (``replay_filter``);
-- decide: the promotion gate (``gate_version``): keep only when the held-out gain's CI is above 0
-  and no blocking finding stands; prune otherwise.
+- decide: the gate rule (:func:`evotrainer.agents.decisions.gate_verdict`): keep only when the gate
+  promotes (the held-out gain's CI above 0) and no blocking finding stands; prune otherwise.
 
 Ties break on candidate order, so equal inputs give equal outputs (the crash test relies on it).
 """
@@ -23,6 +27,7 @@ import json
 import math
 from typing import Any
 
+from evotrainer.agents.analyzer_templates import LENGTH_SHIFT
 from evotrainer.agents.decisions import (
     AnalyzerDraft,
     Candidate,
@@ -32,108 +37,22 @@ from evotrainer.agents.decisions import (
     Ranking,
     Score,
     Verdict,
+    gate_verdict,
 )
 from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
 from evotrainer.harness.findings import DAMAGES_WEIGHTS
+from evotrainer.skills_db.seed import seed_skills
 
-from evotrainer.recipe import Recipe, RecipeError, get_path
+from evotrainer.recipe import Recipe, RecipeError, apply_value_rule, current_value
 
-# Built-in fixes per finding kind: (path, rule, hypothesis, expected metric, direction). Rules:
-# ("mul", x), ("add", x), ("set", v), ("weight0",) = zero the weight of the suspect reward component.
-FIXES: dict[str, list[tuple[str, tuple, str, str, str]]] = {
-    "truncation": [
-        ("generate_max_len", ("mul", 2), "completions hit the length cap; a longer budget lets answers finish",
-         "completions/clipped_ratio", "down"),
-        ("reward.overlong.weight", ("set", 1.0), "DAPO overlong shaping teaches the policy to stop before the cap",
-         "completions/clipped_ratio", "down"),
-    ],
-    "zero_variance_groups": [
-        ("dynamic_filtering", ("set", True), "DAPO dynamic sampling refills the batch with informative groups",
-         "reward/frac_zero_std", "down"),
-        ("data.level", ("difficulty",), "move the data to the difficulty where groups disagree",
-         "reward/frac_zero_std", "down"),
-        ("n_samples_per_prompt", ("mul", 2), "larger groups are less often all-equal", "reward/frac_zero_std", "down"),
-    ],
-    "entropy_collapse": [
-        ("actor_learning_rate", ("mul", 0.1), "a smaller step keeps the policy from collapsing",
-         "policy/entropy", "up"),
-        ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO) keeps low-probability tokens explorable",
-         "policy/entropy", "up"),
-        ("temperature", ("add", 0.2), "hotter sampling keeps exploration alive", "policy/entropy", "up"),
-    ],
-    "template_collapse": [
-        ("temperature", ("add", 0.2), "hotter sampling breaks the shared template", "completions/distinct_2", "up"),
-        ("actor_learning_rate", ("mul", 0.3), "slower updates keep diversity", "completions/distinct_2", "up"),
-    ],
-    "length_collapse": [
-        ("temperature", ("add", 0.2), "exploration of longer reasoning", "completions/mean_length", "up"),
-        ("actor_learning_rate", ("mul", 0.3), "slower updates keep the length distribution", "completions/mean_length", "up"),
-    ],
-    "length_blowup": [
-        ("reward.overlong.weight", ("set", 1.0), "overlong shaping penalises run-on answers",
-         "completions/mean_length", "down"),
-        ("reward.length_penalty.weight", ("set", 0.5), "a per-token penalty beyond the target length",
-         "completions/mean_length", "down"),
-    ],
-    "nan_blowup": [
-        ("actor_learning_rate", ("mul", 0.1), "the update diverged; a 10x smaller step", "loss/total", "down"),
-        ("max_norm", ("set", 0.5), "tighter gradient clipping", "policy/grad_norm", "down"),
-    ],
-    "kl_blowup": [
-        ("actor_learning_rate", ("mul", 0.3), "the policy drifts too fast from the reference", "policy/kl", "down"),
-        ("init_kl_coef", ("mul", 10), "a stronger KL anchor", "policy/kl", "down"),
-    ],
-    "grad_spike": [
-        ("max_norm", ("set", 0.5), "tighter gradient clipping absorbs spikes", "policy/grad_norm", "down"),
-        ("actor_learning_rate", ("mul", 0.3), "smaller steps", "policy/grad_norm", "down"),
-    ],
-    "reward_hacking": [
-        ("reward.*.weight", ("weight0",), "the reward pays for something other than correctness; stop paying it",
-         "eval/avg@k", "up"),
-    ],
-    "train_eval_divergence": [
-        ("reward.*.weight", ("weight0",), "train reward rises without held-out gains: a component is misaligned",
-         "eval/avg@k", "up"),
-        ("actor_learning_rate", ("mul", 0.3), "overfitting the training prompts; smaller steps", "eval/avg@k", "up"),
-    ],
-    # progress findings (harness/analyzers/progress.py): the learning rate's scale is logarithmic, so its
-    # steps are multiplicative (x3 / x10 up, /3 / /10 down); rank() puts the one nearest the finding's
-    # lr_factor_to_target first.
-    "update_too_small": [
-        ("actor_learning_rate", ("mul", 10.0), "the update's KL is far below PPO's target: a 10x larger step",
-         "policy/update_kl", "up"),
-        ("actor_learning_rate", ("mul", 3.0), "the update's KL is below PPO's target: a 3x larger step",
-         "policy/update_kl", "up"),
-        ("n_samples_per_prompt", ("mul", 2), "larger groups: more of them carry signal", "reward/frac_zero_std",
-         "down"),
-    ],
-    "update_too_large": [
-        ("actor_learning_rate", ("mul", 0.1), "the update's KL is far above PPO's target: a 10x smaller step",
-         "policy/update_kl", "down"),
-        ("actor_learning_rate", ("mul", 0.3333333333), "the update's KL is above PPO's target: a 3x smaller step",
-         "policy/update_kl", "down"),
-        ("rollout_batch_size", ("mul", 2), "more groups per step average the update", "policy/update_kl", "down"),
-    ],
-    "plateau": [
-        ("actor_learning_rate", ("mul", 3.0), "learning stalled with headroom left: a 3x larger step",
-         "eval/avg@k", "up"),
-        ("temperature", ("add", 0.2), "hotter sampling explores answers the policy has stopped trying",
-         "reward/frac_zero_std", "down"),
-        ("n_samples_per_prompt", ("mul", 2), "larger groups find the rare correct answers", "eval/avg@k", "up"),
-    ],
-}
 # Info findings that still call for a change (not a failure of the version): saturated training data.
 ACTIONABLE_INFO = frozenset({"headroom"})
-FIXES["headroom"] = [("data.level", ("difficulty",), "the training data is saturated: harder problems carry signal",
-                      "reward/frac_zero_std", "down")]
-# Exploration when no failure finding stands (the recipe works; look for more gain).
-EXPLORE: list[tuple[str, tuple, str, str, str]] = [
-    ("actor_learning_rate", ("mul", 3.0), "no failure stands; a larger step may learn faster", "eval/avg@k", "up"),
-    ("n_samples_per_prompt", ("mul", 2), "larger groups give lower-variance advantages", "eval/avg@k", "up"),
-    ("temperature", ("add", -0.2), "cooler sampling concentrates on likely-correct answers", "eval/avg@k", "up"),
-    ("eps_clip_high", ("set", 0.28), "Clip-Higher (DAPO)", "eval/avg@k", "up"),
-]
+ZERO_SUSPECT_REWARD = "procedure.zero_suspect_reward"
+"""Seed procedure: stop paying the reward term a finding's evidence names (its weight to 0); the finding kinds
+it addresses get one candidate per suspect component (:func:`_suspect_components`)."""
+EXPLORE_SKILLS: tuple[str, ...] = ("lr_up_x3", "group_size_for_signal", "temperature_down", "clip_higher_default")
+"""Seed skills tried when no failure finding stands (the recipe works; look for more gain)."""
 SEVERITY_WEIGHT = {"blocking": 2.0, "warn": 1.0, "info": 0.0}
 INERT_SCORE = -100.0  # score of a candidate the inert-change backtest rejects (never chosen)
 TARGET_BONUS = 0.5  # rank bonus of a reward-weight change whose component the finding's evidence names
@@ -155,21 +74,18 @@ def findings_from(result: Any) -> list[FindingRef]:
     return out
 
 
-def _resolve(rule: tuple, current: Any, recipe: Recipe, path: str) -> Any:
-    """New value for ``path`` from a rule and the current value (None: the rule does not apply)."""
-    op = rule[0]
-    if op == "set":
-        return rule[1]
-    if op in ("mul", "add"):
-        if not isinstance(current, (int, float)) or isinstance(current, bool):
-            return None
-        new = current * rule[1] if op == "mul" else current + rule[1]
-        if isinstance(current, int) and not isinstance(rule[1], float):
-            new = int(new)
-        return float(f"{new:.12g}") if isinstance(new, float) else new  # 12 significant digits (lr 6.67e-7 too)
-    if op == "difficulty":
-        return None  # resolved by the caller, which knows the reward level
-    return None
+def seed_library() -> list[dict[str, Any]]:
+    """The seed skills (``skills_db/seed_skills.yaml``) as the skill dicts the skills tools return."""
+    return [s.model_dump(mode="json") for s in seed_skills()]
+
+
+def _value_of(skill: dict[str, Any], current: Any) -> Any:
+    """The skill's value rule applied to ``current`` (:func:`evotrainer.recipe.apply_value_rule`); None when
+    the rule does not fit the current value (e.g. a number rule on an absent reward component)."""
+    try:
+        return apply_value_rule(skill.get("value"), current, skill.get("recipe_path"))
+    except RecipeError:
+        return None
 
 
 def _toward_variance(current: Any, new: Any, reward_mean: float | None) -> bool:
@@ -182,31 +98,6 @@ def _toward_variance(current: Any, new: Any, reward_mean: float | None) -> bool:
     if reward_mean is None or not isinstance(current, int) or not isinstance(new, int) or new == current:
         return True
     return (new > current) == (reward_mean >= 0.5)
-
-
-def resolve_skill_value(value: Any, current: Any) -> Any:
-    """A skill's value applied to ``current`` (the rules of skills_db's ``resolve_value``, read over MCP).
-
-    A literal is itself; ``{"op": "set", "value": V}`` → V; ``{"op": "mul"|"add", "by": x}`` → current × / + x
-    (clamped by ``min`` / ``max``; an int stays an int); ``{"op": "toggle"}`` → not current. None when the
-    rule does not fit the current value (e.g. a number rule on an absent reward component).
-    """
-    if not (isinstance(value, dict) and "op" in value):
-        return value
-    op = value["op"]
-    if op == "set":
-        return value.get("value")
-    if op == "toggle":
-        return (not current) if isinstance(current, bool) else None
-    if op not in ("mul", "add") or isinstance(current, bool) or not isinstance(current, (int, float)):
-        return None
-    by = value.get("by", 1)
-    out = current * by if op == "mul" else current + by
-    if "min" in value:
-        out = max(out, value["min"])
-    if "max" in value:
-        out = min(out, value["max"])
-    return int(round(out)) if isinstance(current, int) else float(f"{out:.12g}")
 
 
 class HeuristicBrain:
@@ -240,58 +131,64 @@ class HeuristicBrain:
     # --- intervener -------------------------------------------------------------------------------------
     def propose(self, tools: RoleTools, parent_id: str, recipe: Recipe, diagnosis: Diagnosis,
                 tried: set[str], context: dict[str, Any]) -> Proposal:
-        """Candidates for the parent's findings: matching skills first, then the built-in fixes."""
+        """Candidates for the parent's findings: the skills memory's first, then the seed library's."""
         kinds = diagnosis.kinds() if diagnosis.findings else []
         failures = [k for k in kinds if any(f.kind == k and (f.severity != "info" or k in ACTIONABLE_INFO)
                                             for f in diagnosis.findings)]
         out: list[Candidate] = []
         seen = set(tried)
         skills_used: list[str] = []
+        library = seed_library()
 
-        def add(c: Candidate) -> None:
+        def add(c: Candidate) -> bool:
             if task_mismatch(c.path, recipe.data.task):
-                return  # e.g. an SWE-only reward term on a math task (it would raise RewardError)
+                return False  # e.g. an SWE-only reward term on a math task (it would raise RewardError)
             try:
-                current = get_path(recipe, c.path)
+                current = current_value(recipe, c.path)
             except RecipeError:
-                current = None
-                if not c.path.startswith("reward."):
-                    return
-            if c.new is None or json.dumps(c.new) == json.dumps(current) or c.key() in seen:
-                return
+                return False
+            if c.new is None or c.key() in seen:
+                return False
             try:
-                c.to_intervention(current).apply(recipe)
+                c.to_intervention(current).apply(recipe)  # validates; a no-op change raises
             except Exception:  # noqa: BLE001 (an inapplicable candidate is skipped)
-                return
+                return False
             seen.add(c.key())
             out.append(c)
+            return True
+
+        def add_skill(sk: dict[str, Any], kind: str, hypothesis: str = "") -> bool:
+            path = sk.get("recipe_path")
+            if not path:
+                return False
+            try:
+                current = current_value(recipe, path)
+            except RecipeError:
+                return False
+            new = _value_of(sk, current)
+            if path == "data.level" and not _toward_variance(current, new, context.get("reward_mean")):
+                return False  # e.g. "harder data" when the policy already fails most prompts
+            return add(Candidate(path=path, new=new, addresses=[kind] if kind else [], source=f"skill:{sk.get('id')}",
+                                 hypothesis=hypothesis or sk.get("description", "")[:300] or sk.get("name", "")))
 
         for kind in failures:
             for sk in self._skills_for(tools, kind, diagnosis):
-                path, value = sk.get("recipe_path"), sk.get("value")
-                if not path:
-                    continue
-                try:
-                    current = get_path(recipe, path)
-                except RecipeError:
-                    current = None
-                new = resolve_skill_value(value, current)
-                if path == "data.level" and not _toward_variance(current, new, context.get("reward_mean")):
-                    continue  # e.g. "harder data" when the policy already fails most prompts
-                before = len(out)
-                add(Candidate(path=path, new=new, hypothesis=sk.get("description", "")[:300] or sk.get("name", ""),
-                              addresses=[kind], source=f"skill:{sk.get('id')}",
-                              expected_metric=sk.get("expected_metric") or "eval/avg@k",
-                              expected_direction=sk.get("expected_direction") or "up"))
-                if len(out) > before:
+                if add_skill(sk, kind):
                     skills_used.append(str(sk.get("id")))
-            for path, rule, hyp, metric, direction in FIXES.get(kind, []):
-                for c in self._expand(path, rule, hyp, metric, direction, recipe, kind, diagnosis, context):
-                    add(c)
+            for sk in library:
+                if kind not in sk.get("addresses", []):
+                    continue
+                if sk["id"] == ZERO_SUSPECT_REWARD:
+                    for name in _suspect_components(recipe, diagnosis):
+                        add(Candidate(path=f"reward.{name}.weight", new=0.0, addresses=[kind], source=f"skill:{sk['id']}",
+                                      hypothesis=f"{sk['description'][:300]} ({name})"))
+                elif sk["kind"] == "intervention":
+                    add_skill(sk, kind)
         if not failures:
-            for path, rule, hyp, metric, direction in EXPLORE:
-                for c in self._expand(path, rule, hyp, metric, direction, recipe, "", diagnosis, context):
-                    add(c)
+            by_id = {sk["id"]: sk for sk in library}
+            for sid in EXPLORE_SKILLS:
+                if sid in by_id:
+                    add_skill(by_id[sid], "", f"no failure stands; exploring: {by_id[sid]['name']}")
         return Proposal(parent_id=parent_id, candidates=out, skills_used=skills_used,
                         rationale=f"findings {failures or 'none'} on {parent_id}; {len(out)} untried single-factor changes")
 
@@ -308,29 +205,6 @@ class HeuristicBrain:
         # track record first (helped - hurt), then relevance order: a skill that worked before is tried first
         return sorted(hits, key=lambda h: -((h.get("record") or {}).get("helped", 0)
                                             - (h.get("record") or {}).get("hurt", 0)))
-
-    def _expand(self, path: str, rule: tuple, hyp: str, metric: str, direction: str, recipe: Recipe,
-                kind: str, diagnosis: Diagnosis, context: dict[str, Any]) -> list[Candidate]:
-        src = "heuristic"
-        if rule[0] == "weight0":
-            suspects = _suspect_components(recipe, diagnosis)
-            return [Candidate(path=f"reward.{name}.weight", new=0.0, hypothesis=f"{hyp} ({name})", addresses=[kind],
-                              expected_metric=metric, expected_direction=direction, source=src) for name in suspects]
-        try:
-            current = get_path(recipe, path)
-        except RecipeError:
-            current = None
-        if rule[0] == "difficulty":
-            reward_mean = context.get("reward_mean")
-            if reward_mean is None or not isinstance(current, int):
-                return []
-            new = current + 1 if reward_mean >= 0.5 else max(1, current - 1)
-        else:
-            new = _resolve(rule, current, recipe, path)
-        if new is None:
-            return []
-        return [Candidate(path=path, new=new, hypothesis=hyp, addresses=[kind] if kind else [],
-                          expected_metric=metric, expected_direction=direction, source=src)]
 
     # --- backtester ---------------------------------------------------------------------------------------
     def rank(self, tools: RoleTools, parent_id: str, proposal: Proposal, diagnosis: Diagnosis,
@@ -422,50 +296,17 @@ class HeuristicBrain:
 
     # --- decider ----------------------------------------------------------------------------------------
     def decide(self, tools: RoleTools | None, version_id: str, gate: dict[str, Any], diagnosis: Diagnosis) -> Verdict:
-        """Keep when the gate promotes (CI of the held-out gain above 0, no blocking finding); else prune."""
-        blocking = sorted(set(blocking_kinds(gate)) | {f.kind for f in diagnosis.blocking()})
-        promote = bool(gate.get("promote")) and not blocking
-        gain, ci, p = gate.get("gain"), gate.get("ci"), gate.get("p_value")
-        nums = _gate_numbers(gain, ci, p)
-        reason = f" Gate: {gate['reason']}" if gate.get("reason") else ""
-        if promote and gate.get("parent_id") is None and gain is None:
-            why = f"keep {version_id}: the root (baseline) version, no blocking finding.{reason}"
-        elif promote:
-            why = f"keep {version_id}: held-out gain {nums}; no blocking finding.{reason}"
-        elif blocking:
-            why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"
-        elif gate.get("below_sources"):
-            why = f"prune {version_id}: the merge scores below a source it composes ({nums} over the parent).{reason}"
-        else:
-            why = f"prune {version_id}: held-out gain not established ({nums}).{reason}"
-        evidence = [str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"]
-        return Verdict(version_id=version_id, action="keep" if promote else "prune", rationale=why, evidence=evidence)
+        """The gate rule (:func:`~evotrainer.agents.decisions.gate_verdict`): keep when the gate promotes (CI of
+        the held-out gain above 0) and no blocking finding stands; else prune."""
+        return gate_verdict(version_id, gate, diagnosis)
 
     # --- harness evolution ------------------------------------------------------------------------------
     def write_analyzer(self, tools: RoleTools, version_id: str, diagnosis: Diagnosis,
                        context: dict[str, Any]) -> AnalyzerDraft | None:
         """A length-shift analyzer: flags a version whose mean completion length moved > 30% from its parent."""
-        from evotrainer.agents.analyzer_templates import LENGTH_SHIFT
-
         return AnalyzerDraft(name="length_shift", kind="length_shift",
                              description="mean completion length moved more than 30% from the parent version",
                              code=LENGTH_SHIFT)
-
-
-def blocking_kinds(gate: dict[str, Any]) -> list[str]:
-    """Finding kinds of the gate's blocking findings (dicts from ``gate_version``, or plain kinds)."""
-    return [b.get("kind", "?") if isinstance(b, dict) else str(b) for b in gate.get("blocking", []) or []]
-
-
-def _gate_numbers(gain: Any, ci: Any, p: Any) -> str:
-    parts = []
-    if isinstance(gain, (int, float)):
-        parts.append(f"{gain:+.3f}")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
-        parts.append(f"95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]")
-    if isinstance(p, (int, float)):
-        parts.append(f"p={p:.3f}")
-    return ", ".join(parts) or "no paired held-out comparison"
 
 
 def _targets_evidence(c: Candidate, diagnosis: Diagnosis) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
 
@@ -50,7 +51,7 @@ class Intervener:
 
     role = "intervener"
 
-    def __init__(self, brain: Any, toolbox: ToolBox):
+    def __init__(self, brain: Brain, toolbox: ToolBox):
         self.brain = brain
         self.tools = RoleTools(toolbox, self.role)
 

@@ -27,9 +27,13 @@ from typing import Any
 
 from evotrainer.agents.decisions import Verdict
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
+from evotrainer.rl_backend.base import is_test_eval
+from evotrainer.servers.app import build_server
 from pydantic import BaseModel
 
+from evotrainer import metrics as M
 from evotrainer.config import RunConfig
+from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
@@ -59,6 +63,10 @@ class LoopBase:
         self.ws = ws
         self.lineage = ws.lineage
         self.emit: Event = on_event or (lambda kind, data: None)
+
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) this mode to the end of its budget; returns the run summary (each mode defines it)."""
+        raise NotImplementedError(f"mode {self.mode} does not define run()")
 
     # --- stage records -------------------------------------------------------------------------------
     def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None) -> Any:
@@ -132,8 +140,6 @@ class LoopBase:
         (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
         CPU-seconds, all threads, plus the Ray workers' of ``executor: ray``, kv ``loop/worker_cpu_s``) and
         ``wall_s``, summed over resumes."""
-        from evotrainer import metrics as M
-
         train = 0.0
         for v in self.lineage.versions():
             tps = dict(self.lineage.metric_series(v.id, M.PERF_TOKENS_PER_SEC))
@@ -194,6 +200,9 @@ class LoopBase:
     def ensure_root(self) -> str:
         """Create the root version from the config's recipe (once); check a resumed run matches the config.
 
+        The root is created in the lineage store directly: the MCP catalogue has no tool that creates a root
+        (``propose_intervention`` branches from an existing version).
+
         Raises:
             LoopError: the run folder's root recipe differs from the config's.
         """
@@ -207,10 +216,39 @@ class LoopBase:
                             "or the original config")
         return root.id
 
-    # --- idempotent actions (MCP) ----------------------------------------------------------------------
+    # --- reads (MCP) -----------------------------------------------------------------------------------
     def version(self, vid: str) -> dict[str, Any]:
         """``get_version`` of one version."""
         return self.tb.call("get_version", {"version_id": vid})
+
+    def status(self, vid: str) -> str:
+        """The version's lineage status (``get_version``)."""
+        return str(self.version(vid)["status"])
+
+    def dev_summary(self, vid: str) -> dict[str, Any]:
+        """The version's eval summary (``get_version``; ``avg@k`` once evaluated on dev), ``{}`` before."""
+        return dict(self.version(vid).get("eval_summary") or {})
+
+    def recipe_of(self, vid: str) -> Recipe:
+        """The version's recipe (``get_version``)."""
+        return Recipe.model_validate(self.version(vid)["recipe"])
+
+    def child_with_note(self, parent: str, note: str) -> str | None:
+        """The child of ``parent`` created with ``note`` (find-or-create of the baselines' trials), or None."""
+        for cid in self.version(parent)["children"]:
+            if self.version(cid).get("note") == note:
+                return cid
+        return None
+
+    # --- idempotent actions (MCP) ----------------------------------------------------------------------
+    def propose(self, parent: str, path: str, new: Any, source: str, hypothesis: str = "", note: str = "",
+                **meta: Any) -> str:
+        """``propose_intervention``: a child of ``parent`` with one single-factor change; returns its id."""
+        args = {"parent_id": parent, "path": path, "new_value": new, "hypothesis": hypothesis, "source": source,
+                "note": note, **{k: v for k, v in meta.items() if v}}
+        v = self.tb.call("propose_intervention", args)
+        self.emit("lineage", {})
+        return str(v["id"])
 
     def _wait_job(self, job: dict[str, Any], vid: str, what: str) -> dict[str, Any]:
         while job.get("status") == "running":
@@ -323,8 +361,6 @@ def _cpu_s() -> float:
 
 
 def _is_test_key(key: str) -> bool:
-    from evotrainer.rl_backend.base import is_test_eval
-
     return is_test_eval(key.rsplit("/", 1)[-1])
 
 
@@ -350,14 +386,5 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
 
 
 def open_toolbox(run_dir: str | Path, backend: str = "local") -> ToolBox:
-    """An in-process MCP session on the ``all`` server of ``run_dir``.
-
-    Raises:
-        LoopError: the servers package is not installed.
-    """
-    try:
-        from evotrainer.servers.app import build_server
-    except ImportError as exc:
-        raise LoopError(f"the MCP servers are not available ({exc})") from None
-    server = build_server("all", str(run_dir))
-    return ToolBox(server)
+    """An in-process MCP session on the ``all`` server of ``run_dir``."""
+    return ToolBox(build_server("all", str(run_dir)))

@@ -24,12 +24,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from evotrainer.agents.decisions import Diagnosis, Proposal, Ranking, Verdict
-from evotrainer.agents.heuristic import blocking_kinds
+from evotrainer.agents.backtester import Backtester
+from evotrainer.agents.brain import Brain
+from evotrainer.agents.decisions import Candidate, Diagnosis, Proposal, Ranking, Verdict, blocking_kinds
+from evotrainer.agents.diagnostician import Diagnostician
+from evotrainer.agents.evolution import evolve_round
+from evotrainer.agents.intervener import Intervener
 from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, open_toolbox, run_summary
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
+from evotrainer.harness.gate import round_decisions
 
 from evotrainer.config import RunConfig
+from evotrainer.executor import Task, make_executor
+from evotrainer.intervention import change_key
 from evotrainer.workspace import Workspace
 
 __all__ = ["Orchestrator", "LoopBase", "LoopError", "open_toolbox", "run_summary"]
@@ -45,13 +52,9 @@ class Orchestrator(LoopBase):
 
     mode = "evotrainer"
 
-    def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, brain: Any,
+    def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, brain: Brain,
                  on_event: Event | None = None):
         super().__init__(config, toolbox, ws, on_event)
-        from evotrainer.agents.backtester import Backtester
-        from evotrainer.agents.diagnostician import Diagnostician
-        from evotrainer.agents.intervener import Intervener
-
         self.brain = brain
         self.diagnostician = Diagnostician(brain, toolbox)
         self.intervener = Intervener(brain, toolbox)
@@ -113,7 +116,7 @@ class Orchestrator(LoopBase):
         pv = self.lineage.get(parent)
         diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
                           Diagnosis)
-        tried = {self._key(c.interventions[0]) for c in self.lineage.children(parent) if len(c.interventions) == 1}
+        tried = {c.interventions[0].key() for c in self.lineage.children(parent) if len(c.interventions) == 1}
         # `tried` is per parent: the same recipe on another branch is another experiment (a child continues
         # from its parent's checkpoint), e.g. v2 + x after the merge v1 (x) + v2 trains 8 more steps from v2
         proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
@@ -191,7 +194,8 @@ class Orchestrator(LoopBase):
         return keep
 
     def _control(self, parent: str, r: int) -> str:
-        """Find-or-create the control arm of ``parent`` (``lineage.branch_control``)."""
+        """Find-or-create the control arm of ``parent`` (``lineage.branch_control``, directly: no MCP tool creates a
+        control child)."""
         existing = next((c.id for c in self.lineage.children(parent) if c.is_control), None)
         if existing:
             return existing
@@ -228,9 +232,7 @@ class Orchestrator(LoopBase):
         """
         if self.config.executor != "ray":
             return
-        from evotrainer.executor import Task, make_executor
-
-        todo = [v for v in vids if self.lineage.get(v).status not in (*DECIDED, "failed")
+        todo = [v for v in vids if self.status(v) not in (*DECIDED, "failed")
                 and not self.done(f"eval/{v}/heldout")]
         if not todo:
             return
@@ -263,10 +265,10 @@ class Orchestrator(LoopBase):
 
     def train_and_evaluate(self, vid: str) -> bool:
         """Train and evaluate (dev) one version once; a failure prunes it. False when it failed."""
-        v = self.lineage.get(vid)
-        if v.status in DECIDED:
-            return v.status != "failed"
-        if v.status == "failed" or not self.train(vid, self.config.budget.steps_per_version):
+        status = self.status(vid)
+        if status in DECIDED:
+            return status != "failed"
+        if status == "failed" or not self.train(vid, self.config.budget.steps_per_version):
             self.fail_version(vid, self.author)
             return False
         try:
@@ -281,11 +283,9 @@ class Orchestrator(LoopBase):
         """Gate every candidate of the round against the control, apply the round rule
         (``harness.gate.round_decisions``: beat the control; shared blocking findings waived; the control
         continues when nothing beats it), then let the brain decide each with the adjusted gate."""
-        from evotrainer.harness.gate import round_decisions
-
         cands = ([] if merge or control is None else [control]) + children
         # a version whose training or evaluation failed (pruned, no dev outcomes) is no candidate
-        cands = [v for v in cands if "avg@k" in (self.lineage.get(v).eval_summary or {})]
+        cands = [v for v in cands if "avg@k" in self.dev_summary(v)]
         gates = {v: self.stage(f"gate/{v}", lambda v=v: self.backtester.gate(v)) for v in cands}
         if merge:  # the merge is judged against the same control, with the round's shared findings waived
             waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or []) if control else set()
@@ -316,7 +316,8 @@ class Orchestrator(LoopBase):
             self._record_gains(vid, g)
 
     def _record_gains(self, vid: str, g: dict[str, Any]) -> None:
-        """Both gains in the version's eval_summary (``vs_control``, ``vs_parent``) for reports and lineage show."""
+        """Both gains in the version's eval_summary (``vs_control``, ``vs_parent``) for reports and lineage show
+        (written to the lineage store directly: no MCP tool updates a version's summaries)."""
         v = self.lineage.get(vid)
         ev = dict(v.eval_summary or {})
         if g.get("control_id") and g.get("baseline_id") == g.get("control_id"):
@@ -331,7 +332,7 @@ class Orchestrator(LoopBase):
 
     def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
         """Train → evaluate → diagnose → gate → decide one version on its own (the root)."""
-        if self.lineage.get(vid).status in DECIDED:
+        if self.status(vid) in DECIDED:
             return
         if not self.train_and_evaluate(vid):
             return
@@ -343,29 +344,21 @@ class Orchestrator(LoopBase):
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _ctx(self, vid: str) -> dict[str, Any]:
-        v = self.lineage.get(vid)
-        return {"parent_id": v.parent_id, "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary,
-                "recipe": v.recipe.to_dict()}
+        """The brain's context of ``vid`` (``get_version``): parent, eval and metrics summaries, recipe."""
+        v = self.version(vid)
+        return {"parent_id": v["parent_id"], "eval_summary": v["eval_summary"], "metrics_summary": v["metrics_summary"],
+                "recipe": v["recipe"]}
 
-    @staticmethod
-    def _key(iv: Any) -> str:
-        import json
-
-        return f"{iv.path}={json.dumps(iv.new, sort_keys=True)}"
-
-    def _branch(self, parent: str, cand: Any) -> str:
-        """Find-or-create the child of ``parent`` with this candidate's intervention."""
-        for c in self.lineage.children(parent):
-            if len(c.interventions) == 1 and self._key(c.interventions[0]) == cand.key():
-                return c.id
-        args = {"parent_id": parent, "path": cand.path, "new_value": cand.new, "hypothesis": cand.hypothesis,
-                "expected_metric": cand.expected_metric, "expected_direction": cand.expected_direction,
-                "source": cand.source or self.author, "note": f"addresses {', '.join(cand.addresses) or 'exploration'}"}
-        if cand.category:
-            args["category"] = cand.category
-        v = self.tb.call("propose_intervention", args)
-        self.emit("lineage", {})
-        return v["id"]
+    def _branch(self, parent: str, cand: Candidate) -> str:
+        """Find-or-create the child of ``parent`` with this candidate's intervention (``propose_intervention``)."""
+        for cid in self.version(parent)["children"]:
+            ivs = self.version(cid)["interventions"]
+            if len(ivs) == 1 and change_key(ivs[0]["path"], ivs[0]["new"]) == cand.key():
+                return cid
+        return self.propose(parent, cand.path, cand.new, cand.source or self.author, cand.hypothesis,
+                            note=f"addresses {', '.join(cand.addresses) or 'exploration'}",
+                            expected_metric=cand.expected_metric, expected_direction=cand.expected_direction,
+                            category=cand.category)
 
     def _record_round(self, r: int, parent: str, diag: Diagnosis, proposal: Proposal, ranking: Ranking,
                       children: list[str]) -> dict[str, Any]:
@@ -406,8 +399,8 @@ class Orchestrator(LoopBase):
         return {"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain}
 
     def _rationale(self, vid: str) -> str:
-        ds = self.lineage.decisions(vid)
-        return ds[-1].rationale if ds else ""
+        ds = self.version(vid)["decisions"]
+        return str(ds[-1]["rationale"]) if ds else ""
 
     def _call_opt(self, tool: str, args: dict[str, Any]) -> Any:
         """Call a memory tool; a missing tool or a tool error is logged, not fatal (memory is best effort)."""
@@ -465,8 +458,6 @@ class Orchestrator(LoopBase):
         """Harness evolution (:mod:`evotrainer.agents.evolution`): inherit analyzers from memory, score them on
         this round's versions, synthesise a rule from the versions of known outcome, judge the brain's draft for
         an unexplained held-out move; the same keep rule (out of sample, permutation-tested) for all."""
-        from evotrainer.agents.evolution import evolve_round
-
         out = evolve_round(self, r, children)
         for e in out:
             if e.get("registered") and e.get("type") in ("synthesis", "draft"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -246,8 +247,6 @@ def _interventions(ws: Workspace) -> str:
 
 def _kv_prefix(ws: Workspace, prefix: str) -> list[tuple[str, Any]]:
     rows = ws.lineage._q("SELECT key, value FROM kv WHERE key LIKE ? ORDER BY key", (prefix + "%",))
-    import json
-
     return [(r[0], json.loads(r[1])) for r in rows]
 
 

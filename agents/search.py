@@ -5,6 +5,11 @@ Every mode spends the same compute (``LoopBase.compute``: generated train + dev-
 (:func:`evotrainer.harness.gate.verdict_from_gate`; no brain), and at the end scores its final answer
 and the no-RL row on the sealed test split (``LoopBase.final_test``).
 
+The baselines' multi-field children (a recipe-search trial, a PBT member) and PBT's continuing members (control
+children) are created in the lineage store directly: the MCP catalogue's ``propose_intervention`` is
+single-factor by design and no tool creates a control child; greedy's single changes go through
+``propose_intervention``.
+
 - ``static``: the base recipe trained for the whole budget (``max_versions × steps_per_version``
   steps, or segments of ``steps_per_version`` until ``max_tokens`` is spent), evaluated, gated.
   No harness, no agents.
@@ -35,13 +40,15 @@ sequence, so the sampler continues exactly where it stopped.
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
-from evotrainer.agents.decisions import Verdict
+from evotrainer.agents.decisions import Verdict, gate_verdict
 from evotrainer.agents.loop import LoopBase, run_summary
 
 from evotrainer.intervention import Intervention, category_of
-from evotrainer.recipe import get_path
+from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
 # name -> (kind, low, high | choices, log). Paths are recipe paths (OpenRLHF names).
 SEARCH_SPACE: dict[str, tuple] = {
@@ -53,22 +60,12 @@ SEARCH_SPACE: dict[str, tuple] = {
 }
 
 
-def _gate_verdict(vid: str, gate: dict[str, Any]) -> Verdict:
-    """The gate's verdict as a decision: the shared rule (``harness.gate.verdict_from_gate``)."""
-    from evotrainer.harness.gate import verdict_from_gate
-
-    action, why = verdict_from_gate(vid, gate)
-    return Verdict(version_id=vid, action=action, rationale=why,
-                   evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"],
-                   damaged_weights=gate.get("damaged_weights") if action == "prune" else None)
-
-
 class _Gated(LoopBase):
     def gate_and_decide(self, vid: str, baseline: str | None) -> None:
-        if self.lineage.get(vid).status in ("kept", "pruned", "reverted"):
+        if self.status(vid) in ("kept", "pruned", "reverted"):
             return
         gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", {"version_id": vid}))
-        verdict = self.stage(f"verdict/{vid}", lambda: _gate_verdict(vid, gate), Verdict)
+        verdict = self.stage(f"verdict/{vid}", lambda: gate_verdict(vid, gate), Verdict)
         self.record_decision(verdict, f"{self.mode}")
 
     def finish(self, final: str | None) -> dict[str, Any]:
@@ -87,14 +84,12 @@ class _Gated(LoopBase):
 
     def segment(self, vid: str) -> float:
         """Train ``vid`` one segment (``steps_per_version``) and evaluate it on dev; its dev Avg@k (0 when failed)."""
-        v = self.lineage.get(vid)
-        if v.status not in ("kept", "pruned", "reverted", "failed"):
+        if self.status(vid) not in ("kept", "pruned", "reverted", "failed"):
             if not self.train(vid, self.config.budget.steps_per_version):
                 self.fail_version(vid, self.mode)
                 return 0.0
             self.evaluate(vid)
-        ev = self.lineage.get(vid).eval_summary or {}
-        return float(ev.get("avg@k") or 0.0)
+        return float(self.dev_summary(vid).get("avg@k") or 0.0)
 
     def summary(self) -> dict[str, Any]:
         return run_summary(self.ws, self.mode)
@@ -115,7 +110,7 @@ class StaticRun(_Gated):
             ok = self.train(root, b.max_versions * b.steps_per_version)
         else:  # segments of steps_per_version until the token budget is spent (the last may overshoot it)
             ok, total = True, max(self.lineage.last_step(root) + 1, 0)
-            while ok and self.lineage.get(root).status not in ("kept", "pruned", "reverted"):
+            while ok and self.status(root) not in ("kept", "pruned", "reverted"):
                 if total >= b.steps_per_version and self.out_of_budget():
                     break
                 total += b.steps_per_version
@@ -133,13 +128,13 @@ class RecipeSearch(_Gated):
 
     mode = "recipe-search"
 
-    def _params_to_values(self, params: dict[str, Any], base: Any) -> dict[str, Any]:
+    def _params_to_values(self, params: dict[str, Any], base: Recipe) -> dict[str, Any]:
         out = {}
         for name, spec in SEARCH_SPACE.items():
             if name not in params:
                 continue
             if spec[0] == "mult":
-                out[name] = int(get_path(base, name)) * int(params[name])
+                out[name] = _scaled(base, name, int(params[name]))
             else:
                 out[name] = float(params[name])
         return out
@@ -162,7 +157,7 @@ class RecipeSearch(_Gated):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.started_at()
         root = self.ensure_root()
-        base = self.lineage.get(root).recipe
+        base = self.recipe_of(root)
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
         root_score = self._trial_version(root, None)
         dists = self._distributions()
@@ -193,12 +188,12 @@ class RecipeSearch(_Gated):
         kept = [v.id for v in self.lineage.versions() if v.status == "kept"]
         return self.finish(self.best_dev(kept) if kept else root)
 
-    def _trial_child(self, root: str, base: Any, t: int, params: dict[str, Any]) -> str:
+    def _trial_child(self, root: str, base: Recipe, t: int, params: dict[str, Any]) -> str:
         """Find-or-create trial ``t``'s version: a child of the root with the sampled fields."""
         note = f"recipe-search trial {t}"
-        for c in self.lineage.children(root):
-            if c.note == note:
-                return c.id
+        found = self.child_with_note(root, note)
+        if found is not None:
+            return found
         values = self._params_to_values(params, base)
         ivs = []
         for path, new in values.items():
@@ -209,7 +204,8 @@ class RecipeSearch(_Gated):
                                     hypothesis="TPE sample", source="recipe-search"))
         if not ivs:  # TPE re-sampled the base: nudge the learning rate so the trial is a real child
             lr = get_path(base, "actor_learning_rate")
-            ivs = [Intervention(path="actor_learning_rate", old=lr, new=lr * 1.01, category="optimizer",
+            ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(base, "actor_learning_rate", 1.01),
+                                category="optimizer",
                                 hypothesis="TPE sample (base re-sampled)", source="recipe-search")]
         # A multi-field child is a recipe-search trial, not an agent intervention; the core lineage
         # store creates it (the MCP propose tool is single-factor by design).
@@ -219,29 +215,32 @@ class RecipeSearch(_Gated):
 
     def _trial_version(self, vid: str, parent: str | None) -> float:
         """Train, evaluate and gate one trial; returns its held-out Avg@k (0 when it failed)."""
-        v = self.lineage.get(vid)
-        if v.status not in ("kept", "pruned", "reverted"):
+        if self.status(vid) not in ("kept", "pruned", "reverted"):
             if not self.train(vid, self.config.budget.steps_per_version):
                 self.fail_version(vid, self.mode)
                 return 0.0
             self.evaluate(vid)
             self.gate_and_decide(vid, None if parent else "no_rl")
-        ev = self.lineage.kv_get(f"loop/eval/{vid}/heldout") or self.lineage.get(vid).eval_summary or {}
+        ev = self.lineage.kv_get(f"loop/eval/{vid}/heldout") or self.dev_summary(vid)
         return float(ev.get("avg@k") or 0.0)
 
 
-def _sample_field(rng: Any, name: str, base: Any) -> Any:
-    """A value of one :data:`SEARCH_SPACE` field drawn from its distribution (log-uniform for log floats)."""
-    import math
+def _scaled(recipe: Recipe, name: str, factor: float) -> Any:
+    """``recipe``'s value at ``name`` times ``factor`` (:func:`evotrainer.recipe.apply_value_rule`: an int field
+    stays an int of at least its minimum, a float keeps 12 significant digits)."""
+    return apply_value_rule({"op": "mul", "by": factor}, get_path(recipe, name), name)
 
+
+def _sample_field(rng: random.Random, name: str, base: Recipe) -> Any:
+    """A value of one :data:`SEARCH_SPACE` field drawn from its distribution (log-uniform for log floats)."""
     spec = SEARCH_SPACE[name]
     if spec[0] == "mult":
-        return int(get_path(base, name)) * int(rng.choice(spec[1]))
+        return _scaled(base, name, int(rng.choice(spec[1])))
     lo, hi, log = spec[1], spec[2], spec[3]
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi))
 
 
-def _changes(parent: Any, values: dict[str, Any], source: str, hypothesis: str) -> list[Intervention]:
+def _changes(parent: Recipe, values: dict[str, Any], source: str, hypothesis: str) -> list[Intervention]:
     """Interventions turning ``parent``'s recipe into one with ``values`` (unchanged fields left out)."""
     ivs = []
     for path, new in values.items():
@@ -259,8 +258,6 @@ class GreedySearch(_Gated):
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the greedy loop; returns the run summary."""
-        import random
-
         self.started_at()
         root = self.ensure_root()
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
@@ -274,27 +271,27 @@ class GreedySearch(_Gated):
                 if self.out_of_budget():
                     break
                 rng = random.Random(f"greedy-{self.config.seed}-{t}")
-                base = self.lineage.get(best).recipe
+                base = self.recipe_of(best)
                 name = rng.choice(sorted(SEARCH_SPACE))
                 new = _sample_field(rng, name, base)
-                ivs = _changes(base, {name: new}, "greedy", "random single change (greedy keep / discard)")
-                if not ivs:  # the draw hit the current value: nudge it so the trial is a real change
-                    ivs = _changes(base, {name: new * 2 if SEARCH_SPACE[name][0] == "mult" else new * 1.01},
-                                   "greedy", "random single change (greedy keep / discard)")
-                v = self.lineage.branch(best, ivs, note=f"greedy trial {t}")
-                stored = {"version": v.id, "parent": best}
+                if new == get_path(base, name):  # the draw hit the current value: nudge it so the trial is a change
+                    new = apply_value_rule({"op": "mul", "by": 2 if SEARCH_SPACE[name][0] == "mult" else 1.01}, new, name)
+                note = f"greedy trial {t}"
+                # one changed field: a single-factor child (propose_intervention; find-or-create by its note)
+                vid = self.child_with_note(best, note) or self.propose(
+                    best, name, new, "greedy", "random single change (greedy keep / discard)", note=note)
+                stored = {"version": vid, "parent": best}
                 self.lineage.kv_set(f"loop/trial/{t}", stored)
-                self.emit("lineage", {})
             vid, parent = stored["version"], stored["parent"]
             score = self.segment(vid)
-            ref = float((self.lineage.get(parent).eval_summary or {}).get("avg@k") or 0.0)
-            if self.lineage.get(vid).status not in ("kept", "pruned", "reverted"):
+            ref = float(self.dev_summary(parent).get("avg@k") or 0.0)
+            if self.status(vid) not in ("kept", "pruned", "reverted"):
                 keep = score > ref
                 why = (f"{'keep' if keep else 'discard'} {vid}: dev Avg@k {score:.3f} "
                        f"{'>' if keep else '<='} the current best {parent}'s {ref:.3f} (greedy: any improvement)")
                 self.record_decision(Verdict(version_id=vid, action="keep" if keep else "prune", rationale=why,
                                              evidence=[f"eval:heldout:{vid}", f"eval:heldout:{parent}"]), self.mode)
-            if self.lineage.get(vid).status == "kept":
+            if self.status(vid) == "kept":
                 best = vid
                 self.lineage.kv_set("loop/best", best)
             t += 1
@@ -311,7 +308,7 @@ PBT_FACTORS = (0.8, 1.2)
 """Ray Tune ``perturbation_factors=(1.2, 0.8)``: multiplicative perturbation of a continuous field."""
 
 
-def pbt_explore(rng: Any, recipe: Any) -> dict[str, Any]:
+def pbt_explore(rng: random.Random, recipe: Recipe) -> dict[str, Any]:
     """Ray Tune PBT's explore step on the :data:`SEARCH_SPACE` fields of ``recipe``: each field is redrawn with
     probability :data:`PBT_RESAMPLE_P`, else a float is multiplied by 0.8 or 1.2 (clipped to its range) and a
     choice moves to a neighbouring choice. Returns the new values by path."""
@@ -322,10 +319,10 @@ def pbt_explore(rng: Any, recipe: Any) -> dict[str, Any]:
             continue
         cur = get_path(recipe, name)
         if spec[0] == "mult":
-            base = int(get_path(recipe, name))
-            out[name] = max(1, int(round(base * rng.choice(PBT_FACTORS))))
+            out[name] = _scaled(recipe, name, rng.choice(PBT_FACTORS))
         else:
-            out[name] = float(min(max(float(cur) * rng.choice(PBT_FACTORS), spec[1]), spec[2]))
+            out[name] = float(apply_value_rule({"op": "mul", "by": rng.choice(PBT_FACTORS), "min": spec[1], "max": spec[2]},
+                                               float(cur), name))
     return out
 
 
@@ -336,11 +333,9 @@ class PBTRun(_Gated):
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) PBT; returns the run summary."""
-        import random
-
         self.started_at()
         root = self.ensure_root()
-        base = self.lineage.get(root).recipe
+        base = self.recipe_of(root)
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
         self.segment(root)
         self.gate_and_decide(root, "no_rl")
@@ -356,10 +351,10 @@ class PBTRun(_Gated):
             self.emit("lineage", {})
         g = int(self.lineage.kv_get("loop/generation", 0))
         for vid in members:  # a member the budget cannot pay for is left out of the population
-            if self.lineage.get(vid).status == "proposed" and vid != root and self.out_of_budget():
+            if self.status(vid) == "proposed" and vid != root and self.out_of_budget():
                 continue
             self.segment(vid)
-        members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})] or [root]
+        members = [m for m in members if "avg@k" in self.dev_summary(m)] or [root]
         while True:
             if self.lineage.kv_get(f"loop/gen/{g + 1}") is None:
                 if len(self.lineage.versions()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
@@ -367,30 +362,27 @@ class PBTRun(_Gated):
                 self.lineage.kv_set(f"loop/gen/{g + 1}", self._next_generation(members, g + 1))
             members = self.lineage.kv_get(f"loop/gen/{g + 1}")["members"]
             for vid in members:
-                if self.lineage.get(vid).status == "proposed" and self.out_of_budget():
+                if self.status(vid) == "proposed" and self.out_of_budget():
                     continue  # the budget ran out within the generation: this member is not trained
                 self.segment(vid)
-            members = [m for m in members if "avg@k" in (self.lineage.get(m).eval_summary or {})]
+            members = [m for m in members if "avg@k" in self.dev_summary(m)]
             g += 1
             self.lineage.kv_set("loop/generation", g)
             self.lineage.kv_set("loop/members", members)
         members = members or [root]
         for vid in members:
-            if self.lineage.get(vid).status not in ("kept", "pruned", "reverted", "failed"):
+            if self.status(vid) not in ("kept", "pruned", "reverted", "failed"):
                 self.record_decision(Verdict(version_id=vid, action="keep", rationale=(
                     f"keep {vid}: a member of the final PBT population (dev Avg@k "
-                    f"{(self.lineage.get(vid).eval_summary or {}).get('avg@k', 0.0):.3f})"),
+                    f"{self.dev_summary(vid).get('avg@k', 0.0):.3f})"),
                     evidence=[f"eval:heldout:{vid}"]), self.mode)
         return self.finish(self.best_dev(members))
 
     def _next_generation(self, members: list[str], gen: int) -> dict[str, Any]:
         """Exploit / explore: the bottom quantile copies a random top-quantile member (a perturbed child of its
         version); the rest continue (a control child of their version). Decisions record who was replaced."""
-        import math
-        import random
-
         rng = random.Random(f"pbt-{self.config.seed}-{gen}")
-        score = {m: float((self.lineage.get(m).eval_summary or {}).get("avg@k") or 0.0) for m in members}
+        score = {m: float(self.dev_summary(m).get("avg@k") or 0.0) for m in members}
         order = sorted(members, key=lambda m: (-score[m], m))
         n_q = max(1, int(math.ceil(len(order) * PBT_QUANTILE))) if len(order) >= 2 else 0
         top, bottom = order[:n_q], set(order[len(order) - n_q:]) if n_q else set()
@@ -398,21 +390,22 @@ class PBTRun(_Gated):
         for m in members:
             if m in bottom:
                 src = rng.choice(top)
-                rec = self.lineage.get(src).recipe
+                rec = self.recipe_of(src)
                 ivs = _changes(rec, pbt_explore(rng, rec), "pbt", f"PBT exploit {src} + explore")
                 if not ivs:
                     lr = get_path(rec, "actor_learning_rate")
-                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=lr * 1.2, category="optimizer",
+                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(rec, "actor_learning_rate", 1.2),
+                                        category="optimizer",
                                         hypothesis="PBT explore (perturbation kept the recipe)", source="pbt")]
                 child = self.lineage.branch(src, ivs, note=f"pbt generation {gen}: exploit {src} for {m}").id
-                if self.lineage.get(m).status not in ("kept", "pruned", "reverted", "failed"):
+                if self.status(m) not in ("kept", "pruned", "reverted", "failed"):
                     self.record_decision(Verdict(version_id=m, action="prune", rationale=(
                         f"prune {m}: bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); replaced by "
                         f"{child}, a perturbed copy of {src} ({score[src]:.3f})"), evidence=[f"eval:heldout:{m}"]),
                         self.mode)
                 new.append(child)
             else:
-                if self.lineage.get(m).status not in ("kept", "pruned", "reverted", "failed"):
+                if self.status(m) not in ("kept", "pruned", "reverted", "failed"):
                     self.record_decision(Verdict(version_id=m, action="keep", rationale=(
                         f"keep {m}: not in the bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); "
                         "it continues its recipe"), evidence=[f"eval:heldout:{m}"]), self.mode)

@@ -7,6 +7,7 @@ interventions (:func:`merge`), which must touch distinct paths.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -98,6 +99,19 @@ class Intervention(BaseModel):
     def describe(self) -> str:
         """One line: ``path: old -> new``."""
         return f"{self.path}: {self.old!r} -> {self.new!r}"
+
+    def key(self) -> str:
+        """Identity of the change (:func:`change_key`): two interventions with the same key are the same change."""
+        return change_key(self.path, self.new)
+
+
+def change_key(path: str, new: Any) -> str:
+    """Identity of a single-factor change: ``path=<new value as canonical JSON>`` (``temperature=1.2``).
+
+    The one notion of "the same change" for everyone who compares changes: the loop's already-tried set,
+    find-or-create of a child, candidates' keys, search traces and the gate's merge sources.
+    """
+    return f"{path}={json.dumps(new, sort_keys=True)}"
 
 
 def _norm(v: Any) -> Any:

@@ -508,3 +508,106 @@ def diff_recipes(a: Recipe, b: Recipe) -> list[tuple[str, Any, Any]]:
         if va != vb:
             out.append((path, va, vb))
     return out
+
+
+# --- value rules -------------------------------------------------------------------------------------
+VALUE_DIGITS = 12
+"""Significant digits a computed float value keeps: 1e-6 x 0.5 is 5e-07 (not 4.9999999999999996e-07), a
+learning rate of 1e-11 stays 1e-11 (a fixed number of decimals would round it to 0)."""
+
+RULE_OPS: tuple[str, ...] = ("set", "mul", "add", "toggle")
+"""Operations of a value rule (:func:`apply_value_rule`)."""
+
+
+def round_value(value: Any, like: Any) -> Any:
+    """The one rounding policy of computed recipe values: where ``like`` (the current value) is an int the
+    result is an int (rounded half to even: 37.5 -> 38), a float keeps :data:`VALUE_DIGITS` significant
+    digits; anything else is returned as is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(like, int) and not isinstance(like, bool):
+        return int(round(value))
+    return float(f"{value:.{VALUE_DIGITS}g}")
+
+
+def field_bounds(path: str) -> tuple[float | None, float | None]:
+    """Inclusive bounds (pydantic ``ge`` / ``le``) of the recipe field at a dotted path; ``None`` for a side
+    without one, and for paths that are not a typed field (reward params, unknown paths).
+
+    >>> field_bounds("data.level")
+    (1, 6)
+    """
+    model: Any = Recipe
+    info: Any = None
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(fields, dict) or parts[i] not in fields:
+            return None, None
+        info = fields[parts[i]]
+        if model is Recipe and parts[i] == "reward":  # reward.<component>.<field>
+            model, i = RewardComponent, i + 2
+            continue
+        model, i = info.annotation, i + 1
+    if info is None or i != len(parts):
+        return None, None
+    lo = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+    hi = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
+    return lo, hi
+
+
+def check_value_rule(rule: Any) -> None:
+    """Check the shape of a value rule (literals pass).
+
+    Raises:
+        RecipeError: a dict with ``op`` that is not a known rule, lacks its operand or has unknown keys.
+    """
+    if not (isinstance(rule, dict) and "op" in rule):
+        return
+    op = rule["op"]
+    if op not in RULE_OPS:
+        raise RecipeError(f"value rule op={op!r}: allowed ops: {', '.join(RULE_OPS)}")
+    need = {"set": "value", "mul": "by", "add": "by"}.get(op)
+    if need and need not in rule:
+        raise RecipeError(f"value rule op={op!r} needs {need!r}, e.g. {{op: {op}, {need}: 2}}")
+    extra = set(rule) - {"op", "value", "by", "min", "max"}
+    if extra:
+        raise RecipeError(f"value rule has unknown keys {sorted(extra)}; allowed: op, value, by, min, max")
+
+
+def apply_value_rule(rule: Any, current: Any, path: str | None = None) -> Any:
+    """The new value a value rule gives from the current one: the one home of the multiplicative / additive
+    steps of interventions (skills, the heuristic brain).
+
+    A literal is itself; ``{"op": "set", "value": V}`` -> V; ``{"op": "mul", "by": F}`` -> current x F;
+    ``{"op": "add", "by": D}`` -> current + D; ``{"op": "toggle"}`` -> not current. Numeric results are
+    clamped by the rule's optional ``min`` / ``max`` and rounded by :func:`round_value`: a float keeps 12
+    significant digits, an int stays an int, clamped (``path`` given) to the field's own bounds
+    (:func:`field_bounds`: ``generate_max_len`` 1 x 0.5 is 1, not 0).
+
+    Raises:
+        RecipeError: a malformed rule (:func:`check_value_rule`), or the rule needs a number (mul, add) or a
+            bool (toggle) and the current value is not one (e.g. a reward component the recipe does not have).
+    """
+    if not (isinstance(rule, dict) and "op" in rule):
+        return rule
+    check_value_rule(rule)
+    op = rule["op"]
+    at = f" at {path}" if path else ""
+    if op == "set":
+        return rule["value"]
+    if op == "toggle":
+        if not isinstance(current, bool):
+            raise RecipeError(f"toggle needs a bool{at}, found {current!r}")
+        return not current
+    if isinstance(current, bool) or not isinstance(current, (int, float)):
+        raise RecipeError(f"op {op} needs a number{at}, found {current!r}; set the field first or use "
+                          "{op: set, value: ...}")
+    by = rule["by"]
+    out = current * by if op == "mul" else current + by
+    lo, hi = field_bounds(path) if path and isinstance(current, int) else (None, None)
+    for bound, pick in ((rule.get("min"), max), (rule.get("max"), min), (lo, max), (hi, min)):
+        if bound is not None:
+            out = pick(out, bound)
+    return round_value(out, current)

@@ -145,8 +145,9 @@ def main(names: list[str] = typer.Argument(None, help="Scenarios to run (default
          out: Path = typer.Option(Path("runs/scenarios"), help="Folder of the scenario runs."),
          config: Path = typer.Option(Path("examples/default.yaml"), help="Run config whose recipe gets the fault.")) -> None:
     """Run the seeded-fault scenarios on the default policy and write scenarios.md / scenarios.json."""
-    from evotrainer.agents.cli import LiveView, run_loop
+    from evotrainer.agents.cli import LiveView
     from evotrainer.agents.report import write_report
+    from evotrainer.agents.runner import run_loop
 
     from evotrainer.config import load_run_config
     from evotrainer.recipe import set_path

@@ -17,7 +17,6 @@ Other records: :class:`FailedCase`, :class:`SearchTrace`, :class:`VersionSummary
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import uuid
@@ -25,9 +24,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evotrainer.intervention import Intervention, category_of
+from evotrainer.recipe import RecipeError, apply_value_rule, check_value_rule, current_value
+
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
-RULE_OPS: tuple[str, ...] = ("set", "mul", "add", "toggle")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
 
 
@@ -181,32 +182,25 @@ class VersionSummary(BaseModel):
 
 # --- value rules --------------------------------------------------------------------------------
 def check_rule(value: Any, skill_id: str = "?") -> None:
-    """Check the shape of a value rule (literals pass).
+    """Check the shape of a value rule (literals pass): :func:`evotrainer.recipe.check_value_rule`.
 
     Raises:
         SkillError: a dict with ``op`` that is not a known rule or lacks its operand.
     """
-    if not (isinstance(value, dict) and "op" in value):
-        return
-    op = value["op"]
-    if op not in RULE_OPS:
-        raise SkillError(f"skill {skill_id}: value rule op={op!r}: allowed ops: {', '.join(RULE_OPS)}")
-    need = {"set": "value", "mul": "by", "add": "by"}.get(op)
-    if need and need not in value:
-        raise SkillError(f"skill {skill_id}: value rule op={op!r} needs {need!r}, e.g. {{op: {op}, {need}: 2}}")
-    extra = set(value) - {"op", "value", "by", "min", "max"}
-    if extra:
-        raise SkillError(f"skill {skill_id}: value rule has unknown keys {sorted(extra)}; allowed: op, value, by, min, max")
+    try:
+        check_value_rule(value)
+    except RecipeError as exc:
+        raise SkillError(f"skill {skill_id}: {exc}") from None
 
 
 def resolve_value(skill: Skill, current_value: Any) -> Any:
     """The new value an intervention skill proposes, given the recipe's current value at its path.
 
-    Rules: a literal → itself; ``{"op": "set", "value": V}`` → V; ``{"op": "mul", "by": F}`` →
-    current × F; ``{"op": "add", "by": D}`` → current + D; ``{"op": "toggle"}`` → not current.
-    Optional ``min`` / ``max`` clamp numeric results. An int current value stays an int
-    (rounded: ``generate_max_len`` 64 × 0.5 → 32). Floats are rounded to 12 significant digits so
-    that 1e-6 × 0.5 gives 5e-07, not 4.9999999999999996e-07.
+    The rules are :func:`evotrainer.recipe.apply_value_rule` (their one home): a literal → itself;
+    ``{"op": "set", "value": V}`` → V; ``{"op": "mul", "by": F}`` → current × F; ``{"op": "add", "by": D}``
+    → current + D; ``{"op": "toggle"}`` → not current. Optional ``min`` / ``max`` and the field's own bounds
+    clamp numeric results. An int current value stays an int (rounded: ``generate_max_len`` 64 × 0.5 → 32);
+    floats keep 12 significant digits, so that 1e-6 × 0.5 gives 5e-07, not 4.9999999999999996e-07.
 
     Raises:
         SkillError: the skill is not an intervention, or the rule needs a number (mul, add) or a
@@ -214,28 +208,10 @@ def resolve_value(skill: Skill, current_value: Any) -> Any:
     """
     if skill.kind != "intervention":
         raise SkillError(f"skill {skill.id} is a {skill.kind}, not an intervention; it has no value")
-    rule = skill.value
-    if not (isinstance(rule, dict) and "op" in rule):
-        return rule
-    check_rule(rule, skill.id)
-    op = rule["op"]
-    if op == "set":
-        return rule["value"]
-    if op == "toggle":
-        if not isinstance(current_value, bool):
-            raise SkillError(f"skill {skill.id}: toggle needs a bool at {skill.recipe_path}, found {current_value!r}")
-        return not current_value
-    if isinstance(current_value, bool) or not isinstance(current_value, (int, float)):
-        raise SkillError(f"skill {skill.id}: op {op} needs a number at {skill.recipe_path}, found "
-                         f"{current_value!r}; set the field first or use {{op: set, value: ...}}")
-    out = current_value * rule["by"] if op == "mul" else current_value + rule["by"]
-    if "min" in rule:
-        out = max(out, rule["min"])
-    if "max" in rule:
-        out = min(out, rule["max"])
-    if isinstance(current_value, int):
-        return int(round(out))
-    return float(f"{out:.12g}") if math.isfinite(out) else out
+    try:
+        return apply_value_rule(skill.value, current_value, skill.recipe_path)
+    except RecipeError as exc:
+        raise SkillError(f"skill {skill.id}: {exc}") from None
 
 
 def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> Any:
@@ -249,9 +225,6 @@ def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> 
         SkillError: the skill is not an intervention or its rule cannot apply to the current value.
         evotrainer.recipe.RecipeError: the path does not exist in the recipe (outside ``reward.*``).
     """
-    from evotrainer.intervention import Intervention, category_of
-    from evotrainer.recipe import current_value
-
     if skill.kind != "intervention" or not skill.recipe_path:
         raise SkillError(f"skill {skill.id} is a {skill.kind}; only intervention skills build interventions")
     old = current_value(recipe, skill.recipe_path)

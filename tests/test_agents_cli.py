@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from evotrainer.agents.cli import lineage_table, pick_brain
+from evotrainer.agents.cli import lineage_table
+from evotrainer.agents.runner import pick_brain
 from typer.testing import CliRunner
 
 from evotrainer.cli import main

@@ -93,7 +93,7 @@ def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
 
 
 def test_static_trains_segments_until_the_token_budget_is_spent(tmp_path):
-    from evotrainer.agents.cli import run_loop
+    from evotrainer.agents.runner import run_loop
 
     # the random model never stops before generate_max_len: a step generates 2 prompts x 2 samples x 8 = 32
     # tokens, a 2-step segment 64. Budget 100: after segment 1, 64 < 100 -> segment 2 -> 128 >= 100: stop at

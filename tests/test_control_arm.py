@@ -5,7 +5,7 @@ does not discard every branch's training."""
 from __future__ import annotations
 
 import pytest
-from evotrainer.agents.cli import run_loop
+from evotrainer.agents.runner import run_loop
 from evotrainer.harness.gate import gate, round_decisions, verdict_from_gate
 
 from evotrainer.config import load_run_config

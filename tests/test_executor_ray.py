@@ -246,7 +246,7 @@ def test_version_writers_side_by_side_and_one_writer_per_version(tmp_path):
 def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypatch):
     """`evotrainer run` with executor: ray trains round 1's arms (a child and the control) side by side on Ray
     workers and ends with the lineage, decisions and metric values of the inline run (same seed)."""
-    from evotrainer.agents.cli import run_loop
+    from evotrainer.agents.runner import run_loop
     from test_orchestrator import lineage_signature
 
     from evotrainer.config import load_run_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evotrainer.intervention import Intervention, InterventionError, apply_all, category_of, merge
+from evotrainer.intervention import Intervention, InterventionError, apply_all, category_of, change_key, merge
 from evotrainer.recipe import Recipe, set_path
 
 
@@ -79,3 +79,10 @@ def test_categories():
     assert category_of("generate_max_len") == "rollout"
     assert category_of("actor_learning_rate") == "optimizer"
     assert category_of("tool_use.max_turns") == "tool_use"
+
+
+def test_change_key_is_the_one_identity_of_a_change():
+    iv = Intervention(path="temperature", old=1.0, new=1.2, category="rollout")
+    assert iv.key() == change_key("temperature", 1.2) == "temperature=1.2"
+    assert change_key("data.difficulty_band", (0.1, 0.9)) == change_key("data.difficulty_band", [0.1, 0.9])
+    assert change_key("reward.format.params", {"b": 1, "a": 2}) == 'reward.format.params={"a": 2, "b": 1}'

@@ -7,7 +7,9 @@ import pytest
 from evotrainer.recipe import (
     Recipe,
     RecipeError,
+    apply_value_rule,
     diff_recipes,
+    field_bounds,
     get_path,
     load_recipe,
     set_path,
@@ -80,3 +82,28 @@ def test_load_recipe_yaml(tmp_path):
     assert r.n_samples_per_prompt == 4 and r.data.level == 2
     with pytest.raises(RecipeError, match="no such recipe file"):
         load_recipe(tmp_path / "missing.yaml")
+
+
+# --- value rules (evotrainer.recipe.apply_value_rule: the one home of x / + steps and their rounding) --------
+def test_value_rule_keeps_a_tiny_learning_rate():
+    # a fixed number of decimals (round(x, 10)) turned 1e-10 x 0.1 into 0 and the candidate was dropped
+    assert apply_value_rule({"op": "mul", "by": 0.1}, 1e-10, "actor_learning_rate") == 1e-11
+    assert apply_value_rule({"op": "mul", "by": 0.1}, 1e-11, "actor_learning_rate") == 1e-12
+    assert apply_value_rule({"op": "mul", "by": 0.5}, 1e-6) == 5e-7  # 12 significant digits, not 4.99...e-07
+    child = set_path(Recipe(), "actor_learning_rate", apply_value_rule({"op": "mul", "by": 0.1}, 1e-10))
+    assert child.actor_learning_rate == 1e-11  # a valid recipe value (gt=0)
+
+
+def test_value_rule_keeps_integer_fields_integers_within_their_bounds():
+    n = apply_value_rule({"op": "mul", "by": 2, "max": 64}, 8, "n_samples_per_prompt")
+    assert n == 16 and isinstance(n, int)
+    gml = apply_value_rule({"op": "mul", "by": 0.5}, 75, "generate_max_len")
+    assert gml == 38 and isinstance(gml, int)  # 37.5 rounds half to even
+    assert field_bounds("generate_max_len") == (1, None) and field_bounds("data.level") == (1, 6)
+    assert apply_value_rule({"op": "mul", "by": 0.5}, 1, "generate_max_len") == 1  # 0.5 -> the field's minimum 1
+    assert apply_value_rule({"op": "add", "by": 1}, 6, "data.level") == 6  # the field's maximum
+    assert apply_value_rule({"op": "add", "by": 2, "max": 8}, 7, "max_refill_rounds") == 8  # the rule's own max
+    with pytest.raises(RecipeError, match="needs a number"):
+        apply_value_rule({"op": "mul", "by": 2}, None, "reward.format.weight")
+    with pytest.raises(RecipeError, match="allowed ops"):
+        apply_value_rule({"op": "pow", "by": 2}, 1.0)

@@ -1,0 +1,83 @@
+"""Run one autonomous run: pick the brain, build the mode's loop on an in-process MCP session, run it.
+
+:func:`run_loop` is what ``evotrainer run`` (``agents/cli.py``), ``evotrainer compare`` (:mod:`.compare`),
+the scripts and the tests call; :func:`pick_brain` resolves ``--brain``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from evotrainer.agents.brain import Brain
+from evotrainer.agents.claude import ClaudeBrain
+from evotrainer.agents.heuristic import HeuristicBrain
+from evotrainer.agents.loop import LoopBase, open_toolbox
+from evotrainer.agents.modes import MODES
+from evotrainer.agents.orchestrator import Orchestrator
+from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
+from filelock import FileLock, Timeout
+
+from evotrainer.config import RunConfig
+from evotrainer.workspace import Workspace
+
+__all__ = ["MODES", "BASELINES", "pick_brain", "run_loop"]
+
+BASELINES: dict[str, type[LoopBase]] = {"static": StaticRun, "recipe-search": RecipeSearch, "greedy": GreedySearch,
+                                        "pbt": PBTRun}
+"""The baseline modes' loops (every mode of :data:`~evotrainer.agents.modes.MODES` but ``evotrainer``)."""
+
+
+def pick_brain(choice: str, config: RunConfig) -> Brain:
+    """The brain for ``--brain``: ``auto`` is Claude when ANTHROPIC_API_KEY is set, else heuristic.
+
+    Raises:
+        ValueError: ``claude`` was asked for but ANTHROPIC_API_KEY is not set.
+    """
+    if choice == "auto":
+        choice = "claude" if os.environ.get("ANTHROPIC_API_KEY") else "heuristic"
+    if choice == "claude":
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            raise ValueError("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
+        return ClaudeBrain(model=config.claude_model)
+    return HeuristicBrain()
+
+
+def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, resume: bool,
+             on_event: Callable[[str, dict[str, Any]], None] | None = None,
+             backend: str | None = None) -> dict[str, Any]:
+    """Run (or resume) one autonomous run; returns its summary. Used by the CLI and the tests.
+
+    Raises:
+        ValueError: the run folder has a lineage and ``resume`` is False, or another orchestrator runs it.
+    """
+    run_dir = Path(run_dir)
+    if (run_dir / "lineage.db").exists() and not resume:
+        raise ValueError(f"{run_dir} holds a run already; pass --resume to continue it, or choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_dir / ".orchestrator.lock"))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        raise ValueError(f"{run_dir}: another `evotrainer run` is driving this run; wait for it") from None
+    try:
+        ws = Workspace(run_dir)
+        stored_mode = ws.lineage.kv_get("loop/mode")
+        if stored_mode and stored_mode != mode:
+            raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
+        ws.lineage.kv_set("loop/mode", mode)
+        (run_dir / "run.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        with open_toolbox(run_dir, backend or config.backend) as tb:
+            loop: LoopBase
+            if mode in BASELINES:
+                loop = BASELINES[mode](config, tb, ws, on_event)
+            else:
+                loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
+            summary = loop.run()
+        ws.close()
+        return summary
+    finally:
+        lock.release()
