@@ -24,10 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
+
 NO_RL = "no-RL"
 
 
-class CompareError(ValueError):
+class CompareError(EvoTrainerError, ValueError):
     """The comparison cannot run (unknown mode, no test split, bad seeds); the message says the fix."""
 
 

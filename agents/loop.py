@@ -30,6 +30,7 @@ from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from pydantic import BaseModel
 
 from evotrainer.config import RunConfig
+from evotrainer.errors import EvoTrainerError
 from evotrainer.workspace import Workspace
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
@@ -37,7 +38,7 @@ DECIDED = ("kept", "pruned", "reverted")
 Event = Callable[[str, dict[str, Any]], None]
 
 
-class LoopError(RuntimeError):
+class LoopError(EvoTrainerError, RuntimeError):
     """The loop cannot continue (a tool it needs is missing, the run folder belongs to another config)."""
 
 

@@ -46,6 +46,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.errors import EvoTrainerError
+
 # Environment a worker gets from the driver (a remote node's workers do not inherit it).
 PASS_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "EVOTRAINER_SKILLS_DIR",
             "EVOTRAINER_NUM_THREADS", "HF_HOME", "EVOTRAINER_CACHE_DIR")
@@ -53,7 +55,7 @@ TaskStatus = Literal["done", "failed", "interrupted", "skipped"]
 ProgressFn = Callable[[str, str, int, int], None]  # (version_id, "train" | "eval", done, total)
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(EvoTrainerError, RuntimeError):
     """An executor cannot start (Ray missing or unreachable, bad settings); the message says the fix."""
 
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from evotrainer.errors import EvoTrainerError
+
 SCHEMA = pa.schema([
     ("rollout_id", pa.string()),
     ("version_id", pa.string()),
@@ -62,7 +64,7 @@ RETRY_BASE_S = 0.05
 _INCOMPLETE = object()  # marker: the table folder exists but has no committed version yet
 
 
-class RolloutStoreError(RuntimeError):
+class RolloutStoreError(EvoTrainerError, RuntimeError):
     """A write to the rollout store kept conflicting with concurrent writers."""
 
 

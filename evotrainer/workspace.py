@@ -41,12 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
 
 SUBDIRS = ("evals", "logs", "checkpoints", "reports", "tb")
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(EvoTrainerError, RuntimeError):
     """The run folder is missing, locked by another writer, or malformed."""
 
 

@@ -25,10 +25,12 @@ from pathlib import Path
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding, parse_findings, sort_findings
 
+from evotrainer.errors import EvoTrainerError
+
 AnalyzerFn = Callable[[Evidence], list[Finding]]
 
 
-class AnalyzerError(ValueError):
+class AnalyzerError(EvoTrainerError, ValueError):
     """Unknown analyzer, bad registration, or analyzer code that failed / printed invalid findings."""
 
 

@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from evotrainer.errors import EvoTrainerError
+
 ProgressFn = Callable[[dict[str, Any]], None]
 StopFn = Callable[[], bool]
 
@@ -81,7 +83,7 @@ class Backend(Protocol):
         ...
 
 
-class BackendError(RuntimeError):
+class BackendError(EvoTrainerError, RuntimeError):
     """A backend cannot run this request (unknown backend, untrained parent, ...); the message says the fix."""
 
 

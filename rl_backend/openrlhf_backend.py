@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe
 
 PINNED_VERSION = "0.11.2"
@@ -109,7 +110,7 @@ FLAGS: dict[str, tuple[str | None, str | None]] = {
 }
 
 
-class OpenRLHFError(RuntimeError):
+class OpenRLHFError(EvoTrainerError, RuntimeError):
     """The recipe cannot be expressed as an OpenRLHF job, or the job cannot be submitted / followed."""
 
 

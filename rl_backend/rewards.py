@@ -44,10 +44,11 @@ from typing import Any
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 
 
-class RewardError(ValueError):
+class RewardError(EvoTrainerError, ValueError):
     """Bad reward inputs (lengths disagree, unknown component, missing extras); the message says the fix."""
 
 

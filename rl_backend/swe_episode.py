@@ -165,7 +165,7 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
         return [e for e in episodes if e is not None]
     finally:
         if tmp:  # not shutil.rmtree: it recurses, and a policy's test run can leave a 1,100-deep tree
-            from evotrainer.sandbox_fs import remove_tree
+            from evotrainer.sandbox.fs import remove_tree
 
             remove_tree(tmp)
 

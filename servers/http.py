@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
+from evotrainer.errors import EvoTrainerError
+
 TOKEN_ENV = "EVOTRAINER_MCP_TOKEN"
 SESSION_IDLE_ENV = "EVOTRAINER_MCP_SESSION_IDLE_S"
 MAX_SESSIONS_ENV = "EVOTRAINER_MCP_MAX_SESSIONS"
@@ -38,7 +40,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MCP_PATH = "/mcp"
 
 
-class ServeError(ValueError):
+class ServeError(EvoTrainerError, ValueError):
     """The server cannot be started with these options (public bind without consent, bad token)."""
 
 

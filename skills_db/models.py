@@ -25,13 +25,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evotrainer.errors import EvoTrainerError
+
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
 RULE_OPS: tuple[str, ...] = ("set", "mul", "add", "toggle")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
 
 
-class SkillError(ValueError):
+class SkillError(EvoTrainerError, ValueError):
     """A skill record is malformed or its value rule cannot apply; the message says what to fix."""
 
 

@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evotrainer import sandbox
 from evotrainer.sandbox import (
+    IMAGES_DIR,
     SandboxError,
     SandboxUnavailable,
     run_in_sandbox,
     sandbox_info,
 )
+from evotrainer.sandbox import api as sandbox
 
-IMAGES = sandbox.IMAGES_DIR
+IMAGES = IMAGES_DIR
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,7 @@ def test_dockerfile_builds_where_docker_exists(image):
     client = sandbox._docker_client()
     if client is None:
         pytest.skip("no Docker daemon answers on this machine, so the image cannot be built here")
-    from evotrainer.sandbox_docker import ensure_image
+    from evotrainer.sandbox.docker import ensure_image
 
     assert ensure_image(client, image) == f"evotrainer-sandbox-{image}:latest"
 
