@@ -109,7 +109,7 @@ ALL_STEP_METRICS: tuple[str, ...] = (
 )
 
 
-# --- update size (issue 16): how far one step's update moves the policy ---------------------------
+# --- update size: how far one step's update moves the policy ---------------------------
 # Logged by the local trainer on every step (0.0 on a step with no kept group: nothing was updated); the
 # KL / post-update ratio / clip metrics are measured on the first micro-batch of the kept batch.
 # Targets they are judged against: PPO's KL target d_targ = 0.01 (Schulman et al. 2017 §4; Spinning Up

@@ -1,4 +1,4 @@
-"""Workspace: the folder of one run (DESIGN.md §2).
+"""Workspace: the folder of one run (docs/design.md, "From a recipe to a decision").
 
 Layout::
 
@@ -10,7 +10,7 @@ Layout::
       .writer.lock      the run's writer lock (exclusive: a run-wide writer; shared: version writers)
       .locks/<vid>.lock one per version being written (exclusive)
 
-Writers take locks, readers never block (SQLite WAL). Two kinds of writer (DESIGN.md §6b):
+Writers take locks, readers never block (SQLite WAL). Two kinds of writer (docs/design.md, "Executors and the sandbox"):
 
 - a run-wide writer (:meth:`Workspace.open` with ``writer=True``): ``.writer.lock`` exclusively, so it
   is the only writer of the run (``init``, a server job, ``evotrainer train`` creating v0);
@@ -43,6 +43,7 @@ from typing import Any
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
+from evotrainer.rollouts import RolloutStore
 
 SUBDIRS = ("evals", "logs", "checkpoints", "reports", "tb")
 
@@ -142,8 +143,6 @@ class Workspace:
     def rollouts(self):
         """The run's :class:`evotrainer.rollouts.RolloutStore` (opened lazily)."""
         if self._rollouts is None:
-            from evotrainer.rollouts import RolloutStore
-
             self._rollouts = RolloutStore(self.root / "rollouts")
         return self._rollouts
 

@@ -331,3 +331,30 @@ def test_docker_backend_kills_at_the_wall_clock(monkeypatch):
     assert r.limit_hit == "timeout" and r.exit_code == -9 and 0.9 < r.wall_s < 3
     assert any(p.endswith("/kill") for _, p, _ in fake.requests)
     assert any(m == "DELETE" for m, _, _ in fake.requests)  # removed even after a kill
+
+
+# --- the package: one direction, no hidden imports ------------------------------------------------------------
+SANDBOX_ORDER = ("base", "fs", "limits", "bwrap", "docker", "api", "__init__")  # each may import only those before
+
+
+def test_sandbox_modules_import_only_lower_ones_at_module_level():
+    import ast
+    import sys
+
+    pkg = Path(sandbox.__file__).parent
+    for name in SANDBOX_ORDER:
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        allowed = set(SANDBOX_ORDER[:SANDBOX_ORDER.index(name)])
+        top_level = set(tree.body)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            subs = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for mod in mods:
+                ours = mod.startswith("evotrainer")
+                if node not in top_level:  # inside a function: only third-party (docker, requests) stays lazy
+                    assert not ours and mod.split(".")[0] not in sys.stdlib_module_names, (name, mod)
+                if mod == "evotrainer.sandbox" or mod.startswith("evotrainer.sandbox."):
+                    used = [mod.split(".")[2]] if mod.count(".") >= 2 else subs
+                    assert set(used) <= allowed, f"sandbox/{name}.py imports {used}; allowed: {sorted(allowed)}"

@@ -1,4 +1,4 @@
-"""Security suite (issue 22): sandboxed code plants links, special files, long paths and deep trees
+"""Security suite: sandboxed code plants links, special files, long paths and deep trees
 for host-side code to trip on, and tries to exceed the per-run limits. Every probe asserts the host
 is unchanged afterwards (content, mode and owner of the files it could aim at; no new files).
 
