@@ -55,7 +55,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evotrainer.sandbox import limits as lim
+import evotrainer.sandbox.limits as lim
 from evotrainer.sandbox.base import (
     BASE_ENV,
     CODE_PATH,

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from evotrainer.sandbox import limits as _lim
+import evotrainer.sandbox.limits as _lim
 from evotrainer.sandbox.base import (
     BASE_ENV,
     CODE_PATH,
