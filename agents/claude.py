@@ -28,6 +28,7 @@ from evotrainer.agents.mcp_client import RoleTools, ToolCallError
 from evotrainer.harness.synthesis import KEEP_RULE
 from pydantic import BaseModel, ValidationError
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe
 
 # USD per million tokens (input, output), by model-id prefix (Anthropic price list).
@@ -46,7 +47,7 @@ SYSTEM = (
 )
 
 
-class BrainError(RuntimeError):
+class BrainError(EvoTrainerError, RuntimeError):
     """A role call produced no valid answer (API error, or no submit within the turn cap)."""
 
 

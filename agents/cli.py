@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from evotrainer.agents.modes import BRAINS, MODES
+from evotrainer.cli_errors import fail
 
 
 class LiveView:
@@ -88,11 +89,6 @@ def lineage_table(ws: Any) -> Any:
     return t
 
 
-def _error(message: str) -> None:
-    """One error line on stderr, exit 1 (a ClickException: evotrainer.cli.main prints it and exits 1)."""
-    import click
-
-    raise click.ClickException(message)
 
 
 def register(app: typer.Typer) -> None:
@@ -124,10 +120,10 @@ def register(app: typer.Typer) -> None:
             if val not in allowed:
                 raise typer.BadParameter(f"{val!r}; allowed: {', '.join(allowed)}", param_hint=name)
         if brain == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
-            _error("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
+            fail("--brain claude needs ANTHROPIC_API_KEY in the environment (or use --brain heuristic)")
         rd = Path(run_dir or cfg.run_dir)
         if (rd / "lineage.db").exists() and not resume:
-            _error(f"{rd} holds a run already; pass --resume to continue it, or choose another run_dir")
+            fail(f"{rd} holds a run already; pass --resume to continue it, or choose another run_dir")
         console = Console(stderr=as_json)
         try:
             if no_live or not console.is_terminal:
@@ -139,7 +135,7 @@ def register(app: typer.Typer) -> None:
                 with Workspace(rd) as view_ws, LiveView(view_ws, console) as view:
                     summary = run_loop(cfg, rd, brain, mode, True, view)
         except ValueError as exc:
-            _error(str(exc))
+            fail(str(exc))
         ws = Workspace.open(rd)
         path = write_report(ws)
         summary["report"] = str(path)
@@ -185,7 +181,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{seeds!r}: comma-separated integers, e.g. 0,1,2", param_hint="--seeds") from None
         mode_list = [m.strip() for m in modes.split(",") if m.strip()]
         if not resume and (out / "runs").exists() and any((out / "runs").iterdir()):
-            _error(f"{out}/runs holds runs already; pass --resume to continue them, or choose another --out")
+            fail(f"{out}/runs holds runs already; pass --resume to continue them, or choose another --out")
         cfg = load_run_config(config)
         console = Console()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -199,7 +195,7 @@ def register(app: typer.Typer) -> None:
                 table = run_compare(cfg, mode_list, seed_list, out, parallel=parallel, brain=brain,
                                     on_progress=on_progress)
             except CompareError as exc:
-                _error(str(exc))
+                fail(str(exc))
         from evotrainer.agents.compare import markdown
 
         console.print(markdown(table), highlight=False)

@@ -35,11 +35,12 @@ from evotrainer.skills_db.store import SKILLS_DIR_ENV
 
 from evotrainer.config import RunConfig
 from evotrainer.workspace import Workspace
+from evotrainer.errors import EvoTrainerError
 
 NO_RL = "no-RL"
 
 
-class CompareError(ValueError):
+class CompareError(EvoTrainerError, ValueError):
     """The comparison cannot run (unknown mode, no test split, bad seeds); the message says the fix."""
 
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from evotrainer import metrics as M
 from evotrainer.config import RunConfig
 from evotrainer.recipe import Recipe
+from evotrainer.errors import EvoTrainerError
 from evotrainer.workspace import Workspace
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
@@ -41,7 +42,7 @@ DECIDED = ("kept", "pruned", "reverted")
 Event = Callable[[str, dict[str, Any]], None]
 
 
-class LoopError(RuntimeError):
+class LoopError(EvoTrainerError, RuntimeError):
     """The loop cannot continue (a tool it needs is missing, the run folder belongs to another config)."""
 
 

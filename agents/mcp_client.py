@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
+
 # Tools each agent role may call (docs/design.md §3). A tool the server lacks is simply absent.
 ROLE_TOOLS: dict[str, tuple[str, ...]] = {
     "diagnostician": (
@@ -42,7 +44,7 @@ ROLE_TOOLS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ToolCallError(RuntimeError):
+class ToolCallError(EvoTrainerError, RuntimeError):
     """A tool call failed: the server returned a tool error, or the tool does not exist."""
 
     def __init__(self, tool: str, message: str):

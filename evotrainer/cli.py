@@ -2,9 +2,13 @@
 
 Core commands live here (``init``, ``import``, ``lineage show|diff``, ``recipe validate``); each subpackage
 adds its own through a ``register(app)`` function in its ``cli`` module (``rl_backend.cli``:
-train, eval, swe; ``harness.cli``: diagnose, analyzers, watch; ``skills_db.cli``: skills;
-``servers.cli``: serve, mcp-config; ``agents.cli``: run). Errors print one clear line and exit non-zero; ``--debug``
-shows the traceback.
+train, eval; ``rl_backend.swe.cli``: swe; ``sandbox.cli``: sandbox; ``harness.cli``: diagnose, analyzers,
+watch; ``skills_db.cli``: skills; ``servers.cli``: serve, mcp-config; ``agents.cli``: run, compare, report).
+
+Errors: every command fails through :func:`evotrainer.cli_errors.fail` and every known error
+(:class:`evotrainer.errors.EvoTrainerError`) that reaches :func:`main` prints one clear line and exits
+non-zero; the global ``--debug`` flag (or ``EVOTRAINER_DEBUG=1``) shows the traceback
+(:mod:`evotrainer.cli_errors`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from evotrainer import cli_errors
+from evotrainer.cli_errors import fail
+
 app = typer.Typer(
     name="evotrainer",
     help="EvoTrainer: autonomous RL post-training that evolves the policy and the harness that judges it.",
@@ -33,13 +40,12 @@ app.add_typer(lineage_app, name="lineage")
 app.add_typer(recipe_app, name="recipe")
 
 console = Console()
-err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (greppable) at any width
-STATE: dict[str, Any] = {"debug": False}
+err_console = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr (errors: cli_errors.fail)
 
 SUBCOMMAND_MODULES = (
     "evotrainer.rl_backend.cli",
     "evotrainer.rl_backend.swe.cli",
-    "evotrainer.sandbox_cli",
+    "evotrainer.sandbox.cli",
     "evotrainer.harness.cli",
     "evotrainer.skills_db.cli",
     "evotrainer.servers.cli",
@@ -57,17 +63,11 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (also: EVOTRAINER_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the installed version and exit."),
 ) -> None:
-    STATE["debug"] = debug
-
-
-def fail(message: str, code: int = 1) -> None:
-    """Print one clear error line and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
+    cli_errors.set_debug(debug)
 
 
 def print_json(data: Any) -> None:
@@ -211,12 +211,12 @@ def import_cmd(
     """Import a foreign run (any format `diagnose` reads) as version v0 of a new run folder, for `serve --run`."""
     import dataclasses
 
-    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.importer import RunImportError, import_run
     from evotrainer.harness.ingest import IngestError
 
     try:
         s = import_run(path, run_dir)
-    except IngestError as exc:
+    except (IngestError, RunImportError) as exc:
         fail(str(exc))
     if as_json:
         print_json(dataclasses.asdict(s))
@@ -236,47 +236,14 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
-# Errors printed as one line: (module, class). Looked up only after an exception and only in modules
-# already imported (an error class whose module never loaded cannot have been raised), so `--help`
-# and `--version` do not import recipe / intervention / lineage / workspace (~0.15 s CPU here).
-_KNOWN_ERRORS = (("evotrainer.recipe", "RecipeError"), ("evotrainer.intervention", "InterventionError"),
-                 ("evotrainer.lineage", "LineageError"), ("evotrainer.workspace", "WorkspaceError"),
-                 ("evotrainer.harness.importer", "RunImportError"))
-
-
 def _known_errors() -> tuple[type[BaseException], ...]:
-    """The error classes of :data:`_KNOWN_ERRORS` whose modules are loaded, plus FileNotFoundError."""
-    found = [getattr(sys.modules[m], name) for m, name in _KNOWN_ERRORS if m in sys.modules]
-    return (FileNotFoundError, *found)
+    """The error classes printed as one line, of the modules loaded now (:func:`cli_errors.known_errors`)."""
+    return cli_errors.known_errors()
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning known errors into one line + exit 1."""
-    try:
-        rc = app(standalone_mode=False)  # click returns a command's exit code instead of exiting
-        sys.exit(rc if isinstance(rc, int) else 0)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted")
-        sys.exit(130)
-    except Exception as exc:  # known errors, click usage errors and anything unexpected
-        if isinstance(exc, _known_errors()):
-            if STATE["debug"]:
-                console.print_exception()
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            sys.exit(1)
-        import click
-
-        if isinstance(exc, click.ClickException) or (isinstance(exc, typer.TyperException) and hasattr(exc, "show")):
-            exc.show()  # typer >= 0.16 vendors click: its BadParameter is not a click.ClickException
-            sys.exit(exc.exit_code)
-        if STATE["debug"]:
-            console.print_exception()
-        else:
-            err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
-                              highlight=False)
-        sys.exit(1)
+    """Console-script entry point: run the app through the one exit path (:func:`cli_errors.run`)."""
+    sys.exit(cli_errors.run(app))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ evaluate it on the held-out set. Both executors run a task the same way, through
     evotrainer eval X --run RUN --json --job JOB --threads T [--k K] [--name NAME]
 
 (:func:`run_task`, the worker entry point, calls the CLI's typer app in its process), so the lineage a
-round leaves is the same whichever executor ran it; only the order of records differs.
+round leaves is the same whichever executor ran it; only the order of records differs. The app is
+named, not imported (:data:`CLI_APP`, ``"module:attribute"``, resolved in the worker's process): core
+imports nothing of the CLI edge above it.
 
 - :class:`InlineExecutor` runs the tasks one after another in this process (today's behaviour).
 - :class:`RayExecutor` runs each task as a Ray task (``ray.remote`` with the branch's resources: CPUs,
@@ -35,25 +37,33 @@ with ``ray[default]``) is not needed.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
+import resource
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
 
+import typer
 from pydantic import BaseModel, ConfigDict, Field
+
+from evotrainer.errors import EvoTrainerError
+from evotrainer.lineage import LineageError, LineageStore
 
 # Environment a worker gets from the driver (a remote node's workers do not inherit it).
 PASS_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "EVOTRAINER_SKILLS_DIR",
             "EVOTRAINER_NUM_THREADS", "HF_HOME", "EVOTRAINER_CACHE_DIR")
 TaskStatus = Literal["done", "failed", "interrupted", "skipped"]
 ProgressFn = Callable[[str, str, int, int], None]  # (version_id, "train" | "eval", done, total)
+CLI_APP = "evotrainer.cli:app"
+"""The typer app a worker runs ``train`` / ``eval`` with, as ``"module:attribute"`` (resolved in the worker)."""
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(EvoTrainerError, RuntimeError):
     """An executor cannot start (Ray missing or unreachable, bad settings); the message says the fix."""
 
 
@@ -101,8 +111,6 @@ class Executor(Protocol):
 # --- the worker entry point (same code inline and on a Ray worker) ---------------------------------------
 def _already_trained(run_dir: Path, task: Task) -> bool:
     """True when the version must not be trained again: decided already, or trained to ``task.steps``."""
-    from evotrainer.lineage import LineageStore
-
     store = LineageStore(run_dir / "lineage.db", readonly=True)
     try:
         v = store.get(task.version_id)
@@ -114,16 +122,28 @@ def _already_trained(run_dir: Path, task: Task) -> bool:
         store.close()
 
 
-def _cli(argv: list[str]) -> dict[str, Any]:
+def resolve_app(entry: str = CLI_APP) -> Any:
+    """The object named by ``entry`` (``"package.module:attribute"``), imported in this process.
+
+    Raises:
+        ExecutorError: ``entry`` is not ``module:attribute`` or names nothing.
+    """
+    module, sep, attr = entry.partition(":")
+    if not sep or not module or not attr:
+        raise ExecutorError(f"cli_app={entry!r}: give 'package.module:attribute', e.g. {CLI_APP!r}")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ExecutorError(f"cli_app={entry!r}: cannot load it ({exc}); give an importable 'module:attribute'") from exc
+
+
+def _cli(argv: list[str], cli_app: str = CLI_APP) -> dict[str, Any]:
     """Run ``evotrainer ARGV`` (with ``--json``) in this process; returns its JSON output.
 
     Raises:
         RuntimeError: the command exited non-zero (the message has its last output lines).
     """
-    import typer
-
-    from evotrainer.cli import app
-
+    app = resolve_app(cli_app)
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -137,7 +157,8 @@ def _cli(argv: list[str]) -> dict[str, Any]:
 
 
 def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], threads: int | None,
-             device: str | None, backend: str, env: dict[str, str], train_args: tuple[str, ...] = ()) -> dict[str, Any]:
+             device: str | None, backend: str, env: dict[str, str], train_args: tuple[str, ...] = (),
+             cli_app: str = CLI_APP) -> dict[str, Any]:
     """Worker entry point: the task's ``evotrainer train`` then ``evotrainer eval`` commands, in this process.
 
     Args:
@@ -149,13 +170,12 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
         backend: ``local`` | ``openrlhf``.
         env: environment variables set before anything is imported (:data:`PASS_ENV` of the driver).
         train_args: more ``evotrainer train`` options (e.g. ``--cluster FILE`` for openrlhf).
+        cli_app: the typer app of the commands, ``"module:attribute"`` (:data:`CLI_APP`).
 
     Returns:
         ``{"train": TrainResult | None, "eval": EvalResult | None, "skipped": bool, "started_at", "finished_at",
         "pid", "cpu_s"}`` (results as JSON dicts; times in Unix seconds; the task's CPU-seconds).
     """
-    import resource
-
     started_at, ru0 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
     os.environ.update(env)
     t = Task.model_validate(task)
@@ -169,10 +189,10 @@ def run_task(run_dir: str, task: dict[str, Any], job_ids: dict[str, str], thread
         else:
             out["train"] = _cli(["train", "--run", str(root), "--version", t.version_id, "--steps", str(t.steps),
                                  "--json", "--job", job_ids["train"], "--backend", backend,
-                                 *(extra if backend == "local" else []), *train_args])
+                                 *(extra if backend == "local" else []), *train_args], cli_app)
     if t.evaluate:
         out["eval"] = _cli(["eval", t.version_id, "--run", str(root), "--json", "--job", job_ids["eval"],
-                            "--name", t.eval_name, *(["--k", str(t.k)] if t.k else []), *extra])
+                            "--name", t.eval_name, *(["--k", str(t.k)] if t.k else []), *extra], cli_app)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out["finished_at"] = time.time()
     out["cpu_s"] = round(ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime, 3)
@@ -203,16 +223,12 @@ class _Progress:
         self.progress = progress
         self.store = None
         if progress is not None:
-            from evotrainer.lineage import LineageStore
-
             self.store = LineageStore(run_dir / "lineage.db", readonly=True)
         self._last: dict[str, tuple[int, int]] = {}
 
     def poll(self, running: list[tuple[Task, dict[str, str]]]) -> None:
         if self.store is None or self.progress is None:
             return
-        from evotrainer.lineage import LineageError
-
         for task, ids in running:
             for kind in ("train", "eval"):
                 try:
@@ -238,14 +254,16 @@ class InlineExecutor:
         device: ``cpu`` / ``cuda`` / None (auto).
         backend: ``local`` | ``openrlhf``.
         train_args: more ``evotrainer train`` options (``--cluster FILE`` for openrlhf).
+        cli_app: the typer app the commands run with, ``"module:attribute"`` (:data:`CLI_APP`).
     """
 
     name = "inline"
     max_parallel = 1
 
     def __init__(self, threads: int | None = None, device: str | None = None, backend: str = "local",
-                 train_args: tuple[str, ...] = ()):
+                 train_args: tuple[str, ...] = (), cli_app: str = CLI_APP):
         self.threads, self.device, self.backend, self.train_args = threads, device, backend, tuple(train_args)
+        self.cli_app = cli_app
 
     def run(self, run_dir: str | Path, tasks: list[Task], progress: ProgressFn | None = None) -> list[TaskResult]:
         """Run each task to its end before the next; a failing task is reported and the others still run."""
@@ -255,7 +273,7 @@ class InlineExecutor:
             ids, t0 = _job_ids(task), time.monotonic()
             try:
                 out = run_task(str(root), task.model_dump(), ids, self.threads, self.device, self.backend, {},
-                               self.train_args)
+                               self.train_args, self.cli_app)
                 results.append(_result(task, out, ids, time.monotonic() - t0))
             except Exception as exc:
                 results.append(TaskResult(version_id=task.version_id, status="failed", error=str(exc)[:2000],
@@ -278,7 +296,7 @@ class RayExecutor:
         max_parallel: branches running at the same time.
         threads: torch CPU threads per branch; also the task's Ray CPUs unless ``num_cpus`` is given.
         num_cpus / num_gpus / memory_mb: Ray resources of one task (a task waits until they are free).
-        device, backend, train_args: as for :class:`InlineExecutor`.
+        device, backend, train_args, cli_app: as for :class:`InlineExecutor`.
         temp_dir: Ray's session folder for a local cluster (None: Ray's default).
         poll_s: seconds between checks of the running tasks (progress, finished ones).
         reuse_workers: keep a worker process for the next task (False: ``max_calls=1``, a fresh process per
@@ -293,7 +311,8 @@ class RayExecutor:
     def __init__(self, address: str | None = None, max_parallel: int = 2, threads: int | None = 1,
                  num_cpus: float | None = None, num_gpus: float = 0.0, memory_mb: int | None = None,
                  device: str | None = None, backend: str = "local", temp_dir: str | None = None,
-                 poll_s: float = 0.5, train_args: tuple[str, ...] = (), reuse_workers: bool = True):
+                 poll_s: float = 0.5, train_args: tuple[str, ...] = (), reuse_workers: bool = True,
+                 cli_app: str = CLI_APP):
         if max_parallel < 1:
             raise ExecutorError(f"max_parallel={max_parallel}: run at least 1 branch at a time")
         if threads is not None and threads < 1:
@@ -309,6 +328,7 @@ class RayExecutor:
         self.device, self.backend, self.temp_dir, self.poll_s = device, backend, temp_dir, poll_s
         self.train_args = tuple(train_args)
         self.reuse_workers = reuse_workers
+        self.cli_app = cli_app
         self._owns_cluster = False  # started the local cluster (close stops it)
         self._owns_driver = False  # connected to the cluster at address (close disconnects)
         self._remote: Any = None  # ray.remote(run_task) once connected
@@ -372,7 +392,7 @@ class RayExecutor:
                     i, task = queue.pop(0)
                     ids = _job_ids(task)
                     ref = self._remote.remote(str(root), task.model_dump(), ids, self.threads, self.device,
-                                              self.backend, env, self.train_args)
+                                              self.backend, env, self.train_args, self.cli_app)
                     running[ref] = (i, task, ids, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
                 watcher.poll([(t, ids) for _, t, ids, _ in (running[ref] for ref in ready)])  # their last steps
@@ -412,8 +432,6 @@ def _mark_interrupted(root: Path, job_ids: list[str], wait_s: float = 10.0) -> l
     Ray may report the death before the process is gone (``recover_jobs`` sees a live pid): wait up to
     ``wait_s`` seconds for it.
     """
-    from evotrainer.lineage import LineageError, LineageStore
-
     store = LineageStore(root / "lineage.db")
     try:
         deadline = time.monotonic() + wait_s
@@ -442,7 +460,7 @@ def make_executor(kind: str = "inline", *, ray_address: str | None = None, max_p
     """
     if kind == "inline":
         return InlineExecutor(threads=threads, backend=backend, device=kwargs.get("device"),
-                              train_args=kwargs.get("train_args", ()))
+                              train_args=kwargs.get("train_args", ()), cli_app=kwargs.get("cli_app", CLI_APP))
     if kind == "ray":
         return RayExecutor(address=ray_address, max_parallel=max_parallel, threads=threads or 1, backend=backend,
                            **kwargs)

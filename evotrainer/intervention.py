@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe, RecipeError, current_value, diff_recipes, set_path
 
 Category = Literal["reward", "data", "rollout", "optimizer", "tool_use"]
 CATEGORIES: tuple[str, ...] = ("reward", "data", "rollout", "optimizer", "tool_use")
 
 
-class InterventionError(ValueError):
+class InterventionError(EvoTrainerError, ValueError):
     """An intervention is malformed, does not apply to a recipe, or conflicts with another."""
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
 from evotrainer.recipe import Recipe, diff_recipes, validate_recipe
 
@@ -32,7 +33,7 @@ Action = Literal["keep", "prune", "revert", "merge"]
 ACTION_STATUS = {"keep": "kept", "prune": "pruned", "revert": "reverted", "merge": "merged"}
 
 
-class LineageError(ValueError):
+class LineageError(EvoTrainerError, ValueError):
     """A lineage operation is invalid (unknown version, bad parent, bad status)."""
 
 

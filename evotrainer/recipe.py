@@ -22,6 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from evotrainer.errors import EvoTrainerError
+
 # Reward components the backends implement (rl_backend.rewards registers one function per name).
 REWARD_COMPONENTS: tuple[str, ...] = (
     "correctness",  # 1 if the extracted answer verifies against the ground truth, else 0
@@ -86,7 +88,7 @@ def did_you_mean(name: str, choices: Any) -> str | None:
     return close[0] if close else None
 
 
-class RecipeError(ValueError):
+class RecipeError(EvoTrainerError, ValueError):
     """A recipe failed validation; the message names each bad field path, value and fix."""
 
 

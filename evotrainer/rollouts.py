@@ -22,6 +22,7 @@ internal text.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -29,31 +30,53 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+from evotrainer.errors import EvoTrainerError
 
-SCHEMA = pa.schema([
-    ("rollout_id", pa.string()),
-    ("version_id", pa.string()),
-    ("step", pa.int32()),
-    ("split", pa.string()),
-    ("prompt_id", pa.string()),
-    ("group_id", pa.string()),
-    ("sample_idx", pa.int32()),
-    ("prompt", pa.string()),
-    ("completion", pa.string()),
-    ("answer", pa.string()),
-    ("reward", pa.float64()),
-    ("components", pa.string()),
-    ("correct", pa.float64()),
-    ("advantage", pa.float64()),
-    ("length", pa.int32()),
-    ("finish_reason", pa.string()),
-    ("kept", pa.bool_()),
-    ("turns", pa.string()),
-    ("created_at", pa.float64()),
-])
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rollout_id", "string"),
+    ("version_id", "string"),
+    ("step", "int32"),
+    ("split", "string"),
+    ("prompt_id", "string"),
+    ("group_id", "string"),
+    ("sample_idx", "int32"),
+    ("prompt", "string"),
+    ("completion", "string"),
+    ("answer", "string"),
+    ("reward", "float64"),
+    ("components", "string"),
+    ("correct", "float64"),
+    ("advantage", "float64"),
+    ("length", "int32"),
+    ("finish_reason", "string"),
+    ("kept", "bool_"),
+    ("turns", "string"),
+    ("created_at", "float64"),
+)
+"""The columns of :data:`SCHEMA`: (name, the pyarrow type factory that makes its type)."""
+
+
+@functools.cache
+def schema() -> pa.Schema:
+    """The Arrow schema of the rollouts table (built on first use: pyarrow loads only when rollouts are read
+    or written, not with every module that imports this one)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS])
+
+
+def __getattr__(name: str) -> Any:
+    """``SCHEMA`` (the Arrow schema, :func:`schema`), made on first access."""
+    if name == "SCHEMA":
+        return schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 TABLE = "rollouts"
 FTS_COLUMNS = ("completion", "prompt")
 FTS_OPTIMIZE_ROWS = 2_000  # unindexed rows after which the next add() folds them into the FTS indices
@@ -62,7 +85,7 @@ RETRY_BASE_S = 0.05
 _INCOMPLETE = object()  # marker: the table folder exists but has no committed version yet
 
 
-class RolloutStoreError(RuntimeError):
+class RolloutStoreError(EvoTrainerError, RuntimeError):
     """A write to the rollout store kept conflicting with concurrent writers."""
 
 
@@ -156,7 +179,7 @@ class RolloutStore:
                 if not create:
                     return None  # a creator died before its first commit: no rows to read
                 # a half-made folder (creator died before committing) holds no rows: overwrite it
-                return self._db.create_table(TABLE, schema=SCHEMA, mode="overwrite" if tbl is _INCOMPLETE else "create")
+                return self._db.create_table(TABLE, schema=schema(), mode="overwrite" if tbl is _INCOMPLETE else "create")
 
     def add(self, records: Iterable[dict[str, Any]]) -> int:
         """Append rows built with :func:`make_record`; returns the number added (atomic per call).
@@ -169,7 +192,9 @@ class RolloutStore:
         rows = list(records)
         if not rows:
             return 0
-        batch = pa.Table.from_pylist(rows, schema=SCHEMA)
+        import pyarrow as pa
+
+        batch = pa.Table.from_pylist(rows, schema=schema())
         tbl = self._table(create=True)
         with_commit_retries(lambda: tbl.add(batch), "adding rollouts")
         self.maintain_index(tbl)
@@ -240,7 +265,7 @@ class RolloutStore:
         """The rows as an Arrow table (optionally filtered by a SQL predicate / projected)."""
         tbl = self._table()
         if tbl is None:
-            return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+            return schema().empty_table() if columns is None else schema().empty_table().select(columns)
         if where is None and columns is None:
             return tbl.to_arrow()
         q = tbl.search().where(where) if where else tbl.search()

@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
+from evotrainer.rollouts import RolloutStore
 
 if TYPE_CHECKING:
     from evotrainer.rollouts import RolloutStore
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 SUBDIRS = ("evals", "logs", "checkpoints", "reports", "tb")
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(EvoTrainerError, RuntimeError):
     """The run folder is missing, locked by another writer, or malformed."""
 
 
@@ -144,8 +146,6 @@ class Workspace:
     def rollouts(self):
         """The run's :class:`evotrainer.rollouts.RolloutStore` (opened lazily)."""
         if self._rollouts is None:
-            from evotrainer.rollouts import RolloutStore
-
             self._rollouts = RolloutStore(self.root / "rollouts")
         return self._rollouts
 

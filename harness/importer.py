@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import ingest
@@ -40,7 +41,7 @@ _ERROR = re.compile(r"\b(error|exception|traceback|fatal|nan)\b", re.I)
 _WARN = re.compile(r"\bwarn(ing)?\b", re.I)
 
 
-class RunImportError(ValueError):
+class RunImportError(EvoTrainerError, ValueError):
     """The source cannot be imported (several runs, or the run folder holds a lineage); says the fix."""
 
 

@@ -48,6 +48,7 @@ from evotrainer.harness import ingest_formats as F
 from evotrainer.harness.evidence import Evidence
 
 from evotrainer.aliases import map_record
+from evotrainer.errors import EvoTrainerError
 from evotrainer.jsonl import iter_jsonl
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.workspace import Workspace
@@ -60,7 +61,7 @@ _STEP = re.compile(r"(?:^|[\s)])step:(\d+)\s+-\s+(.*)$")
 _VALIDATION = re.compile(r"(Initial|Final) validation metrics: (\{.*\})")
 
 
-class IngestError(ValueError):
+class IngestError(EvoTrainerError, ValueError):
     """A path holds nothing we can read, or a file is malformed (the message names the file and line)."""
 
 

@@ -49,6 +49,7 @@ from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import ingest
 
 from evotrainer import metrics as M
+from evotrainer.errors import EvoTrainerError
 
 STATS: tuple[str, ...] = ("level", "change", "slope", "change_point", "ratio_start", "ratio_parent", "quantile")
 WINDOWS: tuple[float, ...] = (0.25, 0.5)  # fraction of the version's points (at least 2 points)
@@ -126,7 +127,7 @@ exec(compile(FEATURE_SRC, "<synthesis features>", "exec"), _NS)  # noqa: S102 (o
 feature = _NS["feature"]
 
 
-class SynthesisError(ValueError):
+class SynthesisError(EvoTrainerError, ValueError):
     """Bad synthesis input: no labels, unknown statistic, malformed program."""
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
 from pydantic import BaseModel, Field
 
+from evotrainer.errors import EvoTrainerError
 __all__ = ["NO_RL_TEST_EVAL", "TEST_EVAL", "TEST_EVALS", "Backend", "BackendError", "EvalResult", "ProgressFn",
            "StopFn", "TrainResult", "is_test_eval"]
 
@@ -76,5 +77,5 @@ class Backend(Protocol):
         ...
 
 
-class BackendError(RuntimeError):
+class BackendError(EvoTrainerError, RuntimeError):
     """A backend cannot run this request (unknown backend, untrained parent, ...); the message says the fix."""

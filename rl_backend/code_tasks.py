@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.sandbox import IMAGES_DIR, run_in_sandbox
 
 RUNNER = IMAGES_DIR / "code-runner" / "runner.py"
@@ -38,7 +39,7 @@ DEFAULT_TIMEOUT_S = 5.0
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)|```[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-class CodeTaskError(ValueError):
+class CodeTaskError(EvoTrainerError, ValueError):
     """A problem lacks what its tests need (``test`` / ``entry_point``); the message names the field."""
 
 

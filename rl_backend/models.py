@@ -48,12 +48,14 @@ import platformdirs
 import torch
 from filelock import FileLock
 
+from evotrainer.errors import EvoTrainerError
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
 CKPT_META = "evotrainer_checkpoint.json"
 
 
-class ModelError(RuntimeError):
+class ModelError(EvoTrainerError, RuntimeError):
     """A model cannot be loaded (package missing, bad path, offline hub); the message says the fix."""
 
 

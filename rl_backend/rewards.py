@@ -46,11 +46,12 @@ from evotrainer.rl_backend import code_tasks
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.text_stats import repeated_ngram_rate
 
 
-class RewardError(ValueError):
+class RewardError(EvoTrainerError, ValueError):
     """Bad reward inputs (lengths disagree, unknown component, missing extras); the message says the fix."""
 
 

@@ -61,6 +61,7 @@ from evotrainer.rl_backend.swe.tasks import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.jsonl import iter_jsonl
 from evotrainer.recipe import DataSpec
 
@@ -76,7 +77,7 @@ TASK_DEFAULT_SUFFIX: dict[str, str] = {"gsm8k": VERL_GSM8K_SUFFIX, "math": VERL_
 """Instruction used when ``data.prompt_suffix`` is left at :data:`MATH_SUFFIX` for these tasks."""
 
 
-class TaskError(ValueError):
+class TaskError(EvoTrainerError, ValueError):
     """A data spec cannot be loaded (missing file, bad schema, too few problems); the message says the fix."""
 
 

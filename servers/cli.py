@@ -15,14 +15,10 @@ from typing import Annotated
 
 import typer
 
+from evotrainer.cli_errors import fail
+
 DEFAULT_RUN = Path("runs/default")
 SERVER_CHOICES = ("training", "rollouts", "logs", "analyzers", "skills", "all")
-
-
-def fail(message: str) -> None:
-    """Print one clear error line and exit 1 (SystemExit passes through click's standalone_mode=False)."""
-    sys.stderr.write(f"error: {message}\n")  # plain write: rich would wrap the line at the terminal width
-    raise SystemExit(1)
 
 
 def claude_config_path() -> Path:

@@ -32,6 +32,8 @@ from evotrainer.servers.protocol import ProtocolVersionGuard
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
+from evotrainer.errors import EvoTrainerError
+
 TOKEN_ENV = "EVOTRAINER_MCP_TOKEN"
 SESSION_IDLE_ENV = "EVOTRAINER_MCP_SESSION_IDLE_S"
 MAX_SESSIONS_ENV = "EVOTRAINER_MCP_MAX_SESSIONS"
@@ -41,7 +43,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MCP_PATH = "/mcp"
 
 
-class ServeError(ValueError):
+class ServeError(EvoTrainerError, ValueError):
     """The server cannot be started with these options (public bind without consent, bad token)."""
 
 

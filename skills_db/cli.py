@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from evotrainer.cli_errors import fail
+
 skills_app = typer.Typer(help="The skills memory: interventions, analyzers and procedures that worked.",
                          no_args_is_help=True)
 _STATE: dict[str, Any] = {"dir": None}
@@ -26,15 +28,6 @@ def _skills_root(
                                            "or the user data dir).")] = None,
 ) -> None:
     _STATE["dir"] = skills_dir
-
-
-def _fail(message: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    # SystemExit, not typer.Exit: evotrainer.cli.main runs click with standalone_mode=False, where
-    # click turns typer.Exit into a return value and the process would exit 0.
-    raise SystemExit(1)
 
 
 def _store() -> Any:
@@ -88,7 +81,7 @@ def list_cmd(
     try:
         rows = [skill_summary(s) for s in _store().list(kind=kind, finding_kinds=finding, tags=tag)]
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         _print_json(rows)
     else:
@@ -111,7 +104,7 @@ def search_cmd(
     try:
         hits = _store().search(query, kind=kind, finding_kinds=finding, tags=tag, mode=mode, limit=limit)
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     rows = [h.summary() for h in hits]
     if as_json:
         _print_json(rows)
@@ -130,7 +123,7 @@ def show_cmd(
     try:
         s = _store().get(skill_id)
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         _print_json({**skill_summary(s), "skill": s.model_dump(mode="json")})
         return
@@ -195,7 +188,7 @@ def add_cmd(
         skills = load_skill_file(file)
         ids = _store().add(skills, replace=replace)
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"added {len(ids)} skill(s): {', '.join(ids)}")
 
 
@@ -210,7 +203,7 @@ def history_cmd(
     try:
         versions = _store().history(table)
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         _print_json(versions)
         return
@@ -229,7 +222,7 @@ def restore_cmd(
     try:
         new = _store().restore(version, table)
     except SkillError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"restored {table} to version {version} (now version {new})")
 
 

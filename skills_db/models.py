@@ -26,13 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import RecipeError, apply_value_rule, check_value_rule, current_value
+from evotrainer.errors import EvoTrainerError
 
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
 
 
-class SkillError(ValueError):
+class SkillError(EvoTrainerError, ValueError):
     """A skill record is malformed or its value rule cannot apply; the message says what to fix."""
 
 

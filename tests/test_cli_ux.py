@@ -1,4 +1,4 @@
-"""CLI user experience (issue 20): --version, whole-config validation with "did you mean", tables at 80 columns."""
+"""CLI user experience: --version, whole-config validation with "did you mean", tables at 80 columns."""
 
 from __future__ import annotations
 

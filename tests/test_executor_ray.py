@@ -338,3 +338,20 @@ def test_bad_executor_settings_name_the_value_and_the_fix(tmp_path):
     with pytest.raises(RecipeError, match=r"--cluster .*bad\.yaml: cluster\.num_gpus: unknown field; "
                                           r"did you mean 'num_gpus_per_node'\?"):
         _cluster_spec(tmp_path / "bad.yaml")
+
+
+def test_the_worker_names_the_cli_app_and_resolves_it_in_its_process():
+    # core does not import the CLI edge: the app is a "module:attribute" name, resolved where the task runs
+    import ast
+
+    from evotrainer import cli
+    from evotrainer.executor import CLI_APP, ExecutorError, resolve_app
+
+    assert CLI_APP == "evotrainer.cli:app" and resolve_app() is cli.app
+    for bad in ("evotrainer.cli", "evotrainer.cli:nope", "no_such_module_x:app"):
+        with pytest.raises(ExecutorError, match=r"cli_app="):
+            resolve_app(bad)
+    tree = ast.parse((ROOT / "evotrainer/executor.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.startswith("evotrainer.cli") for m in imported), imported

@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evotrainer import sandbox
 from evotrainer.sandbox import (
+    IMAGES_DIR,
     SandboxError,
     SandboxUnavailable,
     run_in_sandbox,
     sandbox_info,
 )
+from evotrainer.sandbox import api as sandbox
 
-IMAGES = sandbox.IMAGES_DIR
+IMAGES = IMAGES_DIR
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,7 @@ def test_dockerfile_builds_where_docker_exists(image):
     client = sandbox._docker_client()
     if client is None:
         pytest.skip("no Docker daemon answers on this machine, so the image cannot be built here")
-    from evotrainer.sandbox_docker import ensure_image
+    from evotrainer.sandbox.docker import ensure_image
 
     assert ensure_image(client, image) == f"evotrainer-sandbox-{image}:latest"
 
@@ -330,3 +331,30 @@ def test_docker_backend_kills_at_the_wall_clock(monkeypatch):
     assert r.limit_hit == "timeout" and r.exit_code == -9 and 0.9 < r.wall_s < 3
     assert any(p.endswith("/kill") for _, p, _ in fake.requests)
     assert any(m == "DELETE" for m, _, _ in fake.requests)  # removed even after a kill
+
+
+# --- the package: one direction, no hidden imports ------------------------------------------------------------
+SANDBOX_ORDER = ("base", "fs", "limits", "bwrap", "docker", "api", "__init__")  # each may import only those before
+
+
+def test_sandbox_modules_import_only_lower_ones_at_module_level():
+    import ast
+    import sys
+
+    pkg = Path(sandbox.__file__).parent
+    for name in SANDBOX_ORDER:
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        allowed = set(SANDBOX_ORDER[:SANDBOX_ORDER.index(name)])
+        top_level = set(tree.body)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            subs = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for mod in mods:
+                ours = mod.startswith("evotrainer")
+                if node not in top_level:  # inside a function: only third-party (docker, requests) stays lazy
+                    assert not ours and mod.split(".")[0] not in sys.stdlib_module_names, (name, mod)
+                if mod == "evotrainer.sandbox" or mod.startswith("evotrainer.sandbox."):
+                    used = [mod.split(".")[2]] if mod.count(".") >= 2 else subs
+                    assert set(used) <= allowed, f"sandbox/{name}.py imports {used}; allowed: {sorted(allowed)}"

@@ -1,4 +1,4 @@
-"""The escape suite and the security suite through a real Docker daemon (issue 22).
+"""The escape suite and the security suite through a real Docker daemon.
 
 The daemon: the one at ``$DOCKER_HOST`` when it answers; else, as root with ``dockerd`` installed
 (``apt-get install -y docker.io``), a private one started here (its own socket, data root and exec

@@ -1,4 +1,4 @@
-"""Security suite (issue 22): sandboxed code plants links, special files, long paths and deep trees
+"""Security suite: sandboxed code plants links, special files, long paths and deep trees
 for host-side code to trip on, and tries to exceed the per-run limits. Every probe asserts the host
 is unchanged afterwards (content, mode and owner of the files it could aim at; no new files).
 
@@ -341,8 +341,8 @@ def test_killed_sandbox_run_leaves_no_folder_or_cgroup(tmp_path, sig):
         assert p.returncode != 0
     assert _owned(p.pid) == []
     if sandbox_info()["backend"] == "docker":  # and no container of the killed run is left running
-        from evotrainer import sandbox
-        from evotrainer.sandbox_docker import OWNER_LABEL
+        from evotrainer.sandbox import api as sandbox
+        from evotrainer.sandbox.docker import OWNER_LABEL
 
         left = [c.labels[OWNER_LABEL] for c in sandbox._docker_client().containers.list(
             all=True, filters={"label": OWNER_LABEL})]
@@ -366,7 +366,7 @@ sys.stderr.write("e\x1b[31mred\n")
 # --- 5. the safe-path helper itself ------------------------------------------------------------------
 @pytest.mark.parametrize("kernel", ["openat2", "nofollow_walk"])
 def test_safe_open_refuses_links_fifos_and_dotdot_with_and_without_openat2(tmp_path, host, monkeypatch, kernel):
-    import evotrainer.sandbox_fs as sfs
+    import evotrainer.sandbox.fs as sfs
 
     if kernel == "nofollow_walk":
         monkeypatch.setattr(sfs, "_openat2_works", [False])
@@ -394,7 +394,7 @@ def test_safe_open_refuses_links_fifos_and_dotdot_with_and_without_openat2(tmp_p
 
 
 def test_copy_and_remove_a_tree_deeper_than_the_recursion_limit(tmp_path):
-    import evotrainer.sandbox_fs as sfs
+    import evotrainer.sandbox.fs as sfs
 
     src = tmp_path / "src"
     src.mkdir()

@@ -31,6 +31,7 @@ from evotrainer.harness.analyzers.rules import AnalyzerFn, AnalyzerSpec, first_l
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding, parse_findings, sort_findings
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.sandbox import run_in_sandbox
 
 BUILTIN_MODULES: tuple[ModuleType, ...] = (builtin_rules, behaviour_rules, zero_variance_rules, progress_rules,
@@ -38,7 +39,7 @@ BUILTIN_MODULES: tuple[ModuleType, ...] = (builtin_rules, behaviour_rules, zero_
 """The rule modules whose ``ANALYZERS`` tables are the built-in analyzers, in registration order."""
 
 
-class AnalyzerError(ValueError):
+class AnalyzerError(EvoTrainerError, ValueError):
     """Unknown analyzer, bad registration, or analyzer code that failed / printed invalid findings."""
 
 

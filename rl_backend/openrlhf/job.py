@@ -37,6 +37,7 @@ from typing import Any, Literal
 from evotrainer.rl_backend.tasks import build_messages, load_problems
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe
 
 PINNED_VERSION = "0.11.2"
@@ -111,7 +112,7 @@ FLAGS: dict[str, tuple[str | None, str | None]] = {
 }
 
 
-class OpenRLHFError(RuntimeError):
+class OpenRLHFError(EvoTrainerError, RuntimeError):
     """The recipe cannot be expressed as an OpenRLHF job, or the job cannot be submitted / followed."""
 
 

@@ -47,8 +47,9 @@ from evotrainer.rl_backend.swe.tasks import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer import sandbox_fs as sfs
+from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import ToolUseSpec
+from evotrainer.sandbox import fs as sfs
 
 TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")
 VIEW_MAX_LINES = 80
@@ -107,7 +108,7 @@ def _no_pycache(rel: str, _st: os.stat_result) -> bool:
 def repo_digest(repo: Path) -> str:
     """sha256 over the relative paths and contents of every file of a repo (``__pycache__`` skipped).
 
-    Walks without following links (:func:`evotrainer.sandbox_fs.walk`): a link counts by its target
+    Walks without following links (:func:`evotrainer.sandbox.fs.walk`): a link counts by its target
     string, a FIFO or socket by its kind, so a planted one changes the digest without being opened.
     """
     h = hashlib.sha256()
@@ -121,7 +122,7 @@ def repo_digest(repo: Path) -> str:
     return h.hexdigest()
 
 
-class ToolError(ValueError):
+class ToolError(EvoTrainerError, ValueError):
     """A tool call that cannot run as given (bad path, ambiguous edit); shown to the policy as an error."""
 
 
@@ -323,7 +324,7 @@ class SweEnv:
 
     # --- tools ----------------------------------------------------------------------------------------
     # The repo holds what sandboxed code (pytest on the policy's code) left: every access goes through
-    # evotrainer.sandbox_fs relative to an fd of the repo folder, following no link on any component,
+    # evotrainer.sandbox.fs relative to an fd of the repo folder, following no link on any component,
     # reading regular files only (a FIFO cannot block, a link to a host file is never opened).
     @contextmanager
     def _repo_fd(self):

@@ -33,7 +33,7 @@ from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
 from evotrainer import metrics as M
 from evotrainer.recipe import ToolUseSpec
 from evotrainer.rollouts import make_record
-from evotrainer.sandbox_fs import remove_tree
+from evotrainer.sandbox.fs import remove_tree
 
 EXTRA_COMPONENTS = ("swe_tests", "test_file_edit", "tool_budget", "submit_without_test")
 

@@ -40,9 +40,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.jsonl import iter_jsonl
 from evotrainer.sandbox import run_in_sandbox
-from evotrainer.sandbox_fs import read_file, walk
+from evotrainer.sandbox.fs import read_file, walk
 
 TASKSET_DIR = Path(__file__).parents[1] / "data" / "swe_tasks"
 DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "tests/*", "test/*",
@@ -50,7 +51,7 @@ DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py
 """Paths (fnmatch on the repo-relative path, and on its file name) that count as test files or test config."""
 
 
-class SweTaskError(ValueError):
+class SweTaskError(EvoTrainerError, ValueError):
     """A task file or repo cannot be loaded or built; the message names the task / field and the fix."""
 
 
@@ -256,7 +257,7 @@ def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = 
                       ) -> dict[str, str]:
     """``{relpath: sha256}`` of every test file in the repo (see :func:`is_test_file`).
 
-    The repo may hold what sandboxed code left: the walk follows no link (:func:`evotrainer.sandbox_fs.walk`).
+    The repo may hold what sandboxed code left: the walk follows no link (:func:`evotrainer.sandbox.fs.walk`).
     A link or a special file at a test path gets a digest of its kind and target (``link:<target>``,
     ``fifo`` ...), so it never equals a real file's digest and counts as a test-file edit.
     """

@@ -21,18 +21,20 @@ import threading
 import time
 from pathlib import Path
 
-from evotrainer.sandbox import (
+from evotrainer.sandbox.base import (
     CODE_PATH,
     EVIDENCE_DIR,
     IMAGE_PREFIX,
     IMAGES_DIR,
     SANDBOX_UID,
     WORK_DIR,
+    RunLimits,
     SandboxError,
     SandboxResult,
-    _infer_limit,
-    _Limits,
+    infer_limit,
 )
+from evotrainer.sandbox.fs import chown_tree
+from evotrainer.sandbox.limits import owner_alive, owner_tag, tmpfs_inodes
 
 OWNER_LABEL = "org.evotrainer.sandbox.owner"  # <pid>.<start time> of the process that started the container
 BASE_ENV = "EVOTRAINER_SANDBOX_BASE"  # build argument BASE of the Dockerfiles (default python:3.11-slim)
@@ -73,20 +75,16 @@ def ensure_image(client, image: str) -> str:
 
 
 def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None,
-               code_file: Path | None, limits: _Limits, env: dict[str, str]) -> SandboxResult:
+               code_file: Path | None, limits: RunLimits, env: dict[str, str]) -> SandboxResult:
     """Run ``argv`` in a fresh locked-down container of ``image``; see the module doc."""
     import docker
     import requests
-
-    from evotrainer.sandbox_limits import owner_alive, owner_tag
 
     tag = ensure_image(client, image)
     _sweep_stale_containers(client, owner_alive)
     volumes = {str(src.resolve()): {"bind": f"{EVIDENCE_DIR}/{name}", "mode": "ro"} for name, src in inputs.items()}
     if code_file is not None:
         volumes[str(code_file)] = {"bind": CODE_PATH, "mode": "ro"}
-    from evotrainer.sandbox_limits import tmpfs_inodes
-
     caps = f"size={limits.disk_mb}m,nr_inodes={tmpfs_inodes(limits.disk_mb << 20)}"
     tmpfs = {"/tmp": caps, "/sys": "ro,size=4k,nr_inodes=16"}  # hide the host's sysfs (Docker mounts it ro)
     user, owner = f"{SANDBOX_UID}:{SANDBOX_UID}", None
@@ -151,7 +149,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
             _return_work_dir(Path(workdir), owner)
     stdout, stderr = bytes(bufs["stdout"]).decode(errors="replace"), bytes(bufs["stderr"]).decode(errors="replace")
     limit = ("procs" if forks_refused else killed) or ("memory" if oom else None) \
-        or ("output" if any(truncated.values()) else None) or _infer_limit(status, stderr, 0.0, limits)
+        or ("output" if any(truncated.values()) else None) or infer_limit(status, stderr, 0.0, limits)
     return SandboxResult(exit_code=status, stdout=stdout, stderr=stderr, limit_hit=limit, backend="docker",
                          wall_s=round(wall, 4), cpu_s=None, max_rss_mb=None, stdout_truncated=truncated["stdout"],
                          stderr_truncated=truncated["stderr"])
@@ -181,8 +179,6 @@ def _lend_work_dir(workdir: Path, user: str) -> tuple[tuple[int, int] | None, st
     by an unprivileged uid, not root) and back afterwards; a non-root caller's container runs as the
     caller's own uid instead. Raises :class:`SandboxError` when the tree cannot be handed over.
     """
-    from evotrainer.sandbox_fs import chown_tree
-
     if os.geteuid() != 0:
         return None, f"{os.getuid()}:{os.getgid()}"
     st = os.stat(workdir)
@@ -195,8 +191,6 @@ def _lend_work_dir(workdir: Path, user: str) -> tuple[tuple[int, int] | None, st
 
 
 def _return_work_dir(workdir: Path, owner: tuple[int, int]) -> None:
-    from evotrainer.sandbox_fs import chown_tree
-
     try:
         chown_tree(workdir, *owner)
     except OSError as e:

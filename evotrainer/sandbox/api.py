@@ -12,7 +12,7 @@ One API, :func:`run_in_sandbox`, runs a command (or a Python source string) with
 * limits: wall clock (the whole tree is killed), CPU seconds, address space, file size, process
   count, captured output; per run (one cgroup: memory, pids, CPU quota) where the host allows it,
   every tmpfs (``/tmp``, ``/dev/shm``, ``/dev``, the private work dir) capped in size and, as root,
-  in inodes (:mod:`evotrainer.sandbox_limits`; ``sandbox_info()["limits"]`` says which hold here),
+  in inodes (:mod:`evotrainer.sandbox.limits`; ``sandbox_info()["limits"]`` says which hold here),
 
 and returns a :class:`SandboxResult` saying how it ended and which limit, if any, stopped it.
 
@@ -32,14 +32,14 @@ Backends, picked automatically (override with ``EVOTRAINER_SANDBOX=docker|bwrap|
   namespace (checked: a fork loop stops at the limit). Other rlimits (CPU, AS, FSIZE, CORE=0) are
   set by a tiny launcher inside the sandbox.
 
-Host code reads what a run left in a caller's work dir only through :mod:`evotrainer.sandbox_fs`
+Host code reads what a run left in a caller's work dir only through :mod:`evotrainer.sandbox.fs`
 (no link followed, regular files only), and the work dir is cleaned after every run (setuid,
 setgid and world-write bits; fails closed).
 * ``unsafe-local``: a plain subprocess with rlimits and a cleared environment; *no* isolation of
   the file system or network. Only with ``unsafe_local=True`` or ``EVOTRAINER_SANDBOX=unsafe-local``.
 
-The bwrap and unsafe-local backends live in :mod:`evotrainer.sandbox_bwrap`, Docker in
-:mod:`evotrainer.sandbox_docker`. In ``cmd``, ``"python"`` means the sandbox's Python (this venv under bwrap, the image's under
+The bwrap and unsafe-local backends live in :mod:`evotrainer.sandbox.bwrap`, Docker in
+:mod:`evotrainer.sandbox.docker`. In ``cmd``, ``"python"`` means the sandbox's Python (this venv under bwrap, the image's under
 Docker) and ``"{code}"`` is replaced by the path of ``code``.
 """
 
@@ -50,61 +50,27 @@ import inspect
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field
-
-import evotrainer.sandbox_images as _images_pkg
-
-SANDBOX_ENV = "EVOTRAINER_SANDBOX"  # auto | docker | bwrap | unsafe-local
-EVIDENCE_DIR = "/evidence"
-WORK_DIR = "/sandbox/work"
-CODE_PATH = "/sandbox/main.py"
-SANDBOX_UID = 65534  # "nobody"
-IMAGES_DIR = Path(_images_pkg.__file__).resolve().parent  # sandbox_images/ (installed as evotrainer.sandbox_images)
-IMAGE_PREFIX = "evotrainer-sandbox-"
-
-LimitHit = Literal["timeout", "cpu", "memory", "file_size", "procs", "output"]
-
-
-class SandboxError(RuntimeError):
-    """Bad sandbox input or a sandbox that could not start."""
-
-
-class SandboxUnavailable(SandboxError):
-    """No isolating backend on this machine (and unsafe local mode was not asked for)."""
-
-
-class SandboxResult(BaseModel):
-    """How one sandboxed run ended.
-
-    ``exit_code``: the program's exit status; 128+N when it died of signal N inside the sandbox;
-    -9 when the sandbox killed it at a limit (wall clock or output). ``limit_hit``: the limit that
-    stopped (or, for ``procs``, refused a fork of) the run; ``memory`` and ``file_size`` are read
-    from the program's error (MemoryError / ENOMEM, EFBIG / ENOSPC / SIGXFSZ) since an rlimit makes
-    the failing call return an error rather than kill. Units: seconds, MiB.
-    """
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    limit_hit: LimitHit | None = None
-    backend: str
-    wall_s: float
-    cpu_s: float | None = Field(None, description="user+system CPU seconds of the whole tree (None: not measured)")
-    max_rss_mb: float | None = Field(None, description="largest resident set of one process, MiB")
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """True when the program exited 0 and no limit stopped it."""
-        return self.exit_code == 0 and self.limit_hit is None
+import evotrainer.sandbox.limits as lim
+from evotrainer.sandbox.base import (
+    BASE_ENV,
+    CODE_PATH,
+    EVIDENCE_DIR,
+    SANDBOX_ENV,
+    SANDBOX_UID,
+    WORK_DIR,
+    RunLimits,
+    SandboxError,
+    SandboxResult,
+    SandboxUnavailable,
+)
+from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, run_bwrap, run_unsafe_local, seccomp_filter
+from evotrainer.sandbox.docker import run_docker
+from evotrainer.sandbox.fs import clean_work_dir
 
 
 # --- backend discovery -------------------------------------------------------------------------
@@ -122,9 +88,7 @@ def _docker_client():
 
 def _pids_cgroup_root() -> tuple[Path, str] | None:
     """The folder run cgroups with the pids controller go in, and its kind ("v1" | "v2"); None if none."""
-    from evotrainer.sandbox_limits import cgroup_plan
-
-    where = cgroup_plan()["pids"]
+    where = lim.cgroup_plan()["pids"]
     return None if isinstance(where, str) else where
 
 
@@ -230,8 +194,6 @@ def limits_report(backend: str | None) -> dict[str, str]:
         na = f"NOT enforced: backend {backend or 'none'} has no isolation"
         return {k: na for k in ("memory_per_run", "procs_per_run", "cpu_per_run", "tmpfs_size", "tmpfs_inodes",
                                 "dev_cap")} | per_process
-    from evotrainer import sandbox_limits as lim
-
     plan = lim.cgroup_plan()
     files = {"memory": {"v1": "memory.limit_in_bytes + memory.memsw.limit_in_bytes", "v2": "memory.max"},
              "pids": {"v1": "pids.max", "v2": "pids.max"}, "cpu": {"v1": "cpu.cfs_quota_us", "v2": "cpu.max"}}
@@ -262,29 +224,12 @@ def _seccomp_summary(backend: str | None) -> str | None:
     if backend == "docker":
         return "docker default profile"
     if backend == "bwrap":
-        from evotrainer.sandbox_bwrap import _BLOCKED, seccomp_filter
-
-        return f"{len(_BLOCKED)} syscalls refused (keyrings, bpf, perf, io_uring, ...)" if seccomp_filter() else None
+        return f"{len(BLOCKED_SYSCALLS)} syscalls refused (keyrings, bpf, perf, io_uring, ...)" if seccomp_filter() else None
     return None
 
 
 # --- the one API -------------------------------------------------------------------------------
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_BASE_ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": "/tmp"}
-
-
-class _Limits(BaseModel):
-    """The limits of one run, as the backends take them (bytes where noted)."""
-
-    timeout_s: float
-    cpu_s: int
-    memory_mb: int
-    max_file_mb: int
-    max_procs: int
-    disk_mb: int
-    max_output: int  # bytes per stream
-    cpus: float = 1.0  # CPU cores for the whole run (cgroup CPU quota)
 
 
 def run_in_sandbox(
@@ -323,7 +268,7 @@ def run_in_sandbox(
     its own mode reset to the one it had before (see :func:`strip_setid_bits`); a work dir that
     cannot be cleaned raises :class:`SandboxError` (the result is withheld). Keep it unreadable to
     other host users while the run lasts, and read it back only through
-    :mod:`evotrainer.sandbox_fs` (the sandbox may have planted links, FIFOs, deep trees in it).
+    :mod:`evotrainer.sandbox.fs` (the sandbox may have planted links, FIFOs, deep trees in it).
 
     Raises :class:`SandboxError` on bad arguments (the message names the field) and
     :class:`SandboxUnavailable` when no isolating backend exists and ``unsafe_local`` is False.
@@ -357,7 +302,7 @@ def run_in_sandbox(
 
     backend = _choose_backend(unsafe_local)
     cmd = list(cmd) if cmd is not None else ["python", "{code}"]
-    limits = _Limits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
+    limits = RunLimits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
                      memory_mb=int(memory_mb), max_file_mb=int(max_file_mb), max_procs=int(max_procs),
                      disk_mb=int(disk_mb), max_output=int(max_output_kb) * 1024, cpus=float(cpus))
     root_mode = stat.S_IMODE(os.stat(workdir).st_mode) if workdir is not None else None
@@ -369,29 +314,23 @@ def run_in_sandbox(
 
 
 def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,
-              limits: _Limits, env_extra: dict[str, str], image: str) -> SandboxResult:
-    from evotrainer.sandbox_limits import run_tmpdir, sweep_stale
-
-    sweep_stale()  # what runs killed with SIGKILL left (temp folders, cgroups), keyed by owner pid + start time
-    with run_tmpdir() as tmp:
+              limits: RunLimits, env_extra: dict[str, str], image: str) -> SandboxResult:
+    lim.sweep_stale()  # what runs killed with SIGKILL left (temp folders, cgroups), keyed by owner pid + start time
+    with lim.run_tmpdir() as tmp:
         code_file = None
         if code is not None:
             code_file = Path(tmp) / "main.py"
             code_file.write_text(code)
             code_file.chmod(0o644)
         if backend == "docker":
-            from evotrainer.sandbox_docker import run_docker
-
             argv = [CODE_PATH if a == "{code}" else a for a in cmd]
             return run_docker(_docker_client(), image, argv, inputs=inputs, workdir=workdir, code_file=code_file,
-                              limits=limits, env={**_BASE_ENV, "HOME": WORK_DIR, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
+                              limits=limits, env={**BASE_ENV, "HOME": WORK_DIR, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
                                                   "EVOTRAINER_SANDBOX_BACKEND": "docker", **env_extra})
-        from evotrainer.sandbox_bwrap import run_bwrap, run_unsafe_local
-
         if backend == "bwrap":
             argv = [sys.executable if a in ("python", "python3") and i == 0 else a for i, a in enumerate(cmd)]
             argv = [CODE_PATH if a == "{code}" else a for a in argv]
-            return run_bwrap(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
+            return run_bwrap(_bwrap_status()[0], argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
                              env_extra=env_extra, tmp=Path(tmp))
         return run_unsafe_local(cmd, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
                                 env_extra=env_extra, tmp=Path(tmp))
@@ -403,30 +342,6 @@ def strip_setid_bits(root: Path, root_mode: int | None = None) -> int:
     A sandbox run as host root writes files owned by host uid 0 into a caller's work dir, and an owner
     may ``chmod u+s`` without any capability: left alone, a setuid-root shell would land on the host.
     Iterative and fd-based (any depth, any path length); raises :class:`SandboxError` when an entry
-    cannot be fixed. See :func:`evotrainer.sandbox_fs.clean_work_dir`.
+    cannot be fixed. See :func:`evotrainer.sandbox.fs.clean_work_dir`.
     """
-    from evotrainer.sandbox_fs import clean_work_dir
-
     return clean_work_dir(root, root_mode)
-
-
-_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
-_FILE_MARKERS = ("File too large", "No space left on device", "Errno 27", "Errno 28")
-
-
-def _infer_limit(exit_code: int, stderr: str, cpu: float, limits: _Limits) -> LimitHit | None:
-    """The rlimit behind a non-zero exit: the signal it sends, else the error it makes the program print."""
-    if exit_code == 0:
-        return None
-    if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU) or (exit_code in (137, -9) and cpu >= limits.cpu_s):
-        return "cpu"
-    if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ):
-        return "file_size"
-    tail = stderr[-4000:]
-    if any(m in tail for m in _MEMORY_MARKERS):
-        return "memory"
-    if any(m in tail for m in _FILE_MARKERS):
-        return "file_size"
-    if "Resource temporarily unavailable" in tail or "BlockingIOError" in tail:
-        return "procs"
-    return None

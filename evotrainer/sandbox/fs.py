@@ -34,12 +34,15 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from evotrainer.errors import EvoTrainerError
+from evotrainer.sandbox.base import SandboxError
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
 _SYS_OPENAT2 = 437  # same number on x86_64 and aarch64 (<asm-generic/unistd.h>)
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(EvoTrainerError, OSError):
     """A path that is a link, goes through one, leaves the trusted folder, or is not a regular file."""
 
 
@@ -330,11 +333,9 @@ def clean_work_dir(root: str | Path, root_mode: int | None = None) -> int:
 
     Regular files and folders are fixed with ``fchmod`` on an ``O_NOFOLLOW`` fd checked to be the
     entry the walk saw; links (their mode means nothing on Linux), FIFOs and sockets are left.
-    Returns the number of entries changed. Fails closed: raises :class:`evotrainer.sandbox.SandboxError`
+    Returns the number of entries changed. Fails closed: raises :class:`evotrainer.sandbox.base.SandboxError`
     naming up to 3 entries when any could not be read or fixed (the run must not count as a success).
     """
-    from evotrainer.sandbox import SandboxError
-
     problems: list[str] = []
     changed = 0
 

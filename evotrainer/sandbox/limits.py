@@ -23,13 +23,15 @@ import errno
 import functools
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from evotrainer.sandbox import SandboxError
+from evotrainer.sandbox.base import SandboxError
+from evotrainer.sandbox.fs import remove_tree
 
 CGROUP_DIR = "evotrainer-sandbox"
 TMP_PREFIX = "evotrainer-sandbox-"
@@ -263,8 +265,6 @@ def _remove_cgroup(cg: Path) -> None:
 # --- the stale-run sweep -------------------------------------------------------------------------------
 def sweep_stale() -> int:
     """Remove temp folders and cgroups left by sandbox runs whose owner process is gone; returns the count."""
-    from evotrainer.sandbox_fs import remove_tree
-
     n = 0
     tmp = Path(tempfile.gettempdir())
     try:
@@ -298,8 +298,6 @@ def host_tmpfs_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _unshare() -> str | None:
-    import shutil
-
     return shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 

@@ -1,4 +1,8 @@
-"""CLI: ``evotrainer sandbox info|run`` (the untrusted-code sandbox, :mod:`evotrainer.sandbox`)."""
+"""CLI: ``evotrainer sandbox info|run`` (the untrusted-code sandbox, :mod:`evotrainer.sandbox`).
+
+The sandbox modules are imported inside the commands so ``evotrainer --help`` stays fast; errors go
+through :func:`evotrainer.cli_errors.fail`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from evotrainer.cli_errors import fail
 
 sandbox_app = typer.Typer(help="Run untrusted code in the sandbox (no network, no secrets, limits).",
                           no_args_is_help=True)
@@ -27,11 +33,6 @@ def neutralise(text: str) -> str:
 
 def _exit_on_signal(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)  # unwinds: the sandbox tree is killed, its cgroup and temp folder removed
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
 
 
 @sandbox_app.command("info")
@@ -93,17 +94,17 @@ def run(
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     if not file.is_file():
-        _fail(f"{file}: no such file")
+        fail(f"{file}: no such file")
     named: dict[str, Path] = {}
     for p in inputs or []:
         if p.name in named:
-            _fail(f"--input {p}: two inputs named {p.name!r}; rename one")
+            fail(f"--input {p}: two inputs named {p.name!r}; rename one")
         named[p.name] = p
     try:
         r = run_in_sandbox(code=file.read_text(), inputs=named, timeout_s=timeout, memory_mb=memory,
                            unsafe_local=unsafe_local)
     except SandboxError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
         sys.stdout.write(json.dumps(r.model_dump(), indent=2) + "\n")
     else:

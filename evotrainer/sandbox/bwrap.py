@@ -5,7 +5,7 @@ bwrap: every namespace unshared, nested user namespaces disabled, all capabiliti
 size-capped tmpfs for ``/tmp``, ``/dev/shm`` and the work dir, a hand-made ``/dev`` (the usual nodes
 on a 1 MiB tmpfs, remounted read-only: bwrap's ``--dev`` tmpfs takes no size). Where the host allows
 it the run sits in its own cgroup (memory, pids, cpu; the kernel ignores ``RLIMIT_NPROC`` for host
-uid 0) and, as root, its tmpfs carry inode caps (:mod:`evotrainer.sandbox_limits`); otherwise
+uid 0) and, as root, its tmpfs carry inode caps (:mod:`evotrainer.sandbox.limits`); otherwise
 ``RLIMIT_NPROC`` is set inside the new user namespace, where it is counted per namespace. A launcher inside the sandbox sets
 the other rlimits and reports the program's CPU time and peak RSS on a private pipe.
 
@@ -17,27 +17,28 @@ namespace take the whole tree down) and reaps it.
 from __future__ import annotations
 
 import os
+import platform
 import select
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from evotrainer import sandbox as _sb
-from evotrainer import sandbox_limits as _lim
-from evotrainer.sandbox import (
-    _BASE_ENV,
+import evotrainer.sandbox.limits as _lim
+from evotrainer.sandbox.base import (
+    BASE_ENV,
     CODE_PATH,
     EVIDENCE_DIR,
     SANDBOX_UID,
     WORK_DIR,
     LimitHit,
+    RunLimits,
     SandboxError,
     SandboxResult,
-    _infer_limit,
-    _Limits,
+    infer_limit,
 )
 
 # Runs inside the sandbox (after the user namespace exists): forks; the child sets the rlimits
@@ -72,24 +73,21 @@ os._exit(c if c>=0 else 128-c)
 # kuid 0), so the key syscalls are refused, with the rest of Docker's default-profile blocklist that
 # matters here (eBPF, perf, userfaultfd, io_uring, modules, kexec, swap, reboot, acct, quotas,
 # file handles). The filter is a classic-BPF program assembled here (struct sock_filter).
-_BLOCKED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
-            "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-            "delete_module", "acct", "swapon", "swapoff", "reboot", "quotactl", "fanotify_init",
-            "name_to_handle_at", "open_by_handle_at")
+BLOCKED_SYSCALLS = (
+    "add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct",
+    "swapon", "swapoff", "reboot", "quotactl", "fanotify_init", "name_to_handle_at", "open_by_handle_at")
 _SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64)
-    "x86_64": (0xC000003E, dict(zip(_BLOCKED, (248, 249, 250, 321, 298, 323, 425, 426, 427, 246, 320, 175, 313,
-                                               176, 163, 167, 168, 169, 179, 300, 303, 304), strict=True))),
-    "aarch64": (0xC00000B7, dict(zip(_BLOCKED, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105, 273,
-                                                106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
+    "x86_64": (0xC000003E, dict(zip(BLOCKED_SYSCALLS, (248, 249, 250, 321, 298, 323, 425, 426, 427, 246, 320, 175,
+                                                       313, 176, 163, 167, 168, 169, 179, 300, 303, 304), strict=True))),
+    "aarch64": (0xC00000B7, dict(zip(BLOCKED_SYSCALLS, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105,
+                                                        273, 106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
 }
 
 
 def seccomp_filter() -> bytes | None:
-    """The BPF program bwrap loads with ``--seccomp``: EPERM for :data:`_BLOCKED` (and x32 calls), kill
+    """The BPF program bwrap loads with ``--seccomp``: EPERM for :data:`BLOCKED_SYSCALLS` (and x32 calls), kill
     on a foreign architecture, allow the rest. None on architectures without a table here."""
-    import platform
-    import struct
-
     arch = _SYSCALLS.get(platform.machine())
     if arch is None:
         return None
@@ -120,9 +118,9 @@ def _tmpfs(dest: str, size: int, host: dict[str, Path] | None) -> list[str]:
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
-def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
-                limits: _Limits, env: dict[str, str], host_tmpfs: dict[str, Path] | None = None) -> list[str]:
-    a = [_sb._bwrap_status()[0], "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
+                limits: RunLimits, env: dict[str, str], host_tmpfs: dict[str, Path] | None = None) -> list[str]:
+    a = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
          "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
          "--hostname", "sandbox", "--clearenv", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -170,16 +168,17 @@ def _bwrap_argv(argv: list[str], *, inputs: dict[str, Path], workdir: Path | Non
     return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
 
 
-def run_bwrap(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
-              limits: _Limits, env_extra: dict[str, str], tmp: Path) -> SandboxResult:
+def run_bwrap(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
+              limits: RunLimits, env_extra: dict[str, str], tmp: Path) -> SandboxResult:
     """Run ``argv`` (already translated: ``python`` -> this interpreter) under bubblewrap.
 
+    ``bwrap`` is the path of a working bwrap (the dispatcher's probe, :func:`evotrainer.sandbox.api.sandbox_info`).
     ``tmp`` is the caller's private temp folder (the supervisor's cwd). Where the host allows it the
     run gets its own cgroup (memory, pids = ``max_procs`` + 2 for the prelude/bwrap and bwrap's init,
-    cpu), removed afterwards, and (as root) tmpfs with inode caps; see :mod:`evotrainer.sandbox_limits`.
+    cpu), removed afterwards, and (as root) tmpfs with inode caps; see :mod:`evotrainer.sandbox.limits`.
     """
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    env = {**_BASE_ENV, "HOME": WORK_DIR, "PATH": path, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
+    env = {**BASE_ENV, "HOME": WORK_DIR, "PATH": path, "EVOTRAINER_EVIDENCE": EVIDENCE_DIR,
            "EVOTRAINER_SANDBOX_BACKEND": "bwrap", **env_extra}
     disk = limits.disk_mb << 20
     host_tmpfs, mounts = None, []
@@ -194,7 +193,7 @@ def run_bwrap(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None,
             folder.mkdir()
             host_tmpfs[dest] = folder
             mounts.append((f"size={size},nr_inodes={inodes},mode={mode},nosuid,nodev", str(folder)))
-    full = _bwrap_argv(argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env,
+    full = _bwrap_argv(bwrap, argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env,
                        host_tmpfs=host_tmpfs)
     cgroup = _lim.RunCgroup(limits.memory_mb << 20, limits.max_procs + 2, limits.cpus)
     try:
@@ -212,7 +211,7 @@ def run_bwrap(argv: list[str], *, inputs: dict[str, Path], workdir: Path | None,
 
 
 # --- supervision: wall clock, output caps, resource use ------------------------------------------
-def supervise(argv: list[str], limits: _Limits, *, backend: str, env: dict[str, str], cwd: Path) -> SandboxResult:
+def supervise(argv: list[str], limits: RunLimits, *, backend: str, env: dict[str, str], cwd: Path) -> SandboxResult:
     """Start ``argv`` in its own process group, enforce the wall clock and output caps, reap it.
 
     Placeholders in ``argv``: ``{report_fd}`` (the launcher's report pipe) and ``{seccomp_fd}`` (a
@@ -289,7 +288,7 @@ def supervise(argv: list[str], limits: _Limits, *, backend: str, env: dict[str, 
     stderr = bufs["stderr"].decode(errors="replace")
     cpu, rss_kb = _read_report(report_r, ru)
     limit = killed_for or ("output" if any(truncated.values()) else None) \
-        or _infer_limit(proc.returncode, stderr, cpu, limits)
+        or infer_limit(proc.returncode, stderr, cpu, limits)
     return SandboxResult(exit_code=proc.returncode, stdout=stdout, stderr=stderr, limit_hit=limit,
                          backend=backend, wall_s=round(wall, 4), cpu_s=round(cpu, 4),
                          max_rss_mb=round(rss_kb / 1024, 2), stdout_truncated=truncated["stdout"],
@@ -316,7 +315,7 @@ def _killpg(pid: int) -> None:
 
 
 # --- unsafe local (explicit opt-in only) ----------------------------------------------------------
-def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: _Limits, env_extra,
+def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: RunLimits, env_extra,
                       tmp: Path) -> SandboxResult:
     """No isolation: a subprocess with rlimits (no NPROC) and a cleared environment, in a temp dir."""
     evidence = tmp / "evidence"
@@ -327,7 +326,7 @@ def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: _Lim
     work.mkdir(exist_ok=True)
     argv = [sys.executable if a in ("python", "python3") and i == 0 else a for i, a in enumerate(cmd)]
     argv = [str(code_file) if a == "{code}" else a for a in argv]
-    env = {**_BASE_ENV, "HOME": str(work), "TMPDIR": str(work), "EVOTRAINER_EVIDENCE": str(evidence),
+    env = {**BASE_ENV, "HOME": str(work), "TMPDIR": str(work), "EVOTRAINER_EVIDENCE": str(evidence),
            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "EVOTRAINER_SANDBOX_BACKEND": "unsafe-local", **env_extra}
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0]
