@@ -13,7 +13,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis, Proposal, Ranking, Verdict
 from evotrainer.agents.mcp_client import RoleTools
-
 from evotrainer.recipe import Recipe
 
 

@@ -21,14 +21,14 @@ import json
 import os
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from evotrainer.agents.analyzer_templates import CONTRACT
 from evotrainer.agents.decisions import AnalyzerDraft, Diagnosis, Proposal, Ranking, Verdict, gate_verdict
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
-from evotrainer.harness.synthesis import KEEP_RULE
-from pydantic import BaseModel, ValidationError
-
 from evotrainer.errors import EvoTrainerError
+from evotrainer.harness.synthesis import KEEP_RULE
 from evotrainer.recipe import Recipe
 
 # USD per million tokens (input, output), by model-id prefix (Anthropic price list).

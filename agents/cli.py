@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
 from evotrainer.agents.modes import BRAINS, MODES
 from evotrainer.cli_errors import fail
 
@@ -105,10 +106,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON at the end.")] = False,
     ) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
-        from evotrainer.agents.report import summary_table, write_report
-        from evotrainer.agents.runner import run_loop
         from rich.console import Console
 
+        from evotrainer.agents.report import summary_table, write_report
+        from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
         from evotrainer.workspace import Workspace
 
@@ -168,11 +169,11 @@ def register(app: typer.Typer) -> None:
                                              "resume unfinished ones (the default).")] = True,
     ) -> None:
         """Run the modes at equal compute over seeds and write a table and a plot of test Avg@k (resumable)."""
-        from evotrainer.agents.compare import CompareError
-        from evotrainer.agents.compare import compare as run_compare
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from evotrainer.agents.compare import CompareError
+        from evotrainer.agents.compare import compare as run_compare
         from evotrainer.config import load_run_config
 
         try:
@@ -207,10 +208,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print {report, summary} as JSON.")] = False,
     ) -> None:
         """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
-        from evotrainer.agents.loop import run_summary
-        from evotrainer.agents.report import summary_table, write_report
         from rich.console import Console
 
+        from evotrainer.agents.loop import run_summary
+        from evotrainer.agents.report import summary_table, write_report
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)

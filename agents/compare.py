@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from evotrainer.agents.modes import MODES
 from evotrainer.agents.runner import run_loop
+from evotrainer.config import RunConfig
+from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
 from evotrainer.skills_db.store import SKILLS_DIR_ENV
-
-from evotrainer.config import RunConfig
 from evotrainer.workspace import Workspace
-from evotrainer.errors import EvoTrainerError
 
 NO_RL = "no-RL"
 

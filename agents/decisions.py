@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from evotrainer.harness.gate import verdict_from_gate
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.harness.gate import verdict_from_gate
 from evotrainer.intervention import CATEGORIES, ExpectedEffect, Intervention, category_of, change_key
 
 

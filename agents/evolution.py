@@ -30,13 +30,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
+
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis
 from evotrainer.agents.diagnostician import Diagnostician
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
-
 from evotrainer.lineage import LineageStore
 from evotrainer.workspace import Workspace
 

@@ -42,9 +42,8 @@ from evotrainer.agents.decisions import (
 from evotrainer.agents.intervener import task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolCallError
 from evotrainer.harness.findings import DAMAGES_WEIGHTS
-from evotrainer.skills_db.seed import seed_skills
-
 from evotrainer.recipe import Recipe, RecipeError, apply_value_rule, current_value
+from evotrainer.skills_db.seed import seed_skills
 
 # Info findings that still call for a change (not a failure of the version): saturated training data.
 ACTIONABLE_INFO = frozenset({"headroom"})

@@ -16,7 +16,6 @@ from typing import Any
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
-
 from evotrainer.recipe import Recipe, RecipeError, current_value
 
 # Recipe paths (a path or a prefix of one) that act only on some task families (``data.task``):

@@ -25,16 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evotrainer.agents.decisions import Verdict
-from evotrainer.agents.mcp_client import ToolBox, ToolCallError
-from evotrainer.rl_backend.base import is_test_eval
-from evotrainer.servers.app import build_server
 from pydantic import BaseModel
 
 from evotrainer import metrics as M
+from evotrainer.agents.decisions import Verdict
+from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.config import RunConfig
-from evotrainer.recipe import Recipe
 from evotrainer.errors import EvoTrainerError
+from evotrainer.recipe import Recipe
+from evotrainer.rl_backend.base import is_test_eval
+from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None

@@ -32,10 +32,9 @@ from evotrainer.agents.evolution import evolve_round
 from evotrainer.agents.intervener import Intervener
 from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, open_toolbox, run_summary
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
-from evotrainer.harness.gate import round_decisions
-
 from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
+from evotrainer.harness.gate import round_decisions
 from evotrainer.intervention import change_key
 from evotrainer.workspace import Workspace
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from filelock import FileLock, Timeout
+
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.claude import ClaudeBrain
 from evotrainer.agents.heuristic import HeuristicBrain
@@ -19,8 +21,6 @@ from evotrainer.agents.loop import LoopBase, open_toolbox
 from evotrainer.agents.modes import MODES
 from evotrainer.agents.orchestrator import Orchestrator
 from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
-from filelock import FileLock, Timeout
-
 from evotrainer.config import RunConfig
 from evotrainer.workspace import Workspace
 

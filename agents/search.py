@@ -46,7 +46,6 @@ from typing import Any
 
 from evotrainer.agents.decisions import Verdict, gate_verdict
 from evotrainer.agents.loop import LoopBase, run_summary
-
 from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import Recipe, apply_value_rule, get_path
 

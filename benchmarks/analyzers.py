@@ -104,8 +104,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args()
-    import evotrainer.harness.analyzers  # noqa: F401  (imports outside the timing)
     import scipy.stats  # noqa: F401
+
+    import evotrainer.harness.analyzers  # noqa: F401  (imports outside the timing)
 
     t0 = time.perf_counter()
     table, logged = build(args.rows, args.steps)

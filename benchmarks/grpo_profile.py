@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     import torch
-    from evotrainer.rl_backend import local
 
     from evotrainer import metrics as M
     from evotrainer.recipe import validate_recipe
+    from evotrainer.rl_backend import local
     from evotrainer.workspace import Workspace
 
     times: dict[str, list[float]] = defaultdict(list)

@@ -28,10 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def ours(args: argparse.Namespace) -> tuple[float, float]:
     """(mean seconds per step, completion tokens per second) of the local backend."""
-    from evotrainer.rl_backend.local import LocalBackend
-
     from evotrainer import metrics as M
     from evotrainer.recipe import validate_recipe
+    from evotrainer.rl_backend.local import LocalBackend
     from evotrainer.workspace import Workspace
 
     recipe = validate_recipe({
@@ -51,13 +50,13 @@ def ours(args: argparse.Namespace) -> tuple[float, float]:
 def trl(args: argparse.Namespace) -> tuple[float, float]:
     """(mean seconds per step, completion tokens per second) of TRL's GRPOTrainer."""
     from datasets import Dataset
-    from evotrainer.rl_backend.models import smollm2_folder
-    from evotrainer.rl_backend.rewards import compute_rewards
-    from evotrainer.rl_backend.tasks import build_messages, load_problems
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from evotrainer.recipe import DataSpec
+    from evotrainer.rl_backend.models import smollm2_folder
+    from evotrainer.rl_backend.rewards import compute_rewards
+    from evotrainer.rl_backend.tasks import build_messages, load_problems
 
     data = DataSpec(level=1)
     train, _ = load_problems(data)
@@ -115,6 +114,7 @@ def main() -> None:
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is warm-up)")
     import torch
+
     from evotrainer.rl_backend.models import configure_threads
 
     args.threads = configure_threads(args.threads)

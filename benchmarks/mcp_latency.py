@@ -106,9 +106,10 @@ def measure(run: Path, n: int) -> dict:
     """Time bare vs ours on the three transports; returns ``{transport: {case: {p50_ms, p95_ms}}}``."""
     import anyio
     import httpx2
-    from evotrainer.servers.app import build_server
     from mcp import Client, StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
+
+    from evotrainer.servers.app import build_server
 
     cases = {"bare": ("echo", {"text": "hello"}), "ours:server_info": ("server_info", {}),
              "ours:get_version": ("get_version", {"version_id": "v1"}),

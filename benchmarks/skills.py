@@ -83,6 +83,7 @@ def synthetic_skills(n: int, seed: int = 0) -> list:
 def _fill_with_stand_in_vectors(store, skills: list, batch: int) -> None:
     """Write skills with their base seed skill's vector plus noise (see the module docstring)."""
     import numpy as np
+
     from evotrainer.skills_db.embeddings import embed
     from evotrainer.skills_db.seed import seed_skills
 
@@ -124,9 +125,10 @@ def main() -> dict:
 
         torch.set_num_threads(args.threads)
 
+    from rich.progress import Progress
+
     from evotrainer.skills_db.embeddings import QUERY_CACHE, load_model
     from evotrainer.skills_db.store import SkillStore
-    from rich.progress import Progress
 
     t0 = time.perf_counter()
     load_model()

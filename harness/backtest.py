@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers import get_analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import SEVERITY_RANK, Finding
+from evotrainer.recipe import get_path, set_path
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.rewards import RewardError, compute_rewards
 from evotrainer.rl_backend.tasks import Problem
-
-from evotrainer import metrics as M
-from evotrainer.recipe import get_path, set_path
 
 
 def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:

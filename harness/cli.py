@@ -48,12 +48,13 @@ def diagnose(
                                                     "$EVOTRAINER_SKILLS_DIR or the user data dir).")] = None,
 ) -> None:
     """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
+    from rich.console import Console
+    from rich.table import Table
+
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.ingest import ingest
     from evotrainer.harness.plots import plot_evidence
-    from rich.console import Console
-    from rich.table import Table
 
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
@@ -139,9 +140,10 @@ def _gate_versions(path: Path, known: list[str], versions: list[str] | None, kep
 @analyzers_app.command("list")
 def analyzers_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Registered analyzers with the finding kinds they report."""
-    from evotrainer.harness.analyzers import list_analyzers
     from rich.console import Console
     from rich.table import Table
+
+    from evotrainer.harness.analyzers import list_analyzers
 
     specs = list_analyzers()
     if as_json:
@@ -169,10 +171,11 @@ def watch(
                                              "for this many seconds; 0 watches until interrupted.")] = 0.0,
 ) -> None:
     """Follow a training run: re-run the analyzers as steps arrive and print findings when they appear."""
-    from evotrainer.harness.findings import SEVERITY_RANK
-    from evotrainer.harness.watch import Watcher
     from rich.console import Console
     from rich.markup import escape
+
+    from evotrainer.harness.findings import SEVERITY_RANK
+    from evotrainer.harness.watch import Watcher
 
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")

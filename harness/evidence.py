@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
 from evotrainer.harness.rollout_metrics import step_metrics_from_rollouts
 
 SeriesArrays = tuple[np.ndarray, np.ndarray]

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
 from evotrainer.harness.stats import avg_at_k, compare_versions
 from evotrainer.rl_backend.tasks import is_test_eval
-from pydantic import BaseModel, Field
 
 
 def test_sealed(ws: Any, eval_name: str) -> str | None:

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import ingest
-
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 

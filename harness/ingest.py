@@ -44,15 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from evotrainer.harness import ingest_formats as F
-from evotrainer.harness.evidence import Evidence
 
 from evotrainer.aliases import map_record
 from evotrainer.errors import EvoTrainerError
+from evotrainer.harness import ingest_formats as F
+from evotrainer.harness.evidence import Evidence
 from evotrainer.jsonl import iter_jsonl
 from evotrainer.rollouts import SCHEMA, make_record
-from evotrainer.workspace import Workspace
 from evotrainer.tb_events import parse_tensorboard
+from evotrainer.workspace import Workspace
 
 RawSeries = dict[str, list[tuple[int, float]]]
 

@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 import numpy as np
-from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.findings import Finding
 
 from evotrainer import metrics as M
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.findings import Finding
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"), M.REWARD_MIN, M.REWARD_MAX)),

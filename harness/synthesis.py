@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import ingest
 
 from evotrainer import metrics as M
 from evotrainer.errors import EvoTrainerError
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.ingest import ingest
 
 STATS: tuple[str, ...] = ("level", "change", "slope", "change_point", "ratio_start", "ratio_parent", "quantile")
 WINDOWS: tuple[float, ...] = (0.25, 0.5)  # fraction of the version's points (at least 2 points)

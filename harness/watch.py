@@ -43,7 +43,6 @@ from evotrainer.harness.importer import (
     text_logs,
 )
 from evotrainer.harness.ingest import IngestError, ingest
-
 from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)

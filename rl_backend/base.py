@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
 from pydantic import BaseModel, Field
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
+
 __all__ = ["NO_RL_TEST_EVAL", "TEST_EVAL", "TEST_EVALS", "Backend", "BackendError", "EvalResult", "ProgressFn",
            "StopFn", "TrainResult", "is_test_eval"]
 

@@ -60,10 +60,9 @@ def register(app: typer.Typer) -> None:
                                                                     "YAML or JSON ClusterSpec (default: its defaults)."),
     ) -> None:
         """Train a version with the local GRPO backend: rollouts, metrics, TensorBoard, checkpoint."""
-        from evotrainer.rl_backend.local import LocalBackend
-
         from evotrainer.cli import console, fail, print_json
         from evotrainer.recipe import load_recipe
+        from evotrainer.rl_backend.local import LocalBackend
         from evotrainer.workspace import Workspace
 
         if backend_name not in ("local", "openrlhf") or (dry_run and backend_name != "openrlhf"):
@@ -131,10 +130,9 @@ def register(app: typer.Typer) -> None:
                                                               "(with --run; used by the executors)."),
     ) -> None:
         """Evaluate on the held-out set: Avg@k, unbiased pass@k, pass@1."""
-        from evotrainer.rl_backend.local import LocalBackend
-
         from evotrainer.cli import console, fail, print_json
         from evotrainer.recipe import Recipe, load_recipe
+        from evotrainer.rl_backend.local import LocalBackend
         from evotrainer.workspace import Workspace
 
         backend = LocalBackend(device=device, num_threads=threads)
@@ -197,10 +195,10 @@ def _cluster_spec(path: Path) -> Any:
     Raises:
         RecipeError: missing file, bad YAML, or a field fails validation (named).
     """
-    from evotrainer.rl_backend.openrlhf import ClusterSpec
     from pydantic import ValidationError
 
     from evotrainer.recipe import RecipeError, _format_error, read_yaml
+    from evotrainer.rl_backend.openrlhf import ClusterSpec
 
     data = read_yaml(path, "file", label=f"--cluster {path}")
     try:

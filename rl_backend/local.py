@@ -43,6 +43,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from evotrainer import metrics as M
+from evotrainer.estimators import avg_at_k, mean_pass_at_k
+from evotrainer.recipe import RewardComponent
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
 from evotrainer.rl_backend.models import (
@@ -71,10 +75,6 @@ from evotrainer.rl_backend.tasks import (
     split_manifest,
 )
 from evotrainer.rl_backend.tb_writer import TrainWriter, write_eval
-
-from evotrainer import metrics as M
-from evotrainer.estimators import avg_at_k, mean_pass_at_k
-from evotrainer.recipe import RewardComponent
 from evotrainer.rollouts import make_record
 from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 

@@ -42,12 +42,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
+from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.rl_backend import code_tasks
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
-
-from evotrainer.errors import EvoTrainerError
-from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.text_stats import repeated_ngram_rate
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from evotrainer.rl_backend.grpo import entropy_from_logits, selective_log_softmax
 
 

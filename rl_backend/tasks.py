@@ -52,6 +52,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from evotrainer.errors import EvoTrainerError
+from evotrainer.jsonl import iter_jsonl
+from evotrainer.recipe import DataSpec
 from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
     SweTask,
@@ -59,11 +64,6 @@ from evotrainer.rl_backend.swe.tasks import (
     load_swebench_jsonl,
     load_taskset,
 )
-from pydantic import BaseModel, ConfigDict, Field
-
-from evotrainer.errors import EvoTrainerError
-from evotrainer.jsonl import iter_jsonl
-from evotrainer.recipe import DataSpec
 
 DATA_DIR = Path(__file__).parent / "data"
 """Small shipped copies of GSM8K and MATH (see ``data/SOURCES.md``)."""

@@ -148,7 +148,6 @@ def main(names: list[str] = typer.Argument(None, help="Scenarios to run (default
     from evotrainer.agents.cli import LiveView
     from evotrainer.agents.report import write_report
     from evotrainer.agents.runner import run_loop
-
     from evotrainer.config import load_run_config
     from evotrainer.recipe import set_path
     from evotrainer.workspace import Workspace

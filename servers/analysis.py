@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
 from evotrainer.harness import analyzers as reg
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.servers.common import require_version
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
-
 from evotrainer.workspace import Workspace
 
 KV_KEY = "analyzers/registered"  # {name: {code, kinds, description, timeout_s, memory_mb}}

@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from evotrainer.harness import analyzers as reg
-from evotrainer.harness.findings import Finding
-from evotrainer.servers.analysis import KV_KEY, FindingInfo, evidence_of, finding_info, sync_registry
-from evotrainer.servers.backtests import TOOLS as BACKTEST_TOOLS
-from evotrainer.servers.common import ToolContext, state_of
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
+from evotrainer.harness import analyzers as reg
+from evotrainer.harness.findings import Finding
 from evotrainer.sandbox import sandbox_info
+from evotrainer.servers.analysis import KV_KEY, FindingInfo, evidence_of, finding_info, sync_registry
+from evotrainer.servers.backtests import TOOLS as BACKTEST_TOOLS
+from evotrainer.servers.common import ToolContext, state_of
 
 VersionIds = Annotated[list[str] | None, Field(description="Versions to analyze (default: all versions of the run).")]
 

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel, Field
+
 from evotrainer.servers import analyzers, logs, protocol, rollouts, skills, training
 from evotrainer.servers.common import (
     ServerState,
@@ -33,8 +36,6 @@ from evotrainer.servers.common import (
     state_of,
 )
 from evotrainer.servers.envelope import serve_stdio
-from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel, Field
 
 ToolFn = Callable[..., Any]
 

@@ -14,18 +14,18 @@ from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
 from evotrainer.harness import analyzers as reg
 from evotrainer.harness.backtest import backtest_analyzer as run_backtest
 from evotrainer.harness.backtest import inert_change
 from evotrainer.harness.backtest import replay_filter as replay
 from evotrainer.harness.backtest import rescore_rollouts as rescore
 from evotrainer.harness.gate import gate
+from evotrainer.recipe import RecipeError, get_path, set_path
 from evotrainer.servers.analysis import FindingInfo, evidence_of, finding_info, sync_registry
 from evotrainer.servers.common import JsonValue, ToolContext, require_version, state_of
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
-
-from evotrainer.recipe import RecipeError, get_path, set_path
 from evotrainer.workspace import Workspace
 
 FILTER_PATHS = ("drop_zero_variance_groups", "dynamic_filtering", "dynamic_filtering_range", "group_filter_top_p")

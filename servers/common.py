@@ -42,8 +42,6 @@ from typing import Annotated, Any, TypeVar
 import anyio
 import anyio.to_thread
 from annotated_types import Ge, Le, MaxLen
-from evotrainer.servers.jobs import JobManager
-from evotrainer.skills_db.store import SkillStore
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
@@ -53,6 +51,8 @@ from pydantic import AllowInfNan, BaseModel, Field, create_model
 from evotrainer.intervention import InterventionError
 from evotrainer.lineage import LineageError, Version
 from evotrainer.recipe import RecipeError
+from evotrainer.servers.jobs import JobManager
+from evotrainer.skills_db.store import SkillStore
 from evotrainer.workspace import Workspace, WorkspaceError
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -27,12 +27,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
-from evotrainer.servers.envelope import EnvelopeGuard
-from evotrainer.servers.protocol import ProtocolVersionGuard
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.servers.envelope import EnvelopeGuard
+from evotrainer.servers.protocol import ProtocolVersionGuard
 
 TOKEN_ENV = "EVOTRAINER_MCP_TOKEN"
 SESSION_IDLE_ENV = "EVOTRAINER_MCP_SESSION_IDLE_S"

@@ -20,6 +20,9 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 import re2
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
 from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
@@ -29,8 +32,6 @@ from evotrainer.servers.common import (
     require_version,
     state_of,
 )
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
 
 LEVELS = ("debug", "info", "warning", "error")
 SEARCH_DEADLINE_S = 10.0  # wall-clock budget of one search_logs scan (seconds)

@@ -32,7 +32,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from evotrainer.servers.common import ServerState, ToolContext, state_of
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
@@ -57,6 +56,7 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from evotrainer.lineage import LineageError
+from evotrainer.servers.common import ServerState, ToolContext, state_of
 
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id

@@ -12,6 +12,9 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
 from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
@@ -21,9 +24,6 @@ from evotrainer.servers.common import (
     require_version,
     state_of,
 )
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
-
 from evotrainer.workspace import Workspace
 
 Split = Literal["train", "eval"]

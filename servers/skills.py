@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, Field
+
 from evotrainer.servers.common import JsonValue, ToolContext, state_of
 from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, VersionSummary, new_id
 from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
-from pydantic import BaseModel, Field
 
 SkillKindArg = Literal["intervention", "analyzer", "procedure"]
 

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.resources import FunctionResource
+from pydantic import BaseModel, Field
+
 from evotrainer.harness.gate import test_sealed
+from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
+from evotrainer.lineage import Decision, Job, LineageError, Version
+from evotrainer.recipe import RecipeError, get_path, set_path
 from evotrainer.rl_backend.backends import get_backend
 from evotrainer.rl_backend.base import Backend, is_test_eval
 from evotrainer.servers.common import (
@@ -30,14 +38,6 @@ from evotrainer.servers.common import (
     state_of,
 )
 from evotrainer.servers.jobs import ProgressFn, StopFn, to_jsonable
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp.server.mcpserver.resources import FunctionResource
-from pydantic import BaseModel, Field
-
-from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
-from evotrainer.lineage import Decision, Job, LineageError, Version
-from evotrainer.recipe import RecipeError, get_path, set_path
 from evotrainer.workspace import Workspace
 
 StatusFilter = Literal["proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed"]

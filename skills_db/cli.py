@@ -150,8 +150,9 @@ def load_skill_file(path: Path) -> list[Any]:
             the entry and field).
     """
     import yaml
-    from evotrainer.skills_db.models import Skill, SkillError
     from pydantic import ValidationError
+
+    from evotrainer.skills_db.models import Skill, SkillError
 
     if not path.is_file():
         raise SkillError(f"{path}: no such file")

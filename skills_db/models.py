@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import RecipeError, apply_value_rule, check_value_rule, current_value
-from evotrainer.errors import EvoTrainerError
 
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")

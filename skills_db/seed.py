@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+
 from evotrainer.skills_db.models import Skill, SkillError
 
 SEED_FILE = Path(__file__).with_name("seed_skills.yaml")

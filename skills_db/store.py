@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+
 from evotrainer.skills_db.embeddings import NDIMS, embed, embedding_function
 from evotrainer.skills_db.models import (
     FailedCase,

@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
+
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.claude import ClaudeBrain
 from evotrainer.agents.decisions import Diagnosis, FindingRef, gate_verdict
 from evotrainer.agents.heuristic import EXPLORE_SKILLS, ZERO_SUSPECT_REWARD, HeuristicBrain, seed_library
 from evotrainer.agents.modes import BRAINS, MODES
-from evotrainer.harness.gate import verdict_from_gate
-from evotrainer.skills_db.seed import seed_skills
-
 from evotrainer.config import RunConfig
+from evotrainer.harness.gate import verdict_from_gate
 from evotrainer.recipe import Recipe, set_path
+from evotrainer.skills_db.seed import seed_skills
 
 
 class NoTools:

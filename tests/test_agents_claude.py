@@ -7,11 +7,11 @@ run on the real ``all`` server of a fresh run (``evotrainer.servers.app.build_se
 from __future__ import annotations
 
 import pytest
+from fake_anthropic import FakeAnthropic, last_tool_results, submit_tool, tool_use, turn
+
 from evotrainer.agents.claude import BrainError, ClaudeBrain, price_of
 from evotrainer.agents.decisions import Diagnosis, Proposal
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
-from fake_anthropic import FakeAnthropic, last_tool_results, submit_tool, tool_use, turn
-
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -135,7 +135,6 @@ def test_full_cycle_diagnose_propose_rank_decide_through_real_servers(toolbox, t
     from evotrainer.agents.diagnostician import Diagnostician
     from evotrainer.agents.intervener import Intervener
     from evotrainer.agents.orchestrator import Orchestrator
-
     from evotrainer.config import RunConfig
 
     def policy(body):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from evotrainer.agents.cli import lineage_table
-from evotrainer.agents.runner import pick_brain
 from typer.testing import CliRunner
 
+from evotrainer.agents.cli import lineage_table
+from evotrainer.agents.runner import pick_brain
 from evotrainer.cli import main
 from evotrainer.config import RunConfig
 from evotrainer.intervention import Intervention

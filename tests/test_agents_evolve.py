@@ -3,12 +3,11 @@ known outcome, and registers it only if it discriminates (real MCP servers, real
 
 from __future__ import annotations
 
+from evotrainer import metrics as M
 from evotrainer.agents.decisions import Diagnosis
 from evotrainer.agents.diagnostician import Diagnostician
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.mcp_client import ToolBox
-
-from evotrainer import metrics as M
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace

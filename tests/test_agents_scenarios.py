@@ -12,8 +12,8 @@ The too-easy-data scenario runs in the fast suite; the others are marked slow.
 from __future__ import annotations
 
 import pytest
-from evotrainer.agents.runner import run_loop
 
+from evotrainer.agents.runner import run_loop
 from evotrainer.config import load_run_config
 from evotrainer.recipe import set_path
 from evotrainer.workspace import Workspace

@@ -10,6 +10,8 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers import (
     AnalyzerError,
     behaviour,
@@ -23,8 +25,6 @@ from evotrainer.harness.analyzers import (
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import KINDS, Finding
 from evotrainer.harness.rollout_metrics import frac_zero_std_groups
-
-from evotrainer import metrics as M
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 

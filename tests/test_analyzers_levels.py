@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import level, segments, trend
-
-from evotrainer import metrics as M
 
 RNG = np.random.default_rng(7)
 

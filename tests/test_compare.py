@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from evotrainer.agents.compare import NO_RL, compare, equal_budget, run_config
-from evotrainer.harness.stats import pooled_paired_bootstrap
 
+from evotrainer.agents.compare import NO_RL, compare, equal_budget, run_config
 from evotrainer.config import RunConfig
+from evotrainer.harness.stats import pooled_paired_bootstrap
 from evotrainer.workspace import Workspace
 
 
@@ -114,7 +114,6 @@ def test_pbt_explore_follows_ray_tune_rules():
     import random
 
     from evotrainer.agents.search import PBT_FACTORS, SEARCH_SPACE, pbt_explore
-
     from evotrainer.recipe import Recipe, get_path
 
     base = Recipe(actor_learning_rate=1e-5, temperature=1.0, eps_clip_high=0.3, init_kl_coef=1e-3,

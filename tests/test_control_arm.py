@@ -5,10 +5,10 @@ does not discard every branch's training."""
 from __future__ import annotations
 
 import pytest
-from evotrainer.agents.runner import run_loop
-from evotrainer.harness.gate import gate, round_decisions, verdict_from_gate
 
+from evotrainer.agents.runner import run_loop
 from evotrainer.config import load_run_config
+from evotrainer.harness.gate import gate, round_decisions, verdict_from_gate
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from evotrainer.harness import stats
 
 from evotrainer.estimators import avg_at_k, mean_pass_at_k, pass_at_k
+from evotrainer.harness import stats
 
 
 def test_pass_at_k_rejects_counts_outside_the_samples():

@@ -246,9 +246,9 @@ def test_version_writers_side_by_side_and_one_writer_per_version(tmp_path):
 def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypatch):
     """`evotrainer run` with executor: ray trains round 1's arms (a child and the control) side by side on Ray
     workers and ends with the lineage, decisions and metric values of the inline run (same seed)."""
-    from evotrainer.agents.runner import run_loop
     from test_orchestrator import lineage_signature
 
+    from evotrainer.agents.runner import run_loop
     from evotrainer.config import load_run_config
 
     base = load_run_config(ROOT / "examples/tiny.yaml")
@@ -320,10 +320,9 @@ def test_executor_joins_a_cluster_started_with_ray_start(base_run, tmp_path):
 
 
 def test_bad_executor_settings_name_the_value_and_the_fix(tmp_path):
-    from evotrainer.rl_backend.cli import _cluster_spec
-
     from evotrainer.executor import ExecutorError, make_executor
     from evotrainer.recipe import RecipeError
+    from evotrainer.rl_backend.cli import _cluster_spec
 
     with pytest.raises(ExecutorError, match=r"executor='dask': allowed: inline, ray"):
         make_executor("dask")

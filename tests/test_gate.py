@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
-from evotrainer.harness.gate import gate
 
 from evotrainer import metrics as M
+from evotrainer.harness.findings import DAMAGES_WEIGHTS, Finding
+from evotrainer.harness.gate import gate
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
@@ -115,7 +115,6 @@ def test_gate_blocks_a_version_that_still_pays_a_leaky_term_an_ancestor_was_foun
     # the SmolLM2 leaky-reward scenario kept a child (+0.219 held-out) whose recipe still paid the format
     # token that reward_hacking on its parent found paying wrong answers 0.688 vs right ones 0.522
     from evotrainer.harness.findings import Finding
-
     from evotrainer.recipe import set_path
 
     with Workspace(tmp_path / "run", writer=True) as ws:

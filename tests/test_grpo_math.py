@@ -17,6 +17,7 @@ import types
 import numpy as np
 import pytest
 import torch
+
 from evotrainer.harness.backtest import filter_keep
 from evotrainer.rl_backend import grpo
 

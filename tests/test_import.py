@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
+
+from evotrainer.servers.app import build_server
 
 DATA = Path(__file__).parent / "data"
 VERL_LOG = DATA / "verl_logs" / "Qwen2.5-0.5B-bsz256_2-prompt512-resp256-0.538.log.gz"

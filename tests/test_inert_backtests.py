@@ -9,13 +9,13 @@ import math
 
 import pyarrow as pa
 import pytest
-from evotrainer.harness.backtest import COEF_INERT, inert_change
-from evotrainer.harness.evidence import Evidence
-from evotrainer.rl_backend.rewards import compute_rewards
-from evotrainer.rl_backend.tasks import Problem
 
 from evotrainer import metrics as M
+from evotrainer.harness.backtest import COEF_INERT, inert_change
+from evotrainer.harness.evidence import Evidence
 from evotrainer.recipe import Recipe, RecipeError, set_path
+from evotrainer.rl_backend.rewards import compute_rewards
+from evotrainer.rl_backend.tasks import Problem
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.workspace import Workspace
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import IngestError, ingest, parse_verl_log
 
 from evotrainer import metrics as M
 from evotrainer.aliases import canonical, map_record
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.ingest import IngestError, ingest, parse_verl_log
 
 DATA = Path(__file__).parent / "data"
 ING = DATA / "ingest"

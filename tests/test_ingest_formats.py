@@ -11,12 +11,12 @@ import math
 from pathlib import Path
 
 import pytest
-from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import IngestError, ingest
-from evotrainer.harness.ingest_formats import literal_dict, parse_areal_log, parse_dict_log
 
 from evotrainer import metrics as M
 from evotrainer.aliases import canonical, map_record, solve_fractions
+from evotrainer.harness.evidence import Evidence
+from evotrainer.harness.ingest import IngestError, ingest
+from evotrainer.harness.ingest_formats import literal_dict, parse_areal_log, parse_dict_log
 
 ING = Path(__file__).parent / "data" / "ingest"
 

@@ -13,14 +13,14 @@ import os
 import pytest
 import torch
 import yaml
-from evotrainer.rl_backend.backends import get_backend
-from evotrainer.rl_backend.base import BackendError
-from evotrainer.rl_backend.local import LocalBackend
 
 from evotrainer import metrics as M
 from evotrainer.estimators import pass_at_k
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import validate_recipe
+from evotrainer.rl_backend.backends import get_backend
+from evotrainer.rl_backend.base import BackendError
+from evotrainer.rl_backend.local import LocalBackend
 from evotrainer.workspace import Workspace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

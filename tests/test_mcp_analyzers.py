@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
 from evotrainer.sandbox import sandbox_info
+from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
 
 # Fires a warn finding on every version whose eval rewards average below 0.5 (reads evidence files).

@@ -33,9 +33,10 @@ from pathlib import Path
 import pytest
 import uvicorn
 import yaml
+from mcp_testlib import make_run
+
 from evotrainer.servers.app import build_server
 from evotrainer.servers.http import MCP_PATH, http_app
-from mcp_testlib import make_run
 
 CONFORMANCE_DIR = Path(os.environ.get("EVOTRAINER_CONFORMANCE_DIR",
                                       Path.home() / ".cache" / "evotrainer" / "conformance"))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
+
+from evotrainer.servers.app import build_server
 
 N_CALLS = 400
 EXPENSIVE = {"start_training", "evaluate_version", "run_analyzer_code", "backtest_analyzer", "register_analyzer",

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
+
+from evotrainer.servers.app import build_server
 
 INSPECTOR_DIR = Path(os.environ.get("EVOTRAINER_INSPECTOR_DIR", Path.home() / ".cache" / "evotrainer" / "inspector"))
 INSPECTOR = INSPECTOR_DIR / "node_modules" / ".bin" / "mcp-inspector"

@@ -4,10 +4,10 @@ progress notifications, one writer per run, consistent reads while training writ
 from __future__ import annotations
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
 
 from evotrainer.recipe import Recipe
+from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import time
 
-from evotrainer.servers.jobs import JobManager
-
 from evotrainer.recipe import Recipe
+from evotrainer.servers.jobs import JobManager
 from evotrainer.workspace import Workspace
 
 

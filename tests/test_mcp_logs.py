@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from mcp_testlib import SyncClient, make_run
+
 from evotrainer.servers.app import build_server
 from evotrainer.servers.logs import downsample, stats_of
-from mcp_testlib import SyncClient, make_run
 
 
 @pytest.fixture(scope="module")

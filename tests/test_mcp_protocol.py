@@ -11,12 +11,13 @@ import warnings
 
 import anyio
 import pytest
-from evotrainer.servers.app import build_server
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_testlib import SyncClient, make_run
 from mcp_types import PromptReference, ResourceTemplateReference
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+
+from evotrainer.servers.app import build_server
 
 
 # --- compare_versions keeps the no-RL evaluation apart -------------------------------------------
@@ -197,9 +198,9 @@ def test_per_version_resource_and_its_errors(run):
 
 
 def test_subscribed_version_gets_update_notifications(tmp_path):
-    from evotrainer.servers import protocol
     from mcp_types import ResourceUpdatedNotification
 
+    from evotrainer.servers import protocol
     from evotrainer.workspace import Workspace
 
     run = make_run(tmp_path)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient
+
+from evotrainer.servers.app import build_server
 
 
 @pytest.fixture(scope="module")

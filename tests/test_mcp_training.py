@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from evotrainer.servers.app import build_server
 from mcp_testlib import SyncClient, make_run
 
+from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
 
 TRAINING_TOOLS = {"list_versions", "get_version", "diff_versions", "propose_intervention", "start_training",

@@ -11,8 +11,9 @@ import time
 
 import httpx
 import pytest
-from evotrainer.servers.http import check_bind, origin_allowed, resolve_token
 from mcp_testlib import SyncClient, make_run
+
+from evotrainer.servers.http import check_bind, origin_allowed, resolve_token
 
 TOKEN = "test-token-0123456789abcdef"
 

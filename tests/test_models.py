@@ -10,9 +10,9 @@ import os
 
 import pytest
 import torch
-from evotrainer.rl_backend import models, sampling
 
 from evotrainer.recipe import ModelSpec
+from evotrainer.rl_backend import models, sampling
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

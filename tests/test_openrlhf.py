@@ -17,6 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from evotrainer.recipe import Recipe, set_path
 from evotrainer.rl_backend.openrlhf.job import (
     FLAGS,
     ClusterSpec,
@@ -34,8 +36,6 @@ from evotrainer.rl_backend.openrlhf.runner import (
     load_parser,
     submit,
 )
-
-from evotrainer.recipe import Recipe, set_path
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = ["0.11.2", "0.10.4", "0.10.1"]
@@ -247,11 +247,10 @@ def test_ray_submission_without_ray_says_how_to_install(tmp_path, monkeypatch):
 
 
 def test_ingest_recorded_tensorboard_feeds_the_analyzers(tmp_path):
+    from evotrainer import metrics as M
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
     from evotrainer.rl_backend.openrlhf.ingest import ingest_run, summarize
-
-    from evotrainer import metrics as M
     from evotrainer.workspace import Workspace
 
     recipe = set_path(Recipe(), "reward.format_token.weight", 0.5)
@@ -315,9 +314,8 @@ out = Path(a["ckpt.output_dir"]); out.mkdir(parents=True, exist_ok=True)
 
 def test_backend_train_and_evaluate_through_the_runner(tmp_path):
     """The backend's real loop (build, submit, poll, ingest, status) around a stand-in trainer program."""
-    from evotrainer.rl_backend.backends import get_backend
-
     from evotrainer import metrics as M
+    from evotrainer.rl_backend.backends import get_backend
     from evotrainer.workspace import Workspace
 
     (tmp_path / "fake_trainer.py").write_text(FAKE_TRAINER)
@@ -542,7 +540,6 @@ def test_ray_address_unreachable(tmp_path):
 
 def test_backend_cancel_stops_the_job(tmp_path):
     from evotrainer.rl_backend.openrlhf.backend import OpenRLHFBackend
-
     from evotrainer.workspace import Workspace
 
     (tmp_path / "fake_trainer.py").write_text(FAKE_TRAINER)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from evotrainer.agents.runner import run_loop
 
+from evotrainer.agents.runner import run_loop
 from evotrainer.config import load_run_config
 from evotrainer.workspace import Workspace
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.mcp_client import ToolBox
 from evotrainer.agents.orchestrator import Orchestrator
-
 from evotrainer.config import RunConfig
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
@@ -107,7 +107,6 @@ def test_data_level_moves_toward_groups_that_disagree(orch, reward_mean, level):
     from evotrainer.agents.decisions import Diagnosis, FindingRef
     from evotrainer.agents.heuristic import _toward_variance
     from evotrainer.agents.mcp_client import RoleTools
-
     from evotrainer.recipe import set_path
 
     assert _toward_variance(3, 2, 0.07) and not _toward_variance(3, 4, 0.07)

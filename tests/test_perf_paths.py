@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from evotrainer.skills_db import embeddings as E
 from evotrainer.skills_db.store import SkillStore
 
@@ -156,10 +157,10 @@ def test_rss_does_not_grow_across_versions(tmp_path):
 
     import psutil
     import torch
-    from evotrainer.rl_backend.local import LocalBackend
 
     from evotrainer.intervention import Intervention
     from evotrainer.recipe import validate_recipe
+    from evotrainer.rl_backend.local import LocalBackend
     from evotrainer.workspace import Workspace
 
     def live() -> tuple[int, int]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers import list_analyzers, run_analyzers
 from evotrainer.harness.analyzers.progress import KL_TARGET, PROGRESS_KINDS, slope_ci
 from evotrainer.harness.evidence import Evidence
-
-from evotrainer import metrics as M
 
 DATA = Path(__file__).parent / "data" / "progress"
 NAMES = ["update_size", "plateau", "headroom"]
@@ -144,9 +144,8 @@ def test_tiny_model_run_end_to_end(tmp_path, lr, expected):
     # target while the rare token is not learned in 8 steps (no significant reward rise): too large to pay off
     # (warn). The paying-off case (info) is the hand-made series above. (On the 1-digit prompts of old, where
     # ' slice' was ~12%, the same run learned the token and read info.)
-    from evotrainer.rl_backend.local import LocalBackend
-
     from evotrainer.recipe import validate_recipe
+    from evotrainer.rl_backend.local import LocalBackend
     from evotrainer.workspace import Workspace
 
     ws = Workspace(tmp_path / "run", writer=True)

@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+
+from evotrainer import metrics as M
 from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.intervener import Intervener, task_mismatch
 from evotrainer.agents.mcp_client import RoleTools, ToolBox
-
-from evotrainer import metrics as M
 from evotrainer.recipe import Recipe, set_path
 from evotrainer.workspace import Workspace
 

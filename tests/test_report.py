@@ -6,9 +6,9 @@ import base64
 import re
 
 import pytest
-from evotrainer.agents.report import bootstrap_ci, render_html, score_rows, write_report
 
 from evotrainer import metrics as M
+from evotrainer.agents.report import bootstrap_ci, render_html, score_rows, write_report
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
@@ -120,9 +120,9 @@ def test_report_cli(tmp_path):
 
 def test_summary_table_folds_long_changes_on_a_narrow_terminal(tmp_path):
     # the fresh-clone user's 80-column log cut "reward.overlong.weight: None -> 1.0; generate_max_len: 16 -> 32"
-    from evotrainer.agents.report import summary_table
     from rich.console import Console
 
+    from evotrainer.agents.report import summary_table
     from evotrainer.intervention import Intervention
     from evotrainer.recipe import Recipe
     from evotrainer.workspace import Workspace

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.rl_backend.math_verify_utils import extract_answer, is_correct
 from evotrainer.rl_backend.rewards import (
     REWARD_FUNCTIONS,
@@ -13,8 +15,6 @@ from evotrainer.rl_backend.rewards import (
     overlong_penalty,
 )
 from evotrainer.rl_backend.tasks import Problem
-
-from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
 from evotrainer.text_stats import repeated_ngram_rate
 
 ADD = Problem(id="a", prompt="What is 3 + 4?", answer="7", meta={"task": "arithmetic"})

@@ -9,9 +9,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import evotrainer.rl_backend.openrlhf as openrlhf
 import evotrainer.rl_backend.swe as swe
-import pytest
 
 LIGHT = ["evotrainer.rl_backend.tasks", "evotrainer.rl_backend.rewards", "evotrainer.rl_backend.code_tasks",
          "evotrainer.rl_backend.math_verify_utils", "evotrainer.rl_backend.base", "evotrainer.rl_backend.swe",

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from evotrainer.servers.app import build_server
-from evotrainer.servers.jobs import JobManager
 from mcp_testlib import SyncClient, make_run
 
 from evotrainer.recipe import Recipe
+from evotrainer.servers.app import build_server
+from evotrainer.servers.jobs import JobManager
 from evotrainer.workspace import Workspace, WorkspaceError
 
 
@@ -217,8 +217,9 @@ def test_search_logs_deadline_is_a_tool_error(redos_run, monkeypatch):
 
 
 def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
-    from evotrainer.servers import common
     from mcp.server.mcpserver import MCPServer
+
+    from evotrainer.servers import common
 
     server = MCPServer("slow")
 
@@ -695,6 +696,7 @@ def test_numbers_are_range_checked_before_duckdb(bounds_client):
 
 def test_duckdb_errors_never_reach_the_client_raw():
     import duckdb
+
     from evotrainer.servers.common import _to_tool_error
 
     try:

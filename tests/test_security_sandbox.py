@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import pytest
-from evotrainer.rl_backend.swe.env import SweEnv
 from test_swe_tasks import make_git_task
 
 from evotrainer.recipe import ToolUseSpec
+from evotrainer.rl_backend.swe.env import SweEnv
 from evotrainer.sandbox import SandboxError, run_in_sandbox, sandbox_info
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,11 +5,12 @@ import typing
 
 import anyio
 import pytest
+from mcp import Client
+from pydantic import BaseModel
+
 from evotrainer.servers import analyzers, backtests, logs, rollouts, skills, training
 from evotrainer.servers.app import TOOL_META, TOOLS, TOOLSETS, build_server
 from evotrainer.servers.common import ServerState, ToolContext
-from mcp import Client
-from pydantic import BaseModel
 
 MODULES = (training, rollouts, logs, analyzers, backtests, skills)
 

@@ -11,7 +11,10 @@ import shutil
 
 import numpy as np
 import pytest
+
 from evotrainer.harness.analyzers.progress import PROGRESS_KINDS  # learning-progress kinds (issue 16)
+from evotrainer.intervention import Intervention
+from evotrainer.recipe import Recipe, diff_recipes, get_path, set_path
 from evotrainer.skills_db.embeddings import FUNCTION_NAME, embed, embed_query, load_model
 from evotrainer.skills_db.models import (
     FailedCase,
@@ -24,9 +27,6 @@ from evotrainer.skills_db.models import (
 )
 from evotrainer.skills_db.seed import seed_skills
 from evotrainer.skills_db.store import SkillStore, default_skills_dir
-
-from evotrainer.intervention import Intervention
-from evotrainer.recipe import Recipe, diff_recipes, get_path, set_path
 
 FINDING_KINDS = ("truncation", "zero_variance_groups", "entropy_collapse", "template_collapse", "length_collapse",
                  "length_blowup", "nan_blowup", "kl_blowup", "reward_hacking", "train_eval_divergence", "grad_spike")

@@ -10,10 +10,11 @@ import json
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
 from evotrainer.skills_db import cli as skills_cli
 from evotrainer.skills_db.embeddings import load_model
 from evotrainer.skills_db.seed import seed_skills
-from typer.testing import CliRunner
 
 FIELDS = ["id", "kind", "name", "score", "addresses", "recipe_path"]
 

@@ -9,10 +9,11 @@ import json
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
 from evotrainer.skills_db import cli as skills_cli
 from evotrainer.skills_db.embeddings import load_model
 from evotrainer.skills_db.store import SkillStore
-from typer.testing import CliRunner
 
 PHRASINGS = [
     ("truncation", "my responses keep getting cut off at max length"),

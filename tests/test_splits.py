@@ -4,13 +4,13 @@ from every MCP tool while a run is under way and scored only for the run's final
 from __future__ import annotations
 
 import pytest
+
 from evotrainer.agents.loop import open_toolbox
 from evotrainer.agents.mcp_client import ToolCallError
 from evotrainer.agents.runner import run_loop
-from evotrainer.rl_backend.tasks import TaskError, load_problems, load_splits, split_manifest
-
 from evotrainer.config import load_run_config
 from evotrainer.recipe import DataSpec
+from evotrainer.rl_backend.tasks import TaskError, load_problems, load_splits, split_manifest
 from evotrainer.workspace import Workspace
 
 

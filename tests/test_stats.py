@@ -6,6 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as sps
+
+from evotrainer import estimators
 from evotrainer.harness.stats import (
     avg_at_k,
     compare_versions,
@@ -13,9 +16,6 @@ from evotrainer.harness.stats import (
     paired_permutation_test,
     pass_at_k,
 )
-from scipy import stats as sps
-
-from evotrainer import estimators
 
 
 def test_avg_at_k_by_hand():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from evotrainer.rl_backend.swe.tasks import load_taskset
 
 

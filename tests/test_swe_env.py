@@ -6,11 +6,11 @@ import json
 import time
 
 import pytest
-from evotrainer.rl_backend.swe.env import SweEnv, parse_tool_calls
-from evotrainer.rl_backend.swe.tasks import load_taskset
 from test_swe_tasks import make_git_task
 
 from evotrainer.recipe import ToolUseSpec
+from evotrainer.rl_backend.swe.env import SweEnv, parse_tool_calls
+from evotrainer.rl_backend.swe.tasks import load_taskset
 
 
 def call(name: str, **args) -> str:

@@ -6,9 +6,12 @@ import json
 
 import pyarrow as pa
 import pytest
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.analyzers import swe as swe_analyzers
 from evotrainer.harness.evidence import Evidence
+from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.episode import (
     encode_trajectory,
     episode_extras,
@@ -18,9 +21,6 @@ from evotrainer.rl_backend.swe.episode import (
 )
 from evotrainer.rl_backend.swe.policies import ScriptedPolicy
 from evotrainer.rl_backend.swe.tasks import load_taskset
-
-from evotrainer import metrics as M
-from evotrainer.recipe import ToolUseSpec
 from evotrainer.rollouts import SCHEMA
 
 
@@ -165,9 +165,9 @@ def test_encode_trajectory_uses_the_sampled_ids(tok):
 def tiny():
     """The tiny random Llama with the SmolLM2 tokenizer (rl_backend.models)."""
     import torch
-    from evotrainer.rl_backend.models import load_policy
 
     from evotrainer.recipe import ModelSpec
+    from evotrainer.rl_backend.models import load_policy
 
     return load_policy(ModelSpec(name_or_path="tiny-random"), device=torch.device("cpu"))
 
@@ -175,6 +175,7 @@ def tiny():
 def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_tasks, tmp_path, tiny):
     """A tiny random model plays 2 turns: its replies are no tool calls, the ids and mask still line up."""
     import torch
+
     from evotrainer.rl_backend.swe.policies import ChatModelPolicy
 
     torch.manual_seed(0)
@@ -198,6 +199,7 @@ def test_model_policy_episode_records_sampled_ids_and_a_consistent_mask(two_task
 def test_episodes_to_rollout_batch_feeds_the_trainer_forward(two_tasks, tmp_path, tiny):
     """Two tiny-model episodes become a RolloutBatch whose masked log-probs cover the policy tokens only."""
     import torch
+
     from evotrainer.rl_backend.sampling import sequence_logprobs
     from evotrainer.rl_backend.swe.policies import ChatModelPolicy
     from evotrainer.rl_backend.swe.train import episodes_to_rollout_batch

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from evotrainer.rl_backend.swe.policies import snapshot_file
 from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
@@ -142,9 +143,8 @@ def test_generator_mutations_and_unique_snippets():
 
 
 def test_load_swe_problems_splits_by_project():
-    from evotrainer.rl_backend.tasks import load_swe_problems
-
     from evotrainer.recipe import DataSpec
+    from evotrainer.rl_backend.tasks import load_swe_problems
 
     train, held = load_swe_problems(DataSpec(task="swe", n_train=100, n_heldout=25, seed=0))
     # 4 projects, held-out share 25/125 -> round(0.8) = 1 project (9 tasks) held out, 27 train tasks

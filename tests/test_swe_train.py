@@ -14,14 +14,14 @@ import os
 
 import pytest
 import torch
+
+from evotrainer import metrics as M
+from evotrainer.recipe import validate_recipe
 from evotrainer.rl_backend.local import LocalBackend
 from evotrainer.rl_backend.models import load_policy
 from evotrainer.rl_backend.swe import train as swe_train
 from evotrainer.rl_backend.swe.policies import ChatModelPolicy
 from evotrainer.rl_backend.tasks import load_problems
-
-from evotrainer import metrics as M
-from evotrainer.recipe import validate_recipe
 from evotrainer.workspace import Workspace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evotrainer.harness import synthesis as S
-from evotrainer.harness.evidence import Evidence
 
 from evotrainer import metrics as M
+from evotrainer.harness import synthesis as S
+from evotrainer.harness.evidence import Evidence
 
 
 @pytest.fixture(autouse=True)
@@ -183,9 +183,8 @@ def _orch(ws, brain=None):
     from evotrainer.agents.heuristic import HeuristicBrain
     from evotrainer.agents.mcp_client import ToolBox
     from evotrainer.agents.orchestrator import Orchestrator
-    from evotrainer.servers.app import build_server
-
     from evotrainer.config import RunConfig
+    from evotrainer.servers.app import build_server
 
     tb = ToolBox(build_server("all", str(ws.root)))
     return tb, Orchestrator(RunConfig(), tb, ws, brain or HeuristicBrain())

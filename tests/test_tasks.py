@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from evotrainer.recipe import DataSpec
 from evotrainer.rl_backend.tasks import (
     DATA_DIR,
     EST_PASS_RATE,
@@ -20,8 +22,6 @@ from evotrainer.rl_backend.tasks import (
     read_verl_parquet,
     split_manifest,
 )
-
-from evotrainer.recipe import DataSpec
 
 
 @pytest.mark.parametrize("level", [1, 2, 3, 4, 5, 6])
@@ -149,9 +149,8 @@ def test_difficulty_band_filter():
 
 
 def test_workspace_pass_rates_move_the_band(tmp_path):
-    from evotrainer.rl_backend.tasks import workspace_pass_rates
-
     from evotrainer.recipe import Recipe
+    from evotrainer.rl_backend.tasks import workspace_pass_rates
     from evotrainer.rollouts import make_record
     from evotrainer.workspace import Workspace
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from evotrainer.rl_backend.local import LocalBackend
-from evotrainer.rl_backend.tb_writer import hparams_of, lineage_step_offset, samples_markdown
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from evotrainer import metrics as M
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import validate_recipe
+from evotrainer.rl_backend.local import LocalBackend
+from evotrainer.rl_backend.tb_writer import hparams_of, lineage_step_offset, samples_markdown
 from evotrainer.workspace import Workspace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -4,11 +4,11 @@ completions/* metrics and the harness's recomputation from rollouts share one im
 from __future__ import annotations
 
 import pytest
+
+from evotrainer import text_stats
 from evotrainer.harness import rollout_metrics
 from evotrainer.rl_backend.rewards import compute_rewards
 from evotrainer.rl_backend.tasks import Problem
-
-from evotrainer import text_stats
 from evotrainer.text_stats import distinct_n, repeated_ngram_rate, repetition_rate
 
 TEXTS = ["a b c d a b c d", "x y z w x y z w x y z w", "one two three", ""]

@@ -9,12 +9,12 @@ import os
 
 import pytest
 import torch
-from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.local import LocalBackend, adamw_step_norms
-from evotrainer.rl_backend.models import load_policy
 
 from evotrainer import metrics as M
 from evotrainer.recipe import validate_recipe
+from evotrainer.rl_backend import grpo
+from evotrainer.rl_backend.local import LocalBackend, adamw_step_norms
+from evotrainer.rl_backend.models import load_policy
 from evotrainer.workspace import Workspace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from evotrainer.harness.importer import RunImportError
-from evotrainer.harness.watch import Watcher
-from evotrainer.servers.app import build_server
 from mcp import Client
 
 from evotrainer import metrics as M
+from evotrainer.harness.importer import RunImportError
+from evotrainer.harness.watch import Watcher
 from evotrainer.recipe import Recipe
+from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
 
 VERL = Path(__file__).parent / "data" / "verl_logs" / "Qwen2.5-0.5B-bsz256_2-prompt512-resp256-0.538.log.gz"
@@ -92,8 +92,9 @@ def test_half_written_line_is_completed_in_the_run(tmp_path):
 
 
 def test_append_reaches_a_subscribed_mcp_client(tmp_path):
-    from evotrainer.servers import protocol
     from mcp_types import ResourceUpdatedNotification
+
+    from evotrainer.servers import protocol
 
     log, run = tmp_path / "train.log", tmp_path / "run"
     lines = _lines()

@@ -21,6 +21,8 @@ import re
 
 import numpy as np
 import pyarrow.compute as pc
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import (
     ALPHA,
     CORRECTNESS,
@@ -33,8 +35,6 @@ from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.stats import compare_versions
 from evotrainer.harness.trends import MIN_POINTS, fmt
-
-from evotrainer import metrics as M
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzers (registered by ``analyzers/registry.py``)."""

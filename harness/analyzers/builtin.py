@@ -24,6 +24,8 @@ gradient spikes that nothing suffers from are ``info``.
 from __future__ import annotations
 
 import numpy as np
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import (
     ALPHA,
     CORRECTNESS,
@@ -44,8 +46,6 @@ from evotrainer.harness.analyzers.rules import (
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import Trend, fmt, noise_sd, spikes
-
-from evotrainer import metrics as M
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzers (registered by ``analyzers/registry.py``)."""

@@ -38,12 +38,12 @@ import math
 from typing import Any
 
 import numpy as np
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import CORRECTNESS, AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import MIN_POINTS, fmt
-
-from evotrainer import metrics as M
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzers (registered by ``analyzers/registry.py``)."""

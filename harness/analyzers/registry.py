@@ -27,11 +27,10 @@ import evotrainer.harness.analyzers.builtin as builtin_rules
 import evotrainer.harness.analyzers.progress as progress_rules
 import evotrainer.harness.analyzers.swe as swe_rules
 import evotrainer.harness.analyzers.zero_variance as zero_variance_rules
+from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers.rules import AnalyzerFn, AnalyzerSpec, first_line
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding, parse_findings, sort_findings
-
-from evotrainer.errors import EvoTrainerError
 from evotrainer.sandbox import run_in_sandbox
 
 BUILTIN_MODULES: tuple[ModuleType, ...] = (builtin_rules, behaviour_rules, zero_variance_rules, progress_rules,

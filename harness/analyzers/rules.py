@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from evotrainer import metrics as M
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import MIN_POINTS, Level, Trend, level, trend
-
-from evotrainer import metrics as M
 
 AnalyzerFn = Callable[[Evidence], list[Finding]]
 

@@ -23,11 +23,11 @@ import json
 from typing import Any
 
 import pyarrow.compute as pc
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-
-from evotrainer import metrics as M
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzers (registered by ``analyzers/registry.py``)."""

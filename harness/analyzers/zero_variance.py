@@ -43,6 +43,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import (
     CORRECTNESS,
     ZERO_STD_TOL,
@@ -57,8 +59,6 @@ from evotrainer.harness.analyzers.rules import (
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import fmt, level, trend
-
-from evotrainer import metrics as M
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzer (registered by ``analyzers/registry.py``)."""

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evotrainer import metrics as M
+from evotrainer.recipe import Recipe, load_recipe
 from evotrainer.rl_backend.base import EvalResult, TrainResult
 from evotrainer.rl_backend.openrlhf.ingest import ingest_run, summarize
 from evotrainer.rl_backend.openrlhf.job import (
@@ -25,9 +27,6 @@ from evotrainer.rl_backend.openrlhf.job import (
     installed_openrlhf_version,
 )
 from evotrainer.rl_backend.openrlhf.runner import cancel_job, check_job, job_logs, job_status, submit
-
-from evotrainer import metrics as M
-from evotrainer.recipe import Recipe, load_recipe
 
 
 def _hf_folder(path: str | None) -> str | None:

@@ -34,11 +34,11 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from evotrainer.rl_backend.tasks import build_messages, load_problems
 from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe
+from evotrainer.rl_backend.tasks import build_messages, load_problems
 
 PINNED_VERSION = "0.11.2"
 """The OpenRLHF version of the ``openrlhf`` extra; the previous minor (0.10.x) is supported too."""

@@ -34,10 +34,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from evotrainer.recipe import RewardComponent
 from evotrainer.rl_backend.rewards import compute_rewards
 from evotrainer.rl_backend.tasks import Problem
-
-from evotrainer.recipe import RewardComponent
 
 _TRAILING_SPECIAL = re.compile(r"(<\|[^|>]{1,40}\|>|</s>|<eos>|<pad>)+\s*$")
 

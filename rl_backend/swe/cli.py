@@ -59,10 +59,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 @swe_app.command("tasks")
 def tasks_cmd(taskset: TasksetOpt = None, as_json: JsonOpt = False) -> None:
     """List the SWE tasks: id, project, bugged file and line, mutation, hidden test counts."""
-    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, load_manifest
     from rich.table import Table
 
     from evotrainer.cli import console, print_json
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, load_manifest
 
     ts = _select(taskset, None, None)
     if as_json:
@@ -84,6 +84,7 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
                  ) -> dict[str, Any]:
     """Run one scripted policy over ``tasks``; returns rewards, metrics, findings and per-episode rows."""
     import pyarrow as pa
+
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.evidence import Evidence
     from evotrainer.rl_backend.rewards import compute_rewards
@@ -95,7 +96,6 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
     )
     from evotrainer.rl_backend.swe.policies import ScriptedPolicy
     from evotrainer.rl_backend.tasks import Problem
-
     from evotrainer.rollouts import SCHEMA
 
     eps = run_episodes(tasks, ScriptedPolicy(kind, tasks, taskset_root), limits=limits, taskset_root=taskset_root,
@@ -136,13 +136,13 @@ def check_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run scripted policies over the tasks in the sandbox: mean rewards, tool-use metrics, findings."""
-    from evotrainer.rl_backend.swe.policies import SCRIPTED
-    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR
     from rich.progress import Progress
     from rich.table import Table
 
     from evotrainer.cli import console, err_console, print_json
     from evotrainer.recipe import ToolUseSpec
+    from evotrainer.rl_backend.swe.policies import SCRIPTED
+    from evotrainer.rl_backend.swe.tasks import TASKSET_DIR
 
     kinds = policy or list(SCRIPTED)
     bad = [k for k in kinds if k not in SCRIPTED]
@@ -195,13 +195,13 @@ def episodes_cmd(
 ) -> None:
     """Let a model play SWE episodes; print outcomes, tool-use metrics and policy-token mask sizes."""
     import torch
+
+    from evotrainer.cli import console, print_json
+    from evotrainer.recipe import ModelSpec, ToolUseSpec
     from evotrainer.rl_backend.models import load_policy
     from evotrainer.rl_backend.swe.episode import encode_trajectory, episode_metrics, run_episodes
     from evotrainer.rl_backend.swe.policies import ChatModelPolicy
     from evotrainer.rl_backend.swe.tasks import TASKSET_DIR
-
-    from evotrainer.cli import console, print_json
-    from evotrainer.recipe import ModelSpec, ToolUseSpec
 
     torch.manual_seed(seed)
     ts = _select(taskset, tasks, limit)

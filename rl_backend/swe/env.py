@@ -37,6 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.errors import EvoTrainerError
+from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
     SweTask,
@@ -45,10 +49,6 @@ from evotrainer.rl_backend.swe.tasks import (
     run_pytest,
     test_file_digests,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from evotrainer.errors import EvoTrainerError
-from evotrainer.recipe import ToolUseSpec
 from evotrainer.sandbox import fs as sfs
 
 TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from evotrainer.rl_backend.swe.env import TOOLS, SweEnv, SweOutcome, parse_tool_calls
-from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
-
 from evotrainer import metrics as M
 from evotrainer.recipe import ToolUseSpec
+from evotrainer.rl_backend.swe.env import TOOLS, SweEnv, SweOutcome, parse_tool_calls
+from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
 from evotrainer.rollouts import make_record
 from evotrainer.sandbox.fs import remove_tree
 

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from evotrainer import metrics as M
 from evotrainer.rl_backend.rewards import compute_rewards
 from evotrainer.rl_backend.sampling import RolloutBatch, sequence_logprobs
 from evotrainer.rl_backend.swe.episode import (
@@ -52,8 +54,6 @@ from evotrainer.rl_backend.swe.episode import (
 )
 from evotrainer.rl_backend.swe.policies import ChatModelPolicy
 from evotrainer.rl_backend.swe.tasks import SweTask, SweTaskError, load_swebench_jsonl, load_taskset
-
-from evotrainer import metrics as M
 
 CONTEXT_TOKENS = 3072
 """Context the policy samples a reply from (at least ``recipe.prompt_max_len``), tokens."""
