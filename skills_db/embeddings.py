@@ -21,6 +21,7 @@ package at load time. Vectors are L2-normalised (cosine distance = 1 - dot produ
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -139,8 +140,6 @@ class NumpyMiniLM:
     """
 
     def __init__(self, path: Path | None = None):
-        import json
-
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 

@@ -40,6 +40,7 @@ from evotrainer.skills_db.models import (
     TrackRecord,
     VersionSummary,
 )
+from evotrainer.skills_db.seed import seed_skills
 
 SKILLS_DIR_ENV = "EVOTRAINER_SKILLS_DIR"
 SKILLS, FAILED_CASES, SEARCH_TRACES, VERSION_SUMMARIES = "skills", "failed_cases", "search_traces", "version_summaries"
@@ -143,8 +144,6 @@ def _from_row(row: dict[str, Any], table: str) -> Any:
 
 def _seed_rows() -> list[dict[str, Any]]:
     """Rows of the seed library with their vectors; embedded once per process, then reused."""
-    from evotrainer.skills_db.seed import seed_skills
-
     skills = seed_skills()
     rows = [_to_row(s, SKILLS) for s in skills]
     key = tuple(r["text"] for r in rows)
