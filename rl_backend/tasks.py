@@ -155,7 +155,8 @@ def arithmetic_problems(level: int, n: int, seed: int) -> list[Problem]:
         TaskError: unknown level.
     """
     size, make = _level_space(level)
-    rng, seen, idx = random.Random(f"arith-{level}-{seed}"), set(), []
+    rng, seen = random.Random(f"arith-{level}-{seed}"), set()
+    idx: list[int] = []
     while len(idx) < min(n, size):  # draws with rejection: the first k of n draws are the k draws
         i = rng.randrange(size)
         if i not in seen:
@@ -433,7 +434,7 @@ def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -
     """
     if data.task == "swe":  # repository tasks: split by project (load_swe_problems)
         train, heldout = load_swe_problems(data)
-        train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
+        train = filter_by_pass_rate(train, data.difficulty_band, pass_rates)
         if not train:
             raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no SWE training task has a measured "
                             "pass rate in the band; widen it")
@@ -465,7 +466,7 @@ def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -
     if not train or not heldout or len(test) < min(1, data.n_test):
         raise TaskError(f"data: got {len(train)} train / {len(heldout)} dev / {len(test)} test problems; "
                         "point data.path at a bigger file or lower n_train / n_heldout / n_test")
-    train = filter_by_pass_rate(train, tuple(data.difficulty_band), pass_rates)
+    train = filter_by_pass_rate(train, data.difficulty_band, pass_rates)
     if not train:
         raise TaskError(f"data.difficulty_band={list(data.difficulty_band)}: no training problem has an estimated "
                         "pass rate in the band; widen it")

@@ -330,7 +330,10 @@ def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, 
         if backend == "bwrap":
             argv = [sys.executable if a in ("python", "python3") and i == 0 else a for i, a in enumerate(cmd)]
             argv = [CODE_PATH if a == "{code}" else a for a in argv]
-            return run_bwrap(_bwrap_status()[0], argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
+            bwrap, reason = _bwrap_status()
+            if bwrap is None:  # _choose_backend picks bwrap only when it works
+                raise SandboxUnavailable(f"bwrap: {reason}")
+            return run_bwrap(bwrap, argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
                              env_extra=env_extra, tmp=Path(tmp))
         return run_unsafe_local(cmd, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits,
                                 env_extra=env_extra, tmp=Path(tmp))

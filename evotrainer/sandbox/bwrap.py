@@ -221,8 +221,11 @@ def supervise(argv: list[str], limits: RunLimits, *, backend: str, env: dict[str
     fds = {"{report_fd}": report_w}
     to_close = [report_w]
     if "{seccomp_fd}" in argv:
+        program = seccomp_filter()
+        if program is None:  # _bwrap_argv asks for --seccomp only where a filter exists
+            raise SandboxError(f"argv asks for a seccomp filter, but there is none for {platform.machine()}")
         sec_r, sec_w = os.pipe()
-        os.write(sec_w, seccomp_filter())  # a few hundred bytes: fits the pipe buffer
+        os.write(sec_w, program)  # a few hundred bytes: fits the pipe buffer
         os.close(sec_w)
         fds["{seccomp_fd}"] = sec_r
         to_close.append(sec_r)

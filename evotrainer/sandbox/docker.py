@@ -145,7 +145,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
     finally:
         container.remove(force=True)
-        if owner is not None:
+        if owner is not None and workdir is not None:  # owner is set only for a lent workdir
             _return_work_dir(Path(workdir), owner)
     stdout, stderr = bytes(bufs["stdout"]).decode(errors="replace"), bytes(bufs["stderr"]).decode(errors="replace")
     limit = ("procs" if forks_refused else killed) or ("memory" if oom else None) \

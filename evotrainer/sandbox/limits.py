@@ -319,4 +319,9 @@ def prelude_argv(procs_files: list[str], mounts: list[tuple[str, str]], argv: li
         return argv
     flat = [x for opts, folder in mounts for x in (opts, folder)]
     sh = ["/bin/sh", "-c", _PRELUDE, "sandbox-prelude", *procs_files, "--mounts", *flat, "--", *argv]
-    return [_unshare(), "--mount", "--propagation", "private", "--", *sh] if mounts else sh
+    if not mounts:
+        return sh
+    unshare = _unshare()
+    if unshare is None:  # callers mount only where host_tmpfs_available() found it
+        raise SandboxError("tmpfs mounts for a run need `unshare` (util-linux) in /usr/bin, /bin, /usr/sbin or /sbin")
+    return [unshare, "--mount", "--propagation", "private", "--", *sh]

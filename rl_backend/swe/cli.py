@@ -127,7 +127,7 @@ def check_policy(kind: str, tasks: list[Any], limits: Any, taskset_root: Path, p
 
 @swe_app.command("check")
 def check_cmd(
-    policy: Annotated[list[str], typer.Option("--policy", help="oracle | noop | cheat | loop (repeatable).")] = None,
+    policy: Annotated[list[str] | None, typer.Option("--policy", help="oracle | noop | cheat | loop (repeatable).")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (default: all).")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Use the first N tasks.")] = None,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="tool_use.max_turns.")] = 8,
@@ -213,7 +213,7 @@ def episodes_cmd(
                        samples_per_task=samples,
                        taskset_root=taskset or TASKSET_DIR,
                        count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in eps:
         enc = encode_trajectory(tok, e.messages, e.policy_token_ids())
         rows.append({"task": e.task_id, "sample": e.sample_idx, "finish_reason": e.finish_reason,

@@ -32,6 +32,7 @@ import stat
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,7 +270,7 @@ class SweEnv:
             self.test_originals = {p: sfs.read_file(fd, p) for p in self.test_digests}
         self.base_digest = repo_digest(self.repo)
         self.stats, self.done, self.t0 = EpisodeStats(), False, time.monotonic()
-        self.tests_edited: set[str] = set()
+        self.tests_edited = set()
         user = (f"Repository: {self.task.repo} (files under ./). Problem:\n\n{self.task.problem_statement}")
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -305,6 +306,8 @@ class SweEnv:
                 st.invalid_calls += 1
                 parts.append(f"[error] {call.error}")
                 continue
+            if call.name is None:  # parse_tool_calls names every call it gives without an error
+                raise RuntimeError(f"tool call without a name or an error: {call.raw[:200]!r}")
             st.calls_by_tool[call.name] += 1
             try:
                 out = getattr(self, f"_tool_{call.name}")(call.args)
@@ -327,7 +330,7 @@ class SweEnv:
     # evotrainer.sandbox.fs relative to an fd of the repo folder, following no link on any component,
     # reading regular files only (a FIFO cannot block, a link to a host file is never opened).
     @contextmanager
-    def _repo_fd(self):
+    def _repo_fd(self) -> Iterator[int]:
         fd = os.open(self.repo, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             yield fd
@@ -377,7 +380,7 @@ class SweEnv:
         with self._repo_fd() as fd:
             base, st = self._entry(fd, a.path)
             if stat.S_ISREG(st.st_mode):
-                files = [(fd, base, base)]
+                files: Iterable[tuple[int, str, str]] = [(fd, base, base)]
                 dfd = None
             else:
                 dfd = sfs.open_beneath(fd, base, os.O_RDONLY | os.O_DIRECTORY)

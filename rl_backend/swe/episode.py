@@ -94,8 +94,9 @@ class Episode:
 
     def policy_token_ids(self) -> list[list[int]] | None:
         """Sampled ids of each assistant turn, or None when the policy gave no ids (scripted)."""
-        ids = [t.get("token_ids") for t in self.turns if t["role"] == "assistant"]
-        return ids if ids and all(i is not None for i in ids) else None
+        ids: list[list[int] | None] = [t.get("token_ids") for t in self.turns if t["role"] == "assistant"]
+        known = [i for i in ids if i is not None]
+        return known if ids and len(known) == len(ids) else None
 
 
 def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpec | None = None,
@@ -125,10 +126,17 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
     if samples_per_task < 1:
         raise ValueError(f"samples_per_task={samples_per_task}: need at least 1")
     limits = limits or ToolUseSpec()
-    tmp = tempfile.mkdtemp(prefix="swe-") if workdir is None else None
-    root = Path(tmp or workdir)
+    tmp: str | None = None  # a temp dir of our own, removed afterwards
+    if workdir is None:
+        tmp = tempfile.mkdtemp(prefix="swe-")
+        root = Path(tmp)
+    else:
+        root = Path(workdir)
     try:
-        envs, chats, turns, env_s = [], [], [], []
+        envs: list[SweEnv] = []
+        chats: list[list[dict[str, str]]] = []
+        turns: list[list[dict[str, Any]]] = []
+        env_s: list[float] = []
         for i, task in enumerate(tasks):
             for s in range(samples_per_task):
                 env = SweEnv(task, root / f"{i:04d}-{s:02d}", limits, taskset_root, repos_root)
@@ -157,11 +165,11 @@ def run_episodes(tasks: Sequence[SweTask], policy: Policy, *, limits: ToolUseSpe
                 chats[i] = chats[i] + [{"role": "assistant", "content": act.text},
                                        {"role": observation_role, "content": obs}]
             for i in [i for i in live if envs[i].done]:
-                episodes[i] = _finish(envs[i], i % samples_per_task, chats[i], turns[i], reward_mode, env_s[i],
-                                      skip_unchanged)
+                ep = episodes[i] = _finish(envs[i], i % samples_per_task, chats[i], turns[i], reward_mode, env_s[i],
+                                           skip_unchanged)
                 if progress:
                     progress({"episode": sum(e is not None for e in episodes), "episodes": len(envs),
-                              "task": envs[i].task.instance_id, "reward": episodes[i].outcome.swe_tests})
+                              "task": envs[i].task.instance_id, "reward": ep.outcome.swe_tests})
             live = [i for i in live if not envs[i].done]
         return [e for e in episodes if e is not None]
     finally:
@@ -292,7 +300,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         M.TOOLS_RESOLVED_FRAC: mean(lambda e: e.outcome.resolved),
     }
     for t in TOOLS:
-        out[M.tool_calls(t)] = mean(lambda e, t=t: e.stats["calls_by_tool"].get(t, 0))
+        out[M.tool_calls(t)] = sum(float(e.stats["calls_by_tool"].get(t, 0)) for e in episodes) / n
     return out
 
 

@@ -53,7 +53,13 @@ from evotrainer.rl_backend.swe.episode import (
     run_episodes,
 )
 from evotrainer.rl_backend.swe.policies import ChatModelPolicy
-from evotrainer.rl_backend.swe.tasks import SweTask, SweTaskError, load_swebench_jsonl, load_taskset
+from evotrainer.rl_backend.swe.tasks import (
+    TASKSET_DIR,
+    SweTask,
+    SweTaskError,
+    load_swebench_jsonl,
+    load_taskset,
+)
 
 CONTEXT_TOKENS = 3072
 """Context the policy samples a reply from (at least ``recipe.prompt_max_len``), tokens."""
@@ -101,10 +107,10 @@ def play(bundle: Any, recipe: Any, problems: Sequence[Any], n: int, *, seed: int
     model.eval()
     torch.manual_seed(seed)
     try:
-        kw = {"taskset_root": root} if root is not None else {}
         return run_episodes(tasks, policy, limits=recipe.tool_use, samples_per_task=n, reward_mode=reward_mode,
+                            taskset_root=root if root is not None else TASKSET_DIR,
                             count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
-                            progress=progress, **kw)
+                            progress=progress)
     finally:
         model.train(was_training)
 
