@@ -33,7 +33,7 @@ from evotrainer import metrics as M
 from evotrainer.harness.analyzers import get_analyzer
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import SEVERITY_RANK, Finding
-from evotrainer.recipe import get_path, set_path
+from evotrainer.recipe import current_value, set_path
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.rewards import RewardError, compute_rewards
 from evotrainer.rl_backend.tasks import Problem
@@ -401,11 +401,8 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
     Raises:
         RecipeError: ``new`` is not a valid value for ``path``.
     """
-    try:
-        old = get_path(recipe, path)
-    except ValueError:
-        old = None
-    changed = set_path(recipe, path, new)  # validates the value
+    changed = set_path(recipe, path, new)  # validates the path and the value
+    old = current_value(recipe, path)
     r = recipe
 
     def verdict(inert: bool, check: str, reason: str, **data: Any) -> InertCheck:

@@ -19,7 +19,6 @@ The test split is sealed: gating on a test eval name while a run is under way ra
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -207,13 +206,13 @@ def _merge_below_sources(ws: Any, v: Any, score: float, eval_name: str) -> list[
     """
     if len(v.interventions) < 2 or not v.parent_id:
         return []
-    keys = {(iv.path, json.dumps(iv.new, sort_keys=True)) for iv in v.interventions}
+    keys = {iv.key() for iv in v.interventions}
     out = []
     for c in ws.lineage.children(v.parent_id):
         if c.id == v.id or len(c.interventions) != 1:
             continue
         iv = c.interventions[0]
-        if (iv.path, json.dumps(iv.new, sort_keys=True)) not in keys:
+        if iv.key() not in keys:
             continue
         m = ws.lineage.eval_matrix(c.id, eval_name)
         if not m:

@@ -23,7 +23,7 @@ from evotrainer.harness.backtest import inert_change
 from evotrainer.harness.backtest import replay_filter as replay
 from evotrainer.harness.backtest import rescore_rollouts as rescore
 from evotrainer.harness.gate import gate
-from evotrainer.recipe import RecipeError, get_path, set_path
+from evotrainer.recipe import RecipeError, current_value, set_path
 from evotrainer.servers.analysis import FindingInfo, evidence_of, finding_info, sync_registry
 from evotrainer.servers.common import JsonValue, ToolContext, require_version, state_of
 from evotrainer.workspace import Workspace
@@ -163,11 +163,8 @@ def rescore_rollouts(
     if not path.startswith("reward."):
         raise ToolError(f"path {path!r}: rescore_rollouts judges reward changes (reward.*); use replay_filter for "
                         f"{', '.join(FILTER_PATHS)}")
-    try:
-        old = get_path(v.recipe, path)
-    except ValueError:
-        old = None
-    changed = set_path(v.recipe, path, value)
+    changed = set_path(v.recipe, path, value)  # validates the path and the value
+    old = current_value(v.recipe, path)
     t = _train_rollouts(ws, version_id)
     res = rescore(t, changed.to_dict()["reward"], generate_max_len=v.recipe.generate_max_len,
                   task=v.recipe.data.task, estimator=v.recipe.advantage_estimator)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from evotrainer.harness.gate import test_sealed
 from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
 from evotrainer.lineage import Decision, Job, LineageError, Version
-from evotrainer.recipe import RecipeError, get_path, set_path
+from evotrainer.recipe import current_value, get_path, set_path
 from evotrainer.rl_backend.backends import get_backend
 from evotrainer.rl_backend.base import Backend, is_test_eval
 from evotrainer.servers.common import (
@@ -246,12 +246,7 @@ def propose_intervention(
     parent = require_version(ws, parent_id)
     if (expected_metric is None) != (expected_direction is None):
         raise ToolError("give expected_metric and expected_direction together (or neither)")
-    try:
-        old = get_path(parent.recipe, path)
-    except RecipeError:
-        if not path.startswith("reward."):
-            raise
-        old = None
+    old = current_value(parent.recipe, path)
     child = set_path(parent.recipe, path, new_value)
     new = get_path(child, path) if not (new_value is None and path.startswith("reward.")) else None
     iv = Intervention(
