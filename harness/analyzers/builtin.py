@@ -23,6 +23,8 @@ gradient spikes that nothing suffers from are ``info``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from evotrainer import metrics as M
@@ -44,7 +46,7 @@ from evotrainer.harness.analyzers.rules import (
     trend_or_note,
 )
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.findings import Finding
+from evotrainer.harness.findings import Finding, Severity
 from evotrainer.harness.trends import Trend, fmt, noise_sd, spikes
 
 ANALYZERS = AnalyzerTable()
@@ -75,6 +77,19 @@ def _how(basis: str, t: Trend, unit: str) -> str:
     return (f"medians of the first and last 20% of steps; {fmt(t.head)} at the start, {fmt(t.tail)} at the end; "
             f"Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
             + (f", level shift at step {t.change_step}" if t.change_step is not None else ""))
+
+
+def _drop_finding(kind: str, severity: Severity, v: str, t: Trend, d: tuple[str, float, float], evidence: list[str],
+                  what: str, unit: str, tail: str, data: dict[str, Any] | None = None) -> Finding:
+    """The finding of a metric that fell (``d``: :func:`~evotrainer.harness.analyzers.rules.drop`'s basis, start,
+    end): judged as a change (segments) or a trend (windows), and ``"{v}: {what} fell from a to b {unit} (xr;
+    how){tail}"``."""
+    basis, start, end = d
+    return Finding(kind=kind, severity=severity, versions=[v], steps=span(t),
+                   judged="change" if basis == "segments" else "trend", evidence=evidence,
+                   data={**trend_data(t), "basis": basis, "from": start, "to": end, **(data or {})},
+                   explanation=f"{v}: {what} fell from {fmt(start)} to {fmt(end)} {unit} "
+                               f"(x{fmt(end / start)}; {_how(basis, t, unit)}){tail}")
 
 
 def _groups_emptied(ev: Evidence, v: str) -> Trend | None:
@@ -173,7 +188,7 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
             continue
         if (d := drop(t, ENTROPY_RATIO, ENTROPY_FLOOR)) is None:
             continue
-        basis, start, end = d
+        basis = d[0]
         zt = _groups_emptied(ev, v)
         stop = (f" The groups followed: {fmt(100 * zt.early)}% -> {fmt(100 * zt.late)}% have zero reward "
                 f"variance, so training has stopped (blocking)." if zt is not None else "")
@@ -182,14 +197,11 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
             frac = (t.start_until - t.first_step) / (t.last_step - t.first_step)
             early_note = (f" It left its starting level after step {t.start_until} ({fmt(100 * frac)}% into the run) "
                           f"and holds the low level from step {t.end_from}.")
-        out.append(Finding(kind="entropy_collapse", severity="blocking" if zt is not None else "warn",
-                           versions=[v], steps=span(t), judged="change" if basis == "segments" else "trend",
-                           evidence=[M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []),
-                           data={**trend_data(t), "basis": basis, "from": start, "to": end,
-                                 **({"zero_std_frac_late": zt.late} if zt is not None else {})},
-                           explanation=f"{v}: policy entropy fell from {fmt(start)} to {fmt(end)} nats/token "
-                                       f"(x{fmt(end / start)}; {_how(basis, t, 'nats/token')}); the policy stops "
-                                       f"exploring and groups lose reward variance.{early_note}{stop}"))
+        out.append(_drop_finding(
+            "entropy_collapse", "blocking" if zt is not None else "warn", v, t, d,
+            [M.POLICY_ENTROPY] + ([M.REWARD_FRAC_ZERO_STD] if zt is not None else []), "policy entropy", "nats/token",
+            f"; the policy stops exploring and groups lose reward variance.{early_note}{stop}",
+            {"zero_std_frac_late": zt.late} if zt is not None else None))
     return out
 
 
@@ -204,14 +216,9 @@ def length_collapse(ev: Evidence) -> list[Finding]:
         d = drop(t, LEN_COLLAPSE_RATIO)
         if d is None or d[0] == "windows" and not t.falling(ALPHA) or d[1] - d[2] < 5:
             continue
-        basis, start, end = d
-        out.append(Finding(kind="length_collapse", severity="warn", versions=[v], steps=span(t),
-                           evidence=[M.COMPLETIONS_MEAN_LENGTH], data={**trend_data(t), "basis": basis, "from": start,
-                                                                       "to": end},
-                           judged="change" if basis == "segments" else "trend",
-                           explanation=f"{v}: mean completion length fell from {fmt(start)} to {fmt(end)} tokens "
-                                       f"(x{fmt(end / start)}; {_how(basis, t, 'tokens')}): the policy is shortening "
-                                       f"its answers, often to satisfy a format or length term."))
+        out.append(_drop_finding("length_collapse", "warn", v, t, d, [M.COMPLETIONS_MEAN_LENGTH],
+                                 "mean completion length", "tokens",
+                                 ": the policy is shortening its answers, often to satisfy a format or length term."))
     return out
 
 
