@@ -34,7 +34,7 @@ import numpy as np
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis
 from evotrainer.agents.diagnostician import Diagnostician
-from evotrainer.agents.mcp_client import ToolBox, ToolCallError
+from evotrainer.agents.mcp_client import ToolBox
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
 from evotrainer.lineage import LineageStore
@@ -69,14 +69,7 @@ def _domain(task: str) -> str:
 
 
 def _call(loop: EvolvingLoop, tool: str, args: dict[str, Any]) -> Any:
-    if not loop.tb.has(tool):
-        loop.log(f"harness evolution: tool {tool} not available; skipped")
-        return None
-    try:
-        return loop.tb.call(tool, args)
-    except ToolCallError as exc:
-        loop.log(f"harness evolution: {tool} failed: {exc.message[:200]}")
-        return None
+    return loop.tb.call_optional(tool, args, loop.log, prefix="harness evolution: ")
 
 
 def _register(loop: EvolvingLoop, name: str, code: str, kind: str, description: str) -> bool:

@@ -154,6 +154,20 @@ class ToolBox:
             raise ToolCallError(name, " ".join(t for t in texts if t) or "tool error")
         return _result_to_dict(result)
 
+    def call_optional(self, name: str, args: dict[str, Any], log: Callable[[str], Any], *, what: str = "tool",
+                      prefix: str = "") -> Any:
+        """:meth:`call` where best effort is enough (memory, harness evolution): None when the tool is missing
+        (``log`` gets ``{prefix}{what} NAME not available; skipped``) or answers with an error (``{prefix}NAME
+        failed: MESSAGE``, the message cut to 200 characters)."""
+        if not self.has(name):
+            log(f"{prefix}{what} {name} not available; skipped")
+            return None
+        try:
+            return self.call(name, args)
+        except ToolCallError as exc:
+            log(f"{prefix}{name} failed: {exc.message[:200]}")
+            return None
+
     def _shutdown_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

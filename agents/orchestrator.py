@@ -403,14 +403,7 @@ class Orchestrator(LoopBase):
 
     def _call_opt(self, tool: str, args: dict[str, Any]) -> Any:
         """Call a memory tool; a missing tool or a tool error is logged, not fatal (memory is best effort)."""
-        if not self.tb.has(tool):
-            self.log(f"memory tool {tool} not available; skipped")
-            return None
-        try:
-            return self.tb.call(tool, args)
-        except ToolCallError as exc:
-            self.log(f"{tool} failed: {exc.message[:200]}")
-            return None
+        return self.tb.call_optional(tool, args, self.log, what="memory tool")
 
     def _revert_check(self, r: int, exclude: list[str]) -> list[str]:
         """Revert kept versions whose gate now fails with a blocking finding (e.g. a new analyzer fired)."""

@@ -60,6 +60,20 @@ SEARCH_SPACE: dict[str, tuple] = {
 
 
 class _Gated(LoopBase):
+    def start(self) -> str:
+        """Start (or resume) the run: its start time, the root version and the root's no-RL evaluation; the root id."""
+        self.started_at()
+        root = self.ensure_root()
+        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
+        return root
+
+    def start_trained(self) -> str:
+        """:meth:`start`, then the root's first segment and its gate against the no-RL evaluation; the root id."""
+        root = self.start()
+        self.segment(root)
+        self.gate_and_decide(root, "no_rl")
+        return root
+
     def gate_and_decide(self, vid: str, baseline: str | None) -> None:
         if self.status(vid) in ("kept", "pruned", "reverted"):
             return
@@ -101,9 +115,7 @@ class StaticRun(_Gated):
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the static baseline; returns the run summary."""
-        self.started_at()
-        root = self.ensure_root()
-        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
+        root = self.start()
         b = self.config.budget
         if b.max_tokens is None:
             ok = self.train(root, b.max_versions * b.steps_per_version)
@@ -154,10 +166,8 @@ class RecipeSearch(_Gated):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.started_at()
-        root = self.ensure_root()
+        root = self.start()
         base = self.recipe_of(root)
-        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
         root_score = self._trial_version(root, None)
         dists = self._distributions()
         study = optuna.create_study(direction="maximize",
@@ -193,14 +203,7 @@ class RecipeSearch(_Gated):
         found = self.child_with_note(root, note)
         if found is not None:
             return found
-        values = self._params_to_values(params, base)
-        ivs = []
-        for path, new in values.items():
-            old = get_path(base, path)
-            if new == old:
-                continue
-            ivs.append(Intervention(path=path, old=old, new=new, category=category_of(path),
-                                    hypothesis="TPE sample", source="recipe-search"))
+        ivs = _changes(base, self._params_to_values(params, base), "recipe-search", "TPE sample")
         if not ivs:  # TPE re-sampled the base: nudge the learning rate so the trial is a real child
             lr = get_path(base, "actor_learning_rate")
             ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(base, "actor_learning_rate", 1.01),
@@ -257,11 +260,7 @@ class GreedySearch(_Gated):
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the greedy loop; returns the run summary."""
-        self.started_at()
-        root = self.ensure_root()
-        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
-        self.segment(root)
-        self.gate_and_decide(root, "no_rl")
+        root = self.start_trained()
         best = self.lineage.kv_get("loop/best") or root
         t = 1
         while len(self.lineage.versions()) < self.config.budget.max_versions:
@@ -332,12 +331,8 @@ class PBTRun(_Gated):
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) PBT; returns the run summary."""
-        self.started_at()
-        root = self.ensure_root()
+        root = self.start_trained()
         base = self.recipe_of(root)
-        self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
-        self.segment(root)
-        self.gate_and_decide(root, "no_rl")
         members = self.lineage.kv_get("loop/members")
         if members is None:  # generation 0: the base recipe and PBT_POPULATION - 1 sampled recipes
             rng = random.Random(f"pbt-{self.config.seed}-init")
