@@ -64,7 +64,7 @@ test-slow: install sandbox-deps
 
 bench: install sandbox-deps
 	$(PIP) install -q -e ".[dev,bench]"
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # ruff; the architecture rules (layers, no import cycle, no function-level imports outside the CLI edge; also
 # part of `make test`); mypy on the core and rl_backend/ (scripts/typecheck.py lays out the package-dir namespace).

@@ -14,12 +14,13 @@ Usage: ``python benchmarks/cli_cold.py [--repeat 3] [--json]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from _report import print_result
 
 OLD_IMPORTS = ("import evotrainer.recipe, evotrainer.intervention, evotrainer.lineage, evotrainer.workspace, "
                "evotrainer.harness.importer; ")
@@ -62,11 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "cpu_s": round(statistics.median(x[1] for x in v), 2),
                              "peak_rss_mib": round(statistics.median(x[2] for x in v))} for k, v in figs.items()}
     res["load_avg_1m"] = round(os.getloadavg()[0], 2)
-    if a.json:
-        print(json.dumps(res, indent=2))
-    else:
-        for name, r in res.items():
-            print(f"{name:16s} {r}")
+    print_result(res, a.json, 16)
     return res
 
 

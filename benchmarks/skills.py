@@ -27,12 +27,13 @@ Goal (issue 6): hybrid p50 under 20 ms with 10k skills.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import tempfile
 import time
+
+from _report import print_result
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -210,11 +211,7 @@ def main() -> dict:
     import torch
 
     res["torch_threads"] = torch.get_num_threads()
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        for k, v in res.items():
-            print(f"{k:28s} {v}")
+    print_result(res, args.json, 28)
     return res
 
 

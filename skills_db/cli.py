@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +36,18 @@ def _store() -> Any:
     from evotrainer.skills_db.store import SkillStore
 
     return SkillStore(_STATE["dir"])
+
+
+@contextmanager
+def _skill_errors() -> Iterator[None]:
+    """A :class:`~evotrainer.skills_db.models.SkillError` raised in the block is the command's one-line error
+    (:func:`~evotrainer.cli_errors.fail`, exit 1)."""
+    from evotrainer.skills_db.models import SkillError
+
+    try:
+        yield
+    except SkillError as exc:
+        fail(str(exc))
 
 
 def _print_json(data: Any) -> None:
@@ -76,12 +90,10 @@ def list_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """List skills (sorted by kind, id)."""
-    from evotrainer.skills_db.models import SkillError, skill_summary
+    from evotrainer.skills_db.models import skill_summary
 
-    try:
+    with _skill_errors():
         rows = [skill_summary(s) for s in _store().list(kind=kind, finding_kinds=finding, tags=tag)]
-    except SkillError as exc:
-        fail(str(exc))
     if as_json:
         _print_json(rows)
     else:
@@ -99,12 +111,8 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """Search skills, best first (score: RRF for hybrid, 1 - cosine distance for vector, BM25 for fts)."""
-    from evotrainer.skills_db.models import SkillError
-
-    try:
+    with _skill_errors():
         hits = _store().search(query, kind=kind, finding_kinds=finding, tags=tag, mode=mode, limit=limit)
-    except SkillError as exc:
-        fail(str(exc))
     rows = [h.summary() for h in hits]
     if as_json:
         _print_json(rows)
@@ -118,12 +126,10 @@ def show_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show one skill: description, change or code, source, track record per domain."""
-    from evotrainer.skills_db.models import SkillError, skill_summary
+    from evotrainer.skills_db.models import skill_summary
 
-    try:
+    with _skill_errors():
         s = _store().get(skill_id)
-    except SkillError as exc:
-        fail(str(exc))
     if as_json:
         _print_json({**skill_summary(s), "skill": s.model_dump(mode="json")})
         return
@@ -183,13 +189,9 @@ def add_cmd(
     replace: Annotated[bool, typer.Option("--replace", help="Overwrite skills whose id exists.")] = False,
 ) -> None:
     """Add skills from a file (embedded on add; one new table version)."""
-    from evotrainer.skills_db.models import SkillError
-
-    try:
+    with _skill_errors():
         skills = load_skill_file(file)
         ids = _store().add(skills, replace=replace)
-    except SkillError as exc:
-        fail(str(exc))
     typer.echo(f"added {len(ids)} skill(s): {', '.join(ids)}")
 
 
@@ -199,12 +201,8 @@ def history_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Versions of a memory table (every write is one); roll back with `skills restore VERSION`."""
-    from evotrainer.skills_db.models import SkillError
-
-    try:
+    with _skill_errors():
         versions = _store().history(table)
-    except SkillError as exc:
-        fail(str(exc))
     if as_json:
         _print_json(versions)
         return
@@ -218,12 +216,8 @@ def restore_cmd(
     table: Annotated[str, typer.Option("--table", help="skills | failed_cases | search_traces | version_summaries")] = "skills",
 ) -> None:
     """Roll a memory table back to VERSION (written as a new version; nothing is lost)."""
-    from evotrainer.skills_db.models import SkillError
-
-    try:
+    with _skill_errors():
         new = _store().restore(version, table)
-    except SkillError as exc:
-        fail(str(exc))
     typer.echo(f"restored {table} to version {version} (now version {new})")
 
 
