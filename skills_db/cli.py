@@ -82,42 +82,51 @@ def _table(rows: list[dict[str, Any]], with_score: bool) -> None:
     Console().print(t)
 
 
+def _print_rows(rows: list[dict[str, Any]], as_json: bool, with_score: bool) -> None:
+    """Skill summaries as a JSON list (``--json``) or as :func:`_table`."""
+    if as_json:
+        _print_json(rows)
+    else:
+        _table(rows, with_score=with_score)
+
+
+# The filters and the output flag of `skills list` and `skills search`.
+KindOpt = Annotated[str | None, typer.Option("--kind", help="intervention | analyzer | procedure")]
+FindingOpt = Annotated[list[str] | None, typer.Option("--finding", help="Only skills addressing this finding kind "
+                                                                        "(repeatable).")]
+TagOpt = Annotated[list[str] | None, typer.Option("--tag", help="Only skills with this tag (repeatable).")]
+JsonListOpt = Annotated[bool, typer.Option("--json", help="Print a JSON list.")]
+
+
 @skills_app.command("list")
 def list_cmd(
-    kind: Annotated[str | None, typer.Option("--kind", help="intervention | analyzer | procedure")] = None,
-    finding: Annotated[list[str] | None, typer.Option("--finding", help="Only skills addressing this finding kind (repeatable).")] = None,
-    tag: Annotated[list[str] | None, typer.Option("--tag", help="Only skills with this tag (repeatable).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+    kind: KindOpt = None,
+    finding: FindingOpt = None,
+    tag: TagOpt = None,
+    as_json: JsonListOpt = False,
 ) -> None:
     """List skills (sorted by kind, id)."""
     from evotrainer.skills_db.models import skill_summary
 
     with _skill_errors():
         rows = [skill_summary(s) for s in _store().list(kind=kind, finding_kinds=finding, tags=tag)]
-    if as_json:
-        _print_json(rows)
-    else:
-        _table(rows, with_score=False)
+    _print_rows(rows, as_json, with_score=False)
 
 
 @skills_app.command("search")
 def search_cmd(
     query: Annotated[str, typer.Argument(help="Free text, e.g. a finding's explanation.")],
-    kind: Annotated[str | None, typer.Option("--kind", help="intervention | analyzer | procedure")] = None,
-    finding: Annotated[list[str] | None, typer.Option("--finding", help="Only skills addressing this finding kind (repeatable).")] = None,
-    tag: Annotated[list[str] | None, typer.Option("--tag", help="Only skills with this tag (repeatable).")] = None,
+    kind: KindOpt = None,
+    finding: FindingOpt = None,
+    tag: TagOpt = None,
     mode: Annotated[str, typer.Option("--mode", help="hybrid (vector + full-text, RRF) | vector | fts")] = "hybrid",
     limit: Annotated[int, typer.Option("--limit", "-n", help="Number of results.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+    as_json: JsonListOpt = False,
 ) -> None:
     """Search skills, best first (score: RRF for hybrid, 1 - cosine distance for vector, BM25 for fts)."""
     with _skill_errors():
         hits = _store().search(query, kind=kind, finding_kinds=finding, tags=tag, mode=mode, limit=limit)
-    rows = [h.summary() for h in hits]
-    if as_json:
-        _print_json(rows)
-    else:
-        _table(rows, with_score=True)
+    _print_rows([h.summary() for h in hits], as_json, with_score=True)
 
 
 @skills_app.command("show")
