@@ -2,6 +2,14 @@
 train / evaluate / decide through MCP tools, the run summary (used by :mod:`.orchestrator` and
 :mod:`.search`).
 
+The run's lineage is written through MCP tools only (``agents.mcp_client.LOOP_TOOLS``: the root, control
+arms, children, training, evaluation, decisions, gains) and read through them (``list_versions``,
+``get_version``). The loop's own bookkeeping is its part of the lineage store's kv (``loop/*``: stage
+records, budget clocks and token counts, the frontier, the trials' stored samples), written and read
+directly: it is the loop's private state, not the run's lineage, which no MCP client needs to write;
+so is the compute accounting over the stored step metrics (:meth:`LoopBase.compute`,
+:meth:`LoopBase.train_to`) and the end-of-run :func:`run_summary`.
+
 Crash safety rests on :meth:`LoopBase.stage`: a stage's output is stored in the lineage store's kv
 (``loop/<key>``) when it completes and replayed on resume; side effects are find-or-create.
 
@@ -29,9 +37,10 @@ from pydantic import BaseModel
 
 from evotrainer import metrics as M
 from evotrainer.agents.decisions import Verdict
-from evotrainer.agents.mcp_client import ToolBox, ToolCallError
+from evotrainer.agents.mcp_client import LOOP_TOOLS, ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
+from evotrainer.lineage import CONTROL, Version
 from evotrainer.recipe import Recipe
 from evotrainer.rl_backend.base import is_test_eval
 from evotrainer.servers.app import build_server
@@ -54,16 +63,24 @@ class LoopBase:
         toolbox: an open MCP session on the ``all`` server of this run.
         ws: the run's workspace (opened without the writer lock: jobs take it).
         on_event: callback ``(kind, data)`` for the live display (``stage``, ``progress``, ``decision``, ``lineage``).
+
+    Raises:
+        LoopError: the server lacks one of the loop's tools (``LOOP_TOOLS``).
     """
 
     mode = "base"
 
     def __init__(self, config: RunConfig, toolbox: ToolBox, ws: Workspace, on_event: Event | None = None):
+        missing = [n for n in LOOP_TOOLS if not toolbox.has(n)]
+        if missing:
+            raise LoopError(f"the MCP server lacks the loop's tool(s) {', '.join(missing)}; drive a run through the "
+                            "'all' server (evotrainer.servers.app.build_server('all', run_dir))")
         self.config = config
         self.tb = toolbox
         self.ws = ws
         self.lineage = ws.lineage
         self.emit: Event = on_event or (lambda kind, data: None)
+        self._root: str | None = None
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) this mode to the end of its budget; returns the run summary (each mode defines it)."""
@@ -176,14 +193,14 @@ class LoopBase:
         Both use the same problems and sample seeds (``local.evaluate_checkpoint``), so modes pair on test.
         Stored in kv ``loop/final`` (``{version, test, no_rl_test}``); nothing when ``data.n_test`` is 0.
         """
-        root = self.lineage.root()
-        if root is None or not self.config.recipe.data.n_test:
+        if not self.config.recipe.data.n_test:
             return {}
+        root = self.root_id()
         self.lineage.kv_set("loop/test_unsealed", True)
         k = self.config.test_k or self.config.recipe.eval.k
         out: dict[str, Any] = {"version": final}
         try:
-            out["no_rl_test"] = self.evaluate(root.id, "no_rl_test", k=k)
+            out["no_rl_test"] = self.evaluate(root, "no_rl_test", k=k)
             if final is not None:
                 out["test"] = self.evaluate(final, "test", k=k)
         except (ToolCallError, LoopError) as exc:  # e.g. a backend without the test split: say so, keep the run
@@ -195,32 +212,53 @@ class LoopBase:
     def n_versions(self) -> int:
         """Versions in the lineage that ``budget.max_versions`` counts: every one but the control arms (those are
         paid from the token and wall-clock budget, like every mode's evaluations)."""
-        return sum(1 for v in self.lineage.versions() if not v.is_control)
+        return sum(1 for v in self.version_rows() if v["role"] != CONTROL)
 
     # --- root ------------------------------------------------------------------------------------------
     def ensure_root(self) -> str:
-        """Create the root version from the config's recipe (once); check a resumed run matches the config.
-
-        The root is created in the lineage store directly: the MCP catalogue has no tool that creates a root
-        (``propose_intervention`` branches from an existing version).
+        """Create the root version from the config's recipe (once, ``create_root``); a resumed run's root must
+        have the config's recipe.
 
         Raises:
             LoopError: the run folder's root recipe differs from the config's.
         """
-        root = self.lineage.root()
-        if root is None:
-            root = self.lineage.create_root(self.config.recipe, note=f"base recipe ({self.mode} mode)")
+        try:
+            res = self.tb.call("create_root", {"recipe": self.config.recipe.to_dict(),
+                                               "note": f"base recipe ({self.mode} mode)"})
+        except ToolCallError as exc:
+            raise LoopError(f"{self.ws.root}: {exc.message}") from None
+        if res["created"]:
             self.lineage.kv_set("loop/config", self.config.model_dump(mode="json"))
             self.emit("lineage", {})
-        elif root.recipe != self.config.recipe:
-            raise LoopError(f"{self.ws.root}: this run was started with another base recipe; use a new run_dir "
-                            "or the original config")
-        return root.id
+        self._root = str(res["version"]["id"])
+        return self._root
+
+    def root_id(self) -> str:
+        """The root version's id (:meth:`ensure_root` on the first call)."""
+        return self._root or self.ensure_root()
 
     # --- reads (MCP) -----------------------------------------------------------------------------------
     def version(self, vid: str) -> dict[str, Any]:
         """``get_version`` of one version."""
         return self.tb.call("get_version", {"version_id": vid})
+
+    def version_of(self, vid: str) -> Version:
+        """``get_version`` of one version as a typed :class:`~evotrainer.lineage.Version`."""
+        return Version.model_validate(self.version(vid))
+
+    def children_of(self, vid: str) -> list[Version]:
+        """The children of ``vid`` in creation order (``get_version`` of each)."""
+        return [self.version_of(c) for c in self.version(vid)["children"]]
+
+    def version_rows(self) -> list[dict[str, Any]]:
+        """Every version's ``list_versions`` row (id, parent, status, role, Avg@k, created_at), in creation order."""
+        rows: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = self.tb.call("list_versions", {"offset": offset, "limit": 500})
+            rows += page["versions"]
+            offset = page.get("next_offset")
+        return rows
 
     def status(self, vid: str) -> str:
         """The version's lineage status (``get_version``)."""
@@ -349,10 +387,10 @@ class LoopBase:
 
     def best_kept(self) -> str | None:
         """Kept version with the highest held-out Avg@k (earliest on ties), None when none is kept."""
-        kept = [v for v in self.lineage.versions() if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
+        kept = [v for v in self.version_rows() if v["status"] == "kept" and v["avg_at_k"] is not None]
         if not kept:
             return None
-        return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id
+        return str(max(kept, key=lambda v: (v["avg_at_k"], -v["created_at"]))["id"])
 
 
 def _cpu_s() -> float:

@@ -44,6 +44,16 @@ ROLE_TOOLS: dict[str, tuple[str, ...]] = {
 }
 
 
+LOOP_TOOLS: tuple[str, ...] = (
+    "list_versions", "get_version", "create_root", "branch_control", "propose_intervention", "propose_recipe",
+    "start_training", "job_status", "evaluate_version", "gate_version", "decide", "record_gains",
+)
+"""Tools the loop itself calls on the whole :class:`ToolBox` (``agents.loop.LoopBase`` and the modes): the run's
+root, control arms, children, training, evaluation, the gate, decisions and recorded gains (a server without one
+of them cannot drive a run: ``LoopError``). The brains see only their role's tools (:data:`ROLE_TOOLS`); the
+memory tools the loop calls are optional (skipped when absent)."""
+
+
 class ToolCallError(EvoTrainerError, RuntimeError):
     """A tool call failed: the server returned a tool error, or the tool does not exist."""
 

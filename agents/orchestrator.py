@@ -9,8 +9,8 @@
       → revert kept versions whose evidence turned bad → merge kept siblings
       → evolve analyzers when a held-out move is unexplained
 
-Everything acts through MCP tools (:class:`~evotrainer.agents.mcp_client.ToolBox`); the core
-lineage store is read for state and its kv holds the loop's stage records.
+Everything acts through MCP tools (:class:`~evotrainer.agents.mcp_client.ToolBox`): the lineage is read and
+written through them (:mod:`.loop`); the lineage store's kv holds the loop's own stage records.
 
 Crash safety: every stage is idempotent. A stage's typed output is stored in kv
 (``loop/<key>``) when it completes, and replayed on resume instead of asking the brain again;
@@ -36,6 +36,7 @@ from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
 from evotrainer.harness.gate import round_decisions
 from evotrainer.intervention import change_key
+from evotrainer.lineage import CONTROL
 from evotrainer.workspace import Workspace
 
 __all__ = ["Orchestrator", "LoopBase", "LoopError", "open_toolbox", "run_summary"]
@@ -101,29 +102,31 @@ class Orchestrator(LoopBase):
         """The version the next round branches from: the best kept candidate of the latest round that kept one
         (kv ``loop/frontier``, set by :meth:`round`), the root before that; a reverted frontier falls back to
         its nearest kept (or root) ancestor."""
-        fid = self.lineage.kv_get("loop/frontier") or self.lineage.root().id
-        for v in self.lineage.path_to_root(fid):
-            if v.status != "reverted" or v.parent_id is None:
-                return v.id
-        return self.lineage.root().id
+        vid = self.lineage.kv_get("loop/frontier") or self.root_id()
+        while True:  # up the lineage (get_version) to the first version not reverted, or the root
+            v = self.version(vid)
+            if v["status"] != "reverted" or v["parent_id"] is None:
+                return str(v["id"])
+            vid = v["parent_id"]
 
     def round(self, r: int) -> bool:
         """One round: diagnose the parent, propose, rank, branch (+ the control arm), train all, gate against the
         control, decide, learn. False: nothing to try."""
         budget = self.config.budget
         parent = self.stage(f"r{r}/parent", self.frontier)
-        pv = self.lineage.get(parent)
+        pv = self.version_of(parent)
         diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
                           Diagnosis)
-        tried = {c.interventions[0].key() for c in self.lineage.children(parent) if len(c.interventions) == 1}
+        kids = self.children_of(parent)
+        tried = {c.interventions[0].key() for c in kids if len(c.interventions) == 1}
         # `tried` is per parent: the same recipe on another branch is another experiment (a child continues
         # from its parent's checkpoint), e.g. v2 + x after the merge v1 (x) + v2 trains 8 more steps from v2
         proposal = self.stage(f"r{r}/propose", lambda: self.intervener.propose(
             parent, pv.recipe, diag, tried, {"reward_mean": (pv.metrics_summary or {}).get("reward/mean")}), Proposal)
-        has_control = any(c.is_control for c in self.lineage.children(parent))
+        has_control = any(c.is_control for c in kids)
         # with nothing left to try the loop may still continue the parent's recipe (a control-only round: the
         # lineage keeps accumulating training), at most until as many controls as max_versions were trained
-        n_controls = sum(1 for v in self.lineage.versions() if v.is_control)
+        n_controls = sum(1 for v in self.version_rows() if v["role"] == CONTROL)
         if not proposal.candidates and (has_control or n_controls >= budget.max_versions):
             self.stage(f"r{r}/done", lambda: True)
             return False
@@ -137,8 +140,9 @@ class Orchestrator(LoopBase):
         if budget.probe_steps and len(proposal.candidates) > len(ranking.chosen) and ranking.chosen:
             children = self.stage(f"r{r}/probe", lambda: self._probe(r, parent, proposal, ranking, children))
         # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
-        # pruned for damaged weights (lineage.damaged) has nothing to continue: its children are gated against it.
-        damaged = self.lineage.damaged(parent)
+        # pruned for damaged weights (get_version's damaged_weights) has nothing to continue: its children are gated
+        # against it.
+        damaged = self.version(parent)["damaged_weights"]
         if damaged and not children:
             self.stage(f"r{r}/done", lambda: True)
             return False
@@ -193,21 +197,20 @@ class Orchestrator(LoopBase):
         return keep
 
     def _control(self, parent: str, r: int) -> str:
-        """Find-or-create the control arm of ``parent`` (``lineage.branch_control``, directly: no MCP tool creates a
-        control child)."""
-        existing = next((c.id for c in self.lineage.children(parent) if c.is_control), None)
-        if existing:
-            return existing
-        v = self.lineage.branch_control(parent, note=f"control of {parent} (round {r}): the parent's recipe "
-                                                     f"continued for {self.config.budget.steps_per_version} steps")
-        self.log(f"control arm {v.id}: {parent}'s recipe continued from its checkpoint", version=v.id)
-        self.emit("lineage", {})
-        return v.id
+        """Find-or-create the control arm of ``parent`` (``branch_control``)."""
+        res = self.tb.call("branch_control", {
+            "parent_id": parent, "note": f"control of {parent} (round {r}): the parent's recipe continued for "
+                                         f"{self.config.budget.steps_per_version} steps"})
+        vid = str(res["version"]["id"])
+        if res["created"]:
+            self.log(f"control arm {vid}: {parent}'s recipe continued from its checkpoint", version=vid)
+            self.emit("lineage", {})
+        return vid
 
     def _advance(self, r: int, candidates: list[str]) -> str:
         """Move the frontier to the round's best kept candidate (dev Avg@k; the control when it was kept), or
         leave it where it was when the round kept none."""
-        kept = [self.lineage.get(v) for v in candidates]
+        kept = [self.version_of(v) for v in candidates]
         kept = [v for v in kept if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
         cur = self.frontier()
         if kept:
@@ -315,19 +318,19 @@ class Orchestrator(LoopBase):
             self._record_gains(vid, g)
 
     def _record_gains(self, vid: str, g: dict[str, Any]) -> None:
-        """Both gains in the version's eval_summary (``vs_control``, ``vs_parent``) for reports and lineage show
-        (written to the lineage store directly: no MCP tool updates a version's summaries)."""
-        v = self.lineage.get(vid)
-        ev = dict(v.eval_summary or {})
+        """Both gains in the version's eval_summary (``vs_control``, ``vs_parent``) and the waived finding kinds,
+        for reports and lineage show (``record_gains``)."""
+        args: dict[str, Any] = {}
         if g.get("control_id") and g.get("baseline_id") == g.get("control_id"):
-            ev["vs_control"] = {"version": g["control_id"], "gain": g.get("gain"), "ci": g.get("ci"),
-                                "p_value": g.get("p_value")}
+            args["vs_control"] = {"version": g["control_id"], "gain": g.get("gain"), "ci": g.get("ci"),
+                                  "p_value": g.get("p_value")}
         if g.get("gain_vs_parent") is not None:
-            ev["vs_parent"] = {"version": v.parent_id, "gain": g.get("gain_vs_parent"), "ci": g.get("ci_vs_parent")}
+            args["vs_parent"] = {"version": self.version(vid)["parent_id"], "gain": g.get("gain_vs_parent"),
+                                 "ci": g.get("ci_vs_parent")}
         if g.get("waived"):
-            ev["waived"] = list(g["waived"])
-        if ev != (v.eval_summary or {}):
-            self.lineage.update_version(vid, eval_summary=ev)
+            args["waived"] = list(g["waived"])
+        if args:
+            self.tb.call("record_gains", {"version_id": vid, **args})
 
     def process_child(self, vid: str, parent_id: str | None, round_no: int) -> None:
         """Train → evaluate → diagnose → gate → decide one version on its own (the root)."""
@@ -378,7 +381,7 @@ class Orchestrator(LoopBase):
 
     def _record_child(self, parent: str, vid: str) -> dict[str, Any]:
         """One child's outcome in memory: the skill's track record, and a failed case when not kept."""
-        v = self.lineage.get(vid)
+        v = self.version_of(vid)
         iv = v.interventions[0]
         kept = v.status == "kept"
         gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
@@ -408,36 +411,37 @@ class Orchestrator(LoopBase):
     def _revert_check(self, r: int, exclude: list[str]) -> list[str]:
         """Revert kept versions whose gate now fails with a blocking finding (e.g. a new analyzer fired)."""
         reverted = []
-        for v in self.lineage.versions():
-            if v.status != "kept" or v.id in exclude:
+        for row in self.version_rows():
+            vid = str(row["id"])
+            if row["status"] != "kept" or vid in exclude:
                 continue
             try:
-                gate = self.backtester.gate(v.id)
+                gate = self.backtester.gate(vid)
             except ToolCallError:
                 continue
-            waived = set((self.lineage.kv_get(f"loop/rgate/{v.id}") or {}).get("waived") or [])
+            waived = set((self.lineage.kv_get(f"loop/rgate/{vid}") or {}).get("waived") or [])
             if set(blocking_kinds(gate)) - waived:
-                why = (f"revert {v.id}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
+                why = (f"revert {vid}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
                        f"against it (round {r}); the frontier moves back to its parent")
-                self.record_decision(Verdict(version_id=v.id, action="revert", rationale=why,
+                self.record_decision(Verdict(version_id=vid, action="revert", rationale=why,
                                              evidence=[str(e) for e in gate.get("evidence", [])][:20] or ["gate"],
                                              damaged_weights=gate.get("damaged_weights")),
                                      self.author)
-                reverted.append(v.id)
+                reverted.append(vid)
         return reverted
 
     def _merge(self, parent: str, children: list[str]) -> str | None:
         """Merged child of the two best kept siblings of this round, when the budget allows."""
-        kept = [self.lineage.get(c) for c in children]
+        kept = [self.version_of(c) for c in children]
         kept = [v for v in kept if v.status == "kept" and len(v.interventions) == 1]
         if len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions or self.out_of_time():
             return None
         kept.sort(key=lambda v: -(v.eval_summary or {}).get("avg@k", 0.0))
         a, b = kept[0], kept[1]
         note = f"merge of {a.id} and {b.id}"
-        for c in self.lineage.children(parent):
-            if c.note == note:
-                return c.id
+        found = self.child_with_note(parent, note)
+        if found is not None:
+            return found
         res = self.tb.call("decide", {"version_id": a.id, "action": "merge", "merge_with": b.id, "author": self.author,
                                       "rationale": f"{a.id} and {b.id} were both kept with independent single-factor "
                                                    f"changes ({a.interventions[0].describe()}; "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -245,16 +244,11 @@ def _interventions(ws: Workspace) -> str:
             + "".join(rows) + "</table>")
 
 
-def _kv_prefix(ws: Workspace, prefix: str) -> list[tuple[str, Any]]:
-    rows = ws.lineage._q("SELECT key, value FROM kv WHERE key LIKE ? ORDER BY key", (prefix + "%",))
-    return [(r[0], json.loads(r[1])) for r in rows]
-
-
 def _analyzers(ws: Workspace) -> str:
     """Harness evolution: rules searched and kept (with their numbers), drafts judged, inherited analyzers
     and how they did on this run's versions, and the branches a trusted analyzer would have stopped early."""
     searched, drafts, inherited, uses, stops = [], [], [], [], []
-    for key, items in _kv_prefix(ws, "loop/r"):
+    for key, items in ws.lineage.kv_items("loop/r"):
         if not key.endswith("/evolve"):
             continue
         rnd = key.split("/")[1]
@@ -309,7 +303,7 @@ def _analyzers(ws: Workspace) -> str:
 
 def _skills(ws: Workspace) -> str:
     used: dict[str, list[str]] = {}
-    for key, prop in _kv_prefix(ws, "loop/r"):
+    for key, prop in ws.lineage.kv_items("loop/r"):
         if key.endswith("/propose"):
             for sid in prop.get("skills_used", []):
                 used.setdefault(sid, []).append(f"proposed for {prop.get('parent_id')}")

@@ -5,10 +5,9 @@ Every mode spends the same compute (``LoopBase.compute``: generated train + dev-
 (:func:`evotrainer.harness.gate.verdict_from_gate`; no brain), and at the end scores its final answer
 and the no-RL row on the sealed test split (``LoopBase.final_test``).
 
-The baselines' multi-field children (a recipe-search trial, a PBT member) and PBT's continuing members (control
-children) are created in the lineage store directly: the MCP catalogue's ``propose_intervention`` is
-single-factor by design and no tool creates a control child; greedy's single changes go through
-``propose_intervention``.
+The baselines write the lineage through MCP tools like the loop: their multi-field children (a recipe-search
+trial, a PBT member) with ``propose_recipe``, PBT's continuing members (control children) with
+``branch_control``, greedy's single changes with ``propose_intervention``.
 
 - ``static``: the base recipe trained for the whole budget (``max_versions × steps_per_version``
   steps, or segments of ``steps_per_version`` until ``max_tokens`` is spent), evaluated, gated.
@@ -46,7 +45,6 @@ from typing import Any
 
 from evotrainer.agents.decisions import Verdict, gate_verdict
 from evotrainer.agents.loop import LoopBase, run_summary
-from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
 # name -> (kind, low, high | choices, log). Paths are recipe paths (OpenRLHF names).
@@ -91,8 +89,8 @@ class _Gated(LoopBase):
 
     def best_dev(self, vids: list[str] | None = None) -> str | None:
         """The version with the highest dev Avg@k (earliest on ties) among ``vids`` (default: all evaluated)."""
-        vs = [self.lineage.get(v) for v in vids] if vids is not None else self.lineage.versions()
-        vs = [v for v in vs if "avg@k" in (v.eval_summary or {})]
+        ids = vids if vids is not None else [str(r["id"]) for r in self.version_rows()]
+        vs = [v for v in map(self.version_of, ids) if "avg@k" in (v.eval_summary or {})]
         return max(vs, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id if vs else None
 
     def segment(self, vid: str) -> float:
@@ -106,6 +104,18 @@ class _Gated(LoopBase):
 
     def summary(self) -> dict[str, Any]:
         return run_summary(self.ws, self.mode)
+
+    def propose_recipe(self, parent: str, changes: dict[str, Any], source: str, hypothesis: str, note: str) -> str:
+        """``propose_recipe``: a child of ``parent`` with every field of ``changes`` set (one intervention per
+        path); returns its id."""
+        v = self.tb.call("propose_recipe", {"parent_id": parent, "changes": [{"path": p, "value": new}
+                                                                             for p, new in changes.items()],
+                                            "hypothesis": hypothesis, "source": source, "note": note})
+        return str(v["id"])
+
+    def continue_member(self, vid: str, note: str) -> str:
+        """``branch_control``: the control child of ``vid`` (its recipe continued); returns its id."""
+        return str(self.tb.call("branch_control", {"parent_id": vid, "note": note})["version"]["id"])
 
 
 class StaticRun(_Gated):
@@ -194,7 +204,7 @@ class RecipeSearch(_Gated):
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=score))
             t += 1
-        kept = [v.id for v in self.lineage.versions() if v.status == "kept"]
+        kept = [str(v["id"]) for v in self.version_rows() if v["status"] == "kept"]
         return self.finish(self.best_dev(kept) if kept else root)
 
     def _trial_child(self, root: str, base: Recipe, t: int, params: dict[str, Any]) -> str:
@@ -203,17 +213,14 @@ class RecipeSearch(_Gated):
         found = self.child_with_note(root, note)
         if found is not None:
             return found
-        ivs = _changes(base, self._params_to_values(params, base), "recipe-search", "TPE sample")
-        if not ivs:  # TPE re-sampled the base: nudge the learning rate so the trial is a real child
-            lr = get_path(base, "actor_learning_rate")
-            ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(base, "actor_learning_rate", 1.01),
-                                category="optimizer",
-                                hypothesis="TPE sample (base re-sampled)", source="recipe-search")]
-        # A multi-field child is a recipe-search trial, not an agent intervention; the core lineage
-        # store creates it (the MCP propose tool is single-factor by design).
-        v = self.lineage.branch(root, ivs, note=note)
+        changes, hypothesis = _changes(base, self._params_to_values(params, base)), "TPE sample"
+        if not changes:  # TPE re-sampled the base: nudge the learning rate so the trial is a real child
+            changes = {"actor_learning_rate": _scaled(base, "actor_learning_rate", 1.01)}
+            hypothesis = "TPE sample (base re-sampled)"
+        # a multi-field child is a recipe-search trial, not an agent intervention: propose_recipe
+        vid = self.propose_recipe(root, changes, "recipe-search", hypothesis, note)
         self.emit("lineage", {})
-        return v.id
+        return vid
 
     def _trial_version(self, vid: str, parent: str | None) -> float:
         """Train, evaluate and gate one trial; returns its held-out Avg@k (0 when it failed)."""
@@ -242,15 +249,9 @@ def _sample_field(rng: random.Random, name: str, base: Recipe) -> Any:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi))
 
 
-def _changes(parent: Recipe, values: dict[str, Any], source: str, hypothesis: str) -> list[Intervention]:
-    """Interventions turning ``parent``'s recipe into one with ``values`` (unchanged fields left out)."""
-    ivs = []
-    for path, new in values.items():
-        old = get_path(parent, path)
-        if new != old:
-            ivs.append(Intervention(path=path, old=old, new=new, category=category_of(path), hypothesis=hypothesis,
-                                    source=source))
-    return ivs
+def _changes(parent: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+    """The ``values`` that change ``parent``'s recipe, by path (unchanged fields left out)."""
+    return {path: new for path, new in values.items() if new != get_path(parent, path)}
 
 
 class GreedySearch(_Gated):
@@ -263,7 +264,7 @@ class GreedySearch(_Gated):
         root = self.start_trained()
         best = self.lineage.kv_get("loop/best") or root
         t = 1
-        while len(self.lineage.versions()) < self.config.budget.max_versions:
+        while len(self.version_rows()) < self.config.budget.max_versions:
             stored = self.lineage.kv_get(f"loop/trial/{t}")
             if stored is None:
                 if self.out_of_budget():
@@ -339,8 +340,8 @@ class PBTRun(_Gated):
             members = [root]
             for i in range(1, min(PBT_POPULATION, self.config.budget.max_versions)):
                 vals = {n: _sample_field(rng, n, base) for n in SEARCH_SPACE}
-                ivs = _changes(base, vals, "pbt", "PBT initial sample")
-                members.append(self.lineage.branch(root, ivs, note=f"pbt member {i} generation 0").id)
+                members.append(self.propose_recipe(root, _changes(base, vals), "pbt", "PBT initial sample",
+                                                   f"pbt member {i} generation 0"))
             self.lineage.kv_set("loop/members", members)
             self.emit("lineage", {})
         g = int(self.lineage.kv_get("loop/generation", 0))
@@ -351,7 +352,7 @@ class PBTRun(_Gated):
         members = [m for m in members if "avg@k" in self.dev_summary(m)] or [root]
         while True:
             if self.lineage.kv_get(f"loop/gen/{g + 1}") is None:
-                if len(self.lineage.versions()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
+                if len(self.version_rows()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
                     break
                 self.lineage.kv_set(f"loop/gen/{g + 1}", self._next_generation(members, g + 1))
             members = self.lineage.kv_get(f"loop/gen/{g + 1}")["members"]
@@ -385,13 +386,12 @@ class PBTRun(_Gated):
             if m in bottom:
                 src = rng.choice(top)
                 rec = self.recipe_of(src)
-                ivs = _changes(rec, pbt_explore(rng, rec), "pbt", f"PBT exploit {src} + explore")
-                if not ivs:
-                    lr = get_path(rec, "actor_learning_rate")
-                    ivs = [Intervention(path="actor_learning_rate", old=lr, new=_scaled(rec, "actor_learning_rate", 1.2),
-                                        category="optimizer",
-                                        hypothesis="PBT explore (perturbation kept the recipe)", source="pbt")]
-                child = self.lineage.branch(src, ivs, note=f"pbt generation {gen}: exploit {src} for {m}").id
+                changes, hypothesis = _changes(rec, pbt_explore(rng, rec)), f"PBT exploit {src} + explore"
+                if not changes:
+                    changes = {"actor_learning_rate": _scaled(rec, "actor_learning_rate", 1.2)}
+                    hypothesis = "PBT explore (perturbation kept the recipe)"
+                child = self.propose_recipe(src, changes, "pbt", hypothesis,
+                                            f"pbt generation {gen}: exploit {src} for {m}")
                 if self.status(m) not in ("kept", "pruned", "reverted", "failed"):
                     self.record_decision(Verdict(version_id=m, action="prune", rationale=(
                         f"prune {m}: bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); replaced by "
@@ -403,6 +403,6 @@ class PBTRun(_Gated):
                     self.record_decision(Verdict(version_id=m, action="keep", rationale=(
                         f"keep {m}: not in the bottom quantile of the PBT population (dev Avg@k {score[m]:.3f}); "
                         "it continues its recipe"), evidence=[f"eval:heldout:{m}"]), self.mode)
-                new.append(self.lineage.branch_control(m, note=f"pbt generation {gen}: {m} continues").id)
+                new.append(self.continue_member(m, f"pbt generation {gen}: {m} continues"))
         self.emit("lineage", {})
         return {"members": new, "scores": score}

@@ -651,3 +651,9 @@ class LineageStore:
         """Store a run-level JSON value."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+
+    def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
+        """``[(key, value)]`` of every run-level value whose key starts with ``prefix`` (literally: ``_`` and
+        ``%`` are no wildcards), in key order."""
+        rows = self._q("SELECT key, value FROM kv WHERE substr(key, 1, ?) = ? ORDER BY key", (len(prefix), prefix))
+        return [(r[0], json.loads(r[1])) for r in rows]

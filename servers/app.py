@@ -52,7 +52,8 @@ SERVER_NAMES: tuple[str, ...] = (*TOOLSETS, "all")
 
 INSTRUCTIONS = {
     "training": "Training control of an EvoTrainer run: versions (lineage), recipe diffs, proposing single-factor "
-                "interventions, training / evaluation jobs with progress, keep / prune / revert / merge decisions.",
+                "interventions, training / evaluation jobs with progress, keep / prune / revert / merge decisions; "
+                "the run's root, control arms, multi-field children (search baselines) and recorded gains.",
     "rollouts": "Rollout inspection of an EvoTrainer run: sample and filter rollouts, groups and their reward "
                 "variance, full-text search, side-by-side comparison of versions on the same prompts.",
     "logs": "Log and metric search of an EvoTrainer run: run log records, metric names, downsampled series, "
@@ -81,6 +82,10 @@ TOOL_META: dict[str, ToolMeta] = {
     "list_jobs": ("List jobs", True, False, True),
     "cancel_job": ("Cancel a job", False, True, True),
     "decide": ("Decide: keep, prune, revert or merge a version", False, True, False),
+    "create_root": ("Create the run's root version (find-or-create)", False, False, True),
+    "branch_control": ("Branch the control arm of a version (find-or-create)", False, False, True),
+    "propose_recipe": ("Propose a multi-field recipe (new child version)", False, False, False),
+    "record_gains": ("Record a version's gate gains in its eval summary", False, True, True),
     # rollouts
     "sample_rollouts": ("Sample rollouts", True, False, True),
     "get_group": ("Get a group of samples", True, False, True),

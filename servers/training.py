@@ -1,8 +1,10 @@
 """Training-control tools: the version lineage, branching, training / evaluation jobs, decisions.
 
 Tools (:data:`TOOLS`): ``list_versions``, ``get_version``, ``diff_versions``, ``propose_intervention``,
-``start_training``, ``evaluate_version``, ``job_status``, ``list_jobs``, ``cancel_job``, ``decide``;
-resource ``lineage://tree``. Training and evaluation run as background jobs
+``start_training``, ``evaluate_version``, ``job_status``, ``list_jobs``, ``cancel_job``, ``decide``, and the
+writes of the autonomous loop and the baselines: ``create_root``, ``branch_control`` (a round's control arm),
+``propose_recipe`` (a multi-field child: a search trial, a PBT member), ``record_gains``; resource
+``lineage://tree``. Training and evaluation run as background jobs
 (:mod:`evotrainer.servers.jobs`) through ``evotrainer.rl_backend.backends.get_backend`` (docs/interfaces.md);
 ``wait_s`` > 0 keeps the call open and streams MCP progress notifications, one per step.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,12 +22,12 @@ import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources import FunctionResource
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.harness.gate import test_sealed
 from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
 from evotrainer.lineage import Decision, Job, LineageError, Version
-from evotrainer.recipe import current_value, get_path, set_path
+from evotrainer.recipe import current_value, diff_recipes, get_path, set_path, validate_recipe
 from evotrainer.rl_backend.backends import get_backend
 from evotrainer.rl_backend.base import Backend, is_test_eval
 from evotrainer.servers.common import (
@@ -54,6 +57,7 @@ class VersionSummary(BaseModel):
     id: str
     parent_id: str | None
     status: str
+    role: str = Field("", description="'control' for a control arm (the parent's recipe continued), '' otherwise.")
     interventions: list[str] = Field(description="'path: old -> new' per intervention (empty for the root).")
     avg_at_k: float | None = Field(None, description="Held-out Avg@k of the last evaluation, if any.")
     reward_mean: float | None = Field(None, description="Training reward/mean summary, if trained.")
@@ -109,6 +113,7 @@ class VersionDetail(BaseModel):
     id: str
     parent_id: str | None
     status: str
+    role: str = Field("", description="'control' for a control arm (the parent's recipe continued), '' otherwise.")
     children: list[str]
     interventions: list[dict[str, Any]] = Field(description="Full intervention records (path, old, new, category, "
                                                             "hypothesis, expected_effect, source).")
@@ -120,6 +125,9 @@ class VersionDetail(BaseModel):
     note: str
     decisions: list[DecisionInfo]
     jobs: list[JobInfo]
+    damaged_weights: str | None = Field(None, description="The finding kind for which the version's last decision "
+                                                          "(prune / revert) discarded its weights: there is nothing "
+                                                          "to continue, its children start from its own start point.")
     created_at: float
     updated_at: float
 
@@ -153,7 +161,7 @@ def summary_of(v: Version) -> VersionSummary:
     ev, ms = v.eval_summary or {}, v.metrics_summary or {}
     avg = ev.get("avg@k")
     rew = ms.get("reward/mean")
-    return VersionSummary(id=v.id, parent_id=v.parent_id, status=v.status,
+    return VersionSummary(id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
                           interventions=[iv.describe() for iv in v.interventions],
                           avg_at_k=float(avg) if isinstance(avg, (int, float)) else None,
                           reward_mean=float(rew) if isinstance(rew, (int, float)) else None,
@@ -202,17 +210,19 @@ def list_versions(
 
 
 def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
-    """Full record of one version: recipe, interventions, status, metric / eval summaries, findings,
-    decisions and jobs."""
+    """Full record of one version: recipe, interventions, status and role (control arm or not), metric / eval
+    summaries, findings, decisions and jobs."""
     st = state_of(ctx)
     ws = st.workspace()
     v = require_version(ws, version_id)
     return VersionDetail(
-        id=v.id, parent_id=v.parent_id, status=v.status, children=[c.id for c in ws.lineage.children(v.id)],
+        id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
+        children=[c.id for c in ws.lineage.children(v.id)],
         interventions=[iv.model_dump(mode="json") for iv in v.interventions], recipe=v.recipe.to_dict(),
         checkpoint=v.checkpoint, metrics_summary=v.metrics_summary, eval_summary=v.eval_summary,
         findings=v.findings, note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
-        jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], created_at=v.created_at, updated_at=v.updated_at)
+        jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], damaged_weights=ws.lineage.damaged(v.id),
+        created_at=v.created_at, updated_at=v.updated_at)
 
 
 def diff_versions(ctx: ToolContext, a: VersionId, b: VersionId) -> RecipeDiff:
@@ -412,8 +422,151 @@ def decide(
     return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
 
 
+# --- the loop's writes: the run's root, control arms, multi-field children, gains -------------------------
+class CreatedVersion(BaseModel):
+    """A find-or-create result: the version, and whether this call created it."""
+
+    created: bool = Field(description="True when this call created the version; false when it existed already.")
+    version: VersionDetail
+
+
+class FieldValue(BaseModel):
+    """One recipe path and its new value (an item of propose_recipe's changes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="Dotted recipe path, e.g. 'actor_learning_rate' or 'reward.format.weight'.",
+                      min_length=1, max_length=200)
+    value: JsonValue = Field(description="New value (JSON): number, string, bool, list or object.")
+
+
+class Gain(BaseModel):
+    """A dev Avg@k gain of a version over a baseline version, with its bootstrap CI (the gate's numbers)."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: str | None = Field(description="The baseline version the gain is measured against.", max_length=64)
+    gain: float | None = Field(description="Dev Avg@k gain over the baseline (fraction, paired problems).")
+    ci: list[float] | None = Field(None, description="Bootstrap CI of the gain: [low, high].", min_length=2,
+                                   max_length=2)
+
+
+class ControlGain(Gain):
+    """The gain over the round's control arm, with the permutation test's p-value."""
+
+    version: str = Field(description="The round's control arm.", min_length=1, max_length=64)
+    p_value: float | None = Field(None, description="Two-sided paired permutation p-value of the gain.", ge=0, le=1)
+
+
+def create_root(
+    ctx: ToolContext,
+    recipe: Annotated[dict[str, Any], Field(description="The base recipe (recipe fields as in a run config's "
+                                                        "'recipe:'; `evotrainer recipe validate` checks one).")],
+    note: Annotated[str, Field(description="Free-form note stored with the root.")] = "base recipe",
+) -> CreatedVersion:
+    """Create the run's root version from a base recipe; when the run has its root already, return it
+    (created=false). A root made from another recipe is an error: use a new run folder."""
+    ws = state_of(ctx).workspace()
+    want = validate_recipe(recipe)
+    root, created = ws.lineage.root(), False
+    if root is None:
+        root, created = ws.lineage.create_root(want, note=note), True
+        ws.log(f"created the root {root.id}: {note}", version=root.id, source="mcp")
+    elif root.recipe != want:
+        paths = [p for p, _, _ in diff_recipes(root.recipe, want)]
+        raise ToolError(f"this run was started with another base recipe (root {root.id} differs at "
+                        f"{', '.join(paths[:10])}{', ...' if len(paths) > 10 else ''}); use a new run folder or the "
+                        "original recipe")
+    return CreatedVersion(created=created, version=get_version(ctx, root.id))
+
+
+def branch_control(
+    ctx: ToolContext,
+    parent_id: VersionId,
+    note: Annotated[str, Field(description="Free-form note stored with the control.")] = "",
+) -> CreatedVersion:
+    """Find-or-create the control arm of parent_id: a child with the parent's recipe and no change (role
+    'control'), trained like its siblings from the parent's checkpoint, the baseline the gate measures them
+    against. One per parent (created=false: it existed); none of a version pruned for damaged weights (nothing
+    to continue). Train it with start_training."""
+    ws = state_of(ctx).workspace()
+    parent = require_version(ws, parent_id)
+    existing = next((c for c in ws.lineage.children(parent.id) if c.is_control), None)
+    if existing is not None:
+        return CreatedVersion(created=False, version=get_version(ctx, existing.id))
+    if (kind := ws.lineage.damaged(parent.id)) is not None:
+        raise ToolError(f"{parent.id} was {parent.status} for damaged weights ({kind}): its recipe has nothing to "
+                        "continue; gate its children against it instead of a control")
+    v = ws.lineage.branch_control(parent.id, note=note)
+    ws.log(f"control arm {v.id} of {parent.id}: the parent's recipe continued", version=v.id, source="mcp")
+    return CreatedVersion(created=True, version=get_version(ctx, v.id))
+
+
+def propose_recipe(
+    ctx: ToolContext,
+    parent_id: VersionId,
+    changes: Annotated[list[FieldValue], Field(description="The recipe paths to change and their new values, "
+                                                            "applied in order; each path once.", min_length=1,
+                                               max_length=64)],
+    hypothesis: Annotated[str, Field(description="Why this recipe, e.g. the search that sampled it.")] = "",
+    source: Annotated[str, Field(description="Who proposes it: a search mode ('recipe-search', 'pbt'), an agent "
+                                             "role, or 'user'.")] = "mcp-client",
+    note: Annotated[str, Field(description="Free-form note stored with the version.")] = "",
+) -> VersionDetail:
+    """Create a proposed child of parent_id whose recipe differs by several fields at once (one intervention
+    per path: parent value -> new value), e.g. a recipe-search trial or a PBT member; each change is
+    validated as in propose_intervention. Agents propose single-factor changes with propose_intervention."""
+    ws = state_of(ctx).workspace()
+    parent = require_version(ws, parent_id)
+    dup = sorted(p for p, n in Counter(c.path for c in changes).items() if n > 1)
+    if dup:
+        raise ToolError(f"each path once: {', '.join(dup)} appear(s) more than once in changes")
+    ivs, recipe = [], parent.recipe
+    for c in changes:
+        old = current_value(parent.recipe, c.path)
+        recipe = set_path(recipe, c.path, c.value)
+        new = get_path(recipe, c.path) if not (c.value is None and c.path.startswith("reward.")) else None
+        ivs.append(Intervention(path=c.path, old=old, new=new, category=category_of(c.path), hypothesis=hypothesis,
+                                source=source))
+    v = ws.lineage.branch(parent.id, ivs, note=note)
+    ws.log(f"proposed {v.id} from {parent.id}: {v.describe_change()}", version=v.id, source="mcp")
+    return get_version(ctx, v.id)
+
+
+def record_gains(
+    ctx: ToolContext,
+    version_id: VersionId,
+    vs_control: Annotated[ControlGain | None, Field(description="The gain over the round's control arm (gate_version's "
+                                                                "gain, ci, p_value when its baseline is the control).")]
+    = None,
+    vs_parent: Annotated[Gain | None, Field(description="The gain over the parent (gate_version's gain_vs_parent, "
+                                                        "ci_vs_parent); version is the parent.")] = None,
+    waived: Annotated[list[str] | None, Field(description="Finding kinds the round waived for this version (shared "
+                                                          "by every arm of the round).")] = None,
+) -> VersionDetail:
+    """Record a dev-evaluated version's gate gains (vs its round's control, vs its parent) and the waived
+    finding kinds in its eval_summary (keys vs_control, vs_parent, waived), for reports and the lineage view.
+    Keys not given are left as they are."""
+    ws = state_of(ctx).workspace()
+    v = require_version(ws, version_id)
+    ev = dict(v.eval_summary or {})
+    if "avg@k" not in ev:
+        raise ToolError(f"{v.id} has no dev evaluation: a gain is measured on dev; evaluate_version it first")
+    if vs_control is not None:
+        if require_version(ws, vs_control.version).id == v.id:
+            raise ToolError(f"vs_control.version is {v.id} itself; give the round's control arm")
+        ev["vs_control"] = vs_control.model_dump()
+    if vs_parent is not None:
+        if vs_parent.version != v.parent_id:
+            raise ToolError(f"vs_parent.version is {vs_parent.version!r}, but the parent of {v.id} is {v.parent_id!r}")
+        ev["vs_parent"] = vs_parent.model_dump()
+    if waived:
+        ev["waived"] = list(waived)
+    if ev != (v.eval_summary or {}):
+        ws.lineage.update_version(v.id, eval_summary=ev)
+    return get_version(ctx, v.id)
+
+
 TOOLS = (list_versions, get_version, diff_versions, propose_intervention, start_training, evaluate_version,
-         job_status, list_jobs, cancel_job, decide)
+         job_status, list_jobs, cancel_job, decide, create_root, branch_control, propose_recipe, record_gains)
 """The training-control tools, in catalogue order."""
 
 LINEAGE_TREE_URI = "lineage://tree"

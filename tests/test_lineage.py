@@ -145,6 +145,19 @@ def test_metrics_eval_jobs_kv(tmp_path):
     assert s.kv_get("cursor") == {"round": 2}
 
 
+def test_kv_items_by_literal_prefix_in_key_order(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    for key, value in [("loop/r2/evolve", [{"type": "synthesis"}]), ("loop/r1/evolve", []), ("loop/round", 3),
+                       ("loop/rgate/v1", {"waived": ["truncation"]}), ("loopXr1", 1), ("loop_r1", 2), ("other", None)]:
+        s.kv_set(key, value)
+    assert s.kv_items("loop/r") == [("loop/r1/evolve", []), ("loop/r2/evolve", [{"type": "synthesis"}]),
+                                    ("loop/rgate/v1", {"waived": ["truncation"]}), ("loop/round", 3)]
+    assert s.kv_items("loop_") == [("loop_r1", 2)]  # '_' is a character, not a LIKE wildcard
+    assert s.kv_items("loop%") == [] and s.kv_items("nothing/") == []
+    assert [k for k, _ in s.kv_items()] == sorted(["loop/r2/evolve", "loop/r1/evolve", "loop/round", "loop/rgate/v1",
+                                                   "loopXr1", "loop_r1", "other"])
+
+
 def test_dead_jobs_become_interrupted(tmp_path):
     s = LineageStore(tmp_path / "lineage.db")
     s.create_root(Recipe())

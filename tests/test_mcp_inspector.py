@@ -65,7 +65,7 @@ def test_inspector_lists_all_tools_and_calls_one_per_server(tmp_path):
         expected = {t.name for t in c.tools()}
     finally:
         c.close()
-    assert {t["name"] for t in listed["tools"]} == expected and len(expected) == 37  # + check_inert, add/list_version_summar(y|ies)
+    assert {t["name"] for t in listed["tools"]} == expected and len(expected) == 41  # + create_root, branch_control, propose_recipe, record_gains
     assert all(t.get("outputSchema") and t.get("description") for t in listed["tools"])
     assert "warning" not in stderr.lower() or "0 warnings" in stderr.lower()
 

@@ -146,3 +146,30 @@ def test_fast_entropy_collapse_ranks_the_largest_learning_rate_cut_first(orch, l
         assert (scores[2], scores[3], scores[0]) == pytest.approx((2 - 0.02 + 0.25, 2 - 0.03 + 0.5, 2.0))
     else:  # eps_clip_high 0.28 -> 0.32 with max_epochs = 1 is inert (the ratio is 1; check_inert, issue 16)
         assert scores == pytest.approx({0: 2.0, 1: -100.0, 2: 1.98, 3: 1.97})
+
+
+def test_the_loop_writes_its_root_and_controls_through_mcp(tmp_path):
+    # a server without the loop's tools cannot drive a run; the root and the control arm come from the MCP tools
+    from evotrainer.agents.loop import LoopError
+    from evotrainer.agents.search import StaticRun
+    from evotrainer.servers.app import build_server
+
+    run = tmp_path / "run"
+    ws = Workspace(run)
+    try:
+        with ToolBox(build_server("training", str(run))) as tb, pytest.raises(LoopError, match="gate_version"):
+            StaticRun(RunConfig(), tb, ws)
+        cfg = RunConfig(budget={"max_versions": 6})
+        with ToolBox(build_server("all", str(run))) as tb:
+            orch = Orchestrator(cfg, tb, ws, HeuristicBrain())
+            assert orch.ensure_root() == "v0" and orch.root_id() == "v0"
+            assert ws.lineage.get("v0").recipe == cfg.recipe and ws.lineage.kv_get("loop/config")["seed"] == cfg.seed
+            assert orch._control("v0", 1) == "v1" and orch._control("v0", 2) == "v1"  # one control per parent
+            ctl = ws.lineage.get("v1")
+            assert ctl.is_control and ctl.parent_id == "v0" and ctl.note.startswith("control of v0 (round 1)")
+            assert orch.n_versions() == 1 and orch.frontier() == "v0"
+            other = RunConfig(recipe={**cfg.recipe.to_dict(), "temperature": 0.5})
+            with pytest.raises(LoopError, match=r"another base recipe \(root v0 differs at temperature\)"):
+                Orchestrator(other, tb, ws, HeuristicBrain()).ensure_root()
+    finally:
+        ws.close()
