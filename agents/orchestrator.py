@@ -30,7 +30,7 @@ from evotrainer.agents.decisions import Candidate, Diagnosis, Proposal, Ranking,
 from evotrainer.agents.diagnostician import Diagnostician
 from evotrainer.agents.evolution import evolve_round
 from evotrainer.agents.intervener import Intervener
-from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, open_toolbox, run_summary
+from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, frontier_of, open_toolbox, run_summary
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
@@ -101,11 +101,7 @@ class Orchestrator(LoopBase):
         """The version the next round branches from: the best kept candidate of the latest round that kept one
         (kv ``loop/frontier``, set by :meth:`round`), the root before that; a reverted frontier falls back to
         its nearest kept (or root) ancestor."""
-        fid = self.lineage.kv_get("loop/frontier") or self.lineage.root().id
-        for v in self.lineage.path_to_root(fid):
-            if v.status != "reverted" or v.parent_id is None:
-                return v.id
-        return self.lineage.root().id
+        return frontier_of(self.lineage) or self.lineage.root().id
 
     def round(self, r: int) -> bool:
         """One round: diagnose the parent, propose, rank, branch (+ the control arm), train all, gate against the
