@@ -224,7 +224,7 @@ _SOURCES = {"final": "the run's final answer, chosen after its last decision",
 def _best_block(ws: Workspace) -> str:
     b = best_version(ws)
     if not b:
-        return ("<div id='best-version'><h2>Best version</h2><p class='muted'>no version has been kept or chosen yet"
+        return ('<div id="best-version"><h2>Best version</h2><p class="muted">no version has been kept or chosen yet'
                 "</p></div>")
     vid, dev, k = b["version"], b["dev"], b["dev"].get("k", "k")
     ci = b["dev_ci"]
@@ -262,7 +262,7 @@ def _best_block(ws: Workspace) -> str:
         ("test", test_s),
         ("checkpoint", f"<code>{_e(ckpt)}</code>" if ckpt else "<span class='muted'>no checkpoint saved</span>"),
     ]
-    return (f"<div id='best-version'><h2>Best version: {_e(vid)}</h2><p class='verdict'>{_e(verdict)}</p><table>"
+    return (f'<div id="best-version"><h2>Best version: {_e(vid)}</h2><p class="verdict">{_e(verdict)}</p><table>'
             + "".join(f"<tr><th>{h}</th><td>{c}</td></tr>" for h, c in rows) + "</table></div>")
 
 
@@ -329,7 +329,7 @@ def _recipe_table(ws: Workspace) -> str:
     total = (f"<p class='muted'>run total: {c.get('train_tokens', 0)} train + {c.get('eval_tokens', 0)} dev-eval tokens "
              f"(what the budget counts), {c.get('no_rl_tokens', 0)} no-RL dev tokens; {_fmt(c.get('cpu_s'), 1)} "
              f"CPU-seconds (recorded per run, not per version), {_fmt(c.get('wall_s'), 1)} s wall</p>") if c else ""
-    return ("<table id='recipe-table'><tr><th>version</th><th>parent</th><th>role</th><th>status</th>"
+    return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
             "<th>recipe: differs from the root (root value &rarr; value)</th><th>steps</th><th>global steps</th>"
             "<th>train tokens</th><th>dev-eval tokens</th><th>train s</th><th>dev-eval s</th></tr>"
             + "".join(body) + "</table>" + total)
@@ -419,7 +419,7 @@ def _samples(ws: Workspace) -> str:
                    f"{_e(_cut(r['prompt'], SAMPLE_CHARS // 2))}</div></td><td>{_e(r['answer'])}</td>"
                    f"{cell(r['base'])}{cell(r['best'])}</tr>" for r in rows)
     return (f"<p class='muted'>dev problems, the same sample index on both sides (paired sample seeds); problems "
-            f"where the two differ first</p><table id='samples'><tr><th>problem</th><th>answer</th>"
+            f'where the two differ first</p><table id="samples"><tr><th>problem</th><th>answer</th>'
             f"<th>{_e(label)}</th><th>{_e(best)} (best)</th></tr>{body}</table>")
 
 
