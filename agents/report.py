@@ -325,14 +325,11 @@ def _recipe_table(ws: Workspace) -> str:
                     f"<td class='num'>{r['steps']}</td><td class='num'>{f'{g[0]}&ndash;{g[1]}' if g else ''}</td>"
                     f"<td class='num'>{r['train_tokens']}</td><td class='num'>{r['eval_tokens']}</td>"
                     f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{r['eval_s']:.1f}</td></tr>")
-    c = ws.lineage.kv_get("loop/compute") or {}
-    total = (f"<p class='muted'>run total: {c.get('train_tokens', 0)} train + {c.get('eval_tokens', 0)} dev-eval tokens "
-             f"(what the budget counts), {c.get('no_rl_tokens', 0)} no-RL dev tokens; {_fmt(c.get('cpu_s'), 1)} "
-             f"CPU-seconds (recorded per run, not per version), {_fmt(c.get('wall_s'), 1)} s wall</p>") if c else ""
     return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
             "<th>recipe: differs from the root (root value &rarr; value)</th><th>steps</th><th>global steps</th>"
             "<th>train tokens</th><th>dev-eval tokens</th><th>train s</th><th>dev-eval s</th></tr>"
-            + "".join(body) + "</table>" + total)
+            + "".join(body) + "</table><p class='muted'>run totals, CPU-seconds included (recorded per run, not per "
+            "version): Compute and test, below</p>")
 
 
 def _compute_and_test(ws: Workspace) -> str:
@@ -438,8 +435,9 @@ def _score_plot(rows: list[dict[str, Any]]) -> str:
     hi = [r["ci"][1] - r["avg"] if r["ci"] else 0 for r in rows]
     colors = ["#888" if r["status"] == "" else {"kept": "#1a7f37", "pruned": "#cf222e"}.get(r["status"], "#0969da")
               for r in rows]
-    ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4,
-           hatch=["//" if r.get("role") == "control" else "" for r in rows])
+    bars = ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4,
+                  hatch=["//" if r.get("role") == "control" else "" for r in rows])
+    ax.bar_label(bars, labels=[_fmt(r["avg"]) for r in rows], fontsize=8, padding=2)  # a 0.000 bar is still read
     ax.set_xticks(xs, [r["name"].split(" ")[0] for r in rows])
     ax.set_ylabel(f"held-out Avg@{rows[0].get('k') or 'k'}")
     ax.set_ylim(0, max(0.05, max(a + h for a, h in zip(avgs, hi, strict=True)) * 1.15))

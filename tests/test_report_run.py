@@ -35,6 +35,7 @@ from evotrainer.config import load_run_config
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.rl_backend.tasks import is_test_eval
+from evotrainer.rollouts import make_record
 from evotrainer.workspace import Workspace
 
 
@@ -228,3 +229,36 @@ def test_report_renders_in_headless_chromium(ws, tmp_path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 1280
     assert len(data) > 50_000  # a rendered page (text, tables, plots), not a blank one
+
+
+def test_a_child_of_damaged_weights_starts_after_the_version_it_trains_from(tmp_path):
+    # v1's weights are damaged (pruned for entropy collapse): its child v2 trains from v0, so its curve follows v0's
+    with Workspace(tmp_path / "run", writer=True) as w:
+        lin = w.lineage
+        v0 = lin.create_root(Recipe())
+        v1 = lin.branch(v0.id, Intervention(path="generate_max_len", old=64, new=128, category="rollout"))
+        for vid, n in ((v0.id, 3), (v1.id, 2)):
+            for step in range(n):
+                lin.log_metrics(vid, step, {M.POLICY_ENTROPY: 1.0 + step})
+        lin.decide(v1.id, "prune", "prune v1: entropy collapsed", damaged_weights="entropy_collapse")
+        v2 = lin.branch(v1.id, Intervention(path="temperature", old=1.0, new=0.9, category="rollout"))
+        lin.log_metrics(v2.id, 0, {M.POLICY_ENTROPY: 0.5})
+        curves = lineage_curves(w)
+        assert curves[v1.id][M.POLICY_ENTROPY] == [(2, 3.0), (3, 1.0), (4, 2.0)]
+        assert curves[v2.id][M.POLICY_ENTROPY] == [(2, 3.0), (3, 0.5)]  # led by v0's last point, not v1's
+        assert f"<td>{v2.id}</td><td>{v0.id} (its last step 2)</td><td class='num'>3</td>" in render_html(w)
+
+
+def test_sample_completions_are_escaped(tmp_path):
+    with Workspace(tmp_path / "run", writer=True) as w:
+        lin = w.lineage
+        v0 = lin.create_root(Recipe())
+        lin.kv_set("loop/frontier", v0.id)
+        recs = [make_record(version_id=v0.id, step=0, prompt_id="p0", group_id=f"{name}-p0", sample_idx=0,
+                            prompt="What is 1 < 2?", completion=text, reward=c, answer="yes", correct=c, split="eval")
+                for name, text, c in (("no_rl", "<script>alert(1)</script>", 0.0), ("heldout", "yes & <b>sure</b>", 1.0))]
+        w.rollouts.add(recs)
+        table = _section(render_html(w), "samples")
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in table and "<script" not in table
+        assert "yes &amp; &lt;b&gt;sure&lt;/b&gt;" in table and "What is 1 &lt; 2?" in table
+        assert "<th>v0 no-RL (base model)</th>" in table and "<th>v0 (best)</th>" in table
