@@ -247,10 +247,10 @@ def _best_block(ws: Workspace) -> str:
                                                            ("the no-RL model", "vs_no_rl"))]
     beats = [n for n, r in real if r]
     fails = [n for n, r in real if r is False]
-    verdict = ((f"On dev it beats {', '.join(beats)} (95% CI of the paired gain above 0)" if beats else
+    verdict = ((f"On dev it beats {_and(beats)} (95% CI of the paired gain above 0)" if beats else
                 "On dev no gain of it is established (every 95% CI reaches 0 or below)" if fails else
                 "No paired dev comparison is recorded for it")
-               + (f"; not established over {', '.join(fails)}." if beats and fails else "."))
+               + (f"; not established over {_and(fails)}." if beats and fails else "."))
     ckpt = b["checkpoint"]
     rows = [
         ("answer", f"<b>{_e(vid)}</b> ({_e(b['role'])}, <span class='{_e(b['status'])}'>{_e(b['status'])}</span>): "
@@ -264,6 +264,10 @@ def _best_block(ws: Workspace) -> str:
     ]
     return (f'<div id="best-version"><h2>Best version: {_e(vid)}</h2><p class="verdict">{_e(verdict)}</p><table>'
             + "".join(f"<tr><th>{h}</th><td>{c}</td></tr>" for h, c in rows) + "</table></div>")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
@@ -453,8 +457,9 @@ def lineage_curves(ws: Workspace) -> dict[str, dict[str, list[tuple[int, float]]
 
     A version's own steps sit at ``LineageStore.step_offset(v) + step``; its curve is led by the last point of
     the version it trains from (``LineageStore.start_version``: the parent, or the nearest undamaged ancestor),
-    so a child's curve starts at its parent's last global step and goes on from there. Non-finite values are
-    left out.
+    so a child's curve starts at its parent's last global step and goes on from there, except where the metric
+    means something else for the two (the total reward or a reward component under another definition).
+    Non-finite values are left out.
     """
     lin = ws.lineage
     versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
@@ -466,8 +471,24 @@ def lineage_curves(ws: Workspace) -> dict[str, dict[str, list[tuple[int, float]]
     for v in versions:
         start = lin.start_version(v.id)
         lead = own.get(start.id, {}) if start is not None else {}
-        out[v.id] = {n: (lead.get(n) or [])[-1:] + pts for n, pts in own[v.id].items() if pts}
+        out[v.id] = {n: ((lead.get(n) or [])[-1:] if start is not None and _same_meaning(start, v, n) else []) + pts
+                     for n, pts in own[v.id].items() if pts}
     return out
+
+
+def _same_meaning(a: Version, b: Version, metric: str) -> bool:
+    """False where ``metric`` is the total reward or a reward component and the two versions define it differently."""
+    if metric == M.REWARD_MEAN:
+        return _reward_def(a) == _reward_def(b)
+    if _is_component(metric):
+        c = metric.split("/")[1]
+        return _reward_def(a, c) == _reward_def(b, c)
+    return True
+
+
+def _is_component(metric: str) -> bool:
+    return (metric.startswith("reward/") and metric.endswith("/mean") and metric.count("/") == 2
+            and metric != M.CORRECT_MEAN)
 
 
 def _reward_def(v: Version, component: str | None = None) -> str:
@@ -505,8 +526,7 @@ def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
     groups = _groups(versions, _reward_def)
     panels += [("reward (total)" if len(groups) == 1 else f"reward (total) = {_reward_label(g[0])}", M.REWARD_MEAN,
                 having(M.REWARD_MEAN, g)) for g in groups]
-    comps = sorted({n for ns in names.values() for n in ns if n.startswith("reward/") and n.endswith("/mean")
-                    and n.count("/") == 2 and n != M.CORRECT_MEAN})
+    comps = sorted({n for ns in names.values() for n in ns if _is_component(n)})
     for n in comps:
         c = n.split("/")[1]
         gs = _groups([v for v in versions if n in names[v.id]], lambda v, c=c: _reward_def(v, c))

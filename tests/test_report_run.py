@@ -214,6 +214,11 @@ def test_total_reward_is_never_overlaid_across_reward_definitions(tmp_path):
         assert panels[("reward component overlong", M.reward_component("overlong"))] == [other.id]
         assert panels[("reward component correctness", M.reward_component("correctness"))] == [root.id, same.id,
                                                                                                  other.id]
+        # a child's total-reward curve joins its parent's only under the same reward definition; correctness always
+        curves = lineage_curves(w)
+        assert [s for s, _ in curves[same.id][M.REWARD_MEAN]] == [1, 2, 3]
+        assert [s for s, _ in curves[other.id][M.REWARD_MEAN]] == [2, 3]
+        assert [s for s, _ in curves[other.id][M.CORRECT_MEAN]] == [1, 2, 3]
         assert "<img" in render_html(w)
 
 
