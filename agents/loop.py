@@ -158,12 +158,7 @@ class LoopBase:
         (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
         CPU-seconds, all threads, plus the Ray workers' of ``executor: ray``, kv ``loop/worker_cpu_s``) and
         ``wall_s``, summed over resumes."""
-        train = 0.0
-        for v in self.lineage.versions():
-            tps = dict(self.lineage.metric_series(v.id, M.PERF_TOKENS_PER_SEC))
-            secs = dict(self.lineage.metric_series(v.id, M.PERF_STEP_SECONDS))
-            train += sum(float(tps[s]) * float(secs[s]) for s in tps if s in secs and tps[s] is not None
-                         and secs[s] is not None)
+        train = sum(train_tokens(self.lineage, v.id) for v in self.lineage.versions())
         toks = self.lineage.kv_get("loop/eval_tokens") or {}
         dev = sum(n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl"))
         no_rl = sum(n for k, n in toks.items() if k.endswith("/no_rl"))
@@ -172,7 +167,7 @@ class LoopBase:
             self.started_at()
         t0, c0 = self._proc0
         workers = float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
-        return {"train_tokens": int(round(train)), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
+        return {"train_tokens": int(train), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
                 "test_tokens": int(test),
                 "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0 + workers, 1),
                 "wall_s": round(self._compute0["wall_s"] + time.time() - t0, 1)}
@@ -191,10 +186,11 @@ class LoopBase:
         """After the last decision: open the test seal, score the final answer and the no-RL row on the test split.
 
         Both use the same problems and sample seeds (``local.evaluate_checkpoint``), so modes pair on test.
-        Stored in kv ``loop/final`` (``{version, test, no_rl_test}``); nothing when ``data.n_test`` is 0.
+        Stored in kv ``loop/final`` (``{version, test, no_rl_test}``); only ``{version}`` when ``data.n_test`` is 0.
         """
         if not self.config.recipe.data.n_test:
-            return {}
+            self.lineage.kv_set("loop/final", {"version": final})
+            return {"version": final}
         root = self.root_id()
         self.lineage.kv_set("loop/test_unsealed", True)
         k = self.config.test_k or self.config.recipe.eval.k
@@ -403,14 +399,54 @@ def _is_test_key(key: str) -> bool:
     return is_test_eval(key.rsplit("/", 1)[-1])
 
 
+def train_tokens(lineage: Any, version_id: str) -> int:
+    """Tokens generated in ``version_id``'s training rollouts: per step ``perf/tokens_per_sec x perf/step_seconds``
+    of its stored metrics, summed (what :meth:`LoopBase.compute` counts for the budget)."""
+    tps = dict(lineage.metric_series(version_id, M.PERF_TOKENS_PER_SEC))
+    secs = dict(lineage.metric_series(version_id, M.PERF_STEP_SECONDS))
+    return int(round(sum(float(tps[s]) * float(secs[s]) for s in tps
+                         if s in secs and tps[s] is not None and secs[s] is not None)))
+
+
+def best_kept(lineage: Any) -> str | None:
+    """Kept version with the highest dev Avg@k (earliest on ties), None when none is kept."""
+    kept = [v for v in lineage.versions() if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
+    return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id if kept else None
+
+
+def frontier_of(lineage: Any) -> str | None:
+    """The orchestrator's frontier: kv ``loop/frontier`` (the best kept candidate of the latest round that kept one),
+    the root before that; a reverted frontier falls back to its nearest kept (or root) ancestor. None without a root."""
+    root = lineage.root()
+    if root is None:
+        return None
+    for v in lineage.path_to_root(lineage.kv_get("loop/frontier") or root.id):
+        if v.status != "reverted" or v.parent_id is None:
+            return str(v.id)
+    return str(root.id)
+
+
+def final_version(lineage: Any) -> tuple[str | None, str]:
+    """The run's answer and where it comes from: ``(version, "final")`` once the run chose it (kv ``loop/final``,
+    written after the last decision), else ``(frontier, "frontier")`` while the orchestrator runs (kv
+    ``loop/frontier``), else ``(best kept on dev, "best kept")``; ``(None, "")`` when there is none yet."""
+    final = lineage.kv_get("loop/final") or {}
+    if final.get("version"):
+        return str(final["version"]), "final"
+    if lineage.kv_get("loop/frontier"):
+        return frontier_of(lineage), "frontier"
+    best = best_kept(lineage)
+    return (best, "best kept") if best else (None, "")
+
+
 def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
     """Headline numbers of a run from its lineage: per-version status / Avg@k (dev), best kept, the no-RL row,
     compute spent (``compute``: train / eval / test tokens, CPU-seconds, wall time) and the final answer's test
     score (``final``: ``{version, test, no_rl_test}``, once the run has ended)."""
     versions = ws.lineage.versions()
     no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
-    kept = [v for v in versions if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
-    best = max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)) if kept else None
+    best_id = best_kept(ws.lineage)
+    best = ws.lineage.get(best_id) if best_id else None
     return {
         "run_dir": str(ws.root), "mode": mode, "n_versions": sum(1 for v in versions if not v.is_control),
         "n_controls": sum(1 for v in versions if v.is_control),

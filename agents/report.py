@@ -1,15 +1,31 @@
 """The run's HTML report: one self-contained file in ``RUN/reports/report.html``.
 
-A rendering of stored data (lineage store, its kv stage records, logged metrics), not an agent:
-inline CSS, plots as base64 PNG (matplotlib, Agg backend), no scripts and no external links, so
-it opens offline. Sections: summary, held-out Avg@k with 95% CIs per version (the no-RL row
-included), the lineage tree with each decision and its rationale, metric plots per version
-(reward and its components, entropy, length, zero-variance fraction, KL), findings, interventions
-tried, analyzers added, skills used, brain usage.
+A rendering of stored data (lineage store, its kv stage records, logged metrics, the rollout store), not an
+agent: inline CSS, plots as base64 PNG (matplotlib, Agg backend), no scripts and no external links, so it
+opens offline. Sections, in order:
+
+- **best version** (``id="best-version"``): the run's answer (:func:`evotrainer.agents.loop.final_version`:
+  kv ``loop/final`` once the loop chose it, the orchestrator's frontier while it runs), its dev Avg@k with 95%
+  CI, its gains over its parent, its round's control and the no-RL model, its test score (only once the run
+  has finished: the test split is sealed during a run and nothing here reads a test outcome before kv
+  ``loop/finished``) and its checkpoint folder;
+- held-out (dev) scores per version with the no-RL row and the control arms (role column);
+- recipe and compute per version (``id="recipe-table"``): the recipe fields that differ from the root (with
+  the root's values), role, status, training steps on the lineage-global axis, train / dev-eval tokens and
+  seconds; the run's totals (CPU-seconds, wall) below;
+- compute and test; sample completions (``id="samples"``) of the best version beside the base model on the
+  same dev problems and sample indices (paired sample seeds), from the rollout store's evaluation rollouts;
+- the lineage tree with each decision and its rationale;
+- training curves (``id="global-steps"``) on the lineage-global step axis (``LineageStore.step_offset``, the
+  axis of the TensorBoard output): each version's curve starts at the last point of the version it trains
+  from. Correctness and each reward component have panels of their own; the total reward is drawn only
+  across versions that share one reward definition (a panel per definition);
+- findings, interventions tried, analyzers added, skills used, brain usage.
 
 The per-version CI is a percentile bootstrap over held-out problems of the per-problem mean
 correctness (2000 resamples, seed 0; Efron & Tibshirani 1993); the gain CIs shown in the decisions
-are the promotion gate's paired bootstrap, as stored when the gate ran.
+are the promotion gate's paired bootstrap, as stored when the gate ran; the best version's gain over the
+no-RL model is the same paired bootstrap (``harness.stats.compare_versions``) on the dev problems both share.
 """
 
 from __future__ import annotations
@@ -17,6 +33,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import math
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -24,13 +43,20 @@ from typing import Any
 import numpy as np
 
 from evotrainer import metrics as M
+from evotrainer.agents.loop import final_version, train_tokens
+from evotrainer.harness.stats import compare_versions
+from evotrainer.lineage import Version
+from evotrainer.rl_backend.tasks import is_test_eval
 from evotrainer.workspace import Workspace
 
 PLOTS: list[tuple[str, str]] = [
-    (M.REWARD_MEAN, "reward (total)"), (M.CORRECT_MEAN, "correct fraction"), (M.POLICY_ENTROPY, "entropy (nats/token)"),
-    (M.COMPLETIONS_MEAN_LENGTH, "completion length (tokens)"), (M.REWARD_FRAC_ZERO_STD, "zero-variance group fraction"),
-    (M.POLICY_KL, "KL to reference (nats/token)"), (M.COMPLETIONS_CLIPPED_RATIO, "truncated fraction"),
+    (M.POLICY_ENTROPY, "entropy (nats/token)"), (M.COMPLETIONS_MEAN_LENGTH, "completion length (tokens)"),
+    (M.REWARD_FRAC_ZERO_STD, "zero-variance group fraction"), (M.POLICY_KL, "KL to reference (nats/token)"),
+    (M.COMPLETIONS_CLIPPED_RATIO, "truncated fraction"),
 ]
+"""Curve panels after correctness and the reward panels: (metric, title)."""
+N_SAMPLES = 6  # dev problems in the sample table
+SAMPLE_CHARS = 600  # a completion is cut to this many characters in the sample table (prompt: half)
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:24px;margin-bottom:4px} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
@@ -41,9 +67,12 @@ th{background:#f4f4f4} .muted{color:#777;font-size:12px} code{background:#f6f6f6
 ul.tree{list-style:none;padding-left:18px;border-left:1px dashed #ccc} ul.tree li{margin:6px 0}
 .decision{font-size:12px;color:#444;margin-left:12px} img{max-width:100%} .finding{font-size:12px}
 .blocking{color:#cf222e;font-weight:bold} .warn{color:#9a6700} .info{color:#777}
+#best-version{border:2px solid #1a7f37;border-radius:6px;padding:4px 16px 8px;background:#f6fbf7;margin-top:16px}
+#best-version h2{border:none;margin-top:8px} #best-version th{width:190px}
+.verdict{font-size:14px;margin:6px 0} td.num{text-align:right;white-space:nowrap}
+pre.comp{white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;max-width:460px}
+td.ok{background:#eaf7ee} td.bad{background:#fdf0f0} .prompt{font-size:12px;color:#444;max-width:300px}
 """
-
-
 def bootstrap_ci(matrix: dict[str, list[float]], n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
     """95% percentile bootstrap CI of Avg@k over problems (per-problem mean correctness); None if empty."""
     if not matrix:
@@ -72,8 +101,17 @@ def _png(fig: Any) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
 
+def role(v: Version) -> str:
+    """``root``, ``control`` (a round's control arm: the parent's recipe continued), ``merge`` (several
+    interventions at once) or ``branch`` (one intervention)."""
+    if v.parent_id is None:
+        return "root"
+    return "control" if v.is_control else "merge" if len(v.interventions) > 1 else "branch"
+
+
 def score_rows(ws: Workspace) -> list[dict[str, Any]]:
-    """Rows of the score table: the no-RL row, then each evaluated version (Avg@k, 95% CI, pass@k, k)."""
+    """Rows of the score table: the no-RL row (role ``baseline``), then each evaluated version, control arms
+    included (role, status, Avg@k, 95% CI, pass@k, k, both gains)."""
     lin = ws.lineage
     versions = lin.versions()
     rows = []
@@ -81,7 +119,8 @@ def score_rows(ws: Workspace) -> list[dict[str, Any]]:
         root = versions[0]
         no_rl = lin.kv_get(f"loop/eval/{root.id}/no_rl")
         if no_rl:
-            rows.append({"name": "no-RL (base model)", "status": "", "avg": no_rl.get("avg@k"), "k": no_rl.get("k"),
+            rows.append({"name": "no-RL (base model)", "role": "baseline", "status": "", "avg": no_rl.get("avg@k"),
+                         "k": no_rl.get("k"),
                          "pass": no_rl.get("pass@k"), "ci": bootstrap_ci(lin.eval_matrix(root.id, "no_rl"))})
     for v in versions:
         ev = lin.kv_get(f"loop/eval/{v.id}/heldout") or (v.eval_summary if v.eval_summary.get("eval_name",
@@ -89,7 +128,7 @@ def score_rows(ws: Workspace) -> list[dict[str, Any]]:
         if not ev or ev.get("avg@k") is None:
             continue
         es = v.eval_summary or {}
-        rows.append({"name": v.id, "status": v.status, "avg": ev.get("avg@k"), "k": ev.get("k"),
+        rows.append({"name": v.id, "role": role(v), "status": v.status, "avg": ev.get("avg@k"), "k": ev.get("k"),
                      "pass": ev.get("pass@k"), "ci": bootstrap_ci(lin.eval_matrix(v.id, "heldout")),
                      "change": v.describe_change(), "vs_parent": es.get("vs_parent"), "vs_control": es.get("vs_control")})
     return rows
@@ -104,11 +143,205 @@ def gain_text(g: dict[str, Any] | None) -> str:
     return f"{g['gain']:+.3f}{ci_s} ({g.get('version')})"
 
 
+def _gain_cell(g: dict[str, Any] | None, missing: str = "") -> str:
+    return _e(gain_text(g)) if gain_text(g) else f"<span class='muted'>{_e(missing)}</span>"
+
+
+def _is_real(gain: dict[str, Any] | None) -> bool | None:
+    """True when the gain's CI lies above 0, False when it does not, None without a CI."""
+    ci = (gain or {}).get("ci")
+    return ci[0] > 0 if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
+
+
+def _paired_gain(ws: Workspace, base: tuple[str, str], mine: tuple[str, str], label: str) -> dict[str, Any] | None:
+    """Paired bootstrap gain of ``mine`` over ``base`` (each ``(version, eval name)``) on their common problems, as a
+    gain record ``{version, gain, ci, n_problems}``; None when fewer than 2 problems are shared."""
+    a, b = ws.lineage.eval_matrix(*base), ws.lineage.eval_matrix(*mine)
+    try:
+        c = compare_versions(a, b, n_resamples=2000)
+    except ValueError:
+        return None
+    return {"version": label, "gain": c.gain, "ci": list(c.ci), "n_problems": c.n_problems}
+
+
+def _gate_gains(ws: Workspace, v: Version) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(vs_parent, vs_control)`` of a version: its eval_summary's gain records, else its gate record's
+    (kv ``loop/rgate/<v>``, ``loop/gate/<v>``)."""
+    es = v.eval_summary or {}
+    g = ws.lineage.kv_get(f"loop/rgate/{v.id}") or ws.lineage.kv_get(f"loop/gate/{v.id}") or {}
+    vs_parent = es.get("vs_parent")
+    if vs_parent is None and v.parent_id and g.get("gain_vs_parent") is not None:
+        vs_parent = {"version": v.parent_id, "gain": g["gain_vs_parent"], "ci": g.get("ci_vs_parent")}
+    vs_control = es.get("vs_control")
+    if vs_control is None and g.get("control_id") and g.get("baseline_id") == g.get("control_id"):
+        vs_control = {"version": g["control_id"], "gain": g.get("gain"), "ci": g.get("ci")}
+    return vs_parent, vs_control
+
+
+def checkpoint_of(ws: Workspace, v: Version) -> str | None:
+    """The version's checkpoint folder (``RUN/checkpoints/<v>``, as its training recorded it), None without one."""
+    if v.checkpoint:
+        return v.checkpoint
+    d = ws.path("checkpoints", v.id)
+    return str(d) if d.is_dir() and any(d.iterdir()) else None
+
+
+def best_version(ws: Workspace) -> dict[str, Any]:
+    """The run's answer and what says whether it is real; ``{}`` for a run without one yet.
+
+    Keys: ``version``, ``source`` (``final``: chosen after the last decision; ``frontier``: the orchestrator's
+    current frontier; ``best kept``), ``role``, ``status``, ``change``, ``dev`` (its dev eval summary: ``avg@k``,
+    ``k``, ``n_problems``), ``dev_ci``, ``vs_parent``, ``vs_control``, ``vs_no_rl`` (gain records: ``version``,
+    ``gain``, ``ci``), ``checkpoint``, ``finished``; once the run has finished, ``test`` and ``no_rl_test`` (the
+    final answer's test summary and the base model's) and ``test_vs_no_rl``. Before that no test outcome is read.
+    """
+    lin = ws.lineage
+    vid, source = final_version(lin)
+    if vid is None:
+        return {}
+    v, root = lin.get(vid), lin.root()
+    es = v.eval_summary or {}
+    dev = lin.kv_get(f"loop/eval/{vid}/heldout") or (es if es.get("eval_name", "heldout") == "heldout" else {})
+    vs_parent, vs_control = _gate_gains(ws, v)
+    finished = bool(lin.kv_get("loop/finished"))
+    out: dict[str, Any] = {
+        "version": vid, "source": source, "role": role(v), "status": v.status, "change": v.describe_change(),
+        "dev": dev, "dev_ci": bootstrap_ci(lin.eval_matrix(vid, "heldout")), "vs_parent": vs_parent,
+        "vs_control": vs_control, "checkpoint": checkpoint_of(ws, v), "finished": finished,
+        "vs_no_rl": _paired_gain(ws, (root.id, "no_rl"), (vid, "heldout"), "no-RL") if root else None}
+    final = (lin.kv_get("loop/final") or {}) if finished else {}  # the test split is sealed until the run ends
+    if finished and final.get("version") == vid and root is not None:
+        out["test"], out["no_rl_test"] = final.get("test") or {}, final.get("no_rl_test") or {}
+        out["test_vs_no_rl"] = _paired_gain(ws, (root.id, "no_rl_test"), (vid, "test"), "no-RL")
+    return out
+
+
+_SOURCES = {"final": "the run's final answer, chosen after its last decision",
+            "frontier": "the orchestrator's current frontier (the run is not finished: it may still change)",
+            "best kept": "the best kept version on dev so far"}
+
+
+def _best_block(ws: Workspace) -> str:
+    b = best_version(ws)
+    if not b:
+        return ('<div id="best-version"><h2>Best version</h2><p class="muted">no version has been kept or chosen yet'
+                "</p></div>")
+    vid, dev, k = b["version"], b["dev"], b["dev"].get("k", "k")
+    ci = b["dev_ci"]
+    dev_s = (f"<b>{_fmt(dev.get('avg@k'))}</b>" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+             + f" <span class='muted'>95% CI, bootstrap over {_e(dev.get('n_problems') or len(ws.lineage.eval_matrix(vid)))}"
+               " dev problems</span>") if dev.get("avg@k") is not None else "<span class='muted'>not evaluated</span>"
+    control_missing = ("it is the round's control arm: continuing the parent's recipe was the decision"
+                       if b["role"] == "control" else "no control arm in its round")
+    if b["finished"] and b.get("test"):
+        t, n = b["test"], b.get("no_rl_test") or {}
+        test_s = (f"<b>{_fmt(t.get('avg@k'))}</b> Avg@{_e(t.get('k'))} on {_e(t.get('n_problems'))} test problems; "
+                  f"no-RL {_fmt(n.get('avg@k'))}" + (f"; gain {_e(gain_text(b.get('test_vs_no_rl')))}"
+                                                     if b.get("test_vs_no_rl") else ""))
+    elif b["finished"]:
+        test_s = "<span class='muted'>no test split in this run (data.n_test: 0)</span>"
+    else:
+        test_s = ("<span class='muted'>sealed: the run is not finished (the test split is scored once, for the "
+                  "final answer, when the loop ends)</span>")
+    real = [(name, _is_real(b.get(key))) for name, key in (("its control", "vs_control"), ("its parent", "vs_parent"),
+                                                           ("the no-RL model", "vs_no_rl"))]
+    beats = [n for n, r in real if r]
+    fails = [n for n, r in real if r is False]
+    verdict = ((f"On dev it beats {_and(beats)} (95% CI of the paired gain above 0)" if beats else
+                "On dev no gain of it is established (every 95% CI reaches 0 or below)" if fails else
+                "No paired dev comparison is recorded for it")
+               + (f"; not established over {_and(fails)}." if beats and fails else "."))
+    ckpt = b["checkpoint"]
+    rows = [
+        ("answer", f"<b>{_e(vid)}</b> ({_e(b['role'])}, <span class='{_e(b['status'])}'>{_e(b['status'])}</span>): "
+                   f"<code>{_e(b['change'])}</code><br><span class='muted'>{_e(_SOURCES.get(b['source'], ''))}</span>"),
+        (f"dev Avg@{_e(k)}", dev_s),
+        ("gain vs parent [95% CI]", _gain_cell(b["vs_parent"], "the root has no parent")),
+        ("gain vs control [95% CI]", _gain_cell(b["vs_control"], control_missing)),
+        ("gain vs no-RL, dev [95% CI]", _gain_cell(b["vs_no_rl"], "no no-RL evaluation on the same problems")),
+        ("test", test_s),
+        ("checkpoint", f"<code>{_e(ckpt)}</code>" if ckpt else "<span class='muted'>no checkpoint saved</span>"),
+    ]
+    return (f'<div id="best-version"><h2>Best version: {_e(vid)}</h2><p class="verdict">{_e(verdict)}</p><table>'
+            + "".join(f"<tr><th>{h}</th><td>{c}</td></tr>" for h, c in rows) + "</table></div>")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
+    """Per version (the no-RL row first): parent, role, status, recipe changes against the root (``[(path,
+    root value, value)]``), steps, lineage-global step range, train tokens, dev-eval tokens, train seconds (sum of
+    ``perf/step_seconds``) and dev-eval seconds (kv ``loop/eval_walls``). Test evaluations are left out."""
+    lin = ws.lineage
+    versions = lin.versions()
+    if not versions:
+        return []
+    root = versions[0]
+    toks, walls = lin.kv_get("loop/eval_tokens") or {}, lin.kv_get("loop/eval_walls") or {}
+
+    def evals(vid: str, no_rl: bool) -> list[str]:
+        names = {k: k.rsplit("/", 1)[-1] for k in {*toks, *walls} if k.rsplit("/", 1)[0] == f"eval/{vid}"}
+        return [k for k, n in names.items() if not is_test_eval(n) and (n == "no_rl") == no_rl]
+
+    rows = []
+    if lin.kv_get(f"loop/eval/{root.id}/no_rl"):
+        keys = evals(root.id, True)
+        rows.append({"version": "no-RL", "parent": None, "role": "baseline", "status": "", "changes": [],
+                     "steps": 0, "global": None, "train_tokens": 0, "eval_tokens": sum(toks.get(k, 0) for k in keys),
+                     "train_s": 0.0, "eval_s": sum(walls.get(k, 0.0) for k in keys)})
+    for v in versions:
+        last, keys = lin.last_step(v.id), evals(v.id, False)
+        off = lin.step_offset(v.id)
+        secs = [x for _, x in lin.metric_series(v.id, M.PERF_STEP_SECONDS) if _finite(x)]
+        rows.append({"version": v.id, "parent": v.parent_id, "role": role(v), "status": v.status,
+                     "changes": lin.diff(root.id, v.id), "steps": last + 1,
+                     "global": (off, off + last) if last >= 0 else None, "train_tokens": train_tokens(lin, v.id),
+                     "eval_tokens": sum(toks.get(k, 0) for k in keys), "train_s": float(sum(secs)),
+                     "eval_s": float(sum(walls.get(k, 0.0) for k in keys))})
+    return rows
+
+
+def _val(x: Any) -> str:
+    return "unset" if x is None else json.dumps(x) if isinstance(x, (list, dict)) else str(x)
+
+
+def _recipe_table(ws: Workspace) -> str:
+    rows = recipe_rows(ws)
+    if not rows:
+        return "<p class='muted'>empty lineage</p>"
+    changed = sorted({p for r in rows for p, _, _ in r["changes"]})
+    root = next(r for r in rows if r["role"] == "root")
+    root_vals = {p: a for r in rows for p, a, _ in r["changes"]}
+    body = []
+    for r in rows:
+        if r["role"] == "baseline":
+            change = "the base model, no RL (dev evaluation only)"
+        elif r is root:
+            change = ("root values: " + "; ".join(f"{_e(p)} = {_e(_val(root_vals[p]))}" for p in changed)
+                      if changed else "root recipe (no version changes it)")
+        else:
+            change = "; ".join(f"{_e(p)}: {_e(_val(a))} &rarr; {_e(_val(b))}" for p, a, b in r["changes"]) or "same as root"
+        g = r["global"]
+        body.append(f"<tr><td>{_e(r['version'])}</td><td>{_e(r['parent'] or '')}</td><td>{_e(r['role'])}</td>"
+                    f"<td class='{_e(r['status'])}'>{_e(r['status'])}</td><td><code>{change}</code></td>"
+                    f"<td class='num'>{r['steps']}</td><td class='num'>{f'{g[0]}&ndash;{g[1]}' if g else ''}</td>"
+                    f"<td class='num'>{r['train_tokens']}</td><td class='num'>{r['eval_tokens']}</td>"
+                    f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{r['eval_s']:.1f}</td></tr>")
+    return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
+            "<th>recipe: differs from the root (root value &rarr; value)</th><th>steps</th><th>global steps</th>"
+            "<th>train tokens</th><th>dev-eval tokens</th><th>train s</th><th>dev-eval s</th></tr>"
+            + "".join(body) + "</table><p class='muted'>run totals, CPU-seconds included (recorded per run, not per "
+            "version): Compute and test, below</p>")
+
+
 def _compute_and_test(ws: Workspace) -> str:
-    """Compute spent (tokens, CPU-seconds, wall) and the final answer's test score."""
+    """Compute spent (tokens, CPU-seconds, wall) and, once the run has finished, the final answer's test score."""
     lin = ws.lineage
     c = lin.kv_get("loop/compute") or {}
-    final = lin.kv_get("loop/final") or {}
+    finished = bool(lin.kv_get("loop/finished"))
+    final = (lin.kv_get("loop/final") or {}) if finished else {}  # sealed until the run ends
     parts = []
     if c:
         parts.append(f"<p>compute: {c.get('train_tokens', 0)} train tokens (rollouts), {c.get('eval_tokens', 0)} dev "
@@ -120,7 +353,75 @@ def _compute_and_test(ws: Workspace) -> str:
         parts.append(f"<p>test split (sealed during the run): final answer <b>{_e(final.get('version'))}</b> "
                      f"Avg@{_e(t.get('k'))} {_fmt(t.get('avg@k'))} on {_e(t.get('n_problems'))} problems; no-RL "
                      f"{_fmt(n.get('avg@k'))}</p>")
+    elif not finished and lin.versions():
+        parts.append("<p class='muted'>test split: sealed while the run is under way</p>")
     return "".join(parts) or "<p class='muted'>no compute or test record (an older run, or still in progress)</p>"
+
+
+def _eval_rollouts(ws: Workspace, vid: str, eval_name: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """The dev evaluation rollouts of one version and eval name: ``{(problem id, sample index): row}`` (the latest
+    row where a version was evaluated twice)."""
+    cols = ["prompt_id", "sample_idx", "group_id", "prompt", "completion", "answer", "correct", "created_at"]
+    q = vid.replace("'", "''")
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in ws.rollouts.to_arrow(where=f"split = 'eval' AND version_id = '{q}'", columns=cols).to_pylist():
+        key = (str(r["prompt_id"]), int(r["sample_idx"]))
+        if str(r["group_id"]).startswith(f"{eval_name}-") and (key not in out or r["created_at"] >= out[key]["created_at"]):
+            out[key] = r
+    return out
+
+
+def sample_rows(ws: Workspace, best: str, n: int = N_SAMPLES) -> tuple[str, list[dict[str, Any]]]:
+    """Dev completions of the base model beside ``best``'s on the same problems and sample index (the sample seeds
+    are paired), one sample per problem: ``(label of the base side, rows)``; each row has ``problem_id``,
+    ``sample_idx``, ``prompt``, ``answer``, ``base`` and ``best`` (rollout rows). The base side is the root's no-RL
+    evaluation (the root's own dev evaluation when there is none). Problems where the two differ in correctness
+    come first, then by problem id."""
+    root = ws.lineage.root()
+    if root is None:
+        return "", []
+    base, label = _eval_rollouts(ws, root.id, "no_rl"), f"{root.id} no-RL (base model)"
+    if not base and best != root.id:
+        base, label = _eval_rollouts(ws, root.id, "heldout"), f"{root.id} (root, trained)"
+    mine = _eval_rollouts(ws, best, "heldout")
+    first: dict[str, tuple[str, int]] = {}
+    for key in sorted(set(base) & set(mine)):
+        first.setdefault(key[0], key)
+    keys = sorted(first.values(), key=lambda k: (_ok(base[k]) == _ok(mine[k]), k))[:n]
+    return label, [{"problem_id": k[0], "sample_idx": k[1], "prompt": mine[k]["prompt"], "answer": mine[k]["answer"],
+                    "base": base[k], "best": mine[k]} for k in keys]
+
+
+def _ok(r: dict[str, Any]) -> bool | None:
+    c = r.get("correct")
+    return None if c is None or not _finite(c) else c > 0
+
+
+def _cut(text: Any, n: int) -> str:
+    s = str(text or "")
+    return s if len(s) <= n else s[:n] + f" … [{len(s) - n} more characters]"
+
+
+def _samples(ws: Workspace) -> str:
+    best, _ = final_version(ws.lineage)
+    if best is None:
+        return "<p class='muted'>no best version yet</p>"
+    label, rows = sample_rows(ws, best)
+    if not rows:
+        return "<p class='muted'>no evaluation rollouts of the best version and the base model on common problems</p>"
+
+    def cell(r: dict[str, Any]) -> str:
+        ok = _ok(r)
+        mark = "" if ok is None else " correct" if ok else " wrong"
+        return (f"<td class='{'' if ok is None else 'ok' if ok else 'bad'}'><pre class='comp'>"
+                f"{_e(_cut(r['completion'], SAMPLE_CHARS))}</pre><span class='muted'>{mark}</span></td>")
+
+    body = "".join(f"<tr><td><code>{_e(r['problem_id'])}</code> #{r['sample_idx']}<div class='prompt'>"
+                   f"{_e(_cut(r['prompt'], SAMPLE_CHARS // 2))}</div></td><td>{_e(r['answer'])}</td>"
+                   f"{cell(r['base'])}{cell(r['best'])}</tr>" for r in rows)
+    return (f"<p class='muted'>dev problems, the same sample index on both sides (paired sample seeds); problems "
+            f'where the two differ first</p><table id="samples"><tr><th>problem</th><th>answer</th>'
+            f"<th>{_e(label)}</th><th>{_e(best)} (best)</th></tr>{body}</table>")
 
 
 def _score_plot(rows: list[dict[str, Any]]) -> str:
@@ -138,11 +439,101 @@ def _score_plot(rows: list[dict[str, Any]]) -> str:
     hi = [r["ci"][1] - r["avg"] if r["ci"] else 0 for r in rows]
     colors = ["#888" if r["status"] == "" else {"kept": "#1a7f37", "pruned": "#cf222e"}.get(r["status"], "#0969da")
               for r in rows]
-    ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4)
+    bars = ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4,
+                  hatch=["//" if r.get("role") == "control" else "" for r in rows])
+    ax.bar_label(bars, labels=[_fmt(r["avg"]) for r in rows], fontsize=8, padding=2)  # a 0.000 bar is still read
     ax.set_xticks(xs, [r["name"].split(" ")[0] for r in rows])
     ax.set_ylabel(f"held-out Avg@{rows[0].get('k') or 'k'}")
     ax.set_ylim(0, max(0.05, max(a + h for a, h in zip(avgs, hi, strict=True)) * 1.15))
     return _png(fig)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def lineage_curves(ws: Workspace) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{version: {metric: [(lineage-global step, value)]}}`` of every trained version.
+
+    A version's own steps sit at ``LineageStore.step_offset(v) + step``; its curve is led by the last point of
+    the version it trains from (``LineageStore.start_version``: the parent, or the nearest undamaged ancestor),
+    so a child's curve starts at its parent's last global step and goes on from there, except where the metric
+    means something else for the two (the total reward or a reward component under another definition).
+    Non-finite values are left out.
+    """
+    lin = ws.lineage
+    versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
+    own = {}
+    for v in versions:
+        off = lin.step_offset(v.id)
+        own[v.id] = {n: [(off + s, float(x)) for s, x in pts if _finite(x)] for n, pts in lin.all_metrics(v.id).items()}
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for v in versions:
+        start = lin.start_version(v.id)
+        lead = own.get(start.id, {}) if start is not None else {}
+        out[v.id] = {n: ((lead.get(n) or [])[-1:] if start is not None and _same_meaning(start, v, n) else []) + pts
+                     for n, pts in own[v.id].items() if pts}
+    return out
+
+
+def _same_meaning(a: Version, b: Version, metric: str) -> bool:
+    """False where ``metric`` is the total reward or a reward component and the two versions define it differently."""
+    if metric == M.REWARD_MEAN:
+        return _reward_def(a) == _reward_def(b)
+    if _is_component(metric):
+        c = metric.split("/")[1]
+        return _reward_def(a, c) == _reward_def(b, c)
+    return True
+
+
+def _is_component(metric: str) -> bool:
+    return (metric.startswith("reward/") and metric.endswith("/mean") and metric.count("/") == 2
+            and metric != M.CORRECT_MEAN)
+
+
+def _reward_def(v: Version, component: str | None = None) -> str:
+    """A version's reward definition (every component's weight and parameters), or one component's parameters."""
+    rw = v.recipe.reward
+    if component is not None:
+        c = rw.get(component)
+        return json.dumps(c.params if c is not None else None, sort_keys=True, default=str)
+    return json.dumps({k: c.model_dump(mode="json") for k, c in rw.items()}, sort_keys=True, default=str)
+
+
+def _reward_label(v: Version) -> str:
+    return " + ".join(f"{c.weight:g}·{k}" + (f"{c.params}" if c.params else "") for k, c in sorted(v.recipe.reward.items()))
+
+
+def _groups(versions: list[Version], key: Any) -> list[list[Version]]:
+    groups: dict[str, list[Version]] = {}
+    for v in versions:
+        groups.setdefault(key(v), []).append(v)
+    return list(groups.values())
+
+
+def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
+    """The training-curve panels, ``(title, metric, versions)``: correctness (the verifier: one definition for all),
+    the total reward once per reward definition (never overlaid across versions whose rewards differ), each reward
+    component once per definition of its parameters, then :data:`PLOTS`; only versions that logged the metric."""
+    lin = ws.lineage
+    versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
+    names = {v.id: set(lin.metric_names(v.id)) for v in versions}
+
+    def having(metric: str, vs: list[Version]) -> list[str]:
+        return [v.id for v in vs if metric in names[v.id]]
+
+    panels = [("correct fraction (verifier)", M.CORRECT_MEAN, having(M.CORRECT_MEAN, versions))]
+    groups = _groups(versions, _reward_def)
+    panels += [("reward (total)" if len(groups) == 1 else f"reward (total) = {_reward_label(g[0])}", M.REWARD_MEAN,
+                having(M.REWARD_MEAN, g)) for g in groups]
+    comps = sorted({n for ns in names.values() for n in ns if _is_component(n)})
+    for n in comps:
+        c = n.split("/")[1]
+        gs = _groups([v for v in versions if n in names[v.id]], lambda v, c=c: _reward_def(v, c))
+        panels += [(f"reward component {c}" + ("" if len(gs) == 1 else f" {_reward_def(g[0], c)}"), n,
+                    [v.id for v in g]) for g in gs]
+    panels += [(t, n, having(n, versions)) for n, t in PLOTS]
+    return [p for p in panels if p[2]]
 
 
 def _metric_plots(ws: Workspace) -> str:
@@ -151,34 +542,54 @@ def _metric_plots(ws: Workspace) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    versions = [v for v in ws.lineage.versions() if ws.lineage.last_step(v.id) >= 0]
-    if not versions:
+    curves = lineage_curves(ws)
+    panels = [(t, n, [v for v in vs if curves.get(v, {}).get(n)]) for t, n, vs in curve_panels(ws)]
+    panels = [p for p in panels if p[2]]
+    if not panels:
         return "<p class='muted'>no training metrics logged yet</p>"
-    names = list(PLOTS)
-    comps = sorted({n for v in versions for n in ws.lineage.metric_names(v.id)
-                    if n.startswith("reward/") and n.endswith("/mean") and n not in (M.REWARD_MEAN, M.CORRECT_MEAN)})
-    names += [(c, c) for c in comps]
-    series = {v.id: ws.lineage.all_metrics(v.id) for v in versions}
-    names = [(n, t) for n, t in names if any(any(x is not None for _, x in series[v].get(n, [])) for v in series)]
+    versions = {v.id: v for v in ws.lineage.versions()}
+    color = {vid: f"C{i % 10}" for i, vid in enumerate(curves)}  # one colour per version in every panel
     cols = 3
-    rows = (len(names) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-    for ax, (name, title) in zip(axes.flat, names, strict=False):
-        for i, v in enumerate(versions):  # one colour per version in every panel (C0, C1, ...), even where
-            pts = series[v.id].get(name, [])  # a version lacks the metric (a reward component it did not have)
-            pts = [(s, x) for s, x in pts if x is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=v.id, color=f"C{i % 10}")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
+    labels: dict[str, Any] = {}
+    for ax, (title, name, vids) in zip(axes.flat, panels, strict=False):
+        for vid in vids:
+            pts = curves[vid][name]
+            r = role(versions[vid])
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", color=color[vid],
+                              ls="--" if r == "control" else "-", label=vid)
+            labels.setdefault(vid + ("" if r == "branch" else f" ({r})"), line)
+        ax.set_title("\n".join(textwrap.wrap(title, 46)), fontsize=9)
+        ax.set_xlabel("lineage-global step", fontsize=8)
         ax.tick_params(labelsize=8)
-    for ax in list(axes.flat)[len(names):]:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(8, len(labels)), fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.legend(list(labels.values()), list(labels), loc="upper center", ncol=min(8, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (2.9 * rows)))
     return _png(fig)
+
+
+def _global_steps(ws: Workspace) -> str:
+    lin = ws.lineage
+    rows = []
+    for v in lin.versions():
+        last = lin.last_step(v.id)
+        if last < 0:
+            continue
+        off, start = lin.step_offset(v.id), lin.start_version(v.id)
+        frm = (f"{start.id} (its last step {lin.step_offset(start.id) + lin.last_step(start.id)})" if start is not None
+               else "the base model")
+        rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(frm)}</td><td class='num'>{off}</td>"
+                    f"<td class='num'>{off + last}</td></tr>")
+    if not rows:
+        return ""
+    return ("<p class='muted'>x axis: lineage-global steps (the TensorBoard axis): a version's first step follows the "
+            "last step of the version whose weights it trains from, and its curve starts at that version's last point; "
+            "dashed lines are control arms. The total reward is drawn only across versions that share one reward "
+            "definition.</p><table><tr><th>version</th><th>trains from</th><th>first global step</th>"
+            "<th>last global step</th></tr>" + "".join(rows) + "</table>")
 
 
 def _tree(ws: Workspace) -> str:
@@ -191,7 +602,7 @@ def _tree(ws: Workspace) -> str:
     def node(vid: str) -> str:
         v = versions[vid]
         ev = lin.kv_get(f"loop/eval/{vid}/heldout") or {}
-        change = "; ".join(iv.describe() for iv in v.interventions) or "base recipe"
+        change = "base recipe" if v.parent_id is None else v.describe_change()
         head = (f"<b>{_e(vid)}</b> <span class='{_e(v.status)}'>{_e(v.status)}</span> <code>{_e(change)}</code>"
                 + (f" &middot; Avg@k {_fmt(ev.get('avg@k'))}" if ev.get("avg@k") is not None else ""))
         decs = "".join(f"<div class='decision'>&#9656; <b>{_e(d.action)}</b> by {_e(d.author)}: {_e(d.rationale)}"
@@ -326,7 +737,8 @@ def render_html(ws: Workspace) -> str:
     usage = lin.kv_get("loop/usage") or {}
     rows = score_rows(ws)
     score_tbl = "".join(
-        f"<tr><td>{_e(r['name'])}</td><td class='{_e(r['status'])}'>{_e(r['status'])}</td><td>{_fmt(r['avg'])}</td>"
+        f"<tr><td>{_e(r['name'])}</td><td>{_e(r['role'])}</td><td class='{_e(r['status'])}'>{_e(r['status'])}</td>"
+        f"<td>{_fmt(r['avg'])}</td>"
         f"<td>{'[' + _fmt(r['ci'][0]) + ', ' + _fmt(r['ci'][1]) + ']' if r['ci'] else ''}</td>"
         f"<td>{_fmt(r['pass'])}</td><td>{_e(r['k'])}</td><td>{_e(gain_text(r.get('vs_control')))}</td>"
         f"<td>{_e(gain_text(r.get('vs_parent')))}</td></tr>" for r in rows)
@@ -348,12 +760,15 @@ def render_html(ws: Workspace) -> str:
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>EvoTrainer report: {_e(ws.root.name)}</title>
 <style>{CSS}</style></head><body>
 <h1>EvoTrainer run report</h1>{head}
-<h2 id="scores">Held-out scores</h2>
-<table id="score-table"><tr><th>version</th><th>status</th><th>Avg@k</th><th>95% CI (bootstrap over problems)</th><th>pass@k</th><th>k</th><th>gain vs control [95% CI]</th><th>gain vs parent [95% CI]</th></tr>{score_tbl}</table>
+{_best_block(ws)}
+<h2 id="scores">Held-out (dev) scores</h2>
+<table id="score-table"><tr><th>version</th><th>role</th><th>status</th><th>Avg@k</th><th>95% CI (bootstrap over problems)</th><th>pass@k</th><th>k</th><th>gain vs control [95% CI]</th><th>gain vs parent [95% CI]</th></tr>{score_tbl}</table>
 {_score_plot(rows)}
+<h2 id="recipes">Recipe and compute per version</h2>{_recipe_table(ws)}
 <h2 id="compute">Compute and test</h2>{_compute_and_test(ws)}
+<h2 id="sample-completions">Sample completions: best version beside the base model</h2>{_samples(ws)}
 <h2 id="lineage">Lineage and decisions</h2>{_tree(ws)}
-<h2 id="metrics">Training metrics per version</h2>{_metric_plots(ws)}
+<h2 id="global-steps">Training curves on the lineage-global step axis</h2>{_global_steps(ws)}{_metric_plots(ws)}
 <h2 id="findings">Findings</h2>{_findings(ws)}
 <h2 id="interventions">Interventions tried</h2>{_interventions(ws)}
 <h2 id="analyzers">Analyzers added</h2>{_analyzers(ws)}
@@ -373,20 +788,34 @@ def write_report(ws: Workspace, name: str = "report.html") -> Path:
     return out
 
 
+def _two_lines(point: str, ci: tuple[float, float] | list[float] | None, fmt: str) -> str:
+    return point + (f"\n[{ci[0]:{fmt}}, {ci[1]:{fmt}}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else "")
+
+
+def _gain_cell_text(g: dict[str, Any] | None) -> str:
+    if not g or not isinstance(g.get("gain"), (int, float)):
+        return ""
+    return _two_lines(f"{g['gain']:+.3f} ({g.get('version')})", g.get("ci"), "+.3f")
+
+
 def summary_table(ws: Workspace) -> Any:
-    """A rich table for the terminal: per version status, change, Avg@k with CI (the no-RL row first)."""
+    """A rich table for the terminal, readable at 80 columns: per version status, change, Avg@k with its CI and the
+    gains over control and parent with theirs (the no-RL row first). A number and its CI are two lines of one
+    cell that never wrap; only the change folds."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"EvoTrainer run {ws.root.name}")
+    t = Table(title=f"EvoTrainer run {ws.root.name}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     for c in ("version", "status", "change"):  # text folds over lines at 80 columns, never cut
-        t.add_column(c, overflow="fold", ratio=1 if c == "change" else None)
-    for c in ("Avg@k", "95% CI"):  # numbers stay whole: "[0.250, 0.500]" never splits
-        t.add_column(c, no_wrap=True, justify="right")
+        t.add_column(c, overflow="fold", ratio=1 if c == "change" else None, min_width=12 if c == "change" else None)
     rows = score_rows(ws)
+    t.add_column("Avg@k\n[95% CI]", no_wrap=True, justify="right")  # "[0.250, 0.500]" never splits
     gains = [c for c in ("vs_control", "vs_parent") if any(r.get(c) for r in rows)]  # only where a gain exists
-    for c in gains:  # "+0.068 [+0.005, +0.125]" wraps at its spaces, numbers whole
-        t.add_column(c.replace("_", " "), justify="right")
+    for c in gains:
+        t.add_column(c.replace("_", " ") + "\n[95% CI]", no_wrap=True, justify="right")
     for r in rows:
-        ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""
-        t.add_row(r["name"], r["status"], r.get("change", ""), _fmt(r["avg"]), ci, *(gain_text(r.get(c)) for c in gains))
+        name = "no-RL" if r["role"] == "baseline" else r["name"]
+        change = "base model, no RL" if r["role"] == "baseline" else r.get("change", "")
+        t.add_row(name, r["status"], change, _two_lines(_fmt(r["avg"]), r["ci"], ".3f"),
+                  *(_gain_cell_text(r.get(c)) for c in gains))
     return t

@@ -452,6 +452,22 @@ class LineageStore:
             p = self.get(p.parent_id) if p.parent_id else None
         return p
 
+    def step_offset(self, version_id: str) -> int:
+        """Steps trained before ``version_id``'s first step along the weights it continues: its
+        **lineage-global** step is ``step_offset(v) + step`` (TensorBoard and the report plot a lineage on this
+        one axis; CleanRL logs against its global step the same way).
+
+        ``offset(v) = offset(s) + steps(s)`` where ``s = start_version(v)`` (the parent, or an earlier
+        version when the parent's weights are damaged) and ``steps(s) = last_step(s) + 1``; 0 for a
+        version trained from the base model. Units: optimizer steps.
+        """
+        offset = 0
+        start = self.start_version(version_id)
+        while start is not None:
+            offset += self.last_step(start.id) + 1
+            start = self.start_version(start.id)
+        return offset
+
     def frontier(self) -> list[Version]:
         """Kept versions none of whose descendants is kept (the kept leaves)."""
         versions = self.versions()

@@ -4,7 +4,7 @@ What each version's folder holds (read back in tests/test_tensorboard.py with te
 ``EventAccumulator``):
 
 - **scalars** of every training step under our metric names (``reward/mean``, ``policy/kl``, ...),
-  at the **lineage-global step** (:func:`lineage_step_offset`): a child's first step follows the
+  at the **lineage-global step** (``LineageStore.step_offset``): a child's first step follows the
   last step of the version whose weights it trains from, so curves of a lineage line up on one
   axis (CleanRL logs against its global step the same way);
 - **held-out scalars** ``eval/avg@k``, ``eval/pass@k``, ``eval/pass@1`` (other eval sets:
@@ -30,21 +30,6 @@ TEXT_MAX_CHARS = 400  # a prompt / completion is cut to this many characters in 
 HPARAM_METRICS = ("eval/avg@k", "eval/pass@k", "reward/mean")
 
 
-def lineage_step_offset(lineage: Any, version_id: str) -> int:
-    """Steps trained before ``version_id``'s first step along the weights it continues.
-
-    ``offset(v) = offset(s) + steps(s)`` where ``s = lineage.start_version(v)`` (the parent, or an
-    earlier version when the parent's weights are damaged) and ``steps(s) = lineage.last_step(s) + 1``;
-    0 for a version trained from the base model. Units: optimizer steps.
-    """
-    offset = 0
-    start = lineage.start_version(version_id)
-    while start is not None:
-        offset += lineage.last_step(start.id) + 1
-        start = lineage.start_version(start.id)
-    return offset
-
-
 def hparams_of(recipe: Any) -> dict[str, bool | int | float | str]:
     """The recipe's flat fields as hparams values (lists, dicts and None become their text)."""
     out: dict[str, bool | int | float | str] = {}
@@ -65,7 +50,7 @@ class TrainWriter:
     def __init__(self, ws: Any, version_id: str, recipe: Any):
         from torch.utils.tensorboard.summary import hparams
 
-        self.offset = lineage_step_offset(ws.lineage, version_id)
+        self.offset = ws.lineage.step_offset(version_id)
         self.tb = _writer(ws, version_id)
         exp, ssi, sei = hparams(hparams_of(recipe), {m: math.nan for m in HPARAM_METRICS})
         fw = self.tb._get_file_writer()
@@ -106,7 +91,7 @@ def write_eval(ws: Any, version_id: str, summary: dict[str, Any], eval_name: str
     the global step of the version's last trained step (its offset for an untrained version).
     """
     lin = ws.lineage
-    g = lineage_step_offset(lin, version_id) + max(0, lin.last_step(version_id))
+    g = lin.step_offset(version_id) + max(0, lin.last_step(version_id))
     prefix = "eval" if eval_name == "heldout" else f"eval/{eval_name}"
     tb = _writer(ws, version_id)
     try:

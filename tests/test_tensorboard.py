@@ -14,7 +14,7 @@ from evotrainer import metrics as M
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import validate_recipe
 from evotrainer.rl_backend.local import LocalBackend
-from evotrainer.rl_backend.tb_writer import hparams_of, lineage_step_offset, samples_markdown
+from evotrainer.rl_backend.tb_writer import hparams_of, samples_markdown
 from evotrainer.workspace import Workspace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,8 +45,8 @@ def trained(tmp_path_factory):
 
 def test_child_steps_continue_after_the_parent(trained):
     ws, root, child, _ = trained
-    assert lineage_step_offset(ws.lineage, root) == 0
-    assert lineage_step_offset(ws.lineage, child) == 3  # the root trained steps 0, 1, 2
+    assert ws.lineage.step_offset(root) == 0
+    assert ws.lineage.step_offset(child) == 3  # the root trained steps 0, 1, 2
     r, c = _events(ws.root / "tb" / root), _events(ws.root / "tb" / child)
     assert [e.step for e in r.Scalars(M.REWARD_MEAN)] == [0, 1, 2]
     assert [e.step for e in c.Scalars(M.REWARD_MEAN)] == [3, 4]  # child steps 0, 1 -> global 3 + 0, 3 + 1
