@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -382,11 +382,9 @@ class LoopBase:
         self.record_decision(Verdict(version_id=vid, action="prune", rationale=why, evidence=["jobs"]), author)
 
     def best_kept(self) -> str | None:
-        """Kept version with the highest held-out Avg@k (earliest on ties), None when none is kept."""
-        kept = [v for v in self.version_rows() if v["status"] == "kept" and v["avg_at_k"] is not None]
-        if not kept:
-            return None
-        return str(max(kept, key=lambda v: (v["avg_at_k"], -v["created_at"]))["id"])
+        """Kept version with the highest held-out Avg@k (earliest on ties), None when none is kept
+        (:func:`pick_best_kept` over ``list_versions``)."""
+        return pick_best_kept((v["id"], v["status"], v["avg_at_k"], v["created_at"]) for v in self.version_rows())
 
 
 def _cpu_s() -> float:
@@ -408,22 +406,39 @@ def train_tokens(lineage: Any, version_id: str) -> int:
                          if s in secs and tps[s] is not None and secs[s] is not None)))
 
 
+def pick_best_kept(rows: Iterable[tuple[str, str, float | None, float]]) -> str | None:
+    """The one best-kept rule: of ``(id, status, dev Avg@k, created_at)`` rows, the kept one with the highest
+    Avg@k (earliest on ties); None when none is kept and scored."""
+    kept = [r for r in rows if r[1] == "kept" and r[2] is not None]
+    return str(max(kept, key=lambda r: (r[2], -r[3]))[0]) if kept else None
+
+
+def first_not_reverted(chain: Iterable[tuple[str, str, str | None]]) -> str | None:
+    """The one frontier fallback rule: of ``(id, status, parent_id)`` rows from a version up to the root, the
+    first not reverted, or the root; None for an empty chain."""
+    vid = None
+    for vid, status, parent_id in chain:
+        if status != "reverted" or parent_id is None:
+            return str(vid)
+    return None if vid is None else str(vid)
+
+
 def best_kept(lineage: Any) -> str | None:
-    """Kept version with the highest dev Avg@k (earliest on ties), None when none is kept."""
-    kept = [v for v in lineage.versions() if v.status == "kept" and "avg@k" in (v.eval_summary or {})]
-    return max(kept, key=lambda v: (v.eval_summary["avg@k"], -v.created_at)).id if kept else None
+    """Kept version with the highest dev Avg@k (earliest on ties), None when none is kept (:func:`pick_best_kept`
+    over the lineage store)."""
+    return pick_best_kept((v.id, v.status, (v.eval_summary or {}).get("avg@k"), v.created_at)
+                          for v in lineage.versions())
 
 
 def frontier_of(lineage: Any) -> str | None:
     """The orchestrator's frontier: kv ``loop/frontier`` (the best kept candidate of the latest round that kept one),
-    the root before that; a reverted frontier falls back to its nearest kept (or root) ancestor. None without a root."""
+    the root before that; a reverted frontier falls back to its nearest kept (or root) ancestor
+    (:func:`first_not_reverted`). None without a root."""
     root = lineage.root()
     if root is None:
         return None
-    for v in lineage.path_to_root(lineage.kv_get("loop/frontier") or root.id):
-        if v.status != "reverted" or v.parent_id is None:
-            return str(v.id)
-    return str(root.id)
+    chain = lineage.path_to_root(lineage.kv_get("loop/frontier") or root.id)
+    return first_not_reverted((v.id, v.status, v.parent_id) for v in chain) or str(root.id)
 
 
 def final_version(lineage: Any) -> tuple[str | None, str]:

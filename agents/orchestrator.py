@@ -22,6 +22,7 @@ the same seed (the heuristic brain and the backend are deterministic).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from evotrainer.agents.backtester import Backtester
@@ -30,7 +31,15 @@ from evotrainer.agents.decisions import Candidate, Diagnosis, Proposal, Ranking,
 from evotrainer.agents.diagnostician import Diagnostician
 from evotrainer.agents.evolution import evolve_round
 from evotrainer.agents.intervener import Intervener
-from evotrainer.agents.loop import DECIDED, Event, LoopBase, LoopError, open_toolbox, run_summary
+from evotrainer.agents.loop import (
+    DECIDED,
+    Event,
+    LoopBase,
+    LoopError,
+    first_not_reverted,
+    open_toolbox,
+    run_summary,
+)
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
@@ -102,11 +111,14 @@ class Orchestrator(LoopBase):
         """The version the next round branches from: the best kept candidate of the latest round that kept one
         (kv ``loop/frontier``, set by :meth:`round`), the root before that; a reverted frontier falls back to
         its nearest kept (or root) ancestor."""
-        vid = self.lineage.kv_get("loop/frontier") or self.root_id()
-        while True:  # up the lineage (get_version) to the first version not reverted, or the root
+        return str(first_not_reverted(self._up_to_root(self.lineage.kv_get("loop/frontier") or self.root_id())))
+
+    def _up_to_root(self, vid: str | None) -> Iterator[tuple[str, str, str | None]]:
+        """``(id, status, parent_id)`` from ``vid`` up to the root, read through ``get_version``, lazily (the walk
+        stops at the first version :func:`first_not_reverted` takes)."""
+        while vid is not None:
             v = self.version(vid)
-            if v["status"] != "reverted" or v["parent_id"] is None:
-                return str(v["id"])
+            yield str(v["id"]), str(v["status"]), v["parent_id"]
             vid = v["parent_id"]
 
     def round(self, r: int) -> bool:
