@@ -256,6 +256,10 @@ def install(server: MCPServer[ServerState], state: ServerState) -> VersionWatche
     async def middleware(ctx: Any, call_next: Any) -> Any:
         if ctx.request_id is None or ctx.method in ("initialize", "server/discover", "logging/setLevel"):
             return await call_next(ctx)
+        if ctx.method == "tools/call" and watcher.seen is None:
+            # The first tool call of a server: take the baseline before the tool writes, or its change is
+            # folded into the baseline and never notified (the poll's own baseline may not have run yet).
+            await watcher.check()
         buf: list[logging.LogRecord] = []
         token = _captured.set(buf)
         try:

@@ -184,16 +184,29 @@ class SkillStore:
         with self._lock:
             if name in self._tables:
                 return self._tables[name]
-            if name not in self._db.list_tables().tables:
-                # Another process may be creating it too: one creates (and seeds), the other waits.
+            tbl = self._try_open(name)
+            if tbl is None:
+                # Another handle may be creating it too: one creates (and seeds), the others wait. Whether it
+                # exists is asked by opening it: a table being created is already listed (its folder exists)
+                # before its first manifest is written, and opening it then fails.
                 from filelock import FileLock
 
                 with FileLock(str(self.path / ".create.lock")):
-                    if name not in self._db.list_tables().tables:
+                    tbl = self._try_open(name)
+                    if tbl is None:
                         self._create(name)
-            tbl = self._db.open_table(name)
+                        tbl = self._db.open_table(name)
             self._tables[name] = tbl
             return tbl
+
+    def _try_open(self, name: str) -> Any:
+        """The table, or None while it does not exist (or is half created by another handle)."""
+        try:
+            return self._db.open_table(name)
+        except ValueError as exc:  # lancedb: "Table 'skills' was not found"
+            if "was not found" not in str(exc):
+                raise
+            return None
 
     def _create(self, name: str) -> None:
         """Create a table: version 1 holds the seed library (skills), version 2 adds the FTS index."""

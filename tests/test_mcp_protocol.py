@@ -395,3 +395,27 @@ def test_http_discover_and_initialize_agree(http_url):
     assert init["capabilities"] == disc["capabilities"] == {
         "completions": {}, "logging": {}, "prompts": {"listChanged": False},
         "resources": {"listChanged": False, "subscribe": True}, "tools": {"listChanged": False}}
+
+
+def test_first_tool_call_is_notified_before_the_poll_has_a_baseline(tmp_path, monkeypatch):
+    """A CI failure: the poll's first baseline ran after (or raced) the listening client's first tool
+    call, so the prune of v1 became part of the baseline and no ResourceUpdated was ever sent."""
+    from mcp.shared.subscriptions import ResourceUpdated
+
+    from evotrainer.servers import protocol
+
+    async def no_poll(self):  # the poll has not taken its baseline yet when the tool call arrives
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(protocol.VersionWatcher, "poll", no_poll)
+    server = build_server("all", make_run(tmp_path))
+
+    async def go(c):
+        async with c.listen(resource_subscriptions=["lineage://version/v1"]) as sub:
+            await c.call_tool("decide", {"version_id": "v1", "action": "prune", "rationale": "no gain (test)"})
+            with anyio.fail_after(10):
+                async for event in sub:
+                    return [event]
+        return []
+
+    assert _with_client(server, go, mode="2026-07-28") == [ResourceUpdated(uri="lineage://version/v1")]

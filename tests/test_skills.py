@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -282,6 +283,26 @@ def test_concurrent_first_use_seeds_once(model, tmp_path):
         counts = list(ex.map(lambda _: SkillStore(path).count(), range(2)))
     assert counts == [len(seed_skills())] * 2
     assert SkillStore(path).history()[0]["rows"] == len(seed_skills())  # version 1 already holds the seed
+
+
+def test_a_table_half_created_by_another_handle_is_waited_for(model, tmp_path):
+    """A CI failure: while one handle created the table, its folder was already listed, so a second
+    handle skipped the creation lock and failed to open it ("Table 'skills' was not found")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from filelock import FileLock
+
+    path = tmp_path / "shared"
+    path.mkdir()
+    lock = FileLock(str(path / ".create.lock"))
+    with ThreadPoolExecutor(1) as ex:
+        with lock:  # another handle is creating: the folder exists, no manifest yet
+            (path / "skills.lance" / "data").mkdir(parents=True)
+            pending = ex.submit(lambda: SkillStore(path).count())
+            time.sleep(0.5)
+            assert not pending.done()  # it waits for the creator instead of failing
+            shutil.rmtree(path / "skills.lance")  # (this creator gives up; the waiter then creates)
+        assert pending.result(timeout=120) == len(seed_skills())
 
 
 def test_moved_folder_opens_and_searches(store, tmp_path):
