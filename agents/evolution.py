@@ -21,8 +21,15 @@ Every round, over MCP tools and the run's evidence:
    (tag ``drafted``; only synthesised analyzers are inherited and scored by later runs, since only their
    programs can be applied in process).
 
-Each entry of the returned list has a ``type`` (inherited | use | synthesis | draft) and is what the
-report's "Analyzers added" section shows.
+Each entry of the returned list has a ``type`` (inherited | use | early_stop | stopped | synthesis | draft) and is
+what the report's "Analyzers added" section shows.
+
+The mid-training early stop (config ``early_stop``, off by default): :func:`stop_plan` gives ``start_training``
+an ``early_stop`` check of the in-scope analyzers whose record is trusted (Wilson 95% lower bound of precision at
+least :data:`~evotrainer.harness.synthesis.MIN_STOP_PRECISION`), run by the trainer's ``after_step`` hook after half
+the version's steps, on the same evidence the counterfactual of step 2 uses. A branch it stops is pruned
+unevaluated (:func:`stopped`, :func:`record_stop`: the analyzer, the step, the steps and tokens saved in kv
+:data:`STOPS_KEY`); its outcome is unknown, so it is no label for synthesis or for any analyzer's record.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ import numpy as np
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Diagnosis
 from evotrainer.agents.diagnostician import Diagnostician
+from evotrainer.agents.loop import train_tokens
 from evotrainer.agents.mcp_client import ToolBox
+from evotrainer.config import RunConfig
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
 from evotrainer.lineage import LineageStore
@@ -44,12 +53,15 @@ TAG = "synthesised"
 INHERITED_KEY = "loop/analyzers/inherited"  # [{skill_id, name, program, loo, ...}]
 USED_KEY = "loop/analyzers/used"  # /<name>/<version>: outcome recorded on the skill
 SCOPE_KEY = "loop/analyzers/synthesised"  # {name: {skill_id, program, loo, origin}} in scope for this run
+STOPS_KEY = "loop/analyzers/stops"  # {version: stop record + saved_steps, saved_tokens}: branches stopped early
+CHECK_KEY = "early_stop"  # kv early_stop/<version>: the server's mid-training check record (servers.training)
 
 
 class EvolvingLoop(Protocol):
     """What harness evolution uses of the loop that runs it (:class:`~evotrainer.agents.orchestrator.Orchestrator`)."""
 
     tb: ToolBox
+    config: RunConfig
     ws: Workspace
     lineage: LineageStore
     brain: Brain
@@ -104,6 +116,69 @@ def inherit(loop: EvolvingLoop) -> list[dict[str, Any]]:
     return out
 
 
+def _records(loop: EvolvingLoop, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """The in-scope analyzers as :func:`~evotrainer.harness.synthesis.early_stop` reads them, with their skills'
+    track records as they stand now (``get_skill``)."""
+    out = []
+    for name, a in scope.items():
+        skill = _call(loop, "get_skill", {"skill_id": a["skill_id"]}) if a.get("skill_id") else None
+        out.append({"name": name, "program": a["program"], "loo": a.get("loo", {}),
+                    "track_record": (skill or {}).get("track_record", {})})
+    return out
+
+
+def precision_lower(record: dict[str, Any], domain: str) -> float:
+    """Wilson 95% lower bound of an analyzer's precision: leave-one-out tp / fp plus fires in use in ``domain``
+    (helped / hurt), the number :func:`~evotrainer.harness.synthesis.early_stop` compares with
+    :data:`~evotrainer.harness.synthesis.MIN_STOP_PRECISION`."""
+    loo, rec = record.get("loo") or {}, (record.get("track_record") or {}).get(domain) or {}
+    good = int(loo.get("tp", 0)) + int(rec.get("helped", 0))
+    return S.wilson_lower(good, good + int(loo.get("fp", 0)) + int(rec.get("hurt", 0)))
+
+
+def stop_plan(loop: EvolvingLoop, vid: str, steps: int) -> dict[str, Any]:
+    """``start_training``'s ``early_stop`` argument for training ``vid`` to ``steps``, or ``{}``.
+
+    A check is planned when the config's ``early_stop`` is on, the backend is local, ``vid`` is a branch (not the
+    root, not a control arm: the control is the round's reference), ``steps`` is the version's full budget
+    (``budget.steps_per_version``), the version has trained fewer than ``steps // 2`` steps, and at least one
+    in-scope analyzer's record is trusted (:func:`precision_lower` >= ``MIN_STOP_PRECISION``).
+    """
+    if not loop.config.early_stop or loop.config.backend != "local" or steps != loop.config.budget.steps_per_version:
+        return {}
+    v = loop.lineage.get(vid)
+    at = steps // 2
+    if v.parent_id is None or v.is_control or at < 1 or loop.lineage.last_step(vid) + 1 >= at:
+        return {}
+    domain = _domain(v.recipe.data.task)
+    trusted = [a for a in _records(loop, loop.lineage.kv_get(SCOPE_KEY) or {})
+               if precision_lower(a, domain) >= S.MIN_STOP_PRECISION]
+    if not trusted:
+        return {}
+    loop.log(f"{vid}: early-stop check after {at} of {steps} steps by {', '.join(a['name'] for a in trusted)}",
+             version=vid)
+    return {"early_stop": {"at_step": at, "analyzers": trusted, "domain": domain}}
+
+
+def stopped(loop: EvolvingLoop, vid: str) -> dict[str, Any] | None:
+    """The mid-training check record of ``vid`` when it stopped the branch (kv ``early_stop/<vid>``), else None."""
+    rec = loop.lineage.kv_get(f"{CHECK_KEY}/{vid}")
+    return rec if rec and rec.get("stop") else None
+
+
+def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """Store a branch's early stop for the budget accounting and the report (kv :data:`STOPS_KEY`): the analyzer,
+    the step, ``saved_steps`` and ``saved_tokens`` (the saved steps at this branch's own generated tokens per step
+    so far, :func:`~evotrainer.agents.loop.train_tokens`). Returns the stored entry."""
+    done = max(1, int(rec.get("at_step") or loop.lineage.last_step(vid) + 1))
+    entry = {**rec, "type": "stopped", "version": vid, "saved_tokens":
+             int(round(train_tokens(loop.lineage, vid) / done * int(rec.get("saved_steps") or 0)))}
+    stops = dict(loop.lineage.kv_get(STOPS_KEY) or {})
+    stops[vid] = entry
+    loop.lineage.kv_set(STOPS_KEY, stops)
+    return entry
+
+
 def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool]) -> list[dict[str, Any]]:
     """Score the in-scope synthesised analyzers on the round's decided versions; early-stop counterfactuals."""
     scope = loop.lineage.kv_get(SCOPE_KEY) or {}
@@ -113,16 +188,13 @@ def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool
             continue
         v = loop.lineage.get(vid)
         domain = _domain(v.recipe.data.task)
-        records = []
+        # the records as they stood before this version's outcome: the early-stop counterfactual must not see it
+        records = _records(loop, scope)
         for name, a in scope.items():
             prog = S.Program.from_dict(a["program"])
             fired = prog.fires(ev, vid)
             entry = {"type": "use", "name": name, "version": vid, "fired": fired, "bad": labels[vid],
                      "correct": fired == labels[vid], "domain": domain, "origin": a.get("origin")}
-            # the record as it stood before this version's outcome: the early-stop counterfactual must not see it
-            skill = _call(loop, "get_skill", {"skill_id": a["skill_id"]}) if a.get("skill_id") else None
-            records.append({"name": name, "program": a["program"], "loo": a.get("loo", {}),
-                            "track_record": (skill or {}).get("track_record", {})})
             if fired and a.get("skill_id") and not loop.lineage.kv_get(f"{USED_KEY}/{name}/{vid}"):
                 rec = _call(loop, "record_skill_outcome", {"skill_id": a["skill_id"], "domain": domain,
                                                            "outcome": "helped" if labels[vid] else "hurt"})
@@ -277,9 +349,13 @@ def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[s
     """One round of harness evolution (see the module docstring); the entries for the report."""
     # labels: kept children (good) vs pruned / reverted / failed versions (bad); a kept root is the
     # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
+    # a branch an analyzer stopped early was pruned unevaluated: its outcome is unknown, so it is no label
     labels = {v.id: v.status in ("pruned", "reverted") for v in loop.lineage.versions()
-              if v.status in ("pruned", "reverted") or (v.status == "kept" and v.parent_id is not None)}
+              if (v.status in ("pruned", "reverted") or (v.status == "kept" and v.parent_id is not None))
+              and stopped(loop, v.id) is None}
     out = inherit(loop)
+    stops = loop.lineage.kv_get(STOPS_KEY) or {}
+    out += [stops[vid] for vid in children if vid in stops]
     ev = Evidence.from_workspace(loop.ws)
     out += use(loop, ev, children, labels)
     if labels:

@@ -304,13 +304,18 @@ class LoopBase:
 
     def _train_job(self, vid: str, steps: int) -> bool:
         """``start_training`` up to ``steps`` steps in all and wait for it; False when the job did not finish."""
-        job = self.tb.call("start_training", {"version_id": vid, "steps": steps})
+        job = self.tb.call("start_training", {"version_id": vid, "steps": steps, **self.train_options(vid, steps)})
         job = self._wait_job(job, vid, "train")
         self.emit("lineage", {})
         if job["status"] != "done":
             self.log(f"training of {vid} ended {job['status']}: {job.get('message', '')}", version=vid)
             return False
         return True
+
+    def train_options(self, vid: str, steps: int) -> dict[str, Any]:
+        """Extra ``start_training`` arguments for training ``vid`` to ``steps`` (none here; the orchestrator adds
+        harness evolution's mid-training ``early_stop`` check, :func:`evotrainer.agents.evolution.stop_plan`)."""
+        return {}
 
     def evaluate(self, vid: str, eval_name: str = "heldout", k: int | None = None) -> dict[str, Any]:
         """Evaluation of ``vid`` (once per eval name; dev unless a test eval name); returns the eval summary.

@@ -29,7 +29,7 @@ from evotrainer.agents.backtester import Backtester
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Candidate, Diagnosis, Proposal, Ranking, Verdict, blocking_kinds
 from evotrainer.agents.diagnostician import Diagnostician
-from evotrainer.agents.evolution import evolve_round
+from evotrainer.agents.evolution import STOPS_KEY, evolve_round, record_stop, stop_plan, stopped
 from evotrainer.agents.intervener import Intervener
 from evotrainer.agents.loop import (
     DECIDED,
@@ -285,6 +285,9 @@ class Orchestrator(LoopBase):
         if status == "failed" or not self.train(vid, self.config.budget.steps_per_version):
             self.fail_version(vid, self.author)
             return False
+        if (stop := stopped(self, vid)) is not None:
+            self._prune_stopped(vid, stop)
+            return False
         try:
             self.evaluate(vid)
         except LoopError as exc:
@@ -292,6 +295,20 @@ class Orchestrator(LoopBase):
             self.fail_version(vid, self.author)
             return False
         return True
+
+    def train_options(self, vid: str, steps: int) -> dict[str, Any]:
+        """The mid-training early-stop check of harness evolution (:func:`evotrainer.agents.evolution.stop_plan`)."""
+        return stop_plan(self, vid, steps)
+
+    def _prune_stopped(self, vid: str, stop: dict[str, Any]) -> None:
+        """Prune a branch a trusted analyzer stopped mid-training, unevaluated; the saving goes to kv
+        ``loop/analyzers/stops`` (the budget accounting and the report read it)."""
+        entry = record_stop(self, vid, stop)
+        why = (f"prune {vid}: stopped early after {stop.get('at_step')} of {stop.get('steps_total')} steps by analyzer "
+               f"{stop.get('analyzer')} ({stop.get('reason', '')}); {entry['saved_steps']} steps and about "
+               f"{entry['saved_tokens']} train tokens saved, dev evaluation skipped")
+        self.record_decision(Verdict(version_id=vid, action="prune", rationale=why,
+                                     evidence=[f"analyzer:{stop.get('analyzer')}", f"early_stop/{vid}"]), self.author)
 
     def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False) -> None:
         """Gate every candidate of the round against the control, apply the round rule
@@ -482,7 +499,13 @@ class Orchestrator(LoopBase):
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k."""
-        return run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage"))
+        out = run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage"))
+        stops = self.lineage.kv_get(STOPS_KEY) or {}
+        out["early_stops"] = {v: {k: e.get(k) for k in ("analyzer", "at_step", "steps_total", "saved_steps",
+                                                        "saved_tokens")} for v, e in stops.items()}
+        out["compute"] = {**out["compute"], "saved_steps": sum(int(e.get("saved_steps") or 0) for e in stops.values()),
+                          "saved_tokens": sum(int(e.get("saved_tokens") or 0) for e in stops.values())}
+        return out
 
 
 def _domain(task: str) -> str:

@@ -658,7 +658,7 @@ def _interventions(ws: Workspace) -> str:
 def _analyzers(ws: Workspace) -> str:
     """Harness evolution: rules searched and kept (with their numbers), drafts judged, inherited analyzers
     and how they did on this run's versions, and the branches a trusted analyzer would have stopped early."""
-    searched, drafts, inherited, uses, stops = [], [], [], [], []
+    searched, drafts, inherited, uses, stops, stopped = [], [], [], [], [], []
     for key, items in ws.lineage.kv_items("loop/r"):
         if not key.endswith("/evolve"):
             continue
@@ -666,8 +666,8 @@ def _analyzers(ws: Workspace) -> str:
         for a in items or []:
             t = a.get("type", "draft")
             {"synthesis": searched, "draft": drafts, "inherited": inherited, "use": uses,
-             "early_stop": stops}.get(t, drafts).append((rnd, a))
-    if not any((searched, drafts, inherited, uses, stops)):
+             "early_stop": stops, "stopped": stopped}.get(t, drafts).append((rnd, a))
+    if not any((searched, drafts, inherited, uses, stops, stopped)):
         return "<p class='muted'>no analyzer was added (no unexplained held-out move)</p>"
     parts = []
     if searched:
@@ -704,6 +704,11 @@ def _analyzers(ws: Workspace) -> str:
                          f"<tr><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td>"
                          f"<td>{'yes' if a.get('fired') else 'no'}</td><td>{'bad' if a.get('bad') else 'good'}</td>"
                          f"<td>{_e(a.get('origin') or '')}</td></tr>" for _, a in uses) + "</table>")
+    if stopped:
+        parts.append("<p>Branches stopped mid-training by an analyzer (pruned unevaluated):</p><ul>" + "".join(
+            f"<li>{_e(a.get('version'))}: stopped by <code>{_e(a.get('analyzer'))}</code> after {a.get('at_step')} of "
+            f"{a.get('steps_total')} steps ({_e(a.get('reason', ''))}); saved {a.get('saved_steps', 0)} steps, about "
+            f"{a.get('saved_tokens', 0)} train tokens, and the dev evaluation</li>" for _, a in stopped) + "</ul>")
     if stops:
         parts.append("<p>Decisions it would change (early stop at half the training steps):</p><ul>" + "".join(
             f"<li>{_e(a.get('version'))}: {'stop' if a.get('stop') else 'continue'}"

@@ -57,6 +57,11 @@ class RunConfig(BaseModel):
         1, ge=1, description="executor=ray: torch CPU threads (and Ray CPUs) per branch. 1: on a loaded 2-core "
                              "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
     budget: Budget = Field(default_factory=Budget)
+    early_stop: bool = Field(
+        False, description="Harness evolution's mid-training early stop (agents.evolution.stop_plan): a branch whose "
+                           "evidence at half its steps makes a kept synthesised analyzer with a good record fire "
+                           "(harness.synthesis.early_stop) stops there and is pruned unevaluated. Off by default: on "
+                           "the measured runs no analyzer had earned a record to stop on (docs/evolution.md).")
     test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
                                "(default: recipe eval.k).")
     recipe: Recipe = Field(default_factory=Recipe)

@@ -590,3 +590,23 @@ def early_stop(analyzers: Iterable[Mapping[str, Any]], ev: Evidence, version: st
                               f"(leave-one-out fits + fires in use in {domain}) (Wilson 95% lower bound {lower:.2f}, stop at >= {MIN_STOP_PRECISION})"
                               + ("" if stop else ": not trusted enough to stop")}
     return best
+
+
+def stop_check(ws: Any, version: str, analyzers: list[Mapping[str, Any]], domain: str, steps_done: int,
+               steps_total: int) -> dict[str, Any]:
+    """The mid-training early-stop check of a branch (the trainer's ``after_step`` hook at the check step).
+
+    Reads the branch's evidence as logged so far (its first ``steps_done`` steps, rollout features included)
+    and its parent's from the run folder ``ws`` (``Evidence.from_workspace``), and applies :func:`early_stop`.
+
+    Returns:
+        :func:`early_stop`'s record plus ``at_step`` (= ``steps_done``), ``steps_total`` and ``saved_steps``
+        (``steps_total - steps_done`` when it stops, else 0).
+    """
+    v = ws.lineage.get(version)
+    ids = [version] + ([v.parent_id] if v.parent_id else [])
+    ev = Evidence.from_workspace(ws, ids)
+    rec = early_stop(analyzers, ev, version, domain)
+    rec.update(at_step=steps_done, steps_total=steps_total,
+               saved_steps=steps_total - steps_done if rec["stop"] else 0)
+    return rec

@@ -20,10 +20,14 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
 
 __all__ = ["NO_RL_TEST_EVAL", "TEST_EVAL", "TEST_EVALS", "Backend", "BackendError", "EvalResult", "ProgressFn",
-           "StopFn", "TrainResult", "is_test_eval"]
+           "AfterStepFn", "StopFn", "TrainResult", "is_test_eval"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
 StopFn = Callable[[], bool]
+AfterStepFn = Callable[[int], dict[str, Any] | None]
+"""``after_step(steps_done)``: called once a step's metrics and rollouts are stored (``steps_done`` 1-based, resumed
+steps included); a dict return stops training there (the trainer saves the checkpoint at that step as usual) and is
+returned as :attr:`TrainResult.early_stop`; None goes on. E.g. a mid-training early stop by an analyzer's verdict."""
 
 
 class TrainResult(BaseModel):
@@ -35,7 +39,9 @@ class TrainResult(BaseModel):
     checkpoint: str | None = Field(None, description="Checkpoint folder of the version.")
     metrics_summary: dict[str, Any] = Field(default_factory=dict, description="As stored in the version.")
     resumed_from_step: int | None = Field(None, description="Last step restored from a step checkpoint, if any.")
-    stopped_early: bool = Field(False, description="should_stop() returned True before the last step.")
+    stopped_early: bool = Field(False, description="should_stop() or after_step() stopped before the last step.")
+    early_stop: dict[str, Any] | None = Field(None, description="What after_step() returned when it stopped training "
+                                              "(the decision record of the hook), else None.")
     wall_s: float = Field(0.0, description="Seconds spent in this call.")
 
 
@@ -67,8 +73,9 @@ class Backend(Protocol):
     name: str
 
     def train(self, ws: Any, version_id: str, steps: int, progress: ProgressFn | None = None,
-              should_stop: StopFn | None = None) -> TrainResult:
-        """Train ``version_id`` for ``steps`` GRPO steps (status training → trained, failed on error)."""
+              should_stop: StopFn | None = None, after_step: AfterStepFn | None = None) -> TrainResult:
+        """Train ``version_id`` for ``steps`` GRPO steps (status training → trained, failed on error); ``after_step``
+        (:data:`AfterStepFn`) may stop it early."""
         ...
 
     def evaluate(self, ws: Any, version_id: str, k: int | None = None, eval_name: str = "heldout",

@@ -48,7 +48,7 @@ from evotrainer import metrics as M
 from evotrainer.estimators import avg_at_k, mean_pass_at_k
 from evotrainer.recipe import RewardComponent
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.base import BackendError, EvalResult, ProgressFn, StopFn, TrainResult
+from evotrainer.rl_backend.base import AfterStepFn, BackendError, EvalResult, ProgressFn, StopFn, TrainResult
 from evotrainer.rl_backend.models import (
     PolicyBundle,
     configure_threads,
@@ -175,7 +175,7 @@ class LocalBackend:
 
     # --- train ---------------------------------------------------------------------------------------
     def train(self, ws: Any, version_id: str, steps: int, progress: ProgressFn | None = None,
-              should_stop: StopFn | None = None) -> TrainResult:
+              should_stop: StopFn | None = None, after_step: AfterStepFn | None = None) -> TrainResult:
         """Train ``version_id`` until it has ``steps`` steps (resuming a partly trained version).
 
         Starts from the parent's checkpoint (the base model for the root). Sets status training,
@@ -183,6 +183,10 @@ class LocalBackend:
         ``train``), TensorBoard scalars under ``ws.root/tb/<version>`` (rl_backend.tb_writer), the checkpoint in
         ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
         plus ``steps`` and ``data_split`` digest).
+
+        ``after_step(steps_done)`` (``rl_backend.base.AfterStepFn``) runs after each step is stored; when it returns
+        a dict, training stops there (checkpoint and summary at that step, ``stopped_early``, the dict as
+        ``TrainResult.early_stop``).
 
         Raises:
             BackendError: steps < 1, or the parent has no checkpoint.
@@ -199,7 +203,7 @@ class LocalBackend:
         ws.log(f"training {version_id} for {steps} steps (local backend, {self.device})", version=version_id,
                source="local")
         try:
-            return self._train(ws, v, steps, start_ckpt, progress, should_stop)
+            return self._train(ws, v, steps, start_ckpt, progress, should_stop, after_step)
         except BaseException as exc:
             ws.lineage.update_version(version_id, status="failed")
             ws.log(f"training {version_id} failed: {type(exc).__name__}: {exc}", level="error", version=version_id,
@@ -225,7 +229,7 @@ class LocalBackend:
         return start.checkpoint
 
     def _train(self, ws: Any, v: Any, steps: int, start_ckpt: str | None, progress: ProgressFn | None,
-               should_stop: StopFn | None) -> TrainResult:
+               should_stop: StopFn | None, after_step: AfterStepFn | None = None) -> TrainResult:
         t_call = time.time()
         configure_threads(self.num_threads)
         recipe, vid = v.recipe, v.id
@@ -252,7 +256,7 @@ class LocalBackend:
         if optim_state is not None:
             opt.load_state_dict(optim_state)
         tb = TrainWriter(ws, vid, recipe)  # scalars at the lineage-global step, hparams, text samples
-        stopped = False
+        stopped, early = False, None
         step = first_step - 1
         try:
             for step in range(first_step, steps):
@@ -278,6 +282,11 @@ class LocalBackend:
                     progress({"step": step + 1, "steps": steps, "reward": metrics[M.REWARD_MEAN],
                               "tokens_per_sec": metrics[M.PERF_TOKENS_PER_SEC],
                               "step_seconds": metrics[M.PERF_STEP_SECONDS], "loss": metrics[M.LOSS_TOTAL]})
+                if after_step is not None and step + 1 < steps and (early := after_step(step + 1)) is not None:
+                    stopped = True
+                    ws.log(f"{vid} stopped early after step {step + 1} of {steps}: "
+                           f"{str(early.get('reason', early))[:300]}", version=vid, source="local")
+                    break
         finally:
             tb.close()
         ckpt = save_checkpoint(bundle, ws.checkpoint_dir(vid), recipe.model.name_or_path,
@@ -290,7 +299,7 @@ class LocalBackend:
         ws.log(f"trained {vid}: {step + 1} steps, reward/mean {summary.get(M.REWARD_MEAN, math.nan):.3f}",
                version=vid, source="local")
         return TrainResult(version_id=vid, steps_done=step + 1, steps_requested=steps, checkpoint=str(ckpt),
-                           metrics_summary=summary, resumed_from_step=resumed, stopped_early=stopped,
+                           metrics_summary=summary, resumed_from_step=resumed, stopped_early=stopped, early_stop=early,
                            wall_s=time.time() - t_call)
 
     # --- one GRPO step -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from mcp.server.mcpserver.resources import FunctionResource
 from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.harness.gate import test_sealed
+from evotrainer.harness.synthesis import Program, SynthesisError, stop_check
 from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
 from evotrainer.lineage import Decision, Job, LineageError, Version
 from evotrainer.recipe import current_value, diff_recipes, get_path, set_path, validate_recipe
@@ -48,6 +49,24 @@ VersionId = Annotated[str, Field(description="Version id, e.g. 'v0' (list_versio
                                  max_length=64)]
 WaitS = Annotated[float, Field(description="Seconds to wait for the job to finish, streaming progress "
                                            "notifications (0 = return at once).", ge=0, le=3600)]
+
+
+class EarlyStopSpec(BaseModel):
+    """A mid-training check of start_training: the analyzers that may stop the branch and when they are asked."""
+
+    model_config = ConfigDict(extra="forbid")
+    at_step: int = Field(description="Steps done (1-based, of the version's total) after which the analyzers are "
+                                     "run on the evidence so far; training stops there when one is trusted and fires.",
+                         ge=1, le=100000)
+    analyzers: list[dict[str, Any]] = Field(
+        description="Synthesised analyzers as stored in their skills' value: {name, program, loo: {tp, fp}, "
+                    "track_record: {domain: {helped, hurt}}} (harness.synthesis.early_stop).", min_length=1,
+        max_length=50)
+    domain: str = Field("math", description="Task domain whose track record counts (math | code | swe).",
+                        min_length=1, max_length=16)
+
+
+EARLY_STOP_KEY = "early_stop"  # kv early_stop/<version>: the mid-training check's record (stop or not)
 
 
 # --- result models -------------------------------------------------------------------------------
@@ -274,11 +293,16 @@ async def start_training(
     steps: Annotated[int, Field(description="Total GRPO steps of the version (one rollout batch each).", ge=1,
                                            le=100000)],
     wait_s: WaitS = 0.0,
+    early_stop: Annotated[EarlyStopSpec | None, Field(
+        description="Optional mid-training check: after at_step steps the given synthesised analyzers are run on "
+                    "the evidence so far; when one fires and its precision record is good enough (Wilson 95% lower "
+                    "bound >= 0.5) training stops there. The check's record is in the job result (early_stop) and "
+                    "in the run's kv early_stop/<version>. Local backend only.")] = None,
 ) -> JobInfo:
     """Train a version up to `steps` GRPO steps in total as a background job, from its parent's checkpoint (an
     earlier one when the parent was pruned for collapsed / diverged weights; a partly trained version resumes
     from its last step). Returns the job; poll job_status or pass wait_s to
-    stream progress notifications."""
+    stream progress notifications. With early_stop, trusted synthesised analyzers may stop it mid-training."""
     st = state_of(ctx)
     ws = st.workspace()
     v = require_version(ws, version_id)
@@ -294,9 +318,31 @@ async def start_training(
     if busy:
         raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
     backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
+    if early_stop is not None:
+        if getattr(backend, "name", "") != "local":
+            raise ToolError(f"early_stop: backend {getattr(backend, 'name', '?')!r} has no after-step hook; "
+                            "only the local backend stops mid-training (drop early_stop)")
+        try:
+            for a in early_stop.analyzers:
+                Program.from_dict(a.get("program") or {})
+        except (SynthesisError, TypeError, ValueError) as exc:
+            raise ToolError(f"early_stop.analyzers: {exc} (each needs a program as harness.synthesis.Program.to_dict "
+                            "gives)") from None
 
     def run(wws: Workspace, progress: ProgressFn, should_stop: StopFn) -> Any:
-        return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop)
+        if early_stop is None:
+            return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop)
+        spec = early_stop
+
+        def after_step(done: int) -> dict[str, Any] | None:
+            if done != spec.at_step:
+                return None
+            rec = stop_check(wws, version_id, spec.analyzers, spec.domain, done, steps)
+            wws.lineage.kv_set(f"{EARLY_STOP_KEY}/{version_id}", rec)
+            return rec if rec["stop"] else None
+
+        return backend.train(wws, version_id, steps, progress=progress, should_stop=should_stop,
+                             after_step=after_step)
 
     # off the event loop: start() may wait for the previous job to release the writer lock
     job = await anyio.to_thread.run_sync(st.jobs.start, "train", version_id, steps, run)
