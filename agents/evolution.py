@@ -162,8 +162,23 @@ def stop_plan(loop: EvolvingLoop, vid: str, steps: int) -> dict[str, Any]:
 
 def stopped(loop: EvolvingLoop, vid: str) -> dict[str, Any] | None:
     """The mid-training check record of ``vid`` when it stopped the branch (kv ``early_stop/<vid>``), else None."""
-    rec = loop.lineage.kv_get(f"{CHECK_KEY}/{vid}")
+    return _stopped(loop.lineage, vid)
+
+
+def _stopped(lineage: LineageStore, vid: str) -> dict[str, Any] | None:
+    rec = lineage.kv_get(f"{CHECK_KEY}/{vid}")
     return rec if rec and rec.get("stop") else None
+
+
+def outcome_labels(lineage: LineageStore) -> dict[str, bool]:
+    """``{version: True if bad}`` of the versions of known outcome, what synthesis fits and analyzers are scored on.
+
+    Bad: pruned or reverted; good: kept, except the root (the baseline by construction, nothing to compare with;
+    a root the gate blocked is bad). A branch an analyzer stopped early was pruned unevaluated: its outcome is
+    unknown, so it is no label.
+    """
+    return {v.id: v.status in BAD for v in lineage.versions()
+            if (v.status in BAD or (v.status == "kept" and v.parent_id is not None)) and _stopped(lineage, v.id) is None}
 
 
 def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -349,10 +364,7 @@ def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[s
     """One round of harness evolution (see the module docstring); the entries for the report."""
     # labels: kept children (good) vs pruned / reverted / failed versions (bad); a kept root is the
     # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
-    # a branch an analyzer stopped early was pruned unevaluated: its outcome is unknown, so it is no label
-    labels = {v.id: v.status in ("pruned", "reverted") for v in loop.lineage.versions()
-              if (v.status in ("pruned", "reverted") or (v.status == "kept" and v.parent_id is not None))
-              and stopped(loop, v.id) is None}
+    labels = outcome_labels(loop.lineage)
     out = inherit(loop)
     stops = loop.lineage.kv_get(STOPS_KEY) or {}
     out += [stops[vid] for vid in children if vid in stops]

@@ -54,7 +54,7 @@ from evotrainer.harness.ingest import ingest
 STATS: tuple[str, ...] = ("level", "change", "slope", "change_point", "ratio_start", "ratio_parent", "quantile")
 WINDOWS: tuple[float, ...] = (0.25, 0.5)  # fraction of the version's points (at least 2 points)
 QUANTILES: tuple[float, ...] = (0.1, 0.9)
-MIN_POINTS = 4  # a series shorter than this gives no feature (the rule stays quiet)
+MIN_POINTS = 4  # the most points a statistic needs (change_point); see MIN_POINTS_BY_STAT in FEATURE_SRC
 MIN_PER_CLASS = 3  # bad and good examples each; below it no verdict is possible
 MIN_LOO_J = 0.5  # leave-one-out Youden J: balanced accuracy >= 0.75 on examples the search did not see
 ALPHA = 0.05  # permutation p-value of the best score over all candidates
@@ -84,8 +84,19 @@ def _quantile(xs, q):
 def _k(n, window):
     return min(n, max(2, int(-(-window * n // 1))))
 
-def feature(stat, window, q, pts, parent_pts, min_points=4):
-    """stat of [(step, value)] (finite values, sorted by step); None when undefined."""
+# points a statistic needs to be defined and not degenerate: a level or quantile of the last window is one
+# point's value; change and ratio_start compare the first and last windows (at least 2 points each, so 3 for
+# them to differ); a slope needs 3 for a residual; a change point a split with 2 points on each side (4)
+MIN_POINTS_BY_STAT = {"level": 1, "quantile": 1, "ratio_parent": 1, "change": 3, "ratio_start": 3, "slope": 3,
+                      "change_point": 4}
+
+def feature(stat, window, q, pts, parent_pts, min_points=None):
+    """stat of [(step, value)] (finite values, sorted by step); None when undefined (fewer points than
+    MIN_POINTS_BY_STAT[stat], or min_points when given)."""
+    if stat not in MIN_POINTS_BY_STAT:
+        raise ValueError("unknown stat " + repr(stat))
+    if min_points is None:
+        min_points = MIN_POINTS_BY_STAT[stat]
     if len(pts) < min_points:
         return None
     vals = [v for _, v in pts]
@@ -240,13 +251,15 @@ def case_examples(cases_dir: str | Path, kind: str | None = None) -> list[Exampl
     """Examples of the real-case corpus (``<case>/expected.json`` with ``must`` / ``must_not``).
 
     With ``kind``: a case is bad when ``kind`` is in ``must``, good when it is in ``must_not``, else
-    unused. Without: every case with a non-empty ``must`` is a bad run (the corpus has failures only).
+    unused. Without: the labels of all failure kinds pooled: a case is bad when its ``must`` names any failure,
+    good when it names none (a healthy run: its ``must_not`` lists what it does not have). One case is one run
+    of one framework, so the pooled labels are one per run.
     """
     out = []
     for case in sorted(p for p in Path(cases_dir).iterdir() if (p / "expected.json").exists()):
         exp = json.loads((case / "expected.json").read_text())
         if kind is None:
-            label = True if exp.get("must") else None
+            label = bool(exp.get("must"))
         else:
             label = True if kind in exp.get("must", []) else False if kind in exp.get("must_not", []) else None
         if label is None:

@@ -26,8 +26,7 @@ TINY = {"model": {"name_or_path": "tiny-random"}, "n_samples_per_prompt": 4, "ro
         "generate_max_len": 4, "init_kl_coef": 0.0, "actor_learning_rate": 1e-3, "micro_train_batch_size": 8,
         "eval": {"k": 2, "max_problems": 2}, "data": {"task": "arithmetic", "level": 1, "n_train": 32,
                                                       "n_heldout": 4, "n_test": 0}}
-# fires on any version with at least MIN_POINTS = 4 logged steps (a completion has >= 1 token): so exactly at
-# the check after 4 of 8 steps, never before (fewer points give no statistic)
+# fires on any version with a logged step (a completion has >= 1 token); the hook asks it once, after 4 of 8 steps
 ALWAYS = S.Program(series=M.COMPLETIONS_MEAN_LENGTH, stat="level", window=0.5, direction="above", threshold=0.0)
 
 

@@ -70,7 +70,14 @@ def test_feature_statistics_by_hand():
     assert S.feature("change_point", 0.25, None, pts, []) == 9.0
     assert S.feature("ratio_parent", 0.25, None, pts, parent) == 2.0  # 12 / median([6, 6])
     assert S.feature("ratio_parent", 0.25, None, pts, []) is None  # no parent: no statistic
-    assert S.feature("level", 0.25, None, pts[:3], []) is None  # fewer than MIN_POINTS = 4 points
+    # each statistic needs its own number of points (MIN_POINTS_BY_STAT): a level is one point's value (a real
+    # run's single logged step), a change needs 3 (first and last windows of 2 differ), a change point 4
+    assert S.feature("level", 0.25, None, pts[:1], []) == 1.0
+    assert S.feature("ratio_parent", 0.25, None, pts[:1], parent) == pytest.approx(1 / 6)  # 1 / median([6, 6])
+    assert S.feature("change", 0.25, None, pts[:2], []) is None
+    assert S.feature("change", 0.25, None, pts[:3], []) == 1.0  # median [2, 3] - median [1, 2] = 2.5 - 1.5
+    assert S.feature("change_point", 0.25, None, pts[:3], []) is None
+    assert S.feature("level", 0.25, None, pts, [], min_points=9) is None  # an explicit minimum still applies
 
 
 def test_synthesiser_finds_the_ratio_rule_and_keeps_it_out_of_sample():
