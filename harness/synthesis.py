@@ -247,6 +247,39 @@ def lineage_examples(ev: Evidence, labels: Mapping[str, bool], source: str = "li
     return [Example(ev, v, bool(b), source) for v, b in labels.items() if v in ev.versions]
 
 
+def _dotted(d: Mapping[str, Any] | None, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(d, Mapping) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def fault_examples(ev: Evidence, fault: Mapping[str, Any] | None, source: str = "fault") -> list[Example]:
+    """Examples of a run's versions by a seeded fault (``{recipe path: seeded value}``).
+
+    A version is bad when its recipe still has every seeded value (the fault is in it), good when at least one
+    path differs (the fault was fixed, e.g. ``generate_max_len`` 4 -> 8). ``fault`` None or empty: the run has
+    no seeded fault of this kind, and each of its versions is good (a default run's versions do not truncate at 4
+    tokens). A version without a recorded recipe (an imported run) is no example.
+
+    Raises:
+        SynthesisError: a path of ``fault`` that no version's recipe has (a typo would label every version good).
+    """
+    out = []
+    for vid in ev.versions:
+        recipe = ev.recipes.get(vid)
+        if recipe is None:
+            continue
+        bad = bool(fault) and all(_dotted(recipe, p) == val for p, val in (fault or {}).items())
+        out.append(Example(ev, vid, bad, source))
+    for p in fault or {}:
+        if out and all(_dotted(ev.recipes[e.version], p) is None for e in out):
+            raise SynthesisError(f"fault path {p!r} is in no version's recipe; use a dotted recipe path "
+                                 "(e.g. 'generate_max_len', 'reward.format_token.weight')")
+    return out
+
+
 def case_examples(cases_dir: str | Path, kind: str | None = None) -> list[Example]:
     """Examples of the real-case corpus (``<case>/expected.json`` with ``must`` / ``must_not``).
 

@@ -8,24 +8,40 @@ For run folders given in the order they ran (sharing one skills folder), prints 
 2. **leave-one-run-out replay**: for each run, the search of ``harness.synthesis.synthesize`` over the labelled
    versions of all *other* runs, and its best rule (kept or not) applied to this run's labelled versions,
    which it was not fitted on: precision / recall out of sample, for the labels the loop uses
-   (``agents.evolution.outcome_labels``).
+   (``agents.evolution.outcome_labels``);
+3. **fault-kind replay**: for each seeded-fault kind of ``scripts/fault_scenarios.py``, the versions of every run
+   labelled by the fault (``harness.synthesis.fault_examples``: bad while the recipe still has the seeded values;
+   every version of a run without that fault is good) plus the real-case corpus's cases of that kind
+   (``case_examples``); leave one group out (a run folder, or one corpus case), fit on the rest, apply the best
+   rule to the held-out group: how often a *kept* rule fires right on versions it was not fitted on.
 
-Usage: ``python scripts/evolution_numbers.py RUN [RUN ...] --out numbers.json``.
+With ``--register``, each fault kind's rule kept on all its labels is compiled, checked in the sandbox on the
+runs' evidence (it must fire where the search predicted) and stored as a synthesised analyzer skill in the skills
+folder (``$EVOTRAINER_SKILLS_DIR``), so that later runs inherit and score it (``agents.evolution.inherit``).
+
+Usage: ``python scripts/evolution_numbers.py RUN [RUN ...] --cases tests/data/cases --out numbers.json``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import typer
 
-from evotrainer.agents.evolution import outcome_labels
+from evotrainer.agents.evolution import TAG, outcome_labels
 from evotrainer.harness import synthesis as S
+from evotrainer.harness.analyzers import run_analyzer_code
 from evotrainer.harness.evidence import Evidence
+from evotrainer.skills_db.models import Skill
+from evotrainer.skills_db.store import SkillStore
 from evotrainer.workspace import Workspace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_scenarios import SCENARIOS  # noqa: E402 (a sibling script, not a package)
 
 app = typer.Typer(add_completion=False)
 
@@ -76,10 +92,86 @@ def replay(runs: list[tuple[str, Evidence, dict[str, bool]]], n_permutations: in
     return rows
 
 
+def _fit_apply(train: list[S.Example], test: list[S.Example], n_permutations: int, kind: str) -> dict[str, Any]:
+    res = S.synthesize(train, kind=f"predicted_{kind}", n_permutations=n_permutations)
+    row: dict[str, Any] = {"train_labels": res.n_labels, "train_bad": res.n_bad, "kept": res.kept,
+                           "rule": res.program.describe() if res.program else None, "p_value": res.p_value,
+                           "loo": res.loo, "reason": res.reason}
+    if res.program is not None:
+        pred = np.array([res.program.fires(ex.evidence, ex.version) for ex in test])
+        y = np.array([ex.bad for ex in test])
+        row["held_out"] = {**S.confusion(pred, y), "versions": {f"{ex.source}:{ex.version}": [bool(p), bool(b)]
+                                                                for ex, p, b in zip(test, pred, y, strict=True)}}
+    return row
+
+
+def register(loaded: list[tuple[str, Evidence, dict[str, bool]]], replay_out: dict[str, Any]) -> list[str]:
+    """Store each kind's rule kept on all its labels as a synthesised analyzer skill (sandbox-checked first)."""
+    done = []
+    store = SkillStore()
+    for kind, d in replay_out.items():
+        full = d.get("all_labels") or {}
+        if not full.get("kept"):
+            continue
+        prog = S.Program.from_dict(full["program"])
+        code = S.compile_program(prog)
+        for name, ev, _ in loaded:  # the compiled code must fire where the in-process rule does
+            fired = {f.versions[0] for f in run_analyzer_code(code, ev, name=prog.name)}
+            expect = {v for v in ev.versions if prog.fires(ev, v)}
+            if fired != expect:
+                raise SystemExit(f"{prog.name}: the sandbox fires on {sorted(fired)} of {name}, the search on "
+                                 f"{sorted(expect)}; not registered")
+        desc = (f"Synthesised rule {prog.describe()} flags a version carrying the {kind} fault. Fit on "
+                f"{full['n_labels']} labelled versions ({full['n_bad']} bad, {full['n_good']} good; {full['sources']}): "
+                f"leave-one-out precision {full['loo'].get('precision')}, recall {full['loo'].get('recall')}; "
+                f"permutation p={full['p_value']:.3f} over {full['n_candidates']} candidate rules.")
+        store.add(Skill(id=f"synth:{prog.name}", kind="analyzer", name=prog.name, description=desc,
+                        addresses=[prog.kind], code=code, tags=[TAG, "math", "fault"],
+                        source="scripts/evolution_numbers.py (seeded-fault labels + real-case corpus)",
+                        value={"program": prog.to_dict(), "describe": prog.describe(), "loo": full["loo"],
+                               "in_sample": full["in_sample"], "p_value": full["p_value"],
+                               "n_labels": full["n_labels"], "evidence": sorted(full["fired"]),
+                               "sources": full["sources"], "run": "fault replay", "domain": "math", "fault": kind}),
+                  replace=True)
+        done.append(prog.name)
+        print(f"registered synth:{prog.name} ({kind}): {prog.describe()}")
+    return done
+
+
+def fault_replay(loaded: list[tuple[str, Evidence, dict[str, bool]]], cases: Path | None,
+                 n_permutations: int) -> dict[str, Any]:
+    """Per fault kind: leave-one-group-out over the runs (and each corpus case) labelled by the seeded fault."""
+    out: dict[str, Any] = {}
+    for spec in {sc["kind"]: sc for sc in SCENARIOS.values()}.values():
+        kind = spec["kind"]
+        groups: dict[str, list[S.Example]] = {}
+        for name, ev, _ in loaded:
+            sc = SCENARIOS.get(name)
+            groups[name] = S.fault_examples(ev, sc["fault"] if sc and sc["kind"] == kind else None, f"fault:{name}")
+        if cases is not None:
+            for ex in S.case_examples(cases, kind):
+                groups[f"case:{ex.evidence.source.rsplit('/', 1)[-1] if ex.evidence else ex.version}"] = [ex]
+        all_ex = [e for g in groups.values() for e in g]
+        rows = []
+        for g, test in groups.items():
+            train = [e for h, exs in groups.items() if h != g for e in exs]
+            if test and any(e.bad for e in train) and not all(e.bad for e in train):
+                rows.append({"held_out_group": g, **_fit_apply(train, test, n_permutations, kind)})
+        kept = [r for r in rows if r["kept"] and r.get("held_out")]
+        tot = {k: sum(r["held_out"][k] for r in kept) for k in ("tp", "fp", "fn", "tn")}
+        full = S.synthesize(all_ex, kind=f"predicted_{kind}", n_permutations=n_permutations) if all_ex else None
+        out[kind] = {"n_labels": len(all_ex), "n_bad": sum(e.bad for e in all_ex), "groups": len(groups),
+                     "folds": rows, "kept_folds": len(kept), "held_out_of_kept": tot,
+                     "all_labels": full.to_dict() if full else None}
+    return out
+
+
 @app.command()
 def main(runs: list[Path] = typer.Argument(..., help="Run folders, in the order they ran."),
          out: Path = typer.Option(Path("evolution_numbers.json"), help="JSON output."),
-         n_permutations: int = typer.Option(S.N_PERMUTATIONS, help="Shuffles of the permutation test.")) -> None:
+         cases: Path = typer.Option(None, help="Real-case corpus folder (tests/data/cases) for the fault replay."),
+         n_permutations: int = typer.Option(S.N_PERMUTATIONS, help="Shuffles of the permutation test."),
+         register_kept: bool = typer.Option(False, "--register", help="Store the kept fault rules as skills.")) -> None:
     """Print and write the in-loop numbers and the leave-one-run-out replay."""
     result: dict[str, Any] = {"runs": {}, "replay": []}
     loaded = []
@@ -104,6 +196,19 @@ def main(runs: list[Path] = typer.Argument(..., help="Run folders, in the order 
         print(f"replay {row['run']}: fit on {row.get('train_labels')} labels ({row.get('train_bad')} bad), "
               f"kept={row.get('kept')} rule={row.get('rule')} p={row.get('p_value')}; on this run: tp {h.get('tp')} "
               f"fp {h.get('fp')} fn {h.get('fn')} tn {h.get('tn')} precision {h.get('precision')} recall {h.get('recall')}")
+    result["fault_replay"] = fault_replay(loaded, cases, n_permutations)
+    for kind, d in result["fault_replay"].items():
+        h = d["held_out_of_kept"]
+        print(f"fault {kind}: {d['n_labels']} labels ({d['n_bad']} bad) in {d['groups']} groups; all labels: "
+              f"{(d['all_labels'] or {}).get('reason')}")
+        print(f"   leave-one-group-out: {len(d['folds'])} folds, kept in {d['kept_folds']}; kept rules on the held-out "
+              f"group: tp {h['tp']} fp {h['fp']} fn {h['fn']} tn {h['tn']}")
+        for r in d["folds"]:
+            ho = r.get("held_out") or {}
+            print(f"     {r['held_out_group']}: kept={r['kept']} {r['rule']} -> tp {ho.get('tp')} fp {ho.get('fp')} "
+                  f"fn {ho.get('fn')} tn {ho.get('tn')}")
+    if register_kept:
+        result["registered"] = register(loaded, result["fault_replay"])
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"written {out}")
 

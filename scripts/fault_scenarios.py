@@ -13,6 +13,10 @@ autonomous loop (heuristic brain, local backend) on a small budget, then checks 
 4. ``lr_too_high``: ``actor_learning_rate`` 100x the default -> a collapse / blow-up finding and the
    branch is not kept.
 
+Each scenario's ``fault`` is the recipe values that are the fault (a version still having them all carries it) and
+``kind`` the fault's name: ``scripts/evolution_numbers.py`` labels versions by them
+(``harness.synthesis.fault_examples``) for analyzer synthesis.
+
 Usage: ``python scripts/fault_scenarios.py [NAMES...] --out runs/scenarios`` (resumable: a finished
 scenario is read back, an interrupted one continues). Writes ``<out>/scenarios.md`` and
 ``<out>/scenarios.json``. Cost on 2 CPU cores: about 4 minutes per version, 9 versions in all.
@@ -34,21 +38,25 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                     "actor_learning_rate": 1.0e-5},
         "budget": {"max_versions": 3, "branches_per_round": 2, "steps_per_version": 12},
         "expect": "reward_hacking named on v0; no kept child still pays format_token",
+        "kind": "reward_hacking", "fault": {"reward.format_token.weight": 1.0},
     },
     "zero_variance": {
         "changes": {"data.level": 3},
         "budget": {"max_versions": 2, "branches_per_round": 1, "steps_per_version": 8},
         "expect": "zero_variance_groups found on v0; a data / filter intervention proposed",
+        "kind": "zero_variance_groups", "fault": {"data.level": 3},
     },
     "truncation": {
         "changes": {"generate_max_len": 4},
         "budget": {"max_versions": 2, "branches_per_round": 1, "steps_per_version": 8},
         "expect": "truncation found on v0; a child with a longer generate_max_len (or overlong shaping) trained",
+        "kind": "truncation", "fault": {"generate_max_len": 4},
     },
     "lr_too_high": {
         "changes": {"actor_learning_rate": 2.0e-4},
         "budget": {"max_versions": 2, "branches_per_round": 1, "steps_per_version": 8},
         "expect": "entropy / template / length collapse or KL / NaN blow-up found on v0; v0's lr never kept",
+        "kind": "lr_too_high", "fault": {"actor_learning_rate": 2.0e-4},
     },
 }
 COLLAPSE = {"entropy_collapse", "template_collapse", "length_collapse", "nan_blowup", "kl_blowup"}

@@ -165,6 +165,35 @@ def test_case_corpus_labels_by_kind(tmp_path: Path):
     assert not res.kept and "3 labels (1 bad, 2 good)" in res.reason
 
 
+def test_pooled_corpus_labels_count_a_healthy_case_as_good(tmp_path: Path):
+    import shutil
+
+    cases = tmp_path / "cases"
+    for name in ("healthy_verl_klcov_step4", "truncation_all_clipped", "zero_variance_easy_data"):
+        shutil.copytree(Path(__file__).parent / "data" / "cases" / name, cases / name)
+    # no kind: bad when must names any failure, good when it names none (the healthy case); one label per case
+    ex = S.case_examples(cases)
+    assert sorted((e.version, e.bad) for e in ex) == [("healthy_verl_klcov_step4", False),
+                                                      ("truncation_all_clipped", True),
+                                                      ("zero_variance_easy_data", True)]
+
+
+def test_seeded_fault_labels_follow_the_recipe():
+    ev = Evidence()
+    for vid, parent, max_len in (("v0", None, 4), ("v1", "v0", 8), ("v2", "v0", 4)):
+        ev.parents[vid] = parent
+        ev.recipes[vid] = {"generate_max_len": max_len, "reward": {"format_token": {"weight": 1.0}}}
+    # v0 and its control v2 still generate 4 tokens: the fault is in them; v1 fixed it
+    assert [(e.version, e.bad) for e in S.fault_examples(ev, {"generate_max_len": 4})] == [
+        ("v0", True), ("v1", False), ("v2", True)]
+    # every seeded value must still be there; a run without this fault has good versions only
+    assert [e.bad for e in S.fault_examples(ev, {"generate_max_len": 4, "reward.format_token.weight": 0.5})] == [
+        False, False, False]
+    assert [e.bad for e in S.fault_examples(ev, None)] == [False, False, False]
+    with pytest.raises(S.SynthesisError, match="'generate_max_length' is in no version's recipe"):
+        S.fault_examples(ev, {"generate_max_length": 4})
+
+
 # --- in the loop: registered, stored as a skill, inherited by a later run --------------------------------
 def _lineage(path: Path, starts: list[tuple[float, float, bool]], task: str = "arithmetic"):
     from evotrainer.intervention import Intervention
