@@ -146,7 +146,7 @@ def fault_replay(loaded: list[tuple[str, Evidence, dict[str, bool]]], cases: Pat
         kind = spec["kind"]
         groups: dict[str, list[S.Example]] = {}
         for name, ev, _ in loaded:
-            sc = SCENARIOS.get(name)
+            sc = SCENARIOS.get(name.split("#", 1)[0])
             groups[name] = S.fault_examples(ev, sc["fault"] if sc and sc["kind"] == kind else None, f"fault:{name}")
         if cases is not None:
             for ex in S.case_examples(cases, kind):
@@ -179,8 +179,9 @@ def main(runs: list[Path] = typer.Argument(..., help="Run folders, in the order 
         with Workspace.open(r) as ws:
             ev = Evidence.from_workspace(ws)
             labels = outcome_labels(ws.lineage)
-            result["runs"][r.name] = {"labels": labels, **in_loop(ws)}
-        loaded.append((r.name, ev, labels))
+            key = r.name if r.name not in result["runs"] else f"{r.name}#{len(result['runs'])}"  # a scenario run again
+            result["runs"][key] = {"labels": labels, **in_loop(ws)}
+        loaded.append((key, ev, labels))
     result["replay"] = replay(loaded, n_permutations)
     for name, d in result["runs"].items():
         n_bad = sum(d["labels"].values())
