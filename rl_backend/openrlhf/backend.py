@@ -56,13 +56,18 @@ class OpenRLHFBackend:
         self.cluster = cluster
         self.poll_s = poll_s
 
-    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None):
+    def train(self, ws, version_id: str, steps: int, progress=None, should_stop=None, after_step=None):
         """Train ``version_id`` for ``steps`` OpenRLHF steps; returns a ``rl_backend.base.TrainResult``
         (``stopped_early`` when ``should_stop`` cancelled the job). ``progress`` gets one call per step.
+        ``after_step`` (the local trainer's mid-training hook) is not supported: the job runs on Ray.
 
         Raises:
-            OpenRLHFError: the recipe cannot run on OpenRLHF or the job failed (the log tail is in the message).
+            OpenRLHFError: the recipe cannot run on OpenRLHF, the job failed (the log tail is in the message), or
+                ``after_step`` was given.
         """
+        if after_step is not None:
+            raise OpenRLHFError("after_step: the OpenRLHF backend has no after-step hook (the job runs on Ray); "
+                                "train without it, or with the local backend")
         t0 = time.monotonic()
         v = ws.lineage.get(version_id)
         start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
