@@ -5,8 +5,8 @@ Every round, over MCP tools and the run's evidence:
 1. inherit (first round only): synthesised analyzers kept by earlier runs are retrieved from the skills
    memory (``search_skills`` kind analyzer, tag ``synthesised``), registered in this run
    (``register_analyzer``) and listed in kv ``loop/analyzers/inherited``;
-2. use: each synthesised analyzer in scope (inherited or kept here) is applied to the round's newly
-   decided versions; where it fires the outcome is scored on its skill's per-domain track record
+2. use: each synthesised analyzer in scope (inherited or kept here) is applied to the versions decided since
+   the last round (children, the control arm, a blocked root; each once, before any search sees its label); where it fires the outcome is scored on its skill's per-domain track record
    (``record_skill_outcome``: helped = fired on a version that turned out bad, hurt = on a good one),
    and :func:`~evotrainer.harness.synthesis.early_stop` on the first half of the version's training
    says whether it would have stopped the branch early (the steps that saves, and whether that
@@ -53,6 +53,7 @@ TAG = "synthesised"
 INHERITED_KEY = "loop/analyzers/inherited"  # [{skill_id, name, program, loo, ...}]
 USED_KEY = "loop/analyzers/used"  # /<name>/<version>: outcome recorded on the skill
 SCOPE_KEY = "loop/analyzers/synthesised"  # {name: {skill_id, program, loo, origin}} in scope for this run
+SCORED_KEY = "loop/analyzers/scored"  # /r<round>: versions whose outcome the in-scope analyzers were scored on
 STOPS_KEY = "loop/analyzers/stops"  # {version: stop record + saved_steps, saved_tokens}: branches stopped early
 CHECK_KEY = "early_stop"  # kv early_stop/<version>: the server's mid-training check record (servers.training)
 
@@ -195,7 +196,8 @@ def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, 
 
 
 def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool]) -> list[dict[str, Any]]:
-    """Score the in-scope synthesised analyzers on the round's decided versions; early-stop counterfactuals."""
+    """Score the in-scope synthesised analyzers on newly decided versions; early-stop counterfactuals on the branches
+    among them (not the root nor a control arm: :func:`stop_plan` never stops those)."""
     scope = loop.lineage.kv_get(SCOPE_KEY) or {}
     out = []
     for vid in children:
@@ -216,7 +218,7 @@ def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool
                 entry["track_record"] = (rec or {}).get("record")
                 loop.lineage.kv_set(f"{USED_KEY}/{name}/{vid}", True)  # a resumed stage does not count it twice
             out.append(entry)
-        if records:
+        if records and v.parent_id is not None and not v.is_control:  # the hook stops branches only (stop_plan)
             half = _first_half(ev, vid)
             stop = S.early_stop(records, half, vid, domain)
             if stop["analyzer"]:
@@ -369,7 +371,12 @@ def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[s
     stops = loop.lineage.kv_get(STOPS_KEY) or {}
     out += [stops[vid] for vid in children if vid in stops]
     ev = Evidence.from_workspace(loop.ws)
-    out += use(loop, ev, children, labels)
+    # every version decided since the last round: the children, and the control arm and a blocked root too
+    # (per round, so that a resumed round scores the same versions again; use() counts no outcome twice)
+    scored = {v for key, vs in loop.lineage.kv_items(SCORED_KEY + "/") if int(key.rsplit("/r", 1)[1]) < r for v in vs}
+    fresh = [v for v in labels if v not in scored]
+    out += use(loop, ev, fresh, labels)
+    loop.lineage.kv_set(f"{SCORED_KEY}/r{r}", fresh)
     if labels:
         out.append(synthesise(loop, r, ev, labels))
     for vid in children:

@@ -119,3 +119,39 @@ def test_switch_off_or_untrusted_record_plans_no_check(tmp_path):
         assert round(E.precision_lower({"loo": {"tp": 3, "fp": 1}}, "math"), 2) == 0.30
         assert E.stop_plan(orch, "v1", 8) == {}
     ws.close()
+
+
+def test_in_scope_analyzers_are_scored_on_the_control_and_a_blocked_root_once(tmp_path):
+    from evotrainer.recipe import Recipe
+
+    ws = Workspace(tmp_path / "run")
+    lin = ws.lineage
+    lin.create_root(Recipe())
+    fix = lin.branch("v0", Intervention(path="generate_max_len", old=64, new=128, category="rollout"))
+    control = lin.branch_control("v0")
+    for vid, clipped in (("v0", 1.0), (fix.id, 0.1), (control.id, 0.95)):
+        for step in range(8):
+            lin.log_metrics(vid, step, {M.COMPLETIONS_CLIPPED_RATIO: clipped})
+    lin.decide("v0", "prune", "blocked: truncation")
+    lin.decide(fix.id, "keep", "beat the control")
+    lin.decide(control.id, "prune", "superseded")
+    prog = S.Program(series=M.COMPLETIONS_CLIPPED_RATIO, stat="level", window=0.25, direction="above", threshold=0.9)
+    lin.kv_set(E.SCOPE_KEY, {prog.name: {"skill_id": None, "program": prog.to_dict(), "loo": {"tp": 4, "fp": 1},
+                                         "origin": "test"}})
+    ws.close()
+    tb = ToolBox(build_server("all", str(tmp_path / "run")))
+    ws = Workspace.open(tmp_path / "run")
+    orch = Orchestrator(RunConfig(), tb, ws, HeuristicBrain())
+    with tb:
+        out = E.evolve_round(orch, 1, [fix.id])
+        again = E.evolve_round(orch, 2, [])  # round 2 decided nothing new: nothing scored again
+        rerun = E.evolve_round(orch, 1, [fix.id])  # a resumed round 1 scores the same versions
+    uses = sorted((e["version"], e["fired"], e["correct"]) for e in out if e["type"] == "use")
+    # the blocked root (clipped 1.0) and the superseded control (0.95) fire and are bad; the fix (0.1) is quiet
+    assert uses == [("v0", True, True), (fix.id, False, True), (control.id, True, True)]
+    # the early-stop counterfactual is for branches only (the hook never stops the root or a control)
+    assert [e["version"] for e in out if e["type"] == "early_stop"] == []
+    assert not [e for e in again if e["type"] == "use"]
+    assert sorted((e["version"], e["fired"]) for e in rerun if e["type"] == "use") == [
+        ("v0", True), (fix.id, False), (control.id, True)]
+    ws.close()
