@@ -212,6 +212,14 @@ def main(runs: list[Path] = typer.Argument(..., help="Run folders, in the order 
             ho = r.get("held_out") or {}
             print(f"     {r['held_out_group']}: kept={r['kept']} {r['rule']} -> tp {ho.get('tp')} fp {ho.get('fp')} "
                   f"fn {ho.get('fn')} tn {ho.get('tn')}")
+    result["skills"] = {}
+    for sk in SkillStore().list(kind="analyzer"):
+        if TAG in sk.tags:
+            rec = {d: r.model_dump() for d, r in sk.track_record.items()}
+            result["skills"][sk.id] = {"describe": (sk.value or {}).get("describe"), "loo": (sk.value or {}).get("loo"),
+                                       "track_record": rec}
+            print(f"skill {sk.id}: {(sk.value or {}).get('describe')}; leave-one-out {(sk.value or {}).get('loo')}; "
+                  f"track record {rec}")
     if register_kept:
         result["registered"] = register(loaded, result["fault_replay"])
     out.write_text(json.dumps(result, indent=1, default=str))
