@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from evotrainer import metrics as M
+from evotrainer.agents.backtester import Backtester
 from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.intervener import Intervener, task_mismatch
@@ -52,7 +53,7 @@ def _top(tb, recipe):
     brain = HeuristicBrain()
     diag = brain.diagnose(RoleTools(tb, "diagnostician"), "v0", {})
     prop = brain.propose(RoleTools(tb, "intervener"), "v0", recipe, diag, set(), {"reward_mean": 0.2})
-    rank = brain.rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=2)
+    rank = Backtester(brain, tb).rank("v0", prop, diag, n_choose=2)  # the agent's path (its distinct-change rule)
     return diag, prop, rank
 
 
@@ -60,7 +61,7 @@ def test_update_too_small_v0_proposes_a_multiplicative_lr_raise_first(run_with):
     tb, recipe = run_with(RUN["metrics"])
     with tb:
         diag, prop, rank = _top(tb, recipe)
-        one = HeuristicBrain().rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=1)
+        one = Backtester(HeuristicBrain(), tb).rank("v0", prop, diag, n_choose=1)
     assert "update_too_small" in [f.kind for f in diag.findings if f.severity == "warn"]
     top = prop.candidates[rank.chosen[0]]
     # lr 2e-6, update KL median 3.57e-4: factor to the target √(0.01 / 3.57e-4) = 5.29, nearer x3 than x10
