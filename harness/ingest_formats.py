@@ -186,10 +186,14 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
 
 def _complete_pairs(body: str) -> str:
     """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``."""
-    quote, last = "", -1
+    quote, last, escaped = "", -1, False
     for k, c in enumerate(body):
-        if quote:
-            if c == quote:
+        if quote:  # inside a string a backslash escapes the next character (``'it\\'s'``), as in _dict_spans
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
                 quote = ""
         elif c in "'\"":
             quote = c
