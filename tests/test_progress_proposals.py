@@ -88,6 +88,8 @@ def test_update_too_large_v0_proposes_a_cut_first(run_with):
     # near-identical ones); kl_blowup's x0.3 is not proposed (no KL finding), nor the +/-50% of lr_down
     lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
     assert lrs == [2e-7, 6.666666666e-7]
+    # a base whose step is too large gets the cut bracketed too: /3 first, /10 beside it
+    assert prop.candidates[rank.chosen[1]].new == pytest.approx(2e-7), rank.rationale
 
 
 def test_task_mismatch_table():
