@@ -8,7 +8,9 @@ one optimiser step per rollout batch, the same torch thread count. A step is tim
 optimiser step (ours: the trainer's ``perf/step_seconds``, which also includes writing rollouts and
 metrics; TRL: the interval between ``on_step_end`` callbacks). Tokens/s = completion tokens
 generated per second of step time. The first step of each is a warm-up and is not counted.
-Everything else is TRL's default (e.g. TRL 1.16 turns gradient checkpointing on; we do not).
+Everything else is TRL's default, except gradient checkpointing, which TRL 1.16 turns on: both are run
+(on, off). Ours runs twice: the default (length-trimmed update pieces) and the plain path
+(``trim_padding=False``), so the new path's gain over the old is measured in the same run.
 Measured on a 2-core machine shared with other jobs (load 5-7), 3 steps each, 1 thread:
 ours 48.8 s/step, 10.8 tokens/s; TRL 1.16 79.5 s/step, 7.2 tokens/s; ratio 1.49x tokens/s.
 
@@ -26,8 +28,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def ours(args: argparse.Namespace) -> tuple[float, float]:
-    """(mean seconds per step, completion tokens per second) of the local backend."""
+def ours(args: argparse.Namespace, trim: bool = True) -> tuple[float, float]:
+    """(mean seconds per step, completion tokens per second) of the local backend (``trim=False``: the
+    plain path, one forward per micro-batch padded to the batch's longest row)."""
     from evotrainer import metrics as M
     from evotrainer.recipe import validate_recipe
     from evotrainer.rl_backend.local import LocalBackend
@@ -40,15 +43,16 @@ def ours(args: argparse.Namespace) -> tuple[float, float]:
         "loss_agg_mode": "token-mean", "data": {"level": 1}})
     with tempfile.TemporaryDirectory() as d, Workspace(d, writer=True) as ws:
         v = ws.lineage.create_root(recipe)
-        LocalBackend(checkpoint_every=10_000, num_threads=args.threads).train(ws, v.id, args.steps)
+        LocalBackend(checkpoint_every=10_000, num_threads=args.threads, trim_padding=trim).train(ws, v.id, args.steps)
         secs = [x for _, x in ws.lineage.metric_series(v.id, M.PERF_STEP_SECONDS)][1:]
         lens = [x for _, x in ws.lineage.metric_series(v.id, M.COMPLETIONS_MEAN_LENGTH)][1:]
     tokens = sum(n * args.prompts * args.n for n in lens)
     return sum(secs) / len(secs), tokens / sum(secs)
 
 
-def trl(args: argparse.Namespace) -> tuple[float, float]:
-    """(mean seconds per step, completion tokens per second) of TRL's GRPOTrainer."""
+def trl(args: argparse.Namespace, checkpointing: bool = True) -> tuple[float, float]:
+    """(mean seconds per step, completion tokens per second) of TRL's GRPOTrainer, gradient checkpointing
+    on (TRL 1.16's default) or off."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -92,7 +96,7 @@ def trl(args: argparse.Namespace) -> tuple[float, float]:
                          gradient_accumulation_steps=1, max_completion_length=args.max_new_tokens, temperature=1.0,
                          learning_rate=1e-6, max_grad_norm=1.0, beta=0.0, loss_type="dapo", max_steps=args.steps,
                          logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, seed=0,
-                         dataloader_num_workers=0, disable_tqdm=True)
+                         dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing)
         trainer = GRPOTrainer(model=model, reward_funcs=[correctness], args=cfg, train_dataset=ds,
                               processing_class=tok, callbacks=[Timer()])
         trainer.train()
@@ -110,6 +114,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="Samples per prompt (group size).")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads for both (default: idle cores).")
+    ap.add_argument("--only", default="", help="Comma-separated run-name parts to run (default: all four).")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is warm-up)")
@@ -120,12 +125,19 @@ def main() -> None:
     args.threads = configure_threads(args.threads)
     print(f"settings: {args.prompts} prompts x {args.n} samples, {args.max_new_tokens} new tokens, fp32, "
           f"{args.threads} thread(s), torch {torch.__version__}", flush=True)
-    s_ours, tps_ours = ours(args)
-    print(f"ours: {s_ours:.1f} s/step, {tps_ours:.1f} completion tokens/s", flush=True)
-    s_trl, tps_trl = trl(args)
-    print(f"TRL : {s_trl:.1f} s/step, {tps_trl:.1f} completion tokens/s", flush=True)
-    print(f"ratio ours/TRL: {tps_ours / tps_trl:.2f}x tokens/s, {s_trl / s_ours:.2f}x step time")
-
+    res: dict[str, tuple[float, float]] = {}
+    runs = [("ours", lambda: ours(args)), ("ours, plain path", lambda: ours(args, trim=False)),
+            ("TRL, gradient checkpointing on (default)", lambda: trl(args, True)),
+            ("TRL, gradient checkpointing off", lambda: trl(args, False))]
+    for name, fn in runs:
+        if args.only and not any(o in name for o in args.only.split(",")):
+            continue
+        res[name] = fn()
+        print(f"{name}: {res[name][0]:.1f} s/step, {res[name][1]:.1f} completion tokens/s", flush=True)
+    if "ours" in res:
+        for name, (s, tps) in res.items():
+            if name != "ours":
+                print(f"ratio ours / {name}: {res['ours'][1] / tps:.2f}x tokens/s, {s / res['ours'][0]:.2f}x step time")
 
 if __name__ == "__main__":
     main()
