@@ -133,7 +133,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="Samples per prompt (group size).")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads for both (default: idle cores).")
-    ap.add_argument("--only", default="", help="Comma-separated run-name parts to run (default: all four).")
+    ap.add_argument("--only", default="", help="Comma-separated runs (a full name, e.g. 'ours', or a part longer "
+                    "than 4 characters, e.g. 'checkpointing off'; default: all four).")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is warm-up)")
@@ -149,7 +150,7 @@ def main() -> None:
             ("TRL, gradient checkpointing on (default)", lambda: trl(args, True)),
             ("TRL, gradient checkpointing off", lambda: trl(args, False))]
     for name, fn in runs:
-        if args.only and not any(o == name.split(",")[0] or o in name for o in args.only.split(",")):
+        if args.only and not any(o == name or (len(o) > 4 and o in name) for o in args.only.split(",")):
             continue
         res[name] = fn()
         wall, tps, cpu = res[name]
