@@ -374,7 +374,7 @@ def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[i
     Why: the finding's ``lr_factor_to_target`` (√(KL_target / update KL), KL ∝ lr²) is a small-step estimate
     of the step that reaches PPO's trust-region target, not of the step that learns fastest, and both are
     uncertain by about an order of magnitude; a learning rate is searched on a log scale (Bergstra & Bengio
-    2012), so one round brackets it. Measured (issue 16's comparison, SmolLM2 level-1 arithmetic, lr 2e-6,
+    2012), so one round brackets it. Measured (docs/compare.md, SmolLM2 level-1 arithmetic, lr 2e-6,
     factors 4.2 and 5.7): x10 gained dev Avg@4 +0.34 over the control, x3 +0.13; the length fix that took the
     second branch lost to the control in all three seeds.
     """

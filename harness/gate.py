@@ -263,7 +263,7 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None,
     - Likewise a blocking finding the **parent** already had (``inherited``) and the control still has: the
       control changes nothing, so the finding comes with the recipe, not with training longer or with a
       change; it is waived the same way (a child that fixed it does not need the waiver, one that did not is
-      judged on its gain). Issue 16's seed 1: v0 truncated at the 16-token cap, its control gained +0.062
+      judged on its gain). docs/compare.md, seed 1: v0 truncated at the 16-token cap, its control gained +0.062
       [+0.021, +0.109] over it and was pruned for the same truncation while the length fix lost to it.
     - The control (continuing: a decision too) is kept when no intervention is kept, no blocking finding of
       its own stands, and it is not established worse than its parent (upper CI bound of ``gain_vs_parent``
