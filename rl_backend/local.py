@@ -259,13 +259,14 @@ class LocalBackend:
                 if should_stop is not None and should_stop():
                     stopped, step = True, step - 1
                     break
-                t0 = time.time()
+                t0, cpu0 = time.time(), time.process_time()
                 lr = recipe.actor_learning_rate * min(1.0, (step + 1) / max(1.0, recipe.lr_warmup_ratio * steps))
                 for g in opt.param_groups:
                     g["lr"] = lr
                 metrics, records = self._step(bundle, opt, recipe, train_set, vid, step)
                 metrics[M.POLICY_LR] = lr
                 metrics[M.PERF_STEP_SECONDS] = time.time() - t0
+                metrics[M.PERF_STEP_CPU_SECONDS] = time.process_time() - cpu0
                 metrics[M.PERF_TOKENS_PER_SEC] = metrics.pop("_gen_tokens") / max(1e-9, metrics[M.PERF_STEP_SECONDS])
                 metrics[M.PERF_PEAK_MEMORY_MB] = peak_memory_mb(self.device)
                 if (step + 1) % self.checkpoint_every == 0 and step + 1 < steps:
@@ -560,7 +561,7 @@ class LocalBackend:
         Raises:
             BackendError: ``split`` is not dev / test, or the recipe has no test split (``data.n_test: 0``).
         """
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         configure_threads(self.num_threads)
         k = k or recipe.eval.k
         if split not in ("dev", "test"):
@@ -588,7 +589,7 @@ class LocalBackend:
         gen = int(sum(int(r.get("length") or 0) for r in records))
         res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
                          n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0, split=split,
-                         gen_tokens=gen)
+                         gen_tokens=gen, cpu_s=time.process_time() - cpu0)
         return res, samples, records
 
     def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,
