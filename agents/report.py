@@ -68,7 +68,7 @@ ul.tree{list-style:none;padding-left:18px;border-left:1px dashed #ccc} ul.tree l
 .blocking{color:#cf222e;font-weight:bold} .warn{color:#9a6700} .info{color:#777}
 #best-version{border:2px solid #1a7f37;border-radius:6px;padding:4px 16px 8px;background:#f6fbf7;margin-top:16px}
 #best-version h2{border:none;margin-top:8px} #best-version th{width:190px}
-.verdict{font-size:14px;margin:6px 0} td.num{text-align:right;white-space:nowrap}
+.verdict{font-size:14px;margin:6px 0} td.num{text-align:right;white-space:nowrap} th.num{white-space:nowrap}
 pre.comp{white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;max-width:460px}
 td.ok{background:#eaf7ee} td.bad{background:#fdf0f0} .prompt{font-size:12px;color:#444;max-width:300px}
 """
@@ -327,8 +327,8 @@ def _recipe_table(ws: Workspace) -> str:
                     f"<td class='num'>{r['eval_s']:.1f}</td><td class='num'>{_secs(r['eval_cpu_s'])}</td></tr>")
     return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
             "<th>recipe: differs from the root (root value &rarr; value)</th><th>steps</th><th>global steps</th>"
-            "<th>train tokens</th><th>dev-eval tokens</th><th>train s</th><th>train CPU-s</th><th>dev-eval s</th>"
-            "<th>dev-eval CPU-s</th></tr>"
+            "<th>train tokens</th><th>dev-eval tokens</th><th class='num'>train s</th><th class='num'>train CPU-s</th>"
+            "<th class='num'>dev-eval s</th><th class='num'>dev-eval CPU-s</th></tr>"
             + "".join(body) + "</table><p class='muted'>train s / CPU-s: the training steps (model loading and the "
             "checkpoint save excluded); CPU-s: user + system CPU-seconds of the process that trained or evaluated "
             "(all its threads; &ndash;: not measured by the backend). Run totals: Compute and test, below</p>")
@@ -727,6 +727,11 @@ def _skills(ws: Workspace) -> str:
             + "</table>")
 
 
+def _budget_text(budget: dict[str, Any]) -> str:
+    """``max_versions 3, steps_per_version 2, ...`` of the run config's budget (unset limits left out)."""
+    return ", ".join(f"{k} {v}" for k, v in budget.items() if v is not None) or "-"
+
+
 def render_html(ws: Workspace) -> str:
     """The report as one HTML string (see the module docstring)."""
     lin = ws.lineage
@@ -746,7 +751,7 @@ def render_html(ws: Workspace) -> str:
             f"<b>{_e(lin.kv_get('loop/brain', '-'))}</b> &middot; model <code>"
             f"{_e(cfg.get('recipe', {}).get('model', {}).get('name_or_path', '?'))}</code> &middot; task "
             f"{_e(cfg.get('recipe', {}).get('data', {}).get('task', '?'))} level "
-            f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(budget)}"
+            f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(_budget_text(budget))}"
             + (f" &middot; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}" if started else "")
             + f" &middot; {'finished' if lin.kv_get('loop/finished') else 'in progress / interrupted'}</p>")
     use = ""

@@ -208,7 +208,7 @@ def test_cpu_seconds_per_version_are_measured_for_training_and_evaluation(ws):
         assert got["train_cpu_s"] == rows[v.id]["train_cpu_s"] and got["eval_cpu_s"] == rows[v.id]["eval_cpu_s"]
     assert s["no_rl_compute"]["eval_cpu_s"] == rows["no-RL"]["eval_cpu_s"]
     table = _section(render_html(ws), "recipe-table")
-    assert "<th>train CPU-s</th>" in table and "<th>dev-eval CPU-s</th>" in table
+    assert "<th class='num'>train CPU-s</th>" in table and "<th class='num'>dev-eval CPU-s</th>" in table
     r = rows[trained[0].id]
     assert (f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{r['train_cpu_s']:.1f}</td>"
             f"<td class='num'>{r['eval_s']:.1f}</td><td class='num'>{r['eval_cpu_s']:.1f}</td>") in table
