@@ -74,7 +74,7 @@ from evotrainer.rl_backend.tasks import (
     load_splits,
     split_manifest,
 )
-from evotrainer.rl_backend.tb_writer import TrainWriter, write_eval
+from evotrainer.rl_backend.trackers import TrainTrackers, write_eval
 from evotrainer.rollouts import make_record
 from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 
@@ -180,7 +180,8 @@ class LocalBackend:
 
         Starts from the parent's checkpoint (the base model for the root). Sets status training,
         then trained (failed on error, re-raised). Writes per-step metrics, rollouts (split
-        ``train``), TensorBoard scalars under ``ws.root/tb/<version>`` (rl_backend.tb_writer), the checkpoint in
+        ``train``), scalars, hparams and text samples to the run's ``report_to`` trackers (rl_backend.trackers; TensorBoard
+        under ``ws.root/tb/<version>`` by default), the checkpoint in
         ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
         plus ``steps`` and ``data_split`` digest).
 
@@ -251,7 +252,7 @@ class LocalBackend:
                                 betas=(0.9, 0.95), weight_decay=recipe.l2)
         if optim_state is not None:
             opt.load_state_dict(optim_state)
-        tb = TrainWriter(ws, vid, recipe)  # scalars at the lineage-global step, hparams, text samples
+        tb = TrainTrackers(ws, vid, recipe)  # report_to: scalars at the lineage-global step, hparams, text samples
         stopped = False
         step = first_step - 1
         try:
@@ -538,7 +539,7 @@ class LocalBackend:
                 summary.update(res.summary())
             summary["by_name"] = by_name
             ws.lineage.update_version(version_id, eval_summary=summary)
-            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars in tb/<version> (never test)
+            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars to report_to's trackers (never test)
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
