@@ -752,6 +752,7 @@ def render_html(ws: Workspace) -> str:
             f"{_e(cfg.get('recipe', {}).get('model', {}).get('name_or_path', '?'))}</code> &middot; task "
             f"{_e(cfg.get('recipe', {}).get('data', {}).get('task', '?'))} level "
             f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(_budget_text(budget))}"
+            + (f" &middot; report_to {_e(', '.join(cfg['report_to']) or 'none')}" if "report_to" in cfg else "")
             + (f" &middot; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}" if started else "")
             + f" &middot; {'finished' if lin.kv_get('loop/finished') else 'in progress / interrupted'}</p>")
     use = ""

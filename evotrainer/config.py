@@ -92,7 +92,7 @@ class RunConfig(BaseModel):
                                "(default: recipe eval.k).")
     report_to: list[Tracker] = Field(
         ["tensorboard"],
-        description="Experiment trackers the trainer writes to, like TRL's report_to: tensorboard (RUN/tb), wandb "
+        description="Experiment trackers the local trainer writes to, like TRL's report_to: tensorboard (RUN/tb), wandb "
                     "(offline, RUN/wandb), mlflow (SQLite store RUN/mlflow/mlflow.db); a list, 'all' or 'none'. "
                     "wandb / mlflow need their package (pip install 'evotrainer[tracking]').")
     recipe: Recipe = Field(default_factory=Recipe)

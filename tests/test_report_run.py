@@ -258,6 +258,7 @@ def test_html_has_the_new_sections_and_stays_self_contained(ws):
     imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(imgs) == 2 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in imgs)
     assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "budget max_versions 3, steps_per_version 2," in page and "report_to tensorboard" in page
 
 
 def test_summary_table_is_readable_at_80_columns(ws, tmp_path):
