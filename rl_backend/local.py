@@ -75,7 +75,7 @@ from evotrainer.rl_backend.tasks import (
     load_splits,
     split_manifest,
 )
-from evotrainer.rl_backend.tb_writer import TrainWriter, write_eval
+from evotrainer.rl_backend.trackers import TrainTrackers, write_eval
 from evotrainer.rollouts import make_record
 from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 
@@ -271,7 +271,8 @@ class LocalBackend:
 
         Starts from the parent's checkpoint (the base model for the root). Sets status training,
         then trained (failed on error, re-raised). Writes per-step metrics, rollouts (split
-        ``train``), TensorBoard scalars under ``ws.root/tb/<version>`` (rl_backend.tb_writer), the checkpoint in
+        ``train``), scalars, hparams and text samples to the run's ``report_to`` trackers (rl_backend.trackers; TensorBoard
+        under ``ws.root/tb/<version>`` by default), the checkpoint in
         ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
         plus ``steps`` and ``data_split`` digest).
 
@@ -342,7 +343,7 @@ class LocalBackend:
                                 betas=(0.9, 0.95), weight_decay=recipe.l2)
         if optim_state is not None:
             opt.load_state_dict(optim_state)
-        tb = TrainWriter(ws, vid, recipe)  # scalars at the lineage-global step, hparams, text samples
+        tb = TrainTrackers(ws, vid, recipe)  # report_to: scalars at the lineage-global step, hparams, text samples
         stopped = False
         step = first_step - 1
         try:
@@ -350,13 +351,14 @@ class LocalBackend:
                 if should_stop is not None and should_stop():
                     stopped, step = True, step - 1
                     break
-                t0 = time.time()
+                t0, cpu0 = time.time(), time.process_time()
                 lr = recipe.actor_learning_rate * min(1.0, (step + 1) / max(1.0, recipe.lr_warmup_ratio * steps))
                 for g in opt.param_groups:
                     g["lr"] = lr
                 metrics, records = self._step(bundle, opt, recipe, train_set, vid, step)
                 metrics[M.POLICY_LR] = lr
                 metrics[M.PERF_STEP_SECONDS] = time.time() - t0
+                metrics[M.PERF_STEP_CPU_SECONDS] = time.process_time() - cpu0
                 metrics[M.PERF_TOKENS_PER_SEC] = metrics.pop("_gen_tokens") / max(1e-9, metrics[M.PERF_STEP_SECONDS])
                 metrics[M.PERF_PEAK_MEMORY_MB] = peak_memory_mb(self.device)
                 if (step + 1) % self.checkpoint_every == 0 and step + 1 < steps:
@@ -640,7 +642,7 @@ class LocalBackend:
                 summary.update(res.summary())
             summary["by_name"] = by_name
             ws.lineage.update_version(version_id, eval_summary=summary)
-            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars in tb/<version> (never test)
+            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars to report_to's trackers (never test)
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
@@ -663,7 +665,7 @@ class LocalBackend:
         Raises:
             BackendError: ``split`` is not dev / test, or the recipe has no test split (``data.n_test: 0``).
         """
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         configure_threads(self.num_threads)
         k = k or recipe.eval.k
         if split not in ("dev", "test"):
@@ -691,7 +693,7 @@ class LocalBackend:
         gen = int(sum(int(r.get("length") or 0) for r in records))
         res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
                          n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0, split=split,
-                         gen_tokens=gen)
+                         gen_tokens=gen, cpu_s=time.process_time() - cpu0)
         return res, samples, records
 
     def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,
