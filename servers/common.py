@@ -42,8 +42,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import re
 import os
+import re
 import sys
 import threading
 import time

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import time
 
-from test_security_sandbox import FIXED, call, host, swe  # noqa: F401 (fixtures)
+import test_security_sandbox as base
 
 from evotrainer.rl_backend.swe.env import parse_tool_calls
+
+FIXED, call = base.FIXED, base.call
+host, swe = base.host, base.swe  # the fixtures: a host folder that must stay unchanged, an episode
 
 FORGE = ("import glob as _g, os as _o, re as _r\n"
          "_ids = [f'{p}::{n}' for p in _g.glob('tests/*.py') for n in _r.findall(r'def (test_\\w+)', open(p).read())]\n"
