@@ -1,0 +1,29 @@
+"""Security suite, bad input from sandboxed code or callers gets the product's own error (issue 22's second
+probe set; docs/security-probes.md). Before the fix: an analyzer printing ``[`` x 100,000 made
+``run_analyzer_code`` raise a bare ``RecursionError`` (callers catch ``AnalyzerError``); an ``env`` value with a
+NUL byte made ``run_in_sandbox`` raise ``ValueError: embedded null byte`` from ``subprocess`` instead of a
+``SandboxError`` naming the field. Both leave the host as it was (the sandbox's private tmpfs is discarded).
+"""
+
+from __future__ import annotations
+
+import pytest
+from mcp_testlib import make_run
+
+from evotrainer.harness.analyzers import AnalyzerError, run_analyzer_code
+from evotrainer.harness.evidence import Evidence
+from evotrainer.sandbox import SandboxError, run_in_sandbox
+from evotrainer.workspace import Workspace
+
+
+def test_deeply_nested_analyzer_output_is_an_analyzer_error(tmp_path):
+    with Workspace.open(make_run(tmp_path)) as ws:
+        ev = Evidence.from_workspace(ws)
+    with pytest.raises(AnalyzerError, match=r"^analyzer 'deep': last stdout line is JSON nested too deeply to read"):
+        run_analyzer_code("print('[' * 100000 + ']' * 100000)", ev, name="deep", timeout_s=60)
+
+
+@pytest.mark.parametrize("env", [{"A": "x\x00y"}, {"A\x00B": "x"}])
+def test_nul_in_env_is_a_sandbox_error_naming_the_field(env):
+    with pytest.raises(SandboxError, match=r"^env\[.*\]: names must be non-empty strings without '=' or NUL"):
+        run_in_sandbox(code="print(1)", env=env)
