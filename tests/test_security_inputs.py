@@ -27,3 +27,15 @@ def test_deeply_nested_analyzer_output_is_an_analyzer_error(tmp_path):
 def test_nul_in_env_is_a_sandbox_error_naming_the_field(env):
     with pytest.raises(SandboxError, match=r"^env\[.*\]: names must be non-empty strings without '=' or NUL"):
         run_in_sandbox(code="print(1)", env=env)
+
+
+def test_a_foreign_metric_name_cannot_become_analyzer_code():
+    from evotrainer.harness.synthesis import Example, Program, SynthesisError, candidate_series
+
+    evil = "reward/x\nimport os; os.system('touch PWNED')\n#/mean"
+    ev = Evidence(metrics={f"v{i}": {evil: [(s, 0.1 * s) for s in range(10)],
+                                     "reward/correctness/mean": [(s, 0.1 * s) for s in range(10)]} for i in range(4)})
+    examples = [Example(ev, f"v{i}", i % 2 == 0, "case") for i in range(4)]
+    assert candidate_series(examples) == ["reward/correctness/mean"]
+    with pytest.raises(SynthesisError, match=r'^series="reward/x\\nimport os.*: a metric name of letters'):
+        Program(series=evil, stat="slope", window=1.0, direction="above", threshold=0.0)
