@@ -39,3 +39,14 @@ def test_a_foreign_metric_name_cannot_become_analyzer_code():
     assert candidate_series(examples) == ["reward/correctness/mean"]
     with pytest.raises(SynthesisError, match=r'^series="reward/x\\nimport os.*: a metric name of letters'):
         Program(series=evil, stat="slope", window=1.0, direction="above", threshold=0.0)
+
+
+def test_host_keyring_names_and_timers_are_masked():
+    """As host root the sandbox uid is host uid 0: before the fix /proc/keys listed root's keyrings (463 bytes
+    here: ``_uid.0``, ``_uid_ses.0``, ...); keyctl was refused by seccomp, the listing was not."""
+    code = ("import os\nfor p in ('/proc/keys', '/proc/key-users', '/proc/timer_list'):\n"
+            "    try:\n        print(p, len(open(p).read()))\n    except OSError as e:\n        print(p, 'refused')\n")
+    r = run_in_sandbox(code=code, timeout_s=30)
+    assert r.exit_code == 0, r.stderr
+    shown = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert all(v in ("refused", "0") for v in shown.values()), shown
