@@ -34,6 +34,7 @@ from evotrainer.servers.common import (
     argument_error_middleware,
     make_lifespan,
     make_tool,
+    prefer_the_event_loop,
     state_of,
 )
 from evotrainer.servers.envelope import serve_stdio
@@ -126,6 +127,7 @@ class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
     async def run_stdio_async(self) -> None:
+        prefer_the_event_loop()
         await serve_stdio(self)
 
 
