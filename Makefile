@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.evotrainer-installed
 CONFIG ?= examples/default.yaml
 
-.PHONY: run test test-slow bench lint install sandbox-deps mcp-inspector mcp-conformance clean
+.PHONY: run test test-slow bench lint install sandbox-deps report-deps mcp-inspector mcp-conformance clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ sandbox-deps:
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi; }
 	@bwrap --unshare-all --unshare-user --disable-userns --cap-drop ALL --ro-bind / / -- /bin/true \
 	  || echo "warning: bwrap cannot create namespaces here; sandbox tests need Docker or user namespaces (see evotrainer sandbox info)"
+
+# headless Chromium renders the HTML report to a PNG in tests/test_report_run.py (skipped without it).
+# A Debian chromium install took 52 s of dpkg time plus a ~110 MB download here.
+report-deps:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "installing chromium (headless rendering of the HTML report)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi \
+	  || echo "warning: chromium could not be installed; tests/test_report_run.py skips its rendering test"; }
 
 run: install sandbox-deps
 	# --resume: a second `make run` continues the run (or just re-renders its report) instead of refusing.
@@ -56,7 +65,7 @@ mcp-conformance:
 	    npm install -s --no-audit --no-fund --save-exact $(CONFORMANCE_PKGS); \
 	  else echo "npm not found: tests/test_mcp_conformance.py will be skipped"; fi; }
 
-test: install sandbox-deps mcp-inspector mcp-conformance
+test: install sandbox-deps report-deps mcp-inspector mcp-conformance
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install sandbox-deps

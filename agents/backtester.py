@@ -27,14 +27,20 @@ class Backtester:
         self.decider_tools = RoleTools(toolbox, "decider")
 
     def rank(self, parent_id: str, proposal: Proposal, diagnosis: Diagnosis, n_choose: int) -> Ranking:
-        """Scores for every candidate and the ``n_choose`` to train (distinct recipe paths)."""
+        """Scores for every candidate and the ``n_choose`` to train: distinct changes (a recipe path with a
+        value), so two magnitudes of one field (a learning rate bracketed x3 and x10) may share a round."""
         r = self.brain.rank(self.tools, parent_id, proposal, diagnosis, n_choose)
         n = len(proposal.candidates)
-        chosen, paths = [], set()
+        chosen: list[int] = []
+        changes: set[tuple[str, str]] = set()
         for i in r.chosen:
-            if 0 <= i < n and i not in chosen and proposal.candidates[i].path not in paths:
+            if not 0 <= i < n or i in chosen:
+                continue
+            c = proposal.candidates[i]
+            change = (c.path, repr(c.new))
+            if change not in changes:
                 chosen.append(i)
-                paths.add(proposal.candidates[i].path)
+                changes.add(change)
         r.chosen = chosen[:n_choose]
         return r
 

@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
         from rich.console import Console
 
-        from evotrainer.agents.report import summary_table, write_report
+        from evotrainer.agents.report import answer_line, summary_table, write_report
         from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
         from evotrainer.workspace import Workspace
@@ -144,6 +144,8 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         else:
             console.print(summary_table(ws))
+            if line := answer_line(ws):
+                console.print(line, highlight=False)
             c, final = summary.get("compute") or {}, summary.get("final") or {}
             if c:
                 console.print(f"compute: {c.get('train_tokens', 0)} train + {c.get('eval_tokens', 0)} dev-eval tokens "
@@ -211,7 +213,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from evotrainer.agents.loop import run_summary
-        from evotrainer.agents.report import summary_table, write_report
+        from evotrainer.agents.report import answer_line, summary_table, write_report
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)
@@ -223,5 +225,7 @@ def register(app: typer.Typer) -> None:
         else:
             console = Console()
             console.print(summary_table(ws))
+            if line := answer_line(ws):
+                console.print(line, highlight=False)
             console.print(f"report: {path}")
         ws.close()

@@ -213,6 +213,7 @@ class HeuristicBrain:
         for f in diagnosis.findings:
             sev[f.kind] = max(sev.get(f.kind, 0.0), SEVERITY_WEIGHT[f.severity])
         scores: list[Score] = []
+        step_bonus: dict[int, float] = {}  # candidate index -> progress bonus (a step-size change a finding asks for)
         for i, c in enumerate(proposal.candidates):
             prior = max([sev.get(k, 0.0) for k in c.addresses] or [0.0]) - 0.01 * i
             method, detail, bt = "prior", "", 0.0
@@ -223,6 +224,7 @@ class HeuristicBrain:
                 prior += lr_bonus
                 detail += "a fast collapse: the step size; "
             if (pb := _progress_bonus(c, proposal.candidates, diagnosis)) > 0:
+                step_bonus[i] = pb
                 prior += pb
                 detail += "the update size: the learning rate; "
             if _harder_for_headroom(c, diagnosis):
@@ -258,9 +260,12 @@ class HeuristicBrain:
                 chosen.append(s.index)
                 paths.add(c.path)
                 covered |= set(c.addresses)
-        return Ranking(scores=scores, chosen=chosen,
+        bracket = _bracket_step_size(order, chosen, step_bonus, n_choose)
+        return Ranking(scores=scores, chosen=bracket or chosen,
                        rationale="ranked by finding severity, skill record and backtests: "
-                       + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5]))
+                       + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5])
+                       + ("; the learning rate bracketed on a log scale: "
+                          + " and ".join(f"#{i}" for i in bracket if i in step_bonus) if bracket else ""))
 
     def _inert(self, tools: RoleTools, parent_id: str, c: Candidate) -> str | None:
         """The reason ``c`` cannot act under the parent's recipe (``check_inert``), or None."""
@@ -358,6 +363,36 @@ PROGRESS_DIRECTION = {"update_too_small": 1.0, "plateau": 1.0, "update_too_large
 # learning-rate change that fixes it ranks above a blocking finding's fixes: bonus = the blocking - warn gap
 # plus TARGET_BONUS.
 STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGET_BONUS
+
+
+def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[int, float],
+                       n_choose: int) -> list[int] | None:
+    """When the top choice is a learning-rate step a progress finding asks for, the round's second branch is the
+    other proposed magnitude in the same direction (x3 and x10, or /3 and /10) instead of a weaker fix for another
+    finding; None when that does not apply (fewer than two branches, no second magnitude, top is no step).
+
+    Why: the finding's ``lr_factor_to_target`` (√(KL_target / update KL), KL ∝ lr²) is a small-step estimate
+    of the step that reaches PPO's trust-region target, not of the step that learns fastest, and both are
+    uncertain by about an order of magnitude; a learning rate is searched on a log scale (Bergstra & Bengio
+    2012), so one round brackets it. Measured (docs/compare.md, SmolLM2 level-1 arithmetic, lr 2e-6,
+    factors 4.2 and 5.7): x10 gained dev Avg@4 +0.34 over the control, x3 +0.13; the length fix that took the
+    second branch lost to the control in all three seeds.
+    """
+    if n_choose < 2 or not chosen or chosen[0] not in step_bonus:
+        return None
+    picked = [i for i in chosen if i in step_bonus]
+    if len(picked) > 1:
+        return None
+    other = next((s.index for s in order if s.index in step_bonus and s.index not in chosen
+                  and s.method != "inert"), None)
+    if other is None:
+        return None
+    out = list(chosen)
+    if len(out) < n_choose:
+        out.append(other)
+    else:
+        out[-1] = other  # the lowest-ranked pick gives way (the top choice is the step itself)
+    return out
 
 
 def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagnosis) -> float:

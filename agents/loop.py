@@ -27,6 +27,7 @@ the last decision (``harness.gate.test_sealed``).
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable, Iterable
@@ -320,7 +321,9 @@ class LoopBase:
     def evaluate(self, vid: str, eval_name: str = "heldout", k: int | None = None) -> dict[str, Any]:
         """Evaluation of ``vid`` (once per eval name; dev unless a test eval name); returns the eval summary.
 
-        Its generated tokens are added to the run's compute (kv ``loop/eval_tokens``, keyed by the stage).
+        Its generated tokens are added to the run's compute (kv ``loop/eval_tokens``, keyed by the stage); a dev
+        evaluation's wall seconds and process CPU-seconds (the backend's ``EvalResult.wall_s`` / ``cpu_s``) go to kv
+        ``loop/eval_walls`` / ``loop/eval_cpu`` under the same key.
         """
         key = f"eval/{vid}/{eval_name}"
 
@@ -337,7 +340,8 @@ class LoopBase:
             if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
                 return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
                         "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name,
-                        "gen_tokens": int(res.get("gen_tokens") or 0), "wall_s": res.get("wall_s")}
+                        "gen_tokens": int(res.get("gen_tokens") or 0), "wall_s": res.get("wall_s"),
+                        "cpu_s": res.get("cpu_s")}
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
         out = self.stage(key, run)
@@ -345,10 +349,11 @@ class LoopBase:
         if key not in toks:
             toks[key] = int((out or {}).get("gen_tokens") or 0)
             self.lineage.kv_set("loop/eval_tokens", toks)
-            if not _is_test_key(key) and isinstance((out or {}).get("wall_s"), (int, float)):
-                walls = dict(self.lineage.kv_get("loop/eval_walls") or {})
-                walls[key] = float(out["wall_s"])
-                self.lineage.kv_set("loop/eval_walls", walls)
+            for field, kv in (("wall_s", "loop/eval_walls"), ("cpu_s", "loop/eval_cpu")):
+                if not _is_test_key(key) and isinstance((out or {}).get(field), (int, float)):
+                    vals = dict(self.lineage.kv_get(kv) or {})
+                    vals[key] = float(out[field])
+                    self.lineage.kv_set(kv, vals)
         return out
 
     def train_to(self, vid: str, total_steps: int) -> bool:
@@ -411,6 +416,41 @@ def train_tokens(lineage: Any, version_id: str) -> int:
                          if s in secs and tps[s] is not None and secs[s] is not None)))
 
 
+def version_compute(lineage: Any, version_id: str) -> dict[str, Any]:
+    """Compute one version spent, from what the run recorded (test evaluations left out: sealed during the run).
+
+    Keys: ``train_tokens`` (:func:`train_tokens`), ``train_s`` (sum of ``perf/step_seconds``), ``train_cpu_s``
+    (sum of ``perf/step_cpu_seconds``: user + system CPU-seconds of the training process over its steps; None
+    when no step recorded it, e.g. the OpenRLHF backend; 0.0 for a version that trained no step), and for its dev
+    evaluations (``no_rl`` excluded) ``eval_tokens``, ``eval_s``, ``eval_cpu_s`` (kv ``loop/eval_tokens``,
+    ``loop/eval_walls``, ``loop/eval_cpu``; ``eval_cpu_s`` None when no evaluation recorded it). The steps'
+    seconds exclude loading the model and saving the checkpoint, the same for wall and CPU."""
+    def total(metric: str) -> float | None:
+        pts = [float(x) for _, x in lineage.metric_series(version_id, metric)
+               if x is not None and math.isfinite(float(x))]
+        return float(sum(pts)) if pts else None
+
+    steps = lineage.last_step(version_id) + 1
+    cpu = total(M.PERF_STEP_CPU_SECONDS)
+    ev = eval_compute(lineage, version_id, no_rl=False)
+    return {"train_tokens": train_tokens(lineage, version_id), "train_s": total(M.PERF_STEP_SECONDS) or 0.0,
+            "train_cpu_s": 0.0 if steps <= 0 and cpu is None else cpu, **ev}
+
+
+def eval_compute(lineage: Any, version_id: str, no_rl: bool) -> dict[str, Any]:
+    """Tokens, wall seconds and CPU-seconds of ``version_id``'s dev evaluations (``no_rl``: its no-RL row only,
+    else every other dev evaluation; test evaluations never): ``{eval_tokens, eval_s, eval_cpu_s}`` from kv
+    ``loop/eval_tokens`` / ``loop/eval_walls`` / ``loop/eval_cpu`` (``eval_cpu_s`` None when none recorded it)."""
+    toks = lineage.kv_get("loop/eval_tokens") or {}
+    walls = lineage.kv_get("loop/eval_walls") or {}
+    cpus = lineage.kv_get("loop/eval_cpu") or {}
+    keys = [k for k in {*toks, *walls, *cpus} if k.rsplit("/", 1)[0] == f"eval/{version_id}"
+            and not _is_test_key(k) and (k.rsplit("/", 1)[-1] == "no_rl") == no_rl]
+    cpu = [float(cpus[k]) for k in keys if k in cpus]
+    return {"eval_tokens": int(sum(toks.get(k, 0) for k in keys)), "eval_s": float(sum(walls.get(k, 0.0) for k in keys)),
+            "eval_cpu_s": float(sum(cpu)) if cpu else None}
+
+
 def pick_best_kept(rows: Iterable[tuple[str, str, float | None, float]]) -> str | None:
     """The one best-kept rule: of ``(id, status, dev Avg@k, created_at)`` rows, the kept one with the highest
     Avg@k (earliest on ties); None when none is kept and scored."""
@@ -460,23 +500,40 @@ def final_version(lineage: Any) -> tuple[str | None, str]:
 
 
 def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Headline numbers of a run from its lineage: per-version status / Avg@k (dev), best kept, the no-RL row,
-    compute spent (``compute``: train / eval / test tokens, CPU-seconds, wall time) and the final answer's test
-    score (``final``: ``{version, test, no_rl_test}``, once the run has ended)."""
+    """Headline numbers of a run from its lineage: per-version status / Avg@k (dev), the run's answer, best kept,
+    the no-RL row, compute spent (``compute``: train / eval / test tokens, CPU-seconds, wall time; per version in
+    ``compute_by_version``, :func:`version_compute`) and the final answer's test score (``final``:
+    ``{version, test, no_rl_test}``, once the run has ended); ``no_rl_compute`` is the no-RL dev row's
+    (:func:`eval_compute`).
+
+    ``final_version`` is the run's answer, the version the HTML report's best-version block names
+    (:func:`final_version`: kv ``loop/final``, else the frontier, else the best kept), with ``final_source``
+    (``final`` | ``frontier`` | ``best kept``) and its dev Avg@k ``final_avg_at_k``. ``best_version`` /
+    ``best_avg_at_k`` are the kept version with the highest dev Avg@k (:func:`best_kept`), which can differ from
+    it: the frontier follows each round's winner over its control, and the answer may be a control arm (never
+    "kept")."""
     versions = ws.lineage.versions()
     no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
     best_id = best_kept(ws.lineage)
     best = ws.lineage.get(best_id) if best_id else None
+    final_id, final_source = final_version(ws.lineage)
+    final = ws.lineage.get(final_id) if final_id else None
     return {
         "run_dir": str(ws.root), "mode": mode, "n_versions": sum(1 for v in versions if not v.is_control),
         "n_controls": sum(1 for v in versions if v.is_control),
         "statuses": {v.id: v.status for v in versions},
         "avg_at_k": {v.id: (v.eval_summary or {}).get("avg@k") for v in versions},
-        "no_rl_avg_at_k": no_rl.get("avg@k"), "best_version": best.id if best else None,
+        "no_rl_avg_at_k": no_rl.get("avg@k"),
+        "final_version": final_id, "final_source": final_source or None,
+        "final_avg_at_k": (final.eval_summary or {}).get("avg@k") if final else None,
+        "best_version": best.id if best else None,
         "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
         "decisions": len(ws.lineage.decisions()), "usage": usage or {},
         "finished": bool(ws.lineage.kv_get("loop/finished")),
-        "compute": ws.lineage.kv_get("loop/compute") or {}, "final": ws.lineage.kv_get("loop/final") or {},
+        "compute": ws.lineage.kv_get("loop/compute") or {},
+        "compute_by_version": {v.id: version_compute(ws.lineage, v.id) for v in versions},
+        "no_rl_compute": eval_compute(ws.lineage, versions[0].id, no_rl=True) if no_rl else {},
+        "final": ws.lineage.kv_get("loop/final") or {},
     }
 
 

@@ -149,6 +149,8 @@ class ToolBox:
         """
         if name not in self._tools:
             raise ToolCallError(name, f"no such tool on this server; available: {', '.join(self.tool_names)}")
+        if not self._loop.is_running():  # closed: the call would wait for its whole timeout, then fail obscurely
+            raise ToolCallError(name, "this ToolBox is closed; open a new one (or call inside its `with` block)")
         client = self._client
 
         async def _call() -> Any:

@@ -329,7 +329,10 @@ class Orchestrator(LoopBase):
                     g["promote"] = bool(not g["blocking"] and not g.get("below_sources")
                                         and isinstance(ci, (list, tuple)) and ci[0] > 0)
         else:
-            adjusted = round_decisions(gates, control if control in gates else None)
+            parent = self.version(control)["parent_id"] if control else None
+            inherited = [b.get("kind") for b in (self.lineage.kv_get(f"loop/gate/{parent}") or {}).get("blocking") or []
+                         if isinstance(b, dict)] if parent else []
+            adjusted = round_decisions(gates, control if control in gates else None, inherited)
         for vid, g in adjusted.items():
             g = self.stage(f"rgate/{vid}", lambda g=g: g)
             ctx = {**self._ctx(vid), "gain": g.get("gain"), "significant": _significant(g),

@@ -11,8 +11,8 @@ opens offline. Sections, in order:
   ``loop/finished``) and its checkpoint folder;
 - held-out (dev) scores per version with the no-RL row and the control arms (role column);
 - recipe and compute per version (``id="recipe-table"``): the recipe fields that differ from the root (with
-  the root's values), role, status, training steps on the lineage-global axis, train / dev-eval tokens and
-  seconds; the run's totals (CPU-seconds, wall) below;
+  the root's values), role, status, training steps on the lineage-global axis, train / dev-eval tokens, wall
+  seconds and process CPU-seconds (``agents.loop.version_compute``); the run's totals below;
 - compute and test; sample completions (``id="samples"``) of the best version beside the base model on the
   same dev problems and sample indices (paired sample seeds), from the rollout store's evaluation rollouts;
 - the lineage tree with each decision and its rationale;
@@ -43,10 +43,9 @@ from typing import Any
 import numpy as np
 
 from evotrainer import metrics as M
-from evotrainer.agents.loop import final_version, train_tokens
+from evotrainer.agents.loop import best_kept, eval_compute, final_version, version_compute
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import Version
-from evotrainer.rl_backend.tasks import is_test_eval
 from evotrainer.workspace import Workspace
 
 PLOTS: list[tuple[str, str]] = [
@@ -69,7 +68,7 @@ ul.tree{list-style:none;padding-left:18px;border-left:1px dashed #ccc} ul.tree l
 .blocking{color:#cf222e;font-weight:bold} .warn{color:#9a6700} .info{color:#777}
 #best-version{border:2px solid #1a7f37;border-radius:6px;padding:4px 16px 8px;background:#f6fbf7;margin-top:16px}
 #best-version h2{border:none;margin-top:8px} #best-version th{width:190px}
-.verdict{font-size:14px;margin:6px 0} td.num{text-align:right;white-space:nowrap}
+.verdict{font-size:14px;margin:6px 0} td.num{text-align:right;white-space:nowrap} th.num{white-space:nowrap}
 pre.comp{white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;max-width:460px}
 td.ok{background:#eaf7ee} td.bad{background:#fdf0f0} .prompt{font-size:12px;color:#444;max-width:300px}
 """
@@ -272,35 +271,31 @@ def _and(items: list[str]) -> str:
 
 def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
     """Per version (the no-RL row first): parent, role, status, recipe changes against the root (``[(path,
-    root value, value)]``), steps, lineage-global step range, train tokens, dev-eval tokens, train seconds (sum of
-    ``perf/step_seconds``) and dev-eval seconds (kv ``loop/eval_walls``). Test evaluations are left out."""
+    root value, value)]``), steps, lineage-global step range and what it spent (:func:`~evotrainer.agents.loop.
+    version_compute`): train tokens, dev-eval tokens, train seconds (sum of ``perf/step_seconds``), train CPU-seconds
+    (sum of ``perf/step_cpu_seconds``; None where the backend did not measure it), dev-eval seconds and CPU-seconds
+    (kv ``loop/eval_walls`` / ``loop/eval_cpu``). Test evaluations are left out."""
     lin = ws.lineage
     versions = lin.versions()
     if not versions:
         return []
     root = versions[0]
-    toks, walls = lin.kv_get("loop/eval_tokens") or {}, lin.kv_get("loop/eval_walls") or {}
-
-    def evals(vid: str, no_rl: bool) -> list[str]:
-        names = {k: k.rsplit("/", 1)[-1] for k in {*toks, *walls} if k.rsplit("/", 1)[0] == f"eval/{vid}"}
-        return [k for k, n in names.items() if not is_test_eval(n) and (n == "no_rl") == no_rl]
-
     rows = []
     if lin.kv_get(f"loop/eval/{root.id}/no_rl"):
-        keys = evals(root.id, True)
         rows.append({"version": "no-RL", "parent": None, "role": "baseline", "status": "", "changes": [],
-                     "steps": 0, "global": None, "train_tokens": 0, "eval_tokens": sum(toks.get(k, 0) for k in keys),
-                     "train_s": 0.0, "eval_s": sum(walls.get(k, 0.0) for k in keys)})
+                     "steps": 0, "global": None, "train_tokens": 0, "train_s": 0.0, "train_cpu_s": 0.0,
+                     **eval_compute(lin, root.id, no_rl=True)})
     for v in versions:
-        last, keys = lin.last_step(v.id), evals(v.id, False)
+        last = lin.last_step(v.id)
         off = lin.step_offset(v.id)
-        secs = [x for _, x in lin.metric_series(v.id, M.PERF_STEP_SECONDS) if _finite(x)]
         rows.append({"version": v.id, "parent": v.parent_id, "role": role(v), "status": v.status,
                      "changes": lin.diff(root.id, v.id), "steps": last + 1,
-                     "global": (off, off + last) if last >= 0 else None, "train_tokens": train_tokens(lin, v.id),
-                     "eval_tokens": sum(toks.get(k, 0) for k in keys), "train_s": float(sum(secs)),
-                     "eval_s": float(sum(walls.get(k, 0.0) for k in keys))})
+                     "global": (off, off + last) if last >= 0 else None, **version_compute(lin, v.id)})
     return rows
+
+
+def _secs(x: float | None) -> str:
+    return "&ndash;" if x is None else f"{x:.1f}"
 
 
 def _val(x: Any) -> str:
@@ -328,12 +323,15 @@ def _recipe_table(ws: Workspace) -> str:
                     f"<td class='{_e(r['status'])}'>{_e(r['status'])}</td><td><code>{change}</code></td>"
                     f"<td class='num'>{r['steps']}</td><td class='num'>{f'{g[0]}&ndash;{g[1]}' if g else ''}</td>"
                     f"<td class='num'>{r['train_tokens']}</td><td class='num'>{r['eval_tokens']}</td>"
-                    f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{r['eval_s']:.1f}</td></tr>")
+                    f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{_secs(r['train_cpu_s'])}</td>"
+                    f"<td class='num'>{r['eval_s']:.1f}</td><td class='num'>{_secs(r['eval_cpu_s'])}</td></tr>")
     return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
             "<th>recipe: differs from the root (root value &rarr; value)</th><th>steps</th><th>global steps</th>"
-            "<th>train tokens</th><th>dev-eval tokens</th><th>train s</th><th>dev-eval s</th></tr>"
-            + "".join(body) + "</table><p class='muted'>run totals, CPU-seconds included (recorded per run, not per "
-            "version): Compute and test, below</p>")
+            "<th>train tokens</th><th>dev-eval tokens</th><th class='num'>train s</th><th class='num'>train CPU-s</th>"
+            "<th class='num'>dev-eval s</th><th class='num'>dev-eval CPU-s</th></tr>"
+            + "".join(body) + "</table><p class='muted'>train s / CPU-s: the training steps (model loading and the "
+            "checkpoint save excluded); CPU-s: user + system CPU-seconds of the process that trained or evaluated "
+            "(all its threads; &ndash;: not measured by the backend). Run totals: Compute and test, below</p>")
 
 
 def _compute_and_test(ws: Workspace) -> str:
@@ -734,6 +732,11 @@ def _skills(ws: Workspace) -> str:
             + "</table>")
 
 
+def _budget_text(budget: dict[str, Any]) -> str:
+    """``max_versions 3, steps_per_version 2, ...`` of the run config's budget (unset limits left out)."""
+    return ", ".join(f"{k} {v}" for k, v in budget.items() if v is not None) or "-"
+
+
 def render_html(ws: Workspace) -> str:
     """The report as one HTML string (see the module docstring)."""
     lin = ws.lineage
@@ -753,7 +756,8 @@ def render_html(ws: Workspace) -> str:
             f"<b>{_e(lin.kv_get('loop/brain', '-'))}</b> &middot; model <code>"
             f"{_e(cfg.get('recipe', {}).get('model', {}).get('name_or_path', '?'))}</code> &middot; task "
             f"{_e(cfg.get('recipe', {}).get('data', {}).get('task', '?'))} level "
-            f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(budget)}"
+            f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(_budget_text(budget))}"
+            + (f" &middot; report_to {_e(', '.join(cfg['report_to']) or 'none')}" if "report_to" in cfg else "")
             + (f" &middot; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}" if started else "")
             + f" &middot; {'finished' if lin.kv_get('loop/finished') else 'in progress / interrupted'}</p>")
     use = ""
@@ -801,6 +805,26 @@ def _gain_cell_text(g: dict[str, Any] | None) -> str:
     if not g or not isinstance(g.get("gain"), (int, float)):
         return ""
     return _two_lines(f"{g['gain']:+.3f} ({g.get('version')})", g.get("ci"), "+.3f")
+
+
+def answer_line(ws: Workspace) -> str:
+    """One line for the terminal under :func:`summary_table`: the run's answer (the version the HTML report's
+    best-version block and ``run_summary``'s ``final_version`` name), where it comes from, its dev Avg@k with CI,
+    the best kept version when that is another one, and its checkpoint; "" for a run without an answer yet."""
+    b = best_version(ws)
+    if not b:
+        return ""
+    dev, ci = b["dev"], b["dev_ci"]
+    parts = [f"answer: {b['version']} ({b['source']}, {b['role']})"]
+    if dev.get("avg@k") is not None:
+        parts.append(f"dev Avg@{dev.get('k', 'k')} {_fmt(dev['avg@k'])}"
+                     + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+    kept = best_kept(ws.lineage)
+    if kept and kept != b["version"]:
+        parts.append(f"best kept on dev: {kept}")
+    if b["checkpoint"]:
+        parts.append(f"checkpoint {b['checkpoint']}")
+    return "; ".join(parts)
 
 
 def summary_table(ws: Workspace) -> Any:

@@ -21,7 +21,7 @@ from evotrainer.agents.loop import LoopBase, open_toolbox
 from evotrainer.agents.modes import MODES
 from evotrainer.agents.orchestrator import Orchestrator
 from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
-from evotrainer.config import RunConfig
+from evotrainer.config import REPORT_TO_KEY, RunConfig
 from evotrainer.workspace import Workspace
 
 __all__ = ["MODES", "BASELINES", "pick_brain", "run_loop"]
@@ -69,6 +69,7 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
         if stored_mode and stored_mode != mode:
             raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
         ws.lineage.kv_set("loop/mode", mode)
+        ws.lineage.kv_set(REPORT_TO_KEY, list(config.report_to))  # the trainer's trackers (rl_backend.trackers)
         (run_dir / "run.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         with open_toolbox(run_dir, backend or config.backend) as tb:
             loop: LoopBase

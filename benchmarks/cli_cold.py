@@ -3,7 +3,10 @@
 - ``evotrainer --version`` / ``--help``; peer: the same after importing the modules the entry point
   imported before issue 21 (recipe, intervention, lineage, workspace, importer, for its error list);
 - ``evotrainer skills search "truncation"`` on a seeded store (created first, not timed); peer: the
-  same command with the query embedded by sentence-transformers (torch), the path before issue 21.
+  same command with the query embedded by sentence-transformers (torch), the path before issue 21;
+- ``evotrainer serve all --run RUN`` with stdin at end of file: the stdio server starts, reads EOF and exits,
+  so the figure is its start-up (imports, tool catalogue) plus shutdown; peer: the same after importing
+  torch, lancedb and the local backend first, what the servers' module-level imports loaded before.
 
 Each figure is the median of ``--repeat`` runs, peers interleaved, with wall seconds, CPU seconds
 (user + system of the child) and peak RSS (MiB); the load average is printed beside them.
@@ -24,6 +27,9 @@ from _report import print_result
 
 OLD_IMPORTS = ("import evotrainer.recipe, evotrainer.intervention, evotrainer.lineage, evotrainer.workspace, "
                "evotrainer.harness.importer; ")
+OLD_SERVE_IMPORTS = "import torch, lancedb, evotrainer.rl_backend.local, evotrainer.skills_db.embeddings; "
+MAKE_RUN = ("import sys; from evotrainer.recipe import Recipe; from evotrainer.workspace import Workspace; "
+            "ws = Workspace(sys.argv[1], writer=True); ws.lineage.create_root(Recipe()); ws.close()")
 ST_QUERY = ("from evotrainer.skills_db import embeddings as E; "
             "E.embed_query = lambda text: E.embed([text])[0]; ")
 
@@ -31,7 +37,7 @@ ST_QUERY = ("from evotrainer.skills_db import embeddings as E; "
 def run(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MiB) of ``python -c code`` with ``sys.argv[1:] = args`` (GNU time)."""
     p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", sys.executable, "-c", code, *args], env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, input="")
     if p.returncode != 0:
         raise SystemExit(f"{args}: exit {p.returncode}: {p.stderr[-2000:]}")
     wall, user, sys_, rss_kb = p.stderr.strip().splitlines()[-1].split()
@@ -48,10 +54,13 @@ def main(argv: list[str] | None = None) -> dict:
         env = {**os.environ, "EVOTRAINER_SKILLS_DIR": d, "HF_HUB_OFFLINE": "1"}
         subprocess.run([sys.executable, "-c", main_code, "skills", "list"], env=env, capture_output=True,
                        check=True, timeout=300)  # creates and seeds the store
+        run_dir = os.path.join(d, "run")
+        subprocess.run([sys.executable, "-c", MAKE_RUN, run_dir], env=env, check=True, timeout=300)
         cases = {
             "--version": (main_code, OLD_IMPORTS + main_code, ["--version"]),
             "--help": (main_code, OLD_IMPORTS + main_code, ["--help"]),
             "skills search": (main_code, ST_QUERY + main_code, ["skills", "search", "truncation", "-n", "3"]),
+            "serve (start, EOF)": (main_code, OLD_SERVE_IMPORTS + main_code, ["serve", "all", "--run", run_dir]),
         }
         res: dict[str, dict] = {}
         for name, (new, old, args) in cases.items():

@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     patches = [
         (local, "generate", timed("rollout (generate)", generate)),
-        (local, "_chunk_logprobs", timed(lambda *x, **k: "log-prob forward (grad)" if torch.is_grad_enabled()
-                                         else "log-prob forward (no grad)", local._chunk_logprobs)),
+        (local, "_piece_logprobs", timed(lambda *x, **k: "log-prob forward (grad)" if torch.is_grad_enabled()
+                                         else "log-prob forward (no grad)", local._piece_logprobs)),
         (torch.Tensor, "backward", timed("backward", torch.Tensor.backward)),
         (torch.nn.utils, "clip_grad_norm_", timed("optimiser", torch.nn.utils.clip_grad_norm_)),
         (torch.optim.AdamW, "step", timed("optimiser", torch.optim.AdamW.step)),

@@ -22,10 +22,12 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from evotrainer import cli_errors
 from evotrainer.cli_errors import fail
+from evotrainer.terminal import neutralise
 
 app = typer.Typer(
     name="evotrainer",
@@ -128,11 +130,11 @@ def lineage_show(
         return
     versions = {v.id: v for v in ws.lineage.versions()}
 
-    def label(node: dict[str, Any]) -> str:
+    def label(node: dict[str, Any]) -> Text:  # Text, never markup: values come from any MCP client
         v = versions[node["id"]]
         style = STATUS_STYLE.get(v.status, "")
         iv = "; ".join(node["intervention"]) or "base"
-        return f"[bold]{v.id}[/] [{style}]{v.status}[/] {iv}  {_headline(v)}"
+        return Text.assemble((v.id, "bold"), " ", (v.status, style), f" {neutralise(iv)}  {_headline(v)}")
 
     def add(t: Tree, node: dict[str, Any]) -> None:
         for c in node["children"]:

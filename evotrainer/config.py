@@ -6,12 +6,43 @@ budget and mode. Validation errors name the field path (``config.budget.max_vers
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evotrainer.recipe import Recipe, RecipeError, _format_error, read_yaml
+
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
+TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "mlflow")
+"""What ``report_to`` may name (TRL's ``report_to`` of the same name; tensorboard ships with evotrainer)."""
+TRACKER_PACKAGES: dict[str, tuple[str, str]] = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow-skinny")}
+"""Tracker -> (module it imports, the PyPI package that provides it)."""
+REPORT_TO_KEY = "run/report_to"
+"""Lineage kv key where ``evotrainer run`` stores the config's ``report_to`` for the trainer of the run folder
+(absent: tensorboard only)."""
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install, or one hidden from this interpreter: missing as well
+        return False
+
+
+def missing_tracker(*names: str) -> str | None:
+    """None when every tracker of ``names`` can be imported here, else the one-line error that names ``report_to``
+    and the ``pip install`` fix (``importlib.util.find_spec``: nothing is imported)."""
+    missing = [n for n in names if n in TRACKER_PACKAGES and not _installed(TRACKER_PACKAGES[n][0])]
+    if not missing:
+        return None
+    listed = ", ".join(repr(n) for n in missing)
+    pkgs = " ".join(TRACKER_PACKAGES[n][1] for n in missing)
+    one = len(missing) == 1
+    return (f"report_to lists {listed}, but {'its package is' if one else 'their packages are'} not installed here: "
+            f"pip install {pkgs} (or pip install 'evotrainer[tracking]'), or remove {'it' if one else 'them'} "
+            "from report_to")
 
 
 class Budget(BaseModel):
@@ -64,7 +95,27 @@ class RunConfig(BaseModel):
                            "the measured runs no analyzer had earned a record to stop on (docs/evolution.md).")
     test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
                                "(default: recipe eval.k).")
+    report_to: list[Tracker] = Field(
+        ["tensorboard"],
+        description="Experiment trackers the local trainer writes to, like TRL's report_to: tensorboard (RUN/tb), wandb "
+                    "(offline, RUN/wandb), mlflow (SQLite store RUN/mlflow/mlflow.db); a list, 'all' or 'none'. "
+                    "wandb / mlflow need their package (pip install 'evotrainer[tracking]').")
     recipe: Recipe = Field(default_factory=Recipe)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_words(cls, v: Any) -> Any:
+        """TRL's spellings: a single name, ``all`` (every tracker) or ``none`` (no tracker)."""
+        if isinstance(v, str):
+            return [] if v == "none" else list(TRACKERS) if v == "all" else [v]
+        return v
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to_installed(cls, v: list[str]) -> list[str]:
+        if err := missing_tracker(*v):
+            raise ValueError(err)
+        return list(dict.fromkeys(v))
 
 
 RUN_CONFIG_KEYS = frozenset(RunConfig.model_fields) - {"seed"}  # "seed" is a recipe field too

@@ -77,6 +77,8 @@ EVAL_PASS_AT_1 = "eval/pass@1"
 # --- performance ----------------------------------------------------------------------------------
 PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
 PERF_STEP_SECONDS = "perf/step_seconds"
+PERF_STEP_CPU_SECONDS = "perf/step_cpu_seconds"  # user + system CPU-s of the training process during the step
+# (``time.process_time``: all its threads, torch's intra-op pool included, and whatever else runs in that process)
 PERF_PEAK_MEMORY_MB = "perf/peak_memory_mb"
 
 
@@ -105,7 +107,7 @@ ALL_STEP_METRICS: tuple[str, ...] = (
     TOOLS_TURNS_MEAN, TOOLS_CALLS_MEAN, TOOLS_INVALID_FRAC, TOOLS_TEST_EDIT_FRAC,
     TOOLS_SUBMIT_WITHOUT_TEST_FRAC, TOOLS_BUDGET_EXCEEDED_FRAC, TOOLS_TEST_RUNS_MEAN, TOOLS_EDITS_MEAN,
     TOOLS_FILES_TOUCHED_MEAN, TOOLS_COLLECTION_ERROR_FRAC, TOOLS_SUBMIT_FRAC, TOOLS_RESOLVED_FRAC,
-    PERF_TOKENS_PER_SEC, PERF_STEP_SECONDS, PERF_PEAK_MEMORY_MB,
+    PERF_TOKENS_PER_SEC, PERF_STEP_SECONDS, PERF_STEP_CPU_SECONDS, PERF_PEAK_MEMORY_MB,
 )
 
 

@@ -270,7 +270,11 @@ def _value_text(value) -> str:
     if isinstance(value, dict) and "op" in value:
         op = value["op"]
         arg = value.get("by", value.get("value", ""))
-        return {"mul": f"x{arg}", "add": f"{'+' if float(arg) >= 0 else ''}{arg}", "set": f"= {arg}"}.get(op, op)
+        if op == "mul":
+            return f"x{arg}"
+        if op == "add":  # (only here is the argument a number: a set's value may be a list, e.g. stop strings)
+            return f"{'+' if isinstance(arg, (int, float)) and arg >= 0 else ''}{arg}"
+        return f"= {arg}" if op == "set" else str(op)
     return f"= {value}"
 
 

@@ -19,6 +19,7 @@ The test split is sealed: gating on a test eval name while a run is under way ra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -245,7 +246,8 @@ NEVER_WAIVED = ("reward_hacking", *DAMAGES_WEIGHTS)
 cannot be told from farming the term) and damaged weights (``findings.DAMAGES_WEIGHTS``: nothing to build on)."""
 
 
-def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) -> dict[str, dict[str, Any]]:
+def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None,
+                    inherited: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
     """The gate verdicts of one round's candidates adjusted to the round: which may be kept.
 
     Rules:
@@ -258,6 +260,11 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) ->
       decision (listed under ``waived``; the finding still stands and the next round's diagnosis sees it),
       so the lineage keeps accumulating training instead of discarding every branch (e.g. truncation that
       the base recipe's length budget causes). :data:`NEVER_WAIVED` kinds always block.
+    - Likewise a blocking finding the **parent** already had (``inherited``) and the control still has: the
+      control changes nothing, so the finding comes with the recipe, not with training longer or with a
+      change; it is waived the same way (a child that fixed it does not need the waiver, one that did not is
+      judged on its gain). docs/compare.md, seed 1: v0 truncated at the 16-token cap, its control gained +0.062
+      [+0.021, +0.109] over it and was pruned for the same truncation while the length fix lost to it.
     - The control (continuing: a decision too) is kept when no intervention is kept, no blocking finding of
       its own stands, and it is not established worse than its parent (upper CI bound of ``gain_vs_parent``
       >= 0): the frontier then advances by training longer. When an intervention is kept the control is not
@@ -267,6 +274,7 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) ->
         gates: version id -> gate dict (``gate_version`` result / :class:`GateVerdict` dump) of every trained,
             evaluated candidate of the round (failed ones left out).
         control_id: the round's control arm (None: no control; interventions are then judged as gated).
+        inherited: the blocking finding kinds of the round's parent (its own gate); only used with a control.
 
     Returns:
         version id -> a copy of its gate with ``promote`` set by these rules, ``blocking`` without the waived
@@ -275,9 +283,14 @@ def round_decisions(gates: dict[str, dict[str, Any]], control_id: str | None) ->
     kinds = {vid: _kinds(g) for vid, g in gates.items()}
     shared = set.intersection(*kinds.values()) if len(gates) >= 2 and control_id in gates else set()
     shared -= set(NEVER_WAIVED)
-    out: dict[str, dict[str, Any]] = {}
+    from_parent = (set(inherited) & kinds[control_id]) - set(NEVER_WAIVED) - shared if control_id in gates else set()
     note = (f"; blocking finding(s) {', '.join(sorted(shared))} stand on every candidate of the round (control "
             "included): a property of the task / recipe, waived for this decision") if shared else ""
+    if from_parent:
+        note += (f"; blocking finding(s) {', '.join(sorted(from_parent))} came with the parent's recipe (the parent "
+                 "and its unchanged control both have them): waived for this decision")
+    shared |= from_parent
+    out: dict[str, dict[str, Any]] = {}
     for vid, g in gates.items():
         if vid == control_id:
             continue

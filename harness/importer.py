@@ -21,7 +21,6 @@ note and ``kv["import/source"]`` name the source. ``evotrainer serve --run RUN``
 
 from __future__ import annotations
 
-import gzip
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import ingest
+from evotrainer.harness.ingest_formats import files_under, read_gzip_text
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -60,17 +60,20 @@ class ImportSummary:
 
 
 def text_logs(path: Path) -> list[Path]:
-    """The text logs at ``path`` (``.log``, ``.txt``, ``.log.gz``; the file itself, or every one under the folder)."""
-    files = [path] if path.is_file() else sorted(path.rglob("*"))
+    """The text logs at ``path`` (``.log``, ``.txt``, ``.log.gz``; the file itself, or every one under the folder
+    that :func:`~evotrainer.harness.ingest_formats.files_under` keeps: no link out of the folder, no FIFO)."""
+    files = [path] if path.is_file() else files_under(path)
     return [f for f in files if f.is_file() and (f.suffix in (".log", ".txt") or f.name.endswith(".log.gz"))]
 
 
 def read_lines(path: Path) -> list[str]:
     """The lines of a text log (gunzipped for ``.gz``; undecodable bytes replaced)."""
-    data = path.read_bytes()
     if path.suffix == ".gz":
-        data = gzip.decompress(data)
-    return data.decode(errors="replace").splitlines()
+        try:
+            return read_gzip_text(path).splitlines()
+        except ValueError as exc:
+            raise RunImportError(str(exc)) from None
+    return path.read_bytes().decode(errors="replace").splitlines()
 
 
 def line_level(line: str) -> str:

@@ -34,7 +34,6 @@ like (:data:`FORMATS`).
 from __future__ import annotations
 
 import ast
-import gzip
 import hashlib
 import json
 import math
@@ -293,7 +292,24 @@ Runs = dict[str | None, dict[int, dict[str, float]]]
 
 
 def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
-    """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content."""
+    """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content.
+
+    Raises:
+        IngestError: the file is malformed; the message names it (JSON nested past the recursion limit, a step
+            that is not an integer, ... included: a readers' own ``ValueError`` is named here).
+    """
+    try:
+        return _read_file_as_is(path, version)
+    except IngestError:
+        raise
+    except RecursionError:
+        raise IngestError(f"{path}: nested too deeply to read (JSON deeper than Python's recursion limit); "
+                          "is it really a training log?") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise IngestError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
         return {None: parse_trainer_state(json.loads(path.read_text()))}, []
@@ -325,7 +341,10 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
             raise unreadable(path, "trainer_state.json log_history, W&B history records")
         return {None: records}, []
     if path.suffix == ".gz":
-        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+        try:
+            text = F.read_gzip_text(path)
+        except ValueError as exc:
+            raise IngestError(str(exc)) from None
     else:
         text = path.read_text(errors="replace")
     records, _ = parse_text_log(text)
@@ -340,8 +359,8 @@ _SKIP_DIRS = {"checkpoints", "rollouts", ".git", "__pycache__", "reports", "plot
 
 def _run_files(folder: Path) -> list[Path]:
     files = []
-    for p in sorted(folder.rglob("*")):
-        if not p.is_file() or any(part in _SKIP_DIRS for part in p.relative_to(folder).parts[:-1]):
+    for p in F.files_under(folder):  # regular files only, no link that leaves the folder
+        if any(part in _SKIP_DIRS for part in p.relative_to(folder).parts[:-1]):
             continue
         n = p.name
         if (n == "trainer_state.json" or n.startswith("events.out.tfevents") or p.suffix in (".log", ".jsonl", ".csv", ".txt")
@@ -437,7 +456,8 @@ def _mlflow_dirs(p: Path) -> list[Path]:
     if not p.is_dir():
         return []
     cands = [p] if p.name == "metrics" else []
-    cands += [d for d in sorted(p.rglob("metrics")) if d.is_dir()]
+    root = p.resolve()
+    cands += [d for d in sorted(p.rglob("metrics")) if d.is_dir() and d.resolve().is_relative_to(root)]
     found: list[Path] = []
     for d in cands:
         if not any(f in d.parents for f in found) and F.is_mlflow_metrics_dir(d):

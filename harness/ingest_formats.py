@@ -39,9 +39,12 @@ from __future__ import annotations
 
 import ast
 import csv
+import gzip
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -186,10 +189,14 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
 
 def _complete_pairs(body: str) -> str:
     """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``."""
-    quote, last = "", -1
+    quote, last, escaped = "", -1, False
     for k, c in enumerate(body):
-        if quote:
-            if c == quote:
+        if quote:  # inside a string a backslash escapes the next character (``'it\\'s'``), as in _dict_spans
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
                 quote = ""
         elif c in "'\"":
             quote = c
@@ -370,6 +377,53 @@ def parse_wandb_history(data: Any) -> Records:
     return out
 
 
+# --- reading a foreign folder ------------------------------------------------------------------------
+MAX_GZIP_BYTES = 256 << 20  # a .log.gz decompresses to at most this (a 4 MiB gzip of zeros is 4 GiB)
+
+
+def files_under(folder: Path) -> list[Path]:
+    """Every regular file at or below ``folder``, sorted, whose real path stays inside ``folder``.
+
+    A foreign run folder is hostile input (a downloaded tarball): a link in it may point at a host file
+    (``train.log -> /root/.ssh/id_rsa``: the import would copy its lines into the run's logs, which any MCP
+    client reads with ``search_logs``) or at ``/proc``; such links, FIFOs and devices are left out.
+    Links that stay inside the folder (``latest -> checkpoint-500``) are kept.
+    """
+    root = folder.resolve()
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if is_inside(root, p):
+            out.append(p)
+    return out
+
+
+def is_inside(root: Path, p: Path) -> bool:
+    """True when ``p`` is a regular file (after links) whose real path is at or below ``root`` (resolved)."""
+    try:
+        real = p.resolve(strict=True)
+        return real.is_relative_to(root) and stat.S_ISREG(os.stat(real).st_mode)
+    except (OSError, RuntimeError):  # dangling link, link loop, permission
+        return False
+
+
+def read_gzip_text(path: Path, max_bytes: int | None = None) -> str:
+    """The text of a gzip file, decompressed as a stream and refused past ``max_bytes`` (default :data:`MAX_GZIP_BYTES`).
+
+    Raises:
+        ValueError: it decompresses to more than ``max_bytes`` bytes, or is not gzip (names the file and the fix).
+    """
+    max_bytes = MAX_GZIP_BYTES if max_bytes is None else max_bytes
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except (OSError, EOFError) as exc:
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: decompresses to more than {max_bytes >> 20} MiB (a gzip bomb, or a very large "
+                         f"log); gunzip it yourself and pass the .log, or cut it")
+    return data.decode(errors="replace")
+
+
 # --- MLflow ------------------------------------------------------------------------------------------
 def is_mlflow_metrics_dir(folder: Path) -> bool:
     """True for a run's ``metrics`` folder: its run folder has MLflow's ``meta.yaml`` / ``tags`` / ``params``,
@@ -378,7 +432,8 @@ def is_mlflow_metrics_dir(folder: Path) -> bool:
         return False
     if any((folder.parent / n).exists() for n in ("meta.yaml", "tags", "params")):
         return True
-    first = next((p for p in sorted(folder.rglob("*")) if p.is_file()), None)
+    files = files_under(folder)
+    first = files[0] if files else None
     if first is None:
         return False
     with open(first, errors="replace") as f:
@@ -393,9 +448,7 @@ def parse_mlflow_metrics(folder: Path) -> Records:
         ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line).
     """
     out: Records = {}
-    for p in sorted(folder.rglob("*")):
-        if not p.is_file():
-            continue
+    for p in files_under(folder):
         key = p.relative_to(folder).as_posix()
         for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
             parts = line.split()
@@ -412,7 +465,7 @@ def parse_mlflow_metrics(folder: Path) -> Records:
 def mlflow_run_name(metrics_dir: Path) -> str:
     """The run's name: ``tags/mlflow.runName`` when present, else the run folder's name (its id)."""
     tag = metrics_dir.parent / "tags" / "mlflow.runName"
-    if tag.is_file() and (name := tag.read_text(errors="replace").strip()):
+    if is_inside(metrics_dir.parent.resolve(), tag) and (name := tag.read_text(errors="replace").strip()):
         return name
     return metrics_dir.parent.name
 

@@ -142,6 +142,11 @@ class SynthesisError(EvoTrainerError, ValueError):
     """Bad synthesis input: no labels, unknown statistic, malformed program."""
 
 
+# A series name or finding kind goes into the compiled analyzer's source (a comment line): a metric name from a
+# foreign run (JSONL keys, TensorBoard tags may hold any character) with a newline became code there.
+SERIES_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+
+
 @dataclass(frozen=True)
 class Program:
     """One analyzer rule: ``stat(series, window[, q])`` ``direction`` ``threshold`` → a finding of ``kind``."""
@@ -155,6 +160,11 @@ class Program:
     kind: str = "predicted_regression"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.series, str) or not SERIES_NAME.fullmatch(self.series):
+            raise SynthesisError(f"series={self.series!r}: a metric name of letters, digits and _ . / : - only "
+                                 "(it is written into the analyzer's source)")
+        if not isinstance(self.kind, str) or not SERIES_NAME.fullmatch(self.kind):
+            raise SynthesisError(f"kind={self.kind!r}: a finding kind of letters, digits and _ . / : - only")
         if self.stat not in STATS:
             raise SynthesisError(f"stat={self.stat!r}: use one of {', '.join(STATS)}")
         if self.direction not in ("above", "below"):
@@ -305,11 +315,12 @@ def case_examples(cases_dir: str | Path, kind: str | None = None) -> list[Exampl
 def candidate_series(examples: list[Example]) -> list[str]:
     """Series present in at least :data:`MIN_COVERAGE` of the examples, metrics.py names only, sorted."""
     known = set(M.ALL_STEP_METRICS)
-    pattern = re.compile(r"^(reward/[^/]+/(mean|std)|tools/calls/[^/]+_mean)$")
+    pattern = re.compile(r"(reward/[^/\s]+/(mean|std)|tools/calls/[^/\s]+_mean)")
     counts: dict[str, int] = {}
     for ex in examples:
         for n in ex.series_names():
-            if (n in known or pattern.match(n)) and n not in EXCLUDED and not n.startswith(EXCLUDED_PREFIXES):
+            if ((n in known or (pattern.fullmatch(n) and SERIES_NAME.fullmatch(n))) and n not in EXCLUDED
+                    and not n.startswith(EXCLUDED_PREFIXES)):
                 counts[n] = counts.get(n, 0) + 1
     return sorted(n for n, c in counts.items() if c >= MIN_COVERAGE * len(examples))
 

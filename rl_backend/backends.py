@@ -7,14 +7,23 @@ imports none of them and no backend imports this module.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from evotrainer.lazy import lazy_module
 from evotrainer.rl_backend.base import Backend, BackendError
-from evotrainer.rl_backend.local import LocalBackend
-from evotrainer.rl_backend.openrlhf.backend import OpenRLHFBackend
 
-FACTORIES: dict[str, Callable[..., Backend]] = {"local": LocalBackend, "openrlhf": OpenRLHFBackend}
-"""Backend name → the class (called with the backend's keyword arguments)."""
+if TYPE_CHECKING:
+    from evotrainer.rl_backend import local
+    from evotrainer.rl_backend.openrlhf import backend as openrlhf
+else:  # loaded by the first get_backend: torch + transformers are ~2 s of `evotrainer serve` start-up otherwise
+    local = lazy_module("evotrainer.rl_backend.local")
+    openrlhf = lazy_module("evotrainer.rl_backend.openrlhf.backend")
+
+FACTORIES: dict[str, Callable[..., Backend]] = {
+    "local": lambda **kw: local.LocalBackend(**kw),
+    "openrlhf": lambda **kw: openrlhf.OpenRLHFBackend(**kw),
+}
+"""Backend name → a factory of the class (called with the backend's keyword arguments)."""
 BACKENDS = tuple(FACTORIES)
 
 

@@ -37,8 +37,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from evotrainer.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported at first use: the harness and the MCP servers load this module without running a model
+    torch = lazy_module("torch")
 
 ADVANTAGE_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

@@ -38,6 +38,7 @@ import random
 import resource
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ from evotrainer.rl_backend.tasks import (
     load_splits,
     split_manifest,
 )
-from evotrainer.rl_backend.tb_writer import TrainWriter, write_eval
+from evotrainer.rl_backend.trackers import TrainTrackers, write_eval
 from evotrainer.rollouts import make_record
 from evotrainer.text_stats import distinct_n, duplicate_frac, repetition_rate
 
@@ -143,13 +144,99 @@ def _micro_batches(recipe: Any, n_rows: int) -> list[slice]:
     return [slice(i, min(n_rows, i + mb)) for i in range(0, n_rows, mb)]
 
 
-def _chunk_logprobs(model: Any, rb: RolloutBatch, recipe: Any, s: slice,
+PIECE_OVERHEAD_TOKENS = 32  # per-forward cost of a piece in token-equivalents (call overhead; measured below)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The rows of one forward (and backward) in :meth:`LocalBackend._update`.
+
+    Attributes:
+        chunk: index of the micro-batch (:func:`_micro_batches`) the rows belong to.
+        rows: (n,) long row indices into the kept batch.
+        width: completion columns kept (``<= T``): every kept row's last attended or trained token lies before it.
+        start: first prompt column kept (the columns before it are left padding in all ``rows``).
+        group_size: rows sharing one prompt forward (``sequence_logprobs(group_size=...)``).
+    """
+
+    chunk: int
+    rows: torch.Tensor
+    width: int
+    start: int
+    group_size: int
+
+
+def _split_sorted(lengths: list[int], overhead: float) -> list[int]:
+    """Cut points of ascending ``lengths`` into runs minimising ``Σ_run (rows x longest + overhead)``.
+
+    Exact dynamic programme over the n(n+1)/2 runs of the sorted list (optimal: an optimal partition
+    into padded batches never interleaves lengths). Returns the run ends, e.g. ``[3, 8]``.
+    """
+    n = len(lengths)
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            c = best[i] + (j - i) * lengths[j - 1] + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    ends, j = [], n
+    while j > 0:
+        ends.append(j)
+        j = cut[j]
+    return ends[::-1]
+
+
+def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True) -> list[Piece]:
+    """The forwards of one pass over the kept batch ``rb``.
+
+    Without ``trim`` (the plain path): one piece per micro-batch, all its rows, the whole padded width.
+    With ``trim``: each GRPO group of each micro-batch is split by completion length into runs that are
+    padded only to their own longest row (:func:`_split_sorted`, cost = padded tokens + the prompt's real
+    tokens + :data:`PIECE_OVERHEAD_TOKENS` per forward), with the left padding all rows share dropped.
+    One micro-batch of 16 rows of the SmolLM2 benchmark (lengths 6..64, mean 35) spends 41% of its
+    forward and backward on padding after EOS (docs/performance.md §3); causal attention means tokens
+    after a row's last real one never change its log-probs, so the values are the plain path's (up to
+    float summation order) and, the loss being a sum with the whole batch's denominators, so are the
+    gradients (tests/test_perf_paths.py).
+    """
+    G = recipe.n_samples_per_prompt
+    chunks = _micro_batches(recipe, rb.size)
+    T, P = rb.completion_ids.shape[1], rb.prompt_ids.shape[1]
+    if not trim:
+        return [Piece(ci, torch.arange(s.start, s.stop), T, 0, G) for ci, s in enumerate(chunks)]
+    used = rb.attention_mask.bool() | rb.completion_mask.bool()  # (B, T)
+    extent = (used.long() * torch.arange(1, T + 1)).amax(-1).clamp(min=1).tolist() if T else [1] * rb.size
+    real_prompt = rb.prompt_mask.bool()
+    out: list[Piece] = []
+    for ci, s in enumerate(chunks):
+        for g0 in range(s.start, s.stop, G):
+            rows = sorted(range(g0, min(s.stop, g0 + G)), key=lambda r: extent[r])
+            cols = real_prompt[rows].any(0).nonzero()
+            start = int(cols[0]) if cols.numel() else P
+            lo = 0
+            for hi in _split_sorted([extent[r] for r in rows], (P - start) + PIECE_OVERHEAD_TOKENS):
+                run = rows[lo:hi]
+                out.append(Piece(ci, torch.tensor(run, dtype=torch.long), min(T, extent[run[-1]]), start, len(run)))
+                lo = hi
+    return out
+
+
+def _piece_logprobs(model: Any, rb: RolloutBatch, recipe: Any, pc: Piece,
                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``sequence_logprobs`` of rows ``s`` of ``rb`` under ``model`` at the sampling temperature:
-    log-probs (rows, T) and, with ``entropy``, per-token entropy (rows, T) in nats."""
-    return sequence_logprobs(model, rb.prompt_ids[s], rb.prompt_mask[s], rb.completion_ids[s],
-                             rb.completion_mask[s], temperature=recipe.temperature, with_entropy=entropy,
-                             completion_attention_mask=rb.attention_mask[s], group_size=recipe.n_samples_per_prompt)
+    """``sequence_logprobs`` of piece ``pc`` of ``rb``: log-probs (n, width) and, with ``entropy``, entropy."""
+    r, w = pc.rows, pc.width
+    return sequence_logprobs(model, rb.prompt_ids[r, pc.start:], rb.prompt_mask[r, pc.start:],
+                             rb.completion_ids[r, :w], rb.completion_mask[r, :w], temperature=recipe.temperature,
+                             with_entropy=entropy, completion_attention_mask=rb.attention_mask[r, :w],
+                             group_size=pc.group_size)
+
+
+def _scatter(pieces: list[Piece], values: list[torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
+    """The per-piece (n, width) tensors put back into one (B, T) tensor (0 outside the pieces)."""
+    full = torch.zeros(shape, dtype=values[0].dtype if values else torch.float32)
+    for pc, v in zip(pieces, values, strict=True):
+        full[pc.rows, : pc.width] = v.detach().to(full.device)
+    return full
 
 
 class LocalBackend:
@@ -161,13 +248,17 @@ class LocalBackend:
         eval_batch_prompts: held-out prompts per ``generate`` call at evaluation.
         num_threads: torch CPU threads (default: :func:`models.configure_threads`'s choice, made
             at each train / evaluate call).
+        trim_padding: run the update's forwards and backwards on length-sorted pieces of each group, each
+            padded to its own longest row (:func:`_pieces`); False runs one forward per micro-batch padded
+            to the batch's longest row (the plain path; same values and gradients, slower).
     """
 
     name = "local"
 
     def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, trim_padding: bool = True):
         self.device = pick_device(device)
+        self.trim_padding = trim_padding
         self.checkpoint_every = max(1, checkpoint_every)
         self.eval_batch_prompts = eval_batch_prompts
         self.num_threads = num_threads
@@ -180,7 +271,8 @@ class LocalBackend:
 
         Starts from the parent's checkpoint (the base model for the root). Sets status training,
         then trained (failed on error, re-raised). Writes per-step metrics, rollouts (split
-        ``train``), TensorBoard scalars under ``ws.root/tb/<version>`` (rl_backend.tb_writer), the checkpoint in
+        ``train``), scalars, hparams and text samples to the run's ``report_to`` trackers (rl_backend.trackers; TensorBoard
+        under ``ws.root/tb/<version>`` by default), the checkpoint in
         ``ws.checkpoint_dir(version)`` and ``metrics_summary`` (mean of each metric over the steps,
         plus ``steps`` and ``data_split`` digest).
 
@@ -255,7 +347,7 @@ class LocalBackend:
                                 betas=(0.9, 0.95), weight_decay=recipe.l2)
         if optim_state is not None:
             opt.load_state_dict(optim_state)
-        tb = TrainWriter(ws, vid, recipe)  # scalars at the lineage-global step, hparams, text samples
+        tb = TrainTrackers(ws, vid, recipe)  # report_to: scalars at the lineage-global step, hparams, text samples
         stopped, early = False, None
         step = first_step - 1
         try:
@@ -263,13 +355,14 @@ class LocalBackend:
                 if should_stop is not None and should_stop():
                     stopped, step = True, step - 1
                     break
-                t0 = time.time()
+                t0, cpu0 = time.time(), time.process_time()
                 lr = recipe.actor_learning_rate * min(1.0, (step + 1) / max(1.0, recipe.lr_warmup_ratio * steps))
                 for g in opt.param_groups:
                     g["lr"] = lr
                 metrics, records = self._step(bundle, opt, recipe, train_set, vid, step)
                 metrics[M.POLICY_LR] = lr
                 metrics[M.PERF_STEP_SECONDS] = time.time() - t0
+                metrics[M.PERF_STEP_CPU_SECONDS] = time.process_time() - cpu0
                 metrics[M.PERF_TOKENS_PER_SEC] = metrics.pop("_gen_tokens") / max(1e-9, metrics[M.PERF_STEP_SECONDS])
                 metrics[M.PERF_PEAK_MEMORY_MB] = peak_memory_mb(self.device)
                 if (step + 1) % self.checkpoint_every == 0 and step + 1 < steps:
@@ -401,16 +494,21 @@ class LocalBackend:
         mask = rb.completion_mask
         ntok = float(mask.sum().clamp(min=1))
         nseq = float((mask.sum(-1) > 0).sum().clamp(min=1))
-        chunks = _micro_batches(recipe, rb.size)
+        pieces = _pieces(recipe, rb, self.trim_padding)
 
-        def fwd(model: Any, s: slice, entropy: bool = False):
-            return _chunk_logprobs(model, rb, recipe, s, entropy)
+        def fwd(model: Any, pc: Piece, entropy: bool = False):
+            return _piece_logprobs(model, rb, recipe, pc, entropy)
 
         ref_lp: list[torch.Tensor] = []
-        if bundle.kl:
+        if bundle.kl:  # the reference forward only when KL is on (no reference model is loaded otherwise)
             with torch.no_grad(), bundle.reference() as ref:
-                ref_lp = [fwd(ref, s)[0].cpu() for s in chunks]
-        adv = self._advantages(recipe, rewards, mask, torch.cat(ref_lp) if ref_lp else None, rb.sampling_logprobs)
+                ref_lp = [fwd(ref, pc)[0].cpu() for pc in pieces]
+        adv = self._advantages(recipe, rewards, mask, _scatter(pieces, ref_lp, tuple(mask.shape)) if ref_lp else None,
+                               rb.sampling_logprobs)
+        # Old log-probs: on-policy, the weights have not moved before epoch 0's optimiser step, so π_old is the
+        # policy of epoch 0's own forward; its log-probs, detached, are old_logprobs for every epoch (no separate
+        # no-grad forward; ratio exactly 1 in epoch 0, tests/test_perf_paths.py checks loss and gradients
+        # against an explicit old-log-prob forward).
         old_lp: list[torch.Tensor] = []
         ent_sum = kl_sum = 0.0
         ratio_max = ratio_min = 1.0  # epoch 0's ratio is exactly 1 (old_logprobs are its own log-probs)
@@ -418,13 +516,13 @@ class LocalBackend:
         for epoch in range(recipe.max_epochs):
             opt.zero_grad(set_to_none=True)
             stats = dict.fromkeys(("pol", "kl_loss", "low", "high"), 0.0)
-            for ci, s in enumerate(chunks):
-                lp, ent = fwd(bundle.model, s, entropy=epoch == 0)
-                lp_cpu_mask = mask[s].to(lp.device)
+            for ci, pc in enumerate(pieces):
+                lp, ent = fwd(bundle.model, pc, entropy=epoch == 0)
+                lp_cpu_mask = mask[pc.rows, : pc.width].to(lp.device)
                 if epoch == 0:
                     old_lp.append(lp.detach())
                     ent_sum += float((ent * lp_cpu_mask).sum())
-                out = grpo.policy_loss(lp, old_lp[ci], adv[s].to(lp.device), lp_cpu_mask, recipe.eps_clip_low,
+                out = grpo.policy_loss(lp, old_lp[ci], adv[pc.rows].to(lp.device), lp_cpu_mask, recipe.eps_clip_low,
                                        recipe.eps_clip_high, recipe.loss_agg_mode, num_tokens=ntok, num_seqs=nseq)
                 loss = out.loss
                 if epoch > 0 and (r := out.ratio[lp_cpu_mask.bool()]).numel():
@@ -450,12 +548,19 @@ class LocalBackend:
         # The updated policy on the update's own tokens: how far did it move? One extra no-grad forward of
         # the first micro-batch only (whole groups, at most micro_train_batch_size rows): on the SmolLM2
         # default (24 rows) a forward of all rows cost ~6 s on one contended core against ~17 s for the
-        # update's forward + backward, so the probe is a sample, not the batch.
-        s = chunks[0]
+        # update's forward + backward, so the probe is a sample, not the batch. Its pieces are the update's
+        # (trimmed of padding), so it costs what the first micro-batch's real tokens cost.
+        us = grpo.UpdateStats(0.0, 0.0, 0.0, 0.0, -math.inf, math.inf, 0.0)
         with torch.no_grad():
-            lp, _ = fwd(bundle.model, s)
-            us = grpo.update_stats(lp, old_lp[0], adv[s].to(lp.device), mask[s].to(lp.device), recipe.eps_clip_low,
-                                   recipe.eps_clip_high)
+            for ci, pc in enumerate(pieces):
+                if pc.chunk != 0:
+                    continue
+                lp, _ = fwd(bundle.model, pc)
+                us = us + grpo.update_stats(lp, old_lp[ci], adv[pc.rows].to(lp.device),
+                                            mask[pc.rows, : pc.width].to(lp.device), recipe.eps_clip_low,
+                                            recipe.eps_clip_high)
+        if us.n_tokens == 0:
+            us = grpo.UpdateStats(us.kl_k3_sum, us.kl_k1_sum, us.abs_dev_sum, us.clip_sum, 1.0, 1.0, 0.0)
         n_upd = max(1.0, us.n_tokens)
         lr = float(opt.param_groups[0]["lr"])
         a = adv.double()
@@ -493,13 +598,13 @@ class LocalBackend:
             return {}
         ent_sum = kl_sum = 0.0
         with torch.no_grad():
-            for s in _micro_batches(recipe, rb.size):
-                lp, ent = _chunk_logprobs(bundle.model, rb, recipe, s, entropy=True)
-                msk = mask[s].to(lp.device)
+            for pc in _pieces(recipe, rb, self.trim_padding):
+                lp, ent = _piece_logprobs(bundle.model, rb, recipe, pc, entropy=True)
+                msk = mask[pc.rows, : pc.width].to(lp.device)
                 ent_sum += float((ent * msk).sum())
                 if bundle.kl:
                     with bundle.reference() as ref:
-                        ref_lp, _ = _chunk_logprobs(ref, rb, recipe, s)
+                        ref_lp, _ = _piece_logprobs(ref, rb, recipe, pc)
                     kl_sum += float((grpo.kl_penalty(lp, ref_lp.to(lp.device), recipe.kl_estimator) * msk).sum())
         out = {M.POLICY_ENTROPY: ent_sum / ntok}
         if bundle.kl:
@@ -546,7 +651,7 @@ class LocalBackend:
                 summary.update(res.summary())
             summary["by_name"] = by_name
             ws.lineage.update_version(version_id, eval_summary=summary)
-            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars in tb/<version> (never test)
+            write_eval(ws, version_id, res.summary(), eval_name)  # eval/* scalars to report_to's trackers (never test)
         ws.log(f"evaluated {version_id} ({eval_name}): Avg@{res.k}={res.avg_at_k:.3f} pass@{res.k}={res.pass_at_k:.3f}",
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
@@ -569,7 +674,7 @@ class LocalBackend:
         Raises:
             BackendError: ``split`` is not dev / test, or the recipe has no test split (``data.n_test: 0``).
         """
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         configure_threads(self.num_threads)
         k = k or recipe.eval.k
         if split not in ("dev", "test"):
@@ -597,7 +702,7 @@ class LocalBackend:
         gen = int(sum(int(r.get("length") or 0) for r in records))
         res = EvalResult(version_id=version_id, eval_name=eval_name, k=k, avg_at_k=avg, pass_at_k=pk, pass_at_1=p1,
                          n_problems=len(per_problem), checkpoint=checkpoint, wall_s=time.time() - t0, split=split,
-                         gen_tokens=gen)
+                         gen_tokens=gen, cpu_s=time.process_time() - cpu0)
         return res, samples, records
 
     def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,

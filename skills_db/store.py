@@ -5,7 +5,7 @@ Location: the ``path`` argument, else ``$EVOTRAINER_SKILLS_DIR``, else the XDG d
 
 - ``skills``: one row per :class:`Skill`; ``text`` (name, description, finding kinds, path, tags)
   is embedded into ``vector`` (all-MiniLM-L6-v2, D = 384, cosine) by the registered
-  :class:`~evotrainer.skills_db.embeddings.MiniLMEmbeddings` on add, and indexed by LanceDB's
+  ``MiniLMEmbeddings`` (:func:`~evotrainer.skills_db.embeddings.register_embedding_function`) on add, and indexed by LanceDB's
   native full-text index (BM25). JSON columns: ``value``, ``track_record``.
 - ``failed_cases`` and ``version_summaries``: embedded and full-text searchable like skills.
 - ``search_traces``: a log (no vectors).
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from evotrainer.skills_db.embeddings import NDIMS, embed, embedding_function
+from evotrainer.skills_db.embeddings import NDIMS, embed, embedding_function, register_embedding_function
 from evotrainer.skills_db.models import (
     FailedCase,
     SearchTrace,
@@ -172,6 +172,7 @@ class SkillStore:
     def __init__(self, path: str | Path | None = None, seed: bool = True):
         import lancedb
 
+        register_embedding_function()  # before any table is opened: LanceDB rebuilds its function by name
         self.path = Path(path).expanduser() if path else default_skills_dir()
         self.path.mkdir(parents=True, exist_ok=True)
         self._seed = seed

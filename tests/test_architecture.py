@@ -159,6 +159,18 @@ class _ImportCollector(ast.NodeVisitor):
 
     visit_Import = visit_ImportFrom = _import
 
+    def visit_Call(self, node: ast.Call) -> None:
+        """``lazy_module("x")`` (evotrainer/lazy.py) is an import of ``x`` whose execution is deferred: it
+        counts as ``import x`` where it stands (layers, cycles, the function-level rule)."""
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if (name == "lazy_module" and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            imp = ast.Import(names=[ast.alias(name=node.args[0].value)])
+            ast.copy_location(imp, node)
+            self._import(imp)
+        self.generic_visit(node)
+
 
 def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     """The module ``name`` lives in: itself, or the nearest enclosing module (a name defined in it)."""
@@ -464,3 +476,22 @@ def test_checker_function_imports_noqa_and_citations(tmp_path):
     assert _grep(root, NOQA_E402) == ["evotrainer/a.py:4: import os  # noqa: E402"]
     assert [f.partition(": ")[0] for f in _grep(root, UNCITABLE)] == ["evotrainer/a.py:1", "evotrainer/a.py:2"]
     assert design_citation_report(root) == ["evotrainer/a.py:3: §9 is no section of docs/design.md"]
+
+
+def test_checker_counts_lazy_module_calls_as_imports(tmp_path):
+    # evotrainer/lazy.py defers a module's import to first use; for these rules it is an import where it stands
+    root = _fake_repo(tmp_path, {
+        "evotrainer/a.py": "from evotrainer.lazy import lazy_module\nb = lazy_module('evotrainer.b')\n",
+        "evotrainer/b.py": "from evotrainer import a\n",  # a cycle through the lazy edge
+        "evotrainer/lazy.py": "def lazy_module(name):\n    return name\n",
+        "evotrainer/c.py": "from evotrainer.lazy import lazy_module\nh = lazy_module('evotrainer.harness.gate')\n"
+                           "def f():\n    return lazy_module('evotrainer.b')\n",
+        "harness/gate.py": "",
+    })
+    g = scan(root)
+    assert "cycle of 2: evotrainer.a evotrainer.b" in cycle_report(root, g)
+    assert any("evotrainer.c -> evotrainer.harness.gate: core imports harness" in f for f in layer_report(root, g))
+    assert function_import_report(root, g) == ["evotrainer/c.py:4: return lazy_module('evotrainer.b')"]
+    # the real tree: the backend registry's lazy edges are seen
+    real = scan(ROOT).edges(type_checking=False)
+    assert "evotrainer.rl_backend.local" in real["evotrainer.rl_backend.backends"]

@@ -92,6 +92,27 @@ def test_round_rule_waives_a_blocking_finding_every_candidate_shares():
     assert not out["a"]["promote"] and out["a"]["waived"] == [] and out["c"]["promote"]
 
 
+def test_round_rule_waives_a_blocking_finding_the_control_inherits_from_its_parent():
+    # issue 16's seed 1: the parent v0 was truncated; its control c still is (+0.062 [+0.021, +0.109] over v0), the
+    # length fix a is not truncated and loses to c, the other child b is truncated too: the finding is the recipe's
+    gates = {"c": _g((0.0, 0.0), ci_p=(0.021, 0.109), gain_p=0.062, kinds=("truncation",)),
+             "a": _g((-0.078, 0.026)), "b": _g((-0.05, 0.04), kinds=("truncation",))}
+    assert not round_decisions(gates, "c")["c"]["promote"]  # (not every candidate shares it: no waiver)
+    out = round_decisions(gates, "c", inherited=["truncation"])
+    assert out["c"]["promote"] and out["c"]["waived"] == ["truncation"] and out["c"]["blocking"] == []
+    assert "came with the parent's recipe" in out["c"]["reason"] and out["c"]["reason"].startswith("continue")
+    assert not out["a"]["promote"] and not out["b"]["promote"]  # neither beats the control
+    # a child's gain over the control still counts with the inherited finding waived
+    gates["b"] = _g((0.02, 0.2), kinds=("truncation",))
+    out = round_decisions(gates, "c", inherited=["truncation"])
+    assert out["b"]["promote"] and not out["c"]["promote"]
+    # damaged weights are never waived, inherited or not; nor a finding the parent did not have
+    gates["c"] = _g((0.0, 0.0), ci_p=(0.021, 0.109), kinds=("entropy_collapse",))
+    assert not round_decisions(gates, "c", inherited=["entropy_collapse"])["c"]["promote"]
+    gates["c"] = _g((0.0, 0.0), ci_p=(0.021, 0.109), kinds=("truncation",))
+    assert not round_decisions(gates, "c", inherited=["length_collapse"])["c"]["promote"]
+
+
 def test_verdict_from_gate_is_the_gate_rule():
     assert verdict_from_gate("v2", {"promote": True, "parent_id": "v0", "gain": 0.1, "reason": "promote: x"}) == (
         "keep", "keep v2: promote: x")

@@ -61,3 +61,17 @@ def test_text_report_prints_judgement_evidence_and_what_to_change(tmp_path: Path
     # no tools/* metric in this run: tool-use changes (a larger tool-call budget) are not offered
     (f,) = [x for x in _diagnose(run)["findings"] if x["kind"] == "truncation"]
     assert [x["id"] for x in f["interventions"]] == ["raise_max_len", "overlong_shaping"]
+
+
+def test_value_text_of_every_seed_rule_prints():
+    """A crash found on our own compare runs: the text table formatted every op eagerly, so a `set` whose value
+    is a list (dynamic_filtering_range [0.1, 0.9]) raised TypeError in float() and diagnose printed nothing."""
+    from evotrainer.harness.cli import _value_text
+    from evotrainer.skills_db.seed import seed_skills
+
+    assert _value_text({"op": "set", "value": [0.1, 0.9]}) == "= [0.1, 0.9]"
+    assert _value_text({"op": "add", "by": -1, "min": 1}) == "-1"
+    assert _value_text({"op": "add", "by": 0.04}) == "+0.04"
+    assert _value_text({"op": "mul", "by": 3}) == "x3"
+    assert _value_text({"op": "toggle"}) == "toggle"
+    assert all(_value_text(s.value) for s in seed_skills())

@@ -256,3 +256,14 @@ def test_pasted_tables_real_samples():
     assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0), (2, 1.0), (10, 1.0)]
     assert _s(ev, M.COMPLETIONS_MEAN_LENGTH) == [(1, 256.0), (2, 256.0), (10, 256.0)]
     assert _s(ev, M.REWARD_MEAN) == [(1, 0.0), (2, 0.0), (10, 0.0)]
+
+
+def test_a_cut_dict_with_an_escaped_quote_keeps_its_whole_pairs():
+    """Known since the redesign: the cut-dict completion ignored backslash escapes, so after ``'it\\'s, fine'`` it
+    thought the string ended at ``\\'``, read the comma inside it as a separator and dropped 'reward'."""
+    from evotrainer.harness.ingest_formats import _complete_pairs, parse_dict_log
+
+    cut = "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25, 'kl"
+    assert _complete_pairs(cut) == "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25}"
+    assert parse_dict_log(cut) == {1: {"loss": 0.5, "reward": 0.25}}
+    assert _complete_pairs("{'a': 'x\\\\', 'b': 2, 'c") == "{'a': 'x\\\\', 'b': 2}"  # an escaped backslash ends nothing

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from evotrainer import metrics as M
+from evotrainer.agents.backtester import Backtester
 from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
 from evotrainer.agents.heuristic import HeuristicBrain
 from evotrainer.agents.intervener import Intervener, task_mismatch
@@ -52,7 +53,7 @@ def _top(tb, recipe):
     brain = HeuristicBrain()
     diag = brain.diagnose(RoleTools(tb, "diagnostician"), "v0", {})
     prop = brain.propose(RoleTools(tb, "intervener"), "v0", recipe, diag, set(), {"reward_mean": 0.2})
-    rank = brain.rank(RoleTools(tb, "backtester"), "v0", prop, diag, n_choose=2)
+    rank = Backtester(brain, tb).rank("v0", prop, diag, n_choose=2)  # the agent's path (its distinct-change rule)
     return diag, prop, rank
 
 
@@ -60,6 +61,7 @@ def test_update_too_small_v0_proposes_a_multiplicative_lr_raise_first(run_with):
     tb, recipe = run_with(RUN["metrics"])
     with tb:
         diag, prop, rank = _top(tb, recipe)
+        one = Backtester(HeuristicBrain(), tb).rank("v0", prop, diag, n_choose=1)
     assert "update_too_small" in [f.kind for f in diag.findings if f.severity == "warn"]
     top = prop.candidates[rank.chosen[0]]
     # lr 2e-6, update KL median 3.57e-4: factor to the target √(0.01 / 3.57e-4) = 5.29, nearer x3 than x10
@@ -67,6 +69,11 @@ def test_update_too_small_v0_proposes_a_multiplicative_lr_raise_first(run_with):
     assert top.path == "actor_learning_rate" and top.new == pytest.approx(6e-6), rank.rationale
     lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
     assert lrs == pytest.approx([6e-6, 2e-5])  # x3 and x10, never +50%
+    # the second branch brackets the step on a log scale: x10 beside x3 (not the length cap of the truncation)
+    second = prop.candidates[rank.chosen[1]]
+    assert (second.path, second.new) == ("actor_learning_rate", pytest.approx(2e-5)), rank.rationale
+    assert "bracketed on a log scale" in rank.rationale
+    assert [prop.candidates[i].new for i in one.chosen] == [pytest.approx(6e-6)]  # one branch: the nearest only
 
 
 def test_update_too_large_v0_proposes_a_cut_first(run_with):
@@ -81,6 +88,8 @@ def test_update_too_large_v0_proposes_a_cut_first(run_with):
     # near-identical ones); kl_blowup's x0.3 is not proposed (no KL finding), nor the +/-50% of lr_down
     lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
     assert lrs == [2e-7, 6.666666666e-7]
+    # a base whose step is too large gets the cut bracketed too: /3 first, /10 beside it
+    assert prop.candidates[rank.chosen[1]].new == pytest.approx(2e-7), rank.rationale
 
 
 def test_task_mismatch_table():
@@ -136,3 +145,18 @@ def test_saturated_training_data_proposes_harder_data(run_with):
     assert [(f.kind, f.severity) for f in diag.findings if f.kind == "headroom"] == [("headroom", "info")]
     top = prop.candidates[rank.chosen[0]]
     assert (top.path, top.new) == ("data.level", 2), rank.rationale
+
+
+def test_a_call_on_a_closed_toolbox_fails_at_once(run_with):
+    """Found writing the bracket test: a call after the `with` block waited the whole 600 s timeout."""
+    import time
+
+    from evotrainer.agents.mcp_client import ToolCallError
+
+    tb, _ = run_with(RUN["metrics"])
+    with tb:
+        assert tb.call("get_version", {"version_id": "v0"})["id"] == "v0"
+    t0 = time.monotonic()
+    with pytest.raises(ToolCallError, match="closed"):
+        tb.call("get_version", {"version_id": "v0"})
+    assert time.monotonic() - t0 < 5

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import base64
 import html as htmllib
+import json
+import os
 import re
 import shutil
 import subprocess
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from evotrainer import metrics as M
+from evotrainer.agents.loop import best_kept, run_summary
 from evotrainer.agents.report import (
+    answer_line,
     best_version,
     curve_panels,
     gain_text,
@@ -31,6 +36,7 @@ from evotrainer.agents.report import (
     write_report,
 )
 from evotrainer.agents.runner import run_loop
+from evotrainer.cli import app
 from evotrainer.config import load_run_config
 from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
@@ -148,6 +154,79 @@ def test_recipe_table_has_the_changes_against_the_root_roles_and_compute(ws):
     assert "control" in table and "baseline" in table
 
 
+def test_summary_json_and_terminal_name_the_same_answer_as_the_html(ws, tmp_path):
+    # `report --json` said best_version = the best kept, while the HTML's answer is loop/final
+    vid = ws.lineage.kv_get("loop/final")["version"]
+    res = CliRunner().invoke(app, ["report", str(ws.root), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)["summary"]
+    assert summary["final_version"] == vid == best_version(ws)["version"] and summary["final_source"] == "final"
+    assert summary["final_avg_at_k"] == ws.lineage.get(vid).eval_summary["avg@k"]
+    assert summary["best_version"] == best_kept(ws.lineage)  # still there, under its own name
+    page = render_html(ws)
+    assert f"Best version: {vid}</h2>" in page
+    # the terminal: the same answer, under the table, at 80 columns
+    line = answer_line(ws)
+    assert line.startswith(f"answer: {vid} (final, ") and str(ws.root / "checkpoints" / vid) in line
+    res = CliRunner().invoke(app, ["report", str(ws.root)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert f"answer: {vid} (final" in res.stdout and max(len(x) for x in res.stdout.splitlines()) <= 80
+
+
+def test_summary_final_version_is_the_frontier_before_the_run_chose_one(run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    with Workspace(copy, writer=True) as w:
+        w.lineage.kv_set("loop/final", None)
+        w.lineage.kv_set("loop/finished", None)
+        s = run_summary(w, "evotrainer")
+        assert (s["final_version"], s["final_source"]) == (w.lineage.kv_get("loop/frontier"), "frontier")
+        assert s["final_version"] == best_version(w)["version"]
+
+
+def test_cpu_seconds_per_version_are_measured_for_training_and_evaluation(ws):
+    lin = ws.lineage
+    rows = {r["version"]: r for r in recipe_rows(ws)}
+    c = lin.kv_get("loop/compute")
+    cores = os.cpu_count() or 1
+    trained = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
+    assert trained and all(rows[v.id]["steps"] == 2 for v in trained)
+    for v in trained:
+        r = rows[v.id]
+        steps = [x for _, x in lin.metric_series(v.id, M.PERF_STEP_CPU_SECONDS)]
+        assert len(steps) == 2 and all(x > 0 for x in steps) and r["train_cpu_s"] == pytest.approx(sum(steps))
+        assert 0 < r["train_cpu_s"] <= r["train_s"] * cores * 1.05  # CPU-s cannot outrun wall x cores
+        assert 0 < r["eval_cpu_s"] <= r["eval_s"] * cores * 1.05
+    assert 0 < rows["no-RL"]["eval_cpu_s"] <= rows["no-RL"]["eval_s"] * cores * 1.05
+    # the jobs run in the loop's process: their CPU-s are a part of the run's (getrusage, measured apart)
+    per_version = sum(r["train_cpu_s"] + r["eval_cpu_s"] for r in rows.values())
+    assert 0 < per_version <= c["cpu_s"]
+    # the summary JSON and the HTML table carry the same numbers
+    s = run_summary(ws, "evotrainer")
+    for v in trained:
+        got = s["compute_by_version"][v.id]
+        assert got["train_cpu_s"] == rows[v.id]["train_cpu_s"] and got["eval_cpu_s"] == rows[v.id]["eval_cpu_s"]
+    assert s["no_rl_compute"]["eval_cpu_s"] == rows["no-RL"]["eval_cpu_s"]
+    table = _section(render_html(ws), "recipe-table")
+    assert "<th class='num'>train CPU-s</th>" in table and "<th class='num'>dev-eval CPU-s</th>" in table
+    r = rows[trained[0].id]
+    assert (f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{r['train_cpu_s']:.1f}</td>"
+            f"<td class='num'>{r['eval_s']:.1f}</td><td class='num'>{r['eval_cpu_s']:.1f}</td>") in table
+
+
+def test_a_version_that_trained_no_step_spent_no_train_cpu(run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    with Workspace(copy, writer=True) as w:
+        v = w.lineage.branch("v0", Intervention(path="temperature", old=1.0, new=0.9, category="rollout"))
+        r = {x["version"]: x for x in recipe_rows(w)}[v.id]
+        assert (r["steps"], r["train_tokens"], r["train_s"], r["train_cpu_s"]) == (0, 0, 0.0, 0.0)
+        assert r["eval_cpu_s"] is None  # not evaluated: nothing measured, shown as a dash
+        assert run_summary(w, "evotrainer")["compute_by_version"][v.id]["train_cpu_s"] == 0.0
+        assert ("<td class='num'>0</td><td class='num'>0</td><td class='num'>0.0</td><td class='num'>0.0</td>"
+                "<td class='num'>0.0</td><td class='num'>&ndash;</td></tr>") in _section(render_html(w), "recipe-table")
+
+
 def test_score_table_has_the_no_rl_row_and_the_control_arms(ws):
     rows = score_rows(ws)
     assert rows[0]["role"] == "baseline"
@@ -179,6 +258,7 @@ def test_html_has_the_new_sections_and_stays_self_contained(ws):
     imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(imgs) == 2 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in imgs)
     assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "budget max_versions 3, steps_per_version 2," in page and "report_to tensorboard" in page
 
 
 def test_summary_table_is_readable_at_80_columns(ws, tmp_path):

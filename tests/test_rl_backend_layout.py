@@ -19,7 +19,7 @@ LIGHT = ["evotrainer.rl_backend.tasks", "evotrainer.rl_backend.rewards", "evotra
          "evotrainer.rl_backend.openrlhf"]
 ALL = LIGHT + ["evotrainer.rl_backend.grpo", "evotrainer.rl_backend.local", "evotrainer.rl_backend.backends",
                "evotrainer.rl_backend.swe.train", "evotrainer.rl_backend.models", "evotrainer.rl_backend.sampling",
-               "evotrainer.rl_backend.tb_writer"]
+               "evotrainer.rl_backend.tb_writer", "evotrainer.rl_backend.trackers"]
 
 
 def _loaded_after(modules: list[str]) -> list[str]:

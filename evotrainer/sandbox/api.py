@@ -295,8 +295,9 @@ def run_in_sandbox(
         raise SandboxError(f"workdir={workdir}: not a folder; create it first or pass None for a private tmpfs")
     env_extra = dict(env or {})
     for k, v in env_extra.items():
-        if not isinstance(k, str) or not k or "=" in k or not isinstance(v, str):
-            raise SandboxError(f"env[{k!r}]: names must be non-empty strings without '=', values strings")
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
+            raise SandboxError(f"env[{k!r}]: names must be non-empty strings without '=' or NUL, values strings "
+                               "without NUL")
     if image not in ("analyzer", "code-runner", "swe-runner"):
         raise SandboxError(f"image={image!r}: use analyzer, code-runner or swe-runner")
 

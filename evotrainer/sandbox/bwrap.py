@@ -116,6 +116,7 @@ def _tmpfs(dest: str, size: int, host: dict[str, Path] | None) -> list[str]:
 
 
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/kcore")
 
 
 def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
@@ -135,6 +136,10 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
     # which sysctl permission checks (test_perm) treat as root whatever the namespace or capabilities.
     a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
           "/proc/sysrq-trigger", "--ro-bind-try", "/proc/pressure", "/proc/pressure"]
+    # Docker's masked /proc files, read as host root's (keyring names, timers of host tasks): /dev/null over them
+    for masked in _MASKED_PROC:
+        if os.path.exists(masked):  # the sandbox's /proc is of the same kernel; bwrap cannot create a missing one
+            a += ["--ro-bind", "/dev/null", masked]
     # /dev made by hand on a capped tmpfs (bwrap's --dev takes no --size): the usual nodes bound from
     # the host, the std links, a capped /dev/shm; /dev itself is remounted read-only below. No devpts.
     disk = limits.disk_mb << 20

@@ -7,7 +7,6 @@ through :func:`evotrainer.cli_errors.fail`.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 from pathlib import Path
@@ -16,19 +15,10 @@ from typing import Annotated
 import typer
 
 from evotrainer.cli_errors import fail
+from evotrainer.terminal import neutralise
 
 sandbox_app = typer.Typer(help="Run untrusted code in the sandbox (no network, no secrets, limits).",
                           no_args_is_help=True)
-
-
-# C0 controls but \n and \t, DEL, and C1 (U+0080-U+009F): ESC starts OSC 52 (clipboard write), title
-# and clear-screen sequences, 0x9B is a one-byte CSI. Rendered as visible \xNN escapes in text mode.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def neutralise(text: str) -> str:
-    """``text`` with every terminal control character except newline and tab shown as ``\\xNN``."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

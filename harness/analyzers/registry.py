@@ -182,6 +182,9 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
         payload = json.loads(lines[-1])
     except json.JSONDecodeError:
         raise AnalyzerError(f"analyzer {name!r}: last stdout line is not JSON: {lines[-1][:200]!r}") from None
+    except RecursionError:  # sandboxed code printed JSON nested past Python's recursion limit
+        raise AnalyzerError(f"analyzer {name!r}: last stdout line is JSON nested too deeply to read; print a flat "
+                            "list of findings") from None
     try:
         return parse_findings(payload, analyzer=name)
     except ValueError as exc:

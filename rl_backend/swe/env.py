@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.errors import EvoTrainerError
@@ -141,14 +142,23 @@ _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE_RE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 
 
+MAX_JSON_MISSES = 256  # ``{`` that start no JSON object, per reply, before the scan gives up
+
+
 def _json_objects(text: str) -> list[tuple[str, Any]]:
-    """Every top-level JSON object in ``text`` (scanning each ``{``), with its raw text."""
-    dec, out, i = json.JSONDecoder(), [], 0
-    while (i := text.find("{", i)) != -1:
+    """Every top-level JSON object in ``text`` (scanning each ``{``), with its raw text.
+
+    At most :data:`MAX_JSON_MISSES` ``{`` may fail to start an object: each failed attempt costs up to the length
+    of the text (the decoder's error locates the line), so a reply of 100,000 ``{`` took 3 s (quadratic) before
+    this bound; JSON nested past the recursion limit is a miss, not an exception.
+    """
+    dec, out, i, misses = json.JSONDecoder(), [], 0, 0
+    while (i := text.find("{", i)) != -1 and misses < MAX_JSON_MISSES:
         try:
             obj, end = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             i += 1
+            misses += 1
             continue
         out.append((text[i:end], obj))
         i = end
@@ -163,7 +173,7 @@ def _to_call(raw: str, obj: Any) -> ToolCall:
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return ToolCall(name, None, raw, f"arguments of {name!r} are not valid JSON")
     if name not in ARGS:
         return ToolCall(name if isinstance(name, str) else None, None, raw,
@@ -204,7 +214,7 @@ def _safe_json(raw: str) -> bool:
     try:
         json.loads(raw)
         return True
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
 
 
@@ -371,10 +381,15 @@ class SweEnv:
             raise ToolError(f"cannot read {path!r}: {exc.strerror}") from None
 
     def _tool_search(self, a: SearchArgs) -> str:
+        # RE2: matching is linear in the line length whatever the pattern (Python's re took 4.7 s on one
+        # 26-character line for "(x+x+)+y", doubling per character, with no way to stop it mid-call).
+        opts = re2.Options()
+        opts.log_errors = False
         try:
-            rx, note = re.compile(a.pattern), ""
-        except re.error:
-            rx, note = re.compile(re.escape(a.pattern)), " (invalid regex: searched as plain text)"
+            rx, note = re2.compile(a.pattern, opts), ""
+        except re2.error:
+            rx, note = re2.compile(re2.escape(a.pattern), opts), (" (not a regex RE2 accepts, e.g. a backreference: "
+                                                                  "searched as plain text)")
         self.stats.searches.append(a.pattern)
         hits = []
         with self._repo_fd() as fd:

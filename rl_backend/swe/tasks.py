@@ -283,11 +283,12 @@ class PytestResult:
     """Outcome of one pytest run.
 
     Attributes:
-        outcomes: ``{node_id: PASSED | FAILED | ERROR | SKIPPED | XFAIL | XPASS}`` from the ``-rA`` summary.
+        outcomes: ``{node_id: PASSED | FAILED | ERROR | SKIPPED | XFAIL | XPASS}`` from the results runner's
+            report (:func:`structured_results`); empty when the run ended without one.
         exit_code: pytest's exit status (0 ok, 1 failures, 2 interrupted / collection error, 4 usage,
             5 no tests collected); -1 when a limit (time, memory) ended it.
         collection_error: an error while collecting (a module failed to import, a syntax error).
-        output: combined stdout + stderr (tail kept by callers).
+        output: combined stdout + stderr without the runner's report lines (tail kept by callers).
         wall_s: seconds. backend: the sandbox backend that ran it.
     """
 
@@ -328,8 +329,78 @@ def pytest_argv(targets: list[str] | None = None, python: str = sys.executable) 
             "--color=no", *(targets or [])]
 
 
+# Runs pytest in this interpreter with a results plugin (``python -c _RESULTS_RUNNER <pytest args>``). Before any
+# code under test is imported it makes a random token and writes "@@evotrainer-pytest <token> start" on the real
+# stdout; at the end of the session it writes "@@evotrainer-pytest <token> <json>" there ({"outcomes": {node id:
+# PASSED | FAILED | ERROR | SKIPPED | XFAIL | XPASS}, "collection_error": bool}). The verdict is read from that
+# line only (:func:`structured_results`): code under test that prints "PASSED <node id>" lines and exits (forging
+# the -rA summary the text parser reads) gets no verdict at all.
+RESULTS_MARK = "@@evotrainer-pytest"
+_RESULTS_RUNNER = r"""
+import json, os, secrets, sys
+def _run():
+    token, out = secrets.token_hex(16), os.dup(1)
+    os.write(out, f"@@evotrainer-pytest {token} start\n".encode())
+    res, coll = {}, [False]
+    class Results:
+        def pytest_collectreport(self, report):
+            if report.failed:
+                coll[0] = True
+        def pytest_runtest_logreport(self, report):
+            xfail = hasattr(report, "wasxfail")
+            if report.when == "call":
+                kind = ("XFAIL" if report.skipped else "XPASS") if xfail else \
+                    {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED"}[report.outcome]
+            elif report.failed:
+                kind = "ERROR"
+            elif report.skipped:
+                kind = "XFAIL" if xfail else "SKIPPED"
+            else:
+                return
+            if res.get(report.nodeid) not in ("FAILED", "ERROR"):
+                res[report.nodeid] = kind
+        def pytest_sessionfinish(self, session, exitstatus):
+            body = json.dumps({"outcomes": res, "collection_error": coll[0]})
+            os.write(out, f"\n@@evotrainer-pytest {token} {body}\n".encode())
+    import pytest
+    return pytest.main(sys.argv[1:], plugins=[Results()])
+raise SystemExit(_run())
+"""
+
+
+def runner_argv(targets: list[str] | None = None, python: str = sys.executable) -> list[str]:
+    """:func:`pytest_argv` run through the results runner (``python -c _RESULTS_RUNNER <pytest args>``)."""
+    return [python, "-c", _RESULTS_RUNNER, *pytest_argv(targets, python)[3:]]
+
+
+def structured_results(stdout: str) -> tuple[dict[str, str], bool] | None:
+    """``(outcomes, collection_error)`` from the results runner's report on ``stdout``; None when there is none.
+
+    The token is the one of the first mark line (written before the tests' code ran); only a report line with that
+    token counts, and the last one wins.
+    """
+    token, found = None, None
+    for line in stdout.splitlines():
+        if not line.startswith(RESULTS_MARK + " "):
+            continue
+        parts = line.split(" ", 2)
+        if len(parts) != 3:
+            continue
+        if token is None:
+            if parts[2] != "start":
+                return None  # something else wrote first: not our runner's stream
+            token = parts[1]
+        elif parts[1] == token:
+            try:
+                data = json.loads(parts[2])
+                found = ({str(k): str(v) for k, v in data["outcomes"].items()}, bool(data["collection_error"]))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return found
+
+
 # Runs in the sandbox: copy $EVOTRAINER_EVIDENCE/repo (read-only) into the work dir (links kept as
-# links), then become `python <pytest args>` there.
+# links), then become `python <runner args>` there.
 _COPY_THEN_EXEC = ("import os,shutil,sys;shutil.copytree(os.path.join(os.environ['EVOTRAINER_EVIDENCE'],'repo'),'.',"
                    "symlinks=True,dirs_exist_ok=True);os.execv(sys.executable,[sys.executable,*sys.argv[1:]])")
 
@@ -343,7 +414,9 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
     sandbox onto its private work-dir tmpfs of ``disk_mb`` MiB (counted in ``memory_mb``), so
     nothing the tests write reaches the host repo; test side effects do not persist between runs. ``sandbox=False``
     runs a plain subprocess and is for trusted code only (the generator running a PyPI project's
-    own suite). Output lines are parsed by :func:`parse_pytest_output`.
+    own suite). Outcomes come from the results runner's report (:func:`structured_results`); a run that ends
+    without one (killed, ``os._exit`` in the code under test, a limit) has no outcomes, so every hidden test
+    counts as missing. :func:`parse_pytest_output` reads the text summary for display only.
 
     Raises:
         evotrainer.sandbox.SandboxUnavailable: no isolating backend (its message says how to get one).
@@ -351,23 +424,30 @@ def run_pytest(repo: str | Path, targets: list[str] | None = None, timeout_s: fl
     if sandbox:
         # The repo goes in read-only and is copied inside the sandbox onto its private tmpfs: whatever
         # the tests write (links to host files, FIFOs, deep trees, gigabytes) never lands on the host.
-        argv = pytest_argv(targets, python="python")
+        argv = runner_argv(targets, python="python")
         res = run_in_sandbox(["python", "-c", _COPY_THEN_EXEC, *argv[1:]], inputs={"repo": Path(repo)},
                              timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, image="swe-runner",
                              env={"PYTHONDONTWRITEBYTECODE": "1"})
-        text = (res.stdout or "") + (res.stderr or "")
+        stdout = res.stdout or ""
+        text = stdout + (res.stderr or "")
         limit, code, wall, backend = bool(res.limit_hit), int(res.exit_code), float(res.wall_s or 0.0), str(res.backend)
     else:
         t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         try:
-            cp = subprocess.run(pytest_argv(targets), cwd=repo, capture_output=True, text=True, timeout=timeout_s, env=env)
-            text, code, limit = cp.stdout + cp.stderr, cp.returncode, False
+            cp = subprocess.run(runner_argv(targets), cwd=repo, capture_output=True, text=True, timeout=timeout_s,
+                                env=env)
+            stdout, text, code, limit = cp.stdout, cp.stdout + cp.stderr, cp.returncode, False
         except subprocess.TimeoutExpired as exc:
-            text, code, limit = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
-                else (exc.stdout or ""), -1, True
+            stdout = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+                else (exc.stdout or "")
+            text, code, limit = stdout, -1, True
         wall, backend = time.monotonic() - t0, "subprocess"
-    outcomes, coll = parse_pytest_output(text)
+    found = structured_results(stdout)
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(RESULTS_MARK))
+    outcomes, coll = found if found is not None else ({}, False)
+    if found is None and not limit:
+        coll = "ERROR collecting" in text or "errors during collection" in text
     if code in (2, 3, 4) and not outcomes:
         coll = True
     return PytestResult(outcomes=outcomes, exit_code=-1 if limit else code, collection_error=coll, output=text,

@@ -1,0 +1,165 @@
+"""The GRPO update's fast paths (issue 21) give the plain paths' values and gradients.
+
+- Length-trimmed pieces (``LocalBackend(trim_padding=True)``, ``local._pieces``): each group split by
+  completion length, each piece padded to its own longest row. Loss, every metric (update-size probe
+  included) and every parameter's gradient equal one padded forward per micro-batch (the plain path),
+  with one PPO epoch and no KL, and with 2 epochs, 2 micro-batches and KL in the loss or in the reward.
+- Old log-probs: epoch 0's own log-probs, detached, give the loss and gradients of an explicit no-grad
+  old-log-prob forward (ratio exactly 1); in epoch 1 the ratio moves off 1 (the weights moved).
+- ``_split_sorted``: the dynamic programme's cuts, by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from evotrainer import metrics as M
+from evotrainer.recipe import validate_recipe
+from evotrainer.rl_backend import grpo
+from evotrainer.rl_backend.local import LocalBackend, _pieces, _split_sorted
+from evotrainer.rl_backend.models import load_policy
+from evotrainer.rl_backend.sampling import RolloutBatch, chat_prompts, generate, sequence_logprobs
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+G, T = 4, 10
+# lengths cut by hand into the generated rows: short, long, empty, full width, as a real batch has
+LENGTHS = [2, 10, 5, 3, 1, 0, 7, 4]
+
+
+def _recipe(**over):
+    return validate_recipe({"model": {"name_or_path": "tiny-random"}, "n_samples_per_prompt": G,
+                            "rollout_batch_size": 2, "generate_max_len": T, "init_kl_coef": 0.0,
+                            "micro_train_batch_size": 8, "drop_zero_variance_groups": False, **over})
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """(state dict of the tiny model, a rollout batch of 2 prompts x 4 samples with the lengths above)."""
+    b = load_policy(_recipe().model, kl=False)
+    prompts = chat_prompts(b.tokenizer, [[{"role": "user", "content": "What is 1 + 2?"}],
+                                         [{"role": "user", "content": "Hi"}]])
+    rb = generate(b.model, b.tokenizer, prompts, G, max_new_tokens=T, temperature=1.0, seed=0)
+    assert rb.completion_ids.shape == (8, T)
+    # right-truncate each row to its length: mask 0 and pad id after it (what an early eos gives)
+    mask = (torch.arange(T).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()
+    ids = torch.where(mask.bool(), rb.completion_ids, torch.full_like(rb.completion_ids, b.tokenizer.pad_token_id))
+    rb = RolloutBatch(rb.prompt_ids, rb.prompt_mask, ids, mask, rb.sampling_logprobs * mask, rb.completions,
+                      rb.finish_reasons, LENGTHS, rb.prompts, rb.turns)
+    return copy.deepcopy(b.model.state_dict()), rb
+
+
+def _update(state, rb, recipe, trim):
+    """One ``_update`` from the same weights: (metrics, flat gradient of the last epoch, flat weights after)."""
+    torch.manual_seed(0)
+    bundle = load_policy(recipe.model, kl=recipe.kl_enabled)
+    bundle.model.load_state_dict(state)
+    if bundle.ref_model is not None:
+        # a reference that differs from the policy, so the KL terms are not 0
+        bundle.ref_model.load_state_dict({k: v * 0.9 for k, v in state.items()})
+    bundle.model.train()
+    opt = torch.optim.AdamW(bundle.trainable_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25], dtype=torch.float64)
+    m = LocalBackend(device="cpu", num_threads=1, trim_padding=trim)._update(bundle, opt, recipe, rb, rewards)
+    grads = torch.cat([p.grad.flatten() for p in bundle.trainable_parameters()])
+    weights = torch.cat([p.detach().flatten() for p in bundle.trainable_parameters()])
+    return m, grads, weights
+
+
+@pytest.mark.parametrize("over", [
+    {},  # one epoch, no KL, one micro-batch
+    {"max_epochs": 2, "micro_train_batch_size": 4, "init_kl_coef": 0.05, "use_kl_loss": True},
+    {"init_kl_coef": 0.05, "use_kl_loss": False, "loss_agg_mode": "seq-mean-token-mean"},
+])
+def test_trimmed_pieces_equal_the_padded_micro_batches(batch, over):
+    state, rb = batch
+    recipe = _recipe(**over)
+    trimmed = _pieces(recipe, rb, trim=True)
+    # precondition: the trimmed path really runs narrower forwards than the plain one
+    assert sum(len(p.rows) * p.width for p in trimmed) < rb.size * T
+    assert sorted(int(r) for p in trimmed for r in p.rows) == list(range(rb.size))
+    m_plain, g_plain, w_plain = _update(state, rb, recipe, trim=False)
+    m_fast, g_fast, w_fast = _update(state, rb, recipe, trim=True)
+    torch.testing.assert_close(m_fast.pop("_advantages"), m_plain.pop("_advantages"))
+    assert m_fast.keys() == m_plain.keys()
+    for k, v in m_plain.items():
+        assert m_fast[k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
+    assert m_plain[M.POLICY_UPDATE_KL] > 0 and m_plain[M.LOSS_POLICY] != 0
+    if recipe.kl_enabled:
+        assert m_plain[M.POLICY_KL] > 0
+    torch.testing.assert_close(g_fast, g_plain, atol=1e-5 * float(g_plain.abs().max()), rtol=1e-4)
+    # the weights after the step: AdamW's first step is ~lr·sign(g) per coordinate, so coordinates whose
+    # gradient is rounding noise (|g| ~ 1e-10) may step either way; compare where the gradient is real
+    real = g_plain.abs() > 1e-3 * float(g_plain.abs().max())
+    assert int(real.sum()) > 1000
+    torch.testing.assert_close(w_fast[real], w_plain[real], atol=1e-6, rtol=1e-5)
+
+
+def test_pieces_plain_path_is_one_forward_per_micro_batch(batch):
+    _, rb = batch
+    plain = _pieces(_recipe(micro_train_batch_size=4), rb, trim=False)
+    assert [(p.chunk, p.rows.tolist(), p.width, p.start, p.group_size) for p in plain] == [
+        (0, [0, 1, 2, 3], T, 0, G), (1, [4, 5, 6, 7], T, 0, G)]
+    # trimmed: each group's rows sorted by length, widths their run's longest (an empty row counts as 1),
+    # the second prompt's shared left padding dropped
+    fast = _pieces(_recipe(micro_train_batch_size=4), rb, trim=True)
+    assert all(p.chunk == (0 if int(p.rows[0]) < 4 else 1) for p in fast)
+    for p in fast:
+        assert p.width == max(max(LENGTHS[int(r)] for r in p.rows), 1)
+        assert p.group_size == len(p.rows)
+    short = int((rb.prompt_mask[4] == 0).sum())
+    assert short > 0 and {p.start for p in fast if p.chunk == 1} == {short}
+
+
+def test_split_sorted_by_hand():
+    # lengths 1, 2, 10 with overhead 3: {1,2},{10} = 2*2+3 + 10+3 = 20 beats {1,2,10} = 30+3 = 33 and
+    # {1},{2},{10} = 1+2+10+9 = 22
+    assert _split_sorted([1, 2, 10], 3) == [2, 3]
+    # a large overhead keeps one run; no overhead gives one run per distinct length
+    assert _split_sorted([1, 2, 10], 100) == [3]
+    assert _split_sorted([1, 2, 2, 10], 0) == [1, 3, 4]
+
+
+def test_detached_first_epoch_logprobs_equal_an_old_logprob_forward(batch):
+    # on-policy: before the first optimiser step π_old is the current policy, so epoch 0's own log-probs,
+    # detached, equal an explicit no-grad forward's; loss and gradients are those of the plain path
+    state, rb = batch
+    b = load_policy(_recipe().model, kl=False)
+    b.model.load_state_dict(state)
+    b.model.train()
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25]), G)
+    out = []
+    for explicit in (False, True):
+        b.model.zero_grad()
+        lp, _ = sequence_logprobs(b.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids, rb.completion_mask,
+                                  group_size=G)
+        if explicit:
+            with torch.no_grad():
+                old, _ = sequence_logprobs(b.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids,
+                                           rb.completion_mask, group_size=G)
+        else:
+            old = lp.detach()
+        res = grpo.policy_loss(lp, old, adv, rb.completion_mask)
+        res.loss.backward()
+        out.append((res, torch.cat([p.grad.flatten() for p in b.trainable_parameters()])))
+    (fast, g_fast), (plain, g_plain) = out
+    m = rb.completion_mask.bool()
+    assert torch.all(fast.ratio[m] == 1.0)
+    torch.testing.assert_close(plain.ratio[m], torch.ones(int(m.sum())), atol=1e-6, rtol=0)
+    assert float(fast.loss.detach()) == pytest.approx(float(plain.loss.detach()), rel=1e-6, abs=1e-9)
+    torch.testing.assert_close(g_fast, g_plain, atol=1e-6 * float(g_plain.abs().max()), rtol=1e-5)
+
+
+def test_later_epochs_use_epoch_zero_logprobs_as_old(batch):
+    # 2 PPO epochs: epoch 1 runs after a step, its ratio against epoch 0's log-probs is off 1; 1 epoch: the
+    # loss's ratio is exactly 1 and the extremes come from the update-size probe alone (same probe both)
+    state, rb = batch
+    m1, _, _ = _update(state, rb, _recipe(), trim=True)
+    m2, _, _ = _update(state, rb, _recipe(max_epochs=2), trim=True)
+    assert m1[M.POLICY_CLIP_RATIO_LOW] == 0 and m1[M.POLICY_CLIP_RATIO_HIGH] == 0
+    assert m2[M.POLICY_RATIO_MAX] > 1 > m2[M.POLICY_RATIO_MIN]
+    assert m2[M.POLICY_UPDATE_NORM] > m1[M.POLICY_UPDATE_NORM]

@@ -1,0 +1,52 @@
+"""Security suite, bad input from sandboxed code or callers gets the product's own error (issue 22's second
+probe set; docs/security-probes.md). Before the fix: an analyzer printing ``[`` x 100,000 made
+``run_analyzer_code`` raise a bare ``RecursionError`` (callers catch ``AnalyzerError``); an ``env`` value with a
+NUL byte made ``run_in_sandbox`` raise ``ValueError: embedded null byte`` from ``subprocess`` instead of a
+``SandboxError`` naming the field. Both leave the host as it was (the sandbox's private tmpfs is discarded).
+"""
+
+from __future__ import annotations
+
+import pytest
+from mcp_testlib import make_run
+
+from evotrainer.harness.analyzers import AnalyzerError, run_analyzer_code
+from evotrainer.harness.evidence import Evidence
+from evotrainer.sandbox import SandboxError, run_in_sandbox
+from evotrainer.workspace import Workspace
+
+
+def test_deeply_nested_analyzer_output_is_an_analyzer_error(tmp_path):
+    with Workspace.open(make_run(tmp_path)) as ws:
+        ev = Evidence.from_workspace(ws)
+    with pytest.raises(AnalyzerError, match=r"^analyzer 'deep': last stdout line is JSON nested too deeply to read"):
+        run_analyzer_code("print('[' * 100000 + ']' * 100000)", ev, name="deep", timeout_s=60)
+
+
+@pytest.mark.parametrize("env", [{"A": "x\x00y"}, {"A\x00B": "x"}])
+def test_nul_in_env_is_a_sandbox_error_naming_the_field(env):
+    with pytest.raises(SandboxError, match=r"^env\[.*\]: names must be non-empty strings without '=' or NUL"):
+        run_in_sandbox(code="print(1)", env=env)
+
+
+def test_a_foreign_metric_name_cannot_become_analyzer_code():
+    from evotrainer.harness.synthesis import Example, Program, SynthesisError, candidate_series
+
+    evil = "reward/x\nimport os; os.system('touch PWNED')\n#/mean"
+    ev = Evidence(metrics={f"v{i}": {evil: [(s, 0.1 * s) for s in range(10)],
+                                     "reward/correctness/mean": [(s, 0.1 * s) for s in range(10)]} for i in range(4)})
+    examples = [Example(ev, f"v{i}", i % 2 == 0, "case") for i in range(4)]
+    assert candidate_series(examples) == ["reward/correctness/mean"]
+    with pytest.raises(SynthesisError, match=r'^series="reward/x\\nimport os.*: a metric name of letters'):
+        Program(series=evil, stat="slope", window=1.0, direction="above", threshold=0.0)
+
+
+def test_host_keyring_names_and_timers_are_masked():
+    """As host root the sandbox uid is host uid 0: before the fix /proc/keys listed root's keyrings (463 bytes
+    here: ``_uid.0``, ``_uid_ses.0``, ...); keyctl was refused by seccomp, the listing was not."""
+    code = ("import os\nfor p in ('/proc/keys', '/proc/key-users', '/proc/timer_list'):\n"
+            "    try:\n        print(p, len(open(p).read()))\n    except OSError as e:\n        print(p, 'refused')\n")
+    r = run_in_sandbox(code=code, timeout_s=30)
+    assert r.exit_code == 0, r.stderr
+    shown = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert all(v in ("refused", "0") for v in shown.values()), shown

@@ -1,0 +1,217 @@
+"""Security suite: no number of concurrent tool calls can stall an MCP server (issue 22, the red team's
+second probe set: "a tool thread past its deadline keeps running").
+
+Measured before the fix (servers/common.py docstring, stdio server, ping every 50 ms, this 2-core machine):
+20 concurrent pure-Python tool calls delayed a ping by 11.4 s (GIL convoy); 45 concurrent slow calls took
+all 40 tokens of anyio's default thread limiter, and the stdio reader with them (a ping waited 10 s); over
+HTTP another session's ``list_versions`` waited 24 s behind 45 ``run_analyzer_code`` calls, 45 sandboxes
+running at once. Each test below failed on that code.
+
+The servers are real: the stdio ones are subprocesses running ``build_server("logs", run)`` plus two probe
+tools made with the product's own ``common.tool`` (a pure-Python spin, a sleep), over the product's stdio
+transport; the HTTP one is ``evotrainer serve all --transport http`` with real sandboxes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from mcp_testlib import make_run
+
+from evotrainer.sandbox import sandbox_info
+
+SERVER = r'''
+import sys, threading, time
+from evotrainer.servers import common
+from evotrainer.servers.app import build_server
+
+server = build_server("logs", sys.argv[1])
+lock, running, peak = threading.Lock(), [0], [0]
+
+
+def _count(delta):
+    with lock:
+        running[0] += delta
+        peak[0] = max(peak[0], running[0])
+
+
+@common.tool(server, deadline_s=float(sys.argv[2]))
+def spin(seconds: float) -> str:
+    """A pure-Python loop (holds the GIL between switch intervals)."""
+    _count(1)
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += 1
+    _count(-1)
+    return str(n)
+
+
+@common.tool(server, deadline_s=float(sys.argv[2]))
+def nap(seconds: float) -> str:
+    """Sleeps (holds a worker thread, not the GIL)."""
+    _count(1)
+    time.sleep(seconds)
+    _count(-1)
+    return "slept"
+
+
+@common.tool(server)
+def peak_running() -> str:
+    """Most probe bodies that ran at once."""
+    return str(peak[0])
+
+
+server.run("stdio")
+'''
+
+
+class Stdio:
+    """Raw JSON-RPC lines to a stdio server subprocess; replies collected by id in a reader thread."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.replies: dict[str, dict] = {}
+        self.cv = threading.Condition()
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        assert self.request("initialize", init, timeout=120) is not None
+        self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cv:
+                self.replies[json.dumps(msg.get("id"))] = msg
+                self.cv.notify_all()
+
+    def _write(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def send(self, method: str, params: dict) -> int:
+        with self.cv:
+            self.next_id += 1
+            rid = self.next_id
+        self._write({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        return rid
+
+    def wait(self, rid: int, timeout: float) -> dict | None:
+        end = time.monotonic() + timeout
+        with self.cv:
+            while json.dumps(rid) not in self.replies:
+                if not self.cv.wait(max(0.0, end - time.monotonic())):
+                    return None
+            return self.replies.pop(json.dumps(rid))
+
+    def request(self, method: str, params: dict, timeout: float = 60) -> dict | None:
+        return self.wait(self.send(method, params), timeout)
+
+    def tool_text(self, rid: int, timeout: float) -> str:
+        reply = self.wait(rid, timeout)
+        assert reply is not None, f"call {rid}: no reply in {timeout} s"
+        return reply["result"]["content"][0]["text"]
+
+    def ping_latencies(self, seconds: float) -> list[float]:
+        """Ping every 50 ms for ``seconds``; each latency from send to reply (99 if none came in 30 s)."""
+        out, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            out.append(time.monotonic() - t0 if self.request("ping", {}, timeout=30) is not None else 99.0)
+            time.sleep(0.05)
+        return out
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def probe_server(tmp_path):
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path)), "3"])
+    yield s
+    s.close()
+
+
+def test_twenty_cpu_bound_calls_do_not_delay_a_ping(probe_server):
+    s = probe_server
+    rids = [s.send("tools/call", {"name": "spin", "arguments": {"seconds": 5}}) for _ in range(20)]
+    lat = s.ping_latencies(6)
+    assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 20 spinning calls ran"
+    texts = [s.tool_text(r, 60) for r in rids]
+    # the 2 that got a slot ran past the 3 s deadline; the 18 others never got one
+    assert all(t.startswith("Error executing tool spin") for t in texts)
+    assert sum("did not finish within 3 s" in t for t in texts) == 2
+    assert sum("server busy: 2 tool call(s) were running" in t for t in texts) == 18
+    assert s.tool_text(s.send("tools/call", {"name": "peak_running", "arguments": {}}), 60) == "2"
+
+
+def test_many_slow_calls_leave_the_stdio_reader_its_threads(probe_server):
+    s = probe_server
+    rids = [s.send("tools/call", {"name": "nap", "arguments": {"seconds": 6}}) for _ in range(45)]
+    lat = s.ping_latencies(4)
+    assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 45 slow calls were in flight"
+    texts = [s.tool_text(r, 60) for r in rids]
+    assert sum("did not finish within 3 s" in t for t in texts) == 2
+    assert sum("server busy" in t for t in texts) == 43
+    # the two abandoned naps kept their slots until they returned: nothing else ran meanwhile
+    assert s.tool_text(s.send("tools/call", {"name": "peak_running", "arguments": {}}), 60) == "2"
+
+
+def test_sandbox_runs_are_bounded_and_other_sessions_keep_being_served(tmp_path):
+    import httpx
+    from test_security_mcp import HDR, _open_session, _ping, _sse_json, _start_http
+
+    if sandbox_info()["backend"] not in ("bwrap", "docker"):
+        pytest.fail("no isolating sandbox backend here; run `make sandbox-deps`")
+    proc, url = _start_http(make_run(tmp_path))
+    try:
+        with httpx.Client(timeout=120) as a, httpx.Client(timeout=120) as b:
+            sa, sb = _open_session(a, url), _open_session(b, url)
+            hdr_a = {**HDR, "mcp-session-id": sa, "mcp-protocol-version": "2025-06-18"}
+            code = "import time; time.sleep(5); print('[]')"
+            done: list[float] = []
+            t0 = time.monotonic()
+
+            def analyze(i: int) -> None:
+                httpx.post(url, json={"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": {
+                    "name": "run_analyzer_code", "arguments": {"code": code, "version_ids": ["v0"], "timeout_s": 60}}},
+                    headers=hdr_a, timeout=300)
+                done.append(time.monotonic() - t0)
+
+            threads = [threading.Thread(target=analyze, args=(i,)) for i in range(12)]
+            for t in threads:
+                t.start()
+            time.sleep(3)
+            assert _sse_json(_ping(b, url, sb))["result"] == {}
+            t1 = time.monotonic()
+            r = b.post(url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                                  "params": {"name": "list_versions", "arguments": {}}},
+                       headers={**HDR, "mcp-session-id": sb, "mcp-protocol-version": "2025-06-18"})
+            assert [v["id"] for v in _sse_json(r)["result"]["structuredContent"]["versions"]] == ["v0", "v1"]
+            assert time.monotonic() - t1 < 2.0
+            for t in threads:
+                t.join(300)
+            # 12 five-second sandboxes, at most 4 at once: three rounds, so the last ends after >= 15 s
+            assert len(done) == 12 and max(done) >= 15.0, sorted(round(d, 1) for d in done)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_slot_counts_come_from_the_environment(monkeypatch):
+    from evotrainer.servers import common
+
+    monkeypatch.setenv(common.TOOL_THREADS_ENV, "3")
+    assert common._env_slots(common.TOOL_THREADS_ENV, 2) == 3
+    monkeypatch.setenv(common.TOOL_THREADS_ENV, "0")
+    with pytest.raises(ValueError, match=r"EVOTRAINER_MCP_TOOL_THREADS='0': give a positive integer"):
+        common._env_slots(common.TOOL_THREADS_ENV, 2)
