@@ -60,14 +60,22 @@ VERSION_HEADROOM = 4
 stops every mode (a searching version costs its training plus a dev evaluation, about twice a static segment)."""
 
 
+COMPARE_WALL_CLOCK_MINUTES = 7 * 24 * 60.0
+"""compare's wall clock (a week): the token budget is what every mode spends equally. A wall clock would make a
+mode's result depend on how loaded the machine is (three runs side by side on two busy cores: two of them stopped
+after their root version, at 28 minutes, with most of their tokens unspent)."""
+
+
 def run_config(config: Any, mode: str, seed: int, out: Path) -> Any:
     """The config of one (mode, seed) run of the comparison: the equal token budget, ``max_versions`` lifted by
-    :data:`VERSION_HEADROOM` (the static mode's step count stays the token budget's), the seeds moved."""
+    :data:`VERSION_HEADROOM` (the static mode's step count stays the token budget's), the wall clock lifted to
+    :data:`COMPARE_WALL_CLOCK_MINUTES`, the seeds moved."""
     cfg = equal_budget(config)
     recipe = config.recipe.model_copy(update={"seed": config.recipe.seed + seed})
     budget = cfg.budget.model_copy(update={"max_versions": cfg.budget.max_versions * VERSION_HEADROOM})
     if mode == "static":  # static trains segments until the token budget is spent: its version count is moot
         budget = cfg.budget
+    budget = budget.model_copy(update={"wall_clock_minutes": COMPARE_WALL_CLOCK_MINUTES})
     return cfg.model_copy(update={"mode": mode, "seed": seed, "recipe": recipe, "budget": budget,
                                   "run_dir": str(out / "runs" / f"{mode}-s{seed}")})
 

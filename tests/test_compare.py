@@ -51,6 +51,11 @@ def test_equal_budget_is_derived_from_the_static_training_budget():
     assert equal_budget(cfg).budget.max_tokens == 192
     rc = run_config(cfg, "pbt", 2, __import__("pathlib").Path("/x"))
     assert (rc.mode, rc.seed, rc.recipe.seed, rc.run_dir) == ("pbt", 2, 2, "/x/runs/pbt-s2")
+    # the token budget binds, never the machine's load: the wall clock is lifted for every mode (it was the
+    # config's 28 minutes, and two loop runs of a loaded comparison stopped after their root)
+    static = run_config(cfg, "static", 0, __import__("pathlib").Path("/x"))
+    assert rc.budget.wall_clock_minutes == static.budget.wall_clock_minutes == 7 * 24 * 60
+    assert cfg.budget.wall_clock_minutes < 7 * 24 * 60
 
 
 def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
