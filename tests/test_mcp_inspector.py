@@ -79,3 +79,35 @@ def test_inspector_lists_all_tools_and_calls_one_per_server(tmp_path):
     assert [p["value"] for p in structured("logs")["points"]] == [0.375, 0.625]
     assert "truncation" in {a["name"] for a in structured("analyzers")["analyzers"]}
     assert structured("skills")["recipe_path"] == "eps_clip_high"
+
+
+def test_inspector_calls_the_log_tools_on_an_imported_verl_log(tmp_path):
+    """Issue 20's acceptance through the third-party client: a shipped verl log imported with `evotrainer import`
+    gets get_metric_series, search_logs and run_analyzer over stdio like a run folder of our own."""
+    log = Path(__file__).parent / "data" / "verl_logs" / "Qwen2.5-0.5B-bsz256_2-prompt512-resp256-0.538.log.gz"
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "evotrainer.cli", "import", str(log), "--run", str(run)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    calls = {"series": ("get_metric_series", ["version_id=v0", "name=reward/mean", "max_points=1000"]),
+             "logs": ("search_logs", ["query=step:1 -"]),
+             "analyze": ("run_analyzer", ["version_ids=[\"v0\"]"])}
+    procs = {k: _inspector(tmp_path, run, "--method", "tools/call", "--tool-name", tool,
+                           *[x for a in args for x in ("--tool-arg", a)]) for k, (tool, args) in calls.items()}
+    out = {}
+    for key, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, f"{key}: exit {p.returncode}\n{stderr[-2000:]}"
+        res = json.loads(stdout)
+        assert res.get("isError") is False, res
+        out[key] = res["structuredContent"]
+    # the same values the in-process client reads (tests/test_import.py): 435 steps 0..434 of verl's reward mean
+    c = SyncClient(build_server("all", run))
+    try:
+        assert out["series"] == c.ok("get_metric_series", {"version_id": "v0", "name": "reward/mean",
+                                                           "max_points": 1000})
+        assert out["logs"] == c.ok("search_logs", {"query": "step:1 -"})
+    finally:
+        c.close()
+    assert len(out["series"]["points"]) == 435 and out["series"]["points"][0]["step"] == 0
+    assert "entropy_collapse" in {f["kind"] for f in out["analyze"]["findings"]}
