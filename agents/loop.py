@@ -153,6 +153,28 @@ class LoopBase:
         c = self.compute()
         return c["train_tokens"] + c["eval_tokens"] >= cap
 
+    def affordable_arms(self) -> int | None:
+        """How many more arms (``steps_per_version`` steps and one dev evaluation each) the token budget
+        (``budget.max_tokens``) pays for; None without a token budget or before any step and dev evaluation
+        gave the per-arm estimate.
+
+        Estimate: ``steps_per_version`` x the run's mean train tokens per trained step + its mean tokens per dev
+        evaluation. An arm may start while the budget is not yet spent (the static mode's rule for its segments),
+        so the last arm overshoots by less than one arm: ``ceil((max_tokens - spent) / arm)``, 0 once spent.
+        """
+        cap = self.config.budget.max_tokens
+        if cap is None:
+            return None
+        c = self.compute()
+        steps = sum(max(self.lineage.last_step(v.id) + 1, 0) for v in self.lineage.versions())
+        toks = self.lineage.kv_get("loop/eval_tokens") or {}
+        devs = [n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl")]
+        if not steps or not devs or not c["train_tokens"]:
+            return None
+        arm = self.config.budget.steps_per_version * c["train_tokens"] / steps + sum(devs) / len(devs)
+        left = cap - (c["train_tokens"] + c["eval_tokens"])
+        return max(0, math.ceil(left / arm)) if arm > 0 else None
+
     def compute(self) -> dict[str, Any]:
         """Compute spent so far: ``train_tokens``, ``eval_tokens`` (dev evaluations of trained versions: what the
         budget counts with the train tokens), ``no_rl_tokens`` (the base model's dev row) and ``test_tokens``

@@ -144,6 +144,17 @@ class Orchestrator(LoopBase):
             return False
         room = max(0, budget.max_versions - self.n_versions())
         n_choose = min(budget.branches_per_round, room, len(proposal.candidates))
+        damaged = self.version(parent)["damaged_weights"]
+        # never start more arms than the token budget pays for (the control first); a round already ranked (a resume)
+        # goes on as it was planned
+        arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
+            self.stage(f"r{r}/arms", self.affordable_arms)
+        if arms is not None:
+            n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
+            if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)
+                self.log(f"round {r}: the token budget pays for no further arm; stopping")
+                self.stage(f"r{r}/done", lambda: True)
+                return False
         ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose)
                              if n_choose else Ranking(chosen=[], scores=[], rationale="no room for a change: "
                                                       "the control continues alone"), Ranking)
@@ -154,7 +165,6 @@ class Orchestrator(LoopBase):
         # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
         # pruned for damaged weights (get_version's damaged_weights) has nothing to continue: its children are gated
         # against it.
-        damaged = self.version(parent)["damaged_weights"]
         if damaged and not children:
             self.stage(f"r{r}/done", lambda: True)
             return False

@@ -176,3 +176,30 @@ def test_probe_rung_trains_runners_up_briefly_and_continues_the_best(tmp_path):
         assert all(len(x) == 1 for x in ws.lineage.eval_matrix(out, "probe").values())
     finally:
         ws.close()
+
+
+def test_a_round_starts_no_more_arms_than_the_token_budget_pays_for(tmp_path):
+    """A round is sized to the token budget (``LoopBase.affordable_arms``): it used to start with all its arms once
+    the budget was not yet spent, so a loop could overshoot by a whole round (three arms) where static overshoots by
+    less than one segment."""
+    cfg = load_run_config("examples/tiny.yaml")
+    b = cfg.budget.model_copy(update=dict(max_versions=20, steps_per_version=2, branches_per_round=2,
+                                          wall_clock_minutes=600))
+    root_only = cfg.model_copy(update={"budget": b.model_copy(update=dict(max_versions=1))})
+    run_loop(root_only, tmp_path / "root", "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "root") as ws:
+        c = ws.lineage.kv_get("loop/compute")
+    root = c["train_tokens"] + c["eval_tokens"]  # one arm costs about this: the same steps and one dev evaluation
+    cap = int(2.5 * root)  # after the root 1.5 arms are left: ceil(1.5) = 2 arms, the control and one child
+    run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_tokens=cap))}), tmp_path / "run",
+             "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "run") as ws:
+        lin = ws.lineage
+        assert lin.kv_get("loop/r1/arms") == 2
+        r1 = [v for v in lin.children("v0")]
+        assert len(r1) == 2 and sum(v.is_control for v in r1) == 1  # 2 branches per round asked, 1 paid for
+        assert lin.kv_get("loop/r2/arms") in (None, 0) and len(lin.versions()) == 3  # spent: no round 2 starts
+        c = lin.kv_get("loop/compute")
+        # the second arm started while the budget was not spent (root + one arm = 384 < cap 480); the child
+        # doubled generate_max_len (8 -> 16), so it cost twice an arm of the root's recipe: the total overshoots
+        assert 2 * root < cap <= c["train_tokens"] + c["eval_tokens"]
