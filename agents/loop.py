@@ -167,8 +167,7 @@ class LoopBase:
             return None
         c = self.compute()
         steps = sum(max(self.lineage.last_step(v.id) + 1, 0) for v in self.lineage.versions())
-        toks = self.lineage.kv_get("loop/eval_tokens") or {}
-        devs = [n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl")]
+        devs = _dev_eval_tokens(self.lineage.kv_get("loop/eval_tokens") or {})
         if not steps or not devs or not c["train_tokens"]:
             return None
         arm = self.config.budget.steps_per_version * c["train_tokens"] / steps + sum(devs) / len(devs)
@@ -183,7 +182,7 @@ class LoopBase:
         ``wall_s``, summed over resumes."""
         train = sum(train_tokens(self.lineage, v.id) for v in self.lineage.versions())
         toks = self.lineage.kv_get("loop/eval_tokens") or {}
-        dev = sum(n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl"))
+        dev = sum(_dev_eval_tokens(toks))
         no_rl = sum(n for k, n in toks.items() if k.endswith("/no_rl"))
         test = sum(n for k, n in toks.items() if _is_test_key(k))
         if not hasattr(self, "_proc0"):
@@ -423,6 +422,12 @@ def _cpu_s() -> float:
     """User + system CPU-seconds of this process (all threads: the in-process MCP jobs included)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _dev_eval_tokens(toks: dict[str, int]) -> list[int]:
+    """The generated tokens of each dev evaluation of trained versions in kv ``loop/eval_tokens`` (what the budget
+    counts; the no-RL row and the test evaluations left out)."""
+    return [n for k, n in toks.items() if not _is_test_key(k) and not k.endswith("/no_rl")]
 
 
 def _is_test_key(key: str) -> bool:
