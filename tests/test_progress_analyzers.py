@@ -66,6 +66,24 @@ def test_flat_kl_flat_reward_is_update_too_small():
     assert "2e-05" in fs[0].explanation and "22.4" in fs[0].explanation
 
 
+def test_median_kl_small_with_a_few_clipped_tokens_is_update_too_small():
+    # the SmolLM2 default's seed-1 root (lr 2e-6): 5 of 8 steps below KL_SMALL (62.5%), median KL 6e-4, a median
+    # clip fraction of 0.28%: the policy barely moves, so the finding must fire (a "75% of steps and no clipped
+    # token" rule missed it)
+    correct = [0.20, 0.22, 0.19, 0.21, 0.20, 0.23, 0.20, 0.21]
+    kl = [3e-4, 5e-4, 6e-4, 1.5e-3, 6e-4, 2e-3, 4e-4, 1.2e-3]
+    fs = run_analyzers(_ev(correct, kl, clip=0.0028), NAMES)
+    assert [(f.kind, f.severity) for f in fs] == [("update_too_small", "warn")]
+    d = fs[0].data
+    assert d["frac_steps_kl_small"] == pytest.approx(5 / 8)
+    assert d["update_kl_median"] == pytest.approx(6e-4)  # sorted: 3,4,5,6,6,12,15,20 (e-4): median (6 + 6) / 2
+    assert d["lr_factor_to_target"] == pytest.approx(math.sqrt(0.01 / 6e-4))  # 4.08
+    # the clip acting on 2% of the tokens (above CLIP_SMALL = 1%) or a median step at the KL_SMALL bound is not "too
+    # small"
+    assert _kinds(_ev(correct, kl, clip=0.02)) == []
+    assert _kinds(_ev(correct, [1e-3] * 8, clip=0.0)) == []
+
+
 def test_healthy_rising_run_raises_nothing():
     rng = np.random.default_rng(0)
     correct = list(np.linspace(0.3, 0.7, 10) + rng.normal(0, 0.02, 10))
