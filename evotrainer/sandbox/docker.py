@@ -33,6 +33,7 @@ from evotrainer.sandbox.base import (
     SandboxResult,
     infer_limit,
 )
+from evotrainer.sandbox.bwrap import seccomp_filter
 from evotrainer.sandbox.fs import chown_tree
 from evotrainer.sandbox.limits import owner_alive, owner_tag, tmpfs_inodes
 
@@ -40,6 +41,31 @@ OWNER_LABEL = "org.evotrainer.sandbox.owner"  # <pid>.<start time> of the proces
 BASE_ENV = "EVOTRAINER_SANDBOX_BASE"  # build argument BASE of the Dockerfiles (default python:3.11-slim)
 PIP_ENV = "EVOTRAINER_SANDBOX_PIP"  # build argument PIP_REQUIREMENTS: 0 = the base brings its packages
 BUILD_NETWORK_ENV = "EVOTRAINER_SANDBOX_BUILD_NETWORK"  # network of the build steps (e.g. host); runs: always none
+
+# /proc and /sys paths the container sees as an empty file (MaskedPaths) or read-only (ReadonlyPaths). Sending
+# either replaces the daemon's own list, so these are Docker 20.10's defaults (moby oci.DefaultSpec) plus what
+# the bwrap backend also hides: /proc/key-users (kernel key quota of host uids) and /proc/pressure, which
+# Docker 20.10 left writable to the container user (PSI trigger files, checked on a real daemon).
+MASKED_PATHS = ("/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/key-users", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware")
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/proc/pressure")
+
+# Runs first in the container (as ``python3 -I -S -c``): loads the bwrap backend's seccomp filter
+# (:func:`~evotrainer.sandbox.bwrap.seccomp_filter`, hex in argv[1]) with prctl(PR_SET_SECCOMP=22,
+# SECCOMP_MODE_FILTER=2) on top of Docker's default profile (filters stack; no-new-privileges makes it
+# allowed unprivileged), then execs the command. Docker 20.10's default profile allows io_uring_setup
+# (checked on a real daemon); this one refuses it with the rest of BLOCKED_SYSCALLS. A filter that cannot
+# be loaded ends the run (exit 126) instead of running the code unfiltered.
+_SECCOMP_LAUNCHER = r"""
+import ctypes,os,sys
+p=bytes.fromhex(sys.argv[1]);b=ctypes.create_string_buffer(p,len(p))
+class F(ctypes.Structure):_fields_=[('n',ctypes.c_ushort),('f',ctypes.c_void_p)]
+f=F(len(p)//8,ctypes.addressof(b));l=ctypes.CDLL(None,use_errno=True)
+if l.prctl(22,2,ctypes.byref(f),0,0)!=0:sys.stderr.write(f'sandbox: seccomp filter refused (errno {ctypes.get_errno()})\n');os._exit(126)
+try:os.execvp(sys.argv[2],sys.argv[2:])
+except OSError as e:sys.stderr.write(f'sandbox: cannot run {sys.argv[2]!r}: {e}\n');os._exit(127)
+"""
+OOM_EVENT_WAIT_S = 2.0  # how long a SIGKILLed container's OOMKilled flag is awaited (the daemon's OOM event can trail its exit)
 
 
 def ensure_image(client, image: str) -> str:
@@ -96,15 +122,21 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
                docker.types.Ulimit(name="fsize", soft=limits.max_file_mb << 20, hard=limits.max_file_mb << 20),
                docker.types.Ulimit(name="core", soft=0, hard=0)]
-    t0 = time.monotonic()
-    container = client.containers.run(
-        tag, argv, detach=True, network_mode="none", user=user, cap_drop=["ALL"],
-        security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs, volumes=volumes,
-        mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.max_procs,
-        nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
-        ulimits=ulimits, environment=env, working_dir=WORK_DIR, stdin_open=False,
-        labels={OWNER_LABEL: owner_tag()},  # a run killed with SIGKILL: the next run removes its container
+    program = seccomp_filter()
+    command = argv if program is None else ["python3", "-I", "-S", "-c", _SECCOMP_LAUNCHER, program.hex(), *argv]
+    host_config = client.api.create_host_config(
+        network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs,
+        binds=volumes, mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+        pids_limit=limits.max_procs, nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
+        ulimits=ulimits,
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
+    host_config["MaskedPaths"], host_config["ReadonlyPaths"] = list(MASKED_PATHS), list(READONLY_PATHS)
+    t0 = time.monotonic()
+    created = client.api.create_container(
+        tag, command, detach=True, user=user, environment=env, working_dir=WORK_DIR, stdin_open=False,
+        volumes=[v["bind"] for v in volumes.values()], host_config=host_config,
+        labels={OWNER_LABEL: owner_tag()})  # a run killed with SIGKILL: the next run removes its container
+    container = client.containers.get(created["Id"])
     killed, forks_refused, status = None, False, None
     cap = limits.max_output
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
@@ -125,6 +157,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
 
     threads = [threading.Thread(target=pump, args=(n,), daemon=True) for n in bufs]
     try:
+        container.start()  # inside the try: a container that fails to start is removed too
         for t in threads:
             t.start()
         while status is None:
@@ -141,8 +174,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         wall = time.monotonic() - t0
         for t in threads:
             t.join(timeout=5)
-        container.reload()
-        oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+        oom = _oom_killed(container, status, killed)
     finally:
         container.remove(force=True)
         if owner is not None and workdir is not None:  # owner is set only for a lent workdir
@@ -153,6 +185,24 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     return SandboxResult(exit_code=status, stdout=stdout, stderr=stderr, limit_hit=limit, backend="docker",
                          wall_s=round(wall, 4), cpu_s=None, max_rss_mb=None, stdout_truncated=truncated["stdout"],
                          stderr_truncated=truncated["stderr"])
+
+
+def _oom_killed(container, status: int | None, killed: str | None) -> bool:
+    """True when the container's memory cgroup OOM-killed a process (the daemon's ``State.OOMKilled``).
+
+    The daemon sets the flag on containerd's OOM event, which on a loaded machine can arrive after the
+    exit the wait returned (seen on Docker 20.10: exit 137, flag still false, true a moment later). So a
+    container that died of SIGKILL (137) that the sandbox did not send is re-read for up to
+    :data:`OOM_EVENT_WAIT_S` seconds; any other exit is read once.
+    """
+    deadline = time.monotonic() + (OOM_EVENT_WAIT_S if status == 137 and killed is None else 0.0)
+    while True:
+        container.reload()
+        if container.attrs.get("State", {}).get("OOMKilled"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _forks_refused(container_id: str) -> bool:
