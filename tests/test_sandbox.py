@@ -336,10 +336,11 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
         "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
     assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
     assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
-    assert set(hc["Tmpfs"]) == {"/tmp", "/sandbox/work", "/sys"}
+    assert set(hc["Tmpfs"]) == {"/tmp", "/dev/shm", "/sandbox/work", "/sys"}
     # disk_mb=256 by default: 256 MiB / 16 KiB per inode = 16,384 inodes on each tmpfs
     assert hc["Tmpfs"]["/tmp"] == "size=256m,nr_inodes=16384"
-    assert hc["NanoCpus"] == 1_000_000_000 and hc["ShmSize"] == 256 << 20  # cpus=1.0 for the whole container
+    assert hc["Tmpfs"]["/dev/shm"] == "size=256m,nr_inodes=16384,mode=1777"  # not Docker's shm: no inode cap there
+    assert hc["NanoCpus"] == 1_000_000_000  # cpus=1.0 for the whole container
     assert ("DELETE", "/containers/c1?v=False&link=False&force=True") in [(m, p) for m, p, _ in fake.requests]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.sandbox import run_in_sandbox, sandbox_info
+from evotrainer.sandbox import run_in_sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 

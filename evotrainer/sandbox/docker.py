@@ -2,16 +2,20 @@
 
 Images are built on first use from ``sandbox_images/<image>/Dockerfile`` and tagged
 ``evotrainer-sandbox-<image>``. Each run is one container: ``network_mode=none``, read-only root
-file system, all capabilities dropped, ``no-new-privileges``, uid/gid 65534 (a caller's work dir is
-handed to 65534 for the run as root, then back; a non-root caller's container runs as its uid), memory (no swap) and
-pids cgroup limits and a CPU quota (``nano_cpus``) for the whole container, ``cpu`` / ``fsize`` /
-``core`` ulimits, tmpfs ``/tmp`` and (without a host ``workdir``) tmpfs ``/sandbox/work`` with size
-and inode caps, ``/dev/shm`` of ``disk_mb``, inputs bound read-only at ``/evidence/<name>``. The wall clock
-is enforced by ``container.wait`` polls and a kill; stdout and stderr are followed while the
-container runs and it is killed once either passes ``max_output_kb``; the container is always removed.
+file system, all capabilities dropped, ``no-new-privileges``, Docker's seccomp profile with the bwrap
+backend's filter stacked on it (:data:`_SECCOMP_LAUNCHER`), Docker's masked / read-only ``/proc`` paths
+plus ``/proc/key-users`` and ``/proc/pressure`` (:data:`MASKED_PATHS`, :data:`READONLY_PATHS`), uid/gid
+65534 (a caller's work dir is handed to 65534 for the run as root, then back; a non-root caller's
+container runs as its uid), memory (no swap) and pids cgroup limits and a CPU quota (``nano_cpus``) for
+the whole container, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp``, ``/dev/shm`` and (without
+a host ``workdir``) ``/sandbox/work`` with size and inode caps, inputs bound read-only at
+``/evidence/<name>``. The wall clock is enforced by ``container.wait`` polls and a kill; stdout and
+stderr are followed while the container runs and it is killed once either passes ``max_output_kb``;
+the container is always removed.
 
 Tested against a fake Engine API on 127.0.0.1 (tests/test_sandbox.py: the container config sent, the
-wall-clock kill, the removal); the development machine has no Docker daemon, so never against a real one.
+wall-clock kill, the removal) and against a real daemon (Docker 20.10, cgroup v1, images on a local
+debootstrap base: the escape and security suites run through both backends, tests/sandbox_backends.py).
 """
 
 from __future__ import annotations
@@ -112,7 +116,10 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     if code_file is not None:
         volumes[str(code_file)] = {"bind": CODE_PATH, "mode": "ro"}
     caps = f"size={limits.disk_mb}m,nr_inodes={tmpfs_inodes(limits.disk_mb << 20)}"
-    tmpfs = {"/tmp": caps, "/sys": "ro,size=4k,nr_inodes=16"}  # hide the host's sysfs (Docker mounts it ro)
+    # /dev/shm as our own tmpfs: Docker's (shm_size) has a size cap but no inode cap (40,000 files went into a
+    # 64 MiB one on Docker 20.10); a mount of ours at /dev/shm replaces the daemon's
+    tmpfs = {"/tmp": caps, "/dev/shm": f"{caps},mode=1777",
+             "/sys": "ro,size=4k,nr_inodes=16"}  # hide the host's sysfs (Docker mounts it ro)
     user, owner = f"{SANDBOX_UID}:{SANDBOX_UID}", None
     if workdir is not None:
         volumes[str(Path(workdir).resolve())] = {"bind": WORK_DIR, "mode": "rw"}
@@ -127,7 +134,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     host_config = client.api.create_host_config(
         network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs,
         binds=volumes, mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
-        pids_limit=limits.max_procs, nano_cpus=int(limits.cpus * 1e9), shm_size=f"{limits.disk_mb}m",
+        pids_limit=limits.max_procs, nano_cpus=int(limits.cpus * 1e9),
         ulimits=ulimits,
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     host_config["MaskedPaths"], host_config["ReadonlyPaths"] = list(MASKED_PATHS), list(READONLY_PATHS)
