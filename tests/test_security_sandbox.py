@@ -241,6 +241,40 @@ def test_a_work_dir_that_cannot_be_cleaned_is_an_error(tmp_path):
         subprocess.run(["chattr", "-i", str(sid)], check=True)
 
 
+def test_a_hard_link_to_an_outside_file_is_not_written_and_every_owner_comes_back(tmp_path):
+    """Docker as root lent the whole work dir to uid 65534 by chown and gave it all back to root: a uid-1000 file
+    outside the work dir, hard-linked into it (cp -al, git clone --local, a uv cache), was appended to by the
+    sandbox and came back root's, and so did a uid-1000 file of the tree."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root caller's work dir is lent to the sandbox uid")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.link(outside, work / "link.txt")
+    (work / "mine.txt").write_text("of uid 1000\n")
+    for p in (outside, work / "mine.txt"):
+        os.chown(p, 1000, 1000)
+        p.chmod(0o644)
+    r = run_in_sandbox(code="""
+        import os
+        try:
+            open("link.txt", "a").write("POISONED\\n"); print("WROTE")
+        except OSError as e:
+            print("denied", e.errno)
+        os.rename("mine.txt", "renamed.txt")
+        open("made.txt", "w").write("new")
+        print("done")
+    """.replace("\n        ", "\n"), workdir=work)
+    assert "denied 13" in r.stdout and "done" in r.stdout, r
+    assert outside.read_text() == "original\n"  # host: the outside file unchanged, its owner too
+    assert (outside.stat().st_uid, outside.stat().st_gid, stat.S_IMODE(outside.stat().st_mode)) == (1000, 1000, 0o644)
+    st = (work / "renamed.txt").stat()  # a renamed entry keeps its owner
+    assert (st.st_uid, st.st_gid) == (1000, 1000)
+    st = (work / "made.txt").stat()  # a new one is the work dir's owner's
+    assert (st.st_uid, st.st_gid) == (os.stat(work).st_uid, os.stat(work).st_gid) == (0, 0)
+
+
 # --- 3. limits per run ---------------------------------------------------------------------------
 def test_dev_is_a_capped_tmpfs():
     r = run_in_sandbox(code="""

@@ -38,7 +38,7 @@ from evotrainer.sandbox.base import (
     infer_limit,
 )
 from evotrainer.sandbox.bwrap import seccomp_filter
-from evotrainer.sandbox.fs import chown_tree
+from evotrainer.sandbox.fs import Owners, lend_tree, return_tree
 from evotrainer.sandbox.limits import owner_alive, owner_tag, tmpfs_inodes
 
 OWNER_LABEL = "org.evotrainer.sandbox.owner"  # <pid>.<start time> of the process that started the container
@@ -229,30 +229,30 @@ def _forks_refused(container_id: str) -> bool:
     return False
 
 
-def _lend_work_dir(workdir: Path, user: str) -> tuple[tuple[int, int] | None, str]:
-    """Make a caller's work dir writable by the container user: ``(owner to give it back to, user)``.
+def _lend_work_dir(workdir: Path, user: str) -> tuple[Owners | None, str]:
+    """Make a caller's work dir writable by the container user: ``(owners to give back, user)``.
 
-    As root the tree is handed to uid/gid 65534 for the run (so what the container writes is owned
-    by an unprivileged uid, not root) and back afterwards; a non-root caller's container runs as the
-    caller's own uid instead. Raises :class:`SandboxError` when the tree cannot be handed over.
+    As root the tree is lent to uid/gid 65534 for the run (so what the container writes is owned by an
+    unprivileged uid, not root) with :func:`~evotrainer.sandbox.fs.lend_tree` (a file hard-linked to a
+    path outside keeps its owner) and each entry given back its own owner afterwards; a non-root
+    caller's container runs as the caller's own uid instead. Raises :class:`SandboxError` when the
+    tree cannot be lent.
     """
     if os.geteuid() != 0:
         return None, f"{os.getuid()}:{os.getgid()}"
-    st = os.stat(workdir)
     try:
-        chown_tree(workdir, SANDBOX_UID, SANDBOX_UID)
+        owners = lend_tree(workdir, SANDBOX_UID, SANDBOX_UID)  # gives back what it lent before raising
     except OSError as e:
-        _return_work_dir(workdir, (st.st_uid, st.st_gid))
         raise SandboxError(f"workdir={workdir}: cannot hand it to uid {SANDBOX_UID} for the container ({e})") from e
-    return (st.st_uid, st.st_gid), user
+    return owners, user
 
 
-def _return_work_dir(workdir: Path, owner: tuple[int, int]) -> None:
+def _return_work_dir(workdir: Path, owners: Owners) -> None:
     try:
-        chown_tree(workdir, *owner)
+        return_tree(workdir, owners)
     except OSError as e:
-        raise SandboxError(f"could not clean the work dir {workdir}: giving it back to uid {owner[0]} failed "
-                           f"({e}); remove it as root") from e
+        raise SandboxError(f"could not clean the work dir {workdir}: giving its entries back to their owners "
+                           f"failed ({e}); remove it as root") from e
 
 
 def _sweep_stale_containers(client, owner_alive) -> int:
