@@ -267,6 +267,19 @@ class FakeDocker:
 
                     _t.sleep(wait_s)
                     return self._send(200, {"StatusCode": exit_code})
+                if "/attach" in path:  # both streams multiplexed (1 = stdout, 2 = stderr), then EOF
+                    frames = b"".join(bytes([k, 0, 0, 0]) + len(w).to_bytes(4, "big") + w
+                                      for k, w in ((1, stdout), (2, stderr)) if w)
+                    self.close_connection = True  # like a hijacked stream: headers, then (later) the frames
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/vnd.docker.raw-stream")
+                    self.end_headers()
+                    self.wfile.flush()
+                    import time as _t
+
+                    _t.sleep(0.1)  # the client reads frames from the raw socket: none may sit in its header buffer
+                    self.wfile.write(frames)
+                    return None
                 if "/logs" in path:
                     want = stdout if "stdout=1" in path else stderr
                     frame = (bytes([1 if "stdout=1" in path else 2, 0, 0, 0]) + len(want).to_bytes(4, "big") + want
@@ -330,6 +343,8 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
     assert {"/proc/sys", "/proc/sysrq-trigger", "/proc/pressure"} <= set(hc["ReadonlyPaths"])
     assert "K=v" in create["Env"] and not any(e.startswith("ANTHROPIC") for e in create["Env"])
     assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"] and hc["ReadonlyRootfs"] is True
+    assert hc["LogConfig"] == {"Type": "none", "Config": {}}  # output read through the attach, never on disk
+    assert any("/containers/c1/attach?" in p for _, p, _ in fake.requests)
     assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32 and hc["Init"] is True
     assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == 512 << 20  # no swap beyond the limit
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {

@@ -10,8 +10,9 @@ container runs as its uid), memory (no swap) and pids cgroup limits and a CPU qu
 the whole container, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp``, ``/dev/shm`` and (without
 a host ``workdir``) ``/sandbox/work`` with size and inode caps, inputs bound read-only at
 ``/evidence/<name>``. The wall clock is enforced by ``container.wait`` polls and a kill; stdout and
-stderr are followed while the container runs and it is killed once either passes ``max_output_kb``;
-the container is always removed.
+stderr are read through an attach made before the start (log driver ``none``: nothing reaches the
+host disk) and the container is killed once either passes ``max_output_kb``; the container is
+always removed.
 
 Tested against a fake Engine API on 127.0.0.1 (tests/test_sandbox.py: the container config sent, the
 wall-clock kill, the removal) and against a real daemon (Docker 20.10, cgroup v1, images on a local
@@ -37,7 +38,7 @@ from evotrainer.sandbox.base import (
     SandboxResult,
     infer_limit,
 )
-from evotrainer.sandbox.bwrap import seccomp_filter
+from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, seccomp_filter
 from evotrainer.sandbox.fs import Owners, lend_tree, return_tree
 from evotrainer.sandbox.limits import owner_alive, owner_tag, tmpfs_inodes
 
@@ -135,7 +136,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs,
         binds=volumes, mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
         pids_limit=limits.max_procs, nano_cpus=int(limits.cpus * 1e9),
-        ulimits=ulimits,
+        ulimits=ulimits, log_config={"Type": "none", "Config": {}},  # output only through the attach below
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     host_config["MaskedPaths"], host_config["ReadonlyPaths"] = list(MASKED_PATHS), list(READONLY_PATHS)
     t0 = time.monotonic()
@@ -150,20 +151,28 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     truncated = {"stdout": False, "stderr": False}
     over = threading.Event()
 
-    def pump(name: str) -> None:  # follow the log while it runs: an output flood is stopped at the cap
+    def pump(stream) -> None:  # read the output while it runs: a flood is stopped at the cap
         try:
-            for chunk in container.logs(stdout=name == "stdout", stderr=name == "stderr", stream=True, follow=True):
-                room = cap - len(bufs[name])
-                bufs[name] += chunk[:max(room, 0)]
-                if len(chunk) > room:
-                    truncated[name] = True
-                    over.set()
-                    return
-        except Exception:  # the container went away: what was read is kept
+            for frames in stream:
+                for name, chunk in zip(("stdout", "stderr"), frames, strict=True):
+                    if not chunk or truncated[name]:
+                        continue  # past the cap: still drained (the shim reports the exit only once its
+                        # output is read, so a reader that stops makes the kill hang), never kept
+                    room = cap - len(bufs[name])
+                    bufs[name] += chunk[:max(room, 0)]
+                    if len(chunk) > room:
+                        truncated[name] = True
+                        over.set()
+        except Exception:  # the container went away or the stream was closed: what was read is kept
             pass
 
-    threads = [threading.Thread(target=pump, args=(n,), daemon=True) for n in bufs]
+    stream = None
     try:
+        # Attached before the start, so nothing is missed; with the "none" log driver nothing the container
+        # prints reaches the host disk (json-file: an output flood had 11-16 MB on disk before the kill at a
+        # 64 KiB cap, Docker 20.10; a size-capped json-file made the follower lose its place at rotation).
+        stream = client.api.attach(container.id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        threads = [threading.Thread(target=pump, args=(stream,), daemon=True)]
         container.start()  # inside the try: a container that fails to start is removed too
         for t in threads:
             t.start()
@@ -183,6 +192,8 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
             t.join(timeout=5)
         oom = _oom_killed(container, status, killed)
     finally:
+        if stream is not None:
+            stream.close()
         container.remove(force=True)
         if owner is not None and workdir is not None:  # owner is set only for a lent workdir
             _return_work_dir(Path(workdir), owner)
@@ -192,6 +203,52 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     return SandboxResult(exit_code=status, stdout=stdout, stderr=stderr, limit_hit=limit, backend="docker",
                          wall_s=round(wall, 4), cpu_s=None, max_rss_mb=None, stdout_truncated=truncated["stdout"],
                          stderr_truncated=truncated["stderr"])
+
+
+def daemon_limits(client) -> tuple[str, dict[str, str]]:
+    """What the daemon behind ``client`` enforces for a run: ``(daemon summary, {limit: "enforced: how" |
+    "NOT enforced: why"})`` for ``memory_per_run``, ``procs_per_run``, ``cpu_per_run``, read from its
+    ``/info`` (``MemoryLimit``, ``SwapLimit``, ``PidsLimit``, ``CpuCfsQuota``, ``SecurityOptions``);
+    plus ``tmpfs_size``, ``tmpfs_inodes``, ``dev_cap``, ``seccomp``, ``proc_masking`` (this backend's
+    own mounts and launcher). A daemon that cannot be asked gives ``("unknown: <error>", ...)`` with
+    the cgroup limits reported as not known.
+    """
+    try:
+        info = client.info()
+    except Exception as e:  # a daemon gone since the choice: say so instead of claiming limits
+        info, summary = {}, f"unknown: {type(e).__name__}: {e}"[:200]
+    else:
+        summary = (f"Docker {info.get('ServerVersion', '?')}, cgroup v{info.get('CgroupVersion', '?')} "
+                   f"({info.get('CgroupDriver', '?')}), storage {info.get('Driver', '?')}")
+
+    def held(flag: str, how: str, why: str) -> str:
+        if flag not in info:
+            return f"NOT enforced: the daemon did not say whether it supports {flag} ({summary})"
+        return f"enforced: {how}" if info[flag] else f"NOT enforced: {why}"
+
+    memory = held("MemoryLimit", "container memory cgroup (mem_limit = memswap_limit = memory_mb)",
+                  "the daemon has no memory cgroup; memory_mb bounds nothing (Docker sets no RLIMIT_AS)")
+    if memory.startswith("enforced") and not info.get("SwapLimit", False):
+        memory = ("enforced, without swap limit: container memory cgroup (mem_limit = memory_mb), but the kernel "
+                  "has no swap accounting, so a run may swap beyond memory_mb")
+    seccomp = any("seccomp" in str(o) for o in info.get("SecurityOptions") or [])
+    return summary, {
+        "memory_per_run": memory,
+        "procs_per_run": held("PidsLimit", "container pids cgroup (pids_limit = max_procs)",
+                              "the daemon has no pids cgroup; a fork bomb is bounded by nothing here"),
+        "cpu_per_run": held("CpuCfsQuota", "container CPU quota (nano_cpus = cpus)",
+                            "the daemon has no CFS quota; cpu_s bounds each process's CPU seconds only"),
+        "tmpfs_size": "enforced: tmpfs size= disk_mb on /tmp, /dev/shm and the private work dir",
+        "tmpfs_inodes": "enforced: tmpfs nr_inodes= (one per 16 KiB of size cap) on /tmp, /dev/shm and the "
+                        "private work dir",
+        "dev_cap": "enforced: Docker's /dev tmpfs is root-owned 0755 (uid 65534 cannot create files there); "
+                   "/dev/shm is the capped tmpfs above",
+        "seccomp": (f"enforced: Docker's default profile + {len(BLOCKED_SYSCALLS)} syscalls refused by a stacked "
+                    "filter (keyrings, bpf, perf, io_uring, ...)" if seccomp and seccomp_filter() else
+                    "NOT enforced: " + ("the daemon runs without seccomp" if not seccomp else
+                                        "no stacked filter for this architecture; Docker's default profile only")),
+        "proc_masking": f"enforced: masked {', '.join(MASKED_PATHS)}; read-only {', '.join(READONLY_PATHS)}",
+    }
 
 
 def _oom_killed(container, status: int | None, killed: str | None) -> bool:
