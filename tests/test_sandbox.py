@@ -225,9 +225,10 @@ class FakeDocker:
     """A minimal Docker Engine API: records the container config, 'runs' it as ``exit_code`` + output."""
 
     def __init__(self, stdout: bytes = b"", stderr: bytes = b"", exit_code: int = 0, wait_s: float = 0.0,
-                 oom_from_inspect: int | None = None):
+                 oom_from_inspect: int | None = None, delete_fails: bool = False):
         """``oom_from_inspect``: the n-th container inspect (1-based) and later ones say ``OOMKilled: true``
-        (a real daemon sets the flag on an OOM event that can trail the exit)."""
+        (a real daemon sets the flag on an OOM event that can trail the exit). ``delete_fails``: the
+        container removal answers 500."""
         import http.server
         import threading
 
@@ -290,7 +291,7 @@ class FakeDocker:
                     inspect["State"]["OOMKilled"] = oom_from_inspect is not None and fake.inspects >= oom_from_inspect
                     return self._send(200, inspect)
                 if method == "DELETE":
-                    return self._send(204)
+                    return self._send(500, {"message": "fake docker: removal failed"}) if delete_fails else self._send(204)
                 return self._send(404, {"message": f"fake docker: no route {method} {path}"})
 
             def do_GET(self):
@@ -377,6 +378,26 @@ def test_docker_oom_flag_that_trails_the_exit_is_still_read(monkeypatch):
     finally:
         fake.close()
     assert r.exit_code == 3 and r.limit_hit is None and fake.inspects <= 5, (r, fake.inspects)
+
+
+def test_docker_work_dir_comes_back_to_its_owners_when_the_removal_fails(monkeypatch, tmp_path):
+    """A root caller's work dir is lent to uid 65534 for the run; a container removal that raised skipped the
+    give-back, leaving the tree 65534's (writable by any host process of that uid)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root caller's work dir is lent to the sandbox uid")
+    import docker
+
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    os.chown(work / "sub", 1000, 1000)
+    fake = FakeDocker(exit_code=0, delete_fails=True)
+    try:
+        _fake_client(monkeypatch, fake)
+        with pytest.raises(docker.errors.APIError, match="removal failed"):
+            run_in_sandbox(code="pass", workdir=work)
+    finally:
+        fake.close()
+    assert (work.stat().st_uid, (work / "sub").stat().st_uid, (work / "sub").stat().st_gid) == (0, 1000, 1000)
 
 
 def test_docker_backend_kills_at_the_wall_clock(monkeypatch):

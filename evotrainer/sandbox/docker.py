@@ -192,11 +192,13 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
             t.join(timeout=5)
         oom = _oom_killed(container, status, killed)
     finally:
-        if stream is not None:
-            stream.close()
-        container.remove(force=True)
-        if owner is not None and workdir is not None:  # owner is set only for a lent workdir
-            _return_work_dir(Path(workdir), owner)
+        try:
+            if stream is not None:
+                stream.close()
+            container.remove(force=True)
+        finally:  # a removal that fails (daemon gone) still gives the work dir back to its owners
+            if owner is not None and workdir is not None:  # owner is set only for a lent workdir
+                _return_work_dir(Path(workdir), owner)
     stdout, stderr = bytes(bufs["stdout"]).decode(errors="replace"), bytes(bufs["stderr"]).decode(errors="replace")
     limit = ("procs" if forks_refused else killed) or ("memory" if oom else None) \
         or ("output" if any(truncated.values()) else None) or infer_limit(status, stderr, 0.0, limits)
