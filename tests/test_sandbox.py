@@ -352,6 +352,7 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
         "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
     assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
     assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
+    assert "/dev/null:/etc/resolv.conf:ro" in hc["Binds"]  # not the host's resolver, which Docker copies in
     assert set(hc["Tmpfs"]) == {"/tmp", "/dev/shm", "/sandbox/work", "/sys"}
     # disk_mb=256 by default: 256 MiB / 16 KiB per inode = 16,384 inodes on each tmpfs
     assert hc["Tmpfs"]["/tmp"] == "size=256m,nr_inodes=16384"

@@ -568,3 +568,20 @@ def test_25_keyrings_bpf_perf_and_io_uring_are_refused():
         assert f"{name} -1 1\n" in r.stdout, (name, r.stdout)  # EPERM from the filter
     assert "seccomp 2" in r.stdout  # filter mode
     assert (Path("/proc/keys").read_text() if Path("/proc/keys").exists() else "") == keys_before  # host unchanged
+
+
+def test_26_the_host_resolver_is_not_visible():
+    """With network none Docker 20.10 still copied the host's /etc/resolv.conf (its nameservers) into the
+    container; bwrap binds no /etc/resolv.conf at all."""
+    host = [l for l in Path("/etc/resolv.conf").read_text().splitlines() if l.split()[:1] == ["nameserver"]] \
+        if Path("/etc/resolv.conf").is_file() else []
+    r = run("""
+        import os
+        for p in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf", "/run/resolvconf/resolv.conf"):
+            try:
+                print(p, repr(open(p).read()))
+            except OSError as e:
+                print(p, "absent", e.errno)
+    """)
+    assert r.exit_code == 0 and r.stdout.count("/resolv.conf") == 3, r
+    assert not [l for l in host if l in r.stdout], (host, r.stdout)

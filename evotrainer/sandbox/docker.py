@@ -130,11 +130,14 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
                docker.types.Ulimit(name="fsize", soft=limits.max_file_mb << 20, hard=limits.max_file_mb << 20),
                docker.types.Ulimit(name="core", soft=0, hard=0)]
+    # /dev/null over /etc/resolv.conf: with network none Docker 20.10 still copies the host's resolver into the
+    # container (its nameserver addresses were readable); a mount of ours there replaces the daemon's file
+    binds = [f"{src}:{v['bind']}:{v['mode']}" for src, v in volumes.items()] + ["/dev/null:/etc/resolv.conf:ro"]
     program = seccomp_filter()
     command = argv if program is None else ["python3", "-I", "-S", "-c", _SECCOMP_LAUNCHER, program.hex(), *argv]
     host_config = client.api.create_host_config(
         network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, tmpfs=tmpfs,
-        binds=volumes, mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+        binds=binds, mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
         pids_limit=limits.max_procs, nano_cpus=int(limits.cpus * 1e9),
         ulimits=ulimits, log_config={"Type": "none", "Config": {}},  # output only through the attach below
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
@@ -142,7 +145,7 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     t0 = time.monotonic()
     created = client.api.create_container(
         tag, command, detach=True, user=user, environment=env, working_dir=WORK_DIR, stdin_open=False,
-        volumes=[v["bind"] for v in volumes.values()], host_config=host_config,
+        volumes=[b.split(":")[1] for b in binds], host_config=host_config,
         labels={OWNER_LABEL: owner_tag()})  # a run killed with SIGKILL: the next run removes its container
     container = client.containers.get(created["Id"])
     killed, forks_refused, status = None, False, None
