@@ -573,8 +573,8 @@ def test_25_keyrings_bpf_perf_and_io_uring_are_refused():
 def test_26_the_host_resolver_is_not_visible():
     """With network none Docker 20.10 still copied the host's /etc/resolv.conf (its nameservers) into the
     container; bwrap binds no /etc/resolv.conf at all."""
-    host = [l for l in Path("/etc/resolv.conf").read_text().splitlines() if l.split()[:1] == ["nameserver"]] \
-        if Path("/etc/resolv.conf").is_file() else []
+    conf = Path("/etc/resolv.conf")
+    host = [ln for ln in conf.read_text().splitlines() if ln.split()[:1] == ["nameserver"]] if conf.is_file() else []
     r = run("""
         import os
         for p in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf", "/run/resolvconf/resolv.conf"):
@@ -584,4 +584,4 @@ def test_26_the_host_resolver_is_not_visible():
                 print(p, "absent", e.errno)
     """)
     assert r.exit_code == 0 and r.stdout.count("/resolv.conf") == 3, r
-    assert not [l for l in host if l in r.stdout], (host, r.stdout)
+    assert not [ln for ln in host if ln in r.stdout], (host, r.stdout)
