@@ -10,7 +10,8 @@ starts the daemon and the images once per session:
   (its own socket, exec root and pidfile under ``/run/evotrainer-docker``; data root
   :data:`DATA_ROOT`, kept between sessions so its images are a cache; ``--iptables=false
   --ip6tables=false --ip-masq=false --bridge=none``: the host's network is left alone, sandbox
-  containers run with ``--network none`` anyway) and stopped at the end of the session;
+  containers run with ``--network none`` anyway) and stopped at the end of the session (one left by a
+  session killed with SIGKILL answers at :data:`PRIVATE_SOCK` next time and is used, not stopped);
 * the images: ``$EVOTRAINER_SANDBOX_BASE`` when set, else ``scripts/docker_base.sh`` makes the local
   base ``evotrainer-base:bookworm`` (debootstrap + ``docker import``, no registry; about 75 s plus
   the mirror download once, then cached in the data root) and builds the sandbox images on it.
