@@ -225,10 +225,10 @@ class FakeDocker:
     """A minimal Docker Engine API: records the container config, 'runs' it as ``exit_code`` + output."""
 
     def __init__(self, stdout: bytes = b"", stderr: bytes = b"", exit_code: int = 0, wait_s: float = 0.0,
-                 oom_from_inspect: int | None = None, delete_fails: bool = False):
+                 oom_from_inspect: int | None = None, fails: str | None = None):
         """``oom_from_inspect``: the n-th container inspect (1-based) and later ones say ``OOMKilled: true``
-        (a real daemon sets the flag on an OOM event that can trail the exit). ``delete_fails``: the
-        container removal answers 500."""
+        (a real daemon sets the flag on an OOM event that can trail the exit). ``fails``: ``"create"`` or
+        ``"delete"``, that call answers 500."""
         import http.server
         import threading
 
@@ -260,6 +260,8 @@ class FakeDocker:
                 if path.startswith("/images/"):
                     return self._send(200, {"Id": "sha256:fake"})
                 if path.startswith("/containers/create"):
+                    if fails == "create":
+                        return self._send(500, {"message": "fake docker: create failed"})
                     return self._send(201, {"Id": "c1", "Warnings": []})
                 if path.endswith("/start") or path.endswith("/kill"):
                     return self._send(204)
@@ -291,7 +293,7 @@ class FakeDocker:
                     inspect["State"]["OOMKilled"] = oom_from_inspect is not None and fake.inspects >= oom_from_inspect
                     return self._send(200, inspect)
                 if method == "DELETE":
-                    return self._send(500, {"message": "fake docker: removal failed"}) if delete_fails else self._send(204)
+                    return self._send(500, {"message": "fake docker: delete failed"}) if fails == "delete" else self._send(204)
                 return self._send(404, {"message": f"fake docker: no route {method} {path}"})
 
             def do_GET(self):
@@ -381,9 +383,10 @@ def test_docker_oom_flag_that_trails_the_exit_is_still_read(monkeypatch):
     assert r.exit_code == 3 and r.limit_hit is None and fake.inspects <= 5, (r, fake.inspects)
 
 
-def test_docker_work_dir_comes_back_to_its_owners_when_the_removal_fails(monkeypatch, tmp_path):
-    """A root caller's work dir is lent to uid 65534 for the run; a container removal that raised skipped the
-    give-back, leaving the tree 65534's (writable by any host process of that uid)."""
+@pytest.mark.parametrize("fails", ["create", "delete"])
+def test_docker_work_dir_comes_back_to_its_owners_when_the_daemon_fails(monkeypatch, tmp_path, fails):
+    """A root caller's work dir is lent to uid 65534 for the run; a container creation or removal that raised
+    skipped the give-back, leaving the tree 65534's (writable by any host process of that uid)."""
     if os.geteuid() != 0:
         pytest.skip("only a root caller's work dir is lent to the sandbox uid")
     import docker
@@ -391,10 +394,10 @@ def test_docker_work_dir_comes_back_to_its_owners_when_the_removal_fails(monkeyp
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
     os.chown(work / "sub", 1000, 1000)
-    fake = FakeDocker(exit_code=0, delete_fails=True)
+    fake = FakeDocker(exit_code=0, fails=fails)
     try:
         _fake_client(monkeypatch, fake)
-        with pytest.raises(docker.errors.APIError, match="removal failed"):
+        with pytest.raises(docker.errors.APIError, match=f"{fails} failed"):
             run_in_sandbox(code="pass", workdir=work)
     finally:
         fake.close()

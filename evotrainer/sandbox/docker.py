@@ -124,7 +124,6 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
     user, owner = f"{SANDBOX_UID}:{SANDBOX_UID}", None
     if workdir is not None:
         volumes[str(Path(workdir).resolve())] = {"bind": WORK_DIR, "mode": "rw"}
-        owner, user = _lend_work_dir(Path(workdir), user)
     else:
         tmpfs[WORK_DIR] = f"{caps},uid={SANDBOX_UID},gid={SANDBOX_UID}"
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
@@ -142,12 +141,6 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         ulimits=ulimits, log_config={"Type": "none", "Config": {}},  # output only through the attach below
         init=True)  # docker's init as pid 1 reaps orphans, so zombies never eat the pids limit
     host_config["MaskedPaths"], host_config["ReadonlyPaths"] = list(MASKED_PATHS), list(READONLY_PATHS)
-    t0 = time.monotonic()
-    created = client.api.create_container(
-        tag, command, detach=True, user=user, environment=env, working_dir=WORK_DIR, stdin_open=False,
-        volumes=[b.split(":")[1] for b in binds], host_config=host_config,
-        labels={OWNER_LABEL: owner_tag()})  # a run killed with SIGKILL: the next run removes its container
-    container = client.containers.get(created["Id"])
     killed, forks_refused, status = None, False, None
     cap = limits.max_output
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
@@ -169,8 +162,16 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         except Exception:  # the container went away or the stream was closed: what was read is kept
             pass
 
-    stream = None
-    try:
+    container, stream = None, None
+    try:  # from the lend on: whatever fails, the container is removed and the work dir given back
+        if workdir is not None:
+            owner, user = _lend_work_dir(Path(workdir), user)
+        t0 = time.monotonic()
+        created = client.api.create_container(
+            tag, command, detach=True, user=user, environment=env, working_dir=WORK_DIR, stdin_open=False,
+            volumes=[v["bind"] for v in volumes.values()] + ["/etc/resolv.conf"], host_config=host_config,
+            labels={OWNER_LABEL: owner_tag()})  # a run killed with SIGKILL: the next run removes its container
+        container = client.containers.get(created["Id"])
         # Attached before the start, so nothing is missed; with the "none" log driver nothing the container
         # prints reaches the host disk (json-file: an output flood had 11-16 MB on disk before the kill at a
         # 64 KiB cap, Docker 20.10; a size-capped json-file made the follower lose its place at rotation).
@@ -198,7 +199,8 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         try:
             if stream is not None:
                 stream.close()
-            container.remove(force=True)
+            if container is not None:
+                container.remove(force=True)
         finally:  # a removal that fails (daemon gone) still gives the work dir back to its owners
             if owner is not None and workdir is not None:  # owner is set only for a lent workdir
                 _return_work_dir(Path(workdir), owner)
