@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from sandbox_backends import docker_sandbox_env, sandbox_backend  # noqa: F401 - fixtures (bwrap / docker)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

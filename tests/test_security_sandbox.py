@@ -7,7 +7,8 @@ Links are planted the way sandboxed code would: one probe plants them from insid
 repository, which is equivalent (the sandbox can write any link target string into its work dir,
 and as host root its files are host root's) and saves a sandbox start per probe.
 
-Runs the real backend of this machine (bubblewrap here); no backend is a failure, not a skip.
+Runs through bubblewrap and through a real Docker daemon (tests/sandbox_backends.py); a backend that
+cannot run here skips with the reason.
 """
 
 from __future__ import annotations
@@ -35,11 +36,8 @@ SECRET = "TOPSECRET-7f3a"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _backend():
-    info = sandbox_info()
-    if info["backend"] not in ("bwrap", "docker"):
-        pytest.fail(f"no isolating sandbox backend here ({info['reason']}); run `make sandbox-deps`")
+# every test here runs once per backend that can run on this machine (tests/sandbox_backends.py)
+pytestmark = pytest.mark.usefixtures("sandbox_backend")
 
 
 def call(name: str, **args) -> str:
@@ -243,6 +241,40 @@ def test_a_work_dir_that_cannot_be_cleaned_is_an_error(tmp_path):
         subprocess.run(["chattr", "-i", str(sid)], check=True)
 
 
+def test_a_hard_link_to_an_outside_file_is_not_written_and_every_owner_comes_back(tmp_path):
+    """Docker as root lent the whole work dir to uid 65534 by chown and gave it all back to root: a uid-1000 file
+    outside the work dir, hard-linked into it (cp -al, git clone --local, a uv cache), was appended to by the
+    sandbox and came back root's, and so did a uid-1000 file of the tree."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root caller's work dir is lent to the sandbox uid")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.link(outside, work / "link.txt")
+    (work / "mine.txt").write_text("of uid 1000\n")
+    for p in (outside, work / "mine.txt"):
+        os.chown(p, 1000, 1000)
+        p.chmod(0o644)
+    r = run_in_sandbox(code="""
+        import os
+        try:
+            open("link.txt", "a").write("POISONED\\n"); print("WROTE")
+        except OSError as e:
+            print("denied", e.errno)
+        os.rename("mine.txt", "renamed.txt")
+        open("made.txt", "w").write("new")
+        print("done")
+    """.replace("\n        ", "\n"), workdir=work)
+    assert "denied 13" in r.stdout and "done" in r.stdout, r
+    assert outside.read_text() == "original\n"  # host: the outside file unchanged, its owner too
+    assert (outside.stat().st_uid, outside.stat().st_gid, stat.S_IMODE(outside.stat().st_mode)) == (1000, 1000, 0o644)
+    st = (work / "renamed.txt").stat()  # a renamed entry keeps its owner
+    assert (st.st_uid, st.st_gid) == (1000, 1000)
+    st = (work / "made.txt").stat()  # a new one is the work dir's owner's
+    assert (st.st_uid, st.st_gid) == (os.stat(work).st_uid, os.stat(work).st_gid) == (0, 0)
+
+
 # --- 3. limits per run ---------------------------------------------------------------------------
 def test_dev_is_a_capped_tmpfs():
     r = run_in_sandbox(code="""
@@ -283,17 +315,19 @@ def test_memory_limit_holds_for_the_whole_run_not_per_process():
     assert r.stdout.count("DONE") <= 1 and r.limit_hit == "memory", (r.stdout, r.limit_hit, r.stderr[-300:])
 
 
-def test_inode_flood_stops_at_the_tmpfs_inode_cap():
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
+def test_inode_flood_stops_at_the_tmpfs_inode_cap(where):
+    # /dev/shm: Docker's own (shm_size) has no inode cap (40,000 files fitted in a 64 MiB one on Docker 20.10)
     r = run_in_sandbox(code="""
         import os
         n = 0
         try:
             for i in range(30000):
-                open(f"/tmp/f{i}", "w").close(); n += 1
+                open(f"WHERE/f{i}", "w").close(); n += 1
         except OSError as e:
             print("STOPPED", e.errno)
         print("FILES", n)
-    """.replace("\n        ", "\n"), disk_mb=256, timeout_s=60)
+    """.replace("\n        ", "\n").replace("WHERE", where), disk_mb=256, timeout_s=60)
     n = int(r.stdout.split()[-1])
     # one inode per 16 KiB of size cap (mke2fs's default inode_ratio): 256 MiB / 16 KiB = 16,384 inodes
     assert "STOPPED 28" in r.stdout and n < 16384, r.stdout + r.stderr

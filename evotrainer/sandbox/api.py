@@ -69,7 +69,7 @@ from evotrainer.sandbox.base import (
     SandboxUnavailable,
 )
 from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, run_bwrap, run_unsafe_local, seccomp_filter
-from evotrainer.sandbox.docker import run_docker
+from evotrainer.sandbox.docker import daemon_limits, run_docker
 from evotrainer.sandbox.fs import clean_work_dir
 
 
@@ -159,6 +159,7 @@ def sandbox_info() -> dict:
         "network": "none",
         "process_limit": procs,
         "limits": limits_report(backend),
+        "docker_daemon": daemon_limits(_docker_client())[0] if backend == "docker" else None,
         "seccomp": _seccomp_summary(backend),
         "python": sys.executable,
         "mounts": {"work": WORK_DIR, "code": CODE_PATH, "inputs": f"{EVIDENCE_DIR}/<name> (read-only)"},
@@ -173,7 +174,8 @@ def limits_report(backend: str | None) -> dict[str, str]:
 
     Keys: ``memory_per_run``, ``procs_per_run``, ``cpu_per_run`` (one cgroup for the whole run),
     ``tmpfs_size``, ``tmpfs_inodes`` (``/tmp``, ``/dev/shm``, the private work dir), ``dev_cap``,
-    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``.
+    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``; with
+    Docker also ``seccomp`` and ``proc_masking`` (:func:`evotrainer.sandbox.docker.daemon_limits`).
     """
     per_process = {"wall_clock": "enforced: the supervisor kills the whole tree at timeout_s",
                    "cpu_seconds": "enforced: RLIMIT_CPU per process (cpu_s)",
@@ -183,13 +185,8 @@ def limits_report(backend: str | None) -> dict[str, str]:
                    "output": "enforced: stdout/stderr capped at max_output_kb each",
                    "workdir_disk": "NOT enforced: a caller's workdir is bound from the host disk: max_file_mb caps "
                                    "each file, nothing caps the total (the private tmpfs work dir is capped)"}
-    if backend == "docker":
-        return {"memory_per_run": "enforced: container memory cgroup (mem_limit = memswap_limit = memory_mb)",
-                "procs_per_run": "enforced: container pids cgroup (pids_limit = max_procs)",
-                "cpu_per_run": "enforced: container CPU quota (nano_cpus = cpus)",
-                "tmpfs_size": "enforced: tmpfs size= on /tmp and the private work dir",
-                "tmpfs_inodes": "enforced: tmpfs nr_inodes= on /tmp and the private work dir",
-                "dev_cap": "enforced: Docker's /dev tmpfs (size=65536k), /dev/shm shm_size", **per_process}
+    if backend == "docker":  # asked of the daemon (cgroup support), plus this backend's own mounts and filter
+        return daemon_limits(_docker_client())[1] | per_process
     if backend != "bwrap":
         na = f"NOT enforced: backend {backend or 'none'} has no isolation"
         return {k: na for k in ("memory_per_run", "procs_per_run", "cpu_per_run", "tmpfs_size", "tmpfs_inodes",
@@ -222,7 +219,8 @@ def limits_report(backend: str | None) -> dict[str, str]:
 
 def _seccomp_summary(backend: str | None) -> str | None:
     if backend == "docker":
-        return "docker default profile"
+        return ("docker default profile + " if seccomp_filter() else "docker default profile") + (
+            f"{len(BLOCKED_SYSCALLS)} syscalls refused by a stacked filter" if seccomp_filter() else "")
     if backend == "bwrap":
         return f"{len(BLOCKED_SYSCALLS)} syscalls refused (keyrings, bpf, perf, io_uring, ...)" if seccomp_filter() else None
     return None

@@ -304,18 +304,62 @@ def remove_tree(path: str | Path) -> None:
     os.rmdir(path)
 
 
-def chown_tree(root: str | Path, uid: int, gid: int) -> int:
-    """Give ``root`` and everything below it to ``uid:gid`` (links themselves, never their targets).
+Owners = dict[tuple[int, int], tuple[int, int]]  # (st_dev, st_ino) -> (uid, gid)
 
-    Any depth and path length (:func:`walk`). Linux clears setuid/setgid on a chown of a regular
-    file, also for root. Returns the number of entries; ``OSError`` on the first that fails.
+
+def lend_tree(root: str | Path, uid: int, gid: int) -> Owners:
+    """Give ``root`` and the entries below it to ``uid:gid`` for a run; returns the owners for :func:`return_tree`.
+
+    A non-folder with more links than names in the tree (a hard link shared with a path outside
+    ``root``: ``cp -al``, ``git clone --local``, a uv / pip cache) is *not* lent: it keeps its owner
+    and mode, so the run reads it as "other" and cannot write through it to the outside path (a
+    plain chown gave the outside file to the run: checked on Docker 20.10, a sandbox appended to a
+    uid-1000 file outside the work dir and the file came back root's). Links themselves, never their
+    targets; any depth (:func:`walk`). ``OSError`` on the first entry that cannot be read or changed
+    (the entries lent so far are given back first).
     """
-    os.chown(root, uid, gid, follow_symlinks=False)
-    n = 1
-    for fd, name, _rel, _st in walk(root):
-        os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-        n += 1
-    return n
+    st = os.lstat(root)
+    owners: Owners = {(st.st_dev, st.st_ino): (st.st_uid, st.st_gid)}
+    names: dict[tuple[int, int], int] = {}
+    links: dict[tuple[int, int], int] = {}
+    for _fd, _name, _rel, est in walk(root):
+        key = (est.st_dev, est.st_ino)
+        owners[key] = (est.st_uid, est.st_gid)
+        if not stat.S_ISDIR(est.st_mode):
+            names[key] = names.get(key, 0) + 1
+            links[key] = est.st_nlink
+    shared = {k for k, n in names.items() if links[k] > n}
+    try:
+        os.chown(root, uid, gid, follow_symlinks=False)
+        for fd, name, _rel, est in walk(root):
+            if (est.st_dev, est.st_ino) not in shared:
+                os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return_tree(root, owners)  # half lent: every entry back to its owner, then the error
+        raise
+    return owners
+
+
+def return_tree(root: str | Path, owners: Owners) -> int:
+    """Give every entry below ``root`` back the owner it had before :func:`lend_tree` (matched by device and
+    inode, so renames inside the tree keep their owner); entries made since get ``root``'s old owner.
+
+    Linux clears setuid/setgid on a chown of a regular file. Returns the number of entries changed;
+    ``OSError`` on the first that fails. Caveat: an inode freed during the run and reused for a new
+    entry gets the freed entry's owner (one the tree already had).
+    """
+    st = os.lstat(root)
+    default = owners.get((st.st_dev, st.st_ino), (st.st_uid, st.st_gid))
+    changed = 0
+    if (st.st_uid, st.st_gid) != default:
+        os.chown(root, *default, follow_symlinks=False)
+        changed += 1
+    for fd, name, _rel, est in walk(root):
+        want = owners.get((est.st_dev, est.st_ino), default)
+        if (est.st_uid, est.st_gid) != want:
+            os.chown(name, *want, dir_fd=fd, follow_symlinks=False)
+            changed += 1
+    return changed
 
 
 _UNSAFE_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH
