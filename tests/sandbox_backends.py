@@ -1,8 +1,8 @@
 """The sandbox backends the tests run through: bubblewrap and a real Docker daemon.
 
 ``sandbox_backend`` (function scope, params ``bwrap`` and ``docker``) points :func:`run_in_sandbox` at one
-backend for one test (``$EVOTRAINER_SANDBOX`` and, for Docker, ``$DOCKER_HOST`` and the base image) and
-skips, saying why, where that backend cannot run here. ``docker_sandbox_env`` (session scope) finds or
+backend for one test (``$EVOTRAINER_SANDBOX`` and, for Docker, ``$DOCKER_HOST`` and the base image); the Docker
+half skips, saying why, where no daemon can run here, and a missing bubblewrap is a failure. ``docker_sandbox_env`` (session scope) finds or
 starts the daemon and the images once per session:
 
 * a daemon that answers at ``$DOCKER_HOST``, the default socket or :data:`PRIVATE_SOCK` is used as it is;
@@ -132,7 +132,8 @@ def docker_sandbox_env():
 
 @pytest.fixture(params=SANDBOX_BACKENDS)
 def sandbox_backend(request, monkeypatch) -> str:
-    """Run this test through one backend (``bwrap`` or ``docker``); skip, with the reason, where it cannot run."""
+    """Run this test through one backend (``bwrap`` or ``docker``). Docker skips, with the reason, where no daemon can
+    run; a missing bubblewrap fails the test (the suites are the isolation proof on Linux)."""
     from evotrainer.sandbox import api
 
     if request.param == "docker":
@@ -140,8 +141,8 @@ def sandbox_backend(request, monkeypatch) -> str:
             monkeypatch.setenv(k, v)
     else:
         path, reason = api._bwrap_status()
-        if path is None:
-            pytest.skip(f"bubblewrap backend: {reason}")
+        if path is None:  # the isolating backend of a Linux host: without it these tests are no proof (a failure)
+            pytest.fail(f"bubblewrap backend: {reason}; run `make sandbox-deps`")
         monkeypatch.setenv("EVOTRAINER_SANDBOX", "bwrap")
     api._docker_client.cache_clear()  # the client follows $DOCKER_HOST
     yield request.param
