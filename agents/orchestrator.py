@@ -473,13 +473,18 @@ class Orchestrator(LoopBase):
         return reverted
 
     def _merge(self, parent: str, children: list[str]) -> str | None:
-        """Merged child of the two best kept siblings of this round, when the budget allows."""
+        """Merged child of the best kept sibling of this round and the best one that changed another recipe path,
+        when the budget (versions, tokens, wall clock) allows; None otherwise. Two values of one path (the bracketed
+        learning rates x3 and x10, both kept) do not compose: the better one is already the frontier's candidate."""
         kept = [self.version_of(c) for c in children]
         kept = [v for v in kept if v.status == "kept" and len(v.interventions) == 1]
-        if len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions or self.out_of_time():
+        if len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions or self.out_of_budget():
             return None
         kept.sort(key=lambda v: -(v.eval_summary or {}).get("avg@k", 0.0))
-        a, b = kept[0], kept[1]
+        a = kept[0]
+        b = next((v for v in kept[1:] if v.interventions[0].path != a.interventions[0].path), None)
+        if b is None:
+            return None
         note = f"merge of {a.id} and {b.id}"
         found = self.child_with_note(parent, note)
         if found is not None:

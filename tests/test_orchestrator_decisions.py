@@ -43,6 +43,21 @@ def test_merge_of_two_kept_siblings_composes_their_interventions(orch):
     assert len(orch.lineage.versions()) == 4
 
 
+def test_two_kept_values_of_one_path_are_not_merged(orch):
+    # the bracketed learning rate: x3 and x10 both beat the control; before, the merge tool refused the pair
+    # ("merge conflict on actor_learning_rate") and the exception ended the run
+    lin = orch.lineage
+    for new in (3e-6, 1e-5):  # Recipe()'s learning rate is 1e-6
+        v = lin.branch("v0", Intervention(path="actor_learning_rate", old=1e-6, new=new, category="optimizer"))
+        lin.update_version(v.id, eval_summary={"avg@k": 0.5 + new, "eval_name": "heldout"})
+        lin.decide(v.id, "keep", "kept for the test")
+    assert orch._merge("v0", ["v3", "v4"]) is None
+    # with a kept change of another path among them, the best (v4, lr 1e-5) merges with that one (v1), not with v3
+    merged = orch._merge("v0", ["v3", "v4", "v1"])
+    assert [iv.describe() for iv in lin.get(merged).interventions] == [
+        "actor_learning_rate: 1e-06 -> 1e-05", "temperature: 1.0 -> 1.2"]
+
+
 def test_no_merge_without_budget(orch):
     orch.config = orch.config.model_copy(update={"budget": orch.config.budget.model_copy(update={"max_versions": 3})})
     assert orch._merge("v0", ["v1", "v2"]) is None
