@@ -220,6 +220,7 @@ class LineageStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._commits = 0  # write transactions committed through this handle (see state_token)
         if readonly:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
@@ -252,7 +253,30 @@ class LineageStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            finally:  # counted even when COMMIT itself fails: a token that moves too often only costs a cache miss
+                self._commits += 1
+
+    def state_token(self, blocking: bool = True) -> tuple[int, int, int] | None:
+        """A value that changes whenever the database's content may have changed: for caches of what was read.
+
+        ``(id(self), PRAGMA data_version, commits through this handle)``: SQLite's ``data_version`` changes when
+        another connection (this process or any other) commits, but not for this connection's own commits, which
+        :meth:`tx` counts. Read the token *before* reading the data it guards: a write in between then makes the
+        next token differ, so an entry can be newer than its token but never older.
+
+        Args:
+            blocking: False: return None at once when another thread holds this handle (the caller is the event
+                loop and must not wait for a query to finish).
+        """
+        if not self._lock.acquire(blocking=blocking):
+            return None
+        try:
+            (dv,) = self._db.execute("PRAGMA data_version").fetchone()
+            return id(self), int(dv), self._commits
+        finally:
+            self._lock.release()
 
     def _migrate(self) -> None:
         with self._lock:
