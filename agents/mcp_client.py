@@ -90,7 +90,7 @@ def fast_result_validation(client: Any) -> bool:
         v = sdk_validator(name, output_schema)  # the SDK's cached validator (a bad schema raises as before)
         entry = wrapped.get(name)
         if entry is None or entry[0] is not v:
-            check = compile_check(output_schema)
+            check = compile_check(output_schema, format_asserted=getattr(v, "format_checker", None) is not None)
             entry = (v, FastAcceptValidator(v, check) if check is not None else v)
             wrapped[name] = entry
         return entry[1]

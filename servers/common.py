@@ -413,11 +413,12 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool
 
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            call = functools.partial(fn, *args, **kwargs)
             if cache is not None and not args:
-                hit, call = _cached_call(name, cache, fn, kwargs)
+                hit, call = _cached_call(name, cache, fn, kwargs, convert)
                 if hit is not MISS:
                     return hit  # answered on the event loop from the cache: no thread, nothing that can block
+            else:
+                call = functools.partial(fn, *args, **kwargs)
             slots = SANDBOX_SLOTS if in_sandbox else TOOL_SLOTS
             limit = deadline_s if deadline_s is not None else SANDBOX_DEADLINE_S if in_sandbox else DEFAULT_DEADLINE_S
             gone, started = threading.Event(), threading.Event()
@@ -434,13 +435,22 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool
                 raise _to_tool_error(name, exc) from exc
             finally:
                 gone.set()
+
+        convert: list[Callable[[Any], Any]] = []  # the SDK's result conversion of this tool (make_tool sets it)
+        wrapped.__result_converter__ = convert  # type: ignore[attr-defined]
     return wrapped
 
 
-def _cached_call(name: str, cache: CachedRead, fn: Callable[..., Any], kwargs: dict[str, Any]
-                 ) -> tuple[Any, Callable[[], Any]]:
+def _cached_call(name: str, cache: CachedRead, fn: Callable[..., Any], kwargs: dict[str, Any],
+                 convert: list[Callable[[Any], Any]]) -> tuple[Any, Callable[[], Any]]:
     """``(result, _)`` of a cache hit found without waiting, else ``(MISS, body)``: ``body`` runs in the worker
-    thread, takes the key first (blocking), looks it up again and else runs ``fn`` and stores what it returned."""
+    thread, takes the key first (blocking), looks it up again and else runs ``fn`` and stores what it returned.
+
+    What is stored is the SDK's conversion of the result (``convert``: ``FuncMetadata.convert_result``, a
+    ``CallToolResult`` with the structured content and its JSON text), so a hit skips the model dump and the JSON
+    encoding too; the SDK passes a ``CallToolResult`` through (after validating its structured content), and
+    each call gets its own copy. A result whose conversion fails is not stored (the SDK reports it as before).
+    """
     try:
         state = state_of(kwargs["ctx"])
         key = cache.key(state, False, **kwargs)
@@ -449,7 +459,7 @@ def _cached_call(name: str, cache: CachedRead, fn: Callable[..., Any], kwargs: d
     if key is not None:
         hit = state.results.get((name, key))
         if hit is not MISS:
-            return hit, functools.partial(fn, **kwargs)
+            return hit.model_copy(), _never
 
     def body() -> Any:
         try:
@@ -457,14 +467,25 @@ def _cached_call(name: str, cache: CachedRead, fn: Callable[..., Any], kwargs: d
         except Exception:  # the body reports what is wrong with the run
             key = None
         if key is not None and (hit := state.results.get((name, key))) is not MISS:
-            return hit
+            return hit.model_copy()
         result = fn(**kwargs)
-        if key is not None and (cache.keep is None or cache.keep(state, result)):
-            state.results.put((name, key), result)
-        return result
+        if key is None or not convert or (cache.keep is not None and not cache.keep(state, result)):
+            return result
+        try:
+            converted = convert[0](result)
+        except Exception:  # the SDK raises its own error for it
+            return result
+        if not isinstance(converted, CallToolResult):
+            return result
+        state.results.put((name, key), converted)
+        return converted.model_copy()
 
     body.__name__ = name
     return MISS, body
+
+
+def _never() -> None:
+    raise AssertionError("a cache hit has no body to run")
 
 
 def description_of(fn: Callable[..., Any]) -> str:
@@ -490,6 +511,7 @@ def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
                                       idempotent_hint=idempotent, open_world_hint=False)
     t = Tool.from_function(guard(fn), name=fn.__name__, title=title, description=description_of(fn),
                            annotations=annotations)
+    converter = getattr(t.fn, "__result_converter__", None)
     base = t.fn_metadata.arg_model
     strict = type(base.__name__, (base,), {"model_config": {**base.model_config, "extra": "forbid"}})
     t.fn_metadata.arg_model = bounded_arg_model(strict)
@@ -497,6 +519,8 @@ def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
     t.parameters["additionalProperties"] = False
     if t.fn_metadata.output_schema:
         t.fn_metadata.output_schema = simplify_schema(inline_refs(t.fn_metadata.output_schema))
+    if converter is not None:
+        converter.append(t.fn_metadata.convert_result)
     return t
 
 
