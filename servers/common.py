@@ -15,7 +15,11 @@ Bounds every tool gets from :func:`make_tool`:
 - a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``; :data:`SANDBOX_DEADLINE_S` for the tools that run
   sandboxed code, :data:`SANDBOX_TOOLS`, whose own wall clock goes to 600 s): a call still running after it is
   answered with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so
-  the event loop keeps answering other requests (ping, other sessions) meanwhile;
+  the event loop keeps answering other requests (ping, other sessions) meanwhile. One exception: a read-only
+  tool marked :func:`cached_read` (get_version, list_analyzers) whose result is cached under a key that a
+  write would have changed (the lineage's :meth:`~evotrainer.lineage.LineageStore.state_token`, read without
+  waiting) is answered on the event loop from the cache: a dict lookup and a ``PRAGMA data_version``, nothing
+  that can run past a deadline; any miss runs the body in a worker thread as above;
 - a bounded number of tool bodies at once (:class:`WorkSlots`): :data:`MAX_TOOL_THREADS` (``$EVOTRAINER_MCP_TOOL_THREADS``)
   for ordinary tools, :data:`MAX_SANDBOX_RUNS` (``$EVOTRAINER_MCP_SANDBOX_RUNS``) for :data:`SANDBOX_TOOLS`. A body
   past its deadline keeps its slot until it really returns (Python threads cannot be killed), so abandoned work
