@@ -208,6 +208,9 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
+BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
+
+
 class LineageStore:
     """SQLite-backed lineage of one run. Thread-safe; readers never block (WAL).
 
@@ -225,10 +228,11 @@ class LineageStore:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
             uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
+                                       isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -267,13 +271,24 @@ class LineageStore:
         next token differ, so an entry can be newer than its token but never older.
 
         Args:
-            blocking: False: return None at once when another thread holds this handle (the caller is the event
-                loop and must not wait for a query to finish).
+            blocking: False: return None at once when another thread holds this handle or SQLite would have to
+                wait for a lock (the caller is the event loop and must not wait).
         """
         if not self._lock.acquire(blocking=blocking):
             return None
         try:
-            (dv,) = self._db.execute("PRAGMA data_version").fetchone()
+            if blocking:
+                (dv,) = self._db.execute("PRAGMA data_version").fetchone()
+                return id(self), int(dv), self._commits
+            # the read lock the PRAGMA takes can wait only in rare cases (WAL recovery after a crash, a
+            # truncating checkpoint): not waiting at all here, such a moment answers None
+            self._db.execute("PRAGMA busy_timeout = 0")
+            try:
+                (dv,) = self._db.execute("PRAGMA data_version").fetchone()
+            except sqlite3.OperationalError:  # SQLITE_BUSY
+                return None
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
             return id(self), int(dv), self._commits
         finally:
             self._lock.release()

@@ -8,6 +8,7 @@ other connection (SQLite's ``data_version``), and is None without waiting when a
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -61,6 +62,25 @@ def test_state_token_moves_on_every_commit_and_only_then(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_state_token_does_not_wait_for_another_connections_lock(tmp_path):
+    run = make_run(tmp_path)
+    other = sqlite3.connect(run / "lineage.db", isolation_level=None)
+    other.execute("PRAGMA locking_mode=EXCLUSIVE")  # readers must wait for it (SQLITE_BUSY)
+    other.execute("BEGIN EXCLUSIVE")
+    other.execute("UPDATE versions SET note='locked' WHERE id='v1'")
+    store = LineageStore(run / "lineage.db", readonly=True)
+    try:
+        t = time.perf_counter()
+        assert store.state_token(blocking=False) is None  # the event loop's lookup: no 30 s busy wait
+        assert time.perf_counter() - t < 1.0
+        other.execute("COMMIT")
+        other.close()
+        assert store.state_token(blocking=False) is not None
+        assert store._db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # restored for the others
+    finally:
+        store.close()
 
 
 def test_repeated_reads_are_answered_from_the_cache_without_a_thread(tmp_path, monkeypatch):
