@@ -224,6 +224,8 @@ class LineageStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._commits = 0  # write transactions committed through this handle (see state_token)
+        self._token_db: sqlite3.Connection | None = None  # state_token's own connection (opened on first use)
+        self._token_lock = threading.Lock()
         if readonly:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
@@ -242,7 +244,11 @@ class LineageStore:
 
     # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and :meth:`state_token`'s)."""
+        with self._token_lock:
+            if self._token_db is not None:
+                self._token_db.close()
+                self._token_db = None
         self._db.close()
 
     @contextmanager
@@ -265,33 +271,30 @@ class LineageStore:
     def state_token(self, blocking: bool = True) -> tuple[int, int, int] | None:
         """A value that changes whenever the database's content may have changed: for caches of what was read.
 
-        ``(id(self), PRAGMA data_version, commits through this handle)``: SQLite's ``data_version`` changes when
-        another connection (this process or any other) commits, but not for this connection's own commits, which
-        :meth:`tx` counts. Read the token *before* reading the data it guards: a write in between then makes the
-        next token differ, so an entry can be newer than its token but never older.
+        ``(id(self), PRAGMA data_version, commits through this handle)``. ``data_version`` is read on a connection
+        of its own (read-only, opened on the first call), so it moves when any other connection commits, this
+        handle's included; this handle's commit count (:meth:`tx`) is part of the token too (redundant with it, and
+        free). Read the token *before* reading the data it guards: a write in between then makes the next token
+        differ, so an entry can be newer than its token but never older. That connection never waits for a lock
+        (busy timeout 0): when SQLite would have to wait (WAL recovery after a crash, another connection's exclusive
+        lock), the token is None ("unknown": the caller reads the data itself and caches nothing).
 
         Args:
-            blocking: False: return None at once when another thread holds this handle or SQLite would have to
-                wait for a lock (the caller is the event loop and must not wait).
+            blocking: False: return None at once when another thread is reading the token (the caller is the event
+                loop and must not wait).
         """
-        if not self._lock.acquire(blocking=blocking):
+        if not self._token_lock.acquire(blocking=blocking):
             return None
         try:
-            if blocking:
-                (dv,) = self._db.execute("PRAGMA data_version").fetchone()
-                return id(self), int(dv), self._commits
-            # the read lock the PRAGMA takes can wait only in rare cases (WAL recovery after a crash, a
-            # truncating checkpoint): not waiting at all here, such a moment answers None
-            self._db.execute("PRAGMA busy_timeout = 0")
-            try:
-                (dv,) = self._db.execute("PRAGMA data_version").fetchone()
-            except sqlite3.OperationalError:  # SQLITE_BUSY
-                return None
-            finally:
-                self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+            if self._token_db is None:
+                self._token_db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                                 check_same_thread=False, timeout=0)
+            (dv,) = self._token_db.execute("PRAGMA data_version").fetchone()
             return id(self), int(dv), self._commits
+        except sqlite3.OperationalError:  # SQLITE_BUSY, or the file is gone
+            return None
         finally:
-            self._lock.release()
+            self._token_lock.release()
 
     def _migrate(self) -> None:
         with self._lock:

@@ -39,14 +39,14 @@ def test_state_token_moves_on_every_commit_and_only_then(tmp_path):
         assert a.state_token() == t0 and a.state_token(blocking=False) == t0  # no write: stable
         a.update_version("v1", note="own commit")
         t1 = a.state_token()
-        assert t1 != t0  # this handle's own commit (data_version does not move for it)
+        assert t1 != t0  # this handle's own commit
         b.update_version("v1", note="other connection")
         t2 = a.state_token()
         assert t2 != t1 and t2[2] == t1[2]  # another connection: data_version moved, own commits did not
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with a._lock:
+            with a._token_lock:
                 held.set()
                 release.wait(10)
 
@@ -54,7 +54,7 @@ def test_state_token_moves_on_every_commit_and_only_then(tmp_path):
         th.start()
         held.wait(10)
         t = time.perf_counter()
-        assert a.state_token(blocking=False) is None  # the event loop does not wait for another thread's query
+        assert a.state_token(blocking=False) is None  # the event loop does not wait for another thread
         assert time.perf_counter() - t < 0.5
         release.set()
         th.join()
@@ -77,8 +77,8 @@ def test_state_token_does_not_wait_for_another_connections_lock(tmp_path):
         assert time.perf_counter() - t < 1.0
         other.execute("COMMIT")
         other.close()
-        assert store.state_token(blocking=False) is not None
-        assert store._db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # restored for the others
+        assert store.state_token(blocking=False) is not None and store.state_token() is not None
+        assert store._db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # the store's own reads still wait
     finally:
         store.close()
 
