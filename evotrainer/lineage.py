@@ -11,6 +11,7 @@ Schema migrations are named and ordered (:data:`MIGRATIONS`), applied once each,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -208,6 +209,7 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
+_STORE_SERIALS = itertools.count(1)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
 
 
@@ -224,8 +226,10 @@ class LineageStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._commits = 0  # write transactions committed through this handle (see state_token)
+        self._serial = next(_STORE_SERIALS)  # unique in this process (an id() can be reused after close)
         self._token_db: sqlite3.Connection | None = None  # state_token's own connection (opened on first use)
         self._token_lock = threading.Lock()
+        self._closed = False
         if readonly:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
@@ -246,6 +250,7 @@ class LineageStore:
     def close(self) -> None:
         """Close the connection (and :meth:`state_token`'s)."""
         with self._token_lock:
+            self._closed = True
             if self._token_db is not None:
                 self._token_db.close()
                 self._token_db = None
@@ -271,13 +276,14 @@ class LineageStore:
     def state_token(self, blocking: bool = True) -> tuple[int, int, int] | None:
         """A value that changes whenever the database's content may have changed: for caches of what was read.
 
-        ``(id(self), PRAGMA data_version, commits through this handle)``. ``data_version`` is read on a connection
-        of its own (read-only, opened on the first call), so it moves when any other connection commits, this
-        handle's included; this handle's commit count (:meth:`tx`) is part of the token too (redundant with it, and
-        free). Read the token *before* reading the data it guards: a write in between then makes the next token
-        differ, so an entry can be newer than its token but never older. That connection never waits for a lock
-        (busy timeout 0): when SQLite would have to wait (WAL recovery after a crash, another connection's exclusive
-        lock), the token is None ("unknown": the caller reads the data itself and caches nothing).
+        ``(serial of this handle in the process, PRAGMA data_version, commits through this handle)``.
+        ``data_version`` is read on a connection of its own (read-only, opened on the first call), so it moves when
+        any other connection commits, this handle's included; this handle's commit count (:meth:`tx`) is part of the
+        token too (redundant with it, and free). Read the token *before* reading the data it guards: a write in
+        between then makes the next token differ, so an entry can be newer than its token but never older. That
+        connection never waits for a lock (busy timeout 0): when SQLite would have to wait (WAL recovery after a
+        crash, another connection's exclusive lock), the token is None ("unknown": the caller reads the data itself
+        and caches nothing).
 
         Args:
             blocking: False: return None at once when another thread is reading the token (the caller is the event
@@ -286,11 +292,13 @@ class LineageStore:
         if not self._token_lock.acquire(blocking=blocking):
             return None
         try:
+            if self._closed:
+                return None
             if self._token_db is None:
                 self._token_db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
                                                  check_same_thread=False, timeout=0)
             (dv,) = self._token_db.execute("PRAGMA data_version").fetchone()
-            return id(self), int(dv), self._commits
+            return self._serial, int(dv), self._commits
         except sqlite3.OperationalError:  # SQLITE_BUSY, or the file is gone
             return None
         finally:

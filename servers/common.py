@@ -251,11 +251,12 @@ class ServerState:
             return self._skills
 
     def close(self) -> None:
-        """Close the workspace (jobs keep their own handles)."""
+        """Close the workspace (jobs keep their own handles) and forget the cached tool results."""
         with self._lock:
             if self._ws is not None:
                 self._ws.close()
                 self._ws = None
+            self.results.clear()
 
 
 Lifespan = Callable[[MCPServer[ServerState]], AbstractAsyncContextManager[ServerState]]

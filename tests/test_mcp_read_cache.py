@@ -22,6 +22,7 @@ from evotrainer.intervention import Intervention
 from evotrainer.lineage import LineageStore
 from evotrainer.servers.analysis import KV_KEY
 from evotrainer.servers.app import build_server
+from evotrainer.servers.common import MISS, ServerState
 from evotrainer.workspace import Workspace
 
 
@@ -62,6 +63,31 @@ def test_state_token_moves_on_every_commit_and_only_then(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_a_reopened_store_never_repeats_a_token(tmp_path):
+    # a closed store's object id can be reused by the next one; its cached entries must not match the new one's
+    run = make_run(tmp_path)
+    seen = set()
+    for _ in range(20):
+        s = LineageStore(run / "lineage.db")
+        t = s.state_token()
+        s.close()
+        del s
+        assert t not in seen
+        seen.add(t)
+
+
+def test_closing_the_server_state_forgets_cached_results(tmp_path):
+    state = ServerState(make_run(tmp_path))
+    first = state.workspace().lineage
+    key = ("get_version", (first.state_token(), "v1"))
+    state.results.put(key, "cached")
+    state.close()
+    assert state.results.get(key) is MISS  # nothing survives a close
+    assert first.state_token() is None  # a closed store has no token (and opens no connection for one)
+    assert state.workspace().lineage.state_token()[0] != key[1][0][0]  # a new store, a new serial
+    state.close()
 
 
 def test_state_token_does_not_wait_for_another_connections_lock(tmp_path):
