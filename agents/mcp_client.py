@@ -8,7 +8,9 @@ thread, so the synchronous orchestrator and the brains can call tools with
 (:data:`ROLE_TOOLS`), and is what a brain sees.
 
 Tool results are returned as their structured content (a dict); a tool error (``isError``) raises
-:class:`ToolCallError` with the server's message, which says what to fix.
+:class:`ToolCallError` with the server's message, which says what to fix. The SDK client validates every
+structured result against the tool's output schema; :func:`fast_result_validation` puts a compiled check in
+front of its ``jsonschema`` validator (same accept / reject, same errors; docs/performance.md §4).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.schema_check import FastAcceptValidator, compile_check
 
 # Tools each agent role may call (docs/design.md §3). A tool the server lacks is simply absent.
 ROLE_TOOLS: dict[str, tuple[str, ...]] = {
@@ -61,6 +64,40 @@ class ToolCallError(EvoTrainerError, RuntimeError):
         super().__init__(f"{tool}: {message}")
         self.tool = tool
         self.message = message
+
+
+def fast_result_validation(client: Any) -> bool:
+    """Make an entered ``mcp.Client`` validate structured tool results with a compiled check first.
+
+    The SDK's ``ClientSession`` builds one ``jsonschema`` validator per tool's output schema (cached, evicted when
+    the tool's listed schema changes) and calls its ``iter_errors`` on every result. This wraps each such
+    validator, once per validator object, in :class:`~evotrainer.schema_check.FastAcceptValidator`: a result the
+    compiled check accepts is accepted at once (``jsonschema`` would accept it too), any other goes to the SDK's
+    validator, so rejections and their messages are unchanged. A schema outside the compiled subset keeps the
+    SDK's validator. Measured: ~10x less validation time for ``get_version`` / ``list_analyzers`` results.
+
+    Returns:
+        False (and changes nothing) when the SDK session has no such hook (an SDK release that moved it; the
+        test suite checks it is there with the pinned SDK).
+    """
+    session = client.session
+    sdk_validator = getattr(session, "_output_schema_validator", None)
+    if sdk_validator is None or getattr(sdk_validator, "__fast__", False):
+        return sdk_validator is not None
+    wrapped: dict[str, tuple[Any, Any]] = {}
+
+    def validator(name: str, output_schema: dict[str, Any]) -> Any:
+        v = sdk_validator(name, output_schema)  # the SDK's cached validator (a bad schema raises as before)
+        entry = wrapped.get(name)
+        if entry is None or entry[0] is not v:
+            check = compile_check(output_schema, format_asserted=getattr(v, "format_checker", None) is not None)
+            entry = (v, FastAcceptValidator(v, check) if check is not None else v)
+            wrapped[name] = entry
+        return entry[1]
+
+    validator.__fast__ = True  # type: ignore[attr-defined]
+    session._output_schema_validator = validator
+    return True
 
 
 def _result_to_dict(result: Any) -> Any:
@@ -112,6 +149,7 @@ class ToolBox:
         self._stop = asyncio.Event()
         try:
             async with Client(server, raise_exceptions=False) as client:
+                fast_result_validation(client)
                 self._client = client
                 listed = await client.list_tools()
                 self._tools = {t.name: t for t in listed.tools}

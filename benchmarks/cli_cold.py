@@ -8,6 +8,10 @@
   so the figure is its start-up (imports, tool catalogue) plus shutdown; peer: the same after importing
   torch, lancedb and the local backend first, what the servers' module-level imports loaded before.
 
+Where the search's time goes: ``import lancedb`` alone, ``import lancedb`` with LanceDB's REST namespace client
+(``lance_namespace``, imported by ``lancedb.db`` and unused for a local folder) imported first and timed apart,
+and a bare interpreter (``pass``), each in a fresh interpreter, interleaved with the commands.
+
 Each figure is the median of ``--repeat`` runs, peers interleaved, with wall seconds, CPU seconds
 (user + system of the child) and peak RSS (MiB); the load average is printed beside them.
 
@@ -63,6 +67,14 @@ def main(argv: list[str] | None = None) -> dict:
             "serve (start, EOF)": (main_code, OLD_SERVE_IMPORTS + main_code, ["serve", "all", "--run", run_dir]),
         }
         res: dict[str, dict] = {}
+        parts = {"python (pass)": "pass", "import lancedb": "import lancedb",
+                 "import lance_namespace": "import lance_namespace"}
+        timed: dict[str, list] = {k: [] for k in parts}
+        for _ in range(a.repeat):
+            for k, code in parts.items():
+                timed[k].append(run(code, [], env))
+        res["imports"] = {k: {"wall_s": round(statistics.median(x[0] for x in v), 2),
+                              "cpu_s": round(statistics.median(x[1] for x in v), 2)} for k, v in timed.items()}
         for name, (new, old, args) in cases.items():
             figs: dict[str, list] = {"new": [], "old": []}
             for _ in range(a.repeat):

@@ -11,6 +11,7 @@ Schema migrations are named and ordered (:data:`MIGRATIONS`), applied once each,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -208,6 +209,10 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
+_STORE_SERIALS = itertools.count(1)
+BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
+
+
 class LineageStore:
     """SQLite-backed lineage of one run. Thread-safe; readers never block (WAL).
 
@@ -220,14 +225,20 @@ class LineageStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._commits = 0  # write transactions committed through this handle (see state_token)
+        self._serial = next(_STORE_SERIALS)  # unique in this process (an id() can be reused after close)
+        self._token_db: sqlite3.Connection | None = None  # state_token's own connection (opened on first use)
+        self._token_lock = threading.Lock()
+        self._closed = False
         if readonly:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
             uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
+                                       isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -237,7 +248,12 @@ class LineageStore:
 
     # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and :meth:`state_token`'s)."""
+        with self._token_lock:
+            self._closed = True
+            if self._token_db is not None:
+                self._token_db.close()
+                self._token_db = None
         self._db.close()
 
     @contextmanager
@@ -252,7 +268,41 @@ class LineageStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            finally:  # counted even when COMMIT itself fails: a token that moves too often only costs a cache miss
+                self._commits += 1
+
+    def state_token(self, blocking: bool = True) -> tuple[int, int, int] | None:
+        """A value that changes whenever the database's content may have changed: for caches of what was read.
+
+        ``(serial of this handle in the process, PRAGMA data_version, commits through this handle)``.
+        ``data_version`` is read on a connection of its own (read-only, opened on the first call), so it moves when
+        any other connection commits, this handle's included; this handle's commit count (:meth:`tx`) is part of the
+        token too (redundant with it, and free). Read the token *before* reading the data it guards: a write in
+        between then makes the next token differ, so an entry can be newer than its token but never older. That
+        connection never waits for a lock (busy timeout 0): when SQLite would have to wait (WAL recovery after a
+        crash, another connection's exclusive lock), the token is None ("unknown": the caller reads the data itself
+        and caches nothing).
+
+        Args:
+            blocking: False: return None at once when another thread is reading the token (the caller is the event
+                loop and must not wait).
+        """
+        if not self._token_lock.acquire(blocking=blocking):
+            return None
+        try:
+            if self._closed:
+                return None
+            if self._token_db is None:
+                self._token_db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                                 check_same_thread=False, timeout=0)
+            (dv,) = self._token_db.execute("PRAGMA data_version").fetchone()
+            return self._serial, int(dv), self._commits
+        except sqlite3.OperationalError:  # SQLITE_BUSY, or the file is gone
+            return None
+        finally:
+            self._token_lock.release()
 
     def _migrate(self) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ from evotrainer.harness.findings import Finding
 from evotrainer.sandbox import sandbox_info
 from evotrainer.servers.analysis import KV_KEY, FindingInfo, evidence_of, finding_info, sync_registry
 from evotrainer.servers.backtests import TOOLS as BACKTEST_TOOLS
-from evotrainer.servers.common import ToolContext, state_of
+from evotrainer.servers.common import ServerState, ToolContext, cached_read, lineage_token, state_of
 
 VersionIds = Annotated[list[str] | None, Field(description="Versions to analyze (default: all versions of the run).")]
 
@@ -63,6 +63,15 @@ def _result(versions: list[str], names: list[str], findings: list[Finding], t0: 
                           **extra)
 
 
+def _analyzers_key(state: ServerState, blocking: bool, ctx: ToolContext) -> Any:
+    """The registry's generation and the run's lineage token (the run's runtime analyzers live in its kv table)."""
+    if state.run_dir is None:
+        return (reg.registry_generation(),)
+    token = lineage_token(state, blocking)
+    return None if token is None else (reg.registry_generation(), token)
+
+
+@cached_read(_analyzers_key)
 def list_analyzers(ctx: ToolContext) -> AnalyzerList:
     """List the registered analyzers (built-ins and runtime ones) with the finding kinds they report."""
     st = state_of(ctx)

@@ -15,7 +15,11 @@ Bounds every tool gets from :func:`make_tool`:
 - a deadline (:data:`DEFAULT_DEADLINE_S`, or ``deadline_s``; :data:`SANDBOX_DEADLINE_S` for the tools that run
   sandboxed code, :data:`SANDBOX_TOOLS`, whose own wall clock goes to 600 s): a call still running after it is
   answered with a tool error that says what to do; the work runs in a worker thread (``anyio.to_thread``), so
-  the event loop keeps answering other requests (ping, other sessions) meanwhile;
+  the event loop keeps answering other requests (ping, other sessions) meanwhile. One exception: a read-only
+  tool marked :func:`cached_read` (get_version, list_analyzers) whose result is cached under a key that a
+  write would have changed (the lineage's :meth:`~evotrainer.lineage.LineageStore.state_token`, read without
+  waiting) is answered on the event loop from the cache: a dict lookup and a ``PRAGMA data_version``, nothing
+  that can run past a deadline; any miss runs the body in a worker thread as above;
 - a bounded number of tool bodies at once (:class:`WorkSlots`): :data:`MAX_TOOL_THREADS` (``$EVOTRAINER_MCP_TOOL_THREADS``)
   for ordinary tools, :data:`MAX_SANDBOX_RUNS` (``$EVOTRAINER_MCP_SANDBOX_RUNS``) for :data:`SANDBOX_TOOLS`. A body
   past its deadline keeps its slot until it really returns (Python threads cannot be killed), so abandoned work
@@ -49,7 +53,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +102,93 @@ JsonScalar = str | int | float | bool | None
 JsonValue = str | int | float | bool | list[JsonScalar | dict[str, Any]] | dict[str, Any] | None
 
 
+MISS: Any = object()
+"""What :meth:`ResultCache.get` returns for a key it does not hold."""
+
+
+class ResultCache:
+    """Results of read-only tools under a key that changes whenever their inputs may have changed (:class:`CachedRead`).
+
+    Holds at most ``max_entries`` results (the oldest entries go first): an entry whose key went stale (the run was
+    written since) is never looked up again and ages out. :meth:`get` takes no lock (one dict read, atomic under the
+    GIL), so the event loop may call it; :meth:`put` runs in worker threads under a lock.
+    """
+
+    def __init__(self, max_entries: int = 256):
+        if max_entries < 1:
+            raise ValueError(f"max_entries: at least 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._data: dict[Hashable, Any] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: Hashable) -> Any:
+        """The result stored under ``key``, or :data:`MISS`."""
+        r = self._data.get(key, MISS)
+        if r is MISS:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return r
+
+    def put(self, key: Hashable, result: Any) -> None:
+        """Store ``result`` under ``key`` (evicting the oldest entries beyond ``max_entries``)."""
+        with self._lock:
+            self._data.pop(key, None)
+            self._data[key] = result
+            while len(self._data) > self.max_entries:
+                self._data.pop(next(iter(self._data)))
+
+    def clear(self) -> None:
+        """Forget every result."""
+        with self._lock:
+            self._data.clear()
+
+
+@dataclass(frozen=True)
+class CachedRead:
+    """How :func:`guard` caches the results of a sync read-only tool (attached by :func:`cached_read`).
+
+    ``key(state, blocking, **arguments)`` returns a hashable value that changes whenever the tool's result may
+    change (e.g. the lineage's :meth:`~evotrainer.lineage.LineageStore.state_token` and the arguments), or None
+    when it cannot tell (then the call is neither looked up nor stored). With ``blocking=False`` it is called on
+    the event loop and must not wait (no lock it could block on, no I/O beyond a lookup that cannot block); with
+    ``blocking=True`` it runs in the worker thread, *before* the body, so that a write during the body makes the
+    next key differ (an entry may be newer than its key, never older). ``keep(state, result)`` says whether a
+    result may be stored (e.g. not while a job it reports is running: its elapsed time moves without a write).
+    """
+
+    key: Callable[..., Hashable | None]
+    keep: Callable[[Any, Any], bool] | None = None
+
+
+def cached_read(key: Callable[..., Hashable | None], keep: Callable[[Any, Any], bool] | None = None
+                ) -> Callable[[F], F]:
+    """Decorator: mark a sync read-only tool as cached (:class:`CachedRead`); the function itself is unchanged
+    (a direct call, e.g. ``propose_intervention`` calling ``get_version``, always runs the body)."""
+
+    def deco(fn: F) -> F:
+        fn.__cached_read__ = CachedRead(key, keep)  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+def lineage_token(state: ServerState, blocking: bool) -> Hashable | None:
+    """The run's lineage :meth:`~evotrainer.lineage.LineageStore.state_token` (None when it cannot be read
+    without waiting, or the run cannot be opened: then the call is not cached)."""
+    if blocking:
+        try:
+            ws = state.workspace()
+        except ToolError:
+            return None
+    else:
+        ws = state.opened_workspace()
+        if ws is None:
+            return None
+    return ws.lineage.state_token(blocking=blocking)
+
+
 @dataclass
 class ServerState:
     """Handles shared by all tools of one server process: the typed lifespan context.
@@ -124,10 +215,16 @@ class ServerState:
     _ws: Workspace | None = field(default=None, init=False, repr=False)
     _skills: SkillStore | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    results: ResultCache = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir else None
         self.jobs = JobManager(self.run_dir)
+        self.results = ResultCache()
+
+    def opened_workspace(self) -> Workspace | None:
+        """The workspace if it is open already, else None; never blocks (the event loop's cache lookups)."""
+        return self._ws
 
     def workspace(self) -> Workspace:
         """The run's :class:`~evotrainer.workspace.Workspace` (opened on first use).
@@ -154,11 +251,12 @@ class ServerState:
             return self._skills
 
     def close(self) -> None:
-        """Close the workspace (jobs keep their own handles)."""
+        """Close the workspace (jobs keep their own handles) and forget the cached tool results."""
         with self._lock:
             if self._ws is not None:
                 self._ws.close()
                 self._ws = None
+            self.results.clear()
 
 
 Lifespan = Callable[[MCPServer[ServerState]], AbstractAsyncContextManager[ServerState]]
@@ -316,9 +414,16 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool
             except Exception as exc:
                 raise _to_tool_error(name, exc) from exc
     else:
+        cache: CachedRead | None = getattr(fn, "__cached_read__", None)
+
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            call = functools.partial(fn, *args, **kwargs)
+            if cache is not None and not args:
+                hit, call = _cached_call(name, cache, fn, kwargs, convert)
+                if hit is not MISS:
+                    return hit  # answered on the event loop from the cache: no thread, nothing that can block
+            else:
+                call = functools.partial(fn, *args, **kwargs)
             slots = SANDBOX_SLOTS if in_sandbox else TOOL_SLOTS
             limit = deadline_s if deadline_s is not None else SANDBOX_DEADLINE_S if in_sandbox else DEFAULT_DEADLINE_S
             gone, started = threading.Event(), threading.Event()
@@ -335,7 +440,57 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool
                 raise _to_tool_error(name, exc) from exc
             finally:
                 gone.set()
+
+        convert: list[Callable[[Any], Any]] = []  # the SDK's result conversion of this tool (make_tool sets it)
+        wrapped.__result_converter__ = convert  # type: ignore[attr-defined]
     return wrapped
+
+
+def _cached_call(name: str, cache: CachedRead, fn: Callable[..., Any], kwargs: dict[str, Any],
+                 convert: list[Callable[[Any], Any]]) -> tuple[Any, Callable[[], Any]]:
+    """``(result, _)`` of a cache hit found without waiting, else ``(MISS, body)``: ``body`` runs in the worker
+    thread, takes the key first (blocking), looks it up again and else runs ``fn`` and stores what it returned.
+
+    What is stored is the SDK's conversion of the result (``convert``: ``FuncMetadata.convert_result``, a
+    ``CallToolResult`` with the structured content and its JSON text), so a hit skips the model dump and the JSON
+    encoding too; the SDK passes a ``CallToolResult`` through (after validating its structured content), and
+    each call gets its own copy. A result whose conversion fails is not stored (the SDK reports it as before).
+    """
+    try:
+        state = state_of(kwargs["ctx"])
+        key = cache.key(state, False, **kwargs)
+    except Exception:  # no session, no run: the body says what is wrong
+        return MISS, functools.partial(fn, **kwargs)
+    if key is not None:
+        hit = state.results.get((name, key))
+        if hit is not MISS:
+            return hit.model_copy(), _never
+
+    def body() -> Any:
+        try:
+            key = cache.key(state, True, **kwargs)
+        except Exception:  # the body reports what is wrong with the run
+            key = None
+        if key is not None and (hit := state.results.get((name, key))) is not MISS:
+            return hit.model_copy()
+        result = fn(**kwargs)
+        if key is None or not convert or (cache.keep is not None and not cache.keep(state, result)):
+            return result
+        try:
+            converted = convert[0](result)
+        except Exception:  # the SDK raises its own error for it
+            return result
+        if not isinstance(converted, CallToolResult):
+            return result
+        state.results.put((name, key), converted)
+        return converted.model_copy()
+
+    body.__name__ = name
+    return MISS, body
+
+
+def _never() -> None:
+    raise AssertionError("a cache hit has no body to run")
 
 
 def description_of(fn: Callable[..., Any]) -> str:
@@ -361,6 +516,7 @@ def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
                                       idempotent_hint=idempotent, open_world_hint=False)
     t = Tool.from_function(guard(fn), name=fn.__name__, title=title, description=description_of(fn),
                            annotations=annotations)
+    converter = getattr(t.fn, "__result_converter__", None)
     base = t.fn_metadata.arg_model
     strict = type(base.__name__, (base,), {"model_config": {**base.model_config, "extra": "forbid"}})
     t.fn_metadata.arg_model = bounded_arg_model(strict)
@@ -368,6 +524,8 @@ def make_tool(fn: Callable[..., Any], meta: ToolMeta | None = None) -> Tool:
     t.parameters["additionalProperties"] = False
     if t.fn_metadata.output_schema:
         t.fn_metadata.output_schema = simplify_schema(inline_refs(t.fn_metadata.output_schema))
+    if converter is not None:
+        converter.append(t.fn_metadata.convert_result)
     return t
 
 

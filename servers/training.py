@@ -37,6 +37,8 @@ from evotrainer.servers.common import (
     Page,
     ServerState,
     ToolContext,
+    cached_read,
+    lineage_token,
     page_fields,
     require_version,
     state_of,
@@ -228,6 +230,26 @@ def list_versions(
     return VersionList(versions=[summary_of(v) for v in page], **page_fields(len(vs), offset, len(page)))
 
 
+FINISHED_JOBS = frozenset({"done", "failed", "cancelled", "interrupted"})
+"""Job statuses that no longer change by themselves (a running job's ``elapsed_s`` moves with the clock)."""
+
+
+def _version_key(state: ServerState, blocking: bool, ctx: ToolContext, version_id: str) -> Any:
+    token = lineage_token(state, blocking)
+    return None if token is None else (token, version_id)
+
+
+def _settled(state: ServerState, detail: VersionDetail) -> bool:
+    """True when nothing in ``detail`` can change without a write to the lineage: every job it lists has finished,
+    in the store and (for a job of this process, whose in-memory result it shows) in memory."""
+    for j in detail.jobs:
+        mem = state.jobs.get(j.id)
+        if j.status not in FINISHED_JOBS or (mem is not None and not mem.done.is_set()):
+            return False
+    return True
+
+
+@cached_read(_version_key, _settled)
 def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
     """Full record of one version: recipe, interventions, status and role (control arm or not), metric / eval
     summaries, findings, decisions and jobs."""

@@ -1,7 +1,7 @@
 """The diagnostic analyzers: evidence in, findings out (docs/design.md §2, step 6).
 
 Public API (re-exported from ``registry``): :func:`run_analyzers`, :func:`list_analyzers`,
-:func:`get_analyzer`, :func:`register_analyzer` / :func:`unregister_analyzer` (runtime analyzers:
+:func:`get_analyzer`, :func:`registry_generation`, :func:`register_analyzer` / :func:`unregister_analyzer` (runtime analyzers:
 a callable, or code run in the sandbox), :func:`run_analyzer_code`, :func:`registry_snapshot` /
 :func:`restore_registry`, :class:`AnalyzerSpec`, :class:`AnalyzerError`, ``AnalyzerFn`` and
 :data:`BUILTIN_MODULES`.
@@ -25,6 +25,7 @@ from evotrainer.harness.analyzers.registry import (
     get_analyzer,
     list_analyzers,
     register_analyzer,
+    registry_generation,
     registry_snapshot,
     restore_registry,
     run_analyzer_code,
@@ -40,6 +41,7 @@ __all__ = [
     "get_analyzer",
     "list_analyzers",
     "register_analyzer",
+    "registry_generation",
     "registry_snapshot",
     "restore_registry",
     "run_analyzer_code",

@@ -43,6 +43,12 @@ class AnalyzerError(EvoTrainerError, ValueError):
 
 
 _REGISTRY: dict[str, AnalyzerSpec] = {spec.name: spec for mod in BUILTIN_MODULES for spec in mod.ANALYZERS.specs}
+_CHANGES = [0]  # registry changes so far (register, unregister, restore): registry_generation()
+
+
+def registry_generation() -> int:
+    """A number that changes whenever this process's registry changes (for caches of what was listed)."""
+    return _CHANGES[0]
 
 
 def register_analyzer(name: str, fn_or_code: AnalyzerFn | str, kinds: tuple[str, ...] | list[str] = (),
@@ -86,6 +92,7 @@ def register_analyzer(name: str, fn_or_code: AnalyzerFn | str, kinds: tuple[str,
     else:
         raise AnalyzerError(f"analyzer {name!r}: pass a callable or Python source, got {type(fn_or_code).__name__}")
     _REGISTRY[name] = spec
+    _CHANGES[0] += 1
     return spec
 
 
@@ -99,6 +106,7 @@ def unregister_analyzer(name: str) -> None:
     if spec.builtin:
         raise AnalyzerError(f"analyzer {name!r} is a built-in and cannot be removed")
     del _REGISTRY[name]
+    _CHANGES[0] += 1
 
 
 def get_analyzer(name: str) -> AnalyzerSpec:
@@ -127,6 +135,7 @@ def restore_registry(snapshot: dict[str, AnalyzerSpec]) -> None:
     """Put the registry back to a :func:`registry_snapshot` (runtime analyzers registered since are gone)."""
     _REGISTRY.clear()
     _REGISTRY.update(snapshot)
+    _CHANGES[0] += 1
 
 
 def run_analyzers(evidence: Evidence, names: list[str] | None = None) -> list[Finding]:

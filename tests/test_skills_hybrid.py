@@ -1,0 +1,125 @@
+"""The skills store's hybrid search (``SkillStore._hybrid_rows``: the FTS leg overlapping the query embedding, its
+own reciprocal rank fusion) returns what LanceDB's hybrid query with ``RRFReranker`` returns: the same rows, in the
+same order, with the same ``_relevance_score``.
+
+- :func:`rrf_fuse` by hand (scores 1 / (rank + 60), float32, ties in the vector-then-FTS order), and against
+  LanceDB's own fusion (``LanceHybridQueryBuilder._combine_hybrid_results``) on the same two legs;
+- end to end on the seed library: ids and scores of ``search`` equal those of LanceDB's hybrid query
+  (``lancedb_hybrid = True``) for finding-style queries, with and without pre-filters, for the skills and the
+  failed-cases tables;
+- the FTS leg is submitted before the query is embedded (the overlap the speed-up comes from).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from lancedb.query import LanceHybridQueryBuilder
+from lancedb.rerankers import RRFReranker
+from test_skills import EXPLANATIONS
+
+import evotrainer.skills_db.store as store_mod
+from evotrainer.skills_db.embeddings import QUERY_CACHE
+from evotrainer.skills_db.models import FailedCase
+from evotrainer.skills_db.store import SCHEMAS, SkillStore, build_filter, rrf_fuse
+
+QUERIES = [*EXPLANATIONS.values(), "truncation", "entropy", "learning rate too high", "reward hacking format",
+           "zero variance groups all samples same reward", "KL penalty"]
+FILTERS = [{}, {"kind": "intervention"}, {"finding_kinds": ["truncation", "entropy_collapse"]},
+           {"kind": "analyzer"}, {"tags": ["exploration"]}]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = SkillStore(tmp_path_factory.mktemp("hybrid") / "skills")
+    s.count()  # seeded
+    return s
+
+
+def test_rrf_fuse_by_hand():
+    vec = [{"_rowid": 1, "id": "a", "_distance": 0.1}, {"_rowid": 2, "id": "b", "_distance": 0.2},
+           {"_rowid": 3, "id": "c", "_distance": 0.3}]
+    fts = [{"_rowid": 3, "id": "c", "_score": 9.0}, {"_rowid": 4, "id": "d", "_score": 1.0}]
+    out = rrf_fuse(vec, fts, 10)
+    # c: 1/63 + 1/61; a: 1/61; b: 1/62 and d: 1/62 tie -> b first (vector rows come first)
+    assert [r["id"] for r in out] == ["c", "a", "b", "d"]
+    assert [r["_relevance_score"] for r in out] == [float(np.float32(x)) for x in (1 / 63 + 1 / 61, 1 / 61, 1 / 62,
+                                                                                   1 / 62)]
+    assert all(set(r) == {"id", "_relevance_score"} for r in out)
+    assert [r["id"] for r in rrf_fuse(vec, fts, 2)] == ["c", "a"]
+    assert rrf_fuse([], [], 5) == []
+
+
+def _legs(tbl, query, where, limit):
+    b = (tbl.search(query, query_type="hybrid", vector_column_name="vector").distance_type("cosine")
+         .rerank(RRFReranker()).limit(limit))
+    if where:
+        b = b.where(where, prefilter=True)
+    b._create_query_builders()
+    return b._vector_query.with_row_id(True).to_arrow(), b._fts_query.with_row_id(True).to_arrow()
+
+
+@pytest.mark.parametrize("limit", [3, 10])
+def test_rrf_fuse_equals_lancedbs_fusion_on_the_same_legs(store, limit):
+    tbl = store._table("skills")
+    checked = 0
+    for q in QUERIES:
+        for f in FILTERS:
+            vec, fts = _legs(tbl, q, build_filter(**f), limit)
+            ref = LanceHybridQueryBuilder._combine_hybrid_results(
+                fts_results=fts, vector_results=vec, norm="score", fts_query=q, reranker=RRFReranker(), limit=limit,
+                with_row_ids=True).to_pylist()
+            ours = rrf_fuse(vec.to_pylist(), fts.to_pylist(), limit)
+            assert [(r["id"], r["_relevance_score"]) for r in ours] == [(r["id"], r["_relevance_score"]) for r in ref]
+            checked += bool(ref)
+    assert checked >= 40
+
+
+def test_search_equals_lancedbs_hybrid_query(store):
+    compared = 0
+    for q in QUERIES:
+        for f in FILTERS:
+            for limit in (3, 10):
+                store.lancedb_hybrid = False
+                ours = [(h.skill.id, h.score) for h in store.search(q, limit=limit, **f)]
+                store.lancedb_hybrid = True
+                try:
+                    ref = [(h.skill.id, h.score) for h in store.search(q, limit=limit, **f)]
+                finally:
+                    store.lancedb_hybrid = False
+                assert ours == ref, (q, f, limit)
+                compared += bool(ref)
+    assert compared >= 80
+    hit = store.search(EXPLANATIONS["truncation"], limit=3)[0]  # real results, not an empty agreement
+    assert "truncation" in hit.skill.addresses and hit.mode == "hybrid"
+
+
+def test_failed_cases_hybrid_equals_lancedbs(store):
+    store.add_failed_case(FailedCase(run="r1", version_id="v3", domain="math", findings=["truncation"],
+                                     intervention="generate_max_len 64 -> 32", outcome="hurt",
+                                     evidence_summary="more truncation, answers cut off"))
+    store.add_failed_case(FailedCase(run="r2", version_id="v1", domain="code", findings=["entropy_collapse"],
+                                     intervention="temperature 1.0 -> 0.5", outcome="hurt",
+                                     evidence_summary="entropy fell to 0.02"))
+    for q in ("answers cut off by the length limit", "entropy collapse after lowering temperature"):
+        store.lancedb_hybrid = False
+        ours = [c.model_dump() for c in store.search_failed_cases(q, limit=2)]
+        store.lancedb_hybrid = True
+        try:
+            ref = [c.model_dump() for c in store.search_failed_cases(q, limit=2)]
+        finally:
+            store.lancedb_hybrid = False
+        assert ours == ref and len(ours) == 2
+
+
+def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch):
+    events: list[str] = []
+    pool = store_mod._leg_pool()
+    orig_submit, orig_get = pool.submit, QUERY_CACHE.get
+    monkeypatch.setattr(pool, "submit", lambda fn, *a, **k: events.append("fts submitted") or orig_submit(fn, *a, **k))
+    monkeypatch.setattr(QUERY_CACHE, "get", lambda text: events.append("embedded") or orig_get(text))
+    QUERY_CACHE.clear()
+    rows = store._hybrid_rows("skills", "completions are cut off at the length limit", None, 3)
+    assert events == ["fts submitted", "embedded"] and len(rows) == 3
+    assert {k for k in rows[0]} == {*(c for c in SCHEMAS["skills"].names if c not in ("vector", "text")),
+                                    "_relevance_score"}
