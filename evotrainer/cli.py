@@ -133,7 +133,7 @@ def lineage_show(
     def label(node: dict[str, Any]) -> Text:  # Text, never markup: values come from any MCP client
         v = versions[node["id"]]
         style = STATUS_STYLE.get(v.status, "")
-        iv = "; ".join(node["intervention"]) or "base"
+        iv = v.describe_change()  # the report's words: a control arm reads "continue (control)", not "base"
         return Text.assemble((v.id, "bold"), " ", (v.status, style), f" {neutralise(iv)}  {_headline(v)}")
 
     def add(t: Tree, node: dict[str, Any]) -> None:

@@ -30,11 +30,14 @@ def test_init_show_diff(tmp_path):
     with Workspace(run) as ws:
         ws.lineage.branch("v0", Intervention(path="temperature", old=1.0, new=0.8, category="rollout"))
         ws.lineage.decide("v1", "keep", "gain", author="test")
+        ws.lineage.branch_control("v0")
     r = cli("lineage", "show", str(run))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("v0 proposed base")
     assert "v1 kept temperature: 1.0 -> 0.8" in lines[1]
+    # a control arm is named as one (as in the report), not "base" like the root
+    assert "v2 proposed continue (control)" in lines[2]
     r = cli("lineage", "show", str(run), "--json")
     data = json.loads(r.stdout)
     assert data["tree"]["children"][0]["id"] == "v1" and data["decisions"][0]["rationale"] == "gain"
@@ -42,7 +45,7 @@ def test_init_show_diff(tmp_path):
     assert json.loads(r.stdout) == [{"path": "temperature", "v0": 1.0, "v1": 0.8}]
     r = cli("lineage", "diff", "v0", "v7", "--run", str(run))
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: version 'v7' not found; known versions: v0, v1"
+    assert r.stderr.strip() == "error: version 'v7' not found; known versions: v0, v1, v2"
 
 
 def test_recipe_validate(tmp_path):
