@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
         from rich.console import Console
 
-        from evotrainer.agents.report import answer_line, summary_table, write_report
+        from evotrainer.agents.report import answer_line, score_rows, summary_table, write_report
         from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
         from evotrainer.workspace import Workspace
@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from evotrainer.agents.loop import run_summary
-        from evotrainer.agents.report import answer_line, summary_table, write_report
+        from evotrainer.agents.report import answer_line, score_rows, summary_table, write_report
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)
@@ -224,7 +224,13 @@ def register(app: typer.Typer) -> None:
                                         default=str) + "\n")
         else:
             console = Console()
-            console.print(summary_table(ws))
+            if score_rows(ws):
+                console.print(summary_table(ws))
+            else:  # an imported foreign run or a fresh init: a header over no rows said nothing
+                ids = ", ".join(f"{v.id} ({v.status})" for v in ws.lineage.versions()) or "none"
+                console.print(f"no score table: no version of {run_dir} has a dev (held-out) evaluation yet "
+                              f"(versions: {ids}); `evotrainer eval VERSION --run {run_dir}` evaluates one that has "
+                              "a checkpoint", highlight=False, soft_wrap=True)
             if line := answer_line(ws):
                 console.print(line, highlight=False)
             console.print(f"report: {path}")

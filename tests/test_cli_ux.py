@@ -272,3 +272,15 @@ def test_reward_params_table_matches_what_the_reward_code_reads():
         read[name] = set(re.findall(r'params\.get\("(\w+)"', body))
     read["swe_tests"] = set(re.findall(r'comp\.params\.get\("(\w+)"', (root / "swe" / "train.py").read_text()))
     assert {n: ps for n, ps in read.items() if ps} == {n: set(ps) for n, ps in REWARD_PARAMS.items()}
+
+
+def test_report_of_a_run_without_evaluations_says_so(tmp_path):
+    # an imported foreign run (or a fresh init) has no dev evaluation: the table was a header over no rows
+    run = tmp_path / "run"
+    assert cli("init", str(run)).returncode == 0
+    r = cli("report", str(run), columns=80)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == (f"no score table: no version of {run} has a dev (held-out) evaluation yet (versions: v0 "
+                        f"(proposed)); `evotrainer eval VERSION --run {run}` evaluates one that has a checkpoint")
+    assert lines[1] == f"report: {run}/reports/report.html"
