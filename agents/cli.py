@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
         from rich.console import Console
 
-        from evotrainer.agents.report import answer_line, score_rows, summary_table, write_report
+        from evotrainer.agents.report import answer_line, summary_table, write_report
         from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
         from evotrainer.workspace import Workspace
