@@ -437,16 +437,29 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _no_such_path(path: str, parts: list[str], i: int, node: Any) -> RecipeError:
+    """``recipe.PATH: no such field path`` plus the fix: the closest field at the first wrong segment
+    (``parts[i]`` in the section ``node``), or the fields that section has."""
+    msg = f"recipe.{path}: no such field path"
+    if not isinstance(node, dict) or not node:
+        return RecipeError(f"{msg}; {'.'.join(parts[:i])} is not a section")
+    section = "recipe." + ".".join(parts[:i]) if i else "recipe"
+    if close := did_you_mean(parts[i], node):
+        return RecipeError(f"{msg}; did you mean {'.'.join([*parts[:i], close, *parts[i + 1:]])!r}?")
+    return RecipeError(f"{msg}; {section} has: {', '.join(sorted(node))}")
+
+
 def get_path(recipe: Recipe, path: str) -> Any:
     """Value at a dotted path (JSON form: tuples are lists).
 
     Raises:
-        RecipeError: the path does not exist in the recipe.
+        RecipeError: the path does not exist in the recipe (the message names the closest field).
     """
     node: Any = recipe.to_dict()
-    for part in path.split("."):
+    parts = path.split(".")
+    for i, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
-            raise RecipeError(f"recipe.{path}: no such field path")
+            raise _no_such_path(path, parts, i, node)
         node = node[part]
     return node
 
@@ -483,14 +496,14 @@ def set_path(recipe: Recipe, path: str, value: Any) -> Recipe:
             if parts[:i] == ["reward"] or (i == 1 and parts[0] == "reward"):
                 node[part] = {}
             else:
-                raise RecipeError(f"recipe.{path}: no such field path")
+                raise _no_such_path(path, parts, i, node)
         node = node[part]
         if not isinstance(node, dict):
             raise RecipeError(f"recipe.{path}: {'.'.join(parts[: i + 1])} is not a section")
     leaf = parts[-1]
     in_free_dict = parts[0] == "reward" or (len(parts) >= 2 and parts[-2] == "params")
     if leaf not in node and not in_free_dict:
-        raise RecipeError(f"recipe.{path}: no such field path")
+        raise _no_such_path(path, parts, len(parts) - 1, node)
     if value is None and parts[0] == "reward" and len(parts) == 2:
         node.pop(leaf, None)  # removing a reward component
     else:

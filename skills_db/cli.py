@@ -174,7 +174,7 @@ def load_skill_file(path: Path) -> list[Any]:
     import yaml
     from pydantic import ValidationError
 
-    from evotrainer.skills_db.models import Skill, SkillError
+    from evotrainer.skills_db.models import Skill, SkillError, check_recipe_path
 
     if not path.is_file():
         raise SkillError(f"{path}: no such file")
@@ -196,6 +196,10 @@ def load_skill_file(path: Path) -> list[Any]:
             loc = ".".join(str(p) for p in first["loc"]) or "skill"
             msg = first["msg"].removeprefix("Value error, ")
             raise SkillError(f"{path}: entry {i} ({entry.get('id', '?')}): {loc}: {msg}") from None
+        try:
+            check_recipe_path(out[-1])
+        except SkillError as err:
+            raise SkillError(f"{path}: entry {i} ({out[-1].id}): {err}") from None
     return out
 
 

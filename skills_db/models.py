@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, category_of
-from evotrainer.recipe import RecipeError, apply_value_rule, check_value_rule, current_value
+from evotrainer.recipe import Recipe, RecipeError, apply_value_rule, check_value_rule, current_value
 
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
@@ -233,3 +233,19 @@ def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> 
     return Intervention(path=skill.recipe_path, old=old, new=new, category=category_of(skill.recipe_path),
                         hypothesis=hypothesis or skill.description.split(". ")[0],
                         source=f"skill:{skill.id}")
+
+
+def check_recipe_path(skill: Skill) -> None:
+    """An intervention skill's ``recipe_path`` must name a field of the recipe (a ``reward.*`` path may name
+    a component the recipe does not have yet), checked against the default :class:`Recipe`, whose field paths
+    are those of every recipe. Called when a skill is added, so a typo fails then, not when a run applies it.
+
+    Raises:
+        SkillError: the path is no recipe field; the message names the closest field (``did you mean``).
+    """
+    if skill.kind != "intervention" or not skill.recipe_path:
+        return
+    try:
+        current_value(Recipe(), skill.recipe_path)
+    except RecipeError as exc:
+        raise SkillError(f"skill {skill.id}: recipe_path: {exc}") from None

@@ -49,6 +49,7 @@ from evotrainer.skills_db.models import (
     SkillHit,
     TrackRecord,
     VersionSummary,
+    check_recipe_path,
 )
 from evotrainer.skills_db.seed import seed_skills
 
@@ -318,9 +319,12 @@ class SkillStore:
                 ``search_text()`` (e.g. copied from another store); skips the model.
 
         Raises:
-            SkillError: an id already exists and ``replace`` is False, or ``vectors`` has the wrong shape.
+            SkillError: an id already exists and ``replace`` is False, ``vectors`` has the wrong shape, or an
+                intervention's ``recipe_path`` is no recipe field (:func:`check_recipe_path`).
         """
         items = [skills] if isinstance(skills, Skill) else list(skills)
+        for s in items:
+            check_recipe_path(s)
         if vectors is not None and (len(vectors) != len(items) or any(len(v) != NDIMS for v in vectors)):
             raise SkillError(f"vectors: need shape ({len(items)}, {NDIMS}), one embedding per skill")
         ids = [s.id for s in items]

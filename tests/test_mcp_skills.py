@@ -40,6 +40,10 @@ def test_add_skill_and_record_outcomes(client):
     assert "exist already" in client.err("add_skill", {"skill_id": "test.cooler_sampling", "kind": "procedure",
                                                        "name": "x", "description": "y"})
     assert "recipe_path" in client.err("add_skill", {"kind": "intervention", "name": "x", "description": "y"})
+    # a recipe_path that is no field is refused on add, with the closest field
+    assert "recipe.top_pp: no such field path; did you mean 'top_p'?" in client.err(
+        "add_skill", {"skill_id": "test.typo", "kind": "intervention", "name": "x", "description": "y",
+                      "recipe_path": "top_pp", "value": 0.9})
     for outcome in ("helped", "hurt", "neutral"):
         r = client.ok("record_skill_outcome", {"skill_id": "test.cooler_sampling", "outcome": outcome,
                                                "domain": "math"})

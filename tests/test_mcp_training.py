@@ -84,8 +84,8 @@ def test_propose_intervention_creates_single_factor_child(client):
     v3 = client.ok("propose_intervention", {"parent_id": "v0", "path": "reward.format.weight", "new_value": 0.5})
     assert v3["interventions"][0]["old"] is None and v3["recipe"]["reward"]["format"]["weight"] == 0.5
     # errors name the field and the fix
-    assert "no such field path" in client.err("propose_intervention", {"parent_id": "v0", "path": "eps_clip_hig",
-                                                                        "new_value": 0.3})
+    assert "no such field path; did you mean 'eps_clip_high'?" in client.err(
+        "propose_intervention", {"parent_id": "v0", "path": "eps_clip_hig", "new_value": 0.3})
     assert "changes nothing" in client.err("propose_intervention", {"parent_id": "v0", "path": "temperature",
                                                                      "new_value": 1.0})
     assert "at least 2 samples" in client.err("propose_intervention", {"parent_id": "v0",

@@ -71,6 +71,24 @@ def test_paths_get_set_diff():
     assert diff_recipes(r, r3) == [("reward.format.weight", None, 0.1)]
     with pytest.raises(RecipeError, match=r"recipe.data.nope: no such field path"):
         set_path(r, "data.nope", 1)
+
+
+def test_unknown_path_names_the_fix():
+    # a wrong path said only "no such field path": now the closest field, or the fields the section has
+    r = Recipe()
+    with pytest.raises(RecipeError) as e:
+        get_path(r, "actor_learning_rat")
+    assert str(e.value) == "recipe.actor_learning_rat: no such field path; did you mean 'actor_learning_rate'?"
+    with pytest.raises(RecipeError) as e:
+        set_path(r, "model.lora.rr", 8)
+    assert str(e.value) == "recipe.model.lora.rr: no such field path; did you mean 'model.lora.r'?"
+    with pytest.raises(RecipeError) as e:
+        set_path(r, "data.nope", 1)
+    assert str(e.value) == ("recipe.data.nope: no such field path; recipe.data has: dedupe, difficulty_band, level, "
+                            "n_heldout, n_test, n_train, path, prompt_suffix, seed, system_prompt, task")
+    with pytest.raises(RecipeError) as e:
+        get_path(r, "eps_clip_high.low")
+    assert str(e.value) == "recipe.eps_clip_high.low: no such field path; eps_clip_high is not a section"
     with pytest.raises(RecipeError, match=r"recipe.temperature=-1.0: Input should be greater than 0"):
         set_path(r, "temperature", -1.0)
 

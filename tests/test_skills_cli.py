@@ -100,3 +100,21 @@ def test_add_history_restore(app, skills_dir, tmp_path):
     bad.write_text("id: Bad Id\nkind: analyzer\nname: x\ndescription: y\n")
     code, _, err = run(app, skills_dir, "add", str(bad))
     assert code == 1 and "entry 0 (Bad Id): id:" in err
+
+
+def test_add_refuses_a_recipe_path_that_is_no_field(app, skills_dir, tmp_path):
+    # `skills add` stored recipe_path 'actor_lr': the typo surfaced only when a run applied the skill
+    f = tmp_path / "typo.yaml"
+    f.write_text("id: lr_typo\nkind: intervention\nname: Lower LR\ndescription: Lower the learning rate.\n"
+                 "recipe_path: actor_learning_rat\nvalue: {op: mul, by: 0.5}\n")
+    code, _, err = run(app, skills_dir, "add", str(f))
+    assert code == 1
+    assert err.strip() == (f"error: {f}: entry 0 (lr_typo): skill lr_typo: recipe_path: recipe.actor_learning_rat: "
+                           "no such field path; did you mean 'actor_learning_rate'?")
+    code, _, _ = run(app, skills_dir, "show", "lr_typo")
+    assert code == 1  # nothing was stored
+    # a reward component the recipe does not have yet is a valid path
+    f.write_text("id: fmt_on\nkind: intervention\nname: Format reward\ndescription: Pay for the format.\n"
+                 "recipe_path: reward.format.weight\nvalue: 0.1\n")
+    code, out, err = run(app, skills_dir, "add", str(f))
+    assert code == 0, err
