@@ -284,3 +284,29 @@ def test_report_of_a_run_without_evaluations_says_so(tmp_path):
     assert lines[0] == (f"no score table: no version of {run} has a dev (held-out) evaluation yet (versions: v0 "
                         f"(proposed)); `evotrainer eval VERSION --run {run}` evaluates one that has a checkpoint")
     assert lines[1] == f"report: {run}/reports/report.html"
+
+
+def test_every_command_argument_and_option_has_help_text():
+    # `swe episodes --help` showed --max-turns, --temperature and --seed with no text
+    import typer
+    from typer.core import TyperGroup
+
+    from evotrainer.cli import app
+
+    missing, n_commands = [], 0
+
+    def walk(cmd, path):
+        nonlocal n_commands
+        if isinstance(cmd, TyperGroup):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+        else:
+            n_commands += 1
+            if not (cmd.help or "").strip():
+                missing.append((" ".join(path), "<command>"))
+        missing.extend((" ".join(path), "/".join(p.opts)) for p in cmd.params
+                       if p.name != "help" and not (getattr(p, "help", None) or "").strip())
+
+    walk(typer.main.get_command(app), [])
+    assert n_commands >= 26  # every leaf command was reached (26 when this test was written)
+    assert missing == []
