@@ -218,6 +218,11 @@ def test_cli_info_and_run(tmp_path, backend):
     assert res.exit_code == 1 and json.loads(res.stdout)["limit_hit"] == "timeout"
     res = cli.invoke(app, ["sandbox", "run", str(tmp_path / "nope.py")])
     assert res.exit_code == 1 and "nope.py: no such file" in res.output
+    # a bad flag is named as the user typed it (it said "timeout_s=-1.0: must be > 0")
+    res = cli.invoke(app, ["sandbox", "run", str(script), "--timeout", "-1"])
+    assert res.exit_code == 1 and res.stderr.strip() == "error: --timeout -1: must be > 0 seconds, e.g. --timeout 30"
+    res = cli.invoke(app, ["sandbox", "run", str(script), "--memory", "0"])
+    assert res.exit_code == 1 and res.stderr.strip() == "error: --memory 0: must be > 0 MiB, e.g. --memory 1024"
 
 
 # --- Docker backend against a fake Engine API on 127.0.0.1 (no daemon here) -------------------------

@@ -85,6 +85,11 @@ def run(
         signal.signal(sig, _exit_on_signal)
     if not file.is_file():
         fail(f"{file}: no such file")
+    # the library names its own fields (timeout_s=...); a CLI user typed the flags
+    if not timeout > 0:
+        fail(f"--timeout {timeout:g}: must be > 0 seconds, e.g. --timeout 30")
+    if not memory > 0:
+        fail(f"--memory {memory}: must be > 0 MiB, e.g. --memory 1024")
     named: dict[str, Path] = {}
     for p in inputs or []:
         if p.name in named:
