@@ -96,6 +96,24 @@ def test_each_limit_is_reported(code, kw, limit, backend):
     assert r.limit_hit == limit and not r.ok, r
 
 
+def test_a_run_stopped_at_its_timeout_reports_the_cpu_it_used(backend):
+    # the kill takes the launcher that measures the program: cpu_s was bwrap's own 0.01 s for a busy loop
+    r = run("""
+        import time
+        t = time.process_time()
+        while time.process_time() - t < 0.5:
+            pass
+        print("burnt", flush=True)
+        time.sleep(60)
+    """, timeout_s=6)
+    assert r.limit_hit == "timeout" and r.stdout == "burnt\n", r
+    if backend == "docker":
+        assert r.cpu_s is None  # docker reports none (test_runs_code_and_reports_the_result)
+    else:
+        assert 0.5 <= r.cpu_s < 6, r  # the 0.5 s burnt, plus start-up; never more than the wall clock
+        assert 0 < r.max_rss_mb < 200, r  # the program's peak (bwrap's rusage gave bwrap's own)
+
+
 def test_bad_arguments_name_the_field(tmp_path):
     with pytest.raises(SandboxError, match="give cmd"):
         run_in_sandbox()
