@@ -163,6 +163,8 @@ def register(app: typer.Typer) -> None:
         try:
             merge_config(path, key, entry)
         except ValueError as exc:
+            if backup is not None:  # nothing was changed: a backup of it would only pile up at each retry
+                backup.unlink(missing_ok=True)
             fail(str(exc))
         if backup is not None:
             sys.stdout.write(f"backup of the previous config: {backup}\n")

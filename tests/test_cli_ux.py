@@ -256,6 +256,18 @@ def test_mcp_config_install_writes_a_backup_first(tmp_path):
     assert r.returncode == 0 and not r.stdout.startswith("backup")  # nothing to back up
 
 
+def test_mcp_config_install_into_invalid_json_changes_nothing_and_leaves_no_backup(tmp_path):
+    # a refused install left a <name>.<time>.bak of the untouched file each time it was retried
+    cfg = tmp_path / "claude_desktop_config.json"
+    cfg.write_text("{bad")
+    assert cli("init", str(tmp_path / "run")).returncode == 0
+    r = cli("mcp-config", "--install", "--config-path", str(cfg), "--run", str(tmp_path / "run"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"error: {cfg} is not valid JSON (Expecting property name enclosed in double quotes: "
+                                "line 1 column 2 (char 1)); fix or move it, then rerun --install")
+    assert cfg.read_text() == "{bad" and sorted(p.name for p in tmp_path.iterdir()) == [cfg.name, "run"]
+
+
 def test_reward_params_table_matches_what_the_reward_code_reads():
     # every params.get("x") in a registered reward function (and swe_train's mode) is a known param,
     # so the validator never rejects a param the trainer reads, nor accepts one it ignores
