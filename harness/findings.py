@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Severity = Literal["info", "warn", "blocking"]
 Judged = Literal["level", "change", "trend"]
@@ -132,6 +132,21 @@ def parse_findings(payload: Any, analyzer: str = "") -> list[Finding]:
         item = {"analyzer": analyzer, **item}
         try:
             out.append(Finding.model_validate(item))
-        except Exception as exc:  # pydantic ValidationError: restate with the index
-            raise ValueError(f"findings[{i}] invalid: {exc}") from None
+        except ValidationError as exc:  # restate each error on the finding's own field, without pydantic's URLs
+            raise ValueError(_field_errors(exc, f"findings[{i}]")) from None
     return out
+
+
+def _field_errors(err: ValidationError, prefix: str) -> str:
+    """``prefix.field=value: rule`` per error, ``; ``-joined; a missing field names the ones a finding needs."""
+    parts = []
+    for e in err.errors():
+        path = ".".join([prefix, *(str(p) for p in e["loc"])])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            parts.append(f"{path}: required (a finding has kind, severity, versions, steps, evidence, explanation)")
+        elif e["type"] == "extra_forbidden":
+            parts.append(f"{path}: unknown field; allowed: {', '.join(Finding.model_fields)}")
+        else:
+            parts.append(f"{path}={e.get('input')!r}: {msg}")
+    return "; ".join(parts)

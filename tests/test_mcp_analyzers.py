@@ -71,6 +71,11 @@ def test_run_analyzer_code_in_sandbox(client):
     assert "syntax error at line 1" in client.err("run_analyzer_code", {"code": "def ("})
     err = client.err("run_analyzer_code", {"code": "import sys; sys.exit(3)"})
     assert "exited 3" in err
+    # a bad finding is named field by field on one line (it was pydantic's dump, with its URLs, over 5 lines)
+    err = client.err("run_analyzer_code", {"code": "print('[{\"kind\": \"x\", \"severity\": \"bad\"}]')"})
+    assert err.endswith("analyzer 'sandboxed': findings[0].severity='bad': Input should be 'info', 'warn' or "
+                        "'blocking'; findings[0].explanation: required (a finding has kind, severity, versions, "
+                        "steps, evidence, explanation)"), err
 
 
 def test_register_backtest_and_persist_analyzer(client, run):
