@@ -173,8 +173,8 @@ def recipe_validate(
 ) -> None:
     """Validate a recipe or a whole run config; print the errors (field path, value, rule, fix).
 
-    A run config is checked in every section (``budget.*``, ``mode``, ``recipe.*``); a recipe's
-    ``data.path`` must name an existing file or folder (relative to the current directory).
+    A run config is checked in every section (`budget.*`, `mode`, `recipe.*`).
+    A recipe's `data.path` must name an existing file or folder (relative to the current directory).
     """
     import yaml
 

@@ -318,6 +318,9 @@ def test_every_command_argument_and_option_has_help_text():
                 missing.append((" ".join(path), "<command>"))
         missing.extend((" ".join(path), "/".join(p.opts)) for p in cmd.params
                        if p.name != "help" and not (getattr(p, "help", None) or "").strip())
+        # reST literals (``x``) showed as such in `recipe validate --help` and `sandbox run --help`
+        missing.extend((" ".join(path), "``") for t in [cmd.help or "", *(getattr(p, "help", "") or "" for p in
+                                                                              cmd.params)] if "``" in t)
 
     walk(typer.main.get_command(app), [])
     assert n_commands >= 26  # every leaf command was reached (26 when this test was written)

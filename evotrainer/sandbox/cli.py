@@ -74,8 +74,8 @@ def run(
 ) -> None:
     """Run FILE.py in the sandbox; print exit_code, stdout, stderr, limit_hit, backend (and resource use).
 
-    Text mode shows the program's control characters (terminal escape sequences) as ``\\xNN``;
-    ``--json`` escapes them as JSON does. SIGTERM / SIGHUP stop the run and clean up after it.
+    Text mode shows control characters (terminal escapes) as `\\xNN`; `--json` escapes them as JSON does.
+    SIGTERM / SIGHUP stop the run and clean up after it.
 
     Exits with the program's exit code (1 when it died of a signal or a limit stopped it).
     """
