@@ -51,6 +51,7 @@ def diagnose(
     from rich.console import Console
     from rich.table import Table
 
+    from evotrainer.cli import fail
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.ingest import ingest
@@ -58,6 +59,10 @@ def diagnose(
 
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
+    narrowing = [flag for flag, on in (("--version", gate_version), ("--kept", gate_kept), ("--best", gate_best)) if on]
+    if narrowing and fail_on == "none":  # they narrow the gate only: without one they changed nothing, silently
+        fail(f"{' / '.join(narrowing)} only narrow what --fail-on judges (every finding is printed either way): "
+             "add --fail-on warn or --fail-on blocking")
     ev = ingest(path)
     gated = _gate_versions(path, list(ev.summary()["versions"]), gate_version, gate_kept, gate_best)
     findings = run_analyzers(ev, names=analyzer or None)

@@ -143,6 +143,18 @@ def test_kept_needs_a_lineage(tmp_path):
     assert "Traceback" not in r.stderr and "rerun with --debug" not in r.stderr
 
 
+def test_version_kept_best_without_fail_on_are_refused(tmp_path):
+    # they narrow only what --fail-on judges: `diagnose RUN --best` printed every finding and exited 0
+    log = tmp_path / "m.jsonl"
+    log.write_text("".join(f'{{"step": {i}, "reward/mean": 0.1}}\n' for i in range(3)))
+    r = cli("diagnose", str(log), "--no-plots", "--best")
+    assert r.returncode == 1
+    assert r.stderr == ("error: --best only narrow what --fail-on judges (every finding is printed either way): "
+                        "add --fail-on warn or --fail-on blocking\n")
+    r = cli("diagnose", str(log), "--no-plots", "--version", "m", "--kept")
+    assert r.returncode == 1 and r.stderr.startswith("error: --version / --kept only narrow what --fail-on judges")
+
+
 # --- tables at 80 columns ----------------------------------------------------------------------------
 def _scored_run(tmp_path):
     """v0 with a no-RL row (4 samples: 1 of 4 right, Avg = 0.25) and a child v1 with a long change."""
