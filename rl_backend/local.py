@@ -287,6 +287,8 @@ class LocalBackend:
             raise BackendError(f"steps={steps}: train at least 1 step")
         v = ws.lineage.get(version_id)
         start_ckpt = self._parent_checkpoint(ws, v)
+        if start_ckpt is None and not (v.checkpoint and Path(v.checkpoint).is_dir()):
+            _refuse_imported(ws, version_id, "train")
         if v.parent_id and (why := ws.lineage.damaged(v.parent_id)):
             start = ws.lineage.start_version(version_id)
             ws.log(f"{version_id} starts from {start.id if start else 'the base model'}: parent {v.parent_id} was "
@@ -638,6 +640,8 @@ class LocalBackend:
             self._parent_checkpoint(ws, v) if v.parent_id else None)
         if eval_name == NO_RL_TEST_EVAL:
             ckpt = None
+        if ckpt is None:
+            _refuse_imported(ws, version_id, "evaluate")
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
                                                          version_id=version_id,
                                                          step=max(0, ws.lineage.last_step(version_id)),
@@ -758,3 +762,23 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except Exception:  # noqa: BLE001 (cosmetic)
         pass
+
+
+def _refuse_imported(ws: Any, version_id: str, what: str) -> None:
+    """Refuse to train or evaluate the base model in place of an imported foreign run's weights.
+
+    ``evotrainer import`` stores a foreign run's metrics, rollouts and logs (``import/source`` in the kv
+    table) under a placeholder recipe (the default one, whose model is not the run's), and no checkpoint;
+    with no checkpoint to start from, the local backend would load that placeholder's base model and file
+    its scores under the foreign run's version.
+
+    Raises:
+        BackendError: the run was imported; the message names the source and the fix.
+    """
+    src = ws.lineage.kv_get("import/source")
+    if not src:
+        return
+    raise BackendError(f"cannot {what} {version_id}: the run was imported from {src.get('path')} (metrics, rollouts "
+                       "and logs only: no weights, and a placeholder recipe, not the one it trained with); evaluate "
+                       "the run's own checkpoint with `evotrainer eval CHECKPOINT_DIR --recipe RECIPE.yaml`, or "
+                       "train it in a new run folder (`evotrainer init DIR --recipe RECIPE.yaml`)")

@@ -87,3 +87,24 @@ def test_import_errors(tmp_path, verl_run):
     r = cli("import", str(bad), "--run", str(tmp_path / "z"))
     assert r.returncode == 1 and r.stderr.startswith(f"error: {bad}: no training metrics found (tried: verl 'step:N - key:value' lines")
     assert not (tmp_path / "z").exists()  # read first, create the run folder only when there is a run
+
+
+def test_an_imported_run_has_no_weights_to_evaluate_or_train(verl_run):
+    # `eval v0 --run IMPORTED` loaded the placeholder recipe's SmolLM2 and filed its score as the verl run's v0
+    r = cli("eval", "v0", "--run", str(verl_run))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        f"error: cannot evaluate v0: the run was imported from {VERL_LOG} (metrics, rollouts and logs only: no "
+        "weights, and a placeholder recipe, not the one it trained with); evaluate the run's own checkpoint with "
+        "`evotrainer eval CHECKPOINT_DIR --recipe RECIPE.yaml`, or train it in a new run folder "
+        "(`evotrainer init DIR --recipe RECIPE.yaml`)")
+    c = SyncClient(build_server("all", verl_run))
+    try:
+        assert "eval_summary" not in c.ok("get_version", {"version_id": "v0"}) or not c.ok(
+            "get_version", {"version_id": "v0"})["eval_summary"]  # nothing was filed under v0
+        # training v0 itself would have started the placeholder's base model from scratch
+        job = c.ok("start_training", {"version_id": "v0", "steps": 1, "wait_s": 60})
+        assert job["status"] == "failed" and "cannot train v0: the run was imported" in job["message"], job
+        assert c.ok("get_version", {"version_id": "v0"})["status"] == "trained"  # refused before it started
+    finally:
+        c.close()
