@@ -24,6 +24,8 @@ import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
+
 Check = Callable[[Any], bool]
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
@@ -46,8 +48,8 @@ _SIZES = {"minLength": ("str", ">="), "maxLength": ("str", "<="), "minItems": ("
           "maxItems": ("list", "<="), "minProperties": ("dict", ">="), "maxProperties": ("dict", "<=")}
 
 
-class NotCompiled(Exception):
-    """The schema uses a keyword outside the compiled subset."""
+class NotCompiled(EvoTrainerError):
+    """The schema uses a keyword outside the compiled subset (internal: the caller falls back to jsonschema)."""
 
 
 def compile_check(schema: Any, format_asserted: bool = False) -> Check | None:
