@@ -424,6 +424,44 @@ def test_every_malformed_envelope_is_answered_over_http(http_server):
         assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
 
 
+def test_requests_that_repeat_an_in_flight_id_are_all_answered(http_server):
+    # Review 3, H-R1: the SDK keys a session's response streams by request id alone; 8 concurrent calls with
+    # id 1 in one session left 2-6 of them unanswered for good (connections and bodies held). Now a repeat of
+    # an id still in flight is answered -32600 at once, and every request gets a reply.
+    import httpx
+
+    _, url = http_server
+    with httpx.Client(timeout=30) as c:
+        sid = _open_session(c, url)
+        hdr = {**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search_logs",
+                                                                             "arguments": {"query": "NaN"}}}
+        replies: list = []
+
+        def post() -> None:
+            try:
+                replies.append(_sse_json(httpx.post(url, json=call, headers=hdr, timeout=30)))
+            except httpx.TimeoutException:
+                replies.append("no reply in 30 s")
+
+        threads = [threading.Thread(target=post) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(replies) == 8 and "no reply in 30 s" not in replies, replies
+        ok = [r for r in replies if "result" in r]
+        refused = [r for r in replies if "error" in r]
+        assert len(ok) + len(refused) == 8 and ok, replies
+        assert all(r["id"] == 1 and r["result"]["structuredContent"]["records"][0]["message"] == "NaN loss at step 2"
+                   for r in ok)
+        assert all(r["id"] == 1 and r["error"]["code"] == -32600 and "still being answered" in r["error"]["message"]
+                   for r in refused)
+        # once answered, the id is free again
+        again = _sse_json(c.post(url, json=call, headers=hdr))
+        assert again["result"]["structuredContent"]["records"][0]["message"] == "NaN loss at step 2"
+
+
 def test_redos_pattern_does_not_stall_over_http(http_server):
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
