@@ -216,6 +216,38 @@ def test_search_logs_deadline_is_a_tool_error(redos_run, monkeypatch):
         c.close()
 
 
+def test_regex_search_checks_its_deadline_every_record_and_bounds_the_pattern(tmp_path, monkeypatch):
+    # Review 3, L-R1: RE2's fallback costs text x program size; (?:(?:a|b|ab|ba){0,100}){0,10}c (6,014
+    # instructions) took 1.06 s per 20,000-character record, and the deadline was read every 256 records only:
+    # a 10 s budget ran to ~270 s, holding one of the 2 tool slots. Now such a pattern is refused, and a regex scan
+    # reads the deadline before every record.
+    import evotrainer.servers.logs as logs
+
+    class Clock:  # each reading is one second later: the 10 s budget runs out at the 11th reading
+        t = 0.0
+
+        def monotonic(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    run = make_run(tmp_path)
+    with Workspace.open(run, writer=True) as ws:
+        for i in range(12):
+            ws.log(f"filler {i}", source="probe")
+    c = SyncClient(build_server("logs", run))
+    try:
+        err = c.err("search_logs", {"query": "(?:(?:a|b|ab|ba){0,100}){0,10}c", "regex": True})
+        assert "compiles to 6014 RE2 instructions, over 2000" in err, err
+        assert c.ok("search_logs", {"query": "(?:a|b){0,900}c", "regex": True})["total"] == 0  # 1,805: allowed
+        monkeypatch.setattr(logs, "time", Clock())
+        # deadline = 1 + 10 = 11; record i read at clock 2 + i: record 10 (clock 12) is the first past it
+        assert c.err("search_logs", {"query": "filler|loss|reward|started", "regex": True}) == (
+            "Error executing tool search_logs: search_logs stopped after 10 s at record 10 of 15; narrow it with "
+            "version_id, level, since / until, or a simpler query")
+    finally:
+        c.close()
+
+
 def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
     from mcp.server.mcpserver import MCPServer
 
