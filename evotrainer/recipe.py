@@ -52,7 +52,7 @@ def _non_negative(v: Any) -> str | None:
 
 class FormatRegex:
     """A ``reward.format`` pattern compiled with RE2: matching is linear in the completion's length whatever the
-    pattern (issue 22, review 3: Python's ``re`` on ``(x+x+)+y`` held the GIL for 2.6 s at 25 characters in a
+    pattern (docs/security-probes.md, review 3: Python's ``re`` on ``(x+x+)+y`` held the GIL for 2.6 s at 25 characters in a
     ``rescore_rollouts`` call, doubling per character, and every MCP session of the server waited).
 
     :meth:`search` keeps Python's ``re.search`` meaning of ``$`` (the end, or just before a final newline),
