@@ -98,7 +98,7 @@ def _is_commit_conflict(exc: BaseException) -> bool:
 
 
 def with_commit_retries(fn: Callable[[], Any], what: str, tries: int = COMMIT_RETRIES,
-                        base_s: float = RETRY_BASE_S) -> Any:
+                        base_s: float = RETRY_BASE_S, store: str = "rollout store") -> Any:
     """``fn()``, retried on Lance commit conflicts with exponential backoff (``base_s * 2**k``, jitter x0.5-1.5).
 
     Raises:
@@ -112,7 +112,7 @@ def with_commit_retries(fn: Callable[[], Any], what: str, tries: int = COMMIT_RE
             if not _is_commit_conflict(exc):
                 raise
             if attempt == tries - 1:
-                raise RolloutStoreError(f"{what}: the rollout store kept conflicting with concurrent writers after "
+                raise RolloutStoreError(f"{what}: the {store} kept conflicting with concurrent writers after "
                                         f"{tries} tries; retry later") from None
             time.sleep(base_s * 2**attempt * (0.5 + random.random()))
     raise AssertionError("unreachable")

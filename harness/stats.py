@@ -77,6 +77,18 @@ def paired_scores(a: Matrix, b: Matrix) -> tuple[list[str], np.ndarray, np.ndarr
     return common, sa, sb
 
 
+MAX_BLOCK_CELLS = 1 << 21  # resample matrix cells drawn at once (16 MiB of float64)
+
+
+def _row_blocks(n_rows: int, n_cols: int) -> list[int]:
+    """Row counts of consecutive blocks of an ``(n_rows, n_cols)`` resample matrix, each at most
+    :data:`MAX_BLOCK_CELLS` cells. Drawing block by block gives the same numbers as one draw (numpy's
+    ``Generator.integers`` / ``choice`` consume the stream in row-major order), with bounded memory: review 3
+    measured 1.56 GB for ``gate_version(n_resamples=200_000)`` on 500 problems drawn at once."""
+    step = max(1, MAX_BLOCK_CELLS // max(1, n_cols))
+    return [min(step, n_rows - i) for i in range(0, n_rows, step)]
+
+
 def paired_bootstrap_ci(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
                         n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0
                         ) -> tuple[float, float, float]:
@@ -102,8 +114,8 @@ def paired_bootstrap_ci(a: Sequence[float] | np.ndarray, b: Sequence[float] | np
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence}: must lie in (0, 1), e.g. 0.95")
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(d), size=(n_resamples, len(d)))  # (R, P)
-    means = d[idx].mean(axis=1)  # (R,)
+    means = np.concatenate([d[rng.integers(0, len(d), size=(rows, len(d)))].mean(axis=1)  # (rows,) per block
+                            for rows in _row_blocks(n_resamples, len(d))])  # (R,)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(d.mean()), float(lo), float(hi)
@@ -130,9 +142,10 @@ def paired_permutation_test(a: Sequence[float] | np.ndarray, b: Sequence[float] 
         adjustment = 0
     else:
         rng = np.random.default_rng(seed)
-        signs = rng.choice((1.0, -1.0), size=(n_resamples, n))  # (R, P)
+        signs = None
         adjustment = 1
-    null = (signs * d).mean(axis=1)
+    null = (signs * d).mean(axis=1) if signs is not None else np.concatenate(
+        [(rng.choice((1.0, -1.0), size=(rows, n)) * d).mean(axis=1) for rows in _row_blocks(n_resamples, n)])
     gamma = abs(np.finfo(float).eps * 100 * observed)  # scipy's relative tolerance for ties
     p_greater = (np.sum(null >= observed - gamma) + adjustment) / (len(null) + adjustment)
     p_less = (np.sum(null <= observed + gamma) + adjustment) / (len(null) + adjustment)
@@ -213,7 +226,8 @@ def pooled_paired_bootstrap(groups: Sequence[tuple[Matrix, Matrix]], n_resamples
     rng = np.random.default_rng(seed)
     total = np.zeros(n_resamples)
     for d in diffs:  # (R, P_g) draws within the group, summed into the pooled total
-        total += d[rng.integers(0, len(d), size=(n_resamples, len(d)))].sum(axis=1)
+        total += np.concatenate([d[rng.integers(0, len(d), size=(rows, len(d)))].sum(axis=1)
+                                 for rows in _row_blocks(n_resamples, len(d))])
     means = total / len(d_all)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])

@@ -10,7 +10,8 @@ Component values (unweighted; the total is ``sum(weight * value)``):
 
 - ``correctness`` 1/0: the answer verifies (math: :func:`evotrainer.rl_backend.math_verify_utils.is_correct`;
   humaneval: the unit tests pass; swe: ``extras["swe_tests"]``).
-- ``format`` 1/0: the completion matches the task's answer format (params ``pattern``: a regex).
+- ``format`` 1/0: the completion matches the task's answer format (params ``pattern``: an RE2 regex,
+  matched in linear time; :func:`evotrainer.recipe.format_regex`).
 - ``format_token`` 1/0: the literal ``params.token`` (default ``"Answer:"``) occurs, whatever the
   answer. Deliberately leaky: a policy can farm it without solving anything.
 - ``overlong`` in [-penalty_factor, 0]: DAPO's overlong reward shaping (Yu et al. 2025, Eq. 13):
@@ -37,13 +38,12 @@ Component values (unweighted; the total is ``sum(weight * value)``):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from evotrainer.errors import EvoTrainerError
-from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent
+from evotrainer.recipe import REWARD_COMPONENTS, RewardComponent, format_regex
 from evotrainer.rl_backend import code_tasks
 from evotrainer.rl_backend.math_verify_utils import is_correct
 from evotrainer.rl_backend.tasks import Problem
@@ -162,7 +162,7 @@ def format_(ctx: RewardContext, params: dict[str, Any]) -> list[float]:
     pat = params.get("pattern")
     out = []
     for p, c in zip(ctx.problems, ctx.completions, strict=True):
-        rx = re.compile(pat or FORMAT_PATTERNS.get(_task(p), FORMAT_PATTERNS["jsonl"]))
+        rx = format_regex(pat or FORMAT_PATTERNS.get(_task(p), FORMAT_PATTERNS["jsonl"]))  # RE2: linear time
         out.append(1.0 if rx.search(c) else 0.0)
     return out
 

@@ -243,6 +243,11 @@ class EnvelopeGuard:
     def __init__(self, app: Any, max_body: int = MAX_MESSAGE_BYTES):
         self.app = app
         self.max_body = max_body
+        # (Mcp-Session-Id, JSON of the request id) of every request still being answered. The SDK keys its
+        # response streams by request id alone and overwrites the first stream on a repeat: before this check,
+        # each earlier request with a repeated in-flight id (review 3, H-R1: 8 concurrent calls with id 1 in one
+        # session, 2-6 of them) was never answered, its connection and 4 MiB body held until the client gave up.
+        self._in_flight: set[tuple[str, str]] = set()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -267,10 +272,19 @@ class EnvelopeGuard:
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
-        _, err = await check_envelope_async(body)
+        obj, err = await check_envelope_async(body)
         if err is not None:
             await _json(send, 400, err)
             return
+        key = None
+        if obj is not None and "method" in obj and "id" in obj and headers.get("mcp-session-id"):
+            key = (headers["mcp-session-id"], json.dumps(obj["id"]))
+            if key in self._in_flight:
+                await _json(send, 400, error_reply(
+                    INVALID_REQUEST, f"Invalid Request: id {key[1][:40]} is already used by a request of this session "
+                    "that is still being answered; give each request in flight its own id", obj["id"]))
+                return
+            self._in_flight.add(key)
         sent = False
 
         async def replay() -> dict[str, Any]:
@@ -280,7 +294,11 @@ class EnvelopeGuard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if key is not None:
+                self._in_flight.discard(key)
 
 
 async def _json(send: Any, status: int, payload: dict[str, Any]) -> None:

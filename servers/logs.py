@@ -35,7 +35,8 @@ from evotrainer.servers.common import (
 
 LEVELS = ("debug", "info", "warning", "error")
 SEARCH_DEADLINE_S = 10.0  # wall-clock budget of one search_logs scan (seconds)
-_CHECK_EVERY = 256  # records scanned between two deadline checks
+_CHECK_EVERY = 256  # records scanned between two deadline checks (every record with regex=true)
+MAX_REGEX_PROGRAM = 2_000  # RE2 program instructions of a search_logs pattern (review 3, L-R1, below)
 TimeArg = Annotated[str | None, Field(description="Unix seconds (e.g. '1767225600') or ISO 8601 "
                                                    "(e.g. '2026-01-01T00:00:00Z').")]
 
@@ -142,17 +143,25 @@ def compile_regex(query: str) -> Any:
     """A case-insensitive RE2 pattern (linear-time matching, see the module docstring).
 
     Raises:
-        ToolError: ``query`` is not valid RE2 syntax (e.g. a backreference or look-around).
+        ToolError: ``query`` is not valid RE2 syntax (e.g. a backreference or look-around), or its program is
+            over :data:`MAX_REGEX_PROGRAM` instructions.
     """
     opts = re2.Options()
     opts.case_sensitive = False
     opts.log_errors = False
     try:
-        return re2.compile(query, opts)
+        pattern = re2.compile(query, opts)
     except re2.error as exc:
         why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ToolError(f"query={query!r} is not a valid regex ({why}); RE2 syntax: no backreferences or "
                         "look-around; fix it or pass regex=false") from None
+    # RE2 is linear in the text, but its fallback (NFA) costs text x program size: a 40-character pattern of
+    # nested counted repeats, (?:(?:a|b|ab|ba){0,100}){0,10}c, compiles to 6,014 instructions and took 1.06 s per
+    # 20,000-character record (review 3, L-R1); log regexes are tens of instructions ('error.*step \d+': 26).
+    if pattern.programsize > MAX_REGEX_PROGRAM:
+        raise ToolError(f"query={query[:80]!r} compiles to {pattern.programsize} RE2 instructions, over "
+                        f"{MAX_REGEX_PROGRAM}: use fewer or smaller counted repeats ({{m,n}}) or a plain substring")
+    return pattern
 
 
 def downsample(series: list[tuple[int, float | None]], max_points: int) -> list[SeriesPoint]:
@@ -216,7 +225,7 @@ def search_logs(
     deadline = time.monotonic() + SEARCH_DEADLINE_S
     out = []
     for i, rec in enumerate(all_records):
-        if i % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+        if (pattern is not None or i % _CHECK_EVERY == 0) and time.monotonic() > deadline:
             raise ToolError(f"search_logs stopped after {SEARCH_DEADLINE_S:g} s at record {i} of {len(all_records)}; "
                             "narrow it with version_id, level, since / until, or a simpler query")
         msg = str(rec.get("message", ""))

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from evotrainer.rollouts import with_commit_retries
 from evotrainer.skills_db.embeddings import (
     NDIMS,
     QUERY_CACHE,
@@ -205,6 +206,13 @@ def rrf_fuse(vector_rows: list[dict], fts_rows: list[dict], limit: int) -> list[
     return [row for _, row in merged[:limit]]
 
 
+def _retry(fn: Any, what: str) -> Any:
+    """``fn()`` retried on Lance commit conflicts (:func:`evotrainer.rollouts.with_commit_retries`). Review 3:
+    three processes adding skills at once; one ``add`` raised Lance's raw "Retryable commit conflict ... This
+    Rewrite transaction was preempted" (with a Rust source path) out of the compaction after its rows landed."""
+    return with_commit_retries(fn, what, store="skill store")
+
+
 class SkillStore:
     """Handle on the skills memory folder (see the module docstring).
 
@@ -286,25 +294,25 @@ class SkillStore:
 
         fts = tbl.index_stats("text_idx")
         if fts is None:
-            self._build_fts(tbl)
+            _retry(lambda: self._build_fts(tbl), "building the skill store's full-text index")
             fts = tbl.index_stats("text_idx")
         vec = tbl.index_stats("vector_idx")
         # optimize() appends a delta segment to the vector index per call and each segment is probed
         # separately; past a few, one rebuilt index is faster (10k rows: ~3 s to build).
         if (vec is None and tbl.count_rows() >= _VECTOR_INDEX_MIN_ROWS) or (vec and vec.num_indices > 4):
             # IVF_FLAT: exact distances inside the probed partitions (LanceDB default nprobes=20 of 32)
-            tbl.create_index("vector", config=IvfFlat(distance_type="cosine", num_partitions=32),
-                             replace=True, name="vector_idx")
+            _retry(lambda: tbl.create_index("vector", config=IvfFlat(distance_type="cosine", num_partitions=32),
+                                            replace=True, name="vector_idx"), "building the skill store's vector index")
             vec = tbl.index_stats("vector_idx")
         unindexed = max(fts.num_unindexed_rows, vec.num_unindexed_rows if vec else 0)
         if unindexed >= _REINDEX_UNINDEXED:
-            tbl.optimize(cleanup_older_than=_KEEP_VERSIONS)
+            _retry(lambda: tbl.optimize(cleanup_older_than=_KEEP_VERSIONS), "compacting the skill store")
 
     def _add_rows(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
         tbl = self._table(name)
-        tbl.add(rows)
+        _retry(lambda: tbl.add(rows), f"adding {name} rows")
         if "text" in SCHEMAS[name].names:
             self._maybe_reindex(tbl)
 

@@ -572,3 +572,17 @@ def test_cli_train_openrlhf_dry_run(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", str(recipe), "--dry-run"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "(--dry-run is for openrlhf)" in " ".join(bad.stderr.split())
+
+
+def test_trailing_special_tokens_are_cut_in_linear_time():
+    # Review 3 (docs/security-probes.md, T-R1): Python's re backtracked quadratically on a run of special tokens
+    # followed by anything else: 0.24 s at 2,000 '</s>' + 'x', 0.80 s at 4,000, per sample. RE2 now.
+    import time
+
+    from evotrainer.rl_backend.openrlhf.reward_func import split_completion
+
+    t0 = time.monotonic()
+    assert split_completion("Q: " + "</s>" * 16_000 + "x", "Q: ") == ("</s>" * 16_000 + "x", False)
+    assert time.monotonic() - t0 < 1.0
+    assert split_completion("Q: 42<|im_end|></s> \n", "Q: ") == ("42", True)
+    assert split_completion("Q: 42 <pad><pad>", "Q: ") == ("42 ", True)

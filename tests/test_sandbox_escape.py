@@ -591,3 +591,33 @@ def test_26_the_host_resolver_is_not_visible():
     """)
     assert r.exit_code == 0 and r.stdout.count("/resolv.conf") == 3, r
     assert not [ln for ln in host if ln in r.stdout], (host, r.stdout)
+
+
+def test_27_vsock_is_refused_and_ordinary_sockets_still_open():
+    """AF_VSOCK has no network namespace: before the fix a bwrap-sandboxed program listened on the host VM's
+    vsock port CID_ANY:40123 (the host's own bind of it then failed with EADDRINUSE; review 3, S-R1). The seccomp
+    filter refuses socket(AF_VSOCK) (as Docker's default profile does); AF_UNIX and AF_INET still open."""
+    port = 40000 + os.getpid() % 20000
+    r = run(f"""
+        import errno, socket
+        for fam, kind in ((40, socket.SOCK_STREAM), (40, socket.SOCK_DGRAM)):
+            try:
+                s = socket.socket(fam, kind)
+                s.bind((0xFFFFFFFF, {port}))
+                s.listen(1)
+                print("vsock LISTENING")
+            except OSError as e:
+                print("vsock", errno.errorcode.get(e.errno, e.errno))
+        for fam in (socket.AF_UNIX, socket.AF_INET):
+            socket.socket(fam, socket.SOCK_STREAM).close()
+            print("ok", fam)
+    """)
+    assert r.exit_code == 0, r
+    assert r.stdout.count("vsock EPERM\n") == 2, r.stdout
+    assert f"ok {int(socket.AF_UNIX)}\n" in r.stdout and f"ok {int(socket.AF_INET)}\n" in r.stdout, r.stdout
+    if hasattr(socket, "AF_VSOCK"):  # host unchanged: the port is still free here
+        try:
+            with socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM) as s:
+                s.bind((0xFFFFFFFF, port))
+        except OSError as e:
+            assert e.errno != 98, "the sandbox left a vsock listener on the host's port"

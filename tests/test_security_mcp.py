@@ -216,6 +216,38 @@ def test_search_logs_deadline_is_a_tool_error(redos_run, monkeypatch):
         c.close()
 
 
+def test_regex_search_checks_its_deadline_every_record_and_bounds_the_pattern(tmp_path, monkeypatch):
+    # Review 3, L-R1: RE2's fallback costs text x program size; (?:(?:a|b|ab|ba){0,100}){0,10}c (6,014
+    # instructions) took 1.06 s per 20,000-character record, and the deadline was read every 256 records only:
+    # a 10 s budget ran to ~270 s, holding one of the 2 tool slots. Now such a pattern is refused, and a regex scan
+    # reads the deadline before every record.
+    import evotrainer.servers.logs as logs
+
+    class Clock:  # each reading is one second later: the 10 s budget runs out at the 11th reading
+        t = 0.0
+
+        def monotonic(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    run = make_run(tmp_path)
+    with Workspace.open(run, writer=True) as ws:
+        for i in range(12):
+            ws.log(f"filler {i}", source="probe")
+    c = SyncClient(build_server("logs", run))
+    try:
+        err = c.err("search_logs", {"query": "(?:(?:a|b|ab|ba){0,100}){0,10}c", "regex": True})
+        assert "compiles to 6014 RE2 instructions, over 2000" in err, err
+        assert c.ok("search_logs", {"query": "(?:a|b){0,900}c", "regex": True})["total"] == 0  # 1,805: allowed
+        monkeypatch.setattr(logs, "time", Clock())
+        # deadline = 1 + 10 = 11; record i read at clock 2 + i: record 10 (clock 12) is the first past it
+        assert c.err("search_logs", {"query": "filler|loss|reward|started", "regex": True}) == (
+            "Error executing tool search_logs: search_logs stopped after 10 s at record 10 of 15; narrow it with "
+            "version_id, level, since / until, or a simpler query")
+    finally:
+        c.close()
+
+
 def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
     from mcp.server.mcpserver import MCPServer
 
@@ -422,6 +454,44 @@ def test_every_malformed_envelope_is_answered_over_http(http_server):
     with httpx.Client() as hc:  # well-formed traffic still reaches the SDK
         sid = _open_session(hc, url)
         assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+
+def test_requests_that_repeat_an_in_flight_id_are_all_answered(http_server):
+    # Review 3, H-R1: the SDK keys a session's response streams by request id alone; 8 concurrent calls with
+    # id 1 in one session left 2-6 of them unanswered for good (connections and bodies held). Now a repeat of
+    # an id still in flight is answered -32600 at once, and every request gets a reply.
+    import httpx
+
+    _, url = http_server
+    with httpx.Client(timeout=30) as c:
+        sid = _open_session(c, url)
+        hdr = {**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search_logs",
+                                                                             "arguments": {"query": "NaN"}}}
+        replies: list = []
+
+        def post() -> None:
+            try:
+                replies.append(_sse_json(httpx.post(url, json=call, headers=hdr, timeout=30)))
+            except httpx.TimeoutException:
+                replies.append("no reply in 30 s")
+
+        threads = [threading.Thread(target=post) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(replies) == 8 and "no reply in 30 s" not in replies, replies
+        ok = [r for r in replies if "result" in r]
+        refused = [r for r in replies if "error" in r]
+        assert len(ok) + len(refused) == 8 and ok, replies
+        assert all(r["id"] == 1 and r["result"]["structuredContent"]["records"][0]["message"] == "NaN loss at step 2"
+                   for r in ok)
+        assert all(r["id"] == 1 and r["error"]["code"] == -32600 and "still being answered" in r["error"]["message"]
+                   for r in refused)
+        # once answered, the id is free again
+        again = _sse_json(c.post(url, json=call, headers=hdr))
+        assert again["result"]["structuredContent"]["records"][0]["message"] == "NaN loss at step 2"
 
 
 def test_redos_pattern_does_not_stall_over_http(http_server):

@@ -215,3 +215,64 @@ def test_slot_counts_come_from_the_environment(monkeypatch):
     monkeypatch.setenv(common.TOOL_THREADS_ENV, "0")
     with pytest.raises(ValueError, match=r"EVOTRAINER_MCP_TOOL_THREADS='0': give a positive integer"):
         common._env_slots(common.TOOL_THREADS_ENV, 2)
+
+
+# --- review 3 (docs/security-probes.md): product tool bodies driven into one long GIL-holding C call -------------
+
+def _run_with_long_completions(tmp_path, n_x: int = 26):
+    """make_run plus two train rollouts of v0 at step 2 whose completion is ``"x" * n_x`` (a real completion is
+    hundreds of characters; 26 is enough for Python's ``re`` on ``(x+x+)+y`` to take seconds)."""
+    from evotrainer.rollouts import make_record
+    from evotrainer.workspace import Workspace
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        ws.rollouts.add([make_record(version_id="v0", step=2, prompt_id="p1", group_id="g0", sample_idx=i,
+                                     prompt="What is 1+1?", completion="x" * n_x, reward=0.0, answer="2",
+                                     correct=0.0, components={"correctness": 0.0}, length=n_x, finish_reason="eos")
+                         for i in range(2)])
+    return run
+
+
+def _call_while_pinging(s: Stdio, name: str, args: dict, timeout: float = 120) -> tuple[dict, float]:
+    """Send one tool call, ping back to back until it is answered; (reply, worst ping latency in s)."""
+    rid, worst, end = s.send("tools/call", {"name": name, "arguments": args}), 0.0, time.monotonic() + timeout
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        assert s.request("ping", {}, timeout=timeout) is not None
+        worst = max(worst, time.monotonic() - t0)
+        reply = s.wait(rid, 0.05)
+        if reply is not None:
+            return reply, worst
+    raise AssertionError(f"{name}: no reply in {timeout} s")
+
+
+@pytest.mark.parametrize("tool", ["rescore_rollouts", "check_inert"])
+def test_a_catastrophic_format_pattern_does_not_stall_the_server(tmp_path, tool):
+    # Before: reward.format.params.pattern went to Python's re, which held the GIL: at 26 characters a ping
+    # waited 2.4-2.6 s (review 3, W-R1), doubling per character. Now RE2: linear, and it releases the GIL.
+    run = _run_with_long_completions(tmp_path)
+    s = Stdio([sys.executable, "-c", "import sys; from evotrainer.servers.app import build_server; "
+               "build_server('analyzers', sys.argv[1]).run('stdio')", str(run)])
+    try:
+        # first a harmless pattern: the first call imports the tool's libraries (a one-off GIL hold of ~1 s under
+        # load, not the caller's doing), then the catastrophic one, timed
+        _call_while_pinging(s, tool, {"version_id": "v0", "path": "reward.format",
+                                      "value": {"weight": 0.5, "params": {"pattern": "y"}}})
+        value = {"weight": 0.5, "params": {"pattern": "(x+x+)+y"}}
+        reply, worst = _call_while_pinging(s, tool, {"version_id": "v0", "path": "reward.format", "value": value})
+        assert worst < 1.0, f"a ping waited {worst:.2f} s behind {tool}"
+        out = reply["result"]["structuredContent"]
+        if tool == "rescore_rollouts":
+            # no completion has a 'y': format is 0 everywhere, so the rewards do not move (10 rollouts, 5 groups)
+            assert (out["n_rollouts"], out["n_groups"]) == (10, 5)
+            assert out["new_reward_mean"] == out["old_reward_mean"]
+        else:
+            assert out["inert"] is True
+        # a pattern RE2 cannot run (a backreference) is refused, naming the field
+        reply, _ = _call_while_pinging(s, tool, {"version_id": "v0", "path": "reward.format",
+                                                 "value": {"weight": 0.5, "params": {"pattern": "(x)\\1"}}})
+        text = reply["result"]["content"][0]["text"]
+        assert reply["result"]["isError"] and "pattern" in text and "RE2" in text
+    finally:
+        s.close()

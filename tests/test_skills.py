@@ -349,3 +349,26 @@ def test_location_env_and_default(monkeypatch, tmp_path):
     monkeypatch.delenv("EVOTRAINER_SKILLS_DIR")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert default_skills_dir() == tmp_path / "xdg" / "evotrainer" / "skills"
+
+
+def test_a_commit_conflict_with_a_concurrent_writer_is_retried(store, monkeypatch):
+    # Review 3 (docs/security-probes.md, L-R2): three processes adding skills at once, one SIGKILLed per round;
+    # one add raised Lance's raw "Retryable commit conflict ... This Rewrite transaction was preempted" (a Rust
+    # source path in it) out of the store. The same conflict, raised once by the real table's add, is now retried.
+    from evotrainer.skills_db.store import SKILLS
+
+    tbl = store._table(SKILLS)
+    real_add, calls = tbl.add, []
+
+    def add_conflicting_once(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("lance error: Retryable commit conflict for version 101: This Rewrite transaction was "
+                               "preempted by concurrent transaction Rewrite at version 101. Please retry., "
+                               "/root/.cargo/registry/src/lance-13.0.0/src/io/commit/conflict_resolver.rs:1363:34")
+        return real_add(*a, **kw)
+
+    monkeypatch.setattr(tbl, "add", add_conflicting_once)
+    store.add(_custom("after_conflict"))
+    assert len(calls) == 2
+    assert store.get("after_conflict").name == "Temperature 0.9 for arithmetic"

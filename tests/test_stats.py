@@ -100,3 +100,34 @@ def test_compare_versions_on_common_problems():
     assert c.p_value == pytest.approx(0.25)
     with pytest.raises(ValueError, match="no common problem"):
         compare_versions({"x": [1]}, {"y": [0]})
+
+
+def test_resampling_memory_is_bounded_and_the_numbers_are_those_of_one_draw():
+    # Review 3 (docs/security-probes.md, G-R3): gate_version(n_resamples=200_000) drew the whole (R, P) matrix at
+    # once: 1.56 GB at 500 problems (an MCP client picks R up to 200,000; two calls at once doubled it). Drawn in
+    # blocks of at most 2^21 cells now; numpy's Generator consumes its stream row-major, so the numbers are those
+    # of the single draw, worked out here the old way.
+    import tracemalloc
+
+    from harness.stats import paired_bootstrap_ci, paired_permutation_test
+
+    rng = np.random.default_rng(7)
+    a, b = rng.random(100), rng.random(100)
+    d = b - a
+    old_means = d[np.random.default_rng(3).integers(0, 100, size=(50_000, 100))].mean(axis=1)
+    alpha = (1 - 0.95) / 2
+    lo, hi = np.quantile(old_means, [alpha, 1 - alpha])
+    assert paired_bootstrap_ci(a, b, n_resamples=50_000, seed=3) == (float(d.mean()), float(lo), float(hi))
+    null = (np.random.default_rng(3).choice((1.0, -1.0), size=(50_000, 100)) * d).mean(axis=1)
+    gamma = abs(np.finfo(float).eps * 100 * d.mean())
+    p = min(1.0, 2 * min((np.sum(null >= d.mean() - gamma) + 1) / 50_001, (np.sum(null <= d.mean() + gamma) + 1) / 50_001))
+    assert paired_permutation_test(a, b, n_resamples=50_000, seed=3) == float(p)
+    del old_means, null
+    tracemalloc.start()
+    try:
+        paired_bootstrap_ci(a, b, n_resamples=200_000, seed=0)
+        paired_permutation_test(a, b, n_resamples=200_000, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"peak {peak / 2**20:.0f} MiB (one draw: 2 x 153 MiB)"

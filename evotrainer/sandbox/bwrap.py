@@ -83,11 +83,21 @@ _SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd
     "aarch64": (0xC00000B7, dict(zip(BLOCKED_SYSCALLS, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105,
                                                         273, 106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
 }
+# socket(2) of these families is refused too. AF_VSOCK (40) has no network namespace: under bwrap's
+# --unshare-net a sandboxed program could still listen on, or connect to, the host VM's vsock ports (review 3:
+# its listener on CID_ANY:40123 made the host's own bind of that port fail with EADDRINUSE). Docker's default
+# profile refuses the same family (its socket rule: args[0] != 40).
+BLOCKED_SOCKET_FAMILIES = {"AF_VSOCK": 40}
+_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
 
 
 def seccomp_filter() -> bytes | None:
-    """The BPF program bwrap loads with ``--seccomp``: EPERM for :data:`BLOCKED_SYSCALLS` (and x32 calls), kill
-    on a foreign architecture, allow the rest. None on architectures without a table here."""
+    """The BPF program bwrap loads with ``--seccomp``: EPERM for :data:`BLOCKED_SYSCALLS`, for x32 calls and for
+    ``socket()`` of :data:`BLOCKED_SOCKET_FAMILIES`, kill on a foreign architecture (e.g. i386 ``int 0x80``),
+    allow the rest. None on architectures without a table here.
+
+    ``seccomp_data`` (``<linux/seccomp.h>``): ``nr`` at offset 0, ``arch`` at 4, ``args[0]`` at 16 (its low 32 bits
+    first: both tables are little-endian)."""
     arch = _SYSCALLS.get(platform.machine())
     if arch is None:
         return None
@@ -95,16 +105,24 @@ def seccomp_filter() -> bytes | None:
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, errno_eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000
     nrs = sorted(set(numbers.values()))
-    prog = [(ld_abs, 0, 0, 4),                         # A = seccomp_data.arch
-            (jeq, 1, 0, audit_arch),                   # our arch: skip the kill
-            (ret, 0, 0, kill),
-            (ld_abs, 0, 0, 0)]                         # A = seccomp_data.nr
+    families = sorted(BLOCKED_SOCKET_FAMILIES.values())
+    # (code, jump-if-true label, jump-if-false label, k); labels: "next", "allow", "eperm", "kill"
+    prog: list[tuple[int, str, str, int]] = [(ld_abs, "", "", 4),                  # A = seccomp_data.arch
+                                             (jeq, "next", "kill", audit_arch),
+                                             (ld_abs, "", "", 0)]                  # A = seccomp_data.nr
     if audit_arch == 0xC000003E:
-        prog.append((jge, len(nrs) + 1, 0, 0x40000000))  # x32 ABI calls -> EPERM
-    for i, nr in enumerate(nrs):
-        prog.append((jeq, len(nrs) - i, 0, nr))        # blocked -> jump to the EPERM return
-    prog += [(ret, 0, 0, allow), (ret, 0, 0, errno_eperm)]
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+        prog.append((jge, "eperm", "next", 0x40000000))  # x32 ABI calls -> EPERM
+    prog += [(jeq, "eperm", "next", nr) for nr in nrs]
+    prog += [(jeq, "next", "allow", _SOCKET_NR[platform.machine()]),
+             (ld_abs, "", "", 16)]                                                # A = low half of args[0]
+    prog += [(jeq, "eperm", "next", fam) for fam in families[:-1]] + [(jeq, "eperm", "allow", families[-1])]
+    at = {"allow": len(prog), "eperm": len(prog) + 1, "kill": len(prog) + 2}
+    out = []
+    for i, (code, jt, jf, k) in enumerate(prog):
+        rel = [0 if lab in ("", "next") else at[lab] - i - 1 for lab in (jt, jf)]
+        out.append(struct.pack("=HBBI", code, rel[0], rel[1], k))
+    out += [struct.pack("=HBBI", ret, 0, 0, v) for v in (allow, errno_eperm, kill)]
+    return b"".join(out)
 
 
 # --- bubblewrap --------------------------------------------------------------------------------
