@@ -302,7 +302,7 @@ def test_report_of_a_run_without_evaluations_says_so(tmp_path):
     # an imported foreign run (or a fresh init) has no dev evaluation: the table was a header over no rows
     run = tmp_path / "run"
     assert cli("init", str(run)).returncode == 0
-    r = cli("report", str(run), columns=80)
+    r = cli("report", str(run), columns=1000)  # wide: rich breaks "report: PATH" before a path longer than the line
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == (f"no score table: no version of {run} has a dev (held-out) evaluation yet (versions: v0 "
