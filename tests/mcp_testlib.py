@@ -13,6 +13,7 @@ The run (``make_run``) has two versions and values small enough to check by hand
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,26 @@ class SyncClient:
 def run_async(fn: Any) -> Any:
     """``anyio.run`` shorthand."""
     return anyio.run(fn)
+
+
+def result_mutants(value: Any, bad_values: tuple[Any, ...], nested_rows: bool = False) -> list[Any]:
+    """``value`` and broken or edge copies of it, for output-schema checks: each top-level field set to each of
+    ``bad_values``, each field dropped, one unknown field added; with ``nested_rows`` also each field of a
+    list-of-dicts field's first row set to None."""
+    out = [value]
+    if isinstance(value, dict):
+        for k in value:
+            for bad in bad_values:
+                v = copy.deepcopy(value)
+                v[k] = bad
+                out.append(v)
+            v = copy.deepcopy(value)
+            del v[k]
+            out.append(v)
+            if nested_rows and isinstance(value[k], list) and value[k] and isinstance(value[k][0], dict):
+                for kk in value[k][0]:
+                    v = copy.deepcopy(value)
+                    v[k][0][kk] = None
+                    out.append(v)
+        out.append({**value, "unknown_field": 1})
+    return out

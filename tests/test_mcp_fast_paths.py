@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import copy
-
 import jsonschema
 import pytest
 from mcp.server.mcpserver.tools import Tool
-from mcp_testlib import SyncClient, make_run
+from mcp_testlib import SyncClient, make_run, result_mutants
 
 from evotrainer.servers import app, protocol
 from evotrainer.servers.app import build_server
@@ -61,18 +59,7 @@ def test_simplify_schema_by_hand():
 
 def _mutants(value):
     """Broken and edge copies of a result: each field set to null, a number, a string, a list, dropped."""
-    out = [value]
-    if isinstance(value, dict):
-        for k in value:
-            for bad in (None, 7, "x", [1], {"extra": 1}):
-                v = copy.deepcopy(value)
-                v[k] = bad
-                out.append(v)
-            v = copy.deepcopy(value)
-            del v[k]
-            out.append(v)
-        out.append({**value, "unknown_field": 1})
-    return out
+    return result_mutants(value, (None, 7, "x", [1], {"extra": 1}))
 
 
 def test_every_output_schema_accepts_the_same_instances(tmp_path):

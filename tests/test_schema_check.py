@@ -8,7 +8,6 @@ Soundness is checked three ways: hand cases at the edges of the two rule sets (b
 
 from __future__ import annotations
 
-import copy
 import random
 from decimal import Decimal
 
@@ -16,7 +15,7 @@ import anyio
 import jsonschema
 import pytest
 from mcp import Client
-from mcp_testlib import SyncClient, make_run
+from mcp_testlib import SyncClient, make_run, result_mutants
 from mcp_types import CallToolResult
 
 from evotrainer.agents.mcp_client import ToolBox, fast_result_validation
@@ -143,23 +142,7 @@ def test_random_instances_are_never_accepted_wrongly():
 
 
 def _mutants(value):
-    out = [value]
-    if isinstance(value, dict):
-        for k in value:
-            for bad in (None, 7, 7.0, True, "x", [1], {"extra": 1}, Decimal("1")):
-                v = copy.deepcopy(value)
-                v[k] = bad
-                out.append(v)
-            v = copy.deepcopy(value)
-            del v[k]
-            out.append(v)
-            if isinstance(value[k], list) and value[k] and isinstance(value[k][0], dict):
-                for kk in value[k][0]:
-                    v = copy.deepcopy(value)
-                    v[k][0][kk] = None
-                    out.append(v)
-        out.append({**value, "unknown_field": 1})
-    return out
+    return result_mutants(value, (None, 7, 7.0, True, "x", [1], {"extra": 1}, Decimal("1")), nested_rows=True)
 
 
 def test_every_served_output_schema_compiles_and_is_sound(tmp_path):
