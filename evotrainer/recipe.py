@@ -18,12 +18,12 @@ import functools
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import re2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.patterns import PatternError, compile_re2
 
 # Reward components the backends implement (rl_backend.rewards registers one function per name).
 REWARD_COMPONENTS: tuple[str, ...] = (
@@ -60,10 +60,8 @@ class FormatRegex:
     """
 
     def __init__(self, pattern: str):
-        opts = re2.Options()
-        opts.log_errors = False
         self.pattern = pattern
-        self._rx = re2.compile(pattern, opts)  # raises re2.error
+        self._rx = compile_re2(pattern)  # raises PatternError
 
     def search(self, text: str) -> bool:
         """Whether the pattern occurs in ``text``."""
@@ -79,8 +77,7 @@ def format_regex(pattern: str) -> FormatRegex:
     """
     try:
         return FormatRegex(pattern)
-    except re2.error as exc:
-        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+    except PatternError as why:
         raise RecipeError(f"reward.format.params.pattern={pattern!r}: not a valid RE2 regular expression ({why}); "
                           "RE2 (linear-time) has no backreferences or look-around: rewrite the pattern "
                           "without them") from None

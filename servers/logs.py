@@ -19,10 +19,10 @@ import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-import re2
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
+from evotrainer.patterns import PatternError, compile_re2
 from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
@@ -146,13 +146,9 @@ def compile_regex(query: str) -> Any:
         ToolError: ``query`` is not valid RE2 syntax (e.g. a backreference or look-around), or its program is
             over :data:`MAX_REGEX_PROGRAM` instructions.
     """
-    opts = re2.Options()
-    opts.case_sensitive = False
-    opts.log_errors = False
     try:
-        pattern = re2.compile(query, opts)
-    except re2.error as exc:
-        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        pattern = compile_re2(query, case_sensitive=False)
+    except PatternError as why:
         raise ToolError(f"query={query!r} is not a valid regex ({why}); RE2 syntax: no backreferences or "
                         "look-around; fix it or pass regex=false") from None
     # RE2 is linear in the text, but its fallback (NFA) costs text x program size: a 40-character pattern of

@@ -42,6 +42,7 @@ import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.patterns import PatternError, compile_re2
 from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.tasks import (
     TASKSET_DIR,
@@ -383,12 +384,10 @@ class SweEnv:
     def _tool_search(self, a: SearchArgs) -> str:
         # RE2: matching is linear in the line length whatever the pattern (Python's re took 4.7 s on one
         # 26-character line for "(x+x+)+y", doubling per character, with no way to stop it mid-call).
-        opts = re2.Options()
-        opts.log_errors = False
         try:
-            rx, note = re2.compile(a.pattern, opts), ""
-        except re2.error:
-            rx, note = re2.compile(re2.escape(a.pattern), opts), (" (not a regex RE2 accepts, e.g. a backreference: "
+            rx, note = compile_re2(a.pattern), ""
+        except PatternError:
+            rx, note = compile_re2(re2.escape(a.pattern)), (" (not a regex RE2 accepts, e.g. a backreference: "
                                                                   "searched as plain text)")
         self.stats.searches.append(a.pattern)
         hits = []
