@@ -155,9 +155,25 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
             done += 1
             if on_progress:
                 on_progress(f"{m}-s{s}", done, len(jobs))
+    # the table covers every finished run in the folder, not only this invocation's: e.g. greedy and pbt run
+    # on seed 0 alone next to three seeds of the others (a second `compare --modes greedy,pbt --seeds 0`)
+    found = finished_runs(out)
+    modes = [m for m in MODES if m in modes or any(fm == m for fm, _ in found)]
+    seeds = sorted(set(seeds) | {s for _, s in found})
     table = build_table(config, modes, seeds, out)
     write_outputs(table, out)
     return table
+
+
+def finished_runs(out: str | Path) -> list[tuple[str, int]]:
+    """``(mode, seed)`` of every finished run under ``out/runs`` (folders ``<mode>-s<seed>``, kv
+    ``loop/finished``), sorted."""
+    found = []
+    for d in sorted((Path(out) / "runs").glob("*-s*")):
+        mode, _, seed = d.name.rpartition("-s")
+        if mode in MODES and seed.isdigit() and _finished(d):
+            found.append((mode, int(seed)))
+    return sorted(found)
 
 
 def _run_outcomes(run_dir: Path) -> dict[str, Any]:
@@ -174,8 +190,12 @@ def _run_outcomes(run_dir: Path) -> dict[str, Any]:
 
 
 def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_resamples: int = 10_000) -> dict[str, Any]:
-    """The comparison table from the finished runs (see the module docstring for what it holds)."""
-    runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) for m in modes for s in seeds}
+    """The comparison table from the finished runs (see the module docstring for what it holds); a (mode, seed)
+    with no finished run is left out of its row and of the pairs that need it (a mode run on fewer seeds is
+    paired with the others on its seeds only)."""
+    empty: dict[str, Any] = {"version": None, "test": {}, "no_rl_test": {}, "compute": {}, "k": None}
+    runs = {(m, s): _run_outcomes(d) if _finished(d := Path(run_config(config, m, s, out).run_dir)) else empty
+            for m in modes for s in seeds}
     outcomes: dict[str, dict[int, dict[str, list[float]]]] = {m: {s: runs[(m, s)]["test"] for s in seeds}
                                                               for m in modes}
     # the no-RL row: the base model on the same test problems with the same sample seeds (same per seed)
@@ -184,14 +204,15 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
     rows = []
     for m in [*modes, NO_RL]:
         per_seed = {s: avg_at_k(outcomes[m][s]) for s in seeds if outcomes[m][s]}
-        comp = [runs[(m, s)]["compute"] for s in seeds] if m != NO_RL else []
+        comp = [runs[(m, s)]["compute"] for s in seeds if runs[(m, s)]["test"]] if m != NO_RL else []
 
         def mean(key: str, comp: list[dict[str, Any]] = comp) -> float | None:
             return float(np.mean([c.get(key, 0) for c in comp])) if comp else None
 
         rows.append({"mode": m, "test_avg_at_k": float(np.mean(list(per_seed.values()))) if per_seed else None,
                      "per_seed": {str(s): v for s, v in per_seed.items()},
-                     "final_versions": {str(s): runs[(m, s)]["version"] for s in seeds} if m != NO_RL else {},
+                     "final_versions": {str(s): runs[(m, s)]["version"] for s in seeds if runs[(m, s)]["version"]}
+                     if m != NO_RL else {},
                      "train_tokens": mean("train_tokens"), "eval_tokens": mean("eval_tokens"),
                      "test_tokens": mean("test_tokens"), "cpu_s": mean("cpu_s"), "wall_s": mean("wall_s")})
     pairs = []
@@ -211,7 +232,7 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
             "points": [{"mode": m, "seed": s, "test_avg_at_k": avg_at_k(runs[(m, s)]["test"]) if runs[(m, s)]["test"]
                         else None, "tokens": (runs[(m, s)]["compute"].get("train_tokens", 0)
                                               + runs[(m, s)]["compute"].get("eval_tokens", 0))}
-                       for m in modes for s in seeds]}
+                       for m in modes for s in seeds if runs[(m, s)]["version"]]}
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:

@@ -95,6 +95,18 @@ def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
     seen = []
     again = compare(cfg, MODES, [0, 1], out, on_progress=lambda name, done, total: seen.append((done, total)))
     assert seen == [(10, 10)] and again["pairs"] == table["pairs"]
+    # the table covers every finished run in the folder, whichever modes and seeds this call names
+    assert compare(cfg, ["static"], [0], out)["pairs"] == table["pairs"]
+    # a mode run on fewer seeds is paired with the others on its seeds only
+    import shutil
+
+    shutil.copytree(out, tmp_path / "cmp2", ignore=shutil.ignore_patterns("pbt-s1"))
+    part = compare(cfg, ["static"], [0], tmp_path / "cmp2")
+    prow = next(r for r in part["rows"] if r["mode"] == "pbt")
+    assert prow["per_seed"] == {"0": rows["pbt"]["per_seed"]["0"]} and list(prow["final_versions"]) == ["0"]
+    assert {(p["n_pairs"], p["n_seeds"]) for p in part["pairs"] if "pbt" in (p["a"], p["b"])} == {(6, 1)}
+    assert [p for p in part["pairs"] if "pbt" not in (p["a"], p["b"])] == [
+        p for p in table["pairs"] if "pbt" not in (p["a"], p["b"])]
 
 
 def test_static_trains_segments_until_the_token_budget_is_spent(tmp_path):

@@ -203,3 +203,45 @@ def test_a_round_starts_no_more_arms_than_the_token_budget_pays_for(tmp_path):
         # the second arm started while the budget was not spent (root + one arm = 384 < cap 480); the child
         # doubled generate_max_len (8 -> 16), so it cost twice an arm of the root's recipe: the total overshoots
         assert 2 * root < cap <= c["train_tokens"] + c["eval_tokens"]
+
+
+def test_a_stalled_continuation_spends_a_one_arm_round_on_a_change(tmp_path):
+    """A round that pays for one arm only, from a control kept as "continue" with no dev gain over its parent,
+    trains a change instead of continuing once more (docs/compare.md §3, seed 1: the lr 2e-5 lineage went dev
+    0.615 -> 0.604 -> 0.594 over two control-only rounds); the change is gated against that control."""
+    from evotrainer.agents.heuristic import HeuristicBrain
+    from evotrainer.agents.loop import NONE, open_toolbox
+    from evotrainer.agents.orchestrator import Orchestrator
+
+    cfg = load_run_config("examples/tiny.yaml")
+    b = cfg.budget.model_copy(update=dict(max_versions=6, steps_per_version=2, wall_clock_minutes=600))
+    run = tmp_path / "run"
+    run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_versions=1))}), run, "heuristic",
+             "evotrainer", resume=False)
+    cfg = cfg.model_copy(update={"budget": b})
+    ws = Workspace(run)
+    try:
+        lin = ws.lineage
+        with open_toolbox(run, "local") as tb:
+            orch = Orchestrator(cfg, tb, ws, HeuristicBrain())
+            ctl = orch._control("v0", 1)
+            assert orch.train_and_evaluate(ctl)
+            # round 1 kept it as "continue" although training longer gained nothing on dev
+            lin.kv_set(f"loop/rgate/{ctl}", {"gain_vs_parent": -0.0625, "ci_vs_parent": [-0.1875, 0.0625]})
+            lin.decide(ctl, "keep", "continue")
+            lin.kv_set("loop/frontier", ctl)
+            assert orch._stalled("v0") is None  # not a continuation
+            assert orch._stalled(ctl).startswith(f"{ctl} continued its parent v0's recipe with a dev gain of -0.062 "
+                                                 "[-0.188, +0.062]: training longer stalled")
+            lin.kv_set("loop/r2/arms", 1)  # the token budget pays for one more arm
+            assert orch.round(2)
+            kids = lin.children(ctl)
+            assert len(kids) == 1 and not kids[0].is_control and lin.kv_get("loop/r2/control") == NONE
+            g = lin.kv_get(f"loop/rgate/{kids[0].id}")
+            assert g["baseline_id"] == ctl and g["control_id"] == ctl and "stands in for the control" in g["reason"]
+            assert lin.get(kids[0].id).eval_summary["vs_control"]["version"] == ctl
+            # a continuation that gained keeps its control: no stand-in
+            lin.kv_set(f"loop/rgate/{ctl}", {"gain_vs_parent": 0.0625, "ci_vs_parent": [-0.0625, 0.1875]})
+            assert orch._stalled(ctl) is None
+    finally:
+        ws.close()
