@@ -37,6 +37,13 @@ LEVELS = ("debug", "info", "warning", "error")
 SEARCH_DEADLINE_S = 10.0  # wall-clock budget of one search_logs scan (seconds)
 _CHECK_EVERY = 256  # records scanned between two deadline checks (every record with regex=true)
 MAX_REGEX_PROGRAM = 2_000  # RE2 program instructions of a search_logs pattern (review 3, L-R1, below)
+MAX_SCAN_UNITS = 32_000_000
+"""Characters x RE2 program instructions that a regex scan reads of one record: the first
+``MAX_SCAN_UNITS // programsize`` characters of each message (52,805 for a 606-instruction pattern, 1.2 M for a
+26-instruction one). Where RE2's DFA gives up it matches by NFA, at text x program size: ``a[ab]{600}c`` (606
+instructions) took 36 s and ``(?:[ab]*a[ab]{200}){3}c`` (611) 43 s on one 4,000,000-character record of random
+a/b, about 1.5e-8 s per character-instruction, all inside one record where the scan's deadline is not read. This
+bound keeps one record under ~0.5 s; records read only in part are counted in the reply's ``partly_scanned``."""
 TimeArg = Annotated[str | None, Field(description="Unix seconds (e.g. '1767225600') or ISO 8601 "
                                                    "(e.g. '2026-01-01T00:00:00Z').")]
 
@@ -57,6 +64,9 @@ class LogList(Page):
     """A page of log records, oldest first."""
 
     records: list[LogRecord]
+    partly_scanned: int = Field(0, description="Records whose message was longer than a regex scan reads (the "
+                                               "first 32,000,000 / program-size characters, see MAX_SCAN_UNITS): "
+                                               "matched on that prefix only. 0 for substring search.")
 
 
 class MetricVersion(BaseModel):
@@ -219,7 +229,8 @@ def search_logs(
     min_level = LEVELS.index(level) if level else 0
     all_records = ws.read_logs()
     deadline = time.monotonic() + SEARCH_DEADLINE_S
-    out = []
+    scan = MAX_SCAN_UNITS // max(1, pattern.programsize) if pattern is not None else 0
+    out, partly = [], 0
     for i, rec in enumerate(all_records):
         if (pattern is not None or i % _CHECK_EVERY == 0) and time.monotonic() > deadline:
             raise ToolError(f"search_logs stopped after {SEARCH_DEADLINE_S:g} s at record {i} of {len(all_records)}; "
@@ -233,8 +244,10 @@ def search_logs(
             continue
         if not isinstance(t, (int, float)) or (t0 is not None and t < t0) or (t1 is not None and t > t1):
             continue
-        if pattern is not None and not pattern.search(msg):
-            continue
+        if pattern is not None:
+            partly += len(msg) > scan
+            if not pattern.search(msg if len(msg) <= scan else msg[:scan]):
+                continue
         if needle is not None and needle not in msg.lower():
             continue
         out.append(rec)
@@ -244,7 +257,7 @@ def search_logs(
                          level=str(r.get("level", "info")), version=r.get("version"),
                          source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
                          extra={k: v for k, v in r.items() if k not in skip}) for r in page]
-    return LogList(records=records, **page_fields(len(out), offset, len(page)))
+    return LogList(records=records, partly_scanned=partly, **page_fields(len(out), offset, len(page)))
 
 
 def list_metrics(

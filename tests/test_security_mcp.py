@@ -248,6 +248,35 @@ def test_regex_search_checks_its_deadline_every_record_and_bounds_the_pattern(tm
         c.close()
 
 
+def test_regex_scan_of_one_long_record_reads_a_bounded_prefix(tmp_path):
+    # Where RE2's DFA gives up it matches at text x program size: a[ab]{600}c (606 instructions) took 36 s on one
+    # 4,000,000-character record, inside which the scan's deadline is never read (one tool slot held). Now a regex
+    # scan reads the first MAX_SCAN_UNITS // 606 = 52,805 characters of each message and counts the records it
+    # read in part.
+    import random
+
+    import evotrainer.servers.logs as logs
+
+    rng = random.Random(0)
+    body = "".join(rng.choice("ab") for _ in range(4_000_000))
+    hit = "a" + "b" * 600 + "c"
+    run = make_run(tmp_path)
+    with Workspace.open(run, writer=True) as ws:
+        ws.log("early " + hit + " " + body, source="probe")  # the match lies in the scanned prefix
+        ws.log(body + " late " + hit, source="probe")  # beyond it: not read
+    c = SyncClient(build_server("logs", run))
+    try:
+        assert logs.MAX_SCAN_UNITS // 606 == 52_805
+        res = c.ok("search_logs", {"query": "a[ab]{600}c", "regex": True, "max_chars": 20})
+        assert res["total"] == 1 and res["records"][0]["message"].startswith("early ab")
+        assert res["partly_scanned"] == 2
+        # a substring search reads every message whole
+        sub = c.ok("search_logs", {"query": hit, "max_chars": 20})
+        assert sub["total"] == 2 and sub["partly_scanned"] == 0
+    finally:
+        c.close()
+
+
 def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
     from mcp.server.mcpserver import MCPServer
 
