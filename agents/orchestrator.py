@@ -149,14 +149,7 @@ class Orchestrator(LoopBase):
         # goes on as it was planned
         arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
             self.stage(f"r{r}/arms", self.affordable_arms)
-        # a round that pays for one arm only, from a continuation that stalled, spends it on a change instead of
-        # continuing again (see _stalled); its own control is the parent (the recipe's last continuation)
-        stand_in = self.stage(f"r{r}/stand_in", lambda: self._stalled(parent) if (
-            arms is not None and arms == 1 and not damaged and not has_control and proposal.candidates and room)
-            else None)
-        if stand_in:
-            n_choose = min(1, len(proposal.candidates), room)
-        elif arms is not None:
+        if arms is not None:
             n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
             if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)
                 self.log(f"round {r}: the token budget pays for no further arm; stopping")
@@ -175,12 +168,12 @@ class Orchestrator(LoopBase):
         if damaged and not children:
             self.stage(f"r{r}/done", lambda: True)
             return False
-        control = self.stage(f"r{r}/control", lambda: None if damaged or stand_in else self._control(parent, r))
+        control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r))
         arms = [*([control] if control else []), *children]
         self.train_side_by_side(arms)  # executor: ray (a no-op inline)
         for vid in arms:
             self.train_and_evaluate(vid)
-        self.decide_round(r, control, children, stand_in=stand_in)
+        self.decide_round(r, control, children)
         self.stage(f"r{r}/memory", lambda: self._record_round(r, parent, diag, proposal, ranking, children))
         self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=arms))
         merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children))
@@ -224,25 +217,6 @@ class Orchestrator(LoopBase):
             self.train_to(vid, budget.steps_per_version)
         self.log(f"round {r}: probe kept {', '.join(keep) or 'none'} of {', '.join(pool)}")
         return keep
-
-    def _stalled(self, parent: str) -> str | None:
-        """Why ``parent``'s recipe is not worth continuing once more, or None: ``parent`` is a control arm that was
-        kept as "continue" although its dev gain over its own parent was not above 0 (the point estimate), i.e.
-        the recipe's last continuation measured no gain from training longer. This is the patience-1 rule of
-        early stopping on a validation score (Prechelt 1998, "Early stopping - but when?"): no improvement over
-        one period, stop continuing. The measured continuation then stands in for this round's control: a
-        change is gated against the parent, which is the recipe's last continuation."""
-        v = self.version(parent)
-        if v.get("role") != CONTROL:
-            return None
-        g = self.lineage.kv_get(f"loop/rgate/{parent}") or {}
-        gain, ci = g.get("gain_vs_parent", g.get("gain")), g.get("ci_vs_parent") or g.get("ci")
-        if not isinstance(gain, (int, float)) or gain > 0:
-            return None
-        span = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
-        return (f"{parent} continued its parent {v['parent_id']}'s recipe with a dev gain of {gain:+.3f}{span}: "
-                f"training longer stalled, so the round's one affordable arm goes to a change, gated against "
-                f"{parent} (the recipe's last continuation stands in for the control)")
 
     def _control(self, parent: str, r: int) -> str:
         """Find-or-create the control arm of ``parent`` (``branch_control``)."""
@@ -346,13 +320,10 @@ class Orchestrator(LoopBase):
         self.record_decision(Verdict(version_id=vid, action="prune", rationale=why,
                                      evidence=[f"analyzer:{stop.get('analyzer')}", f"early_stop/{vid}"]), self.author)
 
-    def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False,
-                     stand_in: str | None = None) -> None:
+    def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False) -> None:
         """Gate every candidate of the round against the control, apply the round rule
         (``harness.gate.round_decisions``: beat the control; shared blocking findings waived; the control
-        continues when nothing beats it), then let the brain decide each with the adjusted gate. ``stand_in``
-        (:meth:`_stalled`'s note): the round has no control; the parent, the recipe's last continuation, is
-        the children's control (their gate's baseline) and the note goes into their gate's reason."""
+        continues when nothing beats it), then let the brain decide each with the adjusted gate."""
         cands = ([] if merge or control is None else [control]) + children
         # a version whose training or evaluation failed (pruned, no dev outcomes) is no candidate
         cands = [v for v in cands if "avg@k" in self.dev_summary(v)]
@@ -372,10 +343,6 @@ class Orchestrator(LoopBase):
             inherited = [b.get("kind") for b in (self.lineage.kv_get(f"loop/gate/{parent}") or {}).get("blocking") or []
                          if isinstance(b, dict)] if parent else []
             adjusted = round_decisions(gates, control if control in gates else None, inherited)
-            if stand_in and control is None:
-                parent_of = {v: self.version(v)["parent_id"] for v in adjusted}
-                adjusted = {v: {**g, "control_id": parent_of[v], "reason": f"{g.get('reason') or ''}; {stand_in}"}
-                            if g.get("baseline_id") == parent_of[v] else g for v, g in adjusted.items()}
         for vid, g in adjusted.items():
             g = self.stage(f"rgate/{vid}", lambda g=g: g)
             ctx = {**self._ctx(vid), "gain": g.get("gain"), "significant": _significant(g),
