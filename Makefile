@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.evotrainer-installed
 CONFIG ?= examples/default.yaml
 
-.PHONY: run test test-slow bench lint install sandbox-deps docker-base report-deps mcp-inspector mcp-conformance clean
+.PHONY: run test test-slow bench lint install sandbox-deps docker-deps docker-base report-deps mcp-inspector mcp-conformance clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ sandbox-deps:
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi; }
 	@bwrap --unshare-all --unshare-user --disable-userns --cap-drop ALL --ro-bind / / -- /bin/true \
 	  || echo "warning: bwrap cannot create namespaces here; sandbox tests need Docker or user namespaces (see evotrainer sandbox info)"
+
+# The Docker backend's daemon and base-image tools for the tests' Docker half (tests/sandbox_backends.py starts a
+# private dockerd and builds the base image with debootstrap); without them that half skips, saying why. Root + apt only.
+docker-deps:
+	@{ command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing docker.io and debootstrap (the sandbox tests' Docker backend)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null \
+	    || echo "warning: docker.io / debootstrap could not be installed; the Docker half of the sandbox tests skips"; \
+	  else echo "note: no dockerd / debootstrap and no root apt-get: the Docker half of the sandbox tests skips"; fi; }
 
 # The Docker backend's local base image and sandbox images, no registry (root, a running daemon, debootstrap):
 # debootstrap --variant=minbase bookworm + docker import, then sandbox_images/* built on it. Not part of
@@ -72,7 +82,7 @@ mcp-conformance:
 	    npm install -s --no-audit --no-fund --save-exact $(CONFORMANCE_PKGS); \
 	  else echo "npm not found: tests/test_mcp_conformance.py will be skipped"; fi; }
 
-test: install sandbox-deps report-deps mcp-inspector mcp-conformance
+test: install sandbox-deps docker-deps report-deps mcp-inspector mcp-conformance
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install sandbox-deps

@@ -44,15 +44,21 @@ from evotrainer.sandbox.base import (
 # Runs inside the sandbox (after the user namespace exists): forks; the child sets the rlimits
 # and execs the command; the parent, made non-dumpable so the program cannot reach its fds, waits
 # and writes "cpu_seconds max_rss_kb" of the program's tree to the report fd, then exits with the
-# program's status (128+N for signal N).
+# program's status (128+N for signal N). The parent ignores the catchable signals the program can send it:
+# kill(-1, SIGTERM) reaches every process of the namespace but pid 1 and the caller, and the launcher's death
+# tore the namespace down while the program was still running (its output cut, its CPU report lost; a
+# flaky test_13 under load). The host ends a run with SIGKILL only.
 _LAUNCHER = r"""
-import os,resource as r,sys
+import os,resource as r,signal as g,sys
 a=sys.argv;fd=int(a[6])
 try:
  import ctypes;ctypes.CDLL(None).prctl(4,0)
 except Exception:pass
+S=(g.SIGTERM,g.SIGINT,g.SIGHUP,g.SIGQUIT,g.SIGUSR1,g.SIGUSR2)
+for n in S:g.signal(n,g.SIG_IGN)
 pid=os.fork()
 if pid==0:
+ for n in S:g.signal(n,g.SIG_DFL)
  os.close(fd)
  for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE'),a[1:6]):
   v=int(v)
