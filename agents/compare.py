@@ -158,7 +158,7 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
     # the table covers every finished run in the folder, not only this invocation's: e.g. greedy and pbt run
     # on seed 0 alone next to three seeds of the others (a second `compare --modes greedy,pbt --seeds 0`)
     found = finished_runs(out)
-    modes = [m for m in MODES if m in modes or any(fm == m for fm, _ in found)]
+    modes = [m for m in MODES if m in modes or m in {fm for fm, _ in found}]
     seeds = sorted(set(seeds) | {s for _, s in found})
     table = build_table(config, modes, seeds, out)
     write_outputs(table, out)
@@ -193,8 +193,9 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
     """The comparison table from the finished runs (see the module docstring for what it holds); a (mode, seed)
     with no finished run is left out of its row and of the pairs that need it (a mode run on fewer seeds is
     paired with the others on its seeds only)."""
+    done = set(finished_runs(out))
     empty: dict[str, Any] = {"version": None, "test": {}, "no_rl_test": {}, "compute": {}, "k": None}
-    runs = {(m, s): _run_outcomes(d) if _finished(d := Path(run_config(config, m, s, out).run_dir)) else empty
+    runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) if (m, s) in done else empty
             for m in modes for s in seeds}
     outcomes: dict[str, dict[int, dict[str, list[float]]]] = {m: {s: runs[(m, s)]["test"] for s in seeds}
                                                               for m in modes}
@@ -204,15 +205,14 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
     rows = []
     for m in [*modes, NO_RL]:
         per_seed = {s: avg_at_k(outcomes[m][s]) for s in seeds if outcomes[m][s]}
-        comp = [runs[(m, s)]["compute"] for s in seeds if runs[(m, s)]["test"]] if m != NO_RL else []
+        comp = [runs[(m, s)]["compute"] for s in seeds if (m, s) in done]
 
         def mean(key: str, comp: list[dict[str, Any]] = comp) -> float | None:
             return float(np.mean([c.get(key, 0) for c in comp])) if comp else None
 
         rows.append({"mode": m, "test_avg_at_k": float(np.mean(list(per_seed.values()))) if per_seed else None,
                      "per_seed": {str(s): v for s, v in per_seed.items()},
-                     "final_versions": {str(s): runs[(m, s)]["version"] for s in seeds if runs[(m, s)]["version"]}
-                     if m != NO_RL else {},
+                     "final_versions": {str(s): runs[(m, s)]["version"] for s in seeds if (m, s) in done},
                      "train_tokens": mean("train_tokens"), "eval_tokens": mean("eval_tokens"),
                      "test_tokens": mean("test_tokens"), "cpu_s": mean("cpu_s"), "wall_s": mean("wall_s")})
     pairs = []
@@ -232,7 +232,7 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
             "points": [{"mode": m, "seed": s, "test_avg_at_k": avg_at_k(runs[(m, s)]["test"]) if runs[(m, s)]["test"]
                         else None, "tokens": (runs[(m, s)]["compute"].get("train_tokens", 0)
                                               + runs[(m, s)]["compute"].get("eval_tokens", 0))}
-                       for m in modes for s in seeds if runs[(m, s)]["version"]]}
+                       for m in modes for s in seeds if (m, s) in done]}
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:

@@ -246,7 +246,7 @@ def search_logs(
             continue
         if pattern is not None:
             partly += len(msg) > scan
-            if not pattern.search(msg if len(msg) <= scan else msg[:scan]):
+            if not pattern.search(msg[:scan]):
                 continue
         if needle is not None and needle not in msg.lower():
             continue
