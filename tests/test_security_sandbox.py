@@ -275,6 +275,41 @@ def test_a_hard_link_to_an_outside_file_is_not_written_and_every_owner_comes_bac
     assert (st.st_uid, st.st_gid) == (os.stat(work).st_uid, os.stat(work).st_gid) == (0, 0)
 
 
+def test_a_hard_link_to_a_file_of_the_caller_outside_the_work_dir_is_never_written(tmp_path):
+    """bwrap maps the sandbox uid to the caller's: through a hard link in the work dir to a caller-owned file
+    outside it (cp -al, git clone --local, a uv cache), the sandbox appended to that file and chmod-ed it 0755.
+    bwrap now refuses the run, naming the entry; Docker runs it with the file kept out of the loan (denied)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original\n")
+    outside.chmod(0o644)
+    work = tmp_path / "work"
+    work.mkdir()
+    os.link(outside, work / "link.txt")
+    (work / "own.txt").write_text("a file of the work dir only\n")
+    code = """
+        import os
+        try:
+            open("link.txt", "a").write("POISONED\\n"); print("WROTE")
+        except OSError as e:
+            print("denied", e.errno)
+        try:
+            os.chmod("link.txt", 0o4777); print("CHMOD")
+        except OSError as e:
+            print("chmod denied", e.errno)
+    """.replace("\n        ", "\n")
+    backend = sandbox_info()["backend"]
+    if backend == "bwrap":
+        with pytest.raises(SandboxError) as err:
+            run_in_sandbox(code=code, workdir=work)
+        assert "'link.txt' is a hard link to a file outside the work dir" in str(err.value)
+        assert "own.txt" not in str(err.value)
+    else:
+        r = run_in_sandbox(code=code, workdir=work)
+        assert "WROTE" not in r.stdout and "CHMOD" not in r.stdout, r
+    assert outside.read_text() == "original\n"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644
+
+
 # --- 3. limits per run ---------------------------------------------------------------------------
 def test_dev_is_a_capped_tmpfs():
     r = run_in_sandbox(code="""

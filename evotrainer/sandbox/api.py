@@ -70,7 +70,7 @@ from evotrainer.sandbox.base import (
 )
 from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, run_bwrap, run_unsafe_local, seccomp_filter
 from evotrainer.sandbox.docker import daemon_limits, run_docker
-from evotrainer.sandbox.fs import clean_work_dir
+from evotrainer.sandbox.fs import clean_work_dir, shared_hard_links
 
 
 # --- backend discovery -------------------------------------------------------------------------
@@ -300,6 +300,8 @@ def run_in_sandbox(
         raise SandboxError(f"image={image!r}: use analyzer, code-runner or swe-runner")
 
     backend = _choose_backend(unsafe_local)
+    if workdir is not None and backend == "bwrap":
+        _refuse_shared_hard_links(Path(workdir))
     cmd = list(cmd) if cmd is not None else ["python", "{code}"]
     limits = RunLimits(timeout_s=float(timeout_s), cpu_s=int(cpu_s or max(1, int(timeout_s) + 1)),
                      memory_mb=int(memory_mb), max_file_mb=int(max_file_mb), max_procs=int(max_procs),
@@ -310,6 +312,31 @@ def run_in_sandbox(
     finally:  # fails closed: a work dir that cannot be cleaned raises instead of returning the result
         if workdir is not None:
             strip_setid_bits(Path(workdir), root_mode)
+
+
+def _refuse_shared_hard_links(workdir: Path) -> None:
+    """Refuse a bwrap run on a work dir holding a file hard-linked to a name outside it that the run could write.
+
+    bwrap maps the sandbox uid and gid to the caller's (host root's 0 when run as root): the program owns
+    the caller's files, so through a hard link it could write, or chmod and then write, a file outside the
+    work dir. Docker lends the tree to another uid and keeps such files out of the loan
+    (:func:`evotrainer.sandbox.fs.lend_tree`); bwrap cannot, so the run does not start. A shared file of
+    another owner that is neither group-writable for the caller's group nor world-writable is read-only to
+    the run and allowed.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        shared = [rel for rel, st in shared_hard_links(workdir)
+                  if st.st_uid == uid or (st.st_gid == gid and st.st_mode & stat.S_IWGRP) or st.st_mode & stat.S_IWOTH]
+    except OSError as e:
+        raise SandboxError(f"workdir={workdir}: cannot check it for hard links before the run ({e})") from e
+    if shared:
+        names = ", ".join(repr(rel[:200]) for rel in shared[:3]) + (f" and {len(shared) - 3} more" if len(shared) > 3
+                                                                     else "")
+        raise SandboxError(f"workdir={workdir}: {names} {'is a hard link' if len(shared) == 1 else 'are hard links'} "
+                           "to a file outside the work dir that the bwrap sandbox could write (it runs as the "
+                           "file's owner). Replace each with a copy (cp --remove-destination SRC DEST, or copy the "
+                           "tree without -l), or pass workdir=None for a private tmpfs")
 
 
 def _dispatch(backend: str, cmd: list[str], code: str | None, inputs: dict[str, Path], workdir: Path | None,

@@ -304,6 +304,20 @@ def remove_tree(path: str | Path) -> None:
     os.rmdir(path)
 
 
+def shared_hard_links(root: str | Path) -> list[tuple[str, os.stat_result]]:
+    """``(path, lstat)`` of each non-folder below ``root`` hard-linked to a name outside ``root``, sorted.
+
+    An inode whose link count is larger than the number of its names in the tree has a name elsewhere
+    (``cp -al``, ``git clone --local``, a uv / pip cache): writing it through the tree writes the outside
+    file too. One path per inode; links themselves are never followed; any depth (:func:`walk`).
+    """
+    found: dict[tuple[int, int], tuple[list[str], os.stat_result]] = {}
+    for _fd, _name, rel, st in walk(root):
+        if not stat.S_ISDIR(st.st_mode):
+            found.setdefault((st.st_dev, st.st_ino), ([], st))[0].append(rel)
+    return sorted((rels[0], st) for rels, st in found.values() if st.st_nlink > len(rels))
+
+
 Owners = dict[tuple[int, int], tuple[int, int]]  # (st_dev, st_ino) -> (uid, gid)
 
 
