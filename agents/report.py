@@ -87,6 +87,12 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
+def _n(x: Any) -> str:
+    """A count from a run's stored records, as HTML: the records of a run folder written elsewhere are
+    input like any other, so a value that is not a number is escaped, never pasted in as markup."""
+    return str(x) if isinstance(x, int) and not isinstance(x, bool) else _e(x)
+
+
 def _fmt(x: Any, nd: int = 3) -> str:
     return f"{x:.{nd}f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else ("" if x is None else _e(x))
 
@@ -321,8 +327,8 @@ def _recipe_table(ws: Workspace) -> str:
         g = r["global"]
         body.append(f"<tr><td>{_e(r['version'])}</td><td>{_e(r['parent'] or '')}</td><td>{_e(r['role'])}</td>"
                     f"<td class='{_e(r['status'])}'>{_e(r['status'])}</td><td><code>{change}</code></td>"
-                    f"<td class='num'>{r['steps']}</td><td class='num'>{f'{g[0]}&ndash;{g[1]}' if g else ''}</td>"
-                    f"<td class='num'>{r['train_tokens']}</td><td class='num'>{r['eval_tokens']}</td>"
+                    f"<td class='num'>{_n(r['steps'])}</td><td class='num'>{f'{_n(g[0])}&ndash;{_n(g[1])}' if g else ''}</td>"
+                    f"<td class='num'>{_n(r['train_tokens'])}</td><td class='num'>{_n(r['eval_tokens'])}</td>"
                     f"<td class='num'>{r['train_s']:.1f}</td><td class='num'>{_secs(r['train_cpu_s'])}</td>"
                     f"<td class='num'>{r['eval_s']:.1f}</td><td class='num'>{_secs(r['eval_cpu_s'])}</td></tr>")
     return ('<table id="recipe-table"><tr><th>version</th><th>parent</th><th>role</th><th>status</th>'
@@ -342,9 +348,9 @@ def _compute_and_test(ws: Workspace) -> str:
     final = (lin.kv_get("loop/final") or {}) if finished else {}  # sealed until the run ends
     parts = []
     if c:
-        parts.append(f"<p>compute: {c.get('train_tokens', 0)} train tokens (rollouts), {c.get('eval_tokens', 0)} dev "
-                     f"eval tokens (the budget counts both), {c.get('no_rl_tokens', 0)} no-RL dev and "
-                     f"{c.get('test_tokens', 0)} test eval tokens; {_fmt(c.get('cpu_s'), 0)} CPU-seconds, "
+        parts.append(f"<p>compute: {_n(c.get('train_tokens', 0))} train tokens (rollouts), {_n(c.get('eval_tokens', 0))} dev "
+                     f"eval tokens (the budget counts both), {_n(c.get('no_rl_tokens', 0))} no-RL dev and "
+                     f"{_n(c.get('test_tokens', 0))} test eval tokens; {_fmt(c.get('cpu_s'), 0)} CPU-seconds, "
                      f"{_fmt(c.get('wall_s'), 0)} s wall</p>")
     if final.get("test") or final.get("no_rl_test"):
         t, n = final.get("test") or {}, final.get("no_rl_test") or {}
@@ -414,7 +420,7 @@ def _samples(ws: Workspace) -> str:
         return (f"<td class='{'' if ok is None else 'ok' if ok else 'bad'}'><pre class='comp'>"
                 f"{_e(_cut(r['completion'], SAMPLE_CHARS))}</pre><span class='muted'>{mark}</span></td>")
 
-    body = "".join(f"<tr><td><code>{_e(r['problem_id'])}</code> #{r['sample_idx']}<div class='prompt'>"
+    body = "".join(f"<tr><td><code>{_e(r['problem_id'])}</code> #{_n(r['sample_idx'])}<div class='prompt'>"
                    f"{_e(_cut(r['prompt'], SAMPLE_CHARS // 2))}</div></td><td>{_e(r['answer'])}</td>"
                    f"{cell(r['base'])}{cell(r['best'])}</tr>" for r in rows)
     return (f"<p class='muted'>dev problems, the same sample index on both sides (paired sample seeds); problems "
@@ -669,7 +675,7 @@ def _analyzers(ws: Workspace) -> str:
         return "<p class='muted'>no analyzer was added (no unexplained held-out move)</p>"
     parts = []
     if searched:
-        tried = sum(a.get("n_candidates", 0) for _, a in searched)
+        tried = sum(n for _, a in searched if isinstance(n := a.get("n_candidates", 0), int))
         kept = [(r, a) for r, a in searched if a.get("registered")]
         parts.append(f"<p>Offline synthesis: {len(searched)} search(es), {tried} candidate rules tried, "
                      f"{len(kept)} kept and registered.</p>")
@@ -678,8 +684,8 @@ def _analyzers(ws: Workspace) -> str:
             loo = a.get("loo") or {}
             p = a.get("p_value")
             rows.append(f"<tr><td>{_e(rnd)}</td><td><code>{_e(a.get('describe') or '-')}</code></td>"
-                        f"<td>{a.get('n_labels', 0)} ({a.get('n_bad', 0)} bad / {a.get('n_good', 0)} good)</td>"
-                        f"<td>{a.get('n_candidates', 0)}</td><td>{_fmt(loo.get('precision'), 2)}</td>"
+                        f"<td>{_n(a.get('n_labels', 0))} ({_n(a.get('n_bad', 0))} bad / {_n(a.get('n_good', 0))} good)</td>"
+                        f"<td>{_n(a.get('n_candidates', 0))}</td><td>{_fmt(loo.get('precision'), 2)}</td>"
                         f"<td>{_fmt(loo.get('recall'), 2)}</td><td>{_fmt(p)}</td>"
                         f"<td>{'yes' if a.get('registered') else 'no'}</td><td>{_e(a.get('reason', ''))}</td></tr>")
         parts.append("<table><tr><th>round</th><th>best rule</th><th>labels</th><th>candidates</th>"
@@ -704,13 +710,13 @@ def _analyzers(ws: Workspace) -> str:
                          f"<td>{_e(a.get('origin') or '')}</td></tr>" for _, a in uses) + "</table>")
     if stopped:
         parts.append("<p>Branches stopped mid-training by an analyzer (pruned unevaluated):</p><ul>" + "".join(
-            f"<li>{_e(a.get('version'))}: stopped by <code>{_e(a.get('analyzer'))}</code> after {a.get('at_step')} of "
-            f"{a.get('steps_total')} steps ({_e(a.get('reason', ''))}); saved {a.get('saved_steps', 0)} steps, about "
-            f"{a.get('saved_tokens', 0)} train tokens, and the dev evaluation</li>" for _, a in stopped) + "</ul>")
+            f"<li>{_e(a.get('version'))}: stopped by <code>{_e(a.get('analyzer'))}</code> after {_n(a.get('at_step'))} of "
+            f"{_n(a.get('steps_total'))} steps ({_e(a.get('reason', ''))}); saved {_n(a.get('saved_steps', 0))} steps, about "
+            f"{_n(a.get('saved_tokens', 0))} train tokens, and the dev evaluation</li>" for _, a in stopped) + "</ul>")
     if stops:
         parts.append("<p>Decisions it would change (early stop at half the training steps):</p><ul>" + "".join(
             f"<li>{_e(a.get('version'))}: {'stop' if a.get('stop') else 'continue'}"
-            f" ({_e(a.get('reason', ''))}); saves {a.get('saved_steps', 0)} steps; actual outcome "
+            f" ({_e(a.get('reason', ''))}); saves {_n(a.get('saved_steps', 0))} steps; actual outcome "
             f"{_e(a.get('actual'))}, {'right' if a.get('right') else 'wrong'}</li>" for _, a in stops) + "</ul>")
     return "".join(parts)
 
@@ -762,10 +768,10 @@ def render_html(ws: Workspace) -> str:
             + f" &middot; {'finished' if lin.kv_get('loop/finished') else 'in progress / interrupted'}</p>")
     use = ""
     if usage.get("turns"):
-        use = (f"<h2>Brain usage</h2><p>{_e(usage.get('model', ''))}: {usage.get('calls', 0)} role calls, "
-               f"{usage.get('turns', 0)} model turns, {usage.get('input_tokens', 0)} input + "
-               f"{usage.get('output_tokens', 0)} output tokens, ${usage.get('cost_usd', 0):.4f}; "
-               f"{usage.get('fallbacks', 0)} fallbacks to the heuristic brain</p>")
+        use = (f"<h2>Brain usage</h2><p>{_e(usage.get('model', ''))}: {_n(usage.get('calls', 0))} role calls, "
+               f"{_n(usage.get('turns', 0))} model turns, {_n(usage.get('input_tokens', 0))} input + "
+               f"{_n(usage.get('output_tokens', 0))} output tokens, ${usage.get('cost_usd', 0):.4f}; "
+               f"{_n(usage.get('fallbacks', 0))} fallbacks to the heuristic brain</p>")
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>EvoTrainer report: {_e(ws.root.name)}</title>
 <style>{CSS}</style></head><body>
 <h1>EvoTrainer run report</h1>{head}

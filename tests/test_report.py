@@ -141,3 +141,22 @@ def test_summary_table_folds_long_changes_on_a_narrow_terminal(tmp_path):
         console = Console(width=80, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
         console.print(t)
         assert "…" not in console.export_text()  # folded over lines, never cut with an ellipsis
+
+
+def test_stored_counts_of_a_foreign_run_cannot_inject_markup(tmp_path):
+    """A run folder written elsewhere is input: the counts of the loop's analyzer and compute records went into
+    the page unescaped, so a stored ``at_step`` of ``<script>...`` ran in the reader's browser, and a text
+    ``n_candidates`` crashed the report (int + str). Every such value is now escaped; a non-number counts 0."""
+    ws = _run(tmp_path)
+    evil = "<script>alert(1)</script>"
+    ws.lineage.kv_set("loop/r1/evolve", [
+        {"type": "stopped", "version": "v1", "analyzer": "a", "at_step": evil, "steps_total": evil,
+         "saved_steps": evil, "saved_tokens": evil, "reason": "r"},
+        {"type": "early_stop", "version": "v1", "saved_steps": evil, "reason": "r", "actual": "bad"},
+        {"type": "synthesis", "n_candidates": evil, "n_labels": evil, "n_bad": evil, "n_good": evil}])
+    ws.lineage.kv_set("loop/compute", {"train_tokens": evil, "eval_tokens": evil, "no_rl_tokens": evil,
+                                       "test_tokens": evil})
+    page = render_html(ws)
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "0 candidate rules tried" in page
