@@ -37,6 +37,7 @@ import ast
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -291,6 +292,37 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
 Runs = dict[str | None, dict[int, dict[str, float]]]
 
 
+MAX_FILE_ENV = "EVOTRAINER_INGEST_MAX_MB"
+MAX_FILE_BYTES = 1 << 30  # one run file read into memory (a log, a JSON, a dump); $EVOTRAINER_INGEST_MAX_MB overrides
+
+
+def max_file_bytes() -> int:
+    """The largest run file :func:`ingest` reads: ``$EVOTRAINER_INGEST_MAX_MB`` MiB, else :data:`MAX_FILE_BYTES`.
+
+    Raises:
+        IngestError: the variable is set to something other than a positive whole number.
+    """
+    raw = os.environ.get(MAX_FILE_ENV, "").strip()
+    if not raw:
+        return MAX_FILE_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise IngestError(f"{MAX_FILE_ENV}={raw!r}: give a positive whole number of MiB")
+    return int(raw) << 20
+
+
+def _check_size(path: Path) -> None:
+    """Refuse a run file larger than :func:`max_file_bytes` before any byte is read.
+
+    Readers load a file whole; a foreign run folder is hostile input, and a sparse file in it (``truncate -s
+    3G train.log``, or a tar's sparse member) takes no disk but made the reader allocate its full size: a
+    MemoryError that ended the whole diagnosis, or gigabytes of memory taken from the machine.
+    """
+    size, cap = path.stat().st_size, max_file_bytes()
+    if size > cap:
+        raise IngestError(f"{path}: {size >> 20} MiB, larger than the {cap >> 20} MiB a run file may have; "
+                          f"set {MAX_FILE_ENV} higher to read it, or remove it from the folder")
+
+
 def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
     """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content.
 
@@ -299,6 +331,7 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
             that is not an integer, ... included: a readers' own ``ValueError`` is named here).
     """
     try:
+        _check_size(path)
         return _read_file_as_is(path, version)
     except IngestError:
         raise
@@ -369,9 +402,20 @@ def _run_files(folder: Path) -> list[Path]:
     # HF checkpoints each hold a trainer_state.json: keep the most complete (the latest) one.
     states = [p for p in files if p.name == "trainer_state.json"]
     if len(states) > 1:
-        best = max(states, key=lambda p: len(json.loads(p.read_text()).get("log_history", [])))
+        best = max(states, key=_history_length)
         files = [p for p in files if p.name != "trainer_state.json" or p == best]
     return files
+
+
+def _history_length(path: Path) -> int:
+    """Entries of a ``trainer_state.json``'s ``log_history``; -1 for one too large or unreadable (it still goes to
+    :func:`_read_file`, which names the problem when it is the only one)."""
+    try:
+        _check_size(path)
+        data = json.loads(path.read_text(errors="replace"))
+        return len(data.get("log_history", [])) if isinstance(data, dict) else -1
+    except (IngestError, OSError, ValueError, TypeError, RecursionError):
+        return -1
 
 
 def series_to_evidence(series: dict[str, RawSeries], rollouts: list[dict[str, Any]], source: str) -> Evidence:

@@ -94,3 +94,26 @@ def test_malformed_trainer_state_names_the_file(tmp_path, body, why):
     with pytest.raises(IngestError, match=f"^{f}: {why}"):
         ingest(f.parent)
     assert os.listdir(f.parent) == ["trainer_state.json"]
+
+
+@pytest.mark.parametrize("name", ["big.log", "trainer_state.json", "metrics.jsonl"])
+def test_a_huge_sparse_file_is_refused_before_it_is_read(tmp_path, monkeypatch, name):
+    """A sparse file takes no disk (``truncate -s 3G train.log``): ``diagnose`` read it whole, a MemoryError under
+    a 2.5 GiB address-space limit that ended the diagnosis of the whole folder, gigabytes of the machine's
+    memory without one. A run file past the cap is refused by its size, named, and the rest of the folder reads.
+    Here the cap is 1 MiB and the file 64 MiB (so the code before the fix reads it harmlessly and fails)."""
+    monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    big = run / name
+    with open(big, "wb") as f:
+        f.truncate(64 << 20)
+    with pytest.raises(IngestError, match=rf"^{big}: 64 MiB, larger than the 1 MiB a run file may have; set "
+                                          r"EVOTRAINER_INGEST_MAX_MB higher"):
+        ingest(big)
+    (run / "train.log").write_text(GOOD)
+    ev = ingest(run)
+    assert len(ev.metrics["run"]["reward/mean"][0]) == 14
+    monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "lots")
+    with pytest.raises(IngestError, match=r"EVOTRAINER_INGEST_MAX_MB='lots': give a positive whole number"):
+        ingest(run / "train.log")
