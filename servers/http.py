@@ -15,13 +15,20 @@ bodies (-32700 / -32600). Sessions expire after ``session_idle_s`` seconds witho
 :data:`SESSION_IDLE_S`, or ``$EVOTRAINER_MCP_SESSION_IDLE_S``) and at most ``max_sessions`` are open at once
 (default :data:`MAX_SESSIONS`, or ``$EVOTRAINER_MCP_MAX_SESSIONS``); past the cap a new session gets HTTP 503
 until an old one ends (DELETE) or expires. Measured cost of an idle session: see ``tests/test_security_mcp.py``.
+
+Below HTTP (:class:`GuardedH11Protocol`, before any token is seen): a connection that has not sent a whole
+request head within ``header_timeout_s`` (default :data:`HEADER_TIMEOUT_S`, or ``$EVOTRAINER_MCP_HEADER_TIMEOUT_S``)
+is closed, and past ``max_connections`` open connections (default :data:`MAX_CONNECTIONS`, at most half the
+process's file-descriptor limit, or ``$EVOTRAINER_MCP_MAX_CONNECTIONS``) a new one gets 503 and is closed at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import os
+import resource
 import secrets
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +36,7 @@ from urllib.parse import urlsplit
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.servers.common import prefer_the_event_loop
@@ -40,6 +48,10 @@ SESSION_IDLE_ENV = "EVOTRAINER_MCP_SESSION_IDLE_S"
 MAX_SESSIONS_ENV = "EVOTRAINER_MCP_MAX_SESSIONS"
 SESSION_IDLE_S = 30 * 60.0  # an HTTP session without a request for this long is closed (the SDK's default)
 MAX_SESSIONS = 1000  # open HTTP sessions at once (the SDK allows 10,000)
+HEADER_TIMEOUT_ENV = "EVOTRAINER_MCP_HEADER_TIMEOUT_S"
+MAX_CONNECTIONS_ENV = "EVOTRAINER_MCP_MAX_CONNECTIONS"
+HEADER_TIMEOUT_S = 10.0  # a connection gets this long to send each request's head (line and headers)
+MAX_CONNECTIONS = 1000  # open TCP connections at once (SSE streams included), and at most half of RLIMIT_NOFILE
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MCP_PATH = "/mcp"
 
@@ -152,6 +164,96 @@ def session_limits(session_idle_s: float | None = None, max_sessions: int | None
             pick(max_sessions, MAX_SESSIONS_ENV, MAX_SESSIONS, int))
 
 
+def connection_limits(header_timeout_s: float | None = None, max_connections: int | None = None
+                      ) -> tuple[float, int]:
+    """``(header timeout in seconds, connection cap)`` from the arguments, else the environment, else the defaults;
+    the default cap is at most half the soft ``RLIMIT_NOFILE`` (the server needs descriptors for its stores too).
+
+    Raises:
+        ServeError: a value that is not a positive number.
+    """
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    default_cap = MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(8, min(MAX_CONNECTIONS, soft // 2))
+    timeout, cap = header_timeout_s, max_connections
+    for env, value, kind in ((HEADER_TIMEOUT_ENV, header_timeout_s, float), (MAX_CONNECTIONS_ENV, max_connections, int)):
+        raw = value if value is not None else os.environ.get(env)
+        if raw is None or raw == "":
+            continue
+        try:
+            out = kind(raw)
+        except ValueError:
+            out = None
+        if out is None or not out > 0 or out != out or out == float("inf"):
+            raise ServeError(f"{env}={raw!r}: give a positive {'integer' if kind is int else 'number of seconds'}")
+        if kind is int:
+            cap = int(out)
+        else:
+            timeout = float(out)
+    return (HEADER_TIMEOUT_S if timeout is None else float(timeout)), (default_cap if cap is None else int(cap))
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request head and a cap on open connections.
+
+    uvicorn closes a connection only when it is idle after a response (keep-alive); one that connects and sends
+    part of a request line, or of its headers, was kept open forever, before the bearer token is ever checked:
+    about 20,000 such connections from one local process used up the server's file descriptors (its accept()
+    failing with EMFILE in a loop), and no client could connect until they went away. Here a connection must
+    complete each request head within :attr:`header_timeout_s` (a request being answered, a long SSE stream
+    included, is not timed), and a connection past :attr:`max_connections` gets 503 and is closed at accept, so
+    the descriptors stay bounded. Class attributes are set per server by :func:`guarded_protocol`.
+    """
+
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                            b"connection: close\r\ncontent-length: 43\r\n\r\n"
+                            b"too many connections to the MCP server now\n")
+            transport.close()
+            return
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._waiting_for_head():
+            self._arm_head_timer()
+        else:
+            self._cancel_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _waiting_for_head(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._waiting_for_head() and not self.transport.is_closing():
+            self.transport.close()
+
+
+def guarded_protocol(header_timeout_s: float | None = None, max_connections: int | None = None
+                     ) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass with these limits (:func:`connection_limits`), for ``uvicorn.run(http=)``."""
+    timeout, cap = connection_limits(header_timeout_s, max_connections)
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": timeout, "max_connections": cap})
+
+
 def http_app(server: MCPServer[Any], token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = (),
              session_idle_s: float | None = None, max_sessions: int | None = None) -> Any:
     """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` behind :class:`EnvelopeGuard` and
@@ -177,8 +279,9 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
     check_bind(host, allow_public)
     tok, generated = resolve_token(token)
     app = http_app(server, tok, host, allowed_origins)
+    protocol = guarded_protocol()
     if announce is not None:
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
     prefer_the_event_loop()
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)

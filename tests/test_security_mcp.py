@@ -816,3 +816,49 @@ def test_duckdb_errors_never_reach_the_client_raw():
     assert str(_to_tool_error("sample_rollouts", raised)) == (
         f"sample_rollouts failed: the rollout query was rejected ({type(raised).__name__}); check that numbers are "
         "within range (integers within signed 64 bits, finite floats) and retry")
+
+
+def test_half_sent_request_heads_are_closed_and_connections_are_capped(redos_run):
+    """Before the token is checked: a connection that sent only part of a request head was kept open forever
+    (uvicorn times out only idle keep-alive connections); about 20,000 of them from one process used up the
+    server's file descriptors (accept() failing with EMFILE) and no client could connect. Now past the cap a
+    connection gets 503 at once, and a head not completed within the timeout is closed; then clients are served."""
+    import socket
+
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_MAX_CONNECTIONS="8", EVOTRAINER_MCP_HEADER_TIMEOUT_S="1")
+    port = int(url.split(":")[2].split("/")[0])
+    held = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+            held.append(s)
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as extra:  # answered at accept, unasked
+            reply = b""
+            while chunk := extra.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503") and reply.endswith(b"too many connections to the MCP server now\n")
+        for s in held:  # the server closes each one (EOF), however long the machine takes to get there
+            assert s.recv(4096) == b""
+        with httpx.Client() as hc:
+            sid = _open_session(hc, url)
+            assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_connection_limits_from_the_environment(monkeypatch):
+    from evotrainer.servers.http import ServeError, connection_limits
+
+    monkeypatch.setenv("EVOTRAINER_MCP_HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_CONNECTIONS", "12")
+    assert connection_limits() == (2.5, 12)
+    assert connection_limits(4, 3) == (4.0, 3)
+    monkeypatch.setenv("EVOTRAINER_MCP_MAX_CONNECTIONS", "0")
+    with pytest.raises(ServeError, match=r"EVOTRAINER_MCP_MAX_CONNECTIONS='0': give a positive integer"):
+        connection_limits()
