@@ -112,14 +112,71 @@ def test_failed_cases_hybrid_equals_lancedbs(store):
         assert ours == ref and len(ours) == 2
 
 
-def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch, threaded):
     events: list[str] = []
-    pool = store_mod._leg_pool()
-    orig_submit, orig_get = pool.submit, QUERY_CACHE.get
-    monkeypatch.setattr(pool, "submit", lambda fn, *a, **k: events.append("fts submitted") or orig_submit(fn, *a, **k))
+    orig_get = QUERY_CACHE.get
+    if threaded:
+        pool = store_mod._leg_pool()
+        orig_submit = pool.submit
+        monkeypatch.setattr(pool, "submit", lambda fn, *a, **k: events.append("fts submitted") or orig_submit(fn, *a, **k))
+    else:
+        orig_direct = store_mod._submit_direct
+        monkeypatch.setattr(store_mod, "_submit_direct",
+                            lambda tbl, q: events.append("fts submitted" if q.full_text_query else "vector submitted")
+                            or orig_direct(tbl, q))
     monkeypatch.setattr(QUERY_CACHE, "get", lambda text: events.append("embedded") or orig_get(text))
     QUERY_CACHE.clear()
-    rows = store._hybrid_rows("skills", "completions are cut off at the length limit", None, 3)
-    assert events == ["fts submitted", "embedded"] and len(rows) == 3
+    run = store._hybrid_rows_threaded if threaded else store._hybrid_rows
+    rows = run("skills", "completions are cut off at the length limit", None, 3)
+    assert events == ["fts submitted", "embedded", *([] if threaded else ["vector submitted"])] and len(rows) == 3
     assert {k for k in rows[0]} == {*(c for c in SCHEMAS["skills"].names if c not in ("vector", "text")),
                                     "_relevance_score"}
+
+
+def test_search_takes_the_direct_path_on_this_lancedb(store, monkeypatch):
+    """The default hybrid search runs its legs on LanceDB's loop (internal API); if a LanceDB release moves it,
+    searches fall back to the sync path and this test says so."""
+    assert store_mod._direct_queries_available(store._table("skills"))
+    calls = []
+    orig = store_mod._submit_direct
+    monkeypatch.setattr(store_mod, "_submit_direct", lambda tbl, q: calls.append(q) or orig(tbl, q))
+    store.search("truncation", limit=3)
+    assert len(calls) == 2
+
+
+def _sequential_rows(store, table, query, where, limit):
+    """The hybrid search done one step after the other with LanceDB's sync API and the reference embedding:
+    embed the query (``forward_reference``), the vector leg, the FTS leg, then :func:`rrf_fuse`."""
+    from evotrainer.skills_db.embeddings import numpy_model
+
+    model = numpy_model()
+    model.use_reference = True
+    try:
+        vec = model.encode([query])[0]
+    finally:
+        model.use_reference = False
+    fts, vector = store._legs(table, query, where, limit)
+    return rrf_fuse(vector(vec).to_arrow().to_pylist(), fts.to_arrow().to_pylist(), limit)
+
+
+def test_direct_and_threaded_paths_equal_the_sequential_one(store):
+    store.add_failed_case(FailedCase(run="r3", version_id="v2", domain="math", findings=["reward_hacking"],
+                                     intervention="format weight 1.0 -> 0.2", outcome="neutral",
+                                     evidence_summary="format reward still rose"))
+    compared = 0
+    for table, filters in (("skills", FILTERS), ("failed_cases", [{}])):
+        for q in QUERIES:
+            for f in filters:
+                where = build_filter(**f) if table == "skills" else None
+                for limit in (3, 10):
+                    ref = _sequential_rows(store, table, q, where, limit)
+                    for run in (store._hybrid_rows, store._hybrid_rows_threaded):
+                        QUERY_CACHE.clear()
+                        rows = run(table, q, where, limit)
+                        assert [r["id"] for r in rows] == [r["id"] for r in ref], (table, q, f, limit, run)
+                        assert np.allclose([r["_relevance_score"] for r in rows],
+                                           [r["_relevance_score"] for r in ref], rtol=1e-6, atol=0)
+                        assert rows == ref  # every column, the score exactly
+                    compared += bool(ref)
+    assert compared >= 100
