@@ -1,15 +1,19 @@
-"""The GRPO update alone: length-trimmed pieces (the default) against the plain padded micro-batch, same run.
+"""The GRPO update alone: packed groups (the default), length-trimmed padded pieces and the plain padded
+micro-batch, same run.
 
 One rollout batch of SmolLM2-135M-Instruct fp32 (``--prompts`` x ``--n`` samples of the 1-digit addition
 prompts, ``--max-new-tokens`` at temperature 1, the settings of ``benchmarks/grpo_step.py``) is drawn once;
 then ``LocalBackend._update`` (forward + backward + AdamW step + the update-size probe) runs on it from the
-same weights, alternating ``trim_padding=True`` / ``False`` ``--repeat`` times (peers interleaved, so both see
-the same machine load). Reports the median seconds of each, their ratio, the padded tokens each path runs
-(rows x width summed over forwards) and the largest difference of their metrics (they must agree: the
-correctness test is tests/test_grpo_fast_paths.py).
+same weights, cycling through the paths ``--repeat`` times (peers interleaved, so all see the same machine
+load): ``packed`` (``trim_padding=True, pack_completions=True``: each group one sequence of real tokens),
+``trimmed`` (``pack_completions=False``: length-sorted runs, each padded to its longest row) and ``plain``
+(``trim_padding=False``). Reports the median wall and CPU seconds of each, the ratios to ``plain``, the
+tokens each path feeds (packed: prompt once per piece + completion tokens; padded paths: rows x width, plus
+the prompt once per piece) and the largest relative difference of each path's metrics from ``plain``'s (they
+must agree: the correctness test is tests/test_grpo_fast_paths.py).
 
-Usage: ``python benchmarks/grpo_update.py [--repeat 3] [--prompts 2] [--n 8] [--max-new-tokens 64]
-[--threads 1] [--json]``. About 2-4 minutes of CPU here.
+Usage: ``python benchmarks/grpo_update.py [--repeat 3] [--paths packed,trimmed,plain] [--prompts 2] [--n 8]
+[--max-new-tokens 64] [--threads 1] [--json]``. About 3-5 minutes of CPU here.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--paths", default="packed,trimmed,plain")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import torch
 
     from evotrainer.recipe import validate_recipe
-    from evotrainer.rl_backend.local import LocalBackend, _pieces
+    from evotrainer.rl_backend.local import LocalBackend, _pieces, make_optimizer, pack_attention_cost
     from evotrainer.rl_backend.models import configure_threads, load_policy
     from evotrainer.rl_backend.rewards import compute_rewards
     from evotrainer.rl_backend.sampling import chat_prompts, generate
@@ -59,35 +64,51 @@ def main(argv: list[str] | None = None) -> dict:
                          generate_max_len=a.max_new_tokens)
     rewards = torch.tensor(rw.total, dtype=torch.float64)
     state = copy.deepcopy(bundle.model.state_dict())
-    secs: dict[bool, list[float]] = {True: [], False: []}
-    cpu: dict[bool, list[float]] = {True: [], False: []}
-    metrics: dict[bool, dict] = {}
+    settings = {"packed": (True, True), "trimmed": (True, False), "plain": (False, False)}
+    paths = [p for p in a.paths.split(",") if p]
+    secs: dict[str, list[float]] = {p: [] for p in paths}
+    cpu: dict[str, list[float]] = {p: [] for p in paths}
+    metrics: dict[str, dict] = {}
+    loads: list[float] = []
     for _ in range(a.repeat):
-        for trim in (True, False):
+        for path in paths:
+            trim, pack = settings[path]
             bundle.model.load_state_dict(state)
             bundle.model.train()
-            opt = torch.optim.AdamW(bundle.trainable_parameters(), lr=1e-6, betas=(0.9, 0.95), weight_decay=0.0)
+            opt = make_optimizer(bundle, 1e-6, 0.0)  # the trainer's (fused) AdamW
+            backend = LocalBackend(device="cpu", num_threads=a.threads, trim_padding=trim, pack_completions=pack)
             t0, c0 = time.perf_counter(), time.process_time()
-            m = LocalBackend(device="cpu", num_threads=a.threads, trim_padding=trim)._update(bundle, opt, recipe, rb,
-                                                                                           rewards)
-            secs[trim].append(time.perf_counter() - t0)
-            cpu[trim].append(time.process_time() - c0)
+            m = backend._update(bundle, opt, recipe, rb, rewards)
+            secs[path].append(time.perf_counter() - t0)
+            cpu[path].append(time.process_time() - c0)
+            loads.append(os.getloadavg()[0])
             m.pop("_advantages")
-            metrics[trim] = m
-    padded = {t: sum(len(p.rows) * p.width for p in _pieces(recipe, rb, t)) for t in (True, False)}
-    diff = max(abs(metrics[True][k] - metrics[False][k]) / max(1e-12, abs(metrics[False][k]))
-               for k in metrics[False] if metrics[False][k] == metrics[False][k])
-    res = {
-        "completion_lengths": sorted(rb.lengths), "real_tokens": int(sum(rb.lengths)),
-        "trimmed_s": round(statistics.median(secs[True]), 2), "plain_s": round(statistics.median(secs[False]), 2),
-        "speed-up": round(statistics.median(secs[False]) / statistics.median(secs[True]), 2),
-        "trimmed_cpu_s": round(statistics.median(cpu[True]), 2), "plain_cpu_s": round(statistics.median(cpu[False]), 2),
-        "cpu_speed-up": round(statistics.median(cpu[False]) / statistics.median(cpu[True]), 2),
-        "padded_tokens_trimmed": padded[True], "padded_tokens_plain": padded[False],
-        "forwards_trimmed": len(_pieces(recipe, rb, True)), "max_rel_metric_diff": f"{diff:.1e}",
-        "all_s": {"trimmed": [round(x, 2) for x in secs[True]], "plain": [round(x, 2) for x in secs[False]]},
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }
+            metrics[path] = m
+
+    def fed(path: str) -> int:
+        trim, pack = settings[path]
+        pieces = _pieces(recipe, rb, trim, pack_attention_cost(bundle.model) if pack else None)
+        prompt = [int(rb.prompt_mask[int(p.rows[0])].sum()) if p.packed else rb.prompt_ids.shape[1] - p.start
+                  for p in pieces]
+        return sum(prompt) + sum(sum(e - 1 for e in p.extents) if p.packed else len(p.rows) * p.width for p in pieces)
+
+    med = {p: statistics.median(secs[p]) for p in paths}
+    cmed = {p: statistics.median(cpu[p]) for p in paths}
+    res: dict = {"completion_lengths": sorted(rb.lengths), "real_tokens": int(sum(rb.lengths))}
+    for p in paths:
+        res[f"{p}_s"], res[f"{p}_cpu_s"] = round(med[p], 2), round(cmed[p], 2)
+        res[f"{p}_tokens_fed"] = fed(p)
+        res[f"{p}_forwards"] = len(_pieces(recipe, rb, *settings[p][:1],
+                                           pack_attention_cost(bundle.model) if settings[p][1] else None))
+        if "plain" in metrics and p != "plain":
+            ref = metrics["plain"]
+            res[f"{p}_cpu_speed-up"] = round(cmed["plain"] / cmed[p], 2)
+            res[f"{p}_speed-up"] = round(med["plain"] / med[p], 2)
+            rel = {k: abs(metrics[p][k] - ref[k]) / max(1e-12, abs(ref[k])) for k in ref if ref[k] == ref[k]}
+            worst = max(rel, key=rel.__getitem__)
+            res[f"{p}_max_rel_metric_diff"] = f"{rel[worst]:.1e} ({worst}: {ref[worst]:.3g})"
+    res["all_cpu_s"] = {p: [round(x, 2) for x in cpu[p]] for p in paths}
+    res["load_avg_1m"] = [round(min(loads), 2), round(max(loads), 2)]
     print_result(res, a.json, 22)
     return res
 

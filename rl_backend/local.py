@@ -15,7 +15,7 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
    first epoch's log-probs, detached (the weights have not moved yet), so no extra forward pass;
    after the last epoch, the update's size: ``||dθ||/||θ||`` from the AdamW state
    (:func:`adamw_step_norms`) and KL(π_old ‖ π_new), ratio and clip statistics from one no-grad
-   forward of the first micro-batch (``grpo.update_stats``; ``policy/update_*`` metrics);
+   forward of the kept batch's first GRPO group (``grpo.update_stats``; ``policy/update_*`` metrics);
 7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
    ``checkpoint_every`` steps save a resume checkpoint (weights + optimiser).
 
@@ -32,6 +32,7 @@ group_norm gradient), refill rounds run only with dynamic filtering.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -64,6 +65,7 @@ from evotrainer.rl_backend.sampling import (
     chat_prompts,
     concat_batches,
     generate,
+    packed_logprobs,
     sequence_logprobs,
 )
 from evotrainer.rl_backend.swe import train as swe_train
@@ -100,7 +102,7 @@ NO_UPDATE = {M.POLICY_UPDATE_KL: 0.0, M.POLICY_UPDATE_KL_K1: 0.0, M.POLICY_RATIO
              M.POLICY_UPDATE_REL_NORM: 0.0, M.POLICY_GRAD_NORM_X_LR: 0.0}
 
 
-CHUNK = 1 << 20  # elements per slice when recomputing AdamW steps (bounded temporary memory)
+CHUNK = 1 << 16  # elements per slice when recomputing AdamW steps (bounded temporaries, L2-sized; fp32 dots this long)
 
 
 def adamw_step_norms(opt: torch.optim.Optimizer) -> tuple[float, float]:
@@ -112,6 +114,9 @@ def adamw_step_norms(opt: torch.optim.Optimizer) -> tuple[float, float]:
     ``dθ = -lr·wd·θ_before - lr·m̂/(√v̂+eps)``, recomputed per parameter. Parameters without a
     gradient this step were not touched and are left out of both norms. L2 norms over all trainable
     parameters; (nan, nan) for another optimiser or amsgrad (tests check it against a weight copy).
+    Per slice of :data:`CHUNK` elements: ``a = m/(√v̂+eps)`` and ``(1-lr·wd)·θ_before = θ_after + (lr/(1-β1^t))·a``
+    (the scalar factors folded into the sums), squared norms as fp32 dot products summed in float64
+    (about 1e-7 relative on SmolLM2's 134.5 M weights); ~6 elementwise passes over the weights.
     """
     if not isinstance(opt, torch.optim.AdamW):
         return math.nan, math.nan
@@ -121,6 +126,7 @@ def adamw_step_norms(opt: torch.optim.Optimizer) -> tuple[float, float]:
             if g.get("amsgrad") or g.get("maximize"):
                 return math.nan, math.nan
             lr, wd, (b1, b2), eps = float(g["lr"]), float(g["weight_decay"]), g["betas"], float(g["eps"])
+            keep = 1 - lr * wd
             for p in g["params"]:
                 st = opt.state.get(p)
                 if p.grad is None or not st:
@@ -129,11 +135,26 @@ def adamw_step_norms(opt: torch.optim.Optimizer) -> tuple[float, float]:
                 bc1, bc2 = 1 - b1**t, 1 - b2**t
                 for th, m, v in zip(p.detach().reshape(-1).split(CHUNK), st["exp_avg"].reshape(-1).split(CHUNK),
                                     st["exp_avg_sq"].reshape(-1).split(CHUNK), strict=True):  # bounded temporaries
-                    adam = (m / bc1) / ((v / bc2).sqrt() + eps)
-                    before = (th + lr * adam) / (1 - lr * wd)
-                    d2 += float(((lr * wd) * before + lr * adam).pow(2).sum(dtype=torch.float64))
-                    t2 += float(before.pow(2).sum(dtype=torch.float64))
+                    a = v.sqrt().mul_(1 / math.sqrt(bc2)).add_(eps)  # √v̂ + eps
+                    torch.div(m, a, out=a)  # m/(√v̂+eps) = (1-β1^t)·m̂/(√v̂+eps)
+                    before = torch.add(th, a, alpha=lr / bc1)  # (1 - lr·wd)·θ_before
+                    t2 += float(torch.dot(before, before)) / keep**2
+                    if wd:
+                        dv = before.mul_(lr * wd / keep).add_(a, alpha=lr / bc1)  # -dθ
+                        d2 += float(torch.dot(dv, dv))
+                    else:
+                        d2 += float(torch.dot(a, a)) * (lr / bc1) ** 2
     return math.sqrt(d2), math.sqrt(t2)
+
+
+def make_optimizer(bundle: PolicyBundle, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """The trainer's AdamW (betas 0.9, 0.95) over the trainable parameters; torch's fused kernel on CPU and CUDA
+    (one pass over the weights per step instead of the per-tensor loop's several: ~0.09 vs ~0.6 CPU-s for
+    SmolLM2's 134.5 M weights, 1 thread). Same update up to float rounding (~1 ulp of a weight per step), same
+    state dict (resume checkpoints load in either)."""
+    fused = bundle.device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(bundle.trainable_parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
+                             fused=fused or None)
 
 
 def _micro_batches(recipe: Any, n_rows: int) -> list[slice]:
@@ -157,6 +178,9 @@ class Piece:
         width: completion columns kept (``<= T``): every kept row's last attended or trained token lies before it.
         start: first prompt column kept (the columns before it are left padding in all ``rows``).
         group_size: rows sharing one prompt forward (``sequence_logprobs(group_size=...)``).
+        packed: the rows run as one packed sequence (``sampling.packed_logprobs``): the prompt's real tokens
+            once, then each row's completion up to its extent, block-diagonal causal mask.
+        extents: with ``packed``, (n,) completion tokens scored per row (its last attended or trained token + 1).
     """
 
     chunk: int
@@ -164,6 +188,8 @@ class Piece:
     width: int
     start: int
     group_size: int
+    packed: bool = False
+    extents: tuple[int, ...] = ()
 
 
 def _split_sorted(lengths: list[int], overhead: float) -> list[int]:
@@ -186,7 +212,50 @@ def _split_sorted(lengths: list[int], overhead: float) -> list[int]:
     return ends[::-1]
 
 
-def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True) -> list[Piece]:
+def _split_packed(lengths: list[int], prompt: int, attn_cost: float, overhead: float) -> list[int]:
+    """Cut points of ascending ``lengths`` into packed runs minimising ``Σ_run (L + attn_cost·L² + overhead)``,
+    ``L = prompt + Σ_run (length - 1)`` the run's packed length (:func:`sampling.packed_logprobs`).
+
+    Exact dynamic programme over the contiguous runs of the sorted list (as :func:`_split_sorted`; for this
+    cost, contiguous runs of the sorted order are a heuristic restriction, not a proven optimum).
+    """
+    n = len(lengths)
+    pre = [0]
+    for x in lengths:
+        pre.append(pre[-1] + x - 1)
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            L = prompt + pre[j] - pre[i]
+            c = best[i] + L + attn_cost * L * L + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    ends, j = [], n
+    while j > 0:
+        ends.append(j)
+        j = cut[j]
+    return ends[::-1]
+
+
+def pack_attention_cost(model: Any) -> float | None:
+    """Cost of one (query, key) pair of a packed forward, in token-equivalents (one token through every linear
+    layer = 1); None when the model's attention does not take a custom 4D mask (no packing).
+
+    Per layer, attention costs ``4·hidden`` FLOP per (query, key) pair forward (``QKᵀ`` and ``AV``) against
+    ``2N`` per token for the weights (N parameters); CPU SDPA with a dense mask ran at about half the matmul
+    rate (SmolLM2-135M, L = 324, 1 thread: 15 ms per layer forward + backward), hence ``4·hidden·layers / N``.
+    """
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return None
+    hidden, layers = getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None)
+    if not hidden or not layers:
+        return None
+    n = sum(p.numel() for p in model.parameters())
+    return 4.0 * hidden * layers / max(1, n)
+
+
+def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True, pack_cost: float | None = None) -> list[Piece]:
     """The forwards of one pass over the kept batch ``rb``.
 
     Without ``trim`` (the plain path): one piece per micro-batch, all its rows, the whole padded width.
@@ -197,7 +266,12 @@ def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True) -> list[Piece]:
     forward and backward on padding after EOS (docs/performance.md §3); causal attention means tokens
     after a row's last real one never change its log-probs, so the values are the plain path's (up to
     float summation order) and, the loss being a sum with the whole batch's denominators, so are the
-    gradients (tests/test_perf_paths.py).
+    gradients (tests/test_grpo_fast_paths.py).
+
+    With ``trim`` and ``pack_cost`` (:func:`pack_attention_cost`): each group is instead cut into packed runs
+    (:func:`_split_packed`: cost = packed length + ``pack_cost``·length² + :data:`PIECE_OVERHEAD_TOKENS`), each
+    run one sequence of real tokens only (``sampling.packed_logprobs``); a group whose rows do not share one
+    prompt, or whose prompt has no real token, falls back to the padded runs.
     """
     G = recipe.n_samples_per_prompt
     chunks = _micro_batches(recipe, rb.size)
@@ -211,6 +285,17 @@ def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True) -> list[Piece]:
     for ci, s in enumerate(chunks):
         for g0 in range(s.start, s.stop, G):
             rows = sorted(range(g0, min(s.stop, g0 + G)), key=lambda r: extent[r])
+            n_prompt = int(real_prompt[rows[0]].sum())
+            if pack_cost is not None and n_prompt > 0 and all(
+                    torch.equal(rb.prompt_ids[r], rb.prompt_ids[rows[0]])
+                    and torch.equal(rb.prompt_mask[r], rb.prompt_mask[rows[0]]) for r in rows):
+                lo = 0
+                for hi in _split_packed([min(T, extent[r]) for r in rows], n_prompt, pack_cost, PIECE_OVERHEAD_TOKENS):
+                    run = rows[lo:hi]
+                    ext = tuple(min(T, extent[r]) for r in run)
+                    out.append(Piece(ci, torch.tensor(run, dtype=torch.long), max(ext), 0, len(run), True, ext))
+                    lo = hi
+                continue
             cols = real_prompt[rows].any(0).nonzero()
             start = int(cols[0]) if cols.numel() else P
             lo = 0
@@ -223,12 +308,31 @@ def _pieces(recipe: Any, rb: RolloutBatch, trim: bool = True) -> list[Piece]:
 
 def _piece_logprobs(model: Any, rb: RolloutBatch, recipe: Any, pc: Piece,
                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``sequence_logprobs`` of piece ``pc`` of ``rb``: log-probs (n, width) and, with ``entropy``, entropy."""
+    """``sequence_logprobs`` (``packed_logprobs`` for a packed piece) of piece ``pc`` of ``rb``: log-probs
+    (n, width) and, with ``entropy``, entropy."""
     r, w = pc.rows, pc.width
+    if pc.packed:
+        r0 = int(r[0])
+        return packed_logprobs(model, rb.prompt_ids[r0][rb.prompt_mask[r0].bool()], rb.completion_ids[r, :w],
+                               rb.attention_mask[r, :w], list(pc.extents), temperature=recipe.temperature,
+                               with_entropy=entropy)
     return sequence_logprobs(model, rb.prompt_ids[r, pc.start:], rb.prompt_mask[r, pc.start:],
                              rb.completion_ids[r, :w], rb.completion_mask[r, :w], temperature=recipe.temperature,
                              with_entropy=entropy, completion_attention_mask=rb.attention_mask[r, :w],
                              group_size=pc.group_size)
+
+
+def _probe_pieces(pieces: list[Piece], group_size: int) -> list[Piece]:
+    """The forwards of the update-size probe: the pieces of the kept batch's first GRPO group (rows
+    ``0..G-1``); a plain-path piece holding more rows is cut to those rows, so every path probes the same tokens."""
+    out = []
+    for pc in pieces:
+        keep = pc.rows < group_size
+        if bool(keep.all()):
+            out.append(pc)
+        elif bool(keep.any()):
+            out.append(dataclasses.replace(pc, rows=pc.rows[keep]))
+    return out
 
 
 def _scatter(pieces: list[Piece], values: list[torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
@@ -251,14 +355,18 @@ class LocalBackend:
         trim_padding: run the update's forwards and backwards on length-sorted pieces of each group, each
             padded to its own longest row (:func:`_pieces`); False runs one forward per micro-batch padded
             to the batch's longest row (the plain path; same values and gradients, slower).
+        pack_completions: with ``trim_padding``, run each group's completions packed behind one copy of their
+            prompt (real tokens only, block-diagonal causal mask; :func:`_pieces`) when the model's attention
+            takes a 4D mask (:func:`pack_attention_cost`); False keeps the padded length-sorted runs.
     """
 
     name = "local"
 
     def __init__(self, device: str | None = None, checkpoint_every: int = 4, eval_batch_prompts: int = 8,
-                 num_threads: int | None = None, trim_padding: bool = True):
+                 num_threads: int | None = None, trim_padding: bool = True, pack_completions: bool = True):
         self.device = pick_device(device)
         self.trim_padding = trim_padding
+        self.pack_completions = pack_completions
         self.checkpoint_every = max(1, checkpoint_every)
         self.eval_batch_prompts = eval_batch_prompts
         self.num_threads = num_threads
@@ -345,8 +453,7 @@ class LocalBackend:
         kl_on = recipe.kl_enabled
         bundle = load_policy(recipe.model, checkpoint=load_from, kl=kl_on, device=self.device)
         bundle.model.train()
-        opt = torch.optim.AdamW(bundle.trainable_parameters(), lr=recipe.actor_learning_rate,
-                                betas=(0.9, 0.95), weight_decay=recipe.l2)
+        opt = make_optimizer(bundle, recipe.actor_learning_rate, recipe.l2)
         if optim_state is not None:
             opt.load_state_dict(optim_state)
         tb = TrainTrackers(ws, vid, recipe)  # report_to: scalars at the lineage-global step, hparams, text samples
@@ -398,6 +505,11 @@ class LocalBackend:
                            wall_s=time.time() - t_call)
 
     # --- one GRPO step -------------------------------------------------------------------------------
+    def _pieces(self, bundle: PolicyBundle, recipe: Any, rb: RolloutBatch) -> list[Piece]:
+        """The forwards of one pass over ``rb`` under this backend's settings (:func:`_pieces`)."""
+        pack = pack_attention_cost(bundle.model) if self.trim_padding and self.pack_completions else None
+        return _pieces(recipe, rb, self.trim_padding, pack)
+
     def _rollout(self, bundle: PolicyBundle, recipe: Any, problems: list[Any], seed: int
                  ) -> tuple[RolloutBatch, Any, list[Any]]:
         """(batch, rewards, SWE episodes): single completions, or multi-turn episodes for ``data.task: swe``."""
@@ -496,7 +608,7 @@ class LocalBackend:
         mask = rb.completion_mask
         ntok = float(mask.sum().clamp(min=1))
         nseq = float((mask.sum(-1) > 0).sum().clamp(min=1))
-        pieces = _pieces(recipe, rb, self.trim_padding)
+        pieces = self._pieces(bundle, recipe, rb)
 
         def fwd(model: Any, pc: Piece, entropy: bool = False):
             return _piece_logprobs(model, rb, recipe, pc, entropy)
@@ -509,7 +621,7 @@ class LocalBackend:
                                rb.sampling_logprobs)
         # Old log-probs: on-policy, the weights have not moved before epoch 0's optimiser step, so π_old is the
         # policy of epoch 0's own forward; its log-probs, detached, are old_logprobs for every epoch (no separate
-        # no-grad forward; ratio exactly 1 in epoch 0, tests/test_perf_paths.py checks loss and gradients
+        # no-grad forward; ratio exactly 1 in epoch 0, tests/test_grpo_fast_paths.py checks loss and gradients
         # against an explicit old-log-prob forward).
         old_lp: list[torch.Tensor] = []
         ent_sum = kl_sum = 0.0
@@ -548,19 +660,17 @@ class LocalBackend:
             upd_norm += step_norm  # several epochs: the sum of their norms, an upper bound of the step's ||dθ||
             theta_norm = before_norm if epoch == 0 else theta_norm
         # The updated policy on the update's own tokens: how far did it move? One extra no-grad forward of
-        # the first micro-batch only (whole groups, at most micro_train_batch_size rows): on the SmolLM2
-        # default (24 rows) a forward of all rows cost ~6 s on one contended core against ~17 s for the
-        # update's forward + backward, so the probe is a sample, not the batch. Its pieces are the update's
-        # (trimmed of padding), so it costs what the first micro-batch's real tokens cost.
+        # the first GRPO group only (its G rows; :func:`_probe_pieces`): a sample of the kept batch, not the
+        # batch (a forward of the 16 rows of the SmolLM2 benchmark cost a quarter of the update's forward +
+        # backward). Its pieces are the update's, so it costs that group's real tokens.
         us = grpo.UpdateStats(0.0, 0.0, 0.0, 0.0, -math.inf, math.inf, 0.0)
+        old_full = _scatter(pieces, old_lp, tuple(mask.shape))
         with torch.no_grad():
-            for ci, pc in enumerate(pieces):
-                if pc.chunk != 0:
-                    continue
+            for pc in _probe_pieces(pieces, recipe.n_samples_per_prompt):
                 lp, _ = fwd(bundle.model, pc)
-                us = us + grpo.update_stats(lp, old_lp[ci], adv[pc.rows].to(lp.device),
-                                            mask[pc.rows, : pc.width].to(lp.device), recipe.eps_clip_low,
-                                            recipe.eps_clip_high)
+                us = us + grpo.update_stats(lp, old_full[pc.rows, : pc.width].to(lp.device),
+                                            adv[pc.rows].to(lp.device), mask[pc.rows, : pc.width].to(lp.device),
+                                            recipe.eps_clip_low, recipe.eps_clip_high)
         if us.n_tokens == 0:
             us = grpo.UpdateStats(us.kl_k3_sum, us.kl_k1_sum, us.abs_dev_sum, us.clip_sum, 1.0, 1.0, 0.0)
         n_upd = max(1.0, us.n_tokens)
@@ -600,7 +710,7 @@ class LocalBackend:
             return {}
         ent_sum = kl_sum = 0.0
         with torch.no_grad():
-            for pc in _pieces(recipe, rb, self.trim_padding):
+            for pc in self._pieces(bundle, recipe, rb):
                 lp, ent = _piece_logprobs(bundle.model, rb, recipe, pc, entropy=True)
                 msk = mask[pc.rows, : pc.width].to(lp.device)
                 ent_sum += float((ent * msk).sum())

@@ -326,6 +326,77 @@ def sequence_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
     return logprobs, ent
 
 
+def packed_logprobs(model: Any, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
+                    completion_attention_mask: torch.Tensor, extents: list[int], temperature: float = 1.0,
+                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of ``k`` completions of one prompt from one forward of one packed sequence.
+
+    The sequence is ``[prompt | c_1[:e_1-1] | ... | c_k[:e_k-1]]`` (length ``L = p + Σ(e_r - 1)``, real
+    tokens only: no padding, the prompt once) with a block-diagonal causal mask: a prompt token attends to
+    the prompt tokens before it, a token of ``c_r`` to the whole prompt and to the attended tokens of ``c_r``
+    before it. Position ids restart after the prompt for every completion (``p + cumsum(attention) - 1``,
+    the position :func:`sequence_logprobs` gives the same token). Completion token 0 of every row is
+    predicted by the prompt's last position, token ``t >= 1`` of ``c_r`` by ``c_r``'s token ``t - 1``, so a
+    row's last token is scored but not fed. Each token sees the keys, positions and values it sees in the
+    padded batch ``[prompt | c_r]``, so log-probs equal :func:`sequence_logprobs`'s up to float summation
+    order, and the gradient into the prompt is the sum over the rows (as with ``group_size``). Only the
+    ``L - p + 1`` positions that predict a completion token go through the LM head.
+
+    Attention cost is ``O(L²)`` (a dense masked SDPA), against ``Σ_r e_r (p + e_r)`` for the padded rows: the
+    caller keeps ``L`` moderate (``local._pieces``).
+
+    Args:
+        prompt_ids: (p,) the prompt's real tokens (left padding removed), p >= 1.
+        completion_ids: (k, T) completions, right-padded.
+        completion_attention_mask: (k, T) 1 on completion tokens attended to.
+        extents: (k,) tokens scored per row, ``1 <= e_r <= T`` (``e_r - 1`` are fed).
+        temperature: logits are divided by it (the sampling distribution's log-probs).
+        with_entropy: also return the per-token entropy, nats, without gradient.
+
+    Returns:
+        ``(logprobs (k, W) float32, differentiable, 0 at t >= e_r; entropy (k, W) or None)``, W = max(extents).
+    """
+    device = next(model.parameters()).device
+    k, W, p = completion_ids.shape[0], max(extents), int(prompt_ids.shape[0])
+    feed = [e - 1 for e in extents]
+    seg_ids = [prompt_ids.to(device)] + [completion_ids[r, : feed[r]].to(device) for r in range(k)]
+    ids = torch.cat(seg_ids).unsqueeze(0)  # (1, L)
+    L = int(ids.shape[1])
+    comp_attn = completion_attention_mask.to(device).long()
+    seg = torch.cat([torch.zeros(p, dtype=torch.long, device=device)]
+                    + [torch.full((feed[r],), r + 1, dtype=torch.long, device=device) for r in range(k)])  # (L,)
+    key_ok = torch.cat([torch.ones(p, dtype=torch.bool, device=device)]
+                       + [comp_attn[r, : feed[r]].bool() for r in range(k)])  # (L,)
+    pos = torch.cat([torch.arange(p, device=device)]
+                    + [(p + comp_attn[r, : feed[r]].cumsum(0) - 1).clamp(min=0) for r in range(k)]).unsqueeze(0)
+    idx = torch.arange(L, device=device)
+    allowed = ((idx.unsqueeze(1) >= idx.unsqueeze(0)) & key_ok.unsqueeze(0)
+               & ((seg.unsqueeze(0) == 0) | (seg.unsqueeze(0) == seg.unsqueeze(1))))  # (L query, L key)
+    if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+        mask = allowed[None, None]  # (1, 1, L, L) bool, True = attend
+    else:  # eager: additive float mask
+        dt = next(model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dt, device=device).masked_fill(~allowed, torch.finfo(dt).min)[None, None]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=L - p + 1, use_cache=False)
+    z = out.logits[0].float()  # (K = L - p + 1, V): kept position j is sequence position p - 1 + j
+    if temperature > 0 and temperature != 1.0:
+        z = z / temperature
+    # kept index predicting (row r, token t): 0 for t = 0 (the prompt's last token), else 1 + Σ_{r'<r} feed + t - 1
+    starts = [1 + sum(feed[:r]) for r in range(k)]
+    pidx = torch.tensor([0 if t == 0 else starts[r] + t - 1 for r in range(k) for t in range(extents[r])],
+                        dtype=torch.long, device=device)
+    flat = torch.tensor([r * W + t for r in range(k) for t in range(extents[r])], dtype=torch.long, device=device)
+    target = completion_ids.to(device).reshape(-1)[torch.tensor([r * completion_ids.shape[1] + t for r in range(k)
+                                                                 for t in range(extents[r])], device=device)]
+    lp_flat = z[pidx, target] - torch.logsumexp(z, dim=-1)[pidx]
+    logprobs = torch.zeros(k * W, dtype=lp_flat.dtype, device=device).index_put((flat,), lp_flat).view(k, W)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = torch.zeros(k * W, device=device).index_put((flat,), entropy_from_logits(z.detach())[pidx]).view(k, W)
+    return logprobs, ent
+
+
 def _pad_to(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
     pad = width - x.shape[1]
     if pad <= 0:

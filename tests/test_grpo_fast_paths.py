@@ -1,9 +1,13 @@
 """The GRPO update's fast paths (issue 21) give the plain paths' values and gradients.
 
-- Length-trimmed pieces (``LocalBackend(trim_padding=True)``, ``local._pieces``): each group split by
-  completion length, each piece padded to its own longest row. Loss, every metric (update-size probe
+- Length-trimmed pieces (``LocalBackend(trim_padding=True, pack_completions=False)``, ``local._pieces``):
+  each group split by completion length, each piece padded to its own longest row; and packed pieces (the
+  default, ``pack_completions=True``): each group's completions in one sequence behind one copy of the
+  prompt, block-diagonal causal mask (``sampling.packed_logprobs``). Loss, every metric (update-size probe
   included) and every parameter's gradient equal one padded forward per micro-batch (the plain path),
-  with one PPO epoch and no KL, and with 2 epochs, 2 micro-batches and KL in the loss or in the reward.
+  with 1 and 2 PPO epochs, 1 and 2 micro-batches, KL off, in the loss, and in the reward.
+- ``packed_logprobs`` alone: log-probs, entropy and gradients equal ``sequence_logprobs``'s on the padded
+  rows, with holes in the completion attention mask (tokens in context but not attended).
 - Old log-probs: epoch 0's own log-probs, detached, give the loss and gradients of an explicit no-grad
   old-log-prob forward (ratio exactly 1); in epoch 1 the ratio moves off 1 (the weights moved).
 - ``_split_sorted``: the dynamic programme's cuts, by hand.
@@ -20,9 +24,9 @@ import torch
 from evotrainer import metrics as M
 from evotrainer.recipe import validate_recipe
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.local import LocalBackend, _pieces, _split_sorted
+from evotrainer.rl_backend.local import LocalBackend, _pieces, _split_packed, _split_sorted, pack_attention_cost
 from evotrainer.rl_backend.models import load_policy
-from evotrainer.rl_backend.sampling import RolloutBatch, chat_prompts, generate, sequence_logprobs
+from evotrainer.rl_backend.sampling import RolloutBatch, chat_prompts, generate, packed_logprobs, sequence_logprobs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -53,7 +57,7 @@ def batch():
     return copy.deepcopy(b.model.state_dict()), rb
 
 
-def _update(state, rb, recipe, trim):
+def _update(state, rb, recipe, trim, pack=True):
     """One ``_update`` from the same weights: (metrics, flat gradient of the last epoch, flat weights after)."""
     torch.manual_seed(0)
     bundle = load_policy(recipe.model, kl=recipe.kl_enabled)
@@ -64,26 +68,36 @@ def _update(state, rb, recipe, trim):
     bundle.model.train()
     opt = torch.optim.AdamW(bundle.trainable_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25], dtype=torch.float64)
-    m = LocalBackend(device="cpu", num_threads=1, trim_padding=trim)._update(bundle, opt, recipe, rb, rewards)
+    m = LocalBackend(device="cpu", num_threads=1, trim_padding=trim, pack_completions=pack)._update(
+        bundle, opt, recipe, rb, rewards)
     grads = torch.cat([p.grad.flatten() for p in bundle.trainable_parameters()])
     weights = torch.cat([p.detach().flatten() for p in bundle.trainable_parameters()])
     return m, grads, weights
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "trimmed"])
 @pytest.mark.parametrize("over", [
     {},  # one epoch, no KL, one micro-batch
     {"max_epochs": 2, "micro_train_batch_size": 4, "init_kl_coef": 0.05, "use_kl_loss": True},
     {"init_kl_coef": 0.05, "use_kl_loss": False, "loss_agg_mode": "seq-mean-token-mean"},
+    {"max_epochs": 2, "micro_train_batch_size": 4},  # 2 epochs, 2 micro-batches, no KL
+    {"init_kl_coef": 0.05, "use_kl_loss": True, "loss_agg_mode": "seq-mean-token-sum"},  # 1 epoch, KL loss
 ])
-def test_trimmed_pieces_equal_the_padded_micro_batches(batch, over):
+def test_trimmed_pieces_equal_the_padded_micro_batches(batch, over, pack):
     state, rb = batch
     recipe = _recipe(**over)
-    trimmed = _pieces(recipe, rb, trim=True)
-    # precondition: the trimmed path really runs narrower forwards than the plain one
+    b = load_policy(recipe.model, kl=False)
+    cost = pack_attention_cost(b.model) if pack else None
+    trimmed = _pieces(recipe, rb, trim=True, pack_cost=cost)
+    # precondition: the fast path really runs narrower forwards than the plain one (packed: real tokens only,
+    # the prompt once per piece, each row's last token not fed)
     assert sum(len(p.rows) * p.width for p in trimmed) < rb.size * T
     assert sorted(int(r) for p in trimmed for r in p.rows) == list(range(rb.size))
+    assert all(p.packed for p in trimmed) == pack and any(p.packed for p in trimmed) == pack
+    if pack:
+        assert sum(sum(e - 1 for e in p.extents) for p in trimmed) == sum(max(x, 1) - 1 for x in LENGTHS)
     m_plain, g_plain, w_plain = _update(state, rb, recipe, trim=False)
-    m_fast, g_fast, w_fast = _update(state, rb, recipe, trim=True)
+    m_fast, g_fast, w_fast = _update(state, rb, recipe, trim=True, pack=pack)
     torch.testing.assert_close(m_fast.pop("_advantages"), m_plain.pop("_advantages"))
     assert m_fast.keys() == m_plain.keys()
     for k, v in m_plain.items():
@@ -92,9 +106,13 @@ def test_trimmed_pieces_equal_the_padded_micro_batches(batch, over):
     if recipe.kl_enabled:
         assert m_plain[M.POLICY_KL] > 0
     torch.testing.assert_close(g_fast, g_plain, atol=1e-5 * float(g_plain.abs().max()), rtol=1e-4)
-    # the weights after the step: AdamW's first step is ~lr·sign(g) per coordinate, so coordinates whose
-    # gradient is rounding noise (|g| ~ 1e-10) may step either way; compare where the gradient is real
+    # the weights after the step: AdamW's first step is ~lr·g/(|g| + eps) per coordinate, so coordinates whose
+    # gradient is rounding noise (|g| ~ 1e-10) may step either way; compare where the gradient is real (with 2
+    # epochs, in both epochs: epoch 0's gradient is the 1-epoch update's)
     real = g_plain.abs() > 1e-3 * float(g_plain.abs().max())
+    if recipe.max_epochs > 1:
+        _, g0, _ = _update(state, rb, _recipe(**{**over, "max_epochs": 1}), trim=False)
+        real &= g0.abs() > 1e-3 * float(g0.abs().max())
     assert int(real.sum()) > 1000
     torch.testing.assert_close(w_fast[real], w_plain[real], atol=1e-6, rtol=1e-5)
 
@@ -113,6 +131,50 @@ def test_pieces_plain_path_is_one_forward_per_micro_batch(batch):
         assert p.group_size == len(p.rows)
     short = int((rb.prompt_mask[4] == 0).sum())
     assert short > 0 and {p.start for p in fast if p.chunk == 1} == {short}
+
+
+def test_packed_logprobs_equal_the_padded_rows(batch):
+    # one group (rows 0-3: lengths 2, 10, 5, 3) with holes in the attention mask of two rows: the packed
+    # sequence's log-probs, entropy and gradients are the padded rows' (``sequence_logprobs``) at every scored
+    # token, and 0 after a row's extent
+    state, rb = batch
+    b = load_policy(_recipe().model, kl=False)
+    b.model.load_state_dict(state)
+    rows = torch.tensor([0, 1, 2, 3])
+    attn = rb.completion_mask[rows].clone()
+    attn[1, 3] = attn[1, 6] = attn[2, 1] = 0  # in the sequence, not attended to
+    ids = rb.completion_ids[rows]
+    ext = [int(x) for x in ((attn.bool() | rb.completion_mask[rows].bool()).long() * torch.arange(1, T + 1)).amax(-1)]
+    w = torch.randn(len(rows), T)  # a random linear functional of the log-probs: its gradient checks the backward
+    out = []
+    for packed in (True, False):
+        b.model.zero_grad()
+        if packed:
+            lp, ent = packed_logprobs(b.model, rb.prompt_ids[0][rb.prompt_mask[0].bool()], ids, attn, ext,
+                                      temperature=0.7, with_entropy=True)
+            lp = torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
+            ent = torch.nn.functional.pad(ent, (0, T - ent.shape[1]))
+        else:
+            lp, ent = sequence_logprobs(b.model, rb.prompt_ids[rows], rb.prompt_mask[rows], ids,
+                                        rb.completion_mask[rows], temperature=0.7, with_entropy=True,
+                                        completion_attention_mask=attn)
+        scored = (torch.arange(T).unsqueeze(0) < torch.tensor(ext).unsqueeze(1)).float()
+        (lp * scored * w).sum().backward()
+        out.append((lp.detach() * scored, ent * scored, torch.cat([p.grad.flatten() for p in b.trainable_parameters()])))
+    (lp_p, ent_p, g_p), (lp_s, ent_s, g_s) = out
+    assert ext == [2, 10, 5, 3]
+    torch.testing.assert_close(lp_p, lp_s, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_p, ent_s, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_p, g_s, atol=1e-5 * float(g_s.abs().max()), rtol=1e-4)
+
+
+def test_split_packed_by_hand():
+    # prompt 2, lengths 1, 11, 11 (fed 0, 10, 10), overhead 5, attention cost c per token pair:
+    # one run L = 22: 27 + 484c; {1, 11}, {11}: L = 12 twice: 34 + 288c (equal at c = 7/196 = 0.036);
+    # {1}, {11, 11}: 34 + 488c and {1}, {11}, {11}: 41 + 292c are never best
+    assert _split_packed([1, 11, 11], 2, 0.0, 5) == [3]
+    assert _split_packed([1, 11, 11], 2, 0.03, 5) == [3]
+    assert _split_packed([1, 11, 11], 2, 1.0, 5) == [2, 3]
 
 
 def test_split_sorted_by_hand():
