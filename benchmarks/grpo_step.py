@@ -11,10 +11,10 @@ shared machine the wall time of peers run one after the other varies with the lo
 the CPU time per step is the steadier figure, and tokens per CPU-second the ratio to read). Tokens/s = completion tokens
 generated per second of step time. The first step of each is a warm-up and is not counted.
 Everything else is TRL's default, except gradient checkpointing, which TRL 1.16 turns on: both are run
-(on, off). Ours runs twice: the default (length-trimmed update pieces) and the plain path
-(``trim_padding=False``), so the new path's gain over the old is measured in the same run.
-Measured on a 2-core machine shared with other jobs (load 5-7), 3 steps each, 1 thread:
-ours 48.8 s/step, 10.8 tokens/s; TRL 1.16 79.5 s/step, 7.2 tokens/s; ratio 1.49x tokens/s.
+(on, off). Ours runs twice: the default (each group's completions packed behind one copy of the prompt,
+decode without finished rows) and the plain path (``trim_padding=False``: one padded forward per micro-batch,
+HF ``generate``), so the new path's gain over the old is measured in the same run; both use the trainer's
+fused AdamW and the first-group update-size probe. Figures, with the load of each run: docs/performance.md §5-§6.
 
 Usage: ``python benchmarks/grpo_step.py [--steps 3] [--prompts 2] [--n 8] [--max-new-tokens 64]``
 (needs ``trl`` and ``datasets``: ``pip install --no-deps trl`` and ``pip install datasets``).

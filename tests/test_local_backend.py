@@ -195,7 +195,11 @@ def test_smollm2_one_grpo_step_on_addition(tmp_path):
     ws = Workspace(tmp_path / "smoke", writer=True)
     v = ws.lineage.create_root(validate_recipe({
         "rollout_batch_size": 2, "n_samples_per_prompt": 4, "generate_max_len": 12, "actor_learning_rate": 1e-5,
-        "drop_zero_variance_groups": False, "data": {"level": 1}}))
+        "drop_zero_variance_groups": False, "data": {"level": 1},
+        # 12 tokens rarely finish an answer (correctness is 0 for every sample of this seed, all 12 tokens long): the
+        # repeated-word rate gives the groups reward variance, so the gradient is real, not the rounding noise of
+        # KL(π ‖ π_ref) with π_ref = π
+        "reward": {"correctness": {"weight": 1.0}, "repetition": {"weight": 0.1, "params": {"n": 1}}}}))
     be = LocalBackend(checkpoint_every=100)
     from evotrainer.rl_backend.models import load_base_model
 
@@ -204,7 +208,7 @@ def test_smollm2_one_grpo_step_on_addition(tmp_path):
     assert res.steps_done == 1
     m = {k: s[-1][1] for k, s in ws.lineage.all_metrics(v.id).items()}
     assert math.isfinite(m[M.LOSS_TOTAL]) and m[M.POLICY_GRAD_NORM] > 0
-    assert 0 <= m[M.REWARD_MEAN] <= 1 and m[M.COMPLETIONS_MEAN_LENGTH] > 0
+    assert -0.1 <= m[M.REWARD_MEAN] <= 1 and m[M.COMPLETIONS_MEAN_LENGTH] > 0  # correctness - 0.1 x repeated rate
     assert ws.rollouts.count("split = 'train'") == 8
     from transformers import AutoModelForCausalLM
 
