@@ -24,9 +24,21 @@ import torch
 from evotrainer import metrics as M
 from evotrainer.recipe import validate_recipe
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.local import LocalBackend, _pieces, _split_packed, _split_sorted, pack_attention_cost
+from evotrainer.rl_backend.local import (
+    LocalBackend,
+    _pieces,
+    _split_packed,
+    _split_sorted,
+    pack_attention_cost,
+)
 from evotrainer.rl_backend.models import load_policy
-from evotrainer.rl_backend.sampling import RolloutBatch, chat_prompts, generate, packed_logprobs, sequence_logprobs
+from evotrainer.rl_backend.sampling import (
+    RolloutBatch,
+    chat_prompts,
+    generate,
+    packed_logprobs,
+    sequence_logprobs,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
