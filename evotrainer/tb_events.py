@@ -8,16 +8,58 @@ own ``tb/<version>`` folders) and the OpenRLHF backend following its job
 
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 
 import numpy as np
+
+MAX_PARTIAL_RECORD = 16 << 20  # a last record claiming more than the file holds, and more than this, is corrupt
+
+
+def check_record_lengths(path: str | Path) -> None:
+    """Refuse an event file whose record headers claim more bytes than the file holds.
+
+    TensorBoard's reader allocates a record's claimed length before reading it: a 112-byte file whose first
+    header (with a valid checksum) claims 1 TiB ended a diagnosis with MemoryError. The headers are walked
+    with seeks (12 bytes each, no payload read). A short last record within :data:`MAX_PARTIAL_RECORD` is
+    a file still being written and passes.
+
+    Raises:
+        ValueError: a record claims more than the rest of the file and more than the partial-record bound
+            (names the file, the offset and both sizes).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        at = 0
+        while at + 12 <= size:
+            f.seek(at)
+            (length,) = struct.unpack("<Q", f.read(8))
+            left = size - at - 16
+            if length > left:
+                if length > MAX_PARTIAL_RECORD:
+                    raise ValueError(f"{path}: the record at byte {at} claims {length} bytes but the file holds "
+                                     f"{max(left, 0)} more: a corrupt event file; remove it from the folder")
+                return
+            at += length + 16
+
+
+def _event_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.startswith("events.out.tfevents") and p.is_file())
+    return [path]
 
 
 def parse_tensorboard(path: str | Path) -> dict[int, dict[str, float]]:
     """Per-step records ``{step: {tag: value}}`` of the scalar summaries in a TensorBoard event file or folder.
 
     TF1 scalar summaries and TF2-style scalar tensors (one value) both count; other tensors are skipped.
+
+    Raises:
+        ValueError: an event file claims a record larger than itself (:func:`check_record_lengths`).
     """
+    for f in _event_files(Path(path)):
+        check_record_lengths(f)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # heavy: lazy
 
     ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})

@@ -31,12 +31,13 @@ import numpy as np
 from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import ingest
+from evotrainer.harness.ingest import IngestError, ingest, read_run_text
 from evotrainer.harness.ingest_formats import files_under, read_gzip_text
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
 MAX_LOG_LINES = 50_000  # text-log lines kept as run-log records (the head of a longer log)
+MAX_LOG_LINE_CHARS = 4096  # characters of one text-log line kept in its run-log record (the rest is cut, and said)
 _ERROR = re.compile(r"\b(error|exception|traceback|fatal|nan)\b", re.I)
 _WARN = re.compile(r"\bwarn(ing)?\b", re.I)
 
@@ -67,13 +68,28 @@ def text_logs(path: Path) -> list[Path]:
 
 
 def read_lines(path: Path) -> list[str]:
-    """The lines of a text log (gunzipped for ``.gz``; undecodable bytes replaced)."""
-    if path.suffix == ".gz":
-        try:
-            return read_gzip_text(path).splitlines()
-        except ValueError as exc:
-            raise RunImportError(str(exc)) from None
-    return path.read_bytes().decode(errors="replace").splitlines()
+    """The lines of a text log (gunzipped for ``.gz``; undecodable bytes replaced), each cut to
+    :data:`MAX_LOG_LINE_CHARS`.
+
+    Read within the ingest's size cap (:func:`~evotrainer.harness.ingest.read_run_text`): the diagnosis skips a
+    file past it and reads the rest of the folder, and this copy of the text logs read such a file whole (a
+    64 MiB sparse log became a 384 MiB ``run.jsonl``: one line of NULs, each escaped to six characters).
+
+    Raises:
+        RunImportError: the file is larger than the cap, decompresses past its cap, or is not a regular file.
+    """
+    try:
+        text = read_gzip_text(path) if path.suffix == ".gz" else read_run_text(path)
+    except (IngestError, ValueError) as exc:
+        raise RunImportError(str(exc)) from None
+    return [clip_line(line) for line in text.splitlines()]
+
+
+def clip_line(line: str) -> str:
+    """``line``, or its first :data:`MAX_LOG_LINE_CHARS` characters and a note of how many were cut."""
+    if len(line) <= MAX_LOG_LINE_CHARS:
+        return line
+    return f"{line[:MAX_LOG_LINE_CHARS]} [... {len(line) - MAX_LOG_LINE_CHARS} more characters cut]"
 
 
 def line_level(line: str) -> str:
@@ -132,6 +148,11 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
                            "folder (point PATH at one run's folder or file)")
     foreign = names[0]
     findings = run_analyzers(ev)
+    logs, n_kept = [], 0  # read before the run folder is made: a log refused here leaves no half-made run
+    for f in text_logs(src):
+        lines = [line for line in read_lines(f) if line.strip()][: MAX_LOG_LINES - n_kept]
+        logs.append((f, lines))
+        n_kept += len(lines)
     with Workspace(run, writer=True) as ws:
         v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
         by_step, means = metric_rows(ev, foreign)  # logged series, else those computed from the rollouts
@@ -145,10 +166,8 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
         fs = [{**f.model_dump(mode="json"), "versions": [v.id]} for f in findings]
         ws.lineage.update_version(v.id, status="trained", metrics_summary=means, findings=fs)
         n_lines = 0
-        for f in text_logs(src):
-            for line in read_lines(f)[: MAX_LOG_LINES - n_lines]:
-                if not line.strip():
-                    continue
+        for f, lines in logs:
+            for line in lines:
                 ws.log(line, level=line_level(line), version=v.id, source=f"import:{f.name}")
                 n_lines += 1
         for f in fs:

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
-    for _, rec in _jsonl(path.read_text().splitlines(), str(path)):
+    for _, rec in _jsonl(read_run_text(path).splitlines(), str(path)):
         step = int(rec.get("step", stem_step))
         prompt = _text(rec.get("input", ""))
         pid = _prompt_id(prompt)
@@ -246,8 +247,8 @@ def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
 
 # --- dispatch ------------------------------------------------------------------------------------------
 def _is_verl_dump(path: Path) -> bool:
-    with open(path) as f:
-        first = f.readline()
+    with open(path, "rb") as f:  # a regular file within the size cap (_read_file checked it)
+        first = f.readline(1 << 20).decode(errors="replace")
     try:
         rec = json.loads(first)
     except json.JSONDecodeError:
@@ -317,10 +318,31 @@ def _check_size(path: Path) -> None:
     3G train.log``, or a tar's sparse member) takes no disk but made the reader allocate its full size: a
     MemoryError that ended the whole diagnosis, or gigabytes of memory taken from the machine.
     """
-    size, cap = path.stat().st_size, max_file_bytes()
-    if size > cap:
-        raise IngestError(f"{path}: {size >> 20} MiB, larger than the {cap >> 20} MiB a run file may have; "
-                          f"set {MAX_FILE_ENV} higher to read it, or remove it from the folder")
+    st, cap = path.stat(), max_file_bytes()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO given as the file blocked the reader forever; /dev/zero never ends
+        raise IngestError(f"{path}: not a regular file (a FIFO, device or socket); give the log file itself")
+    if st.st_size > cap:
+        raise IngestError(f"{path}: {st.st_size >> 20} MiB, larger than the {cap >> 20} MiB a run file may have; "
+                          f"{_SIZE_HINT}")
+
+
+_SIZE_HINT = f"set {MAX_FILE_ENV} higher to read it, or remove it from the folder"
+
+
+def read_run_text(path: Path) -> str:
+    """The text of a run file (undecodable bytes replaced), read within :func:`max_file_bytes`.
+
+    Every reader of a foreign run folder goes through here or :func:`_check_size` (the import's and watch's
+    copies of the text logs, MLflow metric files and tags, JSON and JSONL): one that read a file whole on its
+    own took gigabytes for a sparse file the diagnosis had refused.
+
+    Raises:
+        IngestError: not a regular file, or larger than the cap (names the file and the fix).
+    """
+    try:
+        return F.read_capped(path, max_file_bytes(), _SIZE_HINT).decode(errors="replace")
+    except ValueError as exc:
+        raise IngestError(str(exc)) from None
 
 
 def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
@@ -345,18 +367,21 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
 def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
-        return {None: parse_trainer_state(json.loads(path.read_text()))}, []
+        return {None: parse_trainer_state(json.loads(read_run_text(path)))}, []
     if name.startswith("events.out.tfevents"):
-        return {None: parse_tensorboard(path)}, []
+        try:
+            return {None: parse_tensorboard(path)}, []
+        except ValueError as exc:  # a corrupt record length (names the file)
+            raise IngestError(str(exc)) from None
     if path.suffix == ".jsonl":
         if _is_verl_dump(path):
             return {}, read_verl_dump(path, version)
-        return {None: parse_jsonl_metrics(path.read_text(errors="replace").splitlines(), str(path))}, []
+        return {None: parse_jsonl_metrics(read_run_text(path).splitlines(), str(path))}, []
     if path.suffix == ".parquet" and "completions" in name:
         return {}, read_trl_completions(path, version)
     if path.suffix == ".csv":
         try:
-            runs = F.parse_wandb_csv(path.read_text(errors="replace"), str(path))
+            runs = F.parse_wandb_csv(read_run_text(path), str(path))
         except ValueError as exc:
             raise IngestError(str(exc)) from None
         if not runs:
@@ -364,7 +389,7 @@ def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any
         return dict(runs), []
     if path.suffix == ".json":
         try:
-            data = json.loads(path.read_text(errors="replace"))
+            data = json.loads(read_run_text(path))
         except json.JSONDecodeError as exc:
             raise IngestError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
         if isinstance(data, dict) and "log_history" in data:
@@ -379,7 +404,7 @@ def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any
         except ValueError as exc:
             raise IngestError(str(exc)) from None
     else:
-        text = path.read_text(errors="replace")
+        text = read_run_text(path)
     records, _ = parse_text_log(text)
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
@@ -411,8 +436,7 @@ def _history_length(path: Path) -> int:
     """Entries of a ``trainer_state.json``'s ``log_history``; -1 for one too large or unreadable (it still goes to
     :func:`_read_file`, which names the problem when it is the only one)."""
     try:
-        _check_size(path)
-        data = json.loads(path.read_text(errors="replace"))
+        data = json.loads(read_run_text(path))
         return len(data.get("log_history", [])) if isinstance(data, dict) else -1
     except (IngestError, OSError, ValueError, TypeError, RecursionError):
         return -1
@@ -469,7 +493,9 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
     for d in mlflow:
         run = vid if len(mlflow) == 1 and not files else F.mlflow_run_name(d)
         try:
-            series[run] = records_to_series(F.parse_mlflow_metrics(d))
+            series[run] = records_to_series(F.parse_mlflow_metrics(d, max_file_bytes(), _SIZE_HINT))
+        except IngestError:
+            raise
         except ValueError as exc:
             errors.append(str(exc))
     for run, run_files in _split_runs(p, files, vid).items():

@@ -406,6 +406,34 @@ def is_inside(root: Path, p: Path) -> bool:
         return False
 
 
+def read_capped(path: Path, max_bytes: int, hint: str) -> bytes:
+    """The bytes of the regular file ``path``, refused by its size when larger than ``max_bytes``.
+
+    A foreign run folder is hostile input: a sparse file (``truncate -s 3G``) takes no disk but a whole read
+    allocates its size; a FIFO in place of a log blocks a plain ``open`` forever and ``/dev/zero`` never ends.
+    The file is opened without blocking, checked on the open descriptor (regular, not past the cap) and read at
+    most ``max_bytes`` + 1 bytes (a file growing meanwhile is refused too).
+
+    Raises:
+        ValueError: not a regular file, or larger than ``max_bytes`` (names the file; ``hint`` says the fix).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket); give the log file itself")
+        size = st.st_size
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1) if size <= max_bytes else b""
+        size = max(size, len(data))
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size >> 20} MiB, larger than the {max_bytes >> 20} MiB a run file may have; "
+                         f"{hint}")
+    return data
+
+
 def read_gzip_text(path: Path, max_bytes: int | None = None) -> str:
     """The text of a gzip file, decompressed as a stream and refused past ``max_bytes`` (default :data:`MAX_GZIP_BYTES`).
 
@@ -436,21 +464,24 @@ def is_mlflow_metrics_dir(folder: Path) -> bool:
     first = files[0] if files else None
     if first is None:
         return False
-    with open(first, errors="replace") as f:
-        parts = f.readline().split()
+    with open(first, "rb") as f:  # a regular file (files_under); one bounded line: a 3 GiB line of NULs has none
+        parts = f.readline(256).decode(errors="replace").split()
     return len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip("-").isdigit() and to_float(parts[1]) is not None
 
 
-def parse_mlflow_metrics(folder: Path) -> Records:
+def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Records:
     """Records of an MLflow file store run's ``metrics/`` folder (keys from the relative paths).
 
+    Each metric file is read through :func:`read_capped` (a sparse ``metrics/loss`` of 3 GiB was read whole).
+
     Raises:
-        ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line).
+        ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line), or a metric file is
+            larger than ``max_bytes`` (``hint`` says the fix).
     """
     out: Records = {}
     for p in files_under(folder):
         key = p.relative_to(folder).as_posix()
-        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+        for n, line in enumerate(read_capped(p, max_bytes, hint).decode(errors="replace").splitlines(), 1):
             parts = line.split()
             if not parts:
                 continue
@@ -465,9 +496,17 @@ def parse_mlflow_metrics(folder: Path) -> Records:
 def mlflow_run_name(metrics_dir: Path) -> str:
     """The run's name: ``tags/mlflow.runName`` when present, else the run folder's name (its id)."""
     tag = metrics_dir.parent / "tags" / "mlflow.runName"
-    if is_inside(metrics_dir.parent.resolve(), tag) and (name := tag.read_text(errors="replace").strip()):
-        return name
+    if is_inside(metrics_dir.parent.resolve(), tag):
+        try:
+            name = read_capped(tag, MAX_RUN_NAME_BYTES, "").decode(errors="replace").strip()
+        except (OSError, ValueError):  # a tag file that is no name (huge, unreadable): the run id names it
+            name = ""
+        if name:
+            return name
     return metrics_dir.parent.name
+
+
+MAX_RUN_NAME_BYTES = 4096  # an MLflow runName tag file longer than this is no name (the run id is used)
 
 
 def load_json_any(path: Path) -> Any:

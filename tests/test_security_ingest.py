@@ -117,3 +117,95 @@ def test_a_huge_sparse_file_is_refused_before_it_is_read(tmp_path, monkeypatch, 
     monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "lots")
     with pytest.raises(IngestError, match=r"EVOTRAINER_INGEST_MAX_MB='lots': give a positive whole number"):
         ingest(run / "train.log")
+
+
+# --- second probe round: readers that bypassed the size cap, corrupt event files, special files -----------------
+def _sparse(path, size=64 << 20):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_a_huge_sparse_mlflow_metric_file_is_refused_by_its_size(tmp_path, monkeypatch):
+    """The MLflow reader read each ``metrics/<key>`` file whole, past the cap every other run file has: a 3 GiB
+    sparse ``metrics/loss`` was a MemoryError under a 6 GiB address-space limit. Here the cap is 1 MiB and the
+    file 64 MiB; before the fix it was read and failed as 'not an MLflow metric line'."""
+    monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "1")
+    bad = tmp_path / "mlruns" / "0" / "bad"
+    (bad / "tags").mkdir(parents=True)
+    (bad / "meta.yaml").write_text("run_id: bad\n")
+    big = _sparse(bad / "metrics" / "loss")
+    _sparse(bad / "tags" / "mlflow.runName")  # a huge tag file is no name: the run id names the run
+    good = tmp_path / "mlruns" / "0" / "good" / "metrics"
+    good.mkdir(parents=True)
+    (good.parent / "meta.yaml").write_text("run_id: good\n")
+    (good / "reward").write_text("".join(f"1700000000000 {i / 10} {i}\n" for i in range(1, 15)))
+    with pytest.raises(IngestError, match=rf"nothing readable; {big}: 64 MiB, larger than the 1 MiB a run file "
+                                          r"may have; set EVOTRAINER_INGEST_MAX_MB higher"):
+        ingest(bad)
+    ev = ingest(tmp_path / "mlruns")  # the other run of the store still reads
+    assert list(ev.metrics) == ["good"] and len(ev.metrics["good"]["reward/mean"][0]) == 14
+
+
+def test_import_refuses_a_text_log_past_the_cap_and_cuts_long_lines(tmp_path, monkeypatch):
+    """``import`` copies the text logs into the run log with its own reader, which read a file the diagnosis had
+    refused by its size: a 64 MiB sparse ``big.log`` (cap 1 MiB) became a 384 MiB ``run.jsonl`` (one line of
+    NULs, each escaped to six characters). It is refused now, before the run folder is made, and one line keeps
+    at most 4096 characters."""
+    monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "1")
+    run = tmp_path / "verl"
+    run.mkdir()
+    (run / "train.log").write_text(GOOD + "x" * 10_000 + "\n")
+    big = _sparse(run / "big.log")
+    with pytest.raises(RunImportError, match=rf"^{big}: 64 MiB, larger than the 1 MiB a run file may have"):
+        import_run(run, tmp_path / "imported")
+    assert not (tmp_path / "imported").exists()  # no half-made run: a retry is not 'holds a run already'
+    big.unlink()
+    out = import_run(run, tmp_path / "imported")
+    assert out.n_log_lines == 15
+    with Workspace.open(tmp_path / "imported") as ws:
+        long = [r["message"] for r in ws.read_logs() if r["message"].startswith("xxx")]
+    assert long == ["x" * 4096 + " [... 5904 more characters cut]"]
+
+
+def test_an_event_file_claiming_a_huge_record_is_refused_without_allocating_it(tmp_path):
+    """TensorBoard's reader allocates a record's claimed length before reading it: a 112-byte event file whose
+    first header (valid checksum) claims 1 TiB ended the diagnosis with MemoryError. The headers are checked
+    against the file's size first; the rest of the folder reads."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    run = tmp_path / "tb"
+    run.mkdir()
+    head = struct.pack("<Q", 1 << 40)
+    bad = run / "events.out.tfevents.1.host"
+    bad.write_bytes(head + struct.pack("<I", masked_crc32c(head)) + b"x" * 100)
+    with pytest.raises(IngestError, match=rf"^{bad}: the record at byte 0 claims 1099511627776 bytes but the file "
+                                          r"holds 96 more: a corrupt event file"):
+        ingest(bad)
+    (run / "train.log").write_text(GOOD)
+    assert len(ingest(run).metrics["tb"]["reward/mean"][0]) == 14
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devnull-link"])
+def test_a_special_file_given_as_the_log_is_refused_without_blocking(tmp_path, kind):
+    """``diagnose run/train.log`` where ``train.log`` is a FIFO blocked forever in ``open``; a link to ``/dev/zero``
+    would be read without end (a size check sees 0 bytes). A file that is not a regular file is refused by what
+    it is (``/dev/null`` stands in for ``/dev/zero`` here: before the fix it read as an empty log)."""
+    import threading
+
+    log = tmp_path / "train.log"
+    os.mkfifo(log) if kind == "fifo" else log.symlink_to("/dev/null")
+    got: list[BaseException] = []
+    t = threading.Thread(target=lambda: got.append(pytest.raises(IngestError, ingest, log).value), daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive() and kind == "fifo":  # the reader blocked: release it so the test ends, then fail
+        with open(log, "w"):
+            pass
+        t.join(10)
+        pytest.fail("ingest blocked on a FIFO")
+    assert len(got) == 1 and str(got[0]) == f"{log}: not a regular file (a FIFO, device or socket); give the log " \
+                                            "file itself"
