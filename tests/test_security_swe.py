@@ -82,3 +82,51 @@ def test_hostile_replies_parse_in_linear_time_and_never_raise():
     assert [c.error for c in inner] == ["the <tool_call> block holds no JSON object"]
     ok = parse_tool_calls("{" * 300 + '<tool_call>{"name": "search", "arguments": {"pattern": "def"}}</tool_call>')
     assert [(c.name, c.error) for c in ok] == [("search", None)]
+
+
+# --- second probe round: the test patch -----------------------------------------------------------------------
+def _git_task_in(tmp_path, test_patch: str):
+    """``make_git_task``'s task with another ``test_patch``, and an episode whose folder lies inside a git checkout
+    whose config says ``apply.whitespace=error`` (as a user's ~/.gitconfig may)."""
+    import subprocess
+
+    from test_swe_tasks import make_git_task
+
+    from evotrainer.recipe import ToolUseSpec
+    from evotrainer.rl_backend.swe.env import SweEnv
+
+    outer = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    subprocess.run(["git", "-C", str(outer), "config", "apply.whitespace", "error"], check=True)
+    task, repos = make_git_task(tmp_path)
+    env = SweEnv(task.model_copy(update={"test_patch": test_patch}), outer / "runs" / "ep", ToolUseSpec(),
+                 repos_root=repos)
+    env.reset()
+    (env.repo / "calc.py").write_text(FIXED)
+    return env
+
+
+HIDDEN = ("--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -12,2 +12,6 @@\n def test_zero():\n"
+          "     assert add(0, 0) == 0\n+\n+\n+def test_hidden():  \n+    assert add(1, 1) == 2\n")
+
+
+def test_the_test_patch_applies_whatever_git_checkout_or_config_surrounds_the_run(tmp_path):
+    """The grading copy's ``git apply`` took its configuration from a checkout around the run folder: with
+    ``apply.whitespace=error`` there, a test patch with a trailing blank failed, its exit status was not read,
+    and the repo's original tests graded the episode (the hidden test_hidden missing: the right fix scored 0).
+    git now sees no repository or configuration around the copy."""
+    out = _git_task_in(tmp_path, HIDDEN).grade("all")
+    assert (out.resolved, out.f2p_passed, out.missing_tests) == (True, 3, 0)  # before: (False, 2, 1)
+    assert out.test_patch_error == ""
+
+
+def test_a_test_patch_that_does_not_apply_fails_the_episode_and_says_why(tmp_path):
+    """A test patch that does not apply left the original tests to grade, silently (a test the patch changes
+    graded the old version of itself; here the patch's context is wrong). The episode now scores 0 without
+    running tests and the outcome names the task and git's reason."""
+    broken = HIDDEN.replace("def test_zero():", "def test_not_there():")
+    out = _git_task_in(tmp_path, broken).grade("fraction")
+    assert (out.resolved, out.swe_tests, out.ran_tests, out.f2p_passed) == (False, 0.0, False, 0)
+    assert out.test_patch_error.startswith("acme__calc-1: the test patch does not apply to the final repo (git apply "
+                                           "exit 1): ")
+    assert "patch failed: tests/test_calc.py:12" in out.test_patch_error

@@ -544,7 +544,8 @@ class SweEnv:
         is written into the repo, whose links the sandbox may have planted), ``test_patch`` is
         applied there for SWE-bench tasks (as SWE-bench does), and the test files holding
         FAIL_TO_PASS / PASS_TO_PASS run on the copy, which is removed afterwards. A hidden test missing from the output, a collection
-        error, or any test-file edit counts as failure, never as a pass.
+        error, or any test-file edit counts as failure, never as a pass; so does a ``test_patch``
+        that does not apply (no test runs; ``test_patch_error`` says why: :func:`apply_test_patch`).
 
         Args:
             mode: ``all`` (1 only when every hidden test passes) or ``fraction`` (the fraction of
@@ -568,9 +569,12 @@ class SweEnv:
         edited = sorted(self.tests_edited)
         copy = self._grading_copy()
         try:
-            if self.task.test_patch:
-                subprocess.run(["git", "apply", "-"], input=self.task.test_patch.encode(), cwd=copy,
-                               capture_output=True, timeout=60)
+            patch_error = apply_test_patch(copy, self.task.test_patch, self.task.instance_id)
+            if patch_error:  # the hidden tests are not in the copy: no verdict can be read from it
+                n_f, n_p = len(self.task.FAIL_TO_PASS), len(self.task.PASS_TO_PASS)
+                return SweOutcome(resolved=False, swe_tests=0.0, f2p_passed=0, f2p_total=n_f, p2p_passed=0,
+                                  p2p_total=n_p, missing_tests=n_f + n_p, collection_error=False, timed_out=False,
+                                  test_files_edited=edited, ran_tests=False, test_patch_error=patch_error)
             res = run_pytest(copy, self.task.test_files, timeout_s=max(60.0, self.limits.per_call_timeout_s * 3))
         finally:
             sfs.remove_tree(copy)  # the repo itself is untouched: grading twice gives the same verdict
@@ -590,6 +594,40 @@ class SweEnv:
                           backend=res.backend, grade_seconds=round(res.wall_s, 3))
 
 
+def git_env(top: Path) -> dict[str, str]:
+    """The environment for a host-side git command on the folder ``top``: git sees no repository but ``top``'s own.
+
+    Without it, a grading copy inside another checkout (a run folder in a git repo), the caller's ``GIT_*``
+    variables (a hook's ``GIT_DIR``) and the caller's ~/.gitconfig or the system's (``apply.whitespace=error``)
+    decided how the test patch applied, or whether it applied at all.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CEILING_DIRECTORIES=str(top.parent), GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+               GIT_ATTR_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0")
+    return env
+
+
+def apply_test_patch(copy: Path, patch: str, task_id: str) -> str:
+    """Apply a SWE-bench task's ``test_patch`` to the grading copy; ``""`` when it applied (or there is none),
+    else why not (git's own words, for :attr:`SweOutcome.test_patch_error`).
+
+    Its exit status was not looked at: a patch that did not apply left the repo's original tests to grade the
+    episode (an existing test the patch strengthens passes unfixed code), and nothing said so. git runs isolated
+    from any repository and configuration around the copy (:func:`git_env`).
+    """
+    if not patch:
+        return ""
+    try:
+        cp = subprocess.run(["git", "apply", "--verbose", "-"], input=patch.encode(), cwd=copy, env=git_env(copy),
+                            capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{task_id}: git apply of the test patch did not run ({exc})"
+    if cp.returncode:
+        why = cp.stderr.decode(errors="replace").strip()[-500:]
+        return f"{task_id}: the test patch does not apply to the final repo (git apply exit {cp.returncode}): {why}"
+    return ""
+
+
 @dataclass
 class SweOutcome:
     """Hidden-test verdict of one episode (see :meth:`SweEnv.grade`)."""
@@ -607,6 +645,7 @@ class SweOutcome:
     backend: str = ""
     grade_seconds: float = 0.0
     ran_tests: bool = True
+    test_patch_error: str = ""  # why the SWE-bench test patch did not apply (the episode then scores 0)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
