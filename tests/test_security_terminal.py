@@ -57,3 +57,17 @@ def test_version_values_from_an_mcp_client_are_shown_not_obeyed(tmp_path):
     out = _cli("lineage", "show", str(run), env={**os.environ, "COLUMNS": "400"})
     assert ESC.encode() not in out and "\x9b".encode() not in out
     assert b"[link=http://evil.example]x[/link][/x]" in out
+
+
+def test_bidirectional_controls_are_shown_not_obeyed():
+    """A sandboxed program (or a skill name) printing U+202E made a bidi terminal lay the rest of the line out
+    backwards ("Trojan Source": ``exit 0 \\u202e1 edoc`` reads as ``exit 0 code 1``); every bidi control is shown
+    as a ``\\uNNNN`` escape now, other non-ASCII text is printed as it is."""
+    from evotrainer.terminal import neutralise
+
+    bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    out = neutralise(f"exit 0 {bidi}1 edoc é 中\n\t")
+    assert not any(c in out for c in bidi)
+    assert out == ("exit 0 \\u061c\\u200e\\u200f\\u202a\\u202b\\u202c\\u202d\\u202e\\u2066\\u2067\\u2068\\u2069"
+                   "1 edoc é 中\n\t")
+    assert neutralise("\x1b[2J\x9b") == "\\x1b[2J\\x9b"
