@@ -44,6 +44,7 @@ import numpy as np
 
 from evotrainer import metrics as M
 from evotrainer.agents.loop import best_kept, eval_compute, final_version, version_compute
+from evotrainer.harness.plots import PLOT_MAX
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import Version
 from evotrainer.workspace import Workspace
@@ -546,7 +547,9 @@ def _metric_plots(ws: Workspace) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = lineage_curves(ws)
+    # drawable values only: a stored 1e308 and -1e308 on one axis overflowed matplotlib's tick layout (ValueError)
+    curves = {v: {n: [p for p in pts if abs(p[1]) <= PLOT_MAX] for n, pts in per.items()}
+              for v, per in lineage_curves(ws).items()}
     panels = [(t, n, [v for v in vs if curves.get(v, {}).get(n)]) for t, n, vs in curve_panels(ws)]
     panels = [p for p in panels if p[2]]
     if not panels:

@@ -35,6 +35,20 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80] or "version"
 
 
+PLOT_MAX = 1e100  # larger magnitudes are drawn as marks on the axis, like NaN / inf
+
+
+def plottable(x: np.ndarray) -> np.ndarray:
+    """Which values can be drawn: finite and within ±:data:`PLOT_MAX`.
+
+    A foreign log's ``1e308`` and ``-1e308`` (finite, so kept as evidence) on one axis made its range overflow
+    to inf in matplotlib's tick layout: ``ValueError: arange: cannot compute length`` ended ``diagnose`` after
+    the analyzers had run, before any finding was printed.
+    """
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & (np.abs(x) <= PLOT_MAX)
+
+
 def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: str | Path) -> Path | None:
     """Write ``<out_dir>/<version>.png``; None when the version has none of the key series."""
     import matplotlib
@@ -57,11 +71,11 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
     for ax, (title, names) in zip(axes.flat, panels, strict=False):
         for n in names:
             s, x = ev.series(version, n)
-            x = np.where(np.isfinite(x), x, np.nan)
-            ax.plot(s, x, lw=1, marker="." if len(s) < 60 else None, label=n)
-            bad = ~np.isfinite(ev.series(version, n)[1])
+            bad = ~plottable(x)
+            ax.plot(s, np.where(bad, np.nan, x), lw=1, marker="." if len(s) < 60 else None, label=n)
             if bad.any():
-                ax.scatter(s[bad], np.zeros(bad.sum()), marker="x", color="red", s=12, label=f"{n} non-finite")
+                ax.scatter(s[bad], np.zeros(bad.sum()), marker="x", color="red", s=12,
+                           label=f"{n} non-finite or beyond ±{PLOT_MAX:g}")
         for f in mine:
             if len(f.steps) > 2 or min(f.steps) == max(f.steps):  # points (spike steps, a one-step level)
                 for st in f.steps[:50]:

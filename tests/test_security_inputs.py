@@ -50,3 +50,27 @@ def test_host_keyring_names_and_timers_are_masked():
     assert r.exit_code == 0, r.stderr
     shown = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
     assert all(v in ("refused", "0") for v in shown.values()), shown
+
+
+def test_extreme_finite_metric_values_still_plot_in_diagnose_and_the_report(tmp_path):
+    """A foreign log's ``kl: 1e308`` and ``loss: -1e308`` are finite, so kept as evidence; on one plot axis their
+    range overflowed to inf in matplotlib's tick layout (``ValueError: arange: cannot compute length``), which
+    ended ``diagnose`` before any finding was printed and ``evotrainer report`` of the imported run. Values beyond
+    ±1e100 are drawn as marks now, like NaN; the findings still see them."""
+    from evotrainer.agents.report import write_report
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import plot_evidence
+
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(
+        f'{{"step": {i}, "reward": {i / 40}, "kl": {"1e308" if i % 2 else "-1e308"}, "entropy": {1 - i / 40}}}\n'
+        for i in range(1, 40)))
+    ev = ingest(src)
+    findings = run_analyzers(ev)
+    assert [p.name for p in plot_evidence(ev, findings, tmp_path / "plots")] == ["foreign.png"]
+    import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        assert write_report(ws).stat().st_size > 0
