@@ -239,12 +239,39 @@ class LineageStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
                                        isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
-            self.recover_jobs()
+        try:
+            self._refuse_foreign_schema()
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._migrate()
+                self.recover_jobs()
+        except sqlite3.DatabaseError as exc:  # not SQLite at all, or damaged: name the file
+            self._db.close()
+            raise LineageError(f"{self.path}: not a readable lineage database ({exc}); is this a run folder?") from None
+        except BaseException:
+            self._db.close()
+            raise
         self._db.row_factory = sqlite3.Row
+
+    def _refuse_foreign_schema(self) -> None:
+        """Refuse a database holding triggers or views: the schema this store makes has neither.
+
+        A run folder may come from elsewhere (a downloaded run given to ``diagnose`` or ``report``), and opening
+        one writes to it (migrations, :meth:`recover_jobs`): a trigger planted on ``jobs`` ran on that open (a
+        recursive INSERT wrote 200 MB into the file in one ``diagnose``; unbounded, it fills the disk), and a view
+        in place of a table runs whatever query it holds, a recursive one forever.
+
+        Raises:
+            LineageError: the file holds a trigger or a view (names them).
+        """
+        rows = self._db.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
+                                "ORDER BY type, name LIMIT 20").fetchall()
+        if rows:
+            found = ", ".join(f"{t} {n!r}" for t, n in rows)
+            raise LineageError(f"{self.path}: holds SQL {found}, which EvoTrainer's lineage schema never has (a "
+                               "crafted or foreign file); not opened. Use a run folder EvoTrainer wrote")
 
     # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -209,3 +209,52 @@ def test_a_special_file_given_as_the_log_is_refused_without_blocking(tmp_path, k
         pytest.fail("ingest blocked on a FIFO")
     assert len(got) == 1 and str(got[0]) == f"{log}: not a regular file (a FIFO, device or socket); give the log " \
                                             "file itself"
+
+
+def _plant(db_path, sql: str) -> str:
+    import sqlite3
+
+    c = sqlite3.connect(db_path)
+    info = list(c.execute("PRAGMA table_info(jobs)"))
+    row = {r[1]: ("{}" if r[3] else None) for r in info}
+    row.update(id="j1", status="running", pid=999_999_999, kind="train", version_id="v0", created_at=0, updated_at=0)
+    c.execute(f"INSERT INTO jobs({','.join(row)}) VALUES ({','.join('?' * len(row))})", list(row.values()))
+    c.executescript(sql)
+    c.commit()
+    c.close()
+    return hashlib.sha256(db_path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("sql, found", [
+    ("CREATE TABLE junk(b BLOB); CREATE TRIGGER boom AFTER UPDATE ON jobs BEGIN INSERT INTO junk WITH RECURSIVE "
+     "r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 100) SELECT randomblob(10000) FROM r; END;",
+     "trigger 'boom'"),
+    ("CREATE VIEW forever AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT x FROM r;",
+     "view 'forever'"),
+])
+def test_a_lineage_db_with_planted_triggers_or_views_is_not_opened(tmp_path, sql, found):
+    """Opening a run folder writes to its lineage.db (migrations, marking dead jobs interrupted), so ``diagnose``
+    of a downloaded run ran a trigger planted on ``jobs``: a recursive INSERT wrote 200 MB into the file in one
+    call (unbounded, it fills the disk). The schema has no trigger or view; a file holding one is refused, named,
+    and left byte for byte as it was (here the trigger writes 1 MB)."""
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    before = _plant(db, sql)
+    with pytest.raises(LineageError, match=rf"^{db}: holds SQL {found}, which EvoTrainer's lineage schema never "
+                                           r"has \(a crafted or foreign file\); not opened"):
+        ingest(run)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_a_lineage_db_that_is_not_sqlite_is_named(tmp_path):
+    """A ``lineage.db`` of random bytes ended ``diagnose`` with a bare ``DatabaseError: file is not a database``."""
+    from evotrainer.lineage import LineageError
+
+    (tmp_path / "lineage.db").write_bytes(os.urandom(4096))
+    with pytest.raises(LineageError, match=rf"^{tmp_path}/lineage.db: not a readable lineage database \(file is "
+                                           r"not a database\)"):
+        ingest(tmp_path)
