@@ -113,10 +113,10 @@ ALL_STEP_METRICS: tuple[str, ...] = (
 
 # --- update size: how far one step's update moves the policy --------------------------------------
 # Logged by the local trainer on every step (0.0 on a step with no kept group: nothing was updated); the
-# KL / post-update ratio / clip metrics are measured on the first GRPO group of the kept batch (its G rows).
+# KL / post-update ratio / clip metrics are measured on the first micro-batch of the kept batch.
 # Targets they are judged against: PPO's KL target d_targ = 0.01 (Schulman et al. 2017 §4; Spinning Up
 # PPO target_kl = 0.01, early stop at 1.5 x target_kl); see harness/analyzers/progress.py.
-POLICY_UPDATE_KL = "policy/update_kl"  # nats/token, k3 estimate of KL(pi_old || pi_new) on the first kept group's tokens
+POLICY_UPDATE_KL = "policy/update_kl"  # nats/token, k3 estimate of KL(pi_old || pi_new) on the step's kept tokens
 POLICY_UPDATE_KL_K1 = "policy/update_kl_k1"  # nats/token, k1 estimate mean(log pi_old - log pi_new), same tokens
 POLICY_RATIO_MAX = "policy/ratio/max"  # largest pi_theta / pi_old over kept tokens, PPO epochs and the updated policy
 POLICY_RATIO_MIN = "policy/ratio/min"  # smallest, same tokens

@@ -15,7 +15,7 @@ One training step (CleanRL-style, top to bottom in :meth:`LocalBackend._step`):
    first epoch's log-probs, detached (the weights have not moved yet), so no extra forward pass;
    after the last epoch, the update's size: ``||dθ||/||θ||`` from the AdamW state
    (:func:`adamw_step_norms`) and KL(π_old ‖ π_new), ratio and clip statistics from one no-grad
-   forward of the kept batch's first GRPO group (``grpo.update_stats``; ``policy/update_*`` metrics);
+   forward of the kept batch's first micro-batch (``grpo.update_stats``; ``policy/update_*`` metrics);
 7. log metrics (evotrainer/metrics.py names), rollouts, TensorBoard scalars; every
    ``checkpoint_every`` steps save a resume checkpoint (weights + optimiser).
 
@@ -32,7 +32,6 @@ group_norm gradient), refill rounds run only with dynamic filtering.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -320,19 +319,6 @@ def _piece_logprobs(model: Any, rb: RolloutBatch, recipe: Any, pc: Piece,
                              rb.completion_ids[r, :w], rb.completion_mask[r, :w], temperature=recipe.temperature,
                              with_entropy=entropy, completion_attention_mask=rb.attention_mask[r, :w],
                              group_size=pc.group_size)
-
-
-def _probe_pieces(pieces: list[Piece], group_size: int) -> list[Piece]:
-    """The forwards of the update-size probe: the pieces of the kept batch's first GRPO group (rows
-    ``0..G-1``); a plain-path piece holding more rows is cut to those rows, so every path probes the same tokens."""
-    out = []
-    for pc in pieces:
-        keep = pc.rows < group_size
-        if bool(keep.all()):
-            out.append(pc)
-        elif bool(keep.any()):
-            out.append(dataclasses.replace(pc, rows=pc.rows[keep]))
-    return out
 
 
 def _scatter(pieces: list[Piece], values: list[torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
@@ -660,13 +646,14 @@ class LocalBackend:
             upd_norm += step_norm  # several epochs: the sum of their norms, an upper bound of the step's ||dθ||
             theta_norm = before_norm if epoch == 0 else theta_norm
         # The updated policy on the update's own tokens: how far did it move? One extra no-grad forward of
-        # the first GRPO group only (its G rows; :func:`_probe_pieces`): a sample of the kept batch, not the
-        # batch (a forward of the 16 rows of the SmolLM2 benchmark cost a quarter of the update's forward +
-        # backward). Its pieces are the update's, so it costs that group's real tokens.
+        # the first micro-batch only (whole groups, at most micro_train_batch_size rows): a sample of the kept
+        # batch, not the batch. Its pieces are the update's (packed or trimmed), so it costs that micro-batch's
+        # real tokens. Kept at the micro-batch (not one group) so the progress analyzers' update-size series
+        # (harness/analyzers/progress.py) keep their sample size and meaning.
         us = grpo.UpdateStats(0.0, 0.0, 0.0, 0.0, -math.inf, math.inf, 0.0)
         old_full = _scatter(pieces, old_lp, tuple(mask.shape))
         with torch.no_grad():
-            for pc in _probe_pieces(pieces, recipe.n_samples_per_prompt):
+            for pc in (pc for pc in pieces if pc.chunk == 0):
                 lp, _ = fwd(bundle.model, pc)
                 us = us + grpo.update_stats(lp, old_full[pc.rows, : pc.width].to(lp.device),
                                             adv[pc.rows].to(lp.device), mask[pc.rows, : pc.width].to(lp.device),
