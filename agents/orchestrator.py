@@ -102,7 +102,7 @@ class Orchestrator(LoopBase):
             self.save_compute()
         self._save_usage()
         self.save_compute()
-        self.stage("final_test", lambda: self.final_test(self.frontier()))
+        self.stage("final_test", lambda: self.final_test(self.stage("answer", self.answer)))
         self.save_compute()
         self.lineage.kv_set("loop/finished", True)
         return self.summary()
@@ -112,6 +112,54 @@ class Orchestrator(LoopBase):
         (kv ``loop/frontier``, set by :meth:`round`), the root before that; a reverted frontier falls back to
         its nearest kept (or root) ancestor."""
         return str(first_not_reverted(self._up_to_root(self.lineage.kv_get("loop/frontier") or self.root_id())))
+
+    def answer(self) -> str:
+        """The run's answer, chosen once after the last decision: of the frontier and its siblings (every arm
+        trained from the frontier's parent: the control, the changes, a merge; each the same steps from the same
+        checkpoint), the one with the highest dev Avg@k that is eligible; the frontier on ties, and whenever it has
+        no parent (the root) or no dev score.
+
+        Eligible: not failed or reverted, evaluated on dev, and either kept or pruned by the round's gate for its
+        CI alone: its adjusted gate (kv ``loop/rgate/<id>``) holds no blocking finding of its own (shared and
+        inherited ones waived as in :func:`~evotrainer.harness.gate.round_decisions`), is not below a merge
+        source, and did not pass the gate (a brain that pruned a version the gate would promote had a reason).
+
+        Why not the frontier itself: the gate decides what the lineage branches from and what the run may claim a
+        change did (a paired CI above 0 against the control: attribution, where a false claim costs every later
+        round), while the answer is model selection among arms of equal compute, where the higher dev point
+        estimate is the better bet (the posterior mean under a flat prior is monotone in the observed score;
+        checkpoint selection on a validation set, as every baseline mode does). A change that scored above the
+        control on dev without a CI above 0 stays pruned (no gain is claimed for it) and can still be the answer;
+        the log says which and why.
+        """
+        front = self.frontier()
+        fv = self.version(front)
+        parent = fv["parent_id"]
+        best, best_avg = front, (fv.get("eval_summary") or {}).get("avg@k")
+        if parent is None or not isinstance(best_avg, (int, float)):
+            return front
+        for cid in self.version(parent)["children"]:
+            if cid == front:
+                continue
+            c = self.version(cid)
+            avg = (c.get("eval_summary") or {}).get("avg@k")
+            g = self.lineage.kv_get(f"loop/rgate/{cid}") or {}
+            eligible = (c["status"] == "kept" or (c["status"] == "pruned" and bool(g) and not g.get("promote")
+                                                  and not g.get("blocking") and not g.get("below_sources")))
+            if eligible and isinstance(avg, (int, float)) and avg > best_avg:
+                best, best_avg = str(cid), float(avg)
+        if best != front:
+            why = f"the best dev score of the arms trained from {parent}"
+            if self.status(best) != "kept":
+                g = self.lineage.kv_get(f"loop/rgate/{best}") or {}
+                gain, ci = g.get("gain"), g.get("ci")
+                nums = (f" {gain:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if isinstance(gain, (int, float))
+                        and isinstance(ci, (list, tuple)) and len(ci) == 2 else "")
+                why += (f"; its gain over {g.get('baseline_id') or 'its baseline'}{nums} is not claimed (the CI "
+                        "does not clear 0), so it stays pruned")
+            self.log(f"the answer is {best} (dev Avg@k {best_avg:.3f}), not the frontier {front} "
+                     f"({fv['eval_summary']['avg@k']:.3f}): {why}", version=best)
+        return best
 
     def _up_to_root(self, vid: str | None) -> Iterator[tuple[str, str, str | None]]:
         """``(id, status, parent_id)`` from ``vid`` up to the root, read through ``get_version``, lazily (the walk

@@ -188,3 +188,36 @@ def test_the_loop_writes_its_root_and_controls_through_mcp(tmp_path):
                 Orchestrator(other, tb, ws, HeuristicBrain()).ensure_root()
     finally:
         ws.close()
+
+
+def test_the_answer_is_the_best_eligible_arm_of_the_frontiers_round(orch):
+    # root v0 -> v1, v2 (the fixture's changes) + control v3 (the frontier: nothing beat it) + v4 (a third change)
+    lin = orch.lineage
+    ctl = lin.branch_control("v0")
+    v4 = lin.branch("v0", Intervention(path="actor_learning_rate", old=1e-6, new=3e-6, category="optimizer"))
+    for vid, avg in (("v1", 0.55), ("v2", 0.70), (ctl.id, 0.50), (v4.id, 0.80)):
+        lin.update_version(vid, eval_summary={"avg@k": avg, "eval_name": "heldout"})
+    lin.decide("v1", "prune", "pruned for the test")
+    lin.decide("v2", "prune", "pruned for the test")
+    lin.decide(v4.id, "prune", "pruned for the test")
+    lin.decide(ctl.id, "keep", "continue")
+    lin.kv_set("loop/frontier", ctl.id)
+    # v1: CI alone (eligible, 0.55); v2: its own blocking finding (0.70, not eligible); v4: the gate promoted it
+    # and the brain pruned it anyway (0.80, not eligible); the control: the frontier at 0.50
+    lin.kv_set("loop/rgate/v1", {"promote": False, "blocking": [], "gain": 0.05, "ci": [-0.02, 0.12],
+                                 "baseline_id": ctl.id})
+    lin.kv_set("loop/rgate/v2", {"promote": False, "blocking": [{"kind": "truncation"}], "gain": 0.2,
+                                 "ci": [0.1, 0.3], "baseline_id": ctl.id})
+    lin.kv_set(f"loop/rgate/{v4.id}", {"promote": True, "blocking": [], "gain": 0.3, "ci": [0.2, 0.4],
+                                       "baseline_id": ctl.id})
+    assert orch.frontier() == ctl.id
+    assert orch.answer() == "v1"
+    said = [r["message"] for r in orch.ws.read_logs() if "the answer is" in r.get("message", "")]
+    assert len(said) == 1 and said[0].startswith(f"the answer is v1 (dev Avg@k 0.550), not the frontier {ctl.id} (0.500)")
+    assert f"gain over {ctl.id} +0.050 [-0.020, +0.120] is not claimed" in said[0]
+    # a kept sibling above the frontier's score wins over a pruned one; ties stay with the frontier
+    lin.update_version("v1", eval_summary={"avg@k": 0.50, "eval_name": "heldout"})
+    assert orch.answer() == ctl.id
+    # the root as the frontier (nothing ever kept) has no siblings: it is the answer
+    lin.kv_set("loop/frontier", "v0")
+    assert orch.answer() == "v0"
