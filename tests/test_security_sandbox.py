@@ -331,6 +331,28 @@ def test_dev_is_a_capped_tmpfs():
     assert any(f"STOPPED {e}" in r.stdout for e in (13, 28, 30)) and mib <= cap, r.stdout + r.stderr
 
 
+def test_no_command_line_in_the_sandbox_names_a_host_path(tmp_path):
+    # bwrap's own argv held every bind's host source (the temp folder, the work dir, the inputs): pid 1 inside
+    # is bwrap's reaper, so /proc/1/cmdline showed them; its options now come through --args from a memfd
+    work = tmp_path / "HOSTWORK-9c1e"
+    work.mkdir()
+    (tmp_path / "evidence.txt").write_text("x")
+    r = run_in_sandbox(code="""
+        import os
+        seen = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    seen.append(open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace"))
+                except OSError:
+                    pass
+        print(len(seen), "|".join(seen))
+    """.replace("\n        ", "\n"), workdir=work, inputs={"e.txt": tmp_path / "evidence.txt"})
+    assert r.exit_code == 0 and int(r.stdout.split()[0]) >= 2, r.stdout + r.stderr  # pid 1 and the program at least
+    for secret in (str(tmp_path), "HOSTWORK-9c1e", "evotrainer-sandbox-"):
+        assert secret not in r.stdout, (secret, r.stdout)
+
+
 def test_memory_limit_holds_for_the_whole_run_not_per_process():
     # 3 processes x 150 MiB touched = 450 MiB against memory_mb=256 for the run
     r = run_in_sandbox(code="""

@@ -226,9 +226,13 @@ def run_bwrap(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: 
                        host_tmpfs=host_tmpfs)
     cgroup = _lim.RunCgroup(limits.memory_mb << 20, limits.max_procs + 2, limits.cpus)
     try:
-        full = _lim.prelude_argv(cgroup.procs_files(), mounts, full)
-        result = supervise(full, limits, backend="bwrap", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                           cwd=tmp)
+        # bwrap reads its options from a file descriptor (--args): its command line, which the sandbox reads as
+        # /proc/1/cmdline, is then "bwrap --args N -- <launcher>", without the host paths of the temp folder, the
+        # work dir and the inputs that its binds name (the command itself must stay on the command line)
+        cut = full.index("--")
+        launch = _lim.prelude_argv(cgroup.procs_files(), mounts, [full[0], "--args", "{args_fd}", *full[cut:]])
+        result = supervise(launch, limits, backend="bwrap", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                           cwd=tmp, fd_args=full[1:cut])
         if result.limit_hit in (None, "timeout", "procs"):
             if cgroup.oom_kills():
                 result.limit_hit = "memory"
@@ -240,16 +244,18 @@ def run_bwrap(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: 
 
 
 # --- supervision: wall clock, output caps, resource use ------------------------------------------
-def supervise(argv: list[str], limits: RunLimits, *, backend: str, env: dict[str, str], cwd: Path) -> SandboxResult:
+def supervise(argv: list[str], limits: RunLimits, *, backend: str, env: dict[str, str], cwd: Path,
+              fd_args: list[str] | None = None) -> SandboxResult:
     """Start ``argv`` in its own process group, enforce the wall clock and output caps, reap it.
 
-    Placeholders in ``argv``: ``{report_fd}`` (the launcher's report pipe) and ``{seccomp_fd}`` (a
-    pipe holding :func:`seccomp_filter`'s program, for bwrap's ``--seccomp``).
+    Placeholders in ``argv`` and ``fd_args``: ``{report_fd}`` (the launcher's report pipe), ``{seccomp_fd}`` (a
+    pipe holding :func:`seccomp_filter`'s program, for bwrap's ``--seccomp``) and ``{args_fd}`` (a memfd holding
+    ``fd_args`` NUL-separated, for bwrap's ``--args``: arguments that stay out of every command line).
     """
     report_r, report_w = os.pipe()  # the launcher reports the program's CPU time and peak RSS here
     fds = {"{report_fd}": report_w}
     to_close = [report_w]
-    if "{seccomp_fd}" in argv:
+    if "{seccomp_fd}" in argv or "{seccomp_fd}" in (fd_args or []):
         program = seccomp_filter()
         if program is None:  # _bwrap_argv asks for --seccomp only where a filter exists
             raise SandboxError(f"argv asks for a seccomp filter, but there is none for {platform.machine()}")
@@ -258,6 +264,15 @@ def supervise(argv: list[str], limits: RunLimits, *, backend: str, env: dict[str
         os.close(sec_w)
         fds["{seccomp_fd}"] = sec_r
         to_close.append(sec_r)
+    if fd_args is not None:
+        mfd = os.memfd_create("sandbox-args", 0)  # inheritable: bwrap reads it after the prelude's exec
+        data = b"".join(os.fsencode(str(fds[a]) if a in fds else a) + b"\0" for a in fd_args)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(mfd, view):]
+        os.lseek(mfd, 0, os.SEEK_SET)
+        fds["{args_fd}"] = mfd
+        to_close.append(mfd)
     argv = [str(fds[a]) if a in fds else a for a in argv]
     t0 = time.monotonic()
     try:
