@@ -38,6 +38,7 @@ import random
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,18 +198,7 @@ def _split_sorted(lengths: list[int], overhead: float) -> list[int]:
     Exact dynamic programme over the n(n+1)/2 runs of the sorted list (optimal: an optimal partition
     into padded batches never interleaves lengths). Returns the run ends, e.g. ``[3, 8]``.
     """
-    n = len(lengths)
-    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):
-            c = best[i] + (j - i) * lengths[j - 1] + overhead
-            if c < best[j]:
-                best[j], cut[j] = c, i
-    ends, j = [], n
-    while j > 0:
-        ends.append(j)
-        j = cut[j]
-    return ends[::-1]
+    return _best_cuts(len(lengths), lambda i, j: (j - i) * lengths[j - 1] + overhead)
 
 
 def _split_packed(lengths: list[int], prompt: int, attn_cost: float, overhead: float) -> list[int]:
@@ -218,15 +208,25 @@ def _split_packed(lengths: list[int], prompt: int, attn_cost: float, overhead: f
     Exact dynamic programme over the contiguous runs of the sorted list (as :func:`_split_sorted`; for this
     cost, contiguous runs of the sorted order are a heuristic restriction, not a proven optimum).
     """
-    n = len(lengths)
     pre = [0]
     for x in lengths:
         pre.append(pre[-1] + x - 1)
+
+    def cost(i: int, j: int) -> float:
+        L = prompt + pre[j] - pre[i]
+        return L + attn_cost * L * L + overhead
+
+    return _best_cuts(len(lengths), cost)
+
+
+def _best_cuts(n: int, cost: Callable[[int, int], float]) -> list[int]:
+    """Run ends ``[e1, ..., n]`` of the partition of ``0..n`` into contiguous runs ``[i, j)`` minimising
+    ``Σ cost(i, j)``: the O(n²) dynamic programme ``best[j] = min_i best[i] + cost(i, j)``; ties keep the
+    earliest cut."""
     best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
-            L = prompt + pre[j] - pre[i]
-            c = best[i] + L + attn_cost * L * L + overhead
+            c = best[i] + cost(i, j)
             if c < best[j]:
                 best[j], cut[j] = c, i
     ends, j = [], n

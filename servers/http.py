@@ -142,26 +142,32 @@ async def _respond(send: Any, status: int, text: str, extra: list[tuple[bytes, b
     await send({"type": "http.response.body", "body": body})
 
 
+def _positive(value: Any, env: str, default: Any, kind: type) -> Any:
+    """``value``, else ``$env``, else ``default``, as a positive finite ``kind`` (int or float).
+
+    Raises:
+        ServeError: a value that is not a positive number.
+    """
+    raw = value if value is not None else os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    try:
+        out = kind(raw)
+    except ValueError:
+        out = None
+    if out is None or not out > 0 or out != out or out == float("inf"):
+        raise ServeError(f"{env}={raw!r}: give a positive {'integer' if kind is int else 'number of seconds'}")
+    return out
+
+
 def session_limits(session_idle_s: float | None = None, max_sessions: int | None = None) -> tuple[float, int]:
     """``(idle seconds, session cap)`` from the arguments, else the environment, else the defaults.
 
     Raises:
         ServeError: a value that is not a positive number.
     """
-    def pick(value: Any, env: str, default: Any, kind: type) -> Any:
-        raw = value if value is not None else os.environ.get(env)
-        if raw is None or raw == "":
-            return default
-        try:
-            out = kind(raw)
-        except ValueError:
-            out = None
-        if out is None or not out > 0 or out != out or out == float("inf"):
-            raise ServeError(f"{env}={raw!r}: give a positive {'integer' if kind is int else 'number of seconds'}")
-        return out
-
-    return (pick(session_idle_s, SESSION_IDLE_ENV, SESSION_IDLE_S, float),
-            pick(max_sessions, MAX_SESSIONS_ENV, MAX_SESSIONS, int))
+    return (_positive(session_idle_s, SESSION_IDLE_ENV, SESSION_IDLE_S, float),
+            _positive(max_sessions, MAX_SESSIONS_ENV, MAX_SESSIONS, int))
 
 
 def connection_limits(header_timeout_s: float | None = None, max_connections: int | None = None
@@ -174,22 +180,8 @@ def connection_limits(header_timeout_s: float | None = None, max_connections: in
     """
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     default_cap = MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(8, min(MAX_CONNECTIONS, soft // 2))
-    timeout, cap = header_timeout_s, max_connections
-    for env, value, kind in ((HEADER_TIMEOUT_ENV, header_timeout_s, float), (MAX_CONNECTIONS_ENV, max_connections, int)):
-        raw = value if value is not None else os.environ.get(env)
-        if raw is None or raw == "":
-            continue
-        try:
-            out = kind(raw)
-        except ValueError:
-            out = None
-        if out is None or not out > 0 or out != out or out == float("inf"):
-            raise ServeError(f"{env}={raw!r}: give a positive {'integer' if kind is int else 'number of seconds'}")
-        if kind is int:
-            cap = int(out)
-        else:
-            timeout = float(out)
-    return (HEADER_TIMEOUT_S if timeout is None else float(timeout)), (default_cap if cap is None else int(cap))
+    return (float(_positive(header_timeout_s, HEADER_TIMEOUT_ENV, HEADER_TIMEOUT_S, float)),
+            int(_positive(max_connections, MAX_CONNECTIONS_ENV, default_cap, int)))
 
 
 class GuardedH11Protocol(H11Protocol):

@@ -232,6 +232,23 @@ def _submit_direct(tbl: Any, query: Any) -> Any:
     return asyncio.run_coroutine_threadsafe(_run_direct(tbl, query), LOOP.loop)
 
 
+def _fuse_legs(pending: Any, query: str, limit: int, vector_leg: Any) -> list[dict]:
+    """RRF of a running full-text leg (``pending``: a future of its ``pa.Table``) and the vector leg, run here on
+    the query's embedding (``vector_leg(vec) -> pa.Table``) while the full-text leg runs; on an error the pending
+    leg is cancelled or awaited first (no orphaned work), and the first error is the one raised."""
+    try:
+        vec = QUERY_CACHE.get(query)  # what LanceDB's hybrid query embeds it with (the table's function)
+        vector_rows = vector_leg(vec).to_pylist()
+    except BaseException:
+        pending.cancel()
+        try:
+            pending.result()
+        except BaseException:  # noqa: BLE001 (the first error is the one reported)
+            pass
+        raise
+    return rrf_fuse(vector_rows, pending.result().to_pylist(), limit)
+
+
 def _retry(fn: Any, what: str) -> Any:
     """``fn()`` retried on Lance commit conflicts (:func:`evotrainer.rollouts.with_commit_retries`). Review 3:
     three processes adding skills at once; one ``add`` raised Lance's raw "Retryable commit conflict ... This
@@ -489,18 +506,8 @@ class SkillStore:
         same ``Query`` objects the sync builders produce (``to_query_object``), so the rows are the same."""
         fts, vector = self._legs(table, query, where, limit)
         tbl = self._table(table)
-        pending = _submit_direct(tbl, fts.to_query_object())
-        try:
-            vec = QUERY_CACHE.get(query)  # what LanceDB's hybrid query embeds it with (the table's function)
-            vector_rows = _submit_direct(tbl, vector(vec).to_query_object()).result().to_pylist()
-        except BaseException:
-            pending.cancel()
-            try:
-                pending.result()
-            except BaseException:  # noqa: BLE001 (the first error is the one reported)
-                pass
-            raise
-        return rrf_fuse(vector_rows, pending.result().to_pylist(), limit)
+        return _fuse_legs(_submit_direct(tbl, fts.to_query_object()), query, limit,
+                          lambda vec: _submit_direct(tbl, vector(vec).to_query_object()).result())
 
     def _hybrid_rows_threaded(self, table: str, query: str, where: str | None, limit: int) -> list[dict]:
         """LanceDB's hybrid query with RRF (``tbl.search(query_type="hybrid").rerank(RRFReranker())``), the same
@@ -512,18 +519,7 @@ class SkillStore:
         builds them); tests/test_skills_hybrid.py compares ids and scores with LanceDB's hybrid query.
         """
         fts, vector = self._legs(table, query, where, limit)
-        pending = _leg_pool().submit(fts.to_arrow)
-        try:
-            vec = QUERY_CACHE.get(query)  # what LanceDB's hybrid query embeds it with (the table's function)
-            vector_rows = vector(vec).to_arrow().to_pylist()
-        except BaseException:
-            pending.cancel()
-            try:
-                pending.result()
-            except BaseException:  # noqa: BLE001 (the first error is the one reported)
-                pass
-            raise
-        return rrf_fuse(vector_rows, pending.result().to_pylist(), limit)
+        return _fuse_legs(_leg_pool().submit(fts.to_arrow), query, limit, lambda vec: vector(vec).to_arrow())
 
     def record_outcome(self, skill_id: str, domain: str, outcome: Outcome) -> TrackRecord:
         """Count one trial of a skill in ``domain``: ``helped``, ``hurt`` or ``neutral`` (tried only).
