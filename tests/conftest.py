@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 from sandbox_backends import docker_sandbox_env, sandbox_backend  # noqa: F401 - fixtures (bwrap / docker)
@@ -10,6 +13,13 @@ from sandbox_backends import docker_sandbox_env, sandbox_backend  # noqa: F401 -
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The skills memory of the whole session, set before any fixture (module- and session-scoped ones run before the
+# function-scoped _isolated_user_dirs below, and subprocesses inherit it): a module fixture that ran the loop wrote
+# its learned analyzers into the user's real memory, and a later `make run` on that machine inherited them.
+_SESSION_SKILLS = tempfile.mkdtemp(prefix="evotrainer-test-skills-")
+os.environ["EVOTRAINER_SKILLS_DIR"] = _SESSION_SKILLS
+atexit.register(shutil.rmtree, _SESSION_SKILLS, True)
 
 
 @pytest.fixture(autouse=True)

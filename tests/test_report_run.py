@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -347,3 +349,23 @@ def test_sample_completions_are_escaped(tmp_path):
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in table and "<script" not in table
         assert "yes &amp; &lt;b&gt;sure&lt;/b&gt;" in table and "What is 1 &lt; 2?" in table
         assert "<th>v0 no-RL (base model)</th>" in table and "<th>v0 (best)</th>" in table
+
+
+
+@pytest.fixture(scope="module")
+def memory_seen_by_module_fixtures():
+    """The skills folder a module-scoped fixture (like ``run`` above, which trains and decides through the loop)
+    would write to: resolved before any function-scoped fixture of a test has run."""
+    from evotrainer.skills_db.store import default_skills_dir
+
+    return default_skills_dir().resolve()
+
+
+def test_module_fixtures_never_write_the_users_skills_memory(memory_seen_by_module_fixtures):
+    # the module-scoped `run` fixture wrote its learned analyzers into <XDG data dir>/evotrainer/skills: the
+    # function-scoped isolation came too late for it, and the next `make run` on the machine inherited them
+    import platformdirs
+
+    user = (platformdirs.user_data_path("evotrainer") / "skills").resolve()
+    assert memory_seen_by_module_fixtures != user
+    assert str(memory_seen_by_module_fixtures).startswith(str(Path(tempfile.gettempdir()).resolve()))
