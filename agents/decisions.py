@@ -162,6 +162,10 @@ def gate_verdict(version_id: str, gate: dict[str, Any], diagnosis: Diagnosis | N
         why = f"prune {version_id}: blocking finding(s) {', '.join(blocking)} stand ({nums}).{reason}"
     elif gate.get("below_sources"):
         why = f"prune {version_id}: the merge scores below a source it composes ({nums} over the parent).{reason}"
+    elif str(gate.get("reason") or "").startswith(("superseded:", "continue:")):
+        # a control arm: the round rule (harness.gate.round_decisions) decided it, and its reason carries the
+        # gain over the parent; "gain not established" would contradict a CI above 0 ("superseded: v1 beat ...")
+        why = f"prune {version_id}: {gate['reason']}"
     else:
         why = f"prune {version_id}: held-out gain not established ({nums}).{reason}"
     evidence = [str(e) for e in gate.get("evidence", [])][:20] or ["eval:heldout"]

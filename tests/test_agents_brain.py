@@ -90,3 +90,14 @@ def test_suspect_reward_terms_and_exploration_come_from_the_seed_library():
     assert "reward.format_token.weight=0.0" in [c.key() for c in prop.candidates]
     explore = HeuristicBrain().propose(NoTools(), "v0", Recipe(), Diagnosis(version_id="v0"), set(), {})
     assert [c.source for c in explore.candidates] == [f"skill:{s}" for s in EXPLORE_SKILLS[:3]]  # 0.28: the default
+
+
+def test_a_superseded_control_is_pruned_as_superseded_not_as_a_gain_not_established():
+    # the control's CI over its parent cleared 0, but a change beat it: the headline said "held-out gain not
+    # established (+0.083, 95% CI [+0.031, +0.135])", contradicting its own numbers
+    gate = {"promote": False, "gain": 0.083, "ci": [0.031, 0.135], "p_value": 0.01, "blocking": [],
+            "reason": "superseded: v1, v2 beat this control (dev gain over the parent +0.083 [+0.031, +0.135])"}
+    v = gate_verdict("v3", gate)
+    assert v.action == "prune"
+    assert v.rationale == ("prune v3: superseded: v1, v2 beat this control (dev gain over the parent +0.083 "
+                           "[+0.031, +0.135])")
