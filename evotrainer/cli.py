@@ -115,12 +115,14 @@ STATUS_STYLE = {"kept": "green", "pruned": "red", "reverted": "magenta", "failed
 @lineage_app.command("show")
 def lineage_show(
     run_dir: Path = typer.Argument(Path("runs/default"), help="Run folder."),
+    run_opt: Path | None = typer.Option(None, "--run", help="Run folder (the same as the argument, as in "
+                                                             "`lineage diff --run`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON."),
 ) -> None:
     """Show the version tree with status, intervention and headline scores."""
     from evotrainer.workspace import Workspace
 
-    ws = Workspace.open(run_dir)
+    ws = Workspace.open(run_opt or run_dir)
     tree = ws.lineage.tree()
     if as_json:
         print_json({"tree": tree, "decisions": [d.model_dump() for d in ws.lineage.decisions()]})

@@ -38,6 +38,8 @@ def test_init_show_diff(tmp_path):
     assert "v1 kept temperature: 1.0 -> 0.8" in lines[1]
     # a control arm is named as one (as in the report), not "base" like the root
     assert "v2 proposed continue (control)" in lines[2]
+    # `--run` as in `lineage diff` (a new user typed `lineage show --run DIR`: "No such option: --run")
+    assert cli("lineage", "show", "--run", str(run)).stdout == r.stdout
     r = cli("lineage", "show", str(run), "--json")
     data = json.loads(r.stdout)
     assert data["tree"]["children"][0]["id"] == "v1" and data["decisions"][0]["rationale"] == "gain"
