@@ -239,8 +239,12 @@ class LineageStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
                                        isolation_level=None)
+        self._schema_pending = False  # a read-only open that found the file locked checks it at the first read
         try:
-            self._refuse_foreign_schema()
+            if readonly:
+                self._refuse_foreign_schema_unless_locked()
+            else:
+                self._refuse_foreign_schema()
             if not readonly:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
@@ -272,6 +276,21 @@ class LineageStore:
             found = ", ".join(f"{t} {n!r}" for t, n in rows)
             raise LineageError(f"{self.path}: holds SQL {found}, which EvoTrainer's lineage schema never has (a "
                                "crafted or foreign file); not opened. Use a run folder EvoTrainer wrote")
+
+    def _refuse_foreign_schema_unless_locked(self) -> None:
+        """:meth:`_refuse_foreign_schema` without waiting for another connection's lock (a read-only handle on a
+        live run's store, which its writer may hold locked: opening it must not wait ``BUSY_TIMEOUT_S`` or fail);
+        when the file is locked the check runs at the first read (:meth:`_q`). Nothing is written through a
+        read-only handle, so no planted trigger can run before that."""
+        self._db.execute("PRAGMA busy_timeout=0")
+        try:
+            self._refuse_foreign_schema()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            self._schema_pending = True
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
 
     # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -369,6 +388,9 @@ class LineageStore:
 
     def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
+            if self._schema_pending:  # a read-only open found the file locked (_refuse_foreign_schema_unless_locked)
+                self._refuse_foreign_schema()
+                self._schema_pending = False
             return self._db.execute(sql, args).fetchall()
 
     # --- versions ---------------------------------------------------------------------------------

@@ -250,6 +250,32 @@ def test_a_lineage_db_with_planted_triggers_or_views_is_not_opened(tmp_path, sql
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
+def test_a_read_only_open_of_a_locked_store_checks_its_schema_at_the_first_read(tmp_path):
+    """A read-only handle must open while another connection holds the file locked (an MCP server on a live run),
+    so the foreign-schema check waits for the first read; a planted view is still refused there."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    c = sqlite3.connect(db, isolation_level=None)
+    c.execute("CREATE VIEW sneaky AS SELECT 1")
+    c.execute("PRAGMA locking_mode=EXCLUSIVE")
+    c.execute("BEGIN EXCLUSIVE")
+    c.execute("UPDATE versions SET note='locked' WHERE id='v1'")
+    store = LineageStore(db, readonly=True)  # no 30 s wait, no error while it is locked
+    c.execute("COMMIT")
+    c.close()
+    try:
+        with pytest.raises(LineageError, match=r"holds SQL view 'sneaky'"):
+            store.versions()
+    finally:
+        store.close()
+
+
 def test_a_lineage_db_that_is_not_sqlite_is_named(tmp_path):
     """A ``lineage.db`` of random bytes ended ``diagnose`` with a bare ``DatabaseError: file is not a database``."""
     from evotrainer.lineage import LineageError
