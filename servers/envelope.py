@@ -247,7 +247,8 @@ class EnvelopeGuard:
         # response streams by request id alone and overwrites the first stream on a repeat: before this check,
         # each earlier request with a repeated in-flight id (review 3, H-R1: 8 concurrent calls with id 1 in one
         # session, 2-6 of them) was never answered, its connection and 4 MiB body held until the client gave up.
-        self._in_flight: set[tuple[str, str]] = set()
+        # The value is the request's own token: a request frees only its own entry.
+        self._in_flight: dict[tuple[str, str], object] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -284,8 +285,21 @@ class EnvelopeGuard:
                     INVALID_REQUEST, f"Invalid Request: id {key[1][:40]} is already used by a request of this session "
                     "that is still being answered; give each request in flight its own id", obj["id"]))
                 return
-            self._in_flight.add(key)
+            token = object()
+            self._in_flight[key] = token
         sent = False
+
+        def free() -> None:
+            if key is not None and self._in_flight.get(key) is token:
+                del self._in_flight[key]
+
+        async def send_freeing(message: dict[str, Any]) -> None:
+            # the id is free once the last byte of its response goes out, before it is sent: a client that got
+            # its reply may reuse the id at once, while the SDK's handler is still returning (a repeat right after
+            # the reply was refused as "still being answered", now and then, under load)
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                free()
+            await send(message)
 
         async def replay() -> dict[str, Any]:
             nonlocal sent
@@ -295,10 +309,9 @@ class EnvelopeGuard:
             return await receive()
 
         try:
-            await self.app(scope, replay, send)
+            await self.app(scope, replay, send_freeing if key is not None else send)
         finally:
-            if key is not None:
-                self._in_flight.discard(key)
+            free()
 
 
 async def _json(send: Any, status: int, payload: dict[str, Any]) -> None:
