@@ -194,6 +194,12 @@ class LoopBase:
                 "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0 + workers, 1),
                 "wall_s": round(self._compute0["wall_s"] + time.time() - t0, 1)}
 
+    def mark_finished(self) -> None:
+        """Mark the run finished (kv ``loop/finished``, read as a flag) and when (``loop/finished_at``, epoch
+        seconds, shown in the report's header); the test split is readable from here on."""
+        self.lineage.kv_set("loop/finished_at", time.time())
+        self.lineage.kv_set("loop/finished", True)
+
     def save_compute(self) -> dict[str, Any]:
         """Store :meth:`compute` in kv (``loop/compute``) and this process's clocks for a resume; returns it."""
         c = self.compute()

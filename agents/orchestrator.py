@@ -104,7 +104,7 @@ class Orchestrator(LoopBase):
         self.save_compute()
         self.stage("final_test", lambda: self.final_test(self.stage("answer", self.answer)))
         self.save_compute()
-        self.lineage.kv_set("loop/finished", True)
+        self.mark_finished()
         return self.summary()
 
     def frontier(self) -> str:

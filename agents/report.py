@@ -768,7 +768,7 @@ def render_html(ws: Workspace) -> str:
             f"{_e(cfg.get('recipe', {}).get('data', {}).get('level', '?'))} &middot; budget {_e(_budget_text(budget))}"
             + (f" &middot; report_to {_e(', '.join(cfg['report_to']) or 'none')}" if "report_to" in cfg else "")
             + (f" &middot; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}" if started else "")
-            + f" &middot; {'finished' if lin.kv_get('loop/finished') else 'in progress / interrupted'}</p>")
+            + f" &middot; {_finished_text(lin)}</p>")
     use = ""
     if usage.get("turns"):
         use = (f"<h2>Brain usage</h2><p>{_e(usage.get('model', ''))}: {_n(usage.get('calls', 0))} role calls, "
@@ -816,9 +816,20 @@ def _gain_cell_text(g: dict[str, Any] | None) -> str:
     return _two_lines(f"{g['gain']:+.3f} ({g.get('version')})", g.get("ci"), "+.3f")
 
 
+def _finished_text(lin: Any) -> str:
+    """``finished 2026-12-03 17:30 UTC`` (runs before ``loop/finished_at`` was kept: ``finished``), or
+    ``in progress / interrupted``."""
+    if not lin.kv_get("loop/finished"):
+        return "in progress / interrupted"
+    at = lin.kv_get("loop/finished_at")
+    ok = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at) and 0 <= at < 1e11
+    return f"finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))}" if ok else "finished"
+
+
 def answer_line(ws: Workspace) -> str:
     """One line for the terminal under :func:`summary_table`: the run's answer (the version the HTML report's
     best-version block and ``run_summary``'s ``final_version`` name), where it comes from, its dev Avg@k with CI,
+    once the run has finished its test Avg@k beside the no-RL model's (what ``evotrainer run`` printed at its end),
     the best kept version when that is another one, and its checkpoint; "" for a run without an answer yet."""
     b = best_version(ws)
     if not b:
@@ -828,6 +839,10 @@ def answer_line(ws: Workspace) -> str:
     if dev.get("avg@k") is not None:
         parts.append(f"dev Avg@{dev.get('k', 'k')} {_fmt(dev['avg@k'])}"
                      + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+    if b.get("test"):  # the run has finished: its test split was scored once, for this answer
+        t, n = b["test"], b.get("no_rl_test") or {}
+        parts.append(f"test Avg@{t.get('k', 'k')} {_fmt(t.get('avg@k'))} on {t.get('n_problems', '?')} problems"
+                     + (f" (no-RL {_fmt(n['avg@k'])})" if n.get("avg@k") is not None else ""))
     kept = best_kept(ws.lineage)
     if kept and kept != b["version"]:
         parts.append(f"best kept on dev: {kept}")

@@ -84,7 +84,7 @@ class _Gated(LoopBase):
         self.save_compute()
         self.stage("final_test", lambda: self.final_test(final))
         self.save_compute()
-        self.lineage.kv_set("loop/finished", True)
+        self.mark_finished()
         return self.summary()
 
     def best_dev(self, vids: list[str] | None = None) -> str | None:

@@ -18,9 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from evotrainer.terminal import neutralise
+
+if TYPE_CHECKING:
+    from evotrainer.harness.findings import Finding
 
 analyzers_app = typer.Typer(help="List the diagnostic analyzers.", no_args_is_help=True)
 
@@ -106,8 +111,19 @@ def diagnose(
         for p in plots:
             console.print(f"plot: {p}")
     judged = [f for f in findings if gated is None or not f.versions or gated & set(f.versions)]
-    if fail_on != "none" and any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on] for f in judged):
+    hit = [f for f in judged if fail_on != "none" and SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on]]
+    if hit:  # exit 2 names what stands behind it, on stderr (stdout stays the report or the JSON)
+        sys.stderr.write(f"diagnose --fail-on {fail_on}: exit 2: {len(hit)} finding(s) at {fail_on} or worse: "
+                         + "; ".join(_finding_label(f) for f in hit) + "\n")
         raise typer.Exit(2)
+
+
+def _finding_label(f: Finding) -> str:
+    """``kind (severity, v0, v1, steps 3..9)``: one finding in the line behind ``--fail-on``'s exit 2."""
+    where = [*f.versions[:4], *(["..."] if len(f.versions) > 4 else [])]
+    if f.steps:
+        where.append(f"steps {f.steps[0]}..{f.steps[-1]}" if len(f.steps) > 1 else f"step {f.steps[0]}")
+    return neutralise(f"{f.kind} ({', '.join([f.severity, *where])})")
 
 
 def _gate_versions(path: Path, known: list[str], versions: list[str] | None, kept: bool, best: bool) -> set[str] | None:

@@ -121,6 +121,9 @@ def test_fail_on_judges_only_the_chosen_versions(tmp_path):
     r = cli(*base)
     assert r.returncode == 2, r.stdout + r.stderr  # v0's entropy_collapse stands
     assert "entropy_collapse" in r.stdout
+    # exit 2 names the finding behind it on stderr (a new user saw the code and a table, and had to guess which)
+    assert r.stderr == ("diagnose --fail-on warn: exit 2: 1 finding(s) at warn or worse: "
+                        "entropy_collapse (warn, v0, steps 0..39)\n")
     for gate in (("--kept",), ("--best",), ("--version", "v1")):
         r = cli(*base, *gate)
         assert r.returncode == 0, (gate, r.stdout, r.stderr)

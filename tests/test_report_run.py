@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -167,9 +168,16 @@ def test_summary_json_and_terminal_name_the_same_answer_as_the_html(ws, tmp_path
     assert summary["best_version"] == best_kept(ws.lineage)  # still there, under its own name
     page = render_html(ws)
     assert f"Best version: {vid}</h2>" in page
+    # the header says when the run finished, not only that it did (a new user's report had no time)
+    at = ws.lineage.kv_get("loop/finished_at")
+    assert at >= ws.lineage.kv_get("loop/started_at")
+    assert f" &middot; finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))}</p>" in page
     # the terminal: the same answer, under the table, at 80 columns
     line = answer_line(ws)
     assert line.startswith(f"answer: {vid} (final, ") and str(ws.root / "checkpoints" / vid) in line
+    # and the test score `evotrainer run` printed at its end (a new user found `report` without it)
+    t, base = ws.lineage.kv_get("loop/final")["test"], ws.lineage.kv_get("loop/final")["no_rl_test"]
+    assert f"; test Avg@{t['k']} {t['avg@k']:.3f} on {t['n_problems']} problems (no-RL {base['avg@k']:.3f});" in line
     res = CliRunner().invoke(app, ["report", str(ws.root)], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     assert f"answer: {vid} (final" in res.stdout and max(len(x) for x in res.stdout.splitlines()) <= 80
