@@ -77,10 +77,12 @@ def unsupported_reason(model: Any) -> str | None:
     if type(model).__name__ != "LlamaForCausalLM" or getattr(cfg, "model_type", None) != "llama":
         return f"{type(model).__name__}: only LlamaForCausalLM"
     inner = model.model
-    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
-        return f"attention {cfg._attn_implementation!r}: only sdpa, eager"
-    if getattr(cfg, "hidden_act", None) != "silu":
-        return f"hidden_act {cfg.hidden_act!r}: only silu"
+    attn_impl = getattr(cfg, "_attn_implementation", None)
+    if attn_impl not in ("sdpa", "eager"):
+        return f"attention {attn_impl!r}: only sdpa, eager"
+    act = getattr(cfg, "hidden_act", None)
+    if act != "silu":
+        return f"hidden_act {act!r}: only silu"
     if getattr(cfg, "sliding_window", None) or any(t != "full_attention" for t in getattr(cfg, "layer_types", None)
                                                   or ()):
         return "sliding-window attention"
