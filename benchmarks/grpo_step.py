@@ -11,10 +11,12 @@ shared machine the wall time of peers run one after the other varies with the lo
 the CPU time per step is the steadier figure, and tokens per CPU-second the ratio to read). Tokens/s = completion tokens
 generated per second of step time. The first step of each is a warm-up and is not counted.
 Everything else is TRL's default, except gradient checkpointing, which TRL 1.16 turns on: both are run
-(on, off). Ours runs twice: the default (each group's completions packed behind one copy of the prompt,
+(on, off). Ours runs three times: the default (each group's completions packed behind one copy of the prompt,
 decode without finished rows) and the plain path (``trim_padding=False``: one padded forward per micro-batch,
-HF ``generate``), so the new path's gain over the old is measured in the same run; both use the trainer's
-fused AdamW and the first-group update-size probe. Figures, with the load of each run: docs/performance.md §5-§6.
+HF ``generate``) and the default with each decode step through the plain-torch Llama step instead of the HF
+forward (``fast_decode=True``, off by default), so each path's gain over the old is measured in the same run; all use the
+trainer's fused AdamW and the first-group update-size probe. Figures, with the load of each run:
+docs/performance.md §5-§7.
 
 Usage: ``python benchmarks/grpo_step.py [--steps 3] [--prompts 2] [--n 8] [--max-new-tokens 64]``
 (needs ``trl`` and ``datasets``: ``pip install --no-deps trl`` and ``pip install datasets``).
@@ -30,11 +32,12 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def ours(args: argparse.Namespace, trim: bool = True) -> tuple[float, float, float]:
+def ours(args: argparse.Namespace, trim: bool = True, fast_decode: bool = False) -> tuple[float, float, float]:
     """(mean wall seconds per step, completion tokens per second, mean CPU seconds per step) of the local
     backend (``trim=False``: the plain update path, one forward per micro-batch padded to the batch's longest
-    row, and HF ``generate`` decoding every row to the end). Steps are timed between the trainer's progress
-    callbacks (one per finished step, after its writes), like TRL's ``on_step_end`` below."""
+    row, and HF ``generate`` decoding every row to the end; ``fast_decode=True``: the default path but each
+    decode step through the plain-torch Llama step instead of the HF forward). Steps are timed between the
+    trainer's progress callbacks (one per finished step, after its writes), like TRL's ``on_step_end`` below."""
     from evotrainer import metrics as M
     from evotrainer.recipe import validate_recipe
     from evotrainer.rl_backend import local
@@ -50,6 +53,8 @@ def ours(args: argparse.Namespace, trim: bool = True) -> tuple[float, float, flo
     orig_generate = local.generate
     if not trim:  # the old decode: HF generate runs every row until the longest stops
         local.generate = lambda *a, **k: orig_generate(*a, **k, drop_finished=False)
+    elif fast_decode:  # finished rows dropped, each step the plain-torch Llama step (decode.LlamaDecodeStep)
+        local.generate = lambda *a, **k: orig_generate(*a, **k, fast_decode=True)
     try:
         with tempfile.TemporaryDirectory() as d, Workspace(d, writer=True) as ws:
             v = ws.lineage.create_root(recipe)
@@ -134,7 +139,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads for both (default: idle cores).")
     ap.add_argument("--only", default="", help="Comma-separated runs (a full name, e.g. 'ours', or a part longer "
-                    "than 4 characters, e.g. 'checkpointing off'; default: all four).")
+                    "than 4 characters, e.g. 'checkpointing off'; default: all five).")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is warm-up)")
@@ -146,7 +151,8 @@ def main() -> None:
     print(f"settings: {args.prompts} prompts x {args.n} samples, {args.max_new_tokens} new tokens, fp32, "
           f"{args.threads} thread(s), torch {torch.__version__}", flush=True)
     res: dict[str, tuple[float, float, float]] = {}
-    runs = [("ours", lambda: ours(args)), ("ours, plain path", lambda: ours(args, trim=False)),
+    runs = [("ours", lambda: ours(args)), ("ours, plain-torch decode step", lambda: ours(args, fast_decode=True)),
+            ("ours, plain path", lambda: ours(args, trim=False)),
             ("TRL, gradient checkpointing on (default)", lambda: trl(args, True)),
             ("TRL, gradient checkpointing off", lambda: trl(args, False))]
     for name, fn in runs:

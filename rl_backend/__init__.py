@@ -11,7 +11,8 @@ Modules (the package re-exports nothing: import the module you need):
 - the backend protocol :mod:`~evotrainer.rl_backend.base` and the registry
   :mod:`~evotrainer.rl_backend.backends` (``get_backend(name)``);
 - the local backend: :mod:`~evotrainer.rl_backend.local` (the trainer), ``models``, ``sampling``,
-  ``tb_writer`` (TensorBoard), ``trackers`` (``report_to``: TensorBoard, W&B, MLflow);
+  ``decode`` (the rollout decode loop and a plain-torch Llama decode step), ``tb_writer`` (TensorBoard),
+  ``trackers`` (``report_to``: TensorBoard, W&B, MLflow);
 - subpackages :mod:`~evotrainer.rl_backend.swe` (the SWE tool-use domain) and
   :mod:`~evotrainer.rl_backend.openrlhf` (the OpenRLHF backend);
 - ``cli`` (``evotrainer train`` / ``eval``) and ``swe.cli``: the CLI edge.

@@ -18,6 +18,12 @@ from typing import Any
 
 import torch
 
+from evotrainer.rl_backend.decode import (
+    HFDecodeStep,
+    LlamaDecodeStep,
+    decode_dropping_finished,
+    unsupported_reason,
+)
 from evotrainer.rl_backend.grpo import entropy_from_logits, selective_log_softmax
 
 
@@ -108,7 +114,7 @@ def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
 def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, prompt_max_len: int = 512,
              seed: int | None = None, device: torch.device | None = None, share_prefill: bool = True,
-             drop_finished: bool = True) -> RolloutBatch:
+             drop_finished: bool = True, fast_decode: bool = False) -> RolloutBatch:
     """Sample ``n`` completions for each prompt in one batched ``generate`` call (KV cache).
 
     Args:
@@ -122,9 +128,14 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         share_prefill: run each prompt's prefill once and copy its KV cache to the n samples
             (``DynamicCache.batch_repeat_interleave``) instead of n prefills.
         drop_finished: with ``share_prefill``, plain sampling (temperature > 0, ``top_p = 1``, no other logits
-            processor in the model's generation config), decode with :func:`_decode_dropping_finished`: rows
-            that produced an end-of-turn token leave the batch, so no forward runs on them (HF ``generate``
+            processor in the model's generation config), decode with :func:`decode.decode_dropping_finished`:
+            rows that produced an end-of-turn token leave the batch, so no forward runs on them (HF ``generate``
             decodes every row until the last one stops). Same tokens as ``generate`` for the same seed.
+        fast_decode: with ``drop_finished``, run each decode step as :class:`decode.LlamaDecodeStep` (plain torch
+            over the model's weights, preallocated KV cache) where the model is supported
+            (:func:`decode.unsupported_reason`), else through the HF forward. Same tokens, log-probs within 1e-4.
+            Off by default: 1.1x on SmolLM2's decode here, whose time is in the matmuls either way
+            (docs/performance.md §7).
 
     Returns:
         :class:`RolloutBatch` with B = len(prompts) × n rows.
@@ -161,8 +172,10 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         cache.batch_repeat_interleave(n)
         input_ids, attn = input_ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
         if _plain_sampling(model, greedy, top_p) and drop_finished:
-            comp, step_lps = _decode_dropping_finished(model, input_ids, attn, cache, max_new_tokens, float(temperature),
-                                                       eos_token_ids(model, tokenizer), tokenizer.pad_token_id)
+            step = (LlamaDecodeStep(model, cache, attn, max_new_tokens)
+                    if fast_decode and unsupported_reason(model) is None else HFDecodeStep(model, cache, attn))
+            comp, step_lps = decode_dropping_finished(step, input_ids[:, -1], max_new_tokens, float(temperature),
+                                                      eos_token_ids(model, tokenizer), tokenizer.pad_token_id)
         else:
             out = model.generate(input_ids=input_ids, attention_mask=attn, cache=cache,
                                  **{**kwargs, "num_return_sequences": 1})
@@ -214,59 +227,6 @@ def _plain_sampling(model: Any, greedy: bool, top_p: float) -> bool:
         return False
     gc = getattr(model, "generation_config", None)
     return all(getattr(gc, k, None) in ok for k, ok in _PROCESSOR_DEFAULTS.items())
-
-
-def _decode_dropping_finished(model: Any, input_ids: torch.Tensor, attn: torch.Tensor, cache: Any,
-                              max_new_tokens: int, temperature: float, eos_ids: set[int], pad_id: int,
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample up to ``max_new_tokens`` tokens per row, running the model only on rows not finished yet.
-
-    ``input_ids`` / ``attn`` (B, P) are the prompts, ``cache`` holds their first P - 1 positions (the shared
-    prefill). Each step: forward the active rows' last token, ``probs = softmax(logits_fp32 / temperature)``
-    and ``torch.multinomial`` over a (B, V) tensor in which finished rows hold a one-hot row: the draw
-    consumes the RNG by shape only (one exponential per entry, row-major), so every active row gets the
-    token HF ``generate`` gives it for the same seed (checked: tests/test_models.py). A row that samples an
-    end-of-turn token keeps it and leaves the batch (its KV rows dropped, ``DynamicCache.batch_select_indices``).
-
-    Returns:
-        ``(completion ids (B, T) right-padded with pad_id, log-probs (B, T) of the sampled tokens under the
-        temperature-scaled distribution, 0 after a row's end)``, T = the number of steps run.
-    """
-    B = input_ids.shape[0]
-    dev = input_ids.device
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=dev)
-    active = torch.arange(B, device=dev)
-    cur = input_ids[:, -1:]
-    mask = attn
-    pos = (attn.sum(-1, keepdim=True) - 1).clamp(min=0)
-    toks, lps = [], []
-    for _ in range(max_new_tokens):
-        out = model(input_ids=cur, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-        logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)  # (n, V)
-        scores = logits / temperature if temperature != 1.0 else logits
-        probs = torch.softmax(scores, dim=-1)
-        full = torch.zeros(B, probs.shape[-1], dtype=probs.dtype, device=dev)
-        full[:, 0] = 1.0
-        full[active] = probs
-        nxt = torch.multinomial(full, num_samples=1).squeeze(1)[active]  # (n,)
-        step_tok = torch.full((B,), pad_id, dtype=torch.long, device=dev)
-        step_tok[active] = nxt
-        step_lp = torch.zeros(B, dtype=torch.float32, device=dev)
-        step_lp[active] = selective_log_softmax(scores.unsqueeze(1), nxt.view(-1, 1)).squeeze(1)
-        toks.append(step_tok)
-        lps.append(step_lp)
-        keep = ~torch.isin(nxt, eos)
-        if not bool(keep.any()):
-            break
-        if not bool(keep.all()):
-            idx = keep.nonzero().squeeze(1)
-            cache.batch_select_indices(idx)
-            active, nxt, mask, pos = active[idx], nxt[idx], mask[idx], pos[idx]
-        cur = nxt.view(-1, 1)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        pos = pos + 1
-    comp = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.long)
-    return comp.cpu(), (torch.stack(lps, dim=1) if lps else torch.zeros(B, 0)).cpu()
 
 
 def sequence_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

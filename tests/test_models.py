@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from evotrainer.recipe import ModelSpec
-from evotrainer.rl_backend import models, sampling
+from evotrainer.rl_backend import decode, models, sampling
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -153,22 +153,23 @@ def test_decoding_without_finished_rows_samples_what_generate_samples(temperatur
     # the fast decode loop drops rows that produced an end-of-turn token; made to finish early and at different
     # steps by counting every 8th token id as an end of turn (the tiny random model samples near-uniformly: a
     # row stops with probability ~1/8 per step). Same seed: the same tokens and log-probs as HF generate (with
-    # and without the shared prefill).
+    # and without the shared prefill), with the HF forward and the plain-torch decode step.
     b = models.load_policy(_spec(), device=torch.device("cpu"))
     tok = b.tokenizer
     b.model.generation_config.eos_token_id = [tok.eos_token_id, *range(3, len(tok), 8)]
     prompts = sampling.chat_prompts(tok, [[{"role": "user", "content": "What is 1 + 2?"}],
                                           [{"role": "user", "content": "Hi"}]])
     runs = [sampling.generate(b.model, tok, prompts, 4, max_new_tokens=12, temperature=temperature, seed=s, **kw)
-            for s in (0, 1) for kw in ({}, {"drop_finished": False}, {"share_prefill": False})]
-    lengths = [L for rb in runs[::3] for L in rb.lengths]
+            for s in (0, 1) for kw in ({}, {"drop_finished": False}, {"share_prefill": False}, {"fast_decode": True})]
+    assert decode.unsupported_reason(b.model) is None  # fast_decode=True ran the plain-torch step
+    lengths = [L for rb in runs[::4] for L in rb.lengths]
     assert min(lengths) < 12 and len(set(lengths)) >= 3  # precondition: rows stop early, at different steps
     assert any(f == "eos" for rb in runs for f in rb.finish_reasons)
-    for fast, shared, plain in (runs[:3], runs[3:]):
-        for other in (shared, plain):
+    for fast, shared, plain, torch_step in (runs[:4], runs[4:]):
+        for other in (shared, plain, torch_step):
             assert torch.equal(fast.completion_ids, other.completion_ids)
             assert fast.lengths == other.lengths and fast.finish_reasons == other.finish_reasons
             m = other.completion_mask.bool()
             torch.testing.assert_close(fast.sampling_logprobs[m], other.sampling_logprobs[m], atol=1e-4, rtol=0)
             assert torch.equal(fast.completion_mask, other.completion_mask)
-    assert not torch.equal(runs[0].completion_ids, runs[3].completion_ids)  # the seed matters
+    assert not torch.equal(runs[0].completion_ids, runs[4].completion_ids)  # the seed matters
