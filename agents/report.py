@@ -47,7 +47,7 @@ from evotrainer.agents.loop import best_kept, eval_compute, final_version, versi
 from evotrainer.harness.plots import PLOT_MAX
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import Version
-from evotrainer.workspace import Workspace
+from evotrainer.workspace import Workspace, folder_inside, replace_file
 
 PLOTS: list[tuple[str, str]] = [
     (M.POLICY_ENTROPY, "entropy (nats/token)"), (M.COMPLETIONS_MEAN_LENGTH, "completion length (tokens)"),
@@ -798,11 +798,8 @@ def render_html(ws: Workspace) -> str:
 
 def write_report(ws: Workspace, name: str = "report.html") -> Path:
     """Write the report to ``RUN/reports/<name>``; returns its path."""
-    out = ws.path("reports", name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(render_html(ws), encoding="utf-8")
-    tmp.replace(out)
+    out = folder_inside(ws.root, "reports") / name  # no link followed: the run folder may come from elsewhere
+    replace_file(out, render_html(ws).encode("utf-8"))
     return out
 
 

@@ -8,6 +8,7 @@ blocking findings shaded, and their single steps (spikes, one-step levels) marke
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 from evotrainer import metrics as M
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
+from evotrainer.workspace import replace_file
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"), M.REWARD_MIN, M.REWARD_MAX)),
@@ -94,8 +96,10 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{_safe(version)}.png"
-    fig.savefig(path, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    replace_file(path, buf.getvalue())  # a link planted at the name is replaced, never written through
     return path
 
 

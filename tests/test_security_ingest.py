@@ -284,3 +284,45 @@ def test_a_lineage_db_that_is_not_sqlite_is_named(tmp_path):
     with pytest.raises(LineageError, match=rf"^{tmp_path}/lineage.db: not a readable lineage database \(file is "
                                            r"not a database\)"):
         ingest(tmp_path)
+
+
+# --- review 5: links planted in a run folder from elsewhere ----------------------------------------------------
+def test_links_planted_in_a_run_folder_are_never_written_through(tmp_path, host):
+    """A run folder from elsewhere (a tarball) held ``reports/report.tmp``, ``reports/diagnose/v0.png`` and
+    ``logs/run.jsonl`` as links to host files: ``report`` wrote its HTML over the first, ``diagnose`` its PNG over
+    the second, a served ``propose_intervention`` appended its log record to the third (and ``search_logs`` read
+    it); ``reports`` as a link to a host folder put the report there. Now a link at a file's name is replaced by
+    the new file, and a link on the way is refused, named."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.agents.report import write_report
+    from evotrainer.cli import app
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / "reports" / "diagnose").mkdir(parents=True)
+    (run / "reports" / "report.tmp").symlink_to(host / "secret.txt")
+    (run / "reports" / "report.html").symlink_to(host / "secret.txt")
+    (run / "reports" / "diagnose" / "v0.png").symlink_to(host / "dir" / "1")
+    (run / "logs" / "run.jsonl").unlink()
+    (run / "logs" / "run.jsonl").symlink_to(host / "secret.txt")
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert r.exit_code == 0, r.output
+    assert (run / "reports" / "diagnose" / "v0.png").read_bytes().startswith(b"\x89PNG")  # a new file, no link
+    with Workspace.open(run) as ws:
+        assert write_report(ws).read_text().startswith("<!DOCTYPE html>")
+        with pytest.raises(WorkspaceError, match=r"logs/run\.jsonl is a link .*: remove .*run\.jsonl and rerun"):
+            ws.log("a record a server writes")
+        with pytest.raises(WorkspaceError, match=r"logs/run\.jsonl is a link"):
+            ws.read_logs()
+    os.unlink(run / "reports" / "report.html")
+    (run / "reports" / "diagnose" / "v0.png").unlink()
+    (run / "reports" / "diagnose").rmdir()
+    (run / "reports" / "report.tmp").unlink()
+    (run / "reports").rmdir()
+    (run / "reports").symlink_to(host / "dir")
+    with Workspace.open(run) as ws, pytest.raises(WorkspaceError, match=r": reports is a link .*remove .*/reports and"):
+        write_report(ws)
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert isinstance(r.exception, WorkspaceError) and ": reports is a link" in str(r.exception)  # CLI: one line
