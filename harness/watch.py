@@ -43,6 +43,7 @@ from evotrainer.harness.importer import (
     text_logs,
 )
 from evotrainer.harness.ingest import IngestError, ingest
+from evotrainer.harness.ingest_formats import tree_entries
 from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)
@@ -50,7 +51,7 @@ PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few 
 
 def signature(path: Path) -> tuple[tuple[str, int, int], ...]:
     """``(relative name, size in bytes, mtime in ns)`` of ``path`` or of every file under it."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    files = [path] if path.is_file() else sorted(p for p in tree_entries(path) if p.is_file()) if path.is_dir() else []
     out = []
     for f in files:
         try:

@@ -326,3 +326,28 @@ def test_links_planted_in_a_run_folder_are_never_written_through(tmp_path, host)
         write_report(ws)
     r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
     assert isinstance(r.exception, WorkspaceError) and ": reports is a link" in str(r.exception)  # CLI: one line
+
+
+def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
+    """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
+    ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
+    MAX_TREE_DEPTH levels down (the deep file is not read); the log is."""
+    import subprocess
+
+    from evotrainer.harness.watch import Watcher
+
+    run = tmp_path / "verl"
+    deep = run
+    run.mkdir()
+    try:
+        for _ in range(1200):  # one level at a time: Path.mkdir(parents=True) recurses too
+            deep = deep / "d"
+            deep.mkdir()
+        (run / "train.log").write_text(GOOD)
+        (deep / "x.log").write_text("step:1 - deep_metric:1\n")
+        assert ingest(run).summary()["versions"]["verl"]["last_step"] == 14
+        assert import_run(run, tmp_path / "imported").n_steps == 14
+        assert Watcher(run).poll().last_step == 14
+        assert len(F.tree_entries(run)) == 1 + F.MAX_TREE_DEPTH  # train.log and d, d/d, ... 32 levels
+    finally:
+        subprocess.run(["rm", "-rf", str(run)], check=True)  # shutil.rmtree (pytest's cleanup) recurses too
