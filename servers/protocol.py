@@ -61,6 +61,7 @@ from evotrainer.servers.common import ServerState, ToolContext, state_of
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id
 POLL_S = 2.0  # seconds between checks for versions changed by another process (a training job, the loop)
+NOTIFY_TIMEOUT_S = 2.0  # a subscriber that does not take a notification within this long is forgotten
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424
 DEFAULT_LEVEL = "warning"
 _PY_LEVEL = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING,
@@ -154,11 +155,8 @@ class VersionWatcher:
         for uri in uris:
             await self.server._subscriptions.publish(ResourceUpdated(uri=uri))
             for session, subs in list(self.sessions.items()):
-                if uri in subs:
-                    try:
-                        await session.send_resource_updated(uri)
-                    except Exception:  # a closed session: forget it
-                        self.sessions.pop(session, None)
+                if uri in subs and not await _notify(session, uri):
+                    self.sessions.pop(session, None)  # closed, or its reader stalled: forget it
         return uris
 
     async def poll(self) -> None:
@@ -166,6 +164,24 @@ class VersionWatcher:
         while True:
             await anyio.sleep(POLL_S)
             await self.check()
+
+
+async def _notify(session: Any, uri: str) -> bool:
+    """Send ``notifications/resources/updated`` for ``uri`` to a legacy subscriber; False when its session is closed
+    or does not take it within :data:`NOTIFY_TIMEOUT_S`.
+
+    Every check awaits these sends, and every write tool's reply awaits the check: a subscriber that stopped reading
+    its GET stream (review 5: 3,002 URIs, a 4 KiB receive buffer, 2.8 MB queued on the socket) blocked the SDK's
+    message router of its session, so the send never returned and another session's ``propose_intervention``
+    was never answered (over 3 minutes; read-only tools, which skip the check, still were).
+    """
+    with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+        try:
+            await session.send_resource_updated(uri)
+            return True
+        except Exception:  # a closed session
+            return False
+    return False
 
 
 def lineage_version(ctx: ToolContext, version_id: str) -> str:
