@@ -7,6 +7,8 @@ NUL byte made ``run_in_sandbox`` raise ``ValueError: embedded null byte`` from `
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mcp_testlib import make_run
 
@@ -71,6 +73,29 @@ def test_extreme_finite_metric_values_still_plot_in_diagnose_and_the_report(tmp_
     ev = ingest(src)
     findings = run_analyzers(ev)
     assert [p.name for p in plot_evidence(ev, findings, tmp_path / "plots")] == ["foreign.png"]
+    import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        assert write_report(ws).stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["reward/$\\frac{$/mean", "rewards/$" + "x^{" * 400 + "1" + "}" * 400 + "$/mean"])
+def test_dollar_signs_in_metric_and_folder_names_are_drawn_as_text(tmp_path, name):
+    """matplotlib reads text between two ``$`` as mathtext: a foreign JSONL's reward component
+    ``reward/$\\frac{$/mean`` (or a folder ``run$\\sqrt{$``) ended ``diagnose`` with ParseSyntaxException after the
+    analyzers had run, one nested 400 deep with RecursionError, and the report of the imported run the same way.
+    Every ``$`` is escaped now (plots.plain); the names are drawn as written."""
+    from evotrainer.agents.report import write_report
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import plot_evidence
+
+    src = tmp_path / "run$\\sqrt{$"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward": i / 40, name: i / 80, "entropy": 1 - i / 40}) + "\n" for i in range(1, 20)))
+    ev = ingest(src)
+    assert [p.name for p in plot_evidence(ev, run_analyzers(ev), tmp_path / "plots")] == ["run_sqrt_.png"]
     import_run(src, tmp_path / "run")
     with Workspace.open(tmp_path / "run") as ws:
         assert write_report(ws).stat().st_size > 0
