@@ -351,3 +351,26 @@ def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_
         assert len(F.tree_entries(run)) == 1 + F.MAX_TREE_DEPTH  # train.log and d, d/d, ... 32 levels
     finally:
         subprocess.run(["rm", "-rf", str(run)], check=True)  # shutil.rmtree (pytest's cleanup) recurses too
+
+
+def test_the_reward_slope_of_a_very_long_log_takes_bounded_memory():
+    """A foreign log of 120,012 steps (6.6 MB of verl lines): the progress analyzers' Theil-Sen slope
+    (scipy.stats.theilslopes holds two N x N float64 arrays) asked for 107 GiB, and the MemoryError ended
+    ``diagnose``, ``import`` and ``watch`` (30,000 steps would have taken 14 GB of the machine). Past
+    SLOPE_MAX_POINTS the slope is taken on bin means, as the trend analyzers do."""
+    import tracemalloc
+
+    import numpy as np
+
+    from evotrainer.harness.analyzers.progress import slope_ci
+
+    steps = np.arange(1, 120_013)
+    values = 0.5 + 1e-6 * steps + np.random.default_rng(0).normal(0, 0.05, len(steps))
+    tracemalloc.start()
+    try:
+        slope, low, high = slope_ci(steps, values)  # before: MemoryError (numpy asked for 107 GiB)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20
+    assert low <= 1e-6 <= high and abs(slope - 1e-6) < 2e-7
