@@ -234,11 +234,17 @@ class LineageStore:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
             uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            try:
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            except sqlite3.DatabaseError as exc:
+                raise self._open_error(exc) from None
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
-                                       isolation_level=None)
+            try:
+                self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
+                                           isolation_level=None)
+            except sqlite3.DatabaseError as exc:
+                raise self._open_error(exc) from None
         self._schema_pending = False  # a read-only open that found the file locked checks it at the first read
         try:
             if readonly:
@@ -251,13 +257,24 @@ class LineageStore:
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
                 self.recover_jobs()
-        except sqlite3.DatabaseError as exc:  # not SQLite at all, or damaged: name the file
+        except sqlite3.DatabaseError as exc:  # not SQLite at all, damaged, or not this user's to write: name the file
             self._db.close()
-            raise LineageError(f"{self.path}: not a readable lineage database ({exc}); is this a run folder?") from None
+            raise self._open_error(exc) from None
         except BaseException:
             self._db.close()
             raise
         self._db.row_factory = sqlite3.Row
+
+    def _open_error(self, exc: sqlite3.DatabaseError) -> LineageError:
+        """The error of an open that failed: a permission problem says so (review 5: as a user who may only read a
+        run, ``diagnose`` said "unable to open database file" without the file, or called a readable file "not a
+        readable lineage database"); anything else is not a lineage database."""
+        text = str(exc)
+        if "unable to open" in text or "readonly" in text:
+            how = "read" if self.readonly else "read and write (SQLite WAL: every open writes, to read too)"
+            return LineageError(f"{self.path}: this user cannot open it ({text}); it must be able to {how} the file "
+                                f"and its folder: check `ls -l {self.path}`, or work on a copy of the run folder")
+        return LineageError(f"{self.path}: not a readable lineage database ({text}); is this a run folder?")
 
     def _refuse_foreign_schema(self) -> None:
         """Refuse a database holding triggers or views: the schema this store makes has neither.

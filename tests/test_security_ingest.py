@@ -374,3 +374,38 @@ def test_the_reward_slope_of_a_very_long_log_takes_bounded_memory():
         tracemalloc.stop()
     assert peak < 256 << 20
     assert low <= 1e-6 <= high and abs(slope - 1e-6) < 2e-7
+
+
+def test_a_lineage_db_this_user_cannot_write_is_named_with_the_fix(tmp_path, monkeypatch):
+    """As a user who may only read a run (probed as a non-root user), ``diagnose`` said "OperationalError: unable to
+    open database file" for a lineage.db it could not open (no file named), and "not a readable lineage database
+    (attempt to write a readonly database); is this a run folder?" for one it could read but not write (every open
+    writes: WAL). Both now name the file, what this user lacks and the fix. Here root meets ``chattr +i``."""
+    import shutil
+    import sqlite3
+    import subprocess
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    for side in ("-wal", "-shm"):
+        (run / f"lineage.db{side}").unlink(missing_ok=True)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem with file attributes)")
+    try:
+        with pytest.raises(LineageError, match=r"lineage\.db: this user cannot open it \((unable to open database "
+                                               r"file|attempt to write a readonly database)\); it must be able to read "
+                                               r"and write .*ls -l .*lineage\.db"):
+            ingest(run)
+    finally:
+        subprocess.run(["chattr", "-i", str(run)], check=True)
+
+    def refused(*args, **kwargs):
+        raise sqlite3.OperationalError("unable to open database file")
+
+    monkeypatch.setattr(sqlite3, "connect", refused)  # what a user without read permission meets
+    with pytest.raises(LineageError, match=r"lineage\.db: this user cannot open it \(unable to open database file\)"):
+        LineageStore(db)
