@@ -500,12 +500,20 @@ class LineageStore:
         return next((c for c in self.children(v.parent_id) if c.is_control), None)
 
     def _row_to_version(self, r: sqlite3.Row) -> Version:
+        try:
+            recipe = json.loads(r["recipe"])
+            interventions, summaries = json.loads(r["interventions"]), [
+                json.loads(r[k]) for k in ("metrics_summary", "eval_summary", "findings")]
+        except (RecursionError, json.JSONDecodeError) as exc:  # review 5: a recipe nested 100,000 deep
+            why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
+            raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} holds {why} (a crafted or damaged file); "
+                               "not read. Use a run folder EvoTrainer wrote") from None
         return Version(
-            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(json.loads(r["recipe"])),
-            interventions=[Intervention.model_validate(d) for d in json.loads(r["interventions"])],
+            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
+            interventions=[Intervention.model_validate(d) for d in interventions],
             status=r["status"], checkpoint=r["checkpoint"],
-            metrics_summary=json.loads(r["metrics_summary"]), eval_summary=json.loads(r["eval_summary"]),
-            findings=json.loads(r["findings"]), note=r["note"], role=r["role"] if "role" in r.keys() else "",
+            metrics_summary=summaries[0], eval_summary=summaries[1],
+            findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
             created_at=r["created_at"], updated_at=r["updated_at"],
         )
 

@@ -409,3 +409,26 @@ def test_a_lineage_db_this_user_cannot_write_is_named_with_the_fix(tmp_path, mon
     monkeypatch.setattr(sqlite3, "connect", refused)  # what a user without read permission meets
     with pytest.raises(LineageError, match=r"lineage\.db: this user cannot open it \(unable to open database file\)"):
         LineageStore(db)
+
+
+def test_a_version_nested_past_the_recursion_limit_is_named(tmp_path):
+    """A run folder from elsewhere whose lineage.db holds a version with a recipe nested 100,000 deep: ``report``,
+    ``lineage show`` and ``diagnose`` ended with "RecursionError: maximum recursion depth exceeded while decoding a
+    JSON object", naming no file or version. Now a LineageError names both."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    c = sqlite3.connect(run / "lineage.db")
+    cols = [r[1] for r in c.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, c.execute("SELECT * FROM versions WHERE id = 'v0'").fetchone(), strict=True))
+    row.update(id="v9", parent_id="v0", recipe='{"a":' * 100_000 + "1" + "}" * 100_000)
+    c.execute(f"INSERT INTO versions ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})", list(row.values()))
+    c.commit()
+    c.close()
+    with pytest.raises(LineageError, match=r"lineage\.db: version 'v9' holds JSON nested deeper than Python reads \(a "
+                                           r"crafted or damaged file\); not read"):
+        ingest(run)
