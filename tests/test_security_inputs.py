@@ -99,3 +99,23 @@ def test_dollar_signs_in_metric_and_folder_names_are_drawn_as_text(tmp_path, nam
     import_run(src, tmp_path / "run")
     with Workspace.open(tmp_path / "run") as ws:
         assert write_report(ws).stat().st_size > 0
+
+
+def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_path):
+    """``evotrainer sandbox run`` of a file that is not UTF-8 said "error: UnicodeDecodeError: 'utf-8' codec can't
+    decode byte 0xff in position 12" (no file named), and read a 3 GiB sparse file whole (MemoryError under a
+    2.5 GB address-space cap; 3 GiB and more allocated without one). Both are refused now, naming the file."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(b'print("hi")\n\xff\xfe\n')
+    r = CliRunner().invoke(app, ["sandbox", "run", str(bad)])
+    assert r.exit_code == 1 and f"error: {bad}: not UTF-8 text (byte 12: invalid start byte); save it as UTF-8" in (
+        r.stderr)
+    big = tmp_path / "sparse.py"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    r = CliRunner().invoke(app, ["sandbox", "run", str(big)])
+    assert r.exit_code == 1 and f"error: {big}: 3072 MiB; a Python file to run is at most 16 MiB" in r.stderr
