@@ -432,3 +432,29 @@ def test_a_version_nested_past_the_recursion_limit_is_named(tmp_path):
     with pytest.raises(LineageError, match=r"lineage\.db: version 'v9' holds JSON nested deeper than Python reads \(a "
                                            r"crafted or damaged file\); not read"):
         ingest(run)
+
+
+def test_watch_keeps_the_imports_cap_on_copied_log_lines(tmp_path, monkeypatch):
+    """``watch SRC --run RUN`` copied every text-log line written after the import into ``logs/run.jsonl``, without
+    the import's MAX_LOG_LINES cap (a log that grew by 120,000 lines: 120,015 records, 19 MB). The cap now holds for
+    the import and the polls together (here 40), and one record says where the copy stopped."""
+    from evotrainer.harness import importer, watch
+
+    monkeypatch.setattr(importer, "MAX_LOG_LINES", 40)
+    monkeypatch.setattr(watch, "MAX_LOG_LINES", 40, raising=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.log").write_text("".join(f"step:{i} - critic/score/mean:0.{i} - actor/entropy:0.5\n"
+                                           for i in range(1, 13)))
+    (src / "notes.log").write_text("".join(f"note {i}\n" for i in range(20)))
+    w = watch.Watcher(src, tmp_path / "run")
+    w.poll()  # the import: 12 + 20 lines
+    with open(src / "notes.log", "a") as f:
+        f.write("".join(f"later note {i}\n" for i in range(100)))
+    w.poll()
+    with Workspace.open(tmp_path / "run") as ws:
+        logs = ws.read_logs()
+    copied = [r for r in logs if r["source"].startswith("import:") and r["source"] != "import:diagnose"]
+    assert len(copied) == 40 and copied[-1]["message"] == "later note 7"  # before: 132
+    assert [r["message"] for r in logs if r["source"] == "watch"][-1] == "watch: 40 text-log lines copied; later " \
+                                                                          "lines are not"
