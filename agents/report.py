@@ -44,10 +44,10 @@ import numpy as np
 
 from evotrainer import metrics as M
 from evotrainer.agents.loop import best_kept, eval_compute, final_version, version_compute
-from evotrainer.harness.plots import PLOT_MAX
+from evotrainer.harness.plots import PLOT_MAX, plain
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import Version
-from evotrainer.workspace import Workspace
+from evotrainer.workspace import Workspace, folder_inside, replace_file
 
 PLOTS: list[tuple[str, str]] = [
     (M.POLICY_ENTROPY, "entropy (nats/token)"), (M.COMPLETIONS_MEAN_LENGTH, "completion length (tokens)"),
@@ -447,7 +447,7 @@ def _score_plot(rows: list[dict[str, Any]]) -> str:
     bars = ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4,
                   hatch=["//" if r.get("role") == "control" else "" for r in rows])
     ax.bar_label(bars, labels=[_fmt(r["avg"]) for r in rows], fontsize=8, padding=2)  # a 0.000 bar is still read
-    ax.set_xticks(xs, [r["name"].split(" ")[0] for r in rows])
+    ax.set_xticks(xs, [plain(r["name"].split(" ")[0]) for r in rows])
     ax.set_ylabel(f"held-out Avg@{rows[0].get('k') or 'k'}")
     ax.set_ylim(0, max(0.05, max(a + h for a, h in zip(avgs, hi, strict=True)) * 1.15))
     return _png(fig)
@@ -565,9 +565,9 @@ def _metric_plots(ws: Workspace) -> str:
             pts = curves[vid][name]
             r = role(versions[vid])
             (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", color=color[vid],
-                              ls="--" if r == "control" else "-", label=vid)
-            labels.setdefault(vid + ("" if r == "branch" else f" ({r})"), line)
-        ax.set_title("\n".join(textwrap.wrap(title, 46)), fontsize=9)
+                              ls="--" if r == "control" else "-", label=plain(vid))
+            labels.setdefault(plain(vid + ("" if r == "branch" else f" ({r})")), line)
+        ax.set_title(plain("\n".join(textwrap.wrap(title, 46))), fontsize=9)
         ax.set_xlabel("lineage-global step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -798,11 +798,8 @@ def render_html(ws: Workspace) -> str:
 
 def write_report(ws: Workspace, name: str = "report.html") -> Path:
     """Write the report to ``RUN/reports/<name>``; returns its path."""
-    out = ws.path("reports", name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(render_html(ws), encoding="utf-8")
-    tmp.replace(out)
+    out = folder_inside(ws.root, "reports") / name  # no link followed: the run folder may come from elsewhere
+    replace_file(out, render_html(ws).encode("utf-8"))
     return out
 
 

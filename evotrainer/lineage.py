@@ -234,11 +234,17 @@ class LineageStore:
             if not self.path.exists():
                 raise LineageError(f"{self.path}: no lineage database here; is this a run folder?")
             uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            try:
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            except sqlite3.DatabaseError as exc:
+                raise self._open_error(exc) from None
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
-                                       isolation_level=None)
+            try:
+                self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
+                                           isolation_level=None)
+            except sqlite3.DatabaseError as exc:
+                raise self._open_error(exc) from None
         self._schema_pending = False  # a read-only open that found the file locked checks it at the first read
         try:
             if readonly:
@@ -251,13 +257,24 @@ class LineageStore:
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
                 self.recover_jobs()
-        except sqlite3.DatabaseError as exc:  # not SQLite at all, or damaged: name the file
+        except sqlite3.DatabaseError as exc:  # not SQLite at all, damaged, or not this user's to write: name the file
             self._db.close()
-            raise LineageError(f"{self.path}: not a readable lineage database ({exc}); is this a run folder?") from None
+            raise self._open_error(exc) from None
         except BaseException:
             self._db.close()
             raise
         self._db.row_factory = sqlite3.Row
+
+    def _open_error(self, exc: sqlite3.DatabaseError) -> LineageError:
+        """The error of an open that failed: a permission problem says so (review 5: as a user who may only read a
+        run, ``diagnose`` said "unable to open database file" without the file, or called a readable file "not a
+        readable lineage database"); anything else is not a lineage database."""
+        text = str(exc)
+        if "unable to open" in text or "readonly" in text:
+            how = "read" if self.readonly else "read and write (SQLite WAL: every open writes, to read too)"
+            return LineageError(f"{self.path}: this user cannot open it ({text}); it must be able to {how} the file "
+                                f"and its folder: check `ls -l {self.path}`, or work on a copy of the run folder")
+        return LineageError(f"{self.path}: not a readable lineage database ({text}); is this a run folder?")
 
     def _refuse_foreign_schema(self) -> None:
         """Refuse a database holding triggers or views: the schema this store makes has neither.
@@ -483,12 +500,20 @@ class LineageStore:
         return next((c for c in self.children(v.parent_id) if c.is_control), None)
 
     def _row_to_version(self, r: sqlite3.Row) -> Version:
+        try:
+            recipe = json.loads(r["recipe"])
+            interventions, summaries = json.loads(r["interventions"]), [
+                json.loads(r[k]) for k in ("metrics_summary", "eval_summary", "findings")]
+        except (RecursionError, json.JSONDecodeError) as exc:  # review 5: a recipe nested 100,000 deep
+            why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
+            raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} holds {why} (a crafted or damaged file); "
+                               "not read. Use a run folder EvoTrainer wrote") from None
         return Version(
-            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(json.loads(r["recipe"])),
-            interventions=[Intervention.model_validate(d) for d in json.loads(r["interventions"])],
+            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
+            interventions=[Intervention.model_validate(d) for d in interventions],
             status=r["status"], checkpoint=r["checkpoint"],
-            metrics_summary=json.loads(r["metrics_summary"]), eval_summary=json.loads(r["eval_summary"]),
-            findings=json.loads(r["findings"]), note=r["note"], role=r["role"] if "role" in r.keys() else "",
+            metrics_summary=summaries[0], eval_summary=summaries[1],
+            findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
             created_at=r["created_at"], updated_at=r["updated_at"],
         )
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
 from evotrainer.rollouts import RolloutStore
+from evotrainer.sandbox import fs as sfs
 
 if TYPE_CHECKING:
     from evotrainer.rollouts import RolloutStore
@@ -161,18 +162,23 @@ class Workspace:
 
     def log(self, message: str, level: str = "info", version: str | None = None, source: str = "run",
             **extra: Any) -> None:
-        """Append one JSON log record to ``logs/run.jsonl``."""
+        """Append one JSON log record to ``logs/run.jsonl`` (opened following no link: :func:`open_inside`)."""
         rec = {"time": time.time(), "level": level, "version": version, "source": source, "message": message, **extra}
-        with self._log_lock, open(self.root / "logs" / "run.jsonl", "a") as f:
-            f.write(json.dumps(rec, default=str) + "\n")
+        with self._log_lock:
+            fd = open_inside(self.root, "logs/run.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
 
     def read_logs(self) -> list[dict[str, Any]]:
         """All log records, oldest first (a torn last line from a crash is skipped)."""
-        p = self.root / "logs" / "run.jsonl"
-        if not p.exists():
+        try:
+            fd = open_inside(self.root, "logs/run.jsonl", os.O_RDONLY)
+        except FileNotFoundError:
             return []
+        with os.fdopen(fd) as f:
+            text = f.read()
         out = []
-        for line in p.read_text().splitlines():
+        for line in text.splitlines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
@@ -285,3 +291,66 @@ def _fsync(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --- writing inside a run folder that may come from elsewhere ---------------------------------------------------
+# A run folder is input like any other: one downloaded or shared (a tarball) and given to `diagnose`, `report` or
+# `serve` may hold links. Review 5 planted `reports/report.tmp`, `reports/diagnose/v0.png` and `logs/run.jsonl` as
+# links to host files, and `reports` as a link to a host folder: `report` wrote its HTML over the first host file,
+# `diagnose` its PNG over the second, a served `propose_intervention` appended its log record to the third, and the
+# report landed in the host folder. What EvoTrainer writes in a run folder goes through these functions.
+def open_inside(root: Path, rel: str, flags: int, mode: int = 0o644) -> int:
+    """A file descriptor of ``root/rel`` opened following no link on any component of ``rel``
+    (:func:`evotrainer.sandbox.fs.open_beneath`; ``root`` itself is the caller's choice and may be a link).
+
+    Raises:
+        WorkspaceError: a link on the way (names it and the fix); the ``OSError`` of the open otherwise.
+    """
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return sfs.open_beneath(dfd, rel, flags, mode)
+    except sfs.UnsafePathError as exc:
+        raise WorkspaceError(_link_refused(root, str(exc.filename))) from None
+    finally:
+        os.close(dfd)
+
+
+def folder_inside(root: Path, rel: str) -> Path:
+    """``root/rel``, made with its parents as real folders of ``root`` (existing real folders kept).
+
+    Raises:
+        WorkspaceError: a folder on the way is a link (names it and the fix).
+    """
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sfs.makedirs_beneath(dfd, rel)
+    except (sfs.UnsafePathError, NotADirectoryError) as exc:  # a link (or a file) where a folder should be
+        raise WorkspaceError(_link_refused(root, str(exc.filename))) from None
+    finally:
+        os.close(dfd)
+    return root / rel
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically without following a link there: the bytes go to a new file beside it (created
+    exclusively, so never through an existing name) that is then renamed over ``path`` (a link at ``path`` is
+    replaced, not written through). Its folder is the caller's: :func:`folder_inside` for one in a run folder."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp = f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        sfs.write_file(fd, tmp, data, create=True)
+        os.replace(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
+
+
+def _link_refused(root: Path, rel: str) -> str:
+    return (f"{root}: {rel} is a link (or not a folder where one belongs); EvoTrainer writes in a run folder only "
+            f"through real folders and files (a run folder from elsewhere may hold links out of it): remove "
+            f"{root / rel} and rerun")

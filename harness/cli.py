@@ -61,6 +61,7 @@ def diagnose(
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.ingest import ingest
     from evotrainer.harness.plots import plot_evidence
+    from evotrainer.workspace import folder_inside
 
     if fail_on not in ("none", "warn", "blocking"):
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
@@ -74,7 +75,8 @@ def diagnose(
     plots: list[str] = []
     if not no_plots:
         is_ws = path.is_dir() and (path / "lineage.db").exists()
-        out_dir = out or (path / "reports" / "diagnose" if is_ws else Path("diagnose") / (_bare_name(path) or "run"))
+        out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
+                          else Path("diagnose") / (_bare_name(path) or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))

@@ -527,7 +527,8 @@ def _mlflow_dirs(p: Path) -> list[Path]:
         return []
     cands = [p] if p.name == "metrics" else []
     root = p.resolve()
-    cands += [d for d in sorted(p.rglob("metrics")) if d.is_dir() and d.resolve().is_relative_to(root)]
+    cands += [d for d in sorted(F.tree_entries(p)) if d.name == "metrics" and d.is_dir()
+              and d.resolve().is_relative_to(root)]
     found: list[Path] = []
     for d in cands:
         if not any(f in d.parents for f in found) and F.is_mlflow_metrics_dir(d):

@@ -391,9 +391,35 @@ def files_under(folder: Path) -> list[Path]:
     """
     root = folder.resolve()
     out = []
-    for p in sorted(folder.rglob("*")):
+    for p in sorted(tree_entries(folder)):
         if is_inside(root, p):
             out.append(p)
+    return out
+
+
+MAX_TREE_DEPTH = 32  # folder levels below a foreign run folder that are looked at (mlruns/0/<run>/metrics/x is 4)
+
+
+def tree_entries(folder: Path, max_depth: int = MAX_TREE_DEPTH) -> list[Path]:
+    """Every entry below ``folder`` down to ``max_depth`` levels, as ``folder.rglob("*")`` lists them (links listed,
+    a linked folder not entered), walked without recursion.
+
+    ``rglob`` recurses once per level: a foreign folder nested 1,200 levels deep (review 5) ended ``diagnose``,
+    ``import`` and ``watch`` with a bare ``RecursionError``. Entries deeper than ``max_depth`` are not read.
+    """
+    out, stack = [], [(folder, 1)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError:  # unreadable, or removed meanwhile: as rglob, skipped
+            continue
+        for e in entries:
+            p = d / e.name
+            out.append(p)
+            if depth < max_depth and e.is_dir(follow_symlinks=False):
+                stack.append((p, depth + 1))
     return out
 
 

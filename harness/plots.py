@@ -8,6 +8,7 @@ blocking findings shaded, and their single steps (spikes, one-step levels) marke
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 from evotrainer import metrics as M
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
+from evotrainer.workspace import replace_file
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", (M.REWARD_MEAN, M.CORRECT_MEAN, M.reward_component("correctness"), M.REWARD_MIN, M.REWARD_MAX)),
@@ -36,6 +38,16 @@ def _safe(name: str) -> str:
 
 
 PLOT_MAX = 1e100  # larger magnitudes are drawn as marks on the axis, like NaN / inf
+
+
+def plain(text: str) -> str:
+    """``text`` for a matplotlib label or title, shown as written: each ``$`` escaped.
+
+    matplotlib reads the text between two ``$`` as mathtext: a foreign run's metric ``reward/$\\frac{$/mean`` or a
+    folder named ``run$\\sqrt{$`` (review 5) ended ``diagnose`` with ParseSyntaxException after the analyzers had
+    run, and one nested 400 deep with RecursionError.
+    """
+    return text.replace("$", r"\$")
 
 
 def plottable(x: np.ndarray) -> np.ndarray:
@@ -72,30 +84,32 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
         for n in names:
             s, x = ev.series(version, n)
             bad = ~plottable(x)
-            ax.plot(s, np.where(bad, np.nan, x), lw=1, marker="." if len(s) < 60 else None, label=n)
+            ax.plot(s, np.where(bad, np.nan, x), lw=1, marker="." if len(s) < 60 else None, label=plain(n))
             if bad.any():
                 ax.scatter(s[bad], np.zeros(bad.sum()), marker="x", color="red", s=12,
-                           label=f"{n} non-finite or beyond ±{PLOT_MAX:g}")
+                           label=f"{plain(n)} non-finite or beyond ±{PLOT_MAX:g}")
         for f in mine:
             if len(f.steps) > 2 or min(f.steps) == max(f.steps):  # points (spike steps, a one-step level)
                 for st in f.steps[:50]:
                     ax.axvline(st, color=_COLORS[f.severity], alpha=0.3, lw=0.8)
             else:
                 ax.axvspan(min(f.steps), max(f.steps), color=_COLORS[f.severity], alpha=0.08)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(plain(title), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     kinds = ", ".join(sorted({f.kind for f in mine})) or "no failure findings"
-    fig.suptitle(f"{version}: {kinds}", fontsize=10)
+    fig.suptitle(plain(f"{version}: {kinds}"), fontsize=10)
     fig.tight_layout()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{_safe(version)}.png"
-    fig.savefig(path, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    replace_file(path, buf.getvalue())  # a link planted at the name is replaced, never written through
     return path
 
 

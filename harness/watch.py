@@ -33,6 +33,7 @@ from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import SEVERITY_RANK, Finding
 from evotrainer.harness.importer import (
+    MAX_LOG_LINES,
     RunImportError,
     finding_level,
     import_run,
@@ -43,6 +44,7 @@ from evotrainer.harness.importer import (
     text_logs,
 )
 from evotrainer.harness.ingest import IngestError, ingest
+from evotrainer.harness.ingest_formats import tree_entries
 from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)
@@ -50,7 +52,7 @@ PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few 
 
 def signature(path: Path) -> tuple[tuple[str, int, int], ...]:
     """``(relative name, size in bytes, mtime in ns)`` of ``path`` or of every file under it."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    files = [path] if path.is_file() else sorted(p for p in tree_entries(path) if p.is_file()) if path.is_dir() else []
     out = []
     for f in files:
         try:
@@ -103,6 +105,7 @@ class Watcher:
         self._last_step = -1  # of the imported run's v0
         self._last_rollout_step = -1
         self._log_lines: dict[str, int] = {}  # text log -> lines already in the run log
+        self._n_copied = 0  # text-log lines copied into the run log (the import's, then the polls'), <= MAX_LOG_LINES
 
     def poll(self) -> PollResult:
         """Re-read and re-judge the source if it changed since the last poll."""
@@ -133,6 +136,7 @@ class Watcher:
     def _update_run(self, ev: Evidence, findings: list[Finding], new: list[Finding]) -> None:
         if not self._imported:
             s = import_run(self.path, self.run_dir)
+            self._n_copied = s.n_log_lines
             self._imported = True
             self._last_step = max(self._steps(ev)) if s.n_steps else -1
             self._last_rollout_step = self._rollout_last_step(ev)
@@ -155,8 +159,14 @@ class Watcher:
             for f in text_logs(self.path):
                 lines = read_lines(f)
                 for line in lines[self._log_lines.get(str(f), 0):]:
-                    if line.strip():
+                    # the import's cap holds for the run's whole copy (review 5: a log that grew by 120,000 lines
+                    # after the import put all of them in logs/run.jsonl)
+                    if line.strip() and self._n_copied < MAX_LOG_LINES:
                         ws.log(line, level=line_level(line), version=vid, source=f"import:{f.name}")
+                        self._n_copied += 1
+                        if self._n_copied == MAX_LOG_LINES:
+                            ws.log(f"watch: {MAX_LOG_LINES} text-log lines copied; later lines are not", version=vid,
+                                   level="warning", source="watch")
                 self._log_lines[str(f)] = len(lines)
             fs = [{**f.model_dump(mode="json"), "versions": [vid]} for f in findings]
             ws.lineage.update_version(vid, metrics_summary=means, findings=fs)  # moves updated_at: MCP notification

@@ -160,7 +160,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
         training.register(server, state)
     server.middleware.append(argument_error_middleware(tools))
     for prompt in PROMPTS:
-        server.prompt()(prompt)
+        server.prompt()(protocol.off_loop(prompt))  # reads the lineage in a protocol thread
     holder["watcher"] = protocol.install(server, state, [t.name for t in tools if t.annotations
                                                          and t.annotations.read_only_hint])
     return server

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -32,6 +33,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
@@ -61,6 +64,9 @@ from evotrainer.servers.common import ServerState, ToolContext, state_of
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id
 POLL_S = 2.0  # seconds between checks for versions changed by another process (a training job, the loop)
+NOTIFY_TIMEOUT_S = 2.0  # a subscriber that does not take a notification within this long is forgotten
+PROTOCOL_THREADS = 2  # worker threads for the reads of completions, prompts, resources and version checks
+_PROTOCOL_LIMITER: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_protocol")
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424
 DEFAULT_LEVEL = "warning"
 _PY_LEVEL = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING,
@@ -115,6 +121,35 @@ class _CaptureHandler(logging.Handler):
             buf.append(record)
 
 
+# --- reads off the event loop, two at a time ------------------------------------------------------
+def protocol_limiter() -> anyio.CapacityLimiter:
+    """This event loop's limiter of the worker threads that read the lineage for protocol requests (completions,
+    prompts, resources, version checks): :data:`PROTOCOL_THREADS`, never anyio's default limiter.
+
+    Review 5: on a run of 3,000 versions, 45 ``completion/complete`` (or ``prompts/get``) requests at once each read
+    every version in a thread of the default limiter (the SDK's way to run a sync prompt or resource): 45 GIL-bound
+    threads delayed a ping 4.7 s over stdio, whose reader and writer use that limiter too (tool bodies have their
+    own slots, :data:`~evotrainer.servers.common.TOOL_SLOTS`). Two at a time keep the event loop answering.
+    """
+    try:
+        return _PROTOCOL_LIMITER.get()
+    except LookupError:
+        lim = anyio.CapacityLimiter(PROTOCOL_THREADS)
+        _PROTOCOL_LIMITER.set(lim)
+        return lim
+
+
+def off_loop(fn: Any) -> Any:
+    """A sync prompt or resource function as an async one whose body runs in a :func:`protocol_limiter` thread
+    (the SDK awaits an async function instead of running it in a default-limiter thread)."""
+
+    @functools.wraps(fn)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=protocol_limiter())
+
+    return wrapped
+
+
 # --- version resources and change notifications --------------------------------------------------
 class VersionWatcher:
     """Finds versions whose record changed and notifies their subscribers.
@@ -142,7 +177,7 @@ class VersionWatcher:
 
     async def check(self) -> list[str]:
         """Notify about every version changed since the last check; returns their URIs."""
-        now = await anyio.to_thread.run_sync(self.fingerprint)
+        now = await anyio.to_thread.run_sync(self.fingerprint, limiter=protocol_limiter())
         # A thread lock around the swap only, never across an await: one server object can serve sessions
         # on several event loops (in-process clients each run their own), and an anyio lock contended from
         # two loops never wakes its waiter. Whoever swaps a change in notifies it, exactly once.
@@ -154,11 +189,8 @@ class VersionWatcher:
         for uri in uris:
             await self.server._subscriptions.publish(ResourceUpdated(uri=uri))
             for session, subs in list(self.sessions.items()):
-                if uri in subs:
-                    try:
-                        await session.send_resource_updated(uri)
-                    except Exception:  # a closed session: forget it
-                        self.sessions.pop(session, None)
+                if uri in subs and not await _notify(session, uri):
+                    self.sessions.pop(session, None)  # closed, or its reader stalled: forget it
         return uris
 
     async def poll(self) -> None:
@@ -166,6 +198,24 @@ class VersionWatcher:
         while True:
             await anyio.sleep(POLL_S)
             await self.check()
+
+
+async def _notify(session: Any, uri: str) -> bool:
+    """Send ``notifications/resources/updated`` for ``uri`` to a legacy subscriber; False when its session is closed
+    or does not take it within :data:`NOTIFY_TIMEOUT_S`.
+
+    Every check awaits these sends, and every write tool's reply awaits the check: a subscriber that stopped reading
+    its GET stream (review 5: 3,002 URIs, a 4 KiB receive buffer, 2.8 MB queued on the socket) blocked the SDK's
+    message router of its session, so the send never returned and another session's ``propose_intervention``
+    was never answered (over 3 minutes; read-only tools, which skip the check, still were).
+    """
+    with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+        try:
+            await session.send_resource_updated(uri)
+            return True
+        except Exception:  # a closed session
+            return False
+    return False
 
 
 def lineage_version(ctx: ToolContext, version_id: str) -> str:
@@ -253,12 +303,12 @@ def install(server: MCPServer[ServerState], state: ServerState,
     async def complete(ref: Any, argument: Any, context: Any) -> Completion | None:
         if argument.name not in VERSION_ARGS:
             return None
-        ids = await anyio.to_thread.run_sync(lambda: list(watcher.fingerprint()))
+        ids = await anyio.to_thread.run_sync(lambda: list(watcher.fingerprint()), limiter=protocol_limiter())
         hits = [v for v in ids if v.startswith(argument.value or "")]
         return Completion(values=hits[:100], total=len(hits), has_more=len(hits) > 100)
 
     server.resource(VERSION_URI, name="lineage_version", title="One version of the lineage",
-                    mime_type="application/json")(lineage_version)
+                    mime_type="application/json")(off_loop(lineage_version))
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
         if ctx.request_id is None or ctx.method in ("initialize", "server/discover", "logging/setLevel"):

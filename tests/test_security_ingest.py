@@ -284,3 +284,177 @@ def test_a_lineage_db_that_is_not_sqlite_is_named(tmp_path):
     with pytest.raises(LineageError, match=rf"^{tmp_path}/lineage.db: not a readable lineage database \(file is "
                                            r"not a database\)"):
         ingest(tmp_path)
+
+
+# --- review 5: links planted in a run folder from elsewhere ----------------------------------------------------
+def test_links_planted_in_a_run_folder_are_never_written_through(tmp_path, host):
+    """A run folder from elsewhere (a tarball) held ``reports/report.tmp``, ``reports/diagnose/v0.png`` and
+    ``logs/run.jsonl`` as links to host files: ``report`` wrote its HTML over the first, ``diagnose`` its PNG over
+    the second, a served ``propose_intervention`` appended its log record to the third (and ``search_logs`` read
+    it); ``reports`` as a link to a host folder put the report there. Now a link at a file's name is replaced by
+    the new file, and a link on the way is refused, named."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.agents.report import write_report
+    from evotrainer.cli import app
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / "reports" / "diagnose").mkdir(parents=True)
+    (run / "reports" / "report.tmp").symlink_to(host / "secret.txt")
+    (run / "reports" / "report.html").symlink_to(host / "secret.txt")
+    (run / "reports" / "diagnose" / "v0.png").symlink_to(host / "dir" / "1")
+    (run / "logs" / "run.jsonl").unlink()
+    (run / "logs" / "run.jsonl").symlink_to(host / "secret.txt")
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert r.exit_code == 0, r.output
+    assert (run / "reports" / "diagnose" / "v0.png").read_bytes().startswith(b"\x89PNG")  # a new file, no link
+    with Workspace.open(run) as ws:
+        assert write_report(ws).read_text().startswith("<!DOCTYPE html>")
+        with pytest.raises(WorkspaceError, match=r"logs/run\.jsonl is a link .*: remove .*run\.jsonl and rerun"):
+            ws.log("a record a server writes")
+        with pytest.raises(WorkspaceError, match=r"logs/run\.jsonl is a link"):
+            ws.read_logs()
+    os.unlink(run / "reports" / "report.html")
+    (run / "reports" / "diagnose" / "v0.png").unlink()
+    (run / "reports" / "diagnose").rmdir()
+    (run / "reports" / "report.tmp").unlink()
+    (run / "reports").rmdir()
+    (run / "reports").symlink_to(host / "dir")
+    with Workspace.open(run) as ws, pytest.raises(WorkspaceError, match=r": reports is a link .*remove .*/reports and"):
+        write_report(ws)
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert isinstance(r.exception, WorkspaceError) and ": reports is a link" in str(r.exception)  # CLI: one line
+
+
+def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
+    """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
+    ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
+    MAX_TREE_DEPTH levels down (the deep file is not read); the log is."""
+    import subprocess
+
+    from evotrainer.harness.watch import Watcher
+
+    run = tmp_path / "verl"
+    deep = run
+    run.mkdir()
+    try:
+        for _ in range(1200):  # one level at a time: Path.mkdir(parents=True) recurses too
+            deep = deep / "d"
+            deep.mkdir()
+        (run / "train.log").write_text(GOOD)
+        (deep / "x.log").write_text("step:1 - deep_metric:1\n")
+        assert ingest(run).summary()["versions"]["verl"]["last_step"] == 14
+        assert import_run(run, tmp_path / "imported").n_steps == 14
+        assert Watcher(run).poll().last_step == 14
+        assert len(F.tree_entries(run)) == 1 + F.MAX_TREE_DEPTH  # train.log and d, d/d, ... 32 levels
+    finally:
+        subprocess.run(["rm", "-rf", str(run)], check=True)  # shutil.rmtree (pytest's cleanup) recurses too
+
+
+def test_the_reward_slope_of_a_very_long_log_takes_bounded_memory():
+    """A foreign log of 120,012 steps (6.6 MB of verl lines): the progress analyzers' Theil-Sen slope
+    (scipy.stats.theilslopes holds two N x N float64 arrays) asked for 107 GiB, and the MemoryError ended
+    ``diagnose``, ``import`` and ``watch`` (30,000 steps would have taken 14 GB of the machine). Past
+    SLOPE_MAX_POINTS the slope is taken on bin means, as the trend analyzers do."""
+    import tracemalloc
+
+    import numpy as np
+
+    from evotrainer.harness.analyzers.progress import slope_ci
+
+    steps = np.arange(1, 120_013)
+    values = 0.5 + 1e-6 * steps + np.random.default_rng(0).normal(0, 0.05, len(steps))
+    tracemalloc.start()
+    try:
+        slope, low, high = slope_ci(steps, values)  # before: MemoryError (numpy asked for 107 GiB)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20
+    assert low <= 1e-6 <= high and abs(slope - 1e-6) < 2e-7
+
+
+def test_a_lineage_db_this_user_cannot_write_is_named_with_the_fix(tmp_path, monkeypatch):
+    """As a user who may only read a run (probed as a non-root user), ``diagnose`` said "OperationalError: unable to
+    open database file" for a lineage.db it could not open (no file named), and "not a readable lineage database
+    (attempt to write a readonly database); is this a run folder?" for one it could read but not write (every open
+    writes: WAL). Both now name the file, what this user lacks and the fix. Here root meets ``chattr +i``."""
+    import shutil
+    import sqlite3
+    import subprocess
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    for side in ("-wal", "-shm"):
+        (run / f"lineage.db{side}").unlink(missing_ok=True)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem with file attributes)")
+    try:
+        with pytest.raises(LineageError, match=r"lineage\.db: this user cannot open it \((unable to open database "
+                                               r"file|attempt to write a readonly database)\); it must be able to read "
+                                               r"and write .*ls -l .*lineage\.db"):
+            ingest(run)
+    finally:
+        subprocess.run(["chattr", "-i", str(run)], check=True)
+
+    def refused(*args, **kwargs):
+        raise sqlite3.OperationalError("unable to open database file")
+
+    monkeypatch.setattr(sqlite3, "connect", refused)  # what a user without read permission meets
+    with pytest.raises(LineageError, match=r"lineage\.db: this user cannot open it \(unable to open database file\)"):
+        LineageStore(db)
+
+
+def test_a_version_nested_past_the_recursion_limit_is_named(tmp_path):
+    """A run folder from elsewhere whose lineage.db holds a version with a recipe nested 100,000 deep: ``report``,
+    ``lineage show`` and ``diagnose`` ended with "RecursionError: maximum recursion depth exceeded while decoding a
+    JSON object", naming no file or version. Now a LineageError names both."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    c = sqlite3.connect(run / "lineage.db")
+    cols = [r[1] for r in c.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, c.execute("SELECT * FROM versions WHERE id = 'v0'").fetchone(), strict=True))
+    row.update(id="v9", parent_id="v0", recipe='{"a":' * 100_000 + "1" + "}" * 100_000)
+    c.execute(f"INSERT INTO versions ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})", list(row.values()))
+    c.commit()
+    c.close()
+    with pytest.raises(LineageError, match=r"lineage\.db: version 'v9' holds JSON nested deeper than Python reads \(a "
+                                           r"crafted or damaged file\); not read"):
+        ingest(run)
+
+
+def test_watch_keeps_the_imports_cap_on_copied_log_lines(tmp_path, monkeypatch):
+    """``watch SRC --run RUN`` copied every text-log line written after the import into ``logs/run.jsonl``, without
+    the import's MAX_LOG_LINES cap (a log that grew by 120,000 lines: 120,015 records, 19 MB). The cap now holds for
+    the import and the polls together (here 40), and one record says where the copy stopped."""
+    from evotrainer.harness import importer, watch
+
+    monkeypatch.setattr(importer, "MAX_LOG_LINES", 40)
+    monkeypatch.setattr(watch, "MAX_LOG_LINES", 40, raising=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.log").write_text("".join(f"step:{i} - critic/score/mean:0.{i} - actor/entropy:0.5\n"
+                                           for i in range(1, 13)))
+    (src / "notes.log").write_text("".join(f"note {i}\n" for i in range(20)))
+    w = watch.Watcher(src, tmp_path / "run")
+    w.poll()  # the import: 12 + 20 lines
+    with open(src / "notes.log", "a") as f:
+        f.write("".join(f"later note {i}\n" for i in range(100)))
+    w.poll()
+    with Workspace.open(tmp_path / "run") as ws:
+        logs = ws.read_logs()
+    copied = [r for r in logs if r["source"].startswith("import:") and r["source"] != "import:diagnose"]
+    assert len(copied) == 40 and copied[-1]["message"] == "later note 7"  # before: 132
+    assert [r["message"] for r in logs if r["source"] == "watch"][-1] == "watch: 40 text-log lines copied; later " \
+                                                                          "lines are not"

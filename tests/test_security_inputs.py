@@ -7,6 +7,8 @@ NUL byte made ``run_in_sandbox`` raise ``ValueError: embedded null byte`` from `
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mcp_testlib import make_run
 
@@ -74,3 +76,46 @@ def test_extreme_finite_metric_values_still_plot_in_diagnose_and_the_report(tmp_
     import_run(src, tmp_path / "run")
     with Workspace.open(tmp_path / "run") as ws:
         assert write_report(ws).stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["reward/$\\frac{$/mean", "rewards/$" + "x^{" * 400 + "1" + "}" * 400 + "$/mean"])
+def test_dollar_signs_in_metric_and_folder_names_are_drawn_as_text(tmp_path, name):
+    """matplotlib reads text between two ``$`` as mathtext: a foreign JSONL's reward component
+    ``reward/$\\frac{$/mean`` (or a folder ``run$\\sqrt{$``) ended ``diagnose`` with ParseSyntaxException after the
+    analyzers had run, one nested 400 deep with RecursionError, and the report of the imported run the same way.
+    Every ``$`` is escaped now (plots.plain); the names are drawn as written."""
+    from evotrainer.agents.report import write_report
+    from evotrainer.harness.analyzers import run_analyzers
+    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import plot_evidence
+
+    src = tmp_path / "run$\\sqrt{$"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward": i / 40, name: i / 80, "entropy": 1 - i / 40}) + "\n" for i in range(1, 20)))
+    ev = ingest(src)
+    assert [p.name for p in plot_evidence(ev, run_analyzers(ev), tmp_path / "plots")] == ["run_sqrt_.png"]
+    import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        assert write_report(ws).stat().st_size > 0
+
+
+def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_path):
+    """``evotrainer sandbox run`` of a file that is not UTF-8 said "error: UnicodeDecodeError: 'utf-8' codec can't
+    decode byte 0xff in position 12" (no file named), and read a 3 GiB sparse file whole (MemoryError under a
+    2.5 GB address-space cap; 3 GiB and more allocated without one). Both are refused now, naming the file."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(b'print("hi")\n\xff\xfe\n')
+    r = CliRunner().invoke(app, ["sandbox", "run", str(bad)])
+    assert r.exit_code == 1 and f"error: {bad}: not UTF-8 text (byte 12: invalid start byte); save it as UTF-8" in (
+        r.stderr)
+    big = tmp_path / "sparse.py"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    r = CliRunner().invoke(app, ["sandbox", "run", str(big)])
+    assert r.exit_code == 1 and f"error: {big}: 3072 MiB; a Python file to run is at most 16 MiB" in r.stderr

@@ -862,3 +862,63 @@ def test_connection_limits_from_the_environment(monkeypatch):
     monkeypatch.setenv("EVOTRAINER_MCP_MAX_CONNECTIONS", "0")
     with pytest.raises(ServeError, match=r"EVOTRAINER_MCP_MAX_CONNECTIONS='0': give a positive integer"):
         connection_limits()
+
+
+# --- review 5: a subscriber that stopped reading -------------------------------------------------------------------
+def test_a_subscriber_that_stopped_reading_does_not_hold_up_the_other_sessions():
+    """Over HTTP, session A subscribed to 3,002 version URIs and never read its GET stream (4 KiB receive buffer):
+    once 2.8 MB sat on its socket, the send of the next notification never returned, so every version check waited
+    forever, and with it the reply to session B's ``propose_intervention`` (over 3 minutes; read-only tools, which
+    skip the check, were answered). Now a send that is not taken within NOTIFY_TIMEOUT_S drops that subscriber."""
+    import anyio
+
+    from evotrainer.servers import protocol
+
+    class Bus:
+        async def publish(self, event):
+            pass
+
+    class Session:
+        def __init__(self, stalled: bool):
+            self.stalled, self.got = stalled, []
+
+        async def send_resource_updated(self, uri):
+            if self.stalled:
+                await anyio.sleep_forever()  # what a send into a full, unread stream does
+            self.got.append(uri)
+
+    watcher = protocol.VersionWatcher(type("Server", (), {"_subscriptions": Bus()})(), None)
+    stalled, reader = Session(True), Session(False)
+    uris = {f"lineage://version/v{i}" for i in range(3)}
+    watcher.sessions[stalled], watcher.sessions[reader] = set(uris), set(uris)
+    marks = iter([{"v0": 1.0, "v1": 1.0, "v2": 1.0}, {"v0": 2.0, "v1": 2.0, "v2": 2.0}, {"v0": 3.0, "v1": 2.0, "v2": 2.0}])
+    watcher.fingerprint = lambda: next(marks)
+
+    async def main() -> float:
+        await watcher.check()  # the baseline
+        t0 = anyio.current_time()
+        with anyio.fail_after(3 * protocol.NOTIFY_TIMEOUT_S):  # before: never returned
+            await watcher.check()
+        spent = anyio.current_time() - t0
+        with anyio.fail_after(1):  # the stalled subscriber is forgotten: the next check does not wait for it
+            await watcher.check()
+        return spent
+
+    spent = anyio.run(main)
+    assert spent < protocol.NOTIFY_TIMEOUT_S + 1
+    assert reader.got == [f"lineage://version/v{i}" for i in range(3)] + ["lineage://version/v0"]
+    assert stalled not in watcher.sessions and reader in watcher.sessions
+
+
+def test_an_argument_error_names_twenty_bad_values_and_counts_the_rest(bounds_client):
+    """40,000 bad values in one 600 KB ``metrics`` object: the reply listed every one (6.6 MB of text), and its
+    rewrite and scrubbing took ~1 s on the event loop per call (8 calls at once delayed a ping 3.4 s over stdio).
+    Now twenty are named and the rest counted."""
+    args = {"version_id": "v0", "status": "kept", "metrics": {f"m{i:05d}": "x" for i in range(40_000)}}
+    t0 = time.monotonic()
+    text = bounds_client.err("add_version_summary", args)
+    assert time.monotonic() - t0 < 1.0  # before: 1.1 s in the middleware alone
+    assert text.startswith("Error executing tool add_version_summary: invalid arguments: metrics.m00000='x': Input "
+                           "should be a valid number, unable to parse string as a number")
+    assert text.count("Input should be a valid number") == 20 and text.endswith("; and 39980 more like these")
+    assert len(text) < 5_000

@@ -276,3 +276,38 @@ def test_a_catastrophic_format_pattern_does_not_stall_the_server(tmp_path, tool)
         assert reply["result"]["isError"] and "pattern" in text and "RE2" in text
     finally:
         s.close()
+
+
+SLOW_READS = r'''
+import sys, time
+from evotrainer.servers import protocol
+from evotrainer.servers.app import build_server
+
+
+def slow_fingerprint(self):  # a read of a long lineage (3,000 versions took ~1 s): here a sleep
+    time.sleep(3)
+    return {"v0": 0.0, "v1": 0.0}
+
+
+protocol.VersionWatcher.fingerprint = slow_fingerprint
+build_server("logs", sys.argv[1]).run("stdio")
+'''
+
+
+def test_many_protocol_reads_leave_the_stdio_transport_its_threads(tmp_path):
+    """Review 5: completions, prompts and resources read the lineage in worker threads of anyio's default limiter
+    (the SDK's way to run sync prompt and resource functions), which the stdio transport's reader and writer need
+    too: on a run of 3,000 versions, 45 ``completion/complete`` at once delayed a ping 4.7 s. They now run two at a
+    time on their own limiter (protocol.protocol_limiter); here each read sleeps 3 s."""
+    script = tmp_path / "server.py"
+    script.write_text(SLOW_READS)
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path))])
+    try:
+        ref = {"ref": {"type": "ref/prompt", "name": "diagnose_run"}, "argument": {"name": "version_id", "value": "v"}}
+        rids = [s.send("completion/complete", ref) for _ in range(45)]
+        lat = s.ping_latencies(4)
+        assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 45 completions read the lineage"
+        first = s.wait(rids[0], 120)
+        assert first["result"]["completion"]["values"] == ["v0", "v1"]
+    finally:
+        s.close()

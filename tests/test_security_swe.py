@@ -130,3 +130,32 @@ def test_a_test_patch_that_does_not_apply_fails_the_episode_and_says_why(tmp_pat
     assert out.test_patch_error.startswith("acme__calc-1: the test patch does not apply to the final repo (git apply "
                                            "exit 1): ")
     assert "patch failed: tests/test_calc.py:12" in out.test_patch_error
+
+
+# --- review 5: a report line nested past the recursion limit ---------------------------------------------------
+NESTED_REPORT = ("import gc as _gc, os as _os\n"
+                 "for _o in _gc.get_objects():\n"
+                 "    if type(_o).__name__ == 'Results':\n"
+                 "        _f = type(_o).pytest_sessionfinish\n"
+                 "        _c = dict(zip(_f.__code__.co_freevars, (c.cell_contents for c in _f.__closure__)))\n"
+                 "        _os.write(_c['out'], ('\\n@@evotrainer-pytest ' + _c['token'] + ' ' + '[' * 100000 + '\\n')"
+                 ".encode())\n"
+                 "        break\n")
+
+
+def test_a_report_nested_past_the_recursion_limit_is_no_verdict(swe):
+    """The code under test reads the results runner's token from the plugin's closure in its own process and
+    writes a report line of 100,000 ``[`` under it: ``json.loads`` raised RecursionError out of
+    ``structured_results``, through ``run_tests`` and ``grade`` (the training process ended). Now that line is no
+    verdict: the tests the run did report still count, nothing raises."""
+    from evotrainer.rl_backend.swe.tasks import structured_results
+
+    swe.step(call("edit", path="calc.py", old="def add(a, b):", new=NESTED_REPORT + "def add(a, b):"))
+    assert swe.step(call("run_tests")).startswith("[run_tests] ")
+    out = swe.grade()
+    assert (out.resolved, out.swe_tests) == (False, 0.0)
+    good = '{"outcomes": {"t.py::a": "FAILED"}, "collection_error": false}'
+    deep = "@@evotrainer-pytest abc " + "[" * 100_000
+    assert structured_results(f"@@evotrainer-pytest abc start\n{deep}\n") is None
+    assert structured_results(f"@@evotrainer-pytest abc start\n{deep}\n@@evotrainer-pytest abc {good}\n") == (
+        {"t.py::a": "FAILED"}, False)

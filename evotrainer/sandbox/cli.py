@@ -17,6 +17,8 @@ import typer
 from evotrainer.cli_errors import fail
 from evotrainer.terminal import neutralise
 
+MAX_FILE_BYTES = 16 << 20  # the Python file `sandbox run` reads into memory (review 5: a 3 GiB sparse one was read)
+
 sandbox_app = typer.Typer(help="Run untrusted code in the sandbox (no network, no secrets, limits).",
                           no_args_is_help=True)
 
@@ -95,8 +97,16 @@ def run(
         if p.name in named:
             fail(f"--input {p}: two inputs named {p.name!r}; rename one")
         named[p.name] = p
+    size = file.stat().st_size
+    if size > MAX_FILE_BYTES:  # read whole below: a 3 GiB sparse FILE allocated 3 GiB, then more to decode it
+        fail(f"{file}: {size >> 20} MiB; a Python file to run is at most {MAX_FILE_BYTES >> 20} MiB: pass data "
+             "with --input instead")
     try:
-        r = run_in_sandbox(code=file.read_text(), inputs=named, timeout_s=timeout, memory_mb=memory,
+        code = file.read_bytes().decode()
+    except UnicodeDecodeError as exc:
+        fail(f"{file}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8")
+    try:
+        r = run_in_sandbox(code=code, inputs=named, timeout_s=timeout, memory_mb=memory,
                            unsafe_local=unsafe_local)
     except SandboxError as e:
         fail(str(e))

@@ -47,7 +47,7 @@ from evotrainer import metrics as M
 from evotrainer.harness.analyzers.rules import CORRECTNESS, AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.harness.trends import MIN_POINTS, fmt
+from evotrainer.harness.trends import MIN_POINTS, downsample, fmt
 
 ANALYZERS = AnalyzerTable()
 """This module's built-in analyzers (registered by ``analyzers/registry.py``)."""
@@ -64,6 +64,7 @@ CLIP_LARGE = 0.2  # a fifth of the tokens outside the trust region: the clip dis
 MOST = 0.75  # "most steps": fraction of the updating steps
 HEADROOM_MIN = 0.1  # a pass rate at or above 1 - this has no headroom (saturated data)
 SLOPE_CONFIDENCE = 0.95  # Theil-Sen CI of the reward slope
+SLOPE_MAX_POINTS = 2000  # Theil-Sen on at most this many points (its memory is quadratic: 64 MB here)
 PLATEAU_RISE = 0.1  # first-half gain of the pass rate (absolute, 0..1) that counts as "it rose"
 PLATEAU_KEEP = 0.25  # second-half gain below this fraction of the first half's: it stopped
 
@@ -90,13 +91,15 @@ def slope_ci(steps: np.ndarray, values: np.ndarray, confidence: float = SLOPE_CO
              ) -> tuple[float, float, float] | None:
     """Theil-Sen slope of a series and its CI, ``(slope, low, high)`` in metric units per step.
 
-    ``scipy.stats.theilslopes(y, x, alpha=confidence)`` on the finite points (Sen 1968). None with
+    ``scipy.stats.theilslopes(y, x, alpha=confidence)`` on the finite points (Sen 1968); a longer series than
+    :data:`SLOPE_MAX_POINTS` on its bin means (:func:`~evotrainer.harness.trends.downsample`, as ``trends`` does):
+    theilslopes holds two N x N float64 arrays, and a foreign log of 120,012 steps (6.6 MB, review 5) asked for
+    107 GiB (MemoryError ended ``diagnose``, ``import`` and ``watch``; 30,000 steps would take 14 GB). None with
     fewer than 3 finite points; ``(0, 0, 0)`` for a constant series.
     """
     from scipy import stats
 
-    ok = np.isfinite(values)
-    x, y = steps[ok].astype(np.float64), values[ok]
+    x, y = downsample(steps, values, SLOPE_MAX_POINTS)  # the finite points, binned past SLOPE_MAX_POINTS
     if len(y) < 3:
         return None
     if np.ptp(y) == 0:

@@ -394,7 +394,9 @@ def structured_results(stdout: str) -> tuple[dict[str, str], bool] | None:
             try:
                 data = json.loads(parts[2])
                 found = ({str(k): str(v) for k, v in data["outcomes"].items()}, bool(data["collection_error"]))
-            except (ValueError, KeyError, TypeError, AttributeError):
+            # RecursionError: the code under test can read the token in its own process (the plugin's closure) and
+            # write a report nested past the recursion limit; it raised out of run_tests and grade (review 5)
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue
     return found
 
