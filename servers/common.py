@@ -373,14 +373,19 @@ SANDBOX_SLOTS = WorkSlots("sandbox", _env_slots(SANDBOX_RUNS_ENV, MAX_SANDBOX_RU
 _WORKERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_tool_workers")
 
 
+def loop_limiter(var: anyio.lowlevel.RunVar[anyio.CapacityLimiter], tokens: int) -> anyio.CapacityLimiter:
+    """This event loop's limiter held in ``var``, made with ``tokens`` threads at its first use on the loop."""
+    try:
+        return var.get()
+    except LookupError:
+        lim = anyio.CapacityLimiter(tokens)
+        var.set(lim)
+        return lim
+
+
 def _workers() -> anyio.CapacityLimiter:
     """This event loop's limiter of tool worker threads (not anyio's default one: the stdio reader needs that)."""
-    try:
-        return _WORKERS.get()
-    except LookupError:
-        lim = anyio.CapacityLimiter(MAX_TOOL_WORKERS)
-        _WORKERS.set(lim)
-        return lim
+    return loop_limiter(_WORKERS, MAX_TOOL_WORKERS)
 
 
 def prefer_the_event_loop() -> None:

@@ -59,7 +59,7 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from evotrainer.lineage import LineageError
-from evotrainer.servers.common import ServerState, ToolContext, state_of
+from evotrainer.servers.common import ServerState, ToolContext, loop_limiter, state_of
 
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id
@@ -131,12 +131,7 @@ def protocol_limiter() -> anyio.CapacityLimiter:
     threads delayed a ping 4.7 s over stdio, whose reader and writer use that limiter too (tool bodies have their
     own slots, :data:`~evotrainer.servers.common.TOOL_SLOTS`). Two at a time keep the event loop answering.
     """
-    try:
-        return _PROTOCOL_LIMITER.get()
-    except LookupError:
-        lim = anyio.CapacityLimiter(PROTOCOL_THREADS)
-        _PROTOCOL_LIMITER.set(lim)
-        return lim
+    return loop_limiter(_PROTOCOL_LIMITER, PROTOCOL_THREADS)
 
 
 def off_loop(fn: Any) -> Any:
