@@ -36,6 +36,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -206,9 +207,16 @@ class Workspace:
 class _Flock:
     """An ``fcntl.flock`` lock on ``path``, shared or exclusive, held by this object (any thread releases it)."""
 
-    def __init__(self, path: Path, shared: bool, timeout_s: float = 0.5):
-        self.path = path
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    def __init__(self, root: Path, rel: str, shared: bool, timeout_s: float = 0.5):
+        # opened following no link, and only a regular file: a run folder from elsewhere may hold `.writer.lock` or
+        # `.locks` as a link (review 6: a dangling `.writer.lock -> /etc/nologin` made that host file, and a
+        # `.locks -> HOST_FOLDER` link made `v0.lock` there, at the first writer's open)
+        self.path = root / rel
+        self._fd: int | None = open_inside(root, rel, os.O_RDWR | os.O_CREAT, 0o644)
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise WorkspaceError(f"{self.path}: not a regular file (a lock file is one); remove it and rerun")
         mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         deadline = time.monotonic() + timeout_s
         while True:
@@ -251,10 +259,13 @@ def _take_writer_locks(root: Path, version: str | None) -> list[_Flock]:
     # a version writer waits a little for the shared lock: a run-wide writer (a server job) that has written
     # its last row may still be closing its handle when the next branch starts
     run = _take_writer_lock(root, shared=True, timeout_s=5.0)
-    (root / ".locks").mkdir(exist_ok=True)
     path = root / ".locks" / f"{version}.lock"
     try:
-        return [run, _Flock(path, shared=False)]
+        folder_inside(root, ".locks")
+        return [run, _Flock(root, f".locks/{version}.lock", shared=False)]
+    except WorkspaceError:
+        run.release()
+        raise
     except BlockingIOError:
         run.release()
         raise WorkspaceError(f"{root}: another process is writing version {version} of this run (lock {path}); "
@@ -269,7 +280,7 @@ def _take_writer_lock(root: Path, shared: bool = False, timeout_s: float = 0.5) 
     """
     path = root / ".writer.lock"
     try:
-        return _Flock(path, shared=shared, timeout_s=timeout_s)
+        return _Flock(root, ".writer.lock", shared=shared, timeout_s=timeout_s)
     except BlockingIOError:
         what = "another process is writing this run as a whole" if shared else "another process is writing this run"
         raise WorkspaceError(

@@ -328,6 +328,37 @@ def test_links_planted_in_a_run_folder_are_never_written_through(tmp_path, host)
     assert isinstance(r.exception, WorkspaceError) and ": reports is a link" in str(r.exception)  # CLI: one line
 
 
+def test_lock_links_planted_in_a_run_folder_create_no_host_file(tmp_path, host):
+    """Review 6: a run folder from elsewhere held ``.writer.lock`` as a dangling link to a host path and ``.locks``
+    as a link to a host folder: the first writer's open (``train``, ``eval``, an MCP training job) made the host
+    file (empty, root's: ``/etc/nologin`` would lock non-root users out) and ``v0.lock`` in the host folder. Now a
+    lock file is opened following no link, and must be a regular file."""
+    from mcp_testlib import make_run
+
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / ".writer.lock").unlink(missing_ok=True)
+    (run / ".writer.lock").symlink_to(host / "made_by_the_lock")
+    with pytest.raises(WorkspaceError, match=r"\.writer\.lock is a link"):
+        Workspace.open(run, writer=True)
+    with pytest.raises(WorkspaceError, match=r"\.writer\.lock is a link"):
+        Workspace.open(run, writer=True, version="v0")
+    assert not (host / "made_by_the_lock").exists()
+    (run / ".writer.lock").unlink()
+    (run / ".locks").symlink_to(host / "dir")
+    with pytest.raises(WorkspaceError, match=r"\.locks is a link"):
+        Workspace.open(run, writer=True, version="v0")
+    assert not (host / "dir" / "v0.lock").exists()
+    with Workspace.open(run, writer=True):  # the run lock is free again after the refusal
+        pass
+    (run / ".locks").unlink()
+    (run / ".writer.lock").unlink()
+    os.mkfifo(run / ".writer.lock")
+    with pytest.raises(WorkspaceError, match=r"\.writer\.lock: not a regular file"):
+        Workspace.open(run, writer=True)
+
+
 def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
     """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
     ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
