@@ -171,13 +171,20 @@ class Workspace:
                 f.write(json.dumps(rec, default=str) + "\n")
 
     def read_logs(self) -> list[dict[str, Any]]:
-        """All log records, oldest first (a torn last line from a crash is skipped)."""
+        """The log records, oldest first (a torn last line from a crash is skipped); of a log longer than
+        :data:`MAX_LOG_READ_BYTES` only its last records (review 6: a run folder from elsewhere with a 2 GiB sparse
+        ``logs/run.jsonl`` made each ``search_logs`` read it whole: MemoryError under a 3 GB limit, ~4 GiB each
+        without one, two at a time)."""
         try:
             fd = open_inside(self.root, "logs/run.jsonl", os.O_RDONLY)
         except FileNotFoundError:
             return []
-        with os.fdopen(fd) as f:
-            text = f.read()
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_LOG_READ_BYTES:
+                f.seek(size - MAX_LOG_READ_BYTES)
+                f.readline()  # the first line is cut: start at the next one
+            text = f.read(MAX_LOG_READ_BYTES).decode("utf-8", errors="replace")
         out = []
         for line in text.splitlines():
             try:
@@ -241,6 +248,7 @@ class _Flock:
             os.close(fd)
 
 
+MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256 MiB of logs/run.jsonl
 _VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 

@@ -359,6 +359,34 @@ def test_lock_links_planted_in_a_run_folder_create_no_host_file(tmp_path, host):
         Workspace.open(run, writer=True)
 
 
+def test_a_huge_sparse_run_log_is_read_by_its_tail_only(tmp_path, monkeypatch):
+    """Review 6: a run folder from elsewhere with a 2 GiB sparse ``logs/run.jsonl``: every ``search_logs`` read it
+    whole (MemoryError under a 3 GB limit; ~4 GiB each without one, two calls at a time). Now only the last
+    ``MAX_LOG_READ_BYTES`` are read (here 1 MiB of a 64 MiB file), the records there kept."""
+    import tracemalloc
+
+    from mcp_testlib import make_run
+
+    from evotrainer import workspace
+
+    monkeypatch.setattr(workspace, "MAX_LOG_READ_BYTES", 1 << 20, raising=False)
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    with open(log, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(64 << 20)
+        f.write(b"\n" + json.dumps({"time": 1.0, "level": "info", "message": "the last record"}).encode() + b"\n")
+    with Workspace.open(run) as ws:
+        tracemalloc.start()
+        try:
+            records = ws.read_logs()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert [r["message"] for r in records] == ["the last record"]
+    assert peak < 8 << 20, peak
+
+
 def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
     """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
     ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
