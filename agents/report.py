@@ -799,7 +799,7 @@ def render_html(ws: Workspace) -> str:
 def write_report(ws: Workspace, name: str = "report.html") -> Path:
     """Write the report to ``RUN/reports/<name>``; returns its path."""
     out = folder_inside(ws.root, "reports") / name  # no link followed: the run folder may come from elsewhere
-    replace_file(out, render_html(ws).encode("utf-8"))
+    replace_file(out, render_html(ws).encode("utf-8"), root=ws.root)
     return out
 
 

@@ -350,11 +350,27 @@ def folder_inside(root: Path, rel: str) -> Path:
     return root / rel
 
 
-def replace_file(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes, root: Path | None = None) -> None:
     """Write ``path`` atomically without following a link there: the bytes go to a new file beside it (created
     exclusively, so never through an existing name) that is then renamed over ``path`` (a link at ``path`` is
-    replaced, not written through). Its folder is the caller's: :func:`folder_inside` for one in a run folder."""
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    replaced, not written through). Its folder is the caller's: :func:`folder_inside` for one in a run folder.
+
+    With ``root`` (the run folder ``path`` lies in), the folder is opened from ``root`` following no link
+    (:func:`open_inside`), not by its path: review 6 swapped ``reports`` for a link to a host folder, in a loop,
+    while ``report`` ran, and the report landed in the host folder between :func:`folder_inside`'s check and this
+    open (a process that writes the run folder meanwhile).
+
+    Raises:
+        WorkspaceError: with ``root``, a link on the way to the folder.
+    """
+    if root is None:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        rel = os.path.relpath(path.parent, root)
+        try:
+            fd = open_inside(root, rel, os.O_RDONLY | os.O_DIRECTORY)
+        except NotADirectoryError:  # O_NOFOLLOW | O_DIRECTORY on a link where the folder should be
+            raise WorkspaceError(_link_refused(root, rel)) from None
     tmp = f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         sfs.write_file(fd, tmp, data, create=True)

@@ -77,7 +77,8 @@ def diagnose(
         is_ws = path.is_dir() and (path / "lineage.db").exists()
         out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
                           else Path("diagnose") / (_bare_name(path) or "run"))
-        plots = [str(p) for p in plot_evidence(ev, findings, out_dir)]
+        plots = [str(p) for p in plot_evidence(ev, findings, out_dir,
+                                               root=path if is_ws and not out else None)]
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
     fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,

@@ -61,8 +61,10 @@ def plottable(x: np.ndarray) -> np.ndarray:
         return np.isfinite(x) & (np.abs(x) <= PLOT_MAX)
 
 
-def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: str | Path) -> Path | None:
-    """Write ``<out_dir>/<version>.png``; None when the version has none of the key series."""
+def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: str | Path,
+                 root: Path | None = None) -> Path | None:
+    """Write ``<out_dir>/<version>.png``; None when the version has none of the key series. ``root``: the run
+    folder ``out_dir`` lies in, reached following no link (:func:`evotrainer.workspace.replace_file`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,10 +111,10 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    replace_file(path, buf.getvalue())  # a link planted at the name is replaced, never written through
+    replace_file(path, buf.getvalue(), root=root)  # a link planted at the name is replaced, never written through
     return path
 
 
-def plot_evidence(ev: Evidence, findings: list[Finding], out_dir: str | Path) -> list[Path]:
-    """One PNG per version with metric series; returns the files written."""
-    return [p for v in ev.versions if (p := plot_version(ev, v, findings, out_dir)) is not None]
+def plot_evidence(ev: Evidence, findings: list[Finding], out_dir: str | Path, root: Path | None = None) -> list[Path]:
+    """One PNG per version with metric series; returns the files written (``root``: see :func:`plot_version`)."""
+    return [p for v in ev.versions if (p := plot_version(ev, v, findings, out_dir, root=root)) is not None]

@@ -387,6 +387,44 @@ def test_a_huge_sparse_run_log_is_read_by_its_tail_only(tmp_path, monkeypatch):
     assert peak < 8 << 20, peak
 
 
+def test_a_folder_swapped_for_a_link_after_its_check_gets_no_report(tmp_path, host, monkeypatch):
+    """Review 6: a process writing the run folder meanwhile swapped ``reports`` for a link to a host folder, in a
+    loop, while ``report`` ran: the report landed in the host folder (1 in ~800 swaps) between ``folder_inside``'s
+    check and ``replace_file``'s open of the folder by its path. Now the folder is opened from the run folder
+    following no link. Here the swap is made right after the check, every time (report and diagnose's plots)."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer import workspace
+    from evotrainer.agents import report
+    from evotrainer.cli import app
+    from evotrainer.harness import cli as hcli
+    from evotrainer.workspace import WorkspaceError
+
+    real = workspace.folder_inside
+
+    def check_then_swap(root, rel):
+        out = real(root, rel)
+        os.rename(root / "reports", root / "reports.real")
+        (root / "reports").symlink_to(host / "dir")
+        (root / "reports" / "diagnose").mkdir(exist_ok=True)
+        return out
+
+    run = make_run(tmp_path)
+    monkeypatch.setattr(report, "folder_inside", check_then_swap)
+    with Workspace.open(run) as ws, pytest.raises(WorkspaceError, match=r"reports is a link"):
+        report.write_report(ws)
+    assert not (host / "dir" / "report.html").exists()
+    (run / "reports").unlink()
+    os.rename(run / "reports.real", run / "reports")
+    monkeypatch.setattr(workspace, "folder_inside", check_then_swap)
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert isinstance(r.exception, WorkspaceError) and "reports/diagnose is a link" in str(r.exception), r.output
+    assert list((host / "dir" / "diagnose").iterdir()) == []
+    (host / "dir" / "diagnose").rmdir()
+    assert hcli  # the diagnose command imports folder_inside from evotrainer.workspace at call time
+
+
 def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
     """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
     ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
