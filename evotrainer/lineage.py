@@ -240,6 +240,11 @@ class LineageStore:
                 raise self._open_error(exc) from None
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_symlink():  # review 6: `lineage.db -> HOST_DB` had `lineage show` migrate a host database
+                raise LineageError(f"{self.path}: a link to {os.readlink(self.path)}; EvoTrainer opens a run's lineage "
+                                   "database (and writes it: migrations, WAL) only as a file of its own in the run "
+                                   "folder, never through a link (a run folder from elsewhere may link it to another "
+                                   "SQLite database, which opening would change): copy the file there instead")
             try:
                 self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S,
                                            isolation_level=None)

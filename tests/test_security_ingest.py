@@ -425,6 +425,33 @@ def test_a_folder_swapped_for_a_link_after_its_check_gets_no_report(tmp_path, ho
     assert hcli  # the diagnose command imports folder_inside from evotrainer.workspace at call time
 
 
+def test_a_lineage_db_linked_to_another_database_is_not_migrated(tmp_path):
+    """Review 6: a run folder from elsewhere with ``lineage.db`` as a link to a host SQLite database (another
+    program's): a read-only ``lineage show`` opened it for writing, created the lineage tables in it and switched it
+    to WAL. Now a link there is refused, named, and the host database stays as it was."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    (tmp_path / "host").mkdir()
+    other = tmp_path / "host" / "app.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    before = other.read_bytes()
+    run = make_run(tmp_path)
+    (run / "lineage.db").unlink()
+    (run / "lineage.db").symlink_to(other)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code != 0 and "lineage.db: a link to" in str(r.exception or r.output), r.output
+    assert other.read_bytes() == before
+    assert not (tmp_path / "host" / "app.db-wal").exists()
+
+
 def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
     """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
     ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
