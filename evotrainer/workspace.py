@@ -74,7 +74,11 @@ class Workspace:
             raise WorkspaceError(f"{self.root}: not a run folder (no lineage.db); create one with `evotrainer init`")
         self.root.mkdir(parents=True, exist_ok=True)
         for d in SUBDIRS:
-            (self.root / d).mkdir(exist_ok=True)
+            try:
+                (self.root / d).mkdir(exist_ok=True)
+            except FileExistsError:  # review 6: a dangling link (or a file) there ended every command, unnamed
+                raise WorkspaceError(f"{self.root}: {d} is not a folder (a file, or a link to nothing: "
+                                     f"{self.root / d}); remove it and rerun") from None
         if version is not None and not writer:
             raise WorkspaceError(f"version={version!r} without writer=True: a version lock is for writers; "
                                  "open with writer=True, or drop version to read")

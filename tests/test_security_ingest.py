@@ -452,6 +452,22 @@ def test_a_lineage_db_linked_to_another_database_is_not_migrated(tmp_path):
     assert not (tmp_path / "host" / "app.db-wal").exists()
 
 
+def test_a_dangling_link_in_place_of_a_run_subfolder_is_named(tmp_path):
+    """Review 6: a run folder from elsewhere with ``tb`` as a link to a missing host path: every command that
+    opened the run (``lineage show``, ``report``, ``serve``) ended with a bare "FileExistsError: [Errno 17] File
+    exists". Now a WorkspaceError names it and the fix; nothing is made at the link's target."""
+    from mcp_testlib import make_run
+
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / "tb").rmdir()
+    (run / "tb").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(WorkspaceError, match=r": tb is not a folder .*remove it and rerun"):
+        Workspace.open(run)
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_a_folder_nested_past_the_recursion_limit_is_read_without_recursing(tmp_path):
     """A foreign folder holding a tree 1,200 levels deep beside its log: ``rglob`` recursed once per level, and
     ``diagnose``, ``import`` and ``watch`` ended with a bare RecursionError. Now the walk is iterative and stops
