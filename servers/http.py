@@ -33,6 +33,7 @@ import secrets
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
@@ -51,6 +52,7 @@ MAX_SESSIONS = 1000  # open HTTP sessions at once (the SDK allows 10,000)
 HEADER_TIMEOUT_ENV = "EVOTRAINER_MCP_HEADER_TIMEOUT_S"
 MAX_CONNECTIONS_ENV = "EVOTRAINER_MCP_MAX_CONNECTIONS"
 HEADER_TIMEOUT_S = 10.0  # a connection gets this long to send each request's head (line and headers)
+BODY_TIMEOUT_FACTOR = 6  # ... and this many head timeouts (60 s by default) to send its body (capped at 5 MiB)
 MAX_CONNECTIONS = 1000  # open TCP connections at once (SSE streams included), and at most half of RLIMIT_NOFILE
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MCP_PATH = "/mcp"
@@ -217,10 +219,33 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_head_timer()
         else:
             self._cancel_head_timer()
+        if self.conn.their_state is h11.SEND_BODY:
+            self._arm_body_timer()
+        else:
+            self._cancel_body_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
+
+    # Review 6 (H-R6b): a client with the token sent a head with Content-Length: 1000000 and one body byte, then
+    # nothing: the connection stayed open for good (it is in a request, so neither timed nor evicted), and such
+    # connections could fill the cap. A request body must arrive within BODY_TIMEOUT_FACTOR head timeouts.
+    def _arm_body_timer(self) -> None:
+        if getattr(self, "_body_timer", None) is None:
+            self._body_timer: asyncio.TimerHandle | None = self.loop.call_later(
+                BODY_TIMEOUT_FACTOR * self.header_timeout_s, self._body_timed_out)
+
+    def _cancel_body_timer(self) -> None:
+        timer, self._body_timer = getattr(self, "_body_timer", None), None
+        if timer is not None:
+            timer.cancel()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()
 
     def _waiting_for_head(self) -> bool:
         return self.cycle is None or self.cycle.response_complete

@@ -876,6 +876,33 @@ def test_half_sent_heads_that_fill_the_connection_cap_do_not_lock_out_a_client_w
         proc.wait(30)
 
 
+def test_an_unfinished_request_body_with_the_token_is_closed_at_its_deadline(redos_run):
+    """Review 6: with the token, a head claiming ``Content-Length: 1000000`` and one body byte, then silence, kept
+    the connection open for good (in a request: neither the head timeout nor the cap's eviction touches it), so a
+    token holder could fill the cap. Now the body must arrive within BODY_TIMEOUT_FACTOR head timeouts."""
+    import socket
+    import time
+
+    from evotrainer.servers import http
+
+    factor = getattr(http, "BODY_TIMEOUT_FACTOR", 6)
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_HEADER_TIMEOUT_S="1")
+    port = int(url.split(":")[2].split("/")[0])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:  # before the fix: a timeout here
+            head = {k: v for k, v in HDR.items() if k.lower() != "content-type"}
+            s.sendall((f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                       + "".join(f"{k}: {v}\r\n" for k, v in head.items())
+                       + "Content-Length: 1000000\r\n\r\n{").encode())
+            t0 = time.monotonic()
+            while s.recv(4096):
+                pass
+            assert time.monotonic() - t0 < factor * 1 + 15
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_connection_limits_from_the_environment(monkeypatch):
     from evotrainer.servers.http import ServeError, connection_limits
 
