@@ -36,7 +36,8 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 NDIMS = 384
 _QUERY_CACHE_SIZE = 256
 # The fast forward (NumpyMiniLM._forward) from this many tokens, [CLS] and [SEP] included: below it, its vectors
-# were not bit-identical to the reference's (2-3 tokens, 1-3 texts a batch; 4-256 tokens were, tests/test_perf_paths.py).
+# were not bit-identical to the reference's on the machine this was measured on (2-3 tokens, 1-3 texts a batch;
+# 4-256 tokens were there; tests/test_perf_paths.py asserts equality within float32 rounding).
 _FAST_MIN_TOKENS = 4
 
 
@@ -154,10 +155,11 @@ class NumpyMiniLM:
         self.w = load_file(str(path / "model.safetensors"))
         # The encoder's linear layers as (in, out) C-contiguous matrices, query/key/value side by side in one
         # (384, 1152) matrix: x @ W runs as a plain (not transposed) GEMM and the three projections as one call.
-        # Each output element is the same dot product in the same order as x @ W.T with the checkpoint's (out, in)
-        # matrix, so the vectors are bit-identical to :meth:`forward_reference` (tests/test_perf_paths.py; from
-        # _FAST_MIN_TOKENS tokens), in ~25% less CPU per 17-token query here (14.4 vs 19.3 ms at load 7.5, one BLAS
-        # thread).
+        # Each output element is the same dot product as x @ W.T with the checkpoint's (out, in) matrix; whether the
+        # BLAS sums it in the same order depends on its kernels: bit-identical to :meth:`forward_reference` on the
+        # machine it was built on (from _FAST_MIN_TOKENS tokens), within 7.3e-8 per component on an AMD EPYC with
+        # OpenBLAS (2026-12-03), where the plain and transposed kernels round differently; tests/test_perf_paths.py
+        # asserts 1e-6. ~25% less CPU per 17-token query (14.4 vs 19.3 ms at load 7.5, one BLAS thread).
         self._linear: list[dict[str, tuple[np.ndarray, np.ndarray]]] = []
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
@@ -189,7 +191,8 @@ class NumpyMiniLM:
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Last hidden states, shape (B, T, 384) float32, for token ids and 0/1 mask of shape (B, T): the
         operations of :meth:`forward_reference` in the same order, with the linear layers pre-transposed and
-        query/key/value fused (``self._linear``), so the result is bit-identical. Inputs of fewer than
+        query/key/value fused (``self._linear``): equal within float32 rounding (bit-identical where the BLAS runs
+        both GEMM layouts with one summation order; see ``__init__``). Inputs of fewer than
         :data:`_FAST_MIN_TOKENS` tokens (a one-word query) run the reference itself: with 2-3 rows, OpenBLAS's
         plain and transposed kernels round differently here (up to 1.6e-7 per component)."""
         if self.use_reference or ids.shape[1] <= _FAST_MIN_TOKENS - 1:

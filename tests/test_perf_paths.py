@@ -188,9 +188,11 @@ def test_rss_does_not_grow_across_versions(tmp_path):
     assert rss[3] - rss[1] < 40, rss
 
 
-def test_fast_forward_is_bit_identical_to_the_reference():
-    """The pre-transposed, q/k/v-fused forward (``NumpyMiniLM._forward``) gives exactly the vectors of the plain
-    transcription (``forward_reference``): single queries of many lengths and a padded batch."""
+def test_fast_forward_equals_the_reference_within_float32_rounding():
+    """The pre-transposed, q/k/v-fused forward (``NumpyMiniLM._forward``) gives the vectors of the plain
+    transcription (``forward_reference``): single queries of many lengths and a padded batch. Bit-identical on the
+    machine it was written on; on an AMD EPYC with OpenBLAS the plain and transposed GEMM kernels round differently
+    (up to 7.3e-8 per component of a unit vector, CI of 2026-12-03), so within 1e-6 (about 8 float32 ulps at 1.0)."""
     from safetensors.numpy import load_file
 
     model = E.numpy_model()
@@ -204,7 +206,8 @@ def test_fast_forward_is_bit_identical_to_the_reference():
         ref_batch = model.encode(texts)
     finally:
         model.use_reference = False
-    assert all(np.array_equal(a, b) for a, b in zip(fast_single, ref_single, strict=True))
-    assert np.array_equal(fast_batch, ref_batch)
+    for a, b in zip(fast_single, ref_single, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(fast_batch, ref_batch, rtol=0, atol=1e-6)
     checkpoint = load_file(str(E.model_dir() / "model.safetensors"))  # the reference runs the checkpoint's matrices
     assert all(np.array_equal(checkpoint[k], model._reference_w[k]) for k in checkpoint)
