@@ -106,11 +106,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON at the end.")] = False,
     ) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
-        from rich.console import Console
-
         from evotrainer.agents.report import answer_line, summary_table, write_report
         from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
+        from evotrainer.terminal import output_console
         from evotrainer.workspace import Workspace
 
         cfg = load_run_config(config)
@@ -125,7 +124,7 @@ def register(app: typer.Typer) -> None:
         rd = Path(run_dir or cfg.run_dir)
         if (rd / "lineage.db").exists() and not resume:
             fail(f"{rd} holds a run already; pass --resume to continue it, or choose another run_dir")
-        console = Console(stderr=as_json)
+        console = output_console(stderr=as_json)
         try:
             if no_live or not console.is_terminal:
                 def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -171,12 +170,12 @@ def register(app: typer.Typer) -> None:
                                              "resume unfinished ones (the default).")] = True,
     ) -> None:
         """Run the modes at equal compute over seeds and write a table and a plot of test Avg@k (resumable)."""
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from evotrainer.agents.compare import CompareError
         from evotrainer.agents.compare import compare as run_compare
         from evotrainer.config import load_run_config
+        from evotrainer.terminal import output_console
 
         try:
             seed_list = [int(x) for x in seeds.split(",") if x.strip()]
@@ -186,7 +185,7 @@ def register(app: typer.Typer) -> None:
         if not resume and (out / "runs").exists() and any((out / "runs").iterdir()):
             fail(f"{out}/runs holds runs already; pass --resume to continue them, or choose another --out")
         cfg = load_run_config(config)
-        console = Console()
+        console = output_console()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task("compare runs", total=len(mode_list) * max(1, len(seed_list)))
@@ -210,10 +209,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print {report, summary} as JSON.")] = False,
     ) -> None:
         """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
-        from rich.console import Console
-
         from evotrainer.agents.loop import run_summary
         from evotrainer.agents.report import answer_line, score_rows, summary_table, write_report
+        from evotrainer.terminal import output_console
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)
@@ -223,7 +221,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode)}, indent=2,
                                         default=str) + "\n")
         else:
-            console = Console()
+            console = output_console()
             if score_rows(ws):
                 console.print(summary_table(ws))
             else:  # an imported foreign run or a fresh init: a header over no rows said nothing

@@ -27,7 +27,7 @@ from rich.tree import Tree
 
 from evotrainer import cli_errors
 from evotrainer.cli_errors import fail
-from evotrainer.terminal import neutralise
+from evotrainer.terminal import neutralise, output_console
 
 app = typer.Typer(
     name="evotrainer",
@@ -41,7 +41,7 @@ recipe_app = typer.Typer(help="Work with recipes (training configurations).", no
 app.add_typer(lineage_app, name="lineage")
 app.add_typer(recipe_app, name="recipe")
 
-console = Console()
+console = output_console()
 err_console = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr (errors: cli_errors.fail)
 
 SUBCOMMAND_MODULES = (

@@ -6,7 +6,13 @@ descriptions and code from the skills memory, version labels): :func:`neutralise
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # C0 controls but \n and \t, DEL, and C1 (U+0080-U+009F): ESC starts OSC 52 (clipboard write), title
 # and clear-screen sequences, 0x9B is a one-byte CSI. Rendered as visible \xNN escapes.
@@ -25,3 +31,24 @@ def neutralise(text: str) -> str:
     """``text`` with every terminal control character except newline and tab shown as ``\\xNN`` (bidi controls
     as ``\\uNNNN``)."""
     return _CONTROLS.sub(lambda m: _shown(m.group()), text)
+
+
+# Width of command output that goes to a pipe or a file. rich falls back to 80 columns there (when COLUMNS is unset),
+# which squeezed `report`'s and `lineage show`'s tables into wrapped cells in a log or a `| less`; 160 holds the
+# widest of our tables (the report's score table with both gains) on one line per row.
+PIPED_WIDTH = 160
+
+
+def output_console(stderr: bool = False, **kwargs: Any) -> Console:
+    """A rich console for a command's output: the terminal's width on a terminal, and when the stream is piped or
+    redirected ``COLUMNS`` if set, else :data:`PIPED_WIDTH` (rich alone would use 80). ``kwargs`` go to
+    :class:`rich.console.Console` (``soft_wrap``, ...)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        tty = False
+    width = None if tty or os.environ.get("COLUMNS", "").strip().isdigit() else PIPED_WIDTH
+    return Console(stderr=stderr, width=width, **kwargs)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from evotrainer.terminal import neutralise
+from evotrainer.terminal import neutralise, output_console
 
 if TYPE_CHECKING:
     from evotrainer.harness.findings import Finding
@@ -53,7 +53,6 @@ def diagnose(
                                                     "$EVOTRAINER_SKILLS_DIR or the user data dir).")] = None,
 ) -> None:
     """Diagnose a training run: ingest, run every analyzer, print findings, plot the key series."""
-    from rich.console import Console
     from rich.table import Table
 
     from evotrainer.cli import fail
@@ -90,7 +89,7 @@ def diagnose(
                    **({"skills_note": note} if note else {})}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
-        console = Console(width=None if sys.stdout.isatty() else 160)
+        console = output_console()
         summ = ev.summary()["versions"]
         console.print(f"[bold]{path}[/]: {len(summ)} version(s), "
                       + ", ".join(f"{v} ({s['n_metrics']} metrics to step {s['last_step']}, {s['n_rollouts']} rollouts)"
@@ -164,7 +163,6 @@ def _gate_versions(path: Path, known: list[str], versions: list[str] | None, kep
 @analyzers_app.command("list")
 def analyzers_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Registered analyzers with the finding kinds they report."""
-    from rich.console import Console
     from rich.table import Table
 
     from evotrainer.harness.analyzers import list_analyzers
@@ -178,7 +176,7 @@ def analyzers_list(as_json: Annotated[bool, typer.Option("--json", help="Print J
     t.columns[0].no_wrap = t.columns[1].no_wrap = True
     for s in specs:
         t.add_row(s.name, ", ".join(s.kinds), "yes" if s.builtin else "no", s.description)
-    Console().print(t)
+    output_console().print(t)
 
 
 def watch(
@@ -195,7 +193,6 @@ def watch(
                                              "for this many seconds; 0 watches until interrupted.")] = 0.0,
 ) -> None:
     """Follow a training run: re-run the analyzers as steps arrive and print findings when they appear."""
-    from rich.console import Console
     from rich.markup import escape
 
     from evotrainer.harness.findings import SEVERITY_RANK
@@ -205,7 +202,7 @@ def watch(
         raise typer.BadParameter(f"--fail-on {fail_on!r}: use none, warn or blocking")
     if interval <= 0:
         raise typer.BadParameter(f"--interval {interval}: poll at least every few seconds (a positive number)")
-    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+    console = output_console(soft_wrap=True)
     w = Watcher(path, run_dir)
     console.print(f"watching {w.path} every {interval:g} s" + (f", keeping {w.run_dir} current" if w.run_dir else "")
                   + (f", failing on {fail_on}" if fail_on != "none" else ""), highlight=False, markup=False)

@@ -340,3 +340,18 @@ def test_every_command_argument_and_option_has_help_text():
     walk(typer.main.get_command(app), [])
     assert n_commands >= 26  # every leaf command was reached (26 when this test was written)
     assert missing == []
+
+
+# --- piped output: tables at 160 columns, not rich's 80 ---------------------------------------------
+def test_piped_tables_are_160_columns_wide_unless_columns_is_set():
+    """`analyzers list | less` (a stdout that is no terminal, COLUMNS unset) printed its table at rich's 80-column
+    fallback, every description wrapped over several lines; it is 160 wide now, and COLUMNS still wins."""
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    piped = subprocess.run([sys.executable, "-m", "evotrainer.cli", "analyzers", "list"], capture_output=True,
+                           text=True, env=env)
+    assert piped.returncode == 0, piped.stderr
+    widths = {len(line) for line in piped.stdout.splitlines() if line.strip()}
+    assert max(widths) == 160  # the table's rule lines span the whole width
+    narrow = cli("analyzers", "list", columns=80)
+    assert max(len(line) for line in narrow.stdout.splitlines()) == 80
+    assert len(narrow.stdout.splitlines()) > len(piped.stdout.splitlines())  # the same rows, wrapped at 80

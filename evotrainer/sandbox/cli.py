@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from evotrainer.cli_errors import fail
-from evotrainer.terminal import neutralise
+from evotrainer.terminal import neutralise, output_console
 
 MAX_FILE_BYTES = 16 << 20  # the Python file `sandbox run` reads into memory (review 5: a 3 GiB sparse one was read)
 
@@ -49,7 +49,6 @@ def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        from rich.console import Console
         from rich.table import Table
 
         t = Table("key", "value", title="sandbox")
@@ -59,7 +58,7 @@ def info(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
                     t.add_row(f"limit {name}", how)
                 continue
             t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
-        Console().print(t)
+        output_console().print(t)
     if not ok:
         raise typer.Exit(1)
 
