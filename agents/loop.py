@@ -87,6 +87,10 @@ class LoopBase:
         """Run (or resume) this mode to the end of its budget; returns the run summary (each mode defines it)."""
         raise NotImplementedError(f"mode {self.mode} does not define run()")
 
+    def summary(self) -> dict[str, Any]:
+        """The run summary (:func:`run_summary`) from the lineage and kv alone (no training, no tool call)."""
+        return run_summary(self.ws, self.mode)
+
     # --- stage records -------------------------------------------------------------------------------
     def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None) -> Any:
         """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash."""

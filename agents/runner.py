@@ -77,7 +77,15 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
                 loop = BASELINES[mode](config, tb, ws, on_event)
             else:
                 loop = Orchestrator(config, tb, ws, pick_brain(brain_choice, config), on_event)
-            summary = loop.run()
+            if ws.lineage.kv_get("loop/finished"):
+                # a finished run is not run again: replaying its stages spent ~0.1 CPU-s that save_compute added to
+                # the run's compute at every `run --resume` (the answer and its test score are sealed records)
+                if on_event is not None:
+                    on_event("log", {"message": f"{run_dir} has finished; nothing to resume (its report is rewritten)",
+                                     "version": None})
+                summary = loop.summary()
+            else:
+                summary = loop.run()
         ws.close()
         return summary
     finally:

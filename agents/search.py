@@ -44,7 +44,7 @@ import random
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict, gate_verdict
-from evotrainer.agents.loop import LoopBase, run_summary
+from evotrainer.agents.loop import LoopBase
 from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
 # name -> (kind, low, high | choices, log). Paths are recipe paths (OpenRLHF names).
@@ -101,9 +101,6 @@ class _Gated(LoopBase):
                 return 0.0
             self.evaluate(vid)
         return float(self.dev_summary(vid).get("avg@k") or 0.0)
-
-    def summary(self) -> dict[str, Any]:
-        return run_summary(self.ws, self.mode)
 
     def propose_recipe(self, parent: str, changes: dict[str, Any], source: str, hypothesis: str, note: str) -> str:
         """``propose_recipe``: a child of ``parent`` with every field of ``changes`` set (one intervention per

@@ -377,3 +377,28 @@ def test_module_fixtures_never_write_the_users_skills_memory(memory_seen_by_modu
     user = (platformdirs.user_data_path("evotrainer") / "skills").resolve()
     assert memory_seen_by_module_fixtures != user
     assert str(memory_seen_by_module_fixtures).startswith(str(Path(tempfile.gettempdir()).resolve()))
+
+
+def test_resuming_a_finished_run_changes_neither_its_compute_nor_its_answer(run, tmp_path):
+    """`run --resume` of a finished run replayed every stage and added that process's ~0.1 CPU-s (and its wall time)
+    to kv loop/compute each time (stop 28's new user); now it returns the stored summary and writes nothing."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    with Workspace.open(copy) as w:
+        before = {k: w.lineage.kv_get(k) for k in ("loop/compute", "loop/process_compute", "loop/final",
+                                                   "loop/finished_at")}
+        n_decisions = len(w.lineage.decisions())
+    cfg = load_run_config("examples/tiny.yaml")
+    cfg = cfg.model_copy(update={
+        "budget": cfg.budget.model_copy(update=dict(max_versions=3, steps_per_version=2, branches_per_round=1)),
+        "recipe": cfg.recipe.model_copy(update={"data": cfg.recipe.data.model_copy(update={"n_test": 4})})})
+    said: list[str] = []
+    summary = run_loop(cfg, copy, "heuristic", "evotrainer", resume=True,
+                       on_event=lambda kind, data: said.append(data.get("message", "")) if kind == "log" else None)
+    with Workspace.open(copy) as w:
+        after = {k: w.lineage.kv_get(k) for k in before}
+        assert after == before
+        assert len(w.lineage.decisions()) == n_decisions
+    assert {k: summary["compute"][k] for k in before["loop/compute"]} == before["loop/compute"]
+    assert summary["final_version"] == before["loop/final"]["version"]
+    assert said == [f"{copy} has finished; nothing to resume (its report is rewritten)"]
