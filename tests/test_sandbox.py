@@ -251,7 +251,7 @@ class FakeDocker:
                  oom_from_inspect: int | None = None, fails: str | None = None):
         """``oom_from_inspect``: the n-th container inspect (1-based) and later ones say ``OOMKilled: true``
         (a real daemon sets the flag on an OOM event that can trail the exit). ``fails``: ``"create"`` or
-        ``"delete"``, that call answers 500."""
+        ``"delete"``, that call answers 500; ``"kill"``: the kill answers 409, the container is not running."""
         import http.server
         import threading
 
@@ -286,6 +286,8 @@ class FakeDocker:
                     if fails == "create":
                         return self._send(500, {"message": "fake docker: create failed"})
                     return self._send(201, {"Id": "c1", "Warnings": []})
+                if path.endswith("/kill") and fails == "kill":  # the container exited before the kill reached it
+                    return self._send(409, {"message": "Cannot kill container: c1: Container c1 is not running"})
                 if path.endswith("/start") or path.endswith("/kill"):
                     return self._send(204)
                 if path.endswith("/wait"):
@@ -437,6 +439,21 @@ def test_docker_backend_kills_at_the_wall_clock(monkeypatch):
     assert r.limit_hit == "timeout" and r.exit_code == -9 and 0.9 < r.wall_s < 3
     assert any(p.endswith("/kill") for _, p, _ in fake.requests)
     assert any(m == "DELETE" for m, _, _ in fake.requests)  # removed even after a kill
+
+
+def test_docker_backend_keeps_the_result_of_a_program_that_exited_before_its_kill(monkeypatch):
+    """A program that printed past the output cap and ended at once: the kill got 409 "is not running" from the
+    daemon, and run_in_sandbox raised docker's APIError instead of returning (the clean-clone CI of dbf4919,
+    test_each_limit_is_reported[docker-...-output], on a real daemon). Now the exit status is read instead."""
+    fake = FakeDocker(stdout=b"z" * 100_000, exit_code=0, wait_s=1.0, fails="kill")
+    try:
+        _fake_client(monkeypatch, fake)
+        r = run_in_sandbox(code="print('z' * 100_000)", max_output_kb=4, timeout_s=20)
+    finally:
+        fake.close()
+    assert any(p.endswith("/kill") for _, p, _ in fake.requests)
+    assert (r.limit_hit, r.exit_code, r.stdout_truncated, len(r.stdout)) == ("output", 0, True, 4096)
+    assert any(m == "DELETE" for m, _, _ in fake.requests)
 
 
 # --- the package: one direction, no hidden imports ------------------------------------------------------------

@@ -184,8 +184,17 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
             left = limits.timeout_s - (time.monotonic() - t0)
             if over.is_set() or left <= 0:
                 forks_refused = _forks_refused(container.id)  # while the container's cgroup still exists
-                container.kill()
-                killed, status = ("output" if over.is_set() else "timeout"), -9
+                killed = "output" if over.is_set() else "timeout"
+                try:
+                    container.kill()
+                    status = -9
+                except docker.errors.APIError as exc:
+                    # it exited between the check and the kill: 409 "is not running" (a program that printed
+                    # past the cap and ended at once; the clean-clone CI of dbf4919 lost the result to it)
+                    if exc.status_code != 409:
+                        raise
+                    status = container.wait(timeout=30)["StatusCode"]
+                    killed = "output" if over.is_set() else None  # a timeout that lost the race ended by itself
                 break
             try:
                 status = container.wait(timeout=max(0.05, min(left, 0.5)))["StatusCode"]
