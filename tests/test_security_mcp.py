@@ -818,6 +818,16 @@ def test_duckdb_errors_never_reach_the_client_raw():
         "within range (integers within signed 64 bits, finite floats) and retry")
 
 
+def _closed_by_server(s) -> bool:
+    """True when the server closed ``s``: an orderly EOF, or a reset (Linux answers a close with RST when part of the
+    half-sent head was still unread in the server's socket buffer: the clean-clone CI of dbf4919 at load ~5 got
+    ECONNRESET here). Blocks until one of the two, within the socket's timeout."""
+    try:
+        return s.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_half_sent_request_heads_are_closed_and_connections_are_capped(redos_run):
     """Before the token is checked: a connection that sent only part of a request head was kept open forever
     (uvicorn times out only idle keep-alive connections); about 20,000 of them from one process used up the
@@ -837,9 +847,9 @@ def test_half_sent_request_heads_are_closed_and_connections_are_capped(redos_run
             s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
             held.append(s)
         with socket.create_connection(("127.0.0.1", port), timeout=60):  # past the cap: the oldest half-head goes
-            assert held[0].recv(4096) == b""
+            assert _closed_by_server(held[0])
         for s in held:  # the server closes each one (EOF), however long the machine takes to get there
-            assert s.recv(4096) == b""
+            assert _closed_by_server(s)
         with httpx.Client() as hc:
             sid = _open_session(hc, url)
             assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
