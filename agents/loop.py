@@ -513,7 +513,7 @@ def best_kept(lineage: Any) -> str | None:
 
 
 def frontier_of(lineage: Any) -> str | None:
-    """The orchestrator's frontier: kv ``loop/frontier`` (the best kept candidate of the latest round that kept one),
+    """The orchestrator's frontier: kv ``loop/frontier`` (the best selectable arm of the latest round that had one),
     the root before that; a reverted frontier falls back to its nearest kept (or root) ancestor
     (:func:`first_not_reverted`). None without a root."""
     root = lineage.root()

@@ -221,3 +221,39 @@ def test_the_answer_is_the_best_eligible_arm_of_the_frontiers_round(orch):
     # the root as the frontier (nothing ever kept) has no siblings: it is the answer
     lin.kv_set("loop/frontier", "v0")
     assert orch.answer() == "v0"
+
+
+def test_the_frontier_advances_to_the_best_selectable_arm_of_the_round(orch):
+    """The round of docs/compare.md §6 (base lr 10x the default): lr /3 and lr /10 both scored above the control on
+    dev but neither cleared it with a CI above 0, and the frontier went to the control, the recipe the diagnosis
+    had called too fast. The frontier is now the round's best arm by dev score among the kept and those pruned for
+    their CI alone; a pruned arm with a blocking finding of its own, or one the brain pruned against a passing
+    gate, is not selectable; ties go to a kept arm."""
+    lin = orch.lineage
+    ctl = lin.branch_control("v0")
+    v4 = lin.branch("v0", Intervention(path="actor_learning_rate", old=1e-6, new=3e-6, category="optimizer"))
+    for vid, avg in (("v1", 0.750), ("v2", 0.729), (ctl.id, 0.656), (v4.id, 0.90)):
+        lin.update_version(vid, eval_summary={"avg@k": avg, "eval_name": "heldout"})
+    for vid in ("v1", "v2", v4.id):
+        lin.decide(vid, "prune", "pruned for the test")
+    lin.decide(ctl.id, "keep", "continue")
+    lin.kv_set("loop/rgate/v1", {"promote": False, "blocking": [], "gain": 0.094, "ci": [-0.010, 0.198],
+                                 "baseline_id": ctl.id})
+    lin.kv_set("loop/rgate/v2", {"promote": False, "blocking": [], "gain": 0.073, "ci": [-0.083, 0.219],
+                                 "baseline_id": ctl.id})
+    lin.kv_set(f"loop/rgate/{v4.id}", {"promote": False, "blocking": [{"kind": "truncation"}], "gain": 0.25,
+                                       "ci": [0.1, 0.4], "baseline_id": ctl.id})
+    assert orch._advance(1, ["v1", "v2", ctl.id, v4.id]) == "v1"
+    assert orch.frontier() == "v1"
+    said = [r["message"] for r in orch.ws.read_logs() if r.get("message", "").startswith("round 1: frontier")]
+    assert said == [f"round 1: frontier v0 -> v1 (temperature: 1.0 -> 1.2, dev Avg@k 0.750; its gain over {ctl.id} "
+                    "+0.094 [-0.010, +0.198] is not claimed (the CI does not clear 0), so it stays pruned)"]
+    assert lin.get("v1").status == "pruned"  # chosen to train from, still credited with nothing
+    assert orch.answer() == "v1"  # the answer rule agrees with the frontier
+    # a tie between a pruned arm and the kept control goes to the kept one
+    lin.update_version(ctl.id, eval_summary={"avg@k": 0.750, "eval_name": "heldout"})
+    assert orch._advance(2, ["v1", "v2", ctl.id, v4.id]) == ctl.id
+    # nothing selectable (every arm pruned with a blocking finding of its own): the frontier stays
+    for vid in ("v1", "v2"):
+        lin.kv_set(f"loop/rgate/{vid}", {"promote": False, "blocking": [{"kind": "truncation"}]})
+    assert orch._advance(3, ["v1", "v2", v4.id]) == ctl.id
