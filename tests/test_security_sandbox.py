@@ -390,6 +390,44 @@ def test_inode_flood_stops_at_the_tmpfs_inode_cap(where):
     assert "STOPPED 28" in r.stdout and n < 16384, r.stdout + r.stderr
 
 
+def test_inotify_instances_of_the_host_user_are_not_taken_by_the_sandbox(tmp_path):
+    # review 7: inotify instances are counted per user up the user-namespace chain, 128 in all per host user; a
+    # sandboxed program that held 128 made the caller's own inotify_init1 fail with EMFILE while the run lasted
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    result: dict = {}
+    code = """
+        import ctypes, os, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        n, err = 0, 0
+        for _ in range(200):
+            if libc.inotify_init1(0) < 0:
+                err = ctypes.get_errno(); break
+            n += 1
+        print("HELD", n, "ERRNO", err, flush=True)
+        open("taken", "w").close()
+        time.sleep(4)
+    """.replace("\n        ", "\n")
+    t = threading.Thread(target=lambda: result.update(r=run_in_sandbox(code=code, workdir=work, timeout_s=30)))
+    t.start()
+    deadline = time.monotonic() + 25
+    while not (work / "taken").exists() and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fd = libc.inotify_init1(0)  # the host user's, while the sandbox holds what it could take
+    errno = ctypes.get_errno()
+    if fd >= 0:
+        os.close(fd)
+    t.join()
+    r = result["r"]
+    assert (work / "taken").exists(), (r.stdout, r.stderr[-300:])
+    assert fd >= 0, f"host inotify_init1 failed with errno {errno} while the sandbox ran: {r.stdout}"
+    assert "HELD 0 ERRNO 1" in r.stdout, r.stdout  # refused (EPERM) inside
+
+
 def test_info_says_which_limits_hold():
     lim = sandbox_info()["limits"]
     assert {"memory_per_run", "procs_per_run", "cpu_per_run", "tmpfs_size", "tmpfs_inodes", "dev_cap"} <= set(lim)

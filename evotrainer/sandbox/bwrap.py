@@ -79,15 +79,24 @@ os._exit(c if c>=0 else 128-c)
 # kuid 0), so the key syscalls are refused, with the rest of Docker's default-profile blocklist that
 # matters here (eBPF, perf, userfaultfd, io_uring, modules, kexec, swap, reboot, acct, quotas,
 # file handles). The filter is a classic-BPF program assembled here (struct sock_filter).
+# inotify too (review 7): an inotify instance is counted per user up the user-namespace chain, so the sandbox's
+# count is also its host user's, capped at fs.inotify.max_user_instances (128) for that user in all: a sandboxed
+# program holding 128 instances made every host process of the caller's user (root: systemd, `tail -f`, file
+# watchers) fail inotify_init with EMFILE for as long as the run lasted; it also lets a program watch host file
+# activity on the read-only binds (review 3, S-R14).
 BLOCKED_SYSCALLS = (
     "add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct",
-    "swapon", "swapoff", "reboot", "quotactl", "fanotify_init", "name_to_handle_at", "open_by_handle_at")
-_SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64)
+    "swapon", "swapoff", "reboot", "quotactl", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
+    "inotify_init", "inotify_init1")
+_SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64: no inotify_init, so
+    # inotify_init1's 26 stands for both)
     "x86_64": (0xC000003E, dict(zip(BLOCKED_SYSCALLS, (248, 249, 250, 321, 298, 323, 425, 426, 427, 246, 320, 175,
-                                                       313, 176, 163, 167, 168, 169, 179, 300, 303, 304), strict=True))),
+                                                       313, 176, 163, 167, 168, 169, 179, 300, 303, 304, 253, 294),
+                                    strict=True))),
     "aarch64": (0xC00000B7, dict(zip(BLOCKED_SYSCALLS, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105,
-                                                        273, 106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
+                                                        273, 106, 89, 224, 225, 142, 60, 262, 264, 265, 26, 26),
+                                     strict=True))),
 }
 # socket(2) of these families is refused too. AF_VSOCK (40) has no network namespace: under bwrap's
 # --unshare-net a sandboxed program could still listen on, or connect to, the host VM's vsock ports (review 3:
