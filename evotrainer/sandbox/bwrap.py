@@ -50,7 +50,7 @@ from evotrainer.sandbox.base import (
 # flaky test_13 under load). The host ends a run with SIGKILL only.
 _LAUNCHER = r"""
 import os,resource as r,signal as g,sys
-a=sys.argv;fd=int(a[6])
+a=sys.argv;fd=int(a[7])
 try:
  import ctypes;ctypes.CDLL(None).prctl(4,0)
 except Exception:pass
@@ -60,17 +60,24 @@ pid=os.fork()
 if pid==0:
  for n in S:g.signal(n,g.SIG_DFL)
  os.close(fd)
- for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE'),a[1:6]):
+ for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE','RLIMIT_SIGPENDING'),a[1:7]):
   v=int(v)
   if v>=0:r.setrlimit(getattr(r,n),(v,v+1 if n=='RLIMIT_CPU' else v))
- try:os.execvp(a[7],a[7:])
- except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[7]!r}: {e}\n');os._exit(127)
+ try:os.execvp(a[8],a[8:])
+ except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[8]!r}: {e}\n');os._exit(127)
 _,st,ru=os.wait4(pid,0)
 try:os.write(fd,f'{ru.ru_utime+ru.ru_stime} {ru.ru_maxrss}'.encode())
 except OSError:pass
 c=os.waitstatus_to_exitcode(st)
 os._exit(c if c>=0 else 128-c)
 """
+
+
+# Queued signals (sigqueue, POSIX timers) are counted per user up the user-namespace chain, like inotify below, and
+# checked against RLIMIT_SIGPENDING (about 96,000 here) at each level: review 7's sandboxed program queued 96,360
+# realtime signals to itself, and every sigqueue / timer_create of the caller's user on the host failed with EAGAIN
+# while the run lasted. The launcher caps the run's queue at this many.
+SIGPENDING_MAX = 1024
 
 
 # --- seccomp: syscalls no sandboxed program needs ------------------------------------------------
@@ -202,7 +209,7 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
         a += ["--seccomp", "{seccomp_fd}"]
     a += ["--chdir", WORK_DIR, "--remount-ro", "/dev", "--remount-ro", "/", "--"]
     nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0]
+    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0, SIGPENDING_MAX]
     return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
 
 
@@ -428,6 +435,6 @@ def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: RunL
     env = {**BASE_ENV, "HOME": str(work), "TMPDIR": str(work), "EVOTRAINER_EVIDENCE": str(evidence),
            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "EVOTRAINER_SANDBOX_BACKEND": "unsafe-local", **env_extra}
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0]
+    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0, -1]
     full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
     return supervise(full, limits, backend="unsafe-local", env=env, cwd=work)
