@@ -374,7 +374,7 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
     assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32 and hc["Init"] is True
     assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == 512 << 20  # no swap beyond the limit
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
-        "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
+        "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0), "sigpending": (1024, 1024)}
     assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
     assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
     assert "/dev/null:/etc/resolv.conf:ro" in hc["Binds"]  # not the host's resolver, which Docker copies in
