@@ -598,3 +598,32 @@ def test_watch_keeps_the_imports_cap_on_copied_log_lines(tmp_path, monkeypatch):
     assert len(copied) == 40 and copied[-1]["message"] == "later note 7"  # before: 132
     assert [r["message"] for r in logs if r["source"] == "watch"][-1] == "watch: 40 text-log lines copied; later " \
                                                                           "lines are not"
+
+
+def test_run_resume_of_a_run_folder_from_elsewhere_writes_no_host_file_through_its_links(tmp_path, host, monkeypatch):
+    """Review 7: ``evotrainer run --resume`` on a run folder from elsewhere wrote the run config with ``write_text``
+    through ``run.yaml``, a link to a host file (overwritten with the YAML); a link at ``.orchestrator.lock`` ended
+    the command with a bare OSError. Now ``run.yaml`` is written beside its name and renamed over it, and the lock
+    link is named with the fix. The loop itself is stopped right after the config is written."""
+    from evotrainer.agents import runner
+    from evotrainer.config import load_run_config
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(runner, "open_toolbox", stop)
+    cfg = load_run_config("examples/tiny.yaml")
+    run = tmp_path / "run"
+    Workspace.init(run, cfg.recipe)
+    (run / "run.yaml").symlink_to(host / "secret.txt")
+    (run / ".orchestrator.lock").symlink_to(host / "secret.txt")
+    with pytest.raises(ValueError, match=r"\.orchestrator\.lock: cannot take the run's lock .*remove it and rerun"):
+        runner.run_loop(cfg, run, "heuristic", "evotrainer", resume=True)
+    (run / ".orchestrator.lock").unlink()
+    with pytest.raises(Stop):
+        runner.run_loop(cfg, run, "heuristic", "evotrainer", resume=True)
+    assert not (run / "run.yaml").is_symlink() and "run_dir:" in (run / "run.yaml").read_text()
+    assert (host / "secret.txt").read_text() == SECRET  # the host fixture checks every host file too
