@@ -101,6 +101,35 @@ def test_dollar_signs_in_metric_and_folder_names_are_drawn_as_text(tmp_path, nam
         assert write_report(ws).stat().st_size > 0
 
 
+def test_thousands_of_reward_components_draw_a_bounded_number_of_curves(tmp_path, monkeypatch):
+    """Review 7: a 300 KB foreign JSONL naming 2,500 reward components (``reward/c<i>/mean``) took ``diagnose`` 24 s
+    (5,000: 79 s, faster than linear: a curve and a legend entry each) and ``report`` of its import past 300 s and
+    3.7 GB (a panel each); a 6 MB one would take hours. Only the first MAX_COMPONENTS are drawn now."""
+    import matplotlib.axes
+
+    from evotrainer.agents.report import curve_panels, write_report
+    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import MAX_COMPONENTS, plot_evidence
+
+    src = tmp_path / "wide"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, f"reward/c{i}/mean": 0.5, "reward": 0.1}) + "\n" for i in range(2000)))
+    curves = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: curves.append(1) or real_plot(ax, *a, **k))
+    assert len(plot_evidence(ingest(src), [], tmp_path / "plots")) == 1
+    assert len(curves) <= MAX_COMPONENTS + 20, len(curves)  # the key panels' few series and 12 components
+    import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        comps = [n for _, n, _ in curve_panels(ws) if n.startswith("reward/c")]
+        assert comps == sorted(f"reward/c{i}/mean" for i in range(2000))[:MAX_COMPONENTS]
+        curves.clear()
+        assert write_report(ws).stat().st_size > 0
+        assert len(curves) <= MAX_COMPONENTS + 20, len(curves)
+
+
 def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_path):
     """``evotrainer sandbox run`` of a file that is not UTF-8 said "error: UnicodeDecodeError: 'utf-8' codec can't
     decode byte 0xff in position 12" (no file named), and read a 3 GiB sparse file whole (MemoryError under a
