@@ -298,6 +298,36 @@ class LineageStore:
             found = ", ".join(f"{t} {n!r}" for t, n in rows)
             raise LineageError(f"{self.path}: holds SQL {found}, which EvoTrainer's lineage schema never has (a "
                                "crafted or foreign file); not opened. Use a run folder EvoTrainer wrote")
+        self._refuse_parent_cycles()
+
+    def _refuse_parent_cycles(self) -> None:
+        """Refuse versions that are their own ancestors: :meth:`branch` only adds a child of an existing version, so
+        a cycle comes from a crafted file. Review 7: ``v2.parent_id = v3, v3.parent_id = v2`` in a run folder from
+        elsewhere made :meth:`path_to_root` grow its list for good (MemoryError after 45 s under a 3 GB limit; the
+        machine's memory without one: the MCP ``gate_version`` of v2 took its server down) and ``report`` spin
+        forever in :meth:`step_offset`. One pass over ``(id, parent_id)``, each version walked once.
+
+        Raises:
+            LineageError: a cycle (names its versions).
+        """
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'versions'").fetchone():
+            return  # a new file: the schema is made next
+        parent = {row[0]: row[1] for row in self._db.execute("SELECT id, parent_id FROM versions")}
+        good: set[str] = set()
+        for start in parent:
+            path: list[str] = []
+            on_path: set[str] = set()
+            v = start
+            while v is not None and v not in good:
+                if v in on_path:
+                    cycle = " -> ".join([*path[path.index(v):], v])
+                    raise LineageError(f"{self.path}: versions {cycle} are their own ancestors (a parent cycle), "
+                                       "which EvoTrainer never writes (a crafted or damaged file); not opened. Use "
+                                       "a run folder EvoTrainer wrote")
+                on_path.add(v)
+                path.append(v)
+                v = parent.get(v)  # a parent missing from the table ends the walk (reading it names it)
+            good.update(path)
 
     def _refuse_foreign_schema_unless_locked(self) -> None:
         """:meth:`_refuse_foreign_schema` without waiting for another connection's lock (a read-only handle on a

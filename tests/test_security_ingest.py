@@ -627,3 +627,33 @@ def test_run_resume_of_a_run_folder_from_elsewhere_writes_no_host_file_through_i
         runner.run_loop(cfg, run, "heuristic", "evotrainer", resume=True)
     assert not (run / "run.yaml").is_symlink() and "run_dir:" in (run / "run.yaml").read_text()
     assert (host / "secret.txt").read_text() == SECRET  # the host fixture checks every host file too
+
+
+def test_a_lineage_db_whose_versions_form_a_parent_cycle_is_not_opened(tmp_path):
+    """Review 7: a run folder from elsewhere whose ``lineage.db`` has ``v2.parent_id = v3`` and ``v3.parent_id = v2``
+    made ``LineageStore.path_to_root("v2")`` (the MCP ``gate_version``) grow a list for good (MemoryError after 45 s
+    under a 3 GB limit) and ``report`` spin forever in ``step_offset``. Such a file is refused at open, naming the
+    cycle, whatever reads it (read-only too)."""
+    import sqlite3
+    import time
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    cols = [c[1] for c in db.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, db.execute("SELECT * FROM versions WHERE id = 'v1'").fetchone(), strict=True))
+    for vid, parent in (("v2", "v3"), ("v3", "v2"), ("v4", "v4")):
+        db.execute(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                   [{**row, "id": vid, "parent_id": parent}[c] for c in cols])
+    db.commit()
+    db.close()
+    t0 = time.monotonic()
+    for open_it in (lambda: Workspace.open(run), lambda: LineageStore(run / "lineage.db", readonly=True),
+                    lambda: ingest(run)):
+        with pytest.raises(LineageError, match=r"versions (v2 -> v3 -> v2|v3 -> v2 -> v3|v4 -> v4) are their own "
+                                               r"ancestors \(a parent cycle\).*not opened"):
+            open_it()
+    assert time.monotonic() - t0 < 10
