@@ -211,6 +211,7 @@ def _pid_alive(pid: int | None) -> bool:
 
 _STORE_SERIALS = itertools.count(1)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
+MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._refuse_parent_cycles, branch)
 
 
 class LineageStore:
@@ -307,18 +308,23 @@ class LineageStore:
         machine's memory without one: the MCP ``gate_version`` of v2 took its server down) and ``report`` spin
         forever in :meth:`step_offset`. One pass over ``(id, parent_id)``, each version walked once.
 
+        A lineage deeper than :data:`MAX_LINEAGE_DEPTH` is refused too (:meth:`branch` makes none): review 7's chain of
+        5,000 versions ended ``lineage show`` and ``lineage show --json`` with RecursionError (the JSON one from about
+        490 deep) and kept ``report`` busy past 120 s (each version's :meth:`step_offset` walks to the root: 13 s at
+        300 deep, quadratic).
+
         Raises:
-            LineageError: a cycle (names its versions).
+            LineageError: a cycle (names its versions), or a version deeper than :data:`MAX_LINEAGE_DEPTH`.
         """
         if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'versions'").fetchone():
             return  # a new file: the schema is made next
         parent = {row[0]: row[1] for row in self._db.execute("SELECT id, parent_id FROM versions")}
-        good: set[str] = set()
+        depth: dict[str, int] = {}  # versions on the path from the root, the root 1
         for start in parent:
             path: list[str] = []
             on_path: set[str] = set()
             v = start
-            while v is not None and v not in good:
+            while v is not None and v not in depth:
                 if v in on_path:
                     cycle = " -> ".join([*path[path.index(v):], v])
                     raise LineageError(f"{self.path}: versions {cycle} are their own ancestors (a parent cycle), "
@@ -327,7 +333,14 @@ class LineageStore:
                 on_path.add(v)
                 path.append(v)
                 v = parent.get(v)  # a parent missing from the table ends the walk (reading it names it)
-            good.update(path)
+            d = 0 if v is None else depth[v]
+            for u in reversed(path):
+                d += 1
+                depth[u] = d
+                if d > MAX_LINEAGE_DEPTH:
+                    raise LineageError(f"{self.path}: version {u} is {d} versions deep, past the {MAX_LINEAGE_DEPTH} "
+                                       "EvoTrainer makes (a crafted file); not opened. Use a run folder EvoTrainer "
+                                       "wrote")
 
     def _refuse_foreign_schema_unless_locked(self) -> None:
         """:meth:`_refuse_foreign_schema` without waiting for another connection's lock (a read-only handle on a
@@ -484,7 +497,7 @@ class LineageStore:
             raise LineageError("a child version needs at least one intervention")
         if merge_decision is not None and not merge_decision[0].strip():
             raise LineageError("a decision needs a rationale; say why, with the numbers")
-        parent = self.get(parent_id)
+        parent = self._deepest_parent(parent_id)
         recipe = apply_all(parent.recipe, ivs)
         with self.tx() as db:
             vid = self._next_id(db)
@@ -505,6 +518,18 @@ class LineageStore:
                 )
         return self.get(vid)
 
+    def _deepest_parent(self, parent_id: str) -> Version:
+        """``parent_id``'s version, when a child of it stays within :data:`MAX_LINEAGE_DEPTH`.
+
+        Raises:
+            LineageError: unknown parent, or one :data:`MAX_LINEAGE_DEPTH` versions deep already.
+        """
+        chain = self.path_to_root(parent_id)
+        if len(chain) >= MAX_LINEAGE_DEPTH:
+            raise LineageError(f"{parent_id} is {len(chain)} versions deep; a lineage holds at most "
+                               f"{MAX_LINEAGE_DEPTH} on one path: branch from an earlier version")
+        return chain[0]
+
     def branch_control(self, parent_id: str, note: str = "") -> Version:
         """Find-or-create the control arm of ``parent_id``: a child with the parent's recipe and no
         intervention (``role = 'control'``), trained like its siblings from the parent's checkpoint.
@@ -515,7 +540,7 @@ class LineageStore:
         for c in self.children(parent_id):
             if c.is_control:
                 return c
-        parent = self.get(parent_id)
+        parent = self._deepest_parent(parent_id)
         with self.tx() as db:
             vid = self._next_id(db)
             now = time.time()

@@ -657,3 +657,46 @@ def test_a_lineage_db_whose_versions_form_a_parent_cycle_is_not_opened(tmp_path)
                                                r"ancestors \(a parent cycle\).*not opened"):
             open_it()
     assert time.monotonic() - t0 < 10
+
+
+def test_a_lineage_deeper_than_the_cap_is_not_opened_and_never_made(tmp_path):
+    """Review 7: a run folder from elsewhere whose ``lineage.db`` chains 5,000 versions (each the previous one's child)
+    ended ``lineage show`` and ``lineage show --json`` with RecursionError (the JSON from about 490 deep) and kept
+    ``report`` busy past 120 s (quadratic: each version walks to the root). Past MAX_LINEAGE_DEPTH a file is refused at
+    open, naming the version; ``branch`` refuses to go deeper, so EvoTrainer never writes one."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import MAX_LINEAGE_DEPTH, LineageError
+    from evotrainer.recipe import Recipe
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+        vid, eps = "v0", ws.lineage.get("v0").recipe.eps_clip_high
+        for _ in range(MAX_LINEAGE_DEPTH - 1):
+            vid = ws.lineage.branch(vid, Intervention(path="eps_clip_high", old=eps, new=eps + 1e-3,
+                                                      category="optimizer", hypothesis="h")).id
+            eps += 1e-3
+        assert len(ws.lineage.path_to_root(vid)) == MAX_LINEAGE_DEPTH
+        with pytest.raises(LineageError, match=rf"{vid} is {MAX_LINEAGE_DEPTH} versions deep; .*branch from an earlier"):
+            ws.lineage.branch(vid, Intervention(path="eps_clip_high", old=eps, new=eps + 1e-3, category="optimizer",
+                                                hypothesis="h"))
+        with pytest.raises(LineageError, match=rf"{vid} is {MAX_LINEAGE_DEPTH} versions deep"):
+            ws.lineage.branch_control(vid)
+    assert CliRunner().invoke(app, ["lineage", "show", str(run), "--json"]).exit_code == 0  # at the cap: fine
+    db = sqlite3.connect(run / "lineage.db")  # one version deeper, written by hand
+    cols = [c[1] for c in db.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, db.execute("SELECT * FROM versions WHERE id = ?", (vid,)).fetchone(), strict=True))
+    db.execute(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+               [{**row, "id": "deep", "parent_id": vid}[c] for c in cols])
+    db.commit()
+    db.close()
+    with pytest.raises(LineageError, match=rf"version deep is {MAX_LINEAGE_DEPTH + 1} versions deep, past the "
+                                           rf"{MAX_LINEAGE_DEPTH} EvoTrainer makes"):
+        Workspace.open(run)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run), "--json"])
+    assert r.exit_code == 1 and "RecursionError" not in r.output
