@@ -973,3 +973,22 @@ def test_an_argument_error_names_twenty_bad_values_and_counts_the_rest(bounds_cl
                            "should be a valid number, unable to parse string as a number")
     assert text.count("Input should be a valid number") == 20 and text.endswith("; and 39980 more like these")
     assert len(text) < 5_000
+
+
+def test_skill_outcomes_recorded_by_two_processes_at_once_are_all_counted(tmp_path):
+    """Review 7: ``record_outcome`` (the MCP ``record_skill_outcome``, the orchestrator's verdicts) read the skill's
+    track record, added one and wrote it back under a lock of its own process only, on a table version up to 1 s
+    old: two processes recording 40 outcomes each on one skill stored ``tried=40`` (every other trial lost, no
+    error). Now one at a time across processes, on the latest version."""
+    from evotrainer.skills_db.models import Skill
+    from evotrainer.skills_db.store import SkillStore
+
+    path = tmp_path / "skills"
+    SkillStore(path, seed=False).add(Skill(id="probe_skill", kind="procedure", name="p", description="d"))
+    code = ("import sys\nfrom evotrainer.skills_db.store import SkillStore\ns = SkillStore(sys.argv[1], seed=False)\n"
+            "for _ in range(15):\n    s.record_outcome('probe_skill', 'math', 'helped')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(2)]
+    errs = [p.communicate(timeout=240)[1].decode()[-500:] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    rec = SkillStore(path, seed=False).get("probe_skill").track_record["math"]
+    assert (rec.tried, rec.helped) == (30, 30), rec
