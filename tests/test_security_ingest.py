@@ -700,3 +700,27 @@ def test_a_lineage_deeper_than_the_cap_is_not_opened_and_never_made(tmp_path):
         Workspace.open(run)
     r = CliRunner().invoke(app, ["lineage", "show", str(run), "--json"])
     assert r.exit_code == 1 and "RecursionError" not in r.output
+
+
+HUGE_STEP = 10 ** 26
+TOO_BIG = r"(metrics\.jsonl|train\.log|trainer_state\.json|metrics): step 1\d{26} does not fit a 64-bit integer"
+
+
+@pytest.mark.parametrize("rel, body", [
+    ("metrics.jsonl", "".join(json.dumps({"step": s, "reward": 0.5}) + "\n" for s in (1, 2, HUGE_STEP))),
+    ("train.log", f"step:1 - critic/score/mean:0.1\nstep:{HUGE_STEP} - critic/score/mean:0.2\n"),
+    ("trainer_state.json", json.dumps({"log_history": [{"step": 1, "loss": 2.0}, {"step": HUGE_STEP, "loss": 1.0}]})),
+    ("mlruns/0/abc/metrics/loss", f"1700000000000 0.5 1\n1700000000001 0.6 {HUGE_STEP}\n"),
+])
+def test_a_step_past_64_bits_is_named_not_an_overflow(tmp_path, rel, body):
+    """Review 7: a step of 10**26 in a JSONL, a verl log, a ``trainer_state.json`` or an MLflow metric file ended
+    ``diagnose`` and ``import`` with "OverflowError: Python int too large to convert to C long" (no file named) when
+    the series became int64 arrays. Now an IngestError names the file and the step; nothing is imported."""
+    src = tmp_path / "foreign"
+    (src / rel).parent.mkdir(parents=True)
+    (src / rel).write_text(body)
+    with pytest.raises(IngestError, match=TOO_BIG):
+        ingest(src)
+    with pytest.raises(IngestError, match=TOO_BIG):
+        import_run(src, tmp_path / "run")
+    assert not (tmp_path / "run" / "lineage.db").exists()
