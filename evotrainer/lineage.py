@@ -212,6 +212,10 @@ def _pid_alive(pid: int | None) -> bool:
 _STORE_SERIALS = itertools.count(1)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
 MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._refuse_parent_cycles, branch)
+# The metric rows read: those log_metrics writes (an integer step, a number or NULL). SQLite keeps any type in any
+# column, and review 7's crafted lineage.db with a step of 1e30 (REAL) and one of 'abc' ended `diagnose` with a bare
+# OverflowError and `report` with "ValueError: invalid literal for int()"; such rows are not read.
+_METRIC_ROW_OK = "typeof(step) = 'integer' AND typeof(value) IN ('real', 'integer', 'null')"
 
 
 class LineageStore:
@@ -808,18 +812,20 @@ class LineageStore:
     def metric_series(self, version_id: str, name: str) -> list[tuple[int, float]]:
         """``[(step, value)]`` of one metric of one version, by step."""
         return [(r[0], r[1]) for r in
-                self._q("SELECT step, value FROM metrics WHERE version_id=? AND name=? ORDER BY step", (version_id, name))]
+                self._q(f"SELECT step, value FROM metrics WHERE version_id=? AND name=? AND {_METRIC_ROW_OK} ORDER BY step",
+                        (version_id, name))]
 
     def all_metrics(self, version_id: str) -> dict[str, list[tuple[int, float]]]:
         """Every metric series of one version: ``{name: [(step, value)]}``."""
         out: dict[str, list[tuple[int, float]]] = {}
-        for r in self._q("SELECT name, step, value FROM metrics WHERE version_id=? ORDER BY name, step", (version_id,)):
+        for r in self._q(f"SELECT name, step, value FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK} "
+                         "ORDER BY name, step", (version_id,)):
             out.setdefault(r[0], []).append((r[1], r[2]))
         return out
 
     def last_step(self, version_id: str) -> int:
         """Last step with logged metrics (-1 if none): where a resumed training continues."""
-        r = self._q("SELECT MAX(step) FROM metrics WHERE version_id=?", (version_id,))
+        r = self._q(f"SELECT MAX(step) FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK}", (version_id,))
         return -1 if r[0][0] is None else int(r[0][0])
 
     # --- eval outcomes ----------------------------------------------------------------------------

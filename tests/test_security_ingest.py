@@ -724,3 +724,30 @@ def test_a_step_past_64_bits_is_named_not_an_overflow(tmp_path, rel, body):
     with pytest.raises(IngestError, match=TOO_BIG):
         import_run(src, tmp_path / "run")
     assert not (tmp_path / "run" / "lineage.db").exists()
+
+
+def test_metric_rows_of_a_crafted_lineage_db_that_log_metrics_never_writes_are_not_read(tmp_path):
+    """Review 7: SQLite keeps any type in any column; a run folder from elsewhere whose ``metrics`` table held a step
+    of 1e30 (REAL) and a step ``'abc'`` with the value ``'xyz'`` ended ``diagnose`` with a bare "OverflowError: Python
+    int too large to convert to C long" and ``report`` with "ValueError: invalid literal for int()". Rows of types
+    ``log_metrics`` never writes are not read; the good ones still are."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.agents.report import write_report
+
+    run = make_run(tmp_path)
+    with Workspace.open(run) as ws:
+        good = ws.lineage.all_metrics("v0")
+        last = ws.lineage.last_step("v0")
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO metrics (version_id, step, name, value) VALUES ('v0', ?, ?, ?)",
+                   [(1e30, "reward/mean", 0.5), ("abc", "reward/mean", "xyz"), (7, "reward/mean", "xyz")])
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        assert ws.lineage.all_metrics("v0") == good and ws.lineage.last_step("v0") == last
+        assert ws.lineage.metric_series("v0", "reward/mean") == good["reward/mean"]
+        assert write_report(ws).stat().st_size > 0
+    assert ingest(run).series("v0", "reward/mean")[0].tolist() == [s for s, _ in good["reward/mean"]]
