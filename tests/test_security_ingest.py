@@ -751,3 +751,23 @@ def test_metric_rows_of_a_crafted_lineage_db_that_log_metrics_never_writes_are_n
         assert ws.lineage.metric_series("v0", "reward/mean") == good["reward/mean"]
         assert write_report(ws).stat().st_size > 0
     assert ingest(run).series("v0", "reward/mean")[0].tolist() == [s for s, _ in good["reward/mean"]]
+
+
+def test_diagnose_out_inside_a_run_folder_follows_no_link_there(tmp_path, host):
+    """Review 7: ``diagnose RUN --out RUN/reports/mine`` with ``reports`` a link to a host folder made ``mine`` there
+    and wrote ``v0.png`` into it (the default folder, ``RUN/reports/diagnose``, already refused the link). An --out
+    inside the run folder is now made and written through no link; one outside it is the caller's choice."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    run = make_run(tmp_path)
+    (run / "reports").rmdir()
+    (run / "reports").symlink_to(host / "dir")
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills", "--out", str(run / "reports" / "mine")])
+    assert "reports is a link" in str(r.exception), (r.exception, r.output)
+    assert sorted(p.name for p in (host / "dir").iterdir()) == ["1"]  # nothing made there
+    (run / "reports").unlink()
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills", "--out", str(run / "reports" / "mine")])
+    assert r.exit_code == 0 and (run / "reports" / "mine" / "v0.png").is_file(), r.output
