@@ -464,7 +464,12 @@ class LineageStore:
 
     # --- versions ---------------------------------------------------------------------------------
     def _next_id(self, db: sqlite3.Connection) -> str:
+        """``v<count>``, or the next free ``v<n>`` after it: a run folder from elsewhere may lack ids below its count
+        (review 7: versions ``v0, v2`` made every :meth:`branch` fail with a raw "sqlite3.IntegrityError: UNIQUE
+        constraint failed: versions.id", so the run could not go on)."""
         n = db.execute("SELECT COUNT(*) FROM versions").fetchone()[0]
+        while db.execute("SELECT 1 FROM versions WHERE id = ?", (f"v{n}",)).fetchone():
+            n += 1
         return f"v{n}"
 
     def create_root(self, recipe: Recipe, note: str = "base recipe") -> Version:

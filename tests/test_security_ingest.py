@@ -771,3 +771,25 @@ def test_diagnose_out_inside_a_run_folder_follows_no_link_there(tmp_path, host):
     (run / "reports").unlink()
     r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills", "--out", str(run / "reports" / "mine")])
     assert r.exit_code == 0 and (run / "reports" / "mine" / "v0.png").is_file(), r.output
+
+
+def test_a_lineage_db_with_a_gap_in_its_version_ids_can_still_branch(tmp_path):
+    """Review 7: a run folder from elsewhere whose versions are ``v0, v2`` (count 2): the next id was ``v2``, and every
+    branch (``propose_intervention``, ``run --resume``) failed with a raw "sqlite3.IntegrityError: UNIQUE constraint
+    failed: versions.id". The next free id is taken now."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.intervention import Intervention
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("UPDATE versions SET id = 'v2' WHERE id = 'v1'")
+    db.commit()
+    db.close()
+    with Workspace.open(run, writer=True) as ws:
+        eps = ws.lineage.get("v0").recipe.eps_clip_high
+        ids = [ws.lineage.branch("v0", Intervention(path="eps_clip_high", old=eps, new=eps + k / 100,
+                                                    category="optimizer", hypothesis="h")).id for k in (1, 2)]
+        assert ids == ["v3", "v4"] and ws.lineage.branch_control("v0").id == "v5"
