@@ -793,3 +793,30 @@ def test_a_lineage_db_with_a_gap_in_its_version_ids_can_still_branch(tmp_path):
         ids = [ws.lineage.branch("v0", Intervention(path="eps_clip_high", old=eps, new=eps + k / 100,
                                                     category="optimizer", hypothesis="h")).id for k in (1, 2)]
         assert ids == ["v3", "v4"] and ws.lineage.branch_control("v0").id == "v5"
+
+
+def test_two_imports_into_one_new_run_folder_leave_one_run_and_a_clear_error(tmp_path, monkeypatch):
+    """Review 7: two ``evotrainer import`` into the same new ``--run`` at once: one imported, the other ended with
+    "this run has a root version already; branch from it instead" (no folder named, advice that does not apply to an
+    import). The other import is made here while the first reads its source."""
+    from evotrainer.harness import importer
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for src in (a, b):
+        src.mkdir()
+        (src / "train.log").write_text(GOOD)
+    run = tmp_path / "run"
+    real_ingest = importer.ingest
+
+    def ingest_while_b_imports(path, *args, **kw):
+        ev = real_ingest(path, *args, **kw)
+        if path == a:
+            importer.import_run(b, run)  # the other process, finishing first
+        return ev
+
+    monkeypatch.setattr(importer, "ingest", ingest_while_b_imports)
+    with pytest.raises(RunImportError, match=rf"^{run} holds a run already \(made by another process while this "
+                                             rf"import read {a}\); import into a new folder"):
+        importer.import_run(a, run)
+    with Workspace.open(run) as ws:
+        assert [v.id for v in ws.lineage.versions()] == ["v0"] and str(b) in ws.lineage.get("v0").note
