@@ -148,3 +148,24 @@ def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_pat
         f.truncate(3 << 30)
     r = CliRunner().invoke(app, ["sandbox", "run", str(big)])
     assert r.exit_code == 1 and f"error: {big}: 3072 MiB; a Python file to run is at most 16 MiB" in r.stderr
+
+
+def test_limits_past_what_an_rlimit_holds_are_refused_naming_the_field(tmp_path):
+    """Review 7: ``sandbox run --timeout inf`` ended with a bare "OverflowError: cannot convert float infinity to
+    integer"; ``--timeout 1e308`` and ``--memory 99999999999999`` made the launcher's setrlimit overflow inside the
+    sandbox, reported as the program's own exit 1. Each limit is now at most LIMIT_MAX, named (flag or field)."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.sandbox.api import LIMIT_MAX
+
+    prog = tmp_path / "p.py"
+    prog.write_text("print('ran')\n")
+    for flag, value, unit in (("--timeout", "inf", "seconds"), ("--timeout", "1e308", "seconds"),
+                              ("--memory", "99999999999999", "MiB")):
+        r = CliRunner().invoke(app, ["sandbox", "run", str(prog), flag, value])
+        assert r.exit_code == 1 and f"must be > 0 {unit} and at most {LIMIT_MAX:,}" in r.stderr, (flag, r.output)
+        assert "ran" not in r.stdout
+    for field, value in (("timeout_s", float("inf")), ("memory_mb", 10 ** 14), ("cpu_s", 1e300)):
+        with pytest.raises(SandboxError, match=rf"^{field}=.*: must be > 0 and at most"):
+            run_in_sandbox(code="print('ran')", **{field: value})

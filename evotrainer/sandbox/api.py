@@ -230,6 +230,12 @@ def _seccomp_summary(backend: str | None) -> str | None:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+# The largest value of any limit (in its own unit): review 7's timeout_s=inf ended `sandbox run` with a bare
+# OverflowError, and timeout_s=1e308 or memory_mb=99999999999999 made the launcher's setrlimit overflow inside the
+# sandbox (exit 1, "OverflowError" in stderr, reported as the program's own failure). 2**40 MiB << 20 fits an rlimit.
+LIMIT_MAX = 1 << 40
+
+
 def run_in_sandbox(
     cmd: list[str] | None = None,
     *,
@@ -278,10 +284,10 @@ def run_in_sandbox(
     for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_file_mb", max_file_mb),
                          ("max_procs", max_procs), ("disk_mb", disk_mb), ("max_output_kb", max_output_kb),
                          ("cpus", cpus)):
-        if not value > 0:
-            raise SandboxError(f"{field}={value!r}: must be > 0")
-    if cpu_s is not None and not cpu_s > 0:
-        raise SandboxError(f"cpu_s={cpu_s!r}: must be > 0 or None")
+        if not 0 < value <= LIMIT_MAX:
+            raise SandboxError(f"{field}={value!r}: must be > 0 and at most {LIMIT_MAX:,}")
+    if cpu_s is not None and not 0 < cpu_s <= LIMIT_MAX:
+        raise SandboxError(f"cpu_s={cpu_s!r}: must be > 0 and at most {LIMIT_MAX:,}, or None")
     inputs = {k: Path(v) for k, v in (inputs or {}).items()}
     for name, src in inputs.items():
         if not _NAME_RE.match(name):
