@@ -238,9 +238,11 @@ def test_cli_info_and_run(tmp_path, backend):
     assert res.exit_code == 1 and "nope.py: no such file" in res.output
     # a bad flag is named as the user typed it (it said "timeout_s=-1.0: must be > 0")
     res = cli.invoke(app, ["sandbox", "run", str(script), "--timeout", "-1"])
-    assert res.exit_code == 1 and res.stderr.strip() == "error: --timeout -1: must be > 0 seconds, e.g. --timeout 30"
+    assert res.exit_code == 1 and res.stderr.strip() == ("error: --timeout -1: must be > 0 seconds and at most "
+                                                         "1,099,511,627,776, e.g. --timeout 30")
     res = cli.invoke(app, ["sandbox", "run", str(script), "--memory", "0"])
-    assert res.exit_code == 1 and res.stderr.strip() == "error: --memory 0: must be > 0 MiB, e.g. --memory 1024"
+    assert res.exit_code == 1 and res.stderr.strip() == ("error: --memory 0: must be > 0 MiB and at most "
+                                                         "1,099,511,627,776, e.g. --memory 1024")
 
 
 # --- Docker backend against a fake Engine API on 127.0.0.1 (no daemon here) -------------------------
