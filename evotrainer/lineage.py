@@ -577,14 +577,19 @@ class LineageStore:
             why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
             raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} holds {why} (a crafted or damaged file); "
                                "not read. Use a run folder EvoTrainer wrote") from None
-        return Version(
-            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
-            interventions=[Intervention.model_validate(d) for d in interventions],
-            status=r["status"], checkpoint=r["checkpoint"],
-            metrics_summary=summaries[0], eval_summary=summaries[1],
-            findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
-            created_at=r["created_at"], updated_at=r["updated_at"],
-        )
+        try:
+            return Version(
+                id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
+                interventions=[Intervention.model_validate(d) for d in interventions],
+                status=r["status"], checkpoint=r["checkpoint"],
+                metrics_summary=summaries[0], eval_summary=summaries[1],
+                findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
+                created_at=r["created_at"], updated_at=r["updated_at"],
+            )
+        except ValueError as exc:  # RecipeError, pydantic's ValidationError: review 7, no file or version named
+            raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} is not a valid version "
+                               f"({str(exc).splitlines()[0][:600]}); not read. Use a run folder EvoTrainer wrote, "
+                               "or an EvoTrainer release that reads it") from None
 
     def get(self, version_id: str) -> Version:
         """One version.

@@ -820,3 +820,31 @@ def test_two_imports_into_one_new_run_folder_leave_one_run_and_a_clear_error(tmp
         importer.import_run(a, run)
     with Workspace.open(run) as ws:
         assert [v.id for v in ws.lineage.versions()] == ["v0"] and str(b) in ws.lineage.get("v0").note
+
+
+def test_a_stored_recipe_that_does_not_validate_is_named_briefly(tmp_path):
+    """Review 7: a run folder from elsewhere whose version v1 stored a recipe with 50,000 reward components ended
+    ``lineage show`` and ``report`` with one 2 MB error line (every component repeated), naming neither the file nor
+    the version. Now a LineageError names both and shows at most SHOWN_MAX characters of the value."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    recipe = json.loads(db.execute("SELECT recipe FROM versions WHERE id = 'v1'").fetchone()[0])
+    recipe["reward"] = {f"c{i}": {"weight": 1.0, "params": {}} for i in range(50_000)}
+    db.execute("UPDATE versions SET recipe = ? WHERE id = 'v1'", (json.dumps(recipe),))
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws, pytest.raises(LineageError) as err:
+        ws.lineage.versions()
+    text = str(err.value)
+    assert text.startswith(f"{run / 'lineage.db'}: version 'v1' is not a valid version (recipe.reward={{'c0'")
+    assert "characters): unknown reward component 'c0'" in text and len(text) < 1200, len(text)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code == 1 and len(str(r.exception)) < 1200
