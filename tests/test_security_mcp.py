@@ -992,3 +992,26 @@ def test_skill_outcomes_recorded_by_two_processes_at_once_are_all_counted(tmp_pa
     assert [p.returncode for p in procs] == [0, 0], errs
     rec = SkillStore(path, seed=False).get("probe_skill").track_record["math"]
     assert (rec.tried, rec.helped) == (30, 30), rec
+
+
+def test_the_http_banner_does_not_echo_a_token_set_in_the_environment(tmp_path):
+    """Review 7: ``serve --transport http`` wrote ``bearer token (from EVOTRAINER_MCP_TOKEN): <the token>`` on stderr,
+    copying the caller's secret into whatever keeps the server's logs. A token the caller set is not printed now (a
+    generated one still is: the client needs it)."""
+    import socket
+
+    secret = "review7-secret-token-0123456789"
+    run = make_run(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, EVOTRAINER_MCP_TOKEN=secret, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--transport", "http",
+                             "--run", str(run), "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stderr.readline() + proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert f"127.0.0.1:{port}/mcp" in banner and "the value of EVOTRAINER_MCP_TOKEN" in banner, banner
+    assert secret not in banner
