@@ -848,3 +848,39 @@ def test_a_stored_recipe_that_does_not_validate_is_named_briefly(tmp_path):
     assert "characters): unknown reward component 'c0'" in text and len(text) < 1200, len(text)
     r = CliRunner().invoke(app, ["lineage", "show", str(run)])
     assert r.exit_code == 1 and len(str(r.exception)) < 1200
+
+
+def test_a_fifo_in_place_of_the_run_log_is_refused_without_blocking(tmp_path):
+    """Review 7: a run folder from elsewhere holding ``logs/run.jsonl`` as a FIFO: reading it (``search_logs``) and
+    appending to it (every ``Workspace.log``: ``propose_intervention``, jobs, training) blocked for good in the open;
+    in a server each ``search_logs`` kept a tool slot, two of them every slot. Now a WorkspaceError names it at once."""
+    import threading
+
+    from mcp_testlib import make_run
+
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    log.unlink()
+    os.mkfifo(log)
+    ws = Workspace.open(run)
+    for call in (ws.read_logs, lambda: ws.log("x")):
+        out: list = []
+
+        def attempt(call=call, out=out):
+            try:
+                out.append(call())
+            except WorkspaceError as exc:
+                out.append(exc)
+
+        t = threading.Thread(target=attempt, daemon=True)
+        t.start()
+        t.join(5)
+        if t.is_alive():  # release the blocked open (the other end of the FIFO), then fail
+            fd = os.open(log, os.O_RDWR)
+            t.join(5)
+            os.close(fd)
+            pytest.fail(f"{call}: blocked on the FIFO for 5 s")
+        assert isinstance(out[0], WorkspaceError) and "run.jsonl: not a regular file" in str(out[0]), out
+    ws.close()
