@@ -884,3 +884,39 @@ def test_a_fifo_in_place_of_the_run_log_is_refused_without_blocking(tmp_path):
             pytest.fail(f"{call}: blocked on the FIFO for 5 s")
         assert isinstance(out[0], WorkspaceError) and "run.jsonl: not a regular file" in str(out[0]), out
     ws.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_fifo_or_link_inside_the_rollout_dataset_is_refused_without_blocking(tmp_path, host, kind):
+    """Review 7: a run folder from elsewhere with a FIFO in place of a Lance data file of ``rollouts/``: reading the
+    rollouts (``diagnose``, ``report``, ``sample_rollouts``) blocked for good inside Lance (``diagnose`` killed at
+    30 s); a link there would be read through. Such a dataset is refused, naming the entry."""
+    import threading
+
+    from mcp_testlib import make_run
+
+    from evotrainer.rollouts import RolloutStoreError
+
+    run = make_run(tmp_path)
+    victim = sorted((run / "rollouts" / "rollouts.lance" / "data").glob("*.lance"))[0]  # a data fragment
+    victim.unlink()
+    if kind == "fifo":
+        os.mkfifo(victim)
+    else:
+        victim.symlink_to(host / "secret.txt")
+    out: list = []
+
+    def attempt():
+        try:
+            out.append(ingest(run))
+        except Exception as exc:  # a link read through ended in a raw Lance error (a Rust source path in it)
+            out.append(exc)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        fd = os.open(victim, os.O_RDWR | os.O_NONBLOCK)  # the FIFO's other end releases the blocked read
+        os.close(fd)
+        pytest.fail("reading the rollouts blocked on the FIFO for 30 s")
+    assert isinstance(out[0], RolloutStoreError) and f"{victim}: not a regular file or folder" in str(out[0]), out
