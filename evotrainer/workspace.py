@@ -404,7 +404,11 @@ def replace_file(path: Path, data: bytes, root: Path | None = None) -> None:
     tmp = f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         sfs.write_file(fd, tmp, data, create=True)
-        os.replace(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+        try:
+            os.replace(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+        except IsADirectoryError:  # review 7: said only "Is a directory: '.report.html.<pid>.<tid>.tmp' -> ..."
+            raise WorkspaceError(f"{path}: a folder where EvoTrainer writes a file (a run folder from elsewhere may "
+                                 "hold one); remove it and rerun") from None
     except BaseException:
         try:
             os.unlink(tmp, dir_fd=fd)

@@ -920,3 +920,26 @@ def test_a_fifo_or_link_inside_the_rollout_dataset_is_refused_without_blocking(t
         os.close(fd)
         pytest.fail("reading the rollouts blocked on the FIFO for 30 s")
     assert isinstance(out[0], RolloutStoreError) and f"{victim}: not a regular file or folder" in str(out[0]), out
+
+
+def test_a_folder_in_place_of_a_report_or_plot_is_named(tmp_path):
+    """Review 7: a run folder from elsewhere with ``reports/report.html`` (or ``reports/diagnose/v0.png``) a folder ended
+    ``report`` (``diagnose``) with "IsADirectoryError: [Errno 21] Is a directory: '.report.html.<pid>.<tid>.tmp' ->
+    'report.html'", naming neither the run nor the path. Now a WorkspaceError names the path and the fix; no temporary
+    file is left."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.agents.report import write_report
+    from evotrainer.cli import app
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / "reports" / "report.html" / "sub").mkdir(parents=True)
+    with Workspace.open(run) as ws, pytest.raises(WorkspaceError, match=rf"^{run}/reports/report\.html: a folder "
+                                                                        r"where EvoTrainer writes a file"):
+        write_report(ws)
+    (run / "reports" / "diagnose" / "v0.png").mkdir(parents=True)
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert "reports/diagnose/v0.png: a folder where EvoTrainer writes a file" in str(r.exception), r.output
+    assert not [p for p in (run / "reports").rglob(".*.tmp")]
