@@ -1015,3 +1015,24 @@ def test_the_http_banner_does_not_echo_a_token_set_in_the_environment(tmp_path):
         proc.wait(30)
     assert f"127.0.0.1:{port}/mcp" in banner and "the value of EVOTRAINER_MCP_TOKEN" in banner, banner
     assert secret not in banner
+
+
+def test_one_new_skill_id_added_by_two_processes_at_once_is_stored_once(tmp_path):
+    """Review 7: two processes adding the same new skill id at the same moment both passed the id check (a lock of
+    their own process, a table version up to 1 s old) and both added it: two rows with one id. Now one add stores
+    it and the other gets "exist already"."""
+    from evotrainer.skills_db.store import SkillStore
+
+    path = tmp_path / "skills"
+    SkillStore(path, seed=False).count()  # the tables exist before the race
+    start = time.time() + 6  # both processes loaded and waiting by then
+    code = ("import sys, time\nfrom evotrainer.skills_db.models import Skill, SkillError\n"
+            "from evotrainer.skills_db.store import SkillStore\ns = SkillStore(sys.argv[1], seed=False)\ns.count()\n"
+            "while time.time() < float(sys.argv[2]):\n    time.sleep(0.001)\ntry:\n"
+            "    s.add(Skill(id='dup_skill', kind='procedure', name=sys.argv[3], description='d'))\n    print('ADDED')\n"
+            "except SkillError as exc:\n    print('REFUSED', exc)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start), name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("A", "B")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert sorted(o.split()[0] for o, _ in outs) == ["ADDED", "REFUSED"], outs
+    assert [s.id for s in SkillStore(path, seed=False).list()] == ["dup_skill"]
