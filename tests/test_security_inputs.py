@@ -169,3 +169,16 @@ def test_limits_past_what_an_rlimit_holds_are_refused_naming_the_field(tmp_path)
     for field, value in (("timeout_s", float("inf")), ("memory_mb", 10 ** 14), ("cpu_s", 1e300)):
         with pytest.raises(SandboxError, match=rf"^{field}=.*: must be > 0 and at most"):
             run_in_sandbox(code="print('ran')", **{field: value})
+
+
+def test_an_env_value_past_the_kernels_string_limit_is_a_sandbox_error_naming_it():
+    """Review 7: ``env={"X": 200,000 bytes}`` came back as the program's own exit 1 with bwrap's "execvp ...: Argument
+    list too long" (the kernel's MAX_ARG_STRLEN). It is refused before the run now, naming the variable; the largest
+    value that fits still runs."""
+    from evotrainer.sandbox.api import ENV_ENTRY_MAX
+
+    most = ENV_ENTRY_MAX - 3  # "X=" + value + NUL fills the limit exactly
+    r = run_in_sandbox(code="import os; print(len(os.environ['X']))", env={"X": "a" * most}, timeout_s=30)
+    assert r.exit_code == 0 and r.stdout.strip() == str(most), (r.stdout, r.stderr[-300:])
+    with pytest.raises(SandboxError, match=rf"^env\['X'\]: {most + 1:,} bytes; one variable is at most {most:,} bytes"):
+        run_in_sandbox(code="pass", env={"X": "a" * (most + 1)})

@@ -234,6 +234,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # OverflowError, and timeout_s=1e308 or memory_mb=99999999999999 made the launcher's setrlimit overflow inside the
 # sandbox (exit 1, "OverflowError" in stderr, reported as the program's own failure). 2**40 MiB << 20 fits an rlimit.
 LIMIT_MAX = 1 << 40
+# The kernel refuses an execve whose environment holds a "NAME=value" string this long (MAX_ARG_STRLEN, 32 pages):
+# review 7's 200,000-byte env value came back as the program's own exit 1 with bwrap's "Argument list too long".
+ENV_ENTRY_MAX = 32 * 4096
 
 
 def run_in_sandbox(
@@ -302,6 +305,10 @@ def run_in_sandbox(
         if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
             raise SandboxError(f"env[{k!r}]: names must be non-empty strings without '=' or NUL, values strings "
                                "without NUL")
+        if len(k.encode()) + len(v.encode()) + 1 >= ENV_ENTRY_MAX:  # review 7: exit 1, "Argument list too long"
+            raise SandboxError(f"env[{k!r}]: {len(v.encode()):,} bytes; one variable is at most "
+                               f"{ENV_ENTRY_MAX - 2 - len(k.encode()):,} bytes (the kernel's limit per string, "
+                               "MAX_ARG_STRLEN): pass large data as an input file instead")
     if image not in ("analyzer", "code-runner", "swe-runner"):
         raise SandboxError(f"image={image!r}: use analyzer, code-runner or swe-runner")
 
