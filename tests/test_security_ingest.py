@@ -943,3 +943,29 @@ def test_a_folder_in_place_of_a_report_or_plot_is_named(tmp_path):
     r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
     assert "reports/diagnose/v0.png: a folder where EvoTrainer writes a file" in str(r.exception), r.output
     assert not [p for p in (run / "reports").rglob(".*.tmp")]
+
+
+def test_many_running_jobs_of_one_pid_ask_about_that_process_once(tmp_path, monkeypatch):
+    """Review 7: a crafted lineage.db (21 MB) holding 300,000 "running" jobs of pid 1 made every writable open take
+    9 s (``recover_jobs`` signalled pid 1 and read its /proc entry once per job). Each pid is asked once now."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer import lineage
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO jobs (id, version_id, kind, status, pid, created_at, updated_at) "
+                   "VALUES (?, 'v0', 'train', 'running', ?, 0, 0)",
+                   [(f"j{i}", os.getpid() if i % 2 else 2 ** 22 + 7) for i in range(20_000)])
+    db.commit()
+    db.close()
+    asked: list = []
+    real = lineage._pid_alive
+    monkeypatch.setattr(lineage, "_pid_alive", lambda pid: asked.append(pid) or real(pid))
+    with Workspace.open(run) as ws:
+        jobs = ws.lineage.jobs()
+    assert sorted(asked) == sorted({os.getpid(), 2 ** 22 + 7}), len(asked)
+    status = {j.id: j.status for j in jobs}
+    assert status["j1"] == "running" and status["j0"] == "interrupted"  # the live pid's, the gone pid's
