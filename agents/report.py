@@ -44,7 +44,7 @@ import numpy as np
 
 from evotrainer import metrics as M
 from evotrainer.agents.loop import best_kept, eval_compute, final_version, version_compute
-from evotrainer.harness.plots import PLOT_MAX, plain
+from evotrainer.harness.plots import MAX_COMPONENTS, PLOT_MAX, plain
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import Version
 from evotrainer.workspace import Workspace, folder_inside, replace_file
@@ -519,7 +519,8 @@ def _groups(versions: list[Version], key: Any) -> list[list[Version]]:
 def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
     """The training-curve panels, ``(title, metric, versions)``: correctness (the verifier: one definition for all),
     the total reward once per reward definition (never overlaid across versions whose rewards differ), each reward
-    component once per definition of its parameters, then :data:`PLOTS`; only versions that logged the metric."""
+    component once per definition of its parameters (the first :data:`~evotrainer.harness.plots.MAX_COMPONENTS` by
+    name), then :data:`PLOTS`; only versions that logged the metric."""
     lin = ws.lineage
     versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
     names = {v.id: set(lin.metric_names(v.id)) for v in versions}
@@ -531,7 +532,8 @@ def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
     groups = _groups(versions, _reward_def)
     panels += [("reward (total)" if len(groups) == 1 else f"reward (total) = {_reward_label(g[0])}", M.REWARD_MEAN,
                 having(M.REWARD_MEAN, g)) for g in groups]
-    comps = sorted({n for ns in names.values() for n in ns if _is_component(n)})
+    # the first MAX_COMPONENTS by name: one panel each, and a foreign run may name thousands (review 7)
+    comps = sorted({n for ns in names.values() for n in ns if _is_component(n)})[:MAX_COMPONENTS]
     for n in comps:
         c = n.split("/")[1]
         gs = _groups([v for v in versions if n in names[v.id]], lambda v, c=c: _reward_def(v, c))

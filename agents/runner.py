@@ -22,7 +22,7 @@ from evotrainer.agents.modes import MODES
 from evotrainer.agents.orchestrator import Orchestrator
 from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch, StaticRun
 from evotrainer.config import REPORT_TO_KEY, RunConfig
-from evotrainer.workspace import Workspace
+from evotrainer.workspace import Workspace, replace_file
 
 __all__ = ["MODES", "BASELINES", "pick_brain", "run_loop"]
 
@@ -63,6 +63,9 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
         lock.acquire(timeout=0.5)
     except Timeout:
         raise ValueError(f"{run_dir}: another `evotrainer run` is driving this run; wait for it") from None
+    except OSError as exc:  # review 7: a link planted there (filelock refuses it) ended `run` with a bare OSError
+        raise ValueError(f"{run_dir / '.orchestrator.lock'}: cannot take the run's lock ({exc.strerror}; a run folder "
+                         "from elsewhere may hold a link there): remove it and rerun") from None
     try:
         ws = Workspace(run_dir)
         stored_mode = ws.lineage.kv_get("loop/mode")
@@ -70,7 +73,10 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
             raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
         ws.lineage.kv_set("loop/mode", mode)
         ws.lineage.kv_set(REPORT_TO_KEY, list(config.report_to))  # the trainer's trackers (rl_backend.trackers)
-        (run_dir / "run.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        # written beside its name and renamed over it, never through a link there: a run folder from elsewhere given
+        # to `run --resume` may hold `run.yaml` as a link to a host file (review 7: write_text overwrote it)
+        replace_file(ws.root / "run.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).encode(),
+                     root=ws.root)
         with open_toolbox(run_dir, backend or config.backend) as tb:
             loop: LoopBase
             if mode in BASELINES:

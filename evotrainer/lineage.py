@@ -211,6 +211,11 @@ def _pid_alive(pid: int | None) -> bool:
 
 _STORE_SERIALS = itertools.count(1)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
+MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._refuse_parent_cycles, branch)
+# The metric rows read: those log_metrics writes (an integer step, a number or NULL). SQLite keeps any type in any
+# column, and review 7's crafted lineage.db with a step of 1e30 (REAL) and one of 'abc' ended `diagnose` with a bare
+# OverflowError and `report` with "ValueError: invalid literal for int()"; such rows are not read.
+_METRIC_ROW_OK = "typeof(step) = 'integer' AND typeof(value) IN ('real', 'integer', 'null')"
 
 
 class LineageStore:
@@ -298,6 +303,48 @@ class LineageStore:
             found = ", ".join(f"{t} {n!r}" for t, n in rows)
             raise LineageError(f"{self.path}: holds SQL {found}, which EvoTrainer's lineage schema never has (a "
                                "crafted or foreign file); not opened. Use a run folder EvoTrainer wrote")
+        self._refuse_parent_cycles()
+
+    def _refuse_parent_cycles(self) -> None:
+        """Refuse versions that are their own ancestors: :meth:`branch` only adds a child of an existing version, so
+        a cycle comes from a crafted file. Review 7: ``v2.parent_id = v3, v3.parent_id = v2`` in a run folder from
+        elsewhere made :meth:`path_to_root` grow its list for good (MemoryError after 45 s under a 3 GB limit; the
+        machine's memory without one: the MCP ``gate_version`` of v2 took its server down) and ``report`` spin
+        forever in :meth:`step_offset`. One pass over ``(id, parent_id)``, each version walked once.
+
+        A lineage deeper than :data:`MAX_LINEAGE_DEPTH` is refused too (:meth:`branch` makes none): review 7's chain of
+        5,000 versions ended ``lineage show`` and ``lineage show --json`` with RecursionError (the JSON one from about
+        490 deep) and kept ``report`` busy past 120 s (each version's :meth:`step_offset` walks to the root: 13 s at
+        300 deep, quadratic).
+
+        Raises:
+            LineageError: a cycle (names its versions), or a version deeper than :data:`MAX_LINEAGE_DEPTH`.
+        """
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'versions'").fetchone():
+            return  # a new file: the schema is made next
+        parent = {row[0]: row[1] for row in self._db.execute("SELECT id, parent_id FROM versions")}
+        depth: dict[str, int] = {}  # versions on the path from the root, the root 1
+        for start in parent:
+            path: list[str] = []
+            on_path: set[str] = set()
+            v = start
+            while v is not None and v not in depth:
+                if v in on_path:
+                    cycle = " -> ".join([*path[path.index(v):], v])
+                    raise LineageError(f"{self.path}: versions {cycle} are their own ancestors (a parent cycle), "
+                                       "which EvoTrainer never writes (a crafted or damaged file); not opened. Use "
+                                       "a run folder EvoTrainer wrote")
+                on_path.add(v)
+                path.append(v)
+                v = parent.get(v)  # a parent missing from the table ends the walk (reading it names it)
+            d = 0 if v is None else depth[v]
+            for u in reversed(path):
+                d += 1
+                depth[u] = d
+                if d > MAX_LINEAGE_DEPTH:
+                    raise LineageError(f"{self.path}: version {u} is {d} versions deep, past the {MAX_LINEAGE_DEPTH} "
+                                       "EvoTrainer makes (a crafted file); not opened. Use a run folder EvoTrainer "
+                                       "wrote")
 
     def _refuse_foreign_schema_unless_locked(self) -> None:
         """:meth:`_refuse_foreign_schema` without waiting for another connection's lock (a read-only handle on a
@@ -397,7 +444,13 @@ class LineageStore:
         (one-machine Ray cluster; docs/interfaces.md).
         """
         rows = self._q("SELECT id, pid FROM jobs WHERE status IN ('running', 'queued')")
-        dead = [r[0] for r in rows if not _pid_alive(r[1])]
+        # each pid asked once: review 7's crafted lineage.db held 300,000 "running" jobs of pid 1, and the checks
+        # (a signal and a /proc read each) made every writable open take 9 s
+        alive: dict[Any, bool] = {}
+        for r in rows:
+            if r[1] not in alive:
+                alive[r[1]] = _pid_alive(r[1])
+        dead = [r[0] for r in rows if not alive[r[1]]]
         if dead:
             with self.tx() as db:
                 for jid in dead:
@@ -417,7 +470,12 @@ class LineageStore:
 
     # --- versions ---------------------------------------------------------------------------------
     def _next_id(self, db: sqlite3.Connection) -> str:
+        """``v<count>``, or the next free ``v<n>`` after it: a run folder from elsewhere may lack ids below its count
+        (review 7: versions ``v0, v2`` made every :meth:`branch` fail with a raw "sqlite3.IntegrityError: UNIQUE
+        constraint failed: versions.id", so the run could not go on)."""
         n = db.execute("SELECT COUNT(*) FROM versions").fetchone()[0]
+        while db.execute("SELECT 1 FROM versions WHERE id = ?", (f"v{n}",)).fetchone():
+            n += 1
         return f"v{n}"
 
     def create_root(self, recipe: Recipe, note: str = "base recipe") -> Version:
@@ -454,7 +512,7 @@ class LineageStore:
             raise LineageError("a child version needs at least one intervention")
         if merge_decision is not None and not merge_decision[0].strip():
             raise LineageError("a decision needs a rationale; say why, with the numbers")
-        parent = self.get(parent_id)
+        parent = self._deepest_parent(parent_id)
         recipe = apply_all(parent.recipe, ivs)
         with self.tx() as db:
             vid = self._next_id(db)
@@ -475,6 +533,18 @@ class LineageStore:
                 )
         return self.get(vid)
 
+    def _deepest_parent(self, parent_id: str) -> Version:
+        """``parent_id``'s version, when a child of it stays within :data:`MAX_LINEAGE_DEPTH`.
+
+        Raises:
+            LineageError: unknown parent, or one :data:`MAX_LINEAGE_DEPTH` versions deep already.
+        """
+        chain = self.path_to_root(parent_id)
+        if len(chain) >= MAX_LINEAGE_DEPTH:
+            raise LineageError(f"{parent_id} is {len(chain)} versions deep; a lineage holds at most "
+                               f"{MAX_LINEAGE_DEPTH} on one path: branch from an earlier version")
+        return chain[0]
+
     def branch_control(self, parent_id: str, note: str = "") -> Version:
         """Find-or-create the control arm of ``parent_id``: a child with the parent's recipe and no
         intervention (``role = 'control'``), trained like its siblings from the parent's checkpoint.
@@ -485,7 +555,7 @@ class LineageStore:
         for c in self.children(parent_id):
             if c.is_control:
                 return c
-        parent = self.get(parent_id)
+        parent = self._deepest_parent(parent_id)
         with self.tx() as db:
             vid = self._next_id(db)
             now = time.time()
@@ -513,14 +583,19 @@ class LineageStore:
             why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
             raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} holds {why} (a crafted or damaged file); "
                                "not read. Use a run folder EvoTrainer wrote") from None
-        return Version(
-            id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
-            interventions=[Intervention.model_validate(d) for d in interventions],
-            status=r["status"], checkpoint=r["checkpoint"],
-            metrics_summary=summaries[0], eval_summary=summaries[1],
-            findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
-            created_at=r["created_at"], updated_at=r["updated_at"],
-        )
+        try:
+            return Version(
+                id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
+                interventions=[Intervention.model_validate(d) for d in interventions],
+                status=r["status"], checkpoint=r["checkpoint"],
+                metrics_summary=summaries[0], eval_summary=summaries[1],
+                findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
+                created_at=r["created_at"], updated_at=r["updated_at"],
+            )
+        except ValueError as exc:  # RecipeError, pydantic's ValidationError: review 7, no file or version named
+            raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} is not a valid version "
+                               f"({str(exc).splitlines()[0][:600]}); not read. Use a run folder EvoTrainer wrote, "
+                               "or an EvoTrainer release that reads it") from None
 
     def get(self, version_id: str) -> Version:
         """One version.
@@ -753,18 +828,20 @@ class LineageStore:
     def metric_series(self, version_id: str, name: str) -> list[tuple[int, float]]:
         """``[(step, value)]`` of one metric of one version, by step."""
         return [(r[0], r[1]) for r in
-                self._q("SELECT step, value FROM metrics WHERE version_id=? AND name=? ORDER BY step", (version_id, name))]
+                self._q(f"SELECT step, value FROM metrics WHERE version_id=? AND name=? AND {_METRIC_ROW_OK} ORDER BY step",
+                        (version_id, name))]
 
     def all_metrics(self, version_id: str) -> dict[str, list[tuple[int, float]]]:
         """Every metric series of one version: ``{name: [(step, value)]}``."""
         out: dict[str, list[tuple[int, float]]] = {}
-        for r in self._q("SELECT name, step, value FROM metrics WHERE version_id=? ORDER BY name, step", (version_id,)):
+        for r in self._q(f"SELECT name, step, value FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK} "
+                         "ORDER BY name, step", (version_id,)):
             out.setdefault(r[0], []).append((r[1], r[2]))
         return out
 
     def last_step(self, version_id: str) -> int:
         """Last step with logged metrics (-1 if none): where a resumed training continues."""
-        r = self._q("SELECT MAX(step) FROM metrics WHERE version_id=?", (version_id,))
+        r = self._q(f"SELECT MAX(step) FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK}", (version_id,))
         return -1 if r[0][0] is None else int(r[0][0])
 
     # --- eval outcomes ----------------------------------------------------------------------------

@@ -372,7 +372,7 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
         path = f"{prefix}.{loc}" if loc else prefix
         ctx = e.get("ctx") or {}
         if e["type"] == "recipe_field":
-            lines.append(f"{prefix}.{ctx['path']}={ctx['value']!r}: {ctx['rule']}")
+            lines.append(f"{prefix}.{ctx['path']}={_shown(ctx['value'])}: {ctx['rule']}")
         elif e["type"] == "extra_forbidden":
             parent_fields = _fields_at(root or Recipe, e["loc"][:-1])
             close = did_you_mean(cast(str, e["loc"][-1]), parent_fields)
@@ -383,16 +383,26 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
                 lines.append(f"{path}: unknown field{allowed}")
         elif e["type"] == "literal_error":
             expected = ctx.get("expected", "")
-            lines.append(f"{path}={e.get('input')!r}: not allowed; allowed values: {expected}")
+            lines.append(f"{path}={_shown(e.get('input'))}: not allowed; allowed values: {expected}")
         elif e["type"] in _BOUND_RULES:
             op, key = _BOUND_RULES[e["type"]]
-            lines.append(f"{path}={e.get('input')!r}: {e['msg']}; set a value {op} {ctx.get(key)}")
+            lines.append(f"{path}={_shown(e.get('input'))}: {e['msg']}; set a value {op} {ctx.get(key)}")
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
-            lines.append(f"{path}={e.get('input')!r}: {msg}")
+            lines.append(f"{path}={_shown(e.get('input'))}: {msg}")
     return "\n".join(lines)
+
+
+SHOWN_MAX = 200  # characters of a value an error shows
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_MAX` characters with its length said: review 7's stored recipe with 50,000
+    reward components made one 2 MB error line (every component repeated)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text):,} characters)"
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -135,6 +136,29 @@ def make_record(*, version_id: str, step: int, prompt_id: str, group_id: str, sa
     }
 
 
+def _refuse_special_entries(path: Path) -> None:
+    """Refuse a dataset folder holding anything but folders and regular files (a link, a FIFO, a device, a socket).
+
+    Lance opens its files following links and blocking: review 7 put a FIFO in place of a data file of a run folder
+    from elsewhere, and reading the rollouts (``diagnose``, ``report``, ``sample_rollouts``) blocked for good; a link
+    would read a file out of the run folder. One iterative walk of the dataset's entries, following no link.
+
+    Raises:
+        RolloutStoreError: names the entry and the fix.
+    """
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        with os.scandir(folder) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    raise RolloutStoreError(f"{entry.path}: not a regular file or folder (a link, a FIFO or a device); "
+                                            "a rollout dataset holds none (a run folder from elsewhere may): remove "
+                                            "it and rerun")
+
+
 class RolloutStore:
     """Append-only LanceDB table of rollouts in ``path``.
 
@@ -147,6 +171,7 @@ class RolloutStore:
 
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        _refuse_special_entries(self.path)
         self._db = lancedb.connect(str(self.path))
         self._lock = threading.Lock()
 

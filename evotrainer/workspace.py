@@ -32,6 +32,7 @@ Log records are JSON lines in ``logs/run.jsonl`` (``{time, level, version, sourc
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -170,7 +171,7 @@ class Workspace:
         """Append one JSON log record to ``logs/run.jsonl`` (opened following no link: :func:`open_inside`)."""
         rec = {"time": time.time(), "level": level, "version": version, "source": source, "message": message, **extra}
         with self._log_lock:
-            fd = open_inside(self.root, "logs/run.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            fd = _open_log(self.root, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             with os.fdopen(fd, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
@@ -180,7 +181,7 @@ class Workspace:
         ``logs/run.jsonl`` made each ``search_logs`` read it whole: MemoryError under a 3 GB limit, ~4 GiB each
         without one, two at a time)."""
         try:
-            fd = open_inside(self.root, "logs/run.jsonl", os.O_RDONLY)
+            fd = _open_log(self.root, os.O_RDONLY)
         except FileNotFoundError:
             return []
         with os.fdopen(fd, "rb") as f:
@@ -253,6 +254,31 @@ class _Flock:
 
 
 MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256 MiB of logs/run.jsonl
+
+
+def _open_log(root: Path, flags: int) -> int:
+    """``logs/run.jsonl`` opened following no link (:func:`open_inside`), and only as a regular file.
+
+    Opened non-blocking, then checked: review 7's run folder from elsewhere held it as a FIFO, and the plain open
+    blocked for good, for reading (``search_logs``: each call kept a tool slot, two of them every slot) and for
+    writing (every :meth:`Workspace.log`: ``propose_intervention``, jobs, training).
+
+    Raises:
+        WorkspaceError: not a regular file (names it and the fix); a link on the way (:func:`open_inside`).
+    """
+    try:
+        fd = open_inside(root, "logs/run.jsonl", flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO opened for writing with no reader
+            raise
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise WorkspaceError(f"{root / 'logs' / 'run.jsonl'}: not a regular file (the run log is one; a run folder "
+                             "from elsewhere may hold a FIFO or a device there); remove it and rerun")
+    os.set_blocking(fd, True)
+    return fd
 _VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -378,7 +404,11 @@ def replace_file(path: Path, data: bytes, root: Path | None = None) -> None:
     tmp = f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         sfs.write_file(fd, tmp, data, create=True)
-        os.replace(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+        try:
+            os.replace(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+        except IsADirectoryError:  # review 7: said only "Is a directory: '.report.html.<pid>.<tid>.tmp' -> ..."
+            raise WorkspaceError(f"{path}: a folder where EvoTrainer writes a file (a run folder from elsewhere may "
+                                 "hold one); remove it and rerun") from None
     except BaseException:
         try:
             os.unlink(tmp, dir_fd=fd)

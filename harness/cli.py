@@ -15,6 +15,7 @@ knows what to change. ``evotrainer analyzers list`` shows the registered analyze
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,10 +75,17 @@ def diagnose(
     plots: list[str] = []
     if not no_plots:
         is_ws = path.is_dir() and (path / "lineage.db").exists()
-        out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
-                          else Path("diagnose") / (_bare_name(path) or "run"))
+        # an --out inside the run folder is made, and written, through no link there either (review 7:
+        # `--out RUN/reports/mine` with `reports` a link to a host folder put mine/v0.png in the host folder)
+        rel = os.path.relpath(os.path.abspath(out), os.path.abspath(path)) if out is not None and is_ws else None
+        inside = rel is not None and rel != os.pardir and not rel.startswith(os.pardir + os.sep)
+        if inside:
+            out_dir = path if rel == os.curdir else folder_inside(path, str(rel))
+        else:
+            out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
+                              else Path("diagnose") / (_bare_name(path) or "run"))
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir,
-                                               root=path if is_ws and not out else None)]
+                                               root=path if is_ws and (out is None or inside) else None)]
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
     fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,

@@ -33,6 +33,7 @@ from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import IngestError, ingest, read_run_text
 from evotrainer.harness.ingest_formats import files_under, read_gzip_text
+from evotrainer.lineage import LineageError
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -154,7 +155,11 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
         logs.append((f, lines))
         n_kept += len(lines)
     with Workspace(run, writer=True) as ws:
-        v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
+        try:
+            v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
+        except LineageError:  # review 7: another import (or init) made the run meanwhile; it said "branch from it"
+            raise RunImportError(f"{run} holds a run already (made by another process while this import read "
+                                 f"{src}); import into a new folder") from None
         by_step, means = metric_rows(ev, foreign)  # logged series, else those computed from the rollouts
         for step in sorted(by_step):
             ws.lineage.log_metrics(v.id, step, by_step[step])

@@ -354,7 +354,9 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
     """
     try:
         _check_size(path)
-        return _read_file_as_is(path, version)
+        runs, rows = _read_file_as_is(path, version)
+        _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
+        return runs, rows
     except IngestError:
         raise
     except RecursionError:
@@ -362,6 +364,24 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
                           "is it really a training log?") from None
     except (ValueError, TypeError, OverflowError) as exc:
         raise IngestError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+_STEP_RANGE = (-(1 << 63), (1 << 63) - 1)  # steps are int64 in the evidence arrays and the stores
+
+
+def _check_steps(path: Path, steps: list[Any]) -> None:
+    """Refuse a step outside a 64-bit integer (review 7: ``step: 1e30`` in a JSONL, a verl log or a
+    ``trainer_state.json`` ended ``diagnose`` and ``import`` with a bare "OverflowError: Python int too large to
+    convert to C long", no file named, when the series became arrays).
+
+    Raises:
+        IngestError: names the file and the step.
+    """
+    lo, hi = _STEP_RANGE
+    bad = next((x for x in steps if isinstance(x, int) and not lo <= x <= hi), None)
+    if bad is not None:
+        shown = str(bad) if len(str(bad)) <= 40 else f"{str(bad)[:20]}...({len(str(bad))} digits)"
+        raise IngestError(f"{path}: step {shown} does not fit a 64-bit integer; is it really a training log?")
 
 
 def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
@@ -493,7 +513,9 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
     for d in mlflow:
         run = vid if len(mlflow) == 1 and not files else F.mlflow_run_name(d)
         try:
-            series[run] = records_to_series(F.parse_mlflow_metrics(d, max_file_bytes(), _SIZE_HINT))
+            recs = F.parse_mlflow_metrics(d, max_file_bytes(), _SIZE_HINT)
+            _check_steps(d, list(recs))
+            series[run] = records_to_series(recs)
         except IngestError:
             raise
         except ValueError as exc:

@@ -38,6 +38,10 @@ def _safe(name: str) -> str:
 
 
 PLOT_MAX = 1e100  # larger magnitudes are drawn as marks on the axis, like NaN / inf
+# Reward components drawn (the first, by name): a foreign log names as many as it likes, and review 7's 300 KB
+# JSONL with 2,500 `reward/c<i>/mean` keys took `diagnose` 24 s (5,000 keys: 79 s, growing faster than the count:
+# one legend entry each) and `report` of its import past 300 s and 3.7 GB (one panel each), a 6 MB one hours.
+MAX_COMPONENTS = 12
 
 
 def plain(text: str) -> str:
@@ -74,7 +78,8 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
              if n.startswith("reward/") and n.endswith("/mean") and n.count("/") == 2 and n != M.CORRECT_MEAN]
     panels = [(t, tuple(n for n in names if ev.has(version, n))) for t, names in PANELS]
     if comps:
-        panels.append(("reward components", tuple(comps)))
+        shown = f" (first {MAX_COMPONENTS} of {len(comps)})" if len(comps) > MAX_COMPONENTS else ""
+        panels.append((f"reward components{shown}", tuple(comps[:MAX_COMPONENTS])))
     panels = [(t, names) for t, names in panels if names]
     if not panels:
         return None

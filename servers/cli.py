@@ -129,8 +129,11 @@ def register(app: typer.Typer) -> None:
             return
 
         def announce(url: str, token: str, generated: bool) -> None:
-            src = "generated; set EVOTRAINER_MCP_TOKEN to choose one" if generated else "from EVOTRAINER_MCP_TOKEN"
-            sys.stderr.write(f"evotrainer MCP server '{name}' on {url}\nbearer token ({src}): {token}\n")
+            # a generated token is printed (the client needs it); one the caller set is not echoed: review 7 found
+            # EVOTRAINER_MCP_TOKEN's secret copied into stderr, i.e. into whatever keeps the server's logs
+            shown = (f"bearer token (generated; set EVOTRAINER_MCP_TOKEN to choose one): {token}" if generated
+                     else f"bearer token: the value of EVOTRAINER_MCP_TOKEN ({len(token)} characters; not printed)")
+            sys.stderr.write(f"evotrainer MCP server '{name}' on {url}\n{shown}\n")
             sys.stderr.flush()
 
         try:

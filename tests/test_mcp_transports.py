@@ -66,7 +66,7 @@ def http_server(run):
 
 def test_http_banner_and_rejections(http_server):
     url, banner = http_server
-    assert url in banner and f"bearer token (from EVOTRAINER_MCP_TOKEN): {TOKEN}" in banner
+    assert url in banner and "bearer token: the value of EVOTRAINER_MCP_TOKEN" in banner and TOKEN not in banner
     init = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
     hdr = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     no_token = httpx.post(url, json=init, headers=hdr)

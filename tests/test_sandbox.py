@@ -238,9 +238,11 @@ def test_cli_info_and_run(tmp_path, backend):
     assert res.exit_code == 1 and "nope.py: no such file" in res.output
     # a bad flag is named as the user typed it (it said "timeout_s=-1.0: must be > 0")
     res = cli.invoke(app, ["sandbox", "run", str(script), "--timeout", "-1"])
-    assert res.exit_code == 1 and res.stderr.strip() == "error: --timeout -1: must be > 0 seconds, e.g. --timeout 30"
+    assert res.exit_code == 1 and res.stderr.strip() == ("error: --timeout -1: must be > 0 seconds and at most "
+                                                         "1,099,511,627,776, e.g. --timeout 30")
     res = cli.invoke(app, ["sandbox", "run", str(script), "--memory", "0"])
-    assert res.exit_code == 1 and res.stderr.strip() == "error: --memory 0: must be > 0 MiB, e.g. --memory 1024"
+    assert res.exit_code == 1 and res.stderr.strip() == ("error: --memory 0: must be > 0 MiB and at most "
+                                                         "1,099,511,627,776, e.g. --memory 1024")
 
 
 # --- Docker backend against a fake Engine API on 127.0.0.1 (no daemon here) -------------------------
@@ -376,7 +378,7 @@ def test_docker_backend_sends_a_locked_down_container(monkeypatch, tmp_path):
     assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["PidsLimit"] == 32 and hc["Init"] is True
     assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == 512 << 20  # no swap beyond the limit
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
-        "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0)}
+        "cpu": (5, 6), "fsize": (8 << 20, 8 << 20), "core": (0, 0), "sigpending": (1024, 1024)}
     assert f"{tmp_path / 'm.csv'}:/evidence/m.csv:ro" in hc["Binds"]
     assert any(b.endswith(":/sandbox/main.py:ro") for b in hc["Binds"])
     assert "/dev/null:/etc/resolv.conf:ro" in hc["Binds"]  # not the host's resolver, which Docker copies in

@@ -598,3 +598,374 @@ def test_watch_keeps_the_imports_cap_on_copied_log_lines(tmp_path, monkeypatch):
     assert len(copied) == 40 and copied[-1]["message"] == "later note 7"  # before: 132
     assert [r["message"] for r in logs if r["source"] == "watch"][-1] == "watch: 40 text-log lines copied; later " \
                                                                           "lines are not"
+
+
+def test_run_resume_of_a_run_folder_from_elsewhere_writes_no_host_file_through_its_links(tmp_path, host, monkeypatch):
+    """Review 7: ``evotrainer run --resume`` on a run folder from elsewhere wrote the run config with ``write_text``
+    through ``run.yaml``, a link to a host file (overwritten with the YAML); a link at ``.orchestrator.lock`` ended
+    the command with a bare OSError. Now ``run.yaml`` is written beside its name and renamed over it, and the lock
+    link is named with the fix. The loop itself is stopped right after the config is written."""
+    from evotrainer.agents import runner
+    from evotrainer.config import load_run_config
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(runner, "open_toolbox", stop)
+    cfg = load_run_config("examples/tiny.yaml")
+    run = tmp_path / "run"
+    Workspace.init(run, cfg.recipe)
+    (run / "run.yaml").symlink_to(host / "secret.txt")
+    (run / ".orchestrator.lock").symlink_to(host / "secret.txt")
+    with pytest.raises(ValueError, match=r"\.orchestrator\.lock: cannot take the run's lock .*remove it and rerun"):
+        runner.run_loop(cfg, run, "heuristic", "evotrainer", resume=True)
+    (run / ".orchestrator.lock").unlink()
+    with pytest.raises(Stop):
+        runner.run_loop(cfg, run, "heuristic", "evotrainer", resume=True)
+    assert not (run / "run.yaml").is_symlink() and "run_dir:" in (run / "run.yaml").read_text()
+    assert (host / "secret.txt").read_text() == SECRET  # the host fixture checks every host file too
+
+
+def test_a_lineage_db_whose_versions_form_a_parent_cycle_is_not_opened(tmp_path):
+    """Review 7: a run folder from elsewhere whose ``lineage.db`` has ``v2.parent_id = v3`` and ``v3.parent_id = v2``
+    made ``LineageStore.path_to_root("v2")`` (the MCP ``gate_version``) grow a list for good (MemoryError after 45 s
+    under a 3 GB limit) and ``report`` spin forever in ``step_offset``. Such a file is refused at open, naming the
+    cycle, whatever reads it (read-only too)."""
+    import sqlite3
+    import time
+
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    cols = [c[1] for c in db.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, db.execute("SELECT * FROM versions WHERE id = 'v1'").fetchone(), strict=True))
+    for vid, parent in (("v2", "v3"), ("v3", "v2"), ("v4", "v4")):
+        db.execute(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                   [{**row, "id": vid, "parent_id": parent}[c] for c in cols])
+    db.commit()
+    db.close()
+    t0 = time.monotonic()
+    for open_it in (lambda: Workspace.open(run), lambda: LineageStore(run / "lineage.db", readonly=True),
+                    lambda: ingest(run)):
+        with pytest.raises(LineageError, match=r"versions (v2 -> v3 -> v2|v3 -> v2 -> v3|v4 -> v4) are their own "
+                                               r"ancestors \(a parent cycle\).*not opened"):
+            open_it()
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_lineage_deeper_than_the_cap_is_not_opened_and_never_made(tmp_path):
+    """Review 7: a run folder from elsewhere whose ``lineage.db`` chains 5,000 versions (each the previous one's child)
+    ended ``lineage show`` and ``lineage show --json`` with RecursionError (the JSON from about 490 deep) and kept
+    ``report`` busy past 120 s (quadratic: each version walks to the root). Past MAX_LINEAGE_DEPTH a file is refused at
+    open, naming the version; ``branch`` refuses to go deeper, so EvoTrainer never writes one."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import MAX_LINEAGE_DEPTH, LineageError
+    from evotrainer.recipe import Recipe
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+        vid, eps = "v0", ws.lineage.get("v0").recipe.eps_clip_high
+        for _ in range(MAX_LINEAGE_DEPTH - 1):
+            vid = ws.lineage.branch(vid, Intervention(path="eps_clip_high", old=eps, new=eps + 1e-3,
+                                                      category="optimizer", hypothesis="h")).id
+            eps += 1e-3
+        assert len(ws.lineage.path_to_root(vid)) == MAX_LINEAGE_DEPTH
+        with pytest.raises(LineageError, match=rf"{vid} is {MAX_LINEAGE_DEPTH} versions deep; .*branch from an earlier"):
+            ws.lineage.branch(vid, Intervention(path="eps_clip_high", old=eps, new=eps + 1e-3, category="optimizer",
+                                                hypothesis="h"))
+        with pytest.raises(LineageError, match=rf"{vid} is {MAX_LINEAGE_DEPTH} versions deep"):
+            ws.lineage.branch_control(vid)
+    assert CliRunner().invoke(app, ["lineage", "show", str(run), "--json"]).exit_code == 0  # at the cap: fine
+    db = sqlite3.connect(run / "lineage.db")  # one version deeper, written by hand
+    cols = [c[1] for c in db.execute("PRAGMA table_info(versions)")]
+    row = dict(zip(cols, db.execute("SELECT * FROM versions WHERE id = ?", (vid,)).fetchone(), strict=True))
+    db.execute(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+               [{**row, "id": "deep", "parent_id": vid}[c] for c in cols])
+    db.commit()
+    db.close()
+    with pytest.raises(LineageError, match=rf"version deep is {MAX_LINEAGE_DEPTH + 1} versions deep, past the "
+                                           rf"{MAX_LINEAGE_DEPTH} EvoTrainer makes"):
+        Workspace.open(run)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run), "--json"])
+    assert r.exit_code == 1 and "RecursionError" not in r.output
+
+
+HUGE_STEP = 10 ** 26
+TOO_BIG = r"(metrics\.jsonl|train\.log|trainer_state\.json|metrics): step 1\d{26} does not fit a 64-bit integer"
+
+
+@pytest.mark.parametrize("rel, body", [
+    ("metrics.jsonl", "".join(json.dumps({"step": s, "reward": 0.5}) + "\n" for s in (1, 2, HUGE_STEP))),
+    ("train.log", f"step:1 - critic/score/mean:0.1\nstep:{HUGE_STEP} - critic/score/mean:0.2\n"),
+    ("trainer_state.json", json.dumps({"log_history": [{"step": 1, "loss": 2.0}, {"step": HUGE_STEP, "loss": 1.0}]})),
+    ("mlruns/0/abc/metrics/loss", f"1700000000000 0.5 1\n1700000000001 0.6 {HUGE_STEP}\n"),
+])
+def test_a_step_past_64_bits_is_named_not_an_overflow(tmp_path, rel, body):
+    """Review 7: a step of 10**26 in a JSONL, a verl log, a ``trainer_state.json`` or an MLflow metric file ended
+    ``diagnose`` and ``import`` with "OverflowError: Python int too large to convert to C long" (no file named) when
+    the series became int64 arrays. Now an IngestError names the file and the step; nothing is imported."""
+    src = tmp_path / "foreign"
+    (src / rel).parent.mkdir(parents=True)
+    (src / rel).write_text(body)
+    with pytest.raises(IngestError, match=TOO_BIG):
+        ingest(src)
+    with pytest.raises(IngestError, match=TOO_BIG):
+        import_run(src, tmp_path / "run")
+    assert not (tmp_path / "run" / "lineage.db").exists()
+
+
+def test_metric_rows_of_a_crafted_lineage_db_that_log_metrics_never_writes_are_not_read(tmp_path):
+    """Review 7: SQLite keeps any type in any column; a run folder from elsewhere whose ``metrics`` table held a step
+    of 1e30 (REAL) and a step ``'abc'`` with the value ``'xyz'`` ended ``diagnose`` with a bare "OverflowError: Python
+    int too large to convert to C long" and ``report`` with "ValueError: invalid literal for int()". Rows of types
+    ``log_metrics`` never writes are not read; the good ones still are."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.agents.report import write_report
+
+    run = make_run(tmp_path)
+    with Workspace.open(run) as ws:
+        good = ws.lineage.all_metrics("v0")
+        last = ws.lineage.last_step("v0")
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO metrics (version_id, step, name, value) VALUES ('v0', ?, ?, ?)",
+                   [(1e30, "reward/mean", 0.5), ("abc", "reward/mean", "xyz"), (7, "reward/mean", "xyz")])
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        assert ws.lineage.all_metrics("v0") == good and ws.lineage.last_step("v0") == last
+        assert ws.lineage.metric_series("v0", "reward/mean") == good["reward/mean"]
+        assert write_report(ws).stat().st_size > 0
+    assert ingest(run).series("v0", "reward/mean")[0].tolist() == [s for s, _ in good["reward/mean"]]
+
+
+def test_diagnose_out_inside_a_run_folder_follows_no_link_there(tmp_path, host):
+    """Review 7: ``diagnose RUN --out RUN/reports/mine`` with ``reports`` a link to a host folder made ``mine`` there
+    and wrote ``v0.png`` into it (the default folder, ``RUN/reports/diagnose``, already refused the link). An --out
+    inside the run folder is now made and written through no link; one outside it is the caller's choice."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    run = make_run(tmp_path)
+    (run / "reports").rmdir()
+    (run / "reports").symlink_to(host / "dir")
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills", "--out", str(run / "reports" / "mine")])
+    assert "reports is a link" in str(r.exception), (r.exception, r.output)
+    assert sorted(p.name for p in (host / "dir").iterdir()) == ["1"]  # nothing made there
+    (run / "reports").unlink()
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills", "--out", str(run / "reports" / "mine")])
+    assert r.exit_code == 0 and (run / "reports" / "mine" / "v0.png").is_file(), r.output
+
+
+def test_a_lineage_db_with_a_gap_in_its_version_ids_can_still_branch(tmp_path):
+    """Review 7: a run folder from elsewhere whose versions are ``v0, v2`` (count 2): the next id was ``v2``, and every
+    branch (``propose_intervention``, ``run --resume``) failed with a raw "sqlite3.IntegrityError: UNIQUE constraint
+    failed: versions.id". The next free id is taken now."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer.intervention import Intervention
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("UPDATE versions SET id = 'v2' WHERE id = 'v1'")
+    db.commit()
+    db.close()
+    with Workspace.open(run, writer=True) as ws:
+        eps = ws.lineage.get("v0").recipe.eps_clip_high
+        ids = [ws.lineage.branch("v0", Intervention(path="eps_clip_high", old=eps, new=eps + k / 100,
+                                                    category="optimizer", hypothesis="h")).id for k in (1, 2)]
+        assert ids == ["v3", "v4"] and ws.lineage.branch_control("v0").id == "v5"
+
+
+def test_two_imports_into_one_new_run_folder_leave_one_run_and_a_clear_error(tmp_path, monkeypatch):
+    """Review 7: two ``evotrainer import`` into the same new ``--run`` at once: one imported, the other ended with
+    "this run has a root version already; branch from it instead" (no folder named, advice that does not apply to an
+    import). The other import is made here while the first reads its source."""
+    from evotrainer.harness import importer
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for src in (a, b):
+        src.mkdir()
+        (src / "train.log").write_text(GOOD)
+    run = tmp_path / "run"
+    real_ingest = importer.ingest
+
+    def ingest_while_b_imports(path, *args, **kw):
+        ev = real_ingest(path, *args, **kw)
+        if path == a:
+            importer.import_run(b, run)  # the other process, finishing first
+        return ev
+
+    monkeypatch.setattr(importer, "ingest", ingest_while_b_imports)
+    with pytest.raises(RunImportError, match=rf"^{run} holds a run already \(made by another process while this "
+                                             rf"import read {a}\); import into a new folder"):
+        importer.import_run(a, run)
+    with Workspace.open(run) as ws:
+        assert [v.id for v in ws.lineage.versions()] == ["v0"] and str(b) in ws.lineage.get("v0").note
+
+
+def test_a_stored_recipe_that_does_not_validate_is_named_briefly(tmp_path):
+    """Review 7: a run folder from elsewhere whose version v1 stored a recipe with 50,000 reward components ended
+    ``lineage show`` and ``report`` with one 2 MB error line (every component repeated), naming neither the file nor
+    the version. Now a LineageError names both and shows at most SHOWN_MAX characters of the value."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    recipe = json.loads(db.execute("SELECT recipe FROM versions WHERE id = 'v1'").fetchone()[0])
+    recipe["reward"] = {f"c{i}": {"weight": 1.0, "params": {}} for i in range(50_000)}
+    db.execute("UPDATE versions SET recipe = ? WHERE id = 'v1'", (json.dumps(recipe),))
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws, pytest.raises(LineageError) as err:
+        ws.lineage.versions()
+    text = str(err.value)
+    assert text.startswith(f"{run / 'lineage.db'}: version 'v1' is not a valid version (recipe.reward={{'c0'")
+    assert "characters): unknown reward component 'c0'" in text and len(text) < 1200, len(text)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code == 1 and len(str(r.exception)) < 1200
+
+
+def test_a_fifo_in_place_of_the_run_log_is_refused_without_blocking(tmp_path):
+    """Review 7: a run folder from elsewhere holding ``logs/run.jsonl`` as a FIFO: reading it (``search_logs``) and
+    appending to it (every ``Workspace.log``: ``propose_intervention``, jobs, training) blocked for good in the open;
+    in a server each ``search_logs`` kept a tool slot, two of them every slot. Now a WorkspaceError names it at once."""
+    import threading
+
+    from mcp_testlib import make_run
+
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    log.unlink()
+    os.mkfifo(log)
+    ws = Workspace.open(run)
+    for call in (ws.read_logs, lambda: ws.log("x")):
+        out: list = []
+
+        def attempt(call=call, out=out):
+            try:
+                out.append(call())
+            except WorkspaceError as exc:
+                out.append(exc)
+
+        t = threading.Thread(target=attempt, daemon=True)
+        t.start()
+        t.join(5)
+        if t.is_alive():  # release the blocked open (the other end of the FIFO), then fail
+            fd = os.open(log, os.O_RDWR)
+            t.join(5)
+            os.close(fd)
+            pytest.fail(f"{call}: blocked on the FIFO for 5 s")
+        assert isinstance(out[0], WorkspaceError) and "run.jsonl: not a regular file" in str(out[0]), out
+    ws.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_fifo_or_link_inside_the_rollout_dataset_is_refused_without_blocking(tmp_path, host, kind):
+    """Review 7: a run folder from elsewhere with a FIFO in place of a Lance data file of ``rollouts/``: reading the
+    rollouts (``diagnose``, ``report``, ``sample_rollouts``) blocked for good inside Lance (``diagnose`` killed at
+    30 s); a link there would be read through. Such a dataset is refused, naming the entry."""
+    import threading
+
+    from mcp_testlib import make_run
+
+    from evotrainer.rollouts import RolloutStoreError
+
+    run = make_run(tmp_path)
+    victim = sorted((run / "rollouts" / "rollouts.lance" / "data").glob("*.lance"))[0]  # a data fragment
+    victim.unlink()
+    if kind == "fifo":
+        os.mkfifo(victim)
+    else:
+        victim.symlink_to(host / "secret.txt")
+    out: list = []
+
+    def attempt():
+        try:
+            out.append(ingest(run))
+        except Exception as exc:  # a link read through ended in a raw Lance error (a Rust source path in it)
+            out.append(exc)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        fd = os.open(victim, os.O_RDWR | os.O_NONBLOCK)  # the FIFO's other end releases the blocked read
+        os.close(fd)
+        pytest.fail("reading the rollouts blocked on the FIFO for 30 s")
+    assert isinstance(out[0], RolloutStoreError) and f"{victim}: not a regular file or folder" in str(out[0]), out
+
+
+def test_a_folder_in_place_of_a_report_or_plot_is_named(tmp_path):
+    """Review 7: a run folder from elsewhere with ``reports/report.html`` (or ``reports/diagnose/v0.png``) a folder ended
+    ``report`` (``diagnose``) with "IsADirectoryError: [Errno 21] Is a directory: '.report.html.<pid>.<tid>.tmp' ->
+    'report.html'", naming neither the run nor the path. Now a WorkspaceError names the path and the fix; no temporary
+    file is left."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.agents.report import write_report
+    from evotrainer.cli import app
+    from evotrainer.workspace import WorkspaceError
+
+    run = make_run(tmp_path)
+    (run / "reports" / "report.html" / "sub").mkdir(parents=True)
+    with Workspace.open(run) as ws, pytest.raises(WorkspaceError, match=rf"^{run}/reports/report\.html: a folder "
+                                                                        r"where EvoTrainer writes a file"):
+        write_report(ws)
+    (run / "reports" / "diagnose" / "v0.png").mkdir(parents=True)
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-skills"])
+    assert "reports/diagnose/v0.png: a folder where EvoTrainer writes a file" in str(r.exception), r.output
+    assert not [p for p in (run / "reports").rglob(".*.tmp")]
+
+
+def test_many_running_jobs_of_one_pid_ask_about_that_process_once(tmp_path, monkeypatch):
+    """Review 7: a crafted lineage.db (21 MB) holding 300,000 "running" jobs of pid 1 made every writable open take
+    9 s (``recover_jobs`` signalled pid 1 and read its /proc entry once per job). Each pid is asked once now."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    from evotrainer import lineage
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO jobs (id, version_id, kind, status, pid, created_at, updated_at) "
+                   "VALUES (?, 'v0', 'train', 'running', ?, 0, 0)",
+                   [(f"j{i}", os.getpid() if i % 2 else 2 ** 22 + 7) for i in range(20_000)])
+    db.commit()
+    db.close()
+    asked: list = []
+    real = lineage._pid_alive
+    monkeypatch.setattr(lineage, "_pid_alive", lambda pid: asked.append(pid) or real(pid))
+    with Workspace.open(run) as ws:
+        jobs = ws.lineage.jobs()
+    assert sorted(asked) == sorted({os.getpid(), 2 ** 22 + 7}), len(asked)
+    status = {j.id: j.status for j in jobs}
+    assert status["j1"] == "running" and status["j0"] == "interrupted"  # the live pid's, the gone pid's

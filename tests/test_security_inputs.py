@@ -101,6 +101,35 @@ def test_dollar_signs_in_metric_and_folder_names_are_drawn_as_text(tmp_path, nam
         assert write_report(ws).stat().st_size > 0
 
 
+def test_thousands_of_reward_components_draw_a_bounded_number_of_curves(tmp_path, monkeypatch):
+    """Review 7: a 300 KB foreign JSONL naming 2,500 reward components (``reward/c<i>/mean``) took ``diagnose`` 24 s
+    (5,000: 79 s, faster than linear: a curve and a legend entry each) and ``report`` of its import past 300 s and
+    3.7 GB (a panel each); a 6 MB one would take hours. Only the first MAX_COMPONENTS are drawn now."""
+    import matplotlib.axes
+
+    from evotrainer.agents.report import curve_panels, write_report
+    from evotrainer.harness.importer import import_run
+    from evotrainer.harness.ingest import ingest
+    from evotrainer.harness.plots import MAX_COMPONENTS, plot_evidence
+
+    src = tmp_path / "wide"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, f"reward/c{i}/mean": 0.5, "reward": 0.1}) + "\n" for i in range(2000)))
+    curves = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: curves.append(1) or real_plot(ax, *a, **k))
+    assert len(plot_evidence(ingest(src), [], tmp_path / "plots")) == 1
+    assert len(curves) <= MAX_COMPONENTS + 20, len(curves)  # the key panels' few series and 12 components
+    import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        comps = [n for _, n, _ in curve_panels(ws) if n.startswith("reward/c")]
+        assert comps == sorted(f"reward/c{i}/mean" for i in range(2000))[:MAX_COMPONENTS]
+        curves.clear()
+        assert write_report(ws).stat().st_size > 0
+        assert len(curves) <= MAX_COMPONENTS + 20, len(curves)
+
+
 def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_path):
     """``evotrainer sandbox run`` of a file that is not UTF-8 said "error: UnicodeDecodeError: 'utf-8' codec can't
     decode byte 0xff in position 12" (no file named), and read a 3 GiB sparse file whole (MemoryError under a
@@ -119,3 +148,37 @@ def test_sandbox_run_names_a_file_it_cannot_run_without_reading_it_whole(tmp_pat
         f.truncate(3 << 30)
     r = CliRunner().invoke(app, ["sandbox", "run", str(big)])
     assert r.exit_code == 1 and f"error: {big}: 3072 MiB; a Python file to run is at most 16 MiB" in r.stderr
+
+
+def test_limits_past_what_an_rlimit_holds_are_refused_naming_the_field(tmp_path):
+    """Review 7: ``sandbox run --timeout inf`` ended with a bare "OverflowError: cannot convert float infinity to
+    integer"; ``--timeout 1e308`` and ``--memory 99999999999999`` made the launcher's setrlimit overflow inside the
+    sandbox, reported as the program's own exit 1. Each limit is now at most LIMIT_MAX, named (flag or field)."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.sandbox.api import LIMIT_MAX
+
+    prog = tmp_path / "p.py"
+    prog.write_text("print('ran')\n")
+    for flag, value, unit in (("--timeout", "inf", "seconds"), ("--timeout", "1e308", "seconds"),
+                              ("--memory", "99999999999999", "MiB")):
+        r = CliRunner().invoke(app, ["sandbox", "run", str(prog), flag, value])
+        assert r.exit_code == 1 and f"must be > 0 {unit} and at most {LIMIT_MAX:,}" in r.stderr, (flag, r.output)
+        assert "ran" not in r.stdout
+    for field, value in (("timeout_s", float("inf")), ("memory_mb", 10 ** 14), ("cpu_s", 1e300)):
+        with pytest.raises(SandboxError, match=rf"^{field}=.*: must be > 0 and at most"):
+            run_in_sandbox(code="print('ran')", **{field: value})
+
+
+def test_an_env_value_past_the_kernels_string_limit_is_a_sandbox_error_naming_it():
+    """Review 7: ``env={"X": 200,000 bytes}`` came back as the program's own exit 1 with bwrap's "execvp ...: Argument
+    list too long" (the kernel's MAX_ARG_STRLEN). It is refused before the run now, naming the variable; the largest
+    value that fits still runs."""
+    from evotrainer.sandbox.api import ENV_ENTRY_MAX
+
+    most = ENV_ENTRY_MAX - 3  # "X=" + value + NUL fills the limit exactly
+    r = run_in_sandbox(code="import os; print(len(os.environ['X']))", env={"X": "a" * most}, timeout_s=30)
+    assert r.exit_code == 0 and r.stdout.strip() == str(most), (r.stdout, r.stderr[-300:])
+    with pytest.raises(SandboxError, match=rf"^env\['X'\]: {most + 1:,} bytes; one variable is at most {most:,} bytes"):
+        run_in_sandbox(code="pass", env={"X": "a" * (most + 1)})

@@ -983,3 +983,66 @@ def test_an_argument_error_names_twenty_bad_values_and_counts_the_rest(bounds_cl
                            "should be a valid number, unable to parse string as a number")
     assert text.count("Input should be a valid number") == 20 and text.endswith("; and 39980 more like these")
     assert len(text) < 5_000
+
+
+def test_skill_outcomes_recorded_by_two_processes_at_once_are_all_counted(tmp_path):
+    """Review 7: ``record_outcome`` (the MCP ``record_skill_outcome``, the orchestrator's verdicts) read the skill's
+    track record, added one and wrote it back under a lock of its own process only, on a table version up to 1 s
+    old: two processes recording 40 outcomes each on one skill stored ``tried=40`` (every other trial lost, no
+    error). Now one at a time across processes, on the latest version."""
+    from evotrainer.skills_db.models import Skill
+    from evotrainer.skills_db.store import SkillStore
+
+    path = tmp_path / "skills"
+    SkillStore(path, seed=False).add(Skill(id="probe_skill", kind="procedure", name="p", description="d"))
+    code = ("import sys\nfrom evotrainer.skills_db.store import SkillStore\ns = SkillStore(sys.argv[1], seed=False)\n"
+            "for _ in range(15):\n    s.record_outcome('probe_skill', 'math', 'helped')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(2)]
+    errs = [p.communicate(timeout=240)[1].decode()[-500:] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    rec = SkillStore(path, seed=False).get("probe_skill").track_record["math"]
+    assert (rec.tried, rec.helped) == (30, 30), rec
+
+
+def test_the_http_banner_does_not_echo_a_token_set_in_the_environment(tmp_path):
+    """Review 7: ``serve --transport http`` wrote ``bearer token (from EVOTRAINER_MCP_TOKEN): <the token>`` on stderr,
+    copying the caller's secret into whatever keeps the server's logs. A token the caller set is not printed now (a
+    generated one still is: the client needs it)."""
+    import socket
+
+    secret = "review7-secret-token-0123456789"
+    run = make_run(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, EVOTRAINER_MCP_TOKEN=secret, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--transport", "http",
+                             "--run", str(run), "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stderr.readline() + proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert f"127.0.0.1:{port}/mcp" in banner and "the value of EVOTRAINER_MCP_TOKEN" in banner, banner
+    assert secret not in banner
+
+
+def test_one_new_skill_id_added_by_two_processes_at_once_is_stored_once(tmp_path):
+    """Review 7: two processes adding the same new skill id at the same moment both passed the id check (a lock of
+    their own process, a table version up to 1 s old) and both added it: two rows with one id. Now one add stores
+    it and the other gets "exist already"."""
+    from evotrainer.skills_db.store import SkillStore
+
+    path = tmp_path / "skills"
+    SkillStore(path, seed=False).count()  # the tables exist before the race
+    start = time.time() + 6  # both processes loaded and waiting by then
+    code = ("import sys, time\nfrom evotrainer.skills_db.models import Skill, SkillError\n"
+            "from evotrainer.skills_db.store import SkillStore\ns = SkillStore(sys.argv[1], seed=False)\ns.count()\n"
+            "while time.time() < float(sys.argv[2]):\n    time.sleep(0.001)\ntry:\n"
+            "    s.add(Skill(id='dup_skill', kind='procedure', name=sys.argv[3], description='d'))\n    print('ADDED')\n"
+            "except SkillError as exc:\n    print('REFUSED', exc)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start), name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("A", "B")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert sorted(o.split()[0] for o, _ in outs) == ["ADDED", "REFUSED"], outs
+    assert [s.id for s in SkillStore(path, seed=False).list()] == ["dup_skill"]

@@ -390,6 +390,62 @@ def test_inode_flood_stops_at_the_tmpfs_inode_cap(where):
     assert "STOPPED 28" in r.stdout and n < 16384, r.stdout + r.stderr
 
 
+def test_inotify_instances_of_the_host_user_are_not_taken_by_the_sandbox(tmp_path):
+    # review 7: inotify instances are counted per user up the user-namespace chain, 128 in all per host user; a
+    # sandboxed program that held 128 made the caller's own inotify_init1 fail with EMFILE while the run lasted
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    result: dict = {}
+    code = """
+        import ctypes, os, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        n, err = 0, 0
+        for _ in range(200):
+            if libc.inotify_init1(0) < 0:
+                err = ctypes.get_errno(); break
+            n += 1
+        print("HELD", n, "ERRNO", err, flush=True)
+        open("taken", "w").close()
+        time.sleep(4)
+    """.replace("\n        ", "\n")
+    t = threading.Thread(target=lambda: result.update(r=run_in_sandbox(code=code, workdir=work, timeout_s=30)))
+    t.start()
+    deadline = time.monotonic() + 25
+    while not (work / "taken").exists() and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fd = libc.inotify_init1(0)  # the host user's, while the sandbox holds what it could take
+    errno = ctypes.get_errno()
+    if fd >= 0:
+        os.close(fd)
+    t.join()
+    r = result["r"]
+    assert (work / "taken").exists(), (r.stdout, r.stderr[-300:])
+    assert fd >= 0, f"host inotify_init1 failed with errno {errno} while the sandbox ran: {r.stdout}"
+    assert "HELD 0 ERRNO 1" in r.stdout, r.stdout  # refused (EPERM) inside
+
+
+def test_queued_signals_of_the_host_user_are_not_taken_by_the_sandbox():
+    # review 7: queued signals are counted per user up the user-namespace chain against RLIMIT_SIGPENDING; a
+    # sandboxed program that queued ~96,000 realtime signals to itself made every sigqueue / timer_create of the
+    # caller's user on the host fail with EAGAIN while the run lasted. The run's queue is capped.
+    from evotrainer.sandbox.bwrap import SIGPENDING_MAX
+
+    r = run_in_sandbox(code="""
+        import ctypes, os, signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+        n = 0
+        while n < 200000 and libc.sigqueue(os.getpid(), signal.SIGRTMIN, ctypes.c_void_p(0)) == 0:
+            n += 1
+        print("QUEUED", n, "ERRNO", ctypes.get_errno(), flush=True)
+    """.replace("\n        ", "\n"), timeout_s=60)
+    assert r.stdout.split()[:2] == ["QUEUED", str(SIGPENDING_MAX)] and "ERRNO 11" in r.stdout, (r.stdout, r.stderr[-300:])
+
+
 def test_info_says_which_limits_hold():
     lim = sandbox_info()["limits"]
     assert {"memory_per_run", "procs_per_run", "cpu_per_run", "tmpfs_size", "tmpfs_inodes", "dev_cap"} <= set(lim)

@@ -71,6 +71,24 @@ def test_catastrophic_search_pattern_is_linear(swe):
         "[search] no match for '(a)\\\\1' (not a regex RE2 accepts, e.g. a backreference: searched as plain text)")
 
 
+def test_a_huge_search_pattern_on_a_long_line_is_bounded(swe):
+    """Review 7: RE2 matches by NFA where its DFA gives up, at text x program size, on the host: the policy's
+    ``(?:(?:a|b|ab|ba){0,100}){0,10}c`` (6,014 instructions) took 4.2 s on a 100,000-character line it wrote with
+    ``edit`` (a 1 MiB line ~40 s per call, the call's timeout not read). Patterns over SEARCH_MAX_PROGRAM instructions
+    are refused, and each line is read to SEARCH_SCAN_UNITS // program size characters."""
+    from evotrainer.rl_backend.swe.env import SEARCH_MAX_PROGRAM
+
+    swe.step(call("edit", path="calc.py", old="def mul(a, b):", new="X = '" + "ab" * 50_000 + "'\n\n\ndef mul(a, b):"))
+    t0 = time.monotonic()
+    out = swe.step(call("search", pattern="(?:(?:a|b|ab|ba){0,100}){0,10}c"))
+    assert time.monotonic() - t0 < 1.0
+    assert out.startswith("[error] pattern '(?:(?:a|b|ab|ba){0,100}){0,10}c' compiles to 6014 RE2 instructions, over "
+                          f"{SEARCH_MAX_PROGRAM}"), out
+    t0 = time.monotonic()
+    out = swe.step(call("search", pattern="(?:(?:a|b|ab|ba){0,30}){0,10}c"))  # under the cap: the line is cut
+    assert time.monotonic() - t0 < 2.0 and not out.startswith("[error]"), out
+
+
 def test_hostile_replies_parse_in_linear_time_and_never_raise():
     t0 = time.monotonic()
     calls = parse_tool_calls("{" * 100_000)

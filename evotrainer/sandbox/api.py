@@ -230,6 +230,15 @@ def _seccomp_summary(backend: str | None) -> str | None:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+# The largest value of any limit (in its own unit): review 7's timeout_s=inf ended `sandbox run` with a bare
+# OverflowError, and timeout_s=1e308 or memory_mb=99999999999999 made the launcher's setrlimit overflow inside the
+# sandbox (exit 1, "OverflowError" in stderr, reported as the program's own failure). 2**40 MiB << 20 fits an rlimit.
+LIMIT_MAX = 1 << 40
+# The kernel refuses an execve whose environment holds a "NAME=value" string this long (MAX_ARG_STRLEN, 32 pages):
+# review 7's 200,000-byte env value came back as the program's own exit 1 with bwrap's "Argument list too long".
+ENV_ENTRY_MAX = 32 * 4096
+
+
 def run_in_sandbox(
     cmd: list[str] | None = None,
     *,
@@ -278,10 +287,10 @@ def run_in_sandbox(
     for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_file_mb", max_file_mb),
                          ("max_procs", max_procs), ("disk_mb", disk_mb), ("max_output_kb", max_output_kb),
                          ("cpus", cpus)):
-        if not value > 0:
-            raise SandboxError(f"{field}={value!r}: must be > 0")
-    if cpu_s is not None and not cpu_s > 0:
-        raise SandboxError(f"cpu_s={cpu_s!r}: must be > 0 or None")
+        if not 0 < value <= LIMIT_MAX:
+            raise SandboxError(f"{field}={value!r}: must be > 0 and at most {LIMIT_MAX:,}")
+    if cpu_s is not None and not 0 < cpu_s <= LIMIT_MAX:
+        raise SandboxError(f"cpu_s={cpu_s!r}: must be > 0 and at most {LIMIT_MAX:,}, or None")
     inputs = {k: Path(v) for k, v in (inputs or {}).items()}
     for name, src in inputs.items():
         if not _NAME_RE.match(name):
@@ -296,6 +305,10 @@ def run_in_sandbox(
         if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
             raise SandboxError(f"env[{k!r}]: names must be non-empty strings without '=' or NUL, values strings "
                                "without NUL")
+        if len(k.encode()) + len(v.encode()) + 1 >= ENV_ENTRY_MAX:  # review 7: exit 1, "Argument list too long"
+            raise SandboxError(f"env[{k!r}]: {len(v.encode()):,} bytes; one variable is at most "
+                               f"{ENV_ENTRY_MAX - 2 - len(k.encode()):,} bytes (the kernel's limit per string, "
+                               "MAX_ARG_STRLEN): pass large data as an input file instead")
     if image not in ("analyzer", "code-runner", "swe-runner"):
         raise SandboxError(f"image={image!r}: use analyzer, code-runner or swe-runner")
 

@@ -50,7 +50,7 @@ from evotrainer.sandbox.base import (
 # flaky test_13 under load). The host ends a run with SIGKILL only.
 _LAUNCHER = r"""
 import os,resource as r,signal as g,sys
-a=sys.argv;fd=int(a[6])
+a=sys.argv;fd=int(a[7])
 try:
  import ctypes;ctypes.CDLL(None).prctl(4,0)
 except Exception:pass
@@ -60,11 +60,11 @@ pid=os.fork()
 if pid==0:
  for n in S:g.signal(n,g.SIG_DFL)
  os.close(fd)
- for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE'),a[1:6]):
+ for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE','RLIMIT_SIGPENDING'),a[1:7]):
   v=int(v)
   if v>=0:r.setrlimit(getattr(r,n),(v,v+1 if n=='RLIMIT_CPU' else v))
- try:os.execvp(a[7],a[7:])
- except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[7]!r}: {e}\n');os._exit(127)
+ try:os.execvp(a[8],a[8:])
+ except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[8]!r}: {e}\n');os._exit(127)
 _,st,ru=os.wait4(pid,0)
 try:os.write(fd,f'{ru.ru_utime+ru.ru_stime} {ru.ru_maxrss}'.encode())
 except OSError:pass
@@ -73,21 +73,37 @@ os._exit(c if c>=0 else 128-c)
 """
 
 
+# Queued signals (sigqueue, POSIX timers) are counted per user up the user-namespace chain, like inotify below, and
+# checked against RLIMIT_SIGPENDING (about 96,000 here) at each level: review 7's sandboxed program queued 96,360
+# realtime signals to itself, and every sigqueue / timer_create of the caller's user on the host failed with EAGAIN
+# while the run lasted. The launcher caps the run's queue at this many.
+SIGPENDING_MAX = 1024
+
+
 # --- seccomp: syscalls no sandboxed program needs ------------------------------------------------
 # As host root, bwrap maps the sandbox uid to host uid 0: file-style ownership checks that ignore
 # namespaces then see the owner. Kernel keyrings are one (root's keys are "user"-readable by
 # kuid 0), so the key syscalls are refused, with the rest of Docker's default-profile blocklist that
 # matters here (eBPF, perf, userfaultfd, io_uring, modules, kexec, swap, reboot, acct, quotas,
 # file handles). The filter is a classic-BPF program assembled here (struct sock_filter).
+# inotify too (review 7): an inotify instance is counted per user up the user-namespace chain, so the sandbox's
+# count is also its host user's, capped at fs.inotify.max_user_instances (128) for that user in all: a sandboxed
+# program holding 128 instances made every host process of the caller's user (root: systemd, `tail -f`, file
+# watchers) fail inotify_init with EMFILE for as long as the run lasted; it also lets a program watch host file
+# activity on the read-only binds (review 3, S-R14).
 BLOCKED_SYSCALLS = (
     "add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct",
-    "swapon", "swapoff", "reboot", "quotactl", "fanotify_init", "name_to_handle_at", "open_by_handle_at")
-_SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64)
+    "swapon", "swapoff", "reboot", "quotactl", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
+    "inotify_init", "inotify_init1")
+_SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64: no inotify_init, so
+    # inotify_init1's 26 stands for both)
     "x86_64": (0xC000003E, dict(zip(BLOCKED_SYSCALLS, (248, 249, 250, 321, 298, 323, 425, 426, 427, 246, 320, 175,
-                                                       313, 176, 163, 167, 168, 169, 179, 300, 303, 304), strict=True))),
+                                                       313, 176, 163, 167, 168, 169, 179, 300, 303, 304, 253, 294),
+                                    strict=True))),
     "aarch64": (0xC00000B7, dict(zip(BLOCKED_SYSCALLS, (217, 218, 219, 280, 241, 282, 425, 426, 427, 104, 294, 105,
-                                                        273, 106, 89, 224, 225, 142, 60, 262, 264, 265), strict=True))),
+                                                        273, 106, 89, 224, 225, 142, 60, 262, 264, 265, 26, 26),
+                                     strict=True))),
 }
 # socket(2) of these families is refused too. AF_VSOCK (40) has no network namespace: under bwrap's
 # --unshare-net a sandboxed program could still listen on, or connect to, the host VM's vsock ports (review 3:
@@ -193,7 +209,7 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
         a += ["--seccomp", "{seccomp_fd}"]
     a += ["--chdir", WORK_DIR, "--remount-ro", "/dev", "--remount-ro", "/", "--"]
     nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0]
+    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0, SIGPENDING_MAX]
     return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
 
 
@@ -419,6 +435,6 @@ def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: RunL
     env = {**BASE_ENV, "HOME": str(work), "TMPDIR": str(work), "EVOTRAINER_EVIDENCE": str(evidence),
            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "EVOTRAINER_SANDBOX_BACKEND": "unsafe-local", **env_extra}
-    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0]
+    rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0, -1]
     full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
     return supervise(full, limits, backend="unsafe-local", env=env, cwd=work)

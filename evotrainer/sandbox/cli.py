@@ -81,16 +81,17 @@ def run(
     Exits with the program's exit code (1 when it died of a signal or a limit stopped it).
     """
     from evotrainer.sandbox import SandboxError, run_in_sandbox
+    from evotrainer.sandbox.api import LIMIT_MAX
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     if not file.is_file():
         fail(f"{file}: no such file")
     # the library names its own fields (timeout_s=...); a CLI user typed the flags
-    if not timeout > 0:
-        fail(f"--timeout {timeout:g}: must be > 0 seconds, e.g. --timeout 30")
-    if not memory > 0:
-        fail(f"--memory {memory}: must be > 0 MiB, e.g. --memory 1024")
+    if not 0 < timeout <= LIMIT_MAX:
+        fail(f"--timeout {timeout:g}: must be > 0 seconds and at most {LIMIT_MAX:,}, e.g. --timeout 30")
+    if not 0 < memory <= LIMIT_MAX:
+        fail(f"--memory {memory}: must be > 0 MiB and at most {LIMIT_MAX:,}, e.g. --memory 1024")
     named: dict[str, Path] = {}
     for p in inputs or []:
         if p.name in named:

@@ -7,7 +7,7 @@ backend's filter stacked on it (:data:`_SECCOMP_LAUNCHER`), Docker's masked / re
 plus ``/proc/key-users`` and ``/proc/pressure`` (:data:`MASKED_PATHS`, :data:`READONLY_PATHS`), uid/gid
 65534 (a caller's work dir is handed to 65534 for the run as root, then back; a non-root caller's
 container runs as its uid), memory (no swap) and pids cgroup limits and a CPU quota (``nano_cpus``) for
-the whole container, ``cpu`` / ``fsize`` / ``core`` ulimits, tmpfs ``/tmp``, ``/dev/shm`` and (without
+the whole container, ``cpu`` / ``fsize`` / ``core`` / ``sigpending`` ulimits, tmpfs ``/tmp``, ``/dev/shm`` and (without
 a host ``workdir``) ``/sandbox/work`` with size and inode caps, inputs bound read-only at
 ``/evidence/<name>``. The wall clock is enforced by ``container.wait`` polls and a kill; stdout and
 stderr are read through an attach made before the start (log driver ``none``: nothing reaches the
@@ -38,7 +38,7 @@ from evotrainer.sandbox.base import (
     SandboxResult,
     infer_limit,
 )
-from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, seccomp_filter
+from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, SIGPENDING_MAX, seccomp_filter
 from evotrainer.sandbox.fs import Owners, lend_tree, return_tree
 from evotrainer.sandbox.limits import owner_alive, owner_tag, tmpfs_inodes
 
@@ -128,7 +128,9 @@ def run_docker(client, image: str, argv: list[str], *, inputs: dict[str, Path], 
         tmpfs[WORK_DIR] = f"{caps},uid={SANDBOX_UID},gid={SANDBOX_UID}"
     ulimits = [docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
                docker.types.Ulimit(name="fsize", soft=limits.max_file_mb << 20, hard=limits.max_file_mb << 20),
-               docker.types.Ulimit(name="core", soft=0, hard=0)]
+               docker.types.Ulimit(name="core", soft=0, hard=0),
+               # queued signals count against the container user's host uid (bwrap.SIGPENDING_MAX, review 7)
+               docker.types.Ulimit(name="sigpending", soft=SIGPENDING_MAX, hard=SIGPENDING_MAX)]
     # /dev/null over /etc/resolv.conf: with network none Docker 20.10 still copies the host's resolver into the
     # container (its nameserver addresses were readable); a mount of ours there replaces the daemon's file
     binds = [f"{src}:{v['bind']}:{v['mode']}" for src, v in volumes.items()] + ["/dev/null:/etc/resolv.conf:ro"]

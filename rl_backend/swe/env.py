@@ -58,6 +58,12 @@ TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")
 VIEW_MAX_LINES = 80
 SEARCH_MAX_HITS = 40
 SEARCH_MAX_BYTES = 1 << 20  # files larger than 1 MiB are not searched (data, not source)
+# RE2 matches by NFA where its DFA gives up, at text x program size, on the host, where the call's timeout is not read
+# (review 7: `(?:(?:a|b|ab|ba){0,100}){0,10}c`, 6,014 instructions, took 4.2 s on one 100,000-character line the policy
+# can build with edits; a 1 MiB line ~40 s per call). As search_logs does (review 3, L-R1): patterns over
+# SEARCH_MAX_PROGRAM instructions are refused, and each line is read to SEARCH_SCAN_UNITS // program size characters.
+SEARCH_MAX_PROGRAM = 2_000
+SEARCH_SCAN_UNITS = 32_000_000
 OBS_MAX_CHARS = 2500
 
 SYSTEM_PROMPT = """You fix bugs in a Python repository by calling tools. Reply with one or more tool calls, each as
@@ -389,6 +395,10 @@ class SweEnv:
         except PatternError:
             rx, note = compile_re2(re2.escape(a.pattern)), (" (not a regex RE2 accepts, e.g. a backreference: "
                                                                   "searched as plain text)")
+        if rx.programsize > SEARCH_MAX_PROGRAM:
+            raise ToolError(f"pattern {a.pattern[:80]!r} compiles to {rx.programsize} RE2 instructions, over "
+                            f"{SEARCH_MAX_PROGRAM}: use fewer or smaller counted repeats ({{m,n}}) or plain text")
+        scan = SEARCH_SCAN_UNITS // max(1, rx.programsize)  # characters of each line read
         self.stats.searches.append(a.pattern)
         hits = []
         with self._repo_fd() as fd:
@@ -407,7 +417,8 @@ class SweEnv:
                         lines = sfs.read_file(pfd, name, SEARCH_MAX_BYTES).decode().splitlines()
                     except (UnicodeDecodeError, OSError):
                         continue
-                    hits += [f"{rel}:{n}: {line.strip()[:160]}" for n, line in enumerate(lines, 1) if rx.search(line)]
+                    hits += [f"{rel}:{n}: {line.strip()[:160]}" for n, line in enumerate(lines, 1)
+                             if rx.search(line[:scan])]
             finally:
                 if dfd is not None:
                     os.close(dfd)
