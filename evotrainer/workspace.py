@@ -80,6 +80,8 @@ class Workspace:
             except FileExistsError:  # review 6: a dangling link (or a file) there ended every command, unnamed
                 raise WorkspaceError(f"{self.root}: {d} is not a folder (a file, or a link to nothing: "
                                      f"{self.root / d}); remove it and rerun") from None
+        if writer:
+            _refuse_linked_subfolders(self.root)
         if version is not None and not writer:
             raise WorkspaceError(f"version={version!r} without writer=True: a version lock is for writers; "
                                  "open with writer=True, or drop version to read")
@@ -348,6 +350,28 @@ def _fsync(path: Path) -> None:
 # links to host files, and `reports` as a link to a host folder: `report` wrote its HTML over the first host file,
 # `diagnose` its PNG over the second, a served `propose_intervention` appended its log record to the third, and the
 # report landed in the host folder. What EvoTrainer writes in a run folder goes through these functions.
+# The run's folders a writer writes into (weights, TensorBoard events, evaluations, rollouts, logs, reports).
+WRITTEN_SUBDIRS = (*SUBDIRS, "rollouts")
+
+
+def _refuse_linked_subfolders(root: Path) -> None:
+    """Raise :class:`WorkspaceError` when a folder a writer writes into (:data:`WRITTEN_SUBDIRS`) is a link.
+
+    Review 7 (L-R7b): a run folder from elsewhere with ``checkpoints``, ``tb`` and ``evals`` linked to a host folder
+    had ``run --resume`` write every new version's weights, tokenizer and TensorBoard events there. A link there
+    cannot be told from one the user made on purpose (checkpoints on another disk) by anything inside the folder,
+    which the folder's author wrote too; so a writer follows none, and the other-disk case is served by putting (or
+    linking) the whole run folder there: the path the user passes is resolved once and trusted.
+    """
+    for d in WRITTEN_SUBDIRS:
+        p = root / d
+        if p.is_symlink():
+            raise WorkspaceError(
+                f"{root}: {d} is a link ({d} -> {os.readlink(p)}); a process that writes a run follows no link inside "
+                f"it (a run folder from elsewhere could point {d} at any folder of yours). Replace the link with a "
+                "folder; to keep a run on another disk, put the whole run folder there and pass its path")
+
+
 def open_inside(root: Path, rel: str, flags: int, mode: int = 0o644) -> int:
     """A file descriptor of ``root/rel`` opened following no link on any component of ``rel``
     (:func:`evotrainer.sandbox.fs.open_beneath`; ``root`` itself is the caller's choice and may be a link).

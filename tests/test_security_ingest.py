@@ -629,6 +629,40 @@ def test_run_resume_of_a_run_folder_from_elsewhere_writes_no_host_file_through_i
     assert (host / "secret.txt").read_text() == SECRET  # the host fixture checks every host file too
 
 
+@pytest.mark.parametrize("sub", ["checkpoints", "tb", "evals", "rollouts", "logs", "reports"])
+def test_a_writer_refuses_a_run_subfolder_that_is_a_link(tmp_path, host, sub):
+    """Review 7 L-R7b (left by the review, fixed after it): a run folder from elsewhere with ``checkpoints``, ``tb``
+    and ``evals`` linked to a host folder had ``run --resume`` write v1..v3's weights, tokenizer and TensorBoard
+    events into it. A writer (the trainer, an MCP job, import, watch) now refuses any such link, naming it and the
+    fix; nothing is written at its target. A reader (lineage show, report, diagnose) still opens the folder."""
+    from evotrainer.config import load_run_config
+    from evotrainer.workspace import WorkspaceError
+
+    run = tmp_path / "run"
+    Workspace.init(run, load_run_config("examples/tiny.yaml").recipe)
+    target = host / "dir"
+    if (run / sub).exists():
+        (run / sub).rmdir()
+    (run / sub).symlink_to(target)
+    for kw in ({}, {"version": "v0"}):
+        with pytest.raises(WorkspaceError) as err:
+            Workspace(run, writer=True, **kw)
+        assert str(err.value) == (
+            f"{run.resolve()}: {sub} is a link ({sub} -> {target}); a process that writes a run follows no link "
+            f"inside it (a run folder from elsewhere could point {sub} at any folder of yours). Replace the link with "
+            "a folder; to keep a run on another disk, put the whole run folder there and pass its path")
+    with Workspace.open(run) as ws:  # reading is not refused
+        assert ws.lineage.root().id == "v0"
+    assert sorted(p.name for p in target.iterdir()) == ["1"]
+    # the whole run folder behind a link (another disk) is the supported way, and writes as usual
+    disk = tmp_path / "disk"
+    Workspace.init(disk / "run2", load_run_config("examples/tiny.yaml").recipe)
+    (tmp_path / "run2").symlink_to(disk / "run2")
+    with Workspace(tmp_path / "run2", writer=True) as ws:
+        ws.log("written on the other disk")
+    assert (disk / "run2" / "logs" / "run.jsonl").read_text().count("written on the other disk") == 1
+
+
 def test_a_lineage_db_whose_versions_form_a_parent_cycle_is_not_opened(tmp_path):
     """Review 7: a run folder from elsewhere whose ``lineage.db`` has ``v2.parent_id = v3`` and ``v3.parent_id = v2``
     made ``LineageStore.path_to_root("v2")`` (the MCP ``gate_version``) grow a list for good (MemoryError after 45 s
