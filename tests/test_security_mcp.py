@@ -5,6 +5,7 @@ on a read, a run never dies on its own writer lock, and ``init`` is atomic.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -818,6 +819,37 @@ def test_duckdb_errors_never_reach_the_client_raw():
         "within range (integers within signed 64 bits, finite floats) and retry")
 
 
+@contextlib.contextmanager
+def _cap_full_of_half_heads(run, header_timeout_s: str):
+    """An HTTP server on ``run`` with a connection cap of 8, filled with 8 connections that each sent part of a
+    request head and never finish it; yields ``(port, held sockets, ping)`` where ``ping()`` asserts that a client
+    with the token opens a session and gets its ping answered. Closes the sockets and the server after."""
+    import socket
+
+    import httpx
+
+    proc, url = _start_http(run, EVOTRAINER_MCP_MAX_CONNECTIONS="8", EVOTRAINER_MCP_HEADER_TIMEOUT_S=header_timeout_s)
+    port = int(url.split(":")[2].split("/")[0])
+    held = []
+
+    def ping() -> None:
+        with httpx.Client() as hc:
+            sid = _open_session(hc, url)
+            assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+            held.append(s)
+        yield port, held, ping
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+
+
 def _closed_by_server(s) -> bool:
     """True when the server closed ``s``: an orderly EOF, or a reset (Linux answers a close with RST when part of the
     half-sent head was still unread in the server's socket buffer: the clean-clone CI of dbf4919 at load ~5 got
@@ -836,54 +868,20 @@ def test_half_sent_request_heads_are_closed_and_connections_are_capped(redos_run
     6; 503 only when every other connection is in a request); then clients are served."""
     import socket
 
-    import httpx
-
-    proc, url = _start_http(redos_run, EVOTRAINER_MCP_MAX_CONNECTIONS="8", EVOTRAINER_MCP_HEADER_TIMEOUT_S="1")
-    port = int(url.split(":")[2].split("/")[0])
-    held = []
-    try:
-        for _ in range(8):
-            s = socket.create_connection(("127.0.0.1", port), timeout=60)
-            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
-            held.append(s)
+    with _cap_full_of_half_heads(redos_run, "1") as (port, held, ping):
         with socket.create_connection(("127.0.0.1", port), timeout=60):  # past the cap: the oldest half-head goes
             assert _closed_by_server(held[0])
         for s in held:  # the server closes each one (EOF), however long the machine takes to get there
             assert _closed_by_server(s)
-        with httpx.Client() as hc:
-            sid = _open_session(hc, url)
-            assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
-    finally:
-        for s in held:
-            s.close()
-        proc.terminate()
-        proc.wait(30)
+        ping()
 
 
 def test_half_sent_heads_that_fill_the_connection_cap_do_not_lock_out_a_client_with_the_token(redos_run):
     """Review 6: past the cap the newcomer got 503, so a local process without the token kept the cap full by
     reopening half-sent heads as the head timeout closed them: an authenticated client got 503 for 108 of 109
     requests in 35 s (cap 50). Now a newcomer past the cap closes the connection that waited longest for a head."""
-    import socket
-
-    import httpx
-
-    proc, url = _start_http(redos_run, EVOTRAINER_MCP_MAX_CONNECTIONS="8", EVOTRAINER_MCP_HEADER_TIMEOUT_S="60")
-    port = int(url.split(":")[2].split("/")[0])
-    held = []
-    try:
-        for _ in range(8):
-            s = socket.create_connection(("127.0.0.1", port), timeout=60)
-            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished, well within the timeout
-            held.append(s)
-        with httpx.Client() as hc:
-            sid = _open_session(hc, url)
-            assert _sse_json(_ping(hc, url, sid)) == {"jsonrpc": "2.0", "id": 7, "result": {}}
-    finally:
-        for s in held:
-            s.close()
-        proc.terminate()
-        proc.wait(30)
+    with _cap_full_of_half_heads(redos_run, "60") as (_, _, ping):  # the heads well within their timeout
+        ping()
 
 
 def test_an_unfinished_request_body_with_the_token_is_closed_at_its_deadline(redos_run):
