@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
@@ -178,6 +178,9 @@ class Decision(BaseModel):
                                                           "from its own start point.")
 
 
+PID_MAX = 1 << 22  # Linux's largest pid_max (kernel/pid.c PID_MAX_LIMIT on 64-bit)
+
+
 class Job(BaseModel):
     """A train / eval job of a version, with progress."""
 
@@ -193,9 +196,20 @@ class Job(BaseModel):
     created_at: float
     updated_at: float
 
+    @field_validator("pid", mode="before")
+    @classmethod
+    def _no_pid_is_none(cls, v: Any) -> Any:
+        """A stored pid that is no process id (text, a float, a blob, outside 1..PID_MAX: review 8's foreign
+        lineage.db) reads as None, the job of no live process, instead of failing every read of the jobs."""
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < PID_MAX else None
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
+
+def _pid_alive(pid: Any) -> bool:
+    """Whether the job's process ``pid`` still runs. A pid that is not an integer in 1..PID_MAX is none: review 8's
+    foreign lineage.db with a running job whose pid was 'abc', 1e21 or 2**63 - 1 ended every command that opened
+    the run (and every MCP tool) with a bare TypeError / OverflowError, and pid -1 (kill(-1, 0): every process)
+    kept its job running for good."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_MAX:
         return False
     try:
         os.kill(pid, 0)

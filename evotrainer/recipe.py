@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import reprlib
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -399,10 +400,24 @@ SHOWN_MAX = 200  # characters of a value an error shows
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)``, cut to :data:`SHOWN_MAX` characters with its length said: review 7's stored recipe with 50,000
-    reward components made one 2 MB error line (every component repeated)."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text):,} characters)"
+    """A value as an error shows it: ``repr(value)`` cut to :data:`SHOWN_MAX` characters with its size said (review
+    7: a stored recipe with 50,000 reward components made one 2 MB error line). A container is shown through a
+    bounded :class:`reprlib.Repr` (a few items per level, a few levels), never expanded whole: review 8's 700-byte
+    YAML whose aliases nest 10 items 9 levels deep (10^9 leaves) kept `recipe validate` building its repr for good.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 600:
+        return f"an integer of {value.bit_length():,} bits"  # (repr refuses past 4,300 digits)
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+        text = repr(value)
+        return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text):,} characters)"
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, 40, 40, 40
+    r.maxdict = r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
+    text = r.repr(value)
+    if "..." not in text and len(text) <= SHOWN_MAX:  # shown whole
+        return text
+    size = f" ({len(value):,} items)" if hasattr(value, "__len__") else ""
+    return (text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}...") + size
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:

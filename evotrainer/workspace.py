@@ -163,10 +163,14 @@ class Workspace:
         return self.root.joinpath(*parts)
 
     def checkpoint_dir(self, version_id: str) -> Path:
-        """Checkpoint folder of a version (created)."""
-        p = self.root / "checkpoints" / version_id
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+        """Checkpoint folder of a version (created as a real folder of the run: review 8's ``checkpoints/v0`` link to
+        a host folder ended ``train`` with a bare OSError from rmtree; now a WorkspaceError names it)."""
+        return folder_inside(self.root, f"checkpoints/{version_id}")
+
+    def tb_dir(self, version_id: str) -> Path:
+        """TensorBoard folder of a version (created as a real folder of the run: review 8's ``tb/v0`` link to a host
+        folder had ``train`` write its event file there)."""
+        return folder_inside(self.root, f"tb/{version_id}")
 
     def log(self, message: str, level: str = "info", version: str | None = None, source: str = "run",
             **extra: Any) -> None:
@@ -398,10 +402,17 @@ def folder_inside(root: Path, rel: str) -> Path:
     try:
         sfs.makedirs_beneath(dfd, rel)
     except (sfs.UnsafePathError, NotADirectoryError) as exc:  # a link (or a file) where a folder should be
-        raise WorkspaceError(_link_refused(root, str(exc.filename))) from None
+        raise WorkspaceError(_link_refused(root, _prefix_to(rel, str(exc.filename)))) from None
     finally:
         os.close(dfd)
     return root / rel
+
+
+def _prefix_to(rel: str, name: str) -> str:
+    """The part of ``rel`` up to its first component ``name`` (``tb/v0`` for ``name`` ``v0``): the error names the
+    link where it is, not as a name at the run folder's top (review 8); ``name`` itself when ``rel`` lacks it."""
+    parts = Path(rel).parts
+    return str(Path(*parts[: parts.index(name) + 1])) if name in parts else name
 
 
 def replace_file(path: Path, data: bytes, root: Path | None = None) -> None:

@@ -75,17 +75,18 @@ def diagnose(
     plots: list[str] = []
     if not no_plots:
         is_ws = path.is_dir() and (path / "lineage.db").exists()
-        # an --out inside the run folder is made, and written, through no link there either (review 7:
-        # `--out RUN/reports/mine` with `reports` a link to a host folder put mine/v0.png in the host folder)
-        rel = os.path.relpath(os.path.abspath(out), os.path.abspath(path)) if out is not None and is_ws else None
-        inside = rel is not None and rel != os.pardir and not rel.startswith(os.pardir + os.sep)
-        if inside:
-            out_dir = path if rel == os.curdir else folder_inside(path, str(rel))
+        # an --out inside the folder read (a run folder or any foreign folder) is made, and written, through no link
+        # there either (review 7: `--out RUN/reports/mine` with `reports` a link to a host folder put mine/v0.png in
+        # the host folder; review 8: the same through another spelling of the folder, or a foreign folder)
+        base = path if path.is_dir() else path.parent
+        rel = _inside(out, base) if out is not None else None
+        if rel is not None:
+            out_dir = base if rel == os.curdir else folder_inside(base.resolve(), rel)
         else:
             out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
                               else Path("diagnose") / (_bare_name(path) or "run"))
-        plots = [str(p) for p in plot_evidence(ev, findings, out_dir,
-                                               root=path if is_ws and (out is None or inside) else None)]
+        root = base.resolve() if rel is not None else path if is_ws and out is None else None
+        plots = [str(p) for p in plot_evidence(ev, findings, out_dir, root=root)]
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
     fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,
@@ -322,6 +323,18 @@ def _cell(f, evid: list[dict], fixes: list[dict]) -> str:
         lines.append(f"[green]try[/] {escape(x['name'])}: {escape(x['recipe_path'] or '')} "
                      f"{escape(_value_text(x['value']))} [dim]({escape(x['source'])})[/]")
     return "\n".join(lines)
+
+
+def _inside(out: Path, folder: Path) -> str | None:
+    """``out`` relative to ``folder`` when it lies inside it by any spelling (an ancestor of ``out``'s absolute path
+    that resolves to ``folder``, links on the way included), else None: the part below that ancestor is then made
+    with :func:`~evotrainer.workspace.folder_inside`, which follows no link."""
+    target = os.path.realpath(folder)
+    out_abs = Path(os.path.abspath(out))
+    for anc in [out_abs, *out_abs.parents]:
+        if os.path.realpath(anc) == target:
+            return os.path.relpath(out_abs, anc)
+    return None
 
 
 def _bare_name(path: Path) -> str:

@@ -20,7 +20,6 @@ What each version's folder holds (read back in tests/test_tensorboard.py with te
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from evotrainer.recipe import flatten
@@ -41,7 +40,7 @@ def hparams_of(recipe: Any) -> dict[str, bool | int | float | str]:
 def _writer(ws: Any, version_id: str) -> Any:
     from torch.utils.tensorboard import SummaryWriter
 
-    return SummaryWriter(str(Path(ws.root) / "tb" / version_id))
+    return SummaryWriter(str(ws.tb_dir(version_id)))  # a real folder of the run, no link followed
 
 
 class TrainWriter:

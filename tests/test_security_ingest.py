@@ -879,7 +879,7 @@ def test_a_stored_recipe_that_does_not_validate_is_named_briefly(tmp_path):
         ws.lineage.versions()
     text = str(err.value)
     assert text.startswith(f"{run / 'lineage.db'}: version 'v1' is not a valid version (recipe.reward={{'c0'")
-    assert "characters): unknown reward component 'c0'" in text and len(text) < 1200, len(text)
+    assert "items): unknown reward component 'c0'" in text and len(text) < 1200, len(text)
     r = CliRunner().invoke(app, ["lineage", "show", str(run)])
     assert r.exit_code == 1 and len(str(r.exception)) < 1200
 
@@ -1003,3 +1003,95 @@ def test_many_running_jobs_of_one_pid_ask_about_that_process_once(tmp_path, monk
     assert sorted(asked) == sorted({os.getpid(), 2 ** 22 + 7}), len(asked)
     status = {j.id: j.status for j in jobs}
     assert status["j1"] == "running" and status["j0"] == "interrupted"  # the live pid's, the gone pid's
+
+
+@pytest.mark.parametrize("pid", ["'abc'", "1e21", "1.5", "9223372036854775807", "-1", "X'00'"])
+def test_a_running_job_with_a_pid_that_is_no_pid_is_recovered_not_a_crash(tmp_path, pid):
+    """Review 8 A-R8: a foreign lineage.db with a running job whose pid is text, a float, past 64 bits of a pid or a
+    blob ended every command that opened the run (and every MCP tool) with a bare TypeError / OverflowError, and pid
+    -1 (kill(-1, 0) reaches every process) kept its job running for good. Such a job's process is not alive: the
+    job is recovered as for a dead process."""
+    import sqlite3
+
+    from evotrainer.config import load_run_config
+
+    run = tmp_path / "run"
+    Workspace.init(run, load_run_config("examples/tiny.yaml").recipe)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT INTO jobs(id, version_id, kind, status, pid, created_at, updated_at) "
+               f"VALUES ('j1', 'v0', 'train', 'running', {pid}, 1, 1)")
+    db.commit()
+    db.close()
+    with Workspace(run) as ws:
+        assert ws.lineage.root().id == "v0"
+        job = ws.lineage.job("j1")
+        assert job.status != "running", job
+
+
+def test_a_version_folder_under_tb_or_checkpoints_that_is_a_link_is_refused(tmp_path, host):
+    """Review 8 B-R8: review 7's fix refused a link at `tb` or `checkpoints` itself, not one level down: with
+    `tb/v0` a link to a host folder, `train` wrote its TensorBoard event file there; with `checkpoints/v0` one, it
+    ended with a bare OSError from rmtree. Both folders are now made as real folders of the run, the link named."""
+    from evotrainer.config import load_run_config
+    from evotrainer.rl_backend.tb_writer import TrainWriter
+    from evotrainer.workspace import WorkspaceError
+
+    cfg = load_run_config("examples/tiny.yaml")
+    run = tmp_path / "run"
+    Workspace.init(run, cfg.recipe)
+    (run / "tb" / "v0").symlink_to(host / "dir")
+    (run / "checkpoints" / "v0").symlink_to(host / "dir")
+    with Workspace(run, writer=True, version="v0") as ws:
+        with pytest.raises(WorkspaceError, match=r"tb/v0"):
+            TrainWriter(ws, "v0", cfg.recipe)
+        with pytest.raises(WorkspaceError, match=r"checkpoints/v0"):
+            ws.checkpoint_dir("v0")
+    assert sorted(p.name for p in (host / "dir").iterdir()) == ["1"]
+
+
+@pytest.mark.parametrize("spelling", ["foreign", "alias_path", "alias_out"])
+def test_diagnose_out_inside_the_folder_read_follows_no_link_by_any_spelling(tmp_path, host, spelling):
+    """Review 8 C-R8: review 7's `--out` check compared the paths as written and covered run folders only:
+    `diagnose fo --out fo/plots/mine` (a foreign folder, plots a link), `diagnose alias --out RUN/reports/m`
+    (alias -> RUN, reports a link) and `diagnose RUN --out alias/reports/m` all wrote their plot into the host
+    folder. Now an --out that lies inside the folder read by any spelling is made through no link there."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    fo = tmp_path / "fo"
+    fo.mkdir()
+    (fo / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n{"step": 2, "reward/mean": 0.2}\n')
+    (fo / "plots").symlink_to(host / "dir")
+    (tmp_path / "alias").symlink_to(fo)
+    read, out = {"foreign": (fo, fo / "plots" / "mine"), "alias_path": (tmp_path / "alias", fo / "plots" / "mine"),
+                 "alias_out": (fo, tmp_path / "alias" / "plots" / "mine")}[spelling]
+    r = CliRunner().invoke(app, ["diagnose", str(read), "--out", str(out)])
+    assert r.exit_code != 0 and "plots" in str(r.exception or r.output), r.output
+    assert sorted(p.name for p in (host / "dir").iterdir()) == ["1"]
+    # an --out elsewhere is the caller's choice, and a real folder inside is written as before
+    r = CliRunner().invoke(app, ["diagnose", str(read), "--out", str(fo / "mine")])
+    assert r.exit_code == 0, r.output
+    assert [p.suffix for p in (fo / "mine").iterdir()] == [".png"]
+
+
+def test_an_alias_bomb_value_in_a_recipe_is_shown_briefly_and_fast(tmp_path):
+    """Review 8 K-R8: a 700-byte recipe YAML whose eps_clip_high is an alias nesting 10 items 9 levels deep (10^9
+    leaves): `recipe validate` built the full repr of the value for its error (killed at 60 s; `init --recipe` a
+    MemoryError). The error now shows a bounded repr and the item count, within a second."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    lines = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text("_bomb:\n" + "\n".join("  " + ln for ln in lines) + "\neps_clip_high: *a8\n")
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, ["recipe", "validate", str(f)])
+    took = time.monotonic() - t0
+    assert r.exit_code == 1 and took < 10, (took, r.output)
+    text = r.output + str(r.exception or "")
+    assert "eps_clip_high=[[[" in text and "(10 items)" in text and len(text) < 2000, text
