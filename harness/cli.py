@@ -78,14 +78,14 @@ def diagnose(
         # an --out inside the folder read (a run folder or any foreign folder) is made, and written, through no link
         # there either (review 7: `--out RUN/reports/mine` with `reports` a link to a host folder put mine/v0.png in
         # the host folder; review 8: the same through another spelling of the folder, or a foreign folder)
-        base = path if path.is_dir() else path.parent
-        rel = _inside(out, base) if out is not None else None
+        # (a log file's own folder is the caller's: an --out beside a file is used as given, as before)
+        rel = _inside(out, path) if out is not None and path.is_dir() else None
         if rel is not None:
-            out_dir = base if rel == os.curdir else folder_inside(base.resolve(), rel)
+            out_dir = path if rel == os.curdir else folder_inside(path.resolve(), rel)
         else:
             out_dir = out or (folder_inside(path, "reports/diagnose") if is_ws  # no link followed in a run folder
                               else Path("diagnose") / (_bare_name(path) or "run"))
-        root = base.resolve() if rel is not None else path if is_ws and out is None else None
+        root = path.resolve() if rel is not None else path if is_ws and out is None else None
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir, root=root)]
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
