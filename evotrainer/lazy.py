@@ -24,7 +24,11 @@ at that first use, with the module's own message.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
+import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -75,3 +79,84 @@ def lazy_module(name: str) -> Any:
     if not name or name.startswith("."):
         raise ValueError(f"lazy_module({name!r}): give an absolute module name, e.g. 'torch'")
     return LazyModule(name)
+
+
+# --- a third-party package whose __init__ imports what a local caller never uses ----------------------------------
+#: Packages whose ``__init__`` :func:`import_lancedb` defers: the generated OpenAPI client of LanceDB's REST namespace
+#: (``lance-namespace``), which ``lancedb.db`` imports at module level. Its ``__init__`` imports all 9 API classes
+#: (~0.5 s of pydantic ``validate_call`` wrappers) and ``models/__init__`` all ~150 pydantic models (~0.2 s), though
+#: a local folder (the skills store, the rollout store) never talks to a REST namespace.
+DEFERRED_INITS = ("lance_namespace_urllib3_client", "lance_namespace_urllib3_client.models")
+
+_DEFER_LOCK = threading.Lock()
+_FROM_IMPORT = re.compile(r"^from ([\w.]+) import (\w+)(?: as (\w+))?\s*(?:#.*)?$", re.MULTILINE)
+
+
+def defer_package_init(name: str) -> bool:
+    """Put package ``name`` in ``sys.modules`` without running its ``__init__``. On first read, each name that
+    ``__init__`` imports on a line of its own (``from pkg.sub import Name``) is imported from its submodule, and a
+    submodule's name imports that submodule (as ``from pkg import sub`` does on an eager package); any other read
+    (``__all__``, a name defined in ``__init__`` itself, ``import *``) runs the whole ``__init__`` once, into the
+    same module object, and is answered from it. So every read gives what the eager package gives; only what is
+    never read is never imported.
+
+    Returns True when deferred; False, changing nothing, when the package is already imported, is not installed,
+    is not a package of source files, or its ``__init__`` cannot be read. Not thread-safe against a concurrent
+    first import of the same package: call it before any thread imports it.
+    """
+    if name in sys.modules:
+        return False
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None or spec.loader is None or not spec.submodule_search_locations:
+        return False
+    try:
+        source = Path(spec.origin).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    names = {alias or attr: (module, attr) for module, attr, alias in _FROM_IMPORT.findall(source)}
+    module = importlib.util.module_from_spec(spec)
+    loaded = threading.Event()
+    lock = threading.RLock()
+
+    def run_init() -> None:
+        with lock:
+            if not loaded.is_set():
+                loaded.set()
+                del module.__getattr__  # type: ignore[attr-defined]
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
+
+    def __getattr__(attr: str) -> Any:
+        if attr in names and not loaded.is_set():
+            sub, real = names[attr]
+            value = getattr(importlib.import_module(sub), real)
+            setattr(module, attr, value)
+            return value
+        if loaded.is_set():  # __init__ ran and did not define it
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
+            return importlib.import_module(f"{name}.{attr}")  # a submodule (``from pkg import sub`` inside pkg)
+        run_init()
+        return getattr(module, attr)
+
+    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    if parent:
+        setattr(sys.modules[parent], name.rpartition(".")[2], module)
+    return True
+
+
+def import_lancedb() -> ModuleType:
+    """``lancedb``, imported with the :data:`DEFERRED_INITS` deferred (:func:`defer_package_init`): ~0.6 s less per
+    process on this machine (docs/performance.md §1), what ``evotrainer skills search`` from the shell pays.
+    Call it instead of ``import lancedb`` where a process may import LanceDB first."""
+    with _DEFER_LOCK:  # one deferral per package, whichever thread gets here first
+        if "lancedb" not in sys.modules:
+            for name in DEFERRED_INITS:
+                defer_package_init(name)
+    return importlib.import_module("lancedb")

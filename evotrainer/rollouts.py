@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.lazy import import_lancedb
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -167,7 +168,7 @@ class RolloutStore:
     """
 
     def __init__(self, path: str | Path):
-        import lancedb
+        lancedb = import_lancedb()
 
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from evotrainer.lazy import import_lancedb
+
 FUNCTION_NAME = "evotrainer-minilm"
 MODEL_NAME = "all-MiniLM-L6-v2"
 NDIMS = 384
@@ -342,6 +344,7 @@ def register_embedding_function() -> type:
     costs ~1.1 s (of which 0.75 s is its REST namespace client): a process that imports the skills store
     without searching (``evotrainer serve``) does not pay it.
     """
+    import_lancedb()  # first: the deferred REST-client imports (evotrainer.lazy)
     from lancedb.embeddings import TextEmbeddingFunction, register
 
     @register(FUNCTION_NAME)

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from evotrainer.lazy import import_lancedb
 from evotrainer.rollouts import with_commit_retries
 from evotrainer.skills_db.embeddings import (
     NDIMS,
@@ -270,7 +271,7 @@ class SkillStore:
     """
 
     def __init__(self, path: str | Path | None = None, seed: bool = True):
-        import lancedb
+        lancedb = import_lancedb()
 
         register_embedding_function()  # before any table is opened: LanceDB rebuilds its function by name
         self.path = Path(path).expanduser() if path else default_skills_dir()
