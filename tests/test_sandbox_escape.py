@@ -624,3 +624,37 @@ def test_27_vsock_is_refused_and_ordinary_sockets_still_open():
                 s.bind((0xFFFFFFFF, port))
         except OSError as e:
             assert e.errno != 98, "the sandbox left a vsock listener on the host's port"
+
+
+def test_28_no_global_proc_file_opens_for_writing():
+    """Review 9 (E-R9): as host root the bwrap sandbox uid is host uid 0, and a fresh /proc left /proc/irq/*
+    (37 files: the sandbox changed ``default_smp_affinity`` of the host) and /proc/bus/pci/* open for writing.
+    Every regular file under /proc outside the per-process entries (``<pid>``, ``self``, ``thread-self``; ``net``
+    is the sandbox's own namespace) is tried with open(O_WRONLY) only, so a regression cannot change the host."""
+    affinity = Path("/proc/irq/default_smp_affinity")
+    before = affinity.read_text() if affinity.exists() else None
+    r = run("""
+        import os
+        tried, writable = 0, []
+        for root, dirs, files in os.walk("/proc"):
+            if root == "/proc":
+                dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self", "net")]
+            for f in files:
+                p = os.path.join(root, f)
+                if not os.path.isfile(p) or os.path.islink(p):
+                    continue
+                tried += 1
+                try:
+                    os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+                    writable.append(p)
+                except OSError:
+                    pass
+        print("tried", tried)
+        print("writable", len(writable), *writable[:40])
+    """, timeout_s=120)
+    assert r.exit_code == 0, r
+    tried = int(r.stdout.split("tried ")[1].split()[0])
+    assert tried > 200, r.stdout  # the sweep saw /proc/sys at least (thousands of files on a usual kernel)
+    assert "writable 0" in r.stdout, r.stdout
+    if before is not None:
+        assert affinity.read_text() == before  # host unchanged

@@ -157,6 +157,11 @@ def _tmpfs(dest: str, size: int, host: dict[str, Path] | None) -> list[str]:
 
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/kcore")
+# Global (not per-process) /proc entries a host-root sandbox uid could write: Docker 20.10's ReadonlyPaths
+# (moby oci.DefaultSpec: bus, fs, irq, sys, sysrq-trigger) and its masked trees (acpi, asound, scsi), plus
+# /proc/pressure (PSI triggers) and /proc/driver (rtc). Each is bound read-only where the kernel has it.
+_READONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/pressure", "/proc/bus", "/proc/fs", "/proc/irq",
+                  "/proc/acpi", "/proc/asound", "/proc/scsi", "/proc/driver")
 
 
 def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
@@ -174,8 +179,11 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
         a += ["--ro-bind-try", etc, etc]
     # A fresh /proc, but its global writable files read-only: as host root the sandbox uid is host uid 0,
     # which sysctl permission checks (test_perm) treat as root whatever the namespace or capabilities.
-    a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
-          "/proc/sysrq-trigger", "--ro-bind-try", "/proc/pressure", "/proc/pressure"]
+    # Review 9 (E-R9): /proc/irq (smp_affinity of host interrupts) and /proc/bus/pci (device config space) were
+    # writable too; every global /proc tree that Docker makes read-only or masks is bound read-only here.
+    a += ["--proc", "/proc"]
+    for tree in _READONLY_PROC:
+        a += ["--ro-bind-try", tree, tree]
     # Docker's masked /proc files, read as host root's (keyring names, timers of host tasks): /dev/null over them
     for masked in _MASKED_PROC:
         if os.path.exists(masked):  # the sandbox's /proc is of the same kernel; bwrap cannot create a missing one
