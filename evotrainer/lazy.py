@@ -128,7 +128,7 @@ def defer_package_init(name: str) -> bool:
         with lock:
             if not loaded.is_set():
                 loaded.set()
-                del module.__getattr__  # type: ignore[attr-defined]
+                delattr(module, "__getattr__")
                 spec.loader.exec_module(module)  # type: ignore[union-attr]
 
     def __getattr__(attr: str) -> Any:
@@ -144,7 +144,7 @@ def defer_package_init(name: str) -> bool:
         run_init()
         return getattr(module, attr)
 
-    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    setattr(module, "__getattr__", __getattr__)  # noqa: B010 (a module attribute mypy reads as a method)
     sys.modules[name] = module
     if parent:
         setattr(sys.modules[parent], name.rpartition(".")[2], module)
