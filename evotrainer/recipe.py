@@ -15,12 +15,22 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import json
 import reprlib
+import types
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from evotrainer.errors import EvoTrainerError
@@ -453,6 +463,75 @@ def validate_recipe(data: dict[str, Any]) -> Recipe:
 
 
 
+MAX_ALIAS_EXPANSION = 1_000_000
+"""Characters (about those of the value written as JSON: a scalar's length + 1, 2 a list or mapping) that the
+aliases (``*name``) of one YAML document may add when expanded. Review 8 (H-R8): a 655-byte skill file whose
+``value:`` nested aliases 10 wide and 9 deep (10^9 leaves) loaded in a blink as shared objects, then was expanded
+when the skill was written (a MemoryError, a Rust allocation abort or minutes). A file without aliases never meets
+the bound; the seed skills use none."""
+
+
+class AliasBoundError(yaml.composer.ComposerError):
+    """A YAML document's aliases cross :class:`BoundedSafeLoader`'s bound, or one is recursive."""
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a document whose aliases would expand it past :data:`MAX_ALIAS_EXPANSION`
+    characters, or that holds a recursive alias (a value that contains itself), as a ``yaml.YAMLError`` naming the
+    alias and its line. The count is kept while composing, so a bomb stops at the alias that crosses the bound,
+    before anything is built."""
+
+    max_alias_expansion = MAX_ALIAS_EXPANSION
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._expanded: dict[int, int] = {}  # id(node) -> its size with its aliases expanded
+        self._alias_chars = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = cast(Any, self.peek_event())
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # (an undefined alias is the composer's own error)
+                size = self._expanded.get(id(target))
+                if size is None:
+                    raise AliasBoundError(
+                        None, None, f"found a recursive alias *{event.anchor} (a value that contains itself); "
+                        "write the value out instead", event.start_mark)
+                self._alias_chars += size
+                if self._alias_chars > self.max_alias_expansion:
+                    raise AliasBoundError(
+                        None, None, f"the aliases up to *{event.anchor} expand the document by "
+                        f"{self._alias_chars:,} characters, past the bound of {self.max_alias_expansion:,} (an alias "
+                        "bomb?); write the values out instead of nesting aliases", event.start_mark)
+            return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        if isinstance(node, yaml.ScalarNode):
+            size = len(node.value) + 1
+        elif isinstance(node, yaml.SequenceNode):
+            size = 2 + sum(self._expanded[id(child)] for child in node.value)
+        else:
+            size = 2 + sum(self._expanded[id(k)] + self._expanded[id(v)] for k, v in node.value)
+        self._expanded[id(node)] = size
+        return node
+
+
+def load_yaml(text: str, name: str = "<string>") -> Any:
+    """``yaml.safe_load`` of ``text`` through :class:`BoundedSafeLoader` (alias expansion bounded); ``name``
+    is the file name its error marks show.
+
+    Raises:
+        yaml.YAMLError: not valid YAML; :class:`AliasBoundError` where the aliases cross the bound (the message
+            says where and the fix).
+    """
+    loader = BoundedSafeLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path, what: str, label: str | None = None) -> Any:
     """The parsed YAML (or JSON) of a config file, ``{}`` when it is empty.
 
@@ -631,6 +710,76 @@ def field_bounds(path: str) -> tuple[float | None, float | None]:
     return lo, hi
 
 
+def field_annotation(path: str) -> Any:
+    """The type of the typed recipe field at a dotted path (``reward.<name>`` is a :class:`RewardComponent`),
+    or None where there is none: a reward component's ``params.<key>`` (checked against the component when a
+    recipe is validated) or an unknown path.
+
+    >>> field_annotation("eps_clip_high")
+    <class 'float'>
+    """
+    model: Any = Recipe
+    annotation: Any = None
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(fields, dict) or parts[i] not in fields:
+            return None
+        if model is Recipe and parts[i] == "reward" and i + 1 < len(parts):  # reward.<component>[.<field>]
+            model = annotation = RewardComponent
+            i += 2
+            continue
+        model = annotation = fields[parts[i]].annotation
+        i += 1
+    return annotation
+
+
+def type_name(annotation: Any) -> str:
+    """How an error names a field's type: ``float`` -> "a number", ``Literal['a', 'b']`` -> "one of 'a', 'b'",
+    ``tuple[float, float]`` -> "a list of 2 numbers", a section -> "a mapping of its fields (...)"."""
+    names = {float: "a number", int: "an integer", bool: "true or false", str: "a string", type(None): "null"}
+    if annotation in names:
+        return names[annotation]
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args)
+    if origin is tuple and args and Ellipsis not in args:
+        inner = {type_name(a) for a in args}
+        each = inner.pop().removeprefix("a ").removeprefix("an ") + "s" if len(inner) == 1 else "values"
+        return f"a list of {len(args)} {each}"
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"a mapping of its fields ({', '.join(annotation.model_fields)})"
+    return str(annotation)
+
+
+def field_type_error(path: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the value of the recipe field at ``path`` by its type (a list for a learning rate,
+    a word not among a field's choices), with the fix; None when it can, or where ``path`` has no typed field
+    (:func:`field_annotation`). Only the type: a field's bounds and the rules between fields are checked when
+    the recipe with the value is validated. Lax as recipe validation is (``1`` is a number).
+    """
+    annotation = field_annotation(path)
+    if annotation is None:
+        return None
+    try:
+        TypeAdapter(annotation).validate_python(value)
+    except ValidationError as err:
+        why = err.errors()[0]["msg"].removeprefix("Value error, ")
+        default = current_value(Recipe(), path)
+        shown = json.dumps(default) if default is not None and not isinstance(default, dict) else ""
+        example = f", e.g. {shown} (the default)" if shown else ""
+        return (f"{path} takes {type_name(annotation)}, not {_shown(value)} ({why}); "
+                f"give {type_name(annotation)}{example}")
+    return None
+
+
 def check_value_rule(rule: Any) -> None:
     """Check the shape of a value rule (literals pass).
 
@@ -648,6 +797,10 @@ def check_value_rule(rule: Any) -> None:
     extra = set(rule) - {"op", "value", "by", "min", "max"}
     if extra:
         raise RecipeError(f"value rule has unknown keys {sorted(extra)}; allowed: op, value, by, min, max")
+    for key in ("by", "min", "max"):
+        v = rule.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise RecipeError(f"value rule {key}={_shown(v)}: need a number, e.g. {{op: {op}, {key}: 2}}")
 
 
 def apply_value_rule(rule: Any, current: Any, path: str | None = None) -> Any:

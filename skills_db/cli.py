@@ -168,18 +168,22 @@ def load_skill_file(path: Path) -> list[Any]:
     """Skills from a YAML or JSON file: one skill object, a list, or ``{skills: [...]}``.
 
     Raises:
-        SkillError: the file is missing, unparsable, or a skill fails validation (message names
-            the entry and field).
+        SkillError: the file is missing, unparsable, its aliases would expand it past
+            :data:`~evotrainer.recipe.MAX_ALIAS_EXPANSION` characters, or a skill fails validation (message
+            names the entry and field; a value of the wrong type for its ``recipe_path`` too).
     """
     import yaml
     from pydantic import ValidationError
 
+    from evotrainer.recipe import AliasBoundError, load_yaml
     from evotrainer.skills_db.models import Skill, SkillError, check_recipe_path
 
     if not path.is_file():
         raise SkillError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+    try:  # YAML is a superset of JSON; aliases are bounded (review 8, H-R8: a 655-byte alias bomb)
+        data = load_yaml(path.read_text(), str(path))
+    except AliasBoundError as exc:
+        raise SkillError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise SkillError(f"{path}: not valid YAML/JSON: {exc}") from None
     if isinstance(data, dict) and "skills" in data:

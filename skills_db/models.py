@@ -26,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, category_of
-from evotrainer.recipe import Recipe, RecipeError, apply_value_rule, check_value_rule, current_value
+from evotrainer.recipe import (
+    Recipe,
+    RecipeError,
+    apply_value_rule,
+    check_value_rule,
+    current_value,
+    field_type_error,
+)
 
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
@@ -238,14 +245,31 @@ def intervention_from_skill(skill: Skill, recipe: Any, hypothesis: str = "") -> 
 def check_recipe_path(skill: Skill) -> None:
     """An intervention skill's ``recipe_path`` must name a field of the recipe (a ``reward.*`` path may name
     a component the recipe does not have yet), checked against the default :class:`Recipe`, whose field paths
-    are those of every recipe. Called when a skill is added, so a typo fails then, not when a run applies it.
+    are those of every recipe, and its ``value`` must be of the type that field takes: a literal or a ``set``
+    rule's value as it is (a number for a learning rate, not a list: review 8, H-R8), a ``mul`` / ``add`` /
+    ``toggle`` rule as applied to the default recipe's value (where it has one). Called when a skill is added,
+    so a typo or a wrong type fails then, not when a run applies it.
 
     Raises:
-        SkillError: the path is no recipe field; the message names the closest field (``did you mean``).
+        SkillError: the path is no recipe field (the message names the closest field, ``did you mean``), or
+            the value is not of the field's type (the message names the field, the type and the fix).
     """
     if skill.kind != "intervention" or not skill.recipe_path:
         return
+    path, rule = skill.recipe_path, skill.value
     try:
-        current_value(Recipe(), skill.recipe_path)
+        default = current_value(Recipe(), path)
     except RecipeError as exc:
         raise SkillError(f"skill {skill.id}: recipe_path: {exc}") from None
+    if isinstance(rule, dict) and rule.get("op") in ("mul", "add", "toggle"):
+        if default is None:  # a field without a default value, a reward component to come: checked when applied
+            return
+        try:
+            new = apply_value_rule(rule, default, path)
+        except RecipeError as exc:
+            raise SkillError(f"skill {skill.id}: value: {exc}") from None
+    else:
+        new = rule["value"] if isinstance(rule, dict) and rule.get("op") == "set" else rule
+    problem = field_type_error(path, new)
+    if problem:
+        raise SkillError(f"skill {skill.id}: value: {problem}") from None

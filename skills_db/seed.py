@@ -10,8 +10,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
+from evotrainer.recipe import load_yaml
 from evotrainer.skills_db.models import Skill, SkillError
 
 SEED_FILE = Path(__file__).with_name("seed_skills.yaml")
@@ -20,7 +19,7 @@ _SECTIONS = {"interventions": "intervention", "analyzers": "analyzer", "procedur
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[Skill, ...]:
-    data = yaml.safe_load(SEED_FILE.read_text()) or {}
+    data = load_yaml(SEED_FILE.read_text(), str(SEED_FILE)) or {}
     skills: list[Skill] = []
     for section, kind in _SECTIONS.items():
         for entry in data.get(section, []):

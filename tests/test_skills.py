@@ -372,3 +372,26 @@ def test_a_commit_conflict_with_a_concurrent_writer_is_retried(store, monkeypatc
     store.add(_custom("after_conflict"))
     assert len(calls) == 2
     assert store.get("after_conflict").name == "Temperature 0.9 for arithmetic"
+
+
+def test_every_seed_skill_loads_through_the_bounded_loader_and_type_check(tmp_path):
+    """Review 8 H-R8: skill files load through the alias-bounded loader and each intervention's value is checked
+    against its recipe field: the seed library loads whole through both, also as a skills file written out."""
+    import yaml
+
+    from evotrainer.recipe import load_yaml
+    from evotrainer.skills_db.cli import load_skill_file
+    from evotrainer.skills_db.models import check_recipe_path
+    from evotrainer.skills_db.seed import SEED_FILE
+
+    text = SEED_FILE.read_text()
+    assert load_yaml(text, str(SEED_FILE)) == yaml.safe_load(text)
+    assert not any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader))  # none to bound
+    seeds = seed_skills()
+    assert len(seeds) == 61
+    for s in seeds:
+        check_recipe_path(s)  # raises on a value of the wrong type
+    f = tmp_path / "seeds.yaml"
+    f.write_text(yaml.safe_dump({"skills": [s.model_dump(mode="json") for s in seeds]}))
+    loaded = load_skill_file(f)
+    assert [s.model_dump() for s in loaded] == [s.model_dump() for s in seeds]

@@ -118,3 +118,90 @@ def test_add_refuses_a_recipe_path_that_is_no_field(app, skills_dir, tmp_path):
                  "recipe_path: reward.format.weight\nvalue: 0.1\n")
     code, out, err = run(app, skills_dir, "add", str(f))
     assert code == 0, err
+
+
+def _skill_ids(app, skills_dir):
+    code, out, err = run(app, skills_dir, "list", "--json")
+    assert code == 0, err
+    return sorted(r["id"] for r in json.loads(out))
+
+
+def test_add_refuses_an_alias_bomb_value_before_it_is_expanded(app, skills_dir, tmp_path):
+    """Review 8 H-R8: a 655-byte skill file whose `value:` is an alias nesting 10 items 9 levels deep (10^9 leaves)
+    loaded at once as shared lists and was then expanded when the skill was stored: a MemoryError, a Rust
+    allocation abort in LanceDB or minutes. The loader now counts what the aliases expand to while composing and
+    refuses the file at the alias that crosses the bound, naming it, its line and the fix; nothing is stored.
+    (This test could not finish if the value were expanded.)"""
+    lines = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text("value:\n" + "\n".join("  " + ln for ln in lines) + "\nid: bomb\nkind: intervention\n"
+                 "name: Bomb\ndescription: An alias bomb, 10^9 leaves once written\nrecipe_path: eps_clip_high\n")
+    assert len(f.read_bytes()) == 655
+    before = _skill_ids(app, skills_dir)
+    code, out, err = run(app, skills_dir, "add", str(f))
+    assert code == 1 and out == ""
+    assert err.splitlines()[:2] == [
+        f"error: {f}: refused: the aliases up to *a4 expand the document by 1,135,768 characters, past the bound "
+        "of 1,000,000 (an alias bomb?); write the values out instead of nesting aliases",
+        f'  in "{f}", line 7, column 27:']
+    assert _skill_ids(app, skills_dir) == before and "bomb" not in before
+    # a value that contains itself is refused too (it never ends when written out)
+    f.write_text("id: loop\nkind: intervention\nname: Loop\ndescription: A list in itself.\n"
+                 "recipe_path: eps_clip_high\nvalue: &v [1, *v]\n")
+    code, _, err = run(app, skills_dir, "add", str(f))
+    assert code == 1
+    assert err.splitlines()[0] == (f"error: {f}: refused: found a recursive alias *v (a value that contains itself); "
+                                   "write the value out instead")
+    assert _skill_ids(app, skills_dir) == before
+    # aliases within the bound still load: a tag list shared by two skills
+    f.write_text("skills:\n- id: shared_a\n  kind: procedure\n  name: A\n  description: First.\n"
+                 "  tags: &t [math, clip]\n- id: shared_b\n  kind: procedure\n  name: B\n  description: Second.\n"
+                 "  tags: *t\n")
+    code, out, err = run(app, skills_dir, "add", str(f))
+    assert code == 0 and out.strip() == "added 2 skill(s): shared_a, shared_b", err
+    code, out, _ = run(app, skills_dir, "show", "shared_b", "--json")
+    assert code == 0 and json.loads(out)["skill"]["tags"] == ["math", "clip"]
+
+
+def test_add_refuses_a_value_of_another_type_than_its_recipe_field(app, skills_dir, tmp_path):
+    """Review 8 H-R8: `value:` was never checked against the field of `recipe_path`: a list for the learning rate
+    was stored and failed only when a run applied it. The error names the field, the type it takes and the fix."""
+    before = _skill_ids(app, skills_dir)
+    f = tmp_path / "typed.yaml"
+    f.write_text("id: lr_list\nkind: intervention\nname: Two rates\ndescription: A list for a float field.\n"
+                 "recipe_path: actor_learning_rate\nvalue: [0.000001, 0.000002]\n")
+    code, _, err = run(app, skills_dir, "add", str(f))
+    assert code == 1
+    assert err.strip() == (f"error: {f}: entry 0 (lr_list): skill lr_list: value: actor_learning_rate takes a number, "
+                           "not [1e-06, 2e-06] (Input should be a valid number); give a number, e.g. 1e-06 "
+                           "(the default)")
+    # a set rule's value, a choice that is not one, a rule operand that is no number, a mul on a bool field
+    for path, value, msg in [
+        ("eps_clip_high", "{op: set, value: [0.3, 0.4]}",
+         "eps_clip_high takes a number, not [0.3, 0.4] (Input should be a valid number); give a number, e.g. 0.28 "
+         "(the default)"),
+        ("kl_estimator", "k9", "kl_estimator takes one of 'k1', 'k2', 'k3', not 'k9' (Input should be 'k1', 'k2' or "
+                               "'k3'); give one of 'k1', 'k2', 'k3', e.g. \"k3\" (the default)"),
+        ("temperature", "{op: mul, by: [2, 3]}", None),
+        ("use_kl_loss", "{op: mul, by: 2}", "op mul needs a number at use_kl_loss, found True; set the field first "
+                                            "or use {op: set, value: ...}"),
+    ]:
+        f.write_text(f"id: wrong_type\nkind: intervention\nname: Wrong type\ndescription: x.\n"
+                     f"recipe_path: {path}\nvalue: {value}\n")
+        code, _, err = run(app, skills_dir, "add", str(f))
+        assert code == 1, (path, err)
+        if msg is None:  # the rule's own shape, checked by the skill model
+            assert err.strip() == (f"error: {f}: entry 0 (wrong_type): skill: skill wrong_type: value rule by=[2, 3]: "
+                                   "need a number, e.g. {op: mul, by: 2}")
+        else:
+            assert err.strip() == f"error: {f}: entry 0 (wrong_type): skill wrong_type: value: {msg}", err
+    assert _skill_ids(app, skills_dir) == before
+    # the right types are stored: an int for a float field, a literal choice, a rule on a number
+    f.write_text("skills:\n"
+                 "- {id: lr_int, kind: intervention, name: LR, description: x., recipe_path: max_norm, value: 2}\n"
+                 "- {id: k2, kind: intervention, name: K2, description: x., recipe_path: kl_estimator, value: k2}\n"
+                 "- {id: hot, kind: intervention, name: Hot, description: x., recipe_path: temperature, "
+                 "value: {op: mul, by: 1.2}}\n")
+    code, out, err = run(app, skills_dir, "add", str(f))
+    assert code == 0 and out.strip() == "added 3 skill(s): lr_int, k2, hot", err
