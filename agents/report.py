@@ -292,9 +292,10 @@ def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
         rows.append({"version": "no-RL", "parent": None, "role": "baseline", "status": "", "changes": [],
                      "steps": 0, "global": None, "train_tokens": 0, "train_s": 0.0, "train_cpu_s": 0.0,
                      **eval_compute(lin, root.id, no_rl=True)})
+    index = lin.lineage_index()  # every offset from one read of the parent links (review 8 M-R8)
     for v in versions:
-        last = lin.last_step(v.id)
-        off = lin.step_offset(v.id)
+        last = index.last_step(v.id)
+        off = index.step_offset(v.id)
         rows.append({"version": v.id, "parent": v.parent_id, "role": role(v), "status": v.status,
                      "changes": lin.diff(root.id, v.id), "steps": last + 1,
                      "global": (off, off + last) if last >= 0 else None, **version_compute(lin, v.id)})
@@ -467,14 +468,17 @@ def lineage_curves(ws: Workspace) -> dict[str, dict[str, list[tuple[int, float]]
     Non-finite values are left out.
     """
     lin = ws.lineage
-    versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
+    index = lin.lineage_index()  # every offset and start from one read of the parent links (review 8 M-R8)
+    every = {v.id: v for v in lin.versions()}
+    versions = [v for v in every.values() if index.last_step(v.id) >= 0]
     own = {}
     for v in versions:
-        off = lin.step_offset(v.id)
+        off = index.step_offset(v.id)
         own[v.id] = {n: [(off + s, float(x)) for s, x in pts if _finite(x)] for n, pts in lin.all_metrics(v.id).items()}
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for v in versions:
-        start = lin.start_version(v.id)
+        sid = index.start_id(v.id)
+        start = every[sid] if sid is not None else None
         lead = own.get(start.id, {}) if start is not None else {}
         out[v.id] = {n: ((lead.get(n) or [])[-1:] if start is not None and _same_meaning(start, v, n) else []) + pts
                      for n, pts in own[v.id].items() if pts}
@@ -582,15 +586,16 @@ def _metric_plots(ws: Workspace) -> str:
 
 def _global_steps(ws: Workspace) -> str:
     lin = ws.lineage
+    index = lin.lineage_index()  # every offset and start from one read of the parent links (review 8 M-R8)
     rows = []
-    for v in lin.versions():
-        last = lin.last_step(v.id)
+    for vid in index.ids():
+        last = index.last_step(vid)
         if last < 0:
             continue
-        off, start = lin.step_offset(v.id), lin.start_version(v.id)
-        frm = (f"{start.id} (its last step {lin.step_offset(start.id) + lin.last_step(start.id)})" if start is not None
+        off, start = index.step_offset(vid), index.start_id(vid)
+        frm = (f"{start} (its last step {index.step_offset(start) + index.last_step(start)})" if start is not None
                else "the base model")
-        rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(frm)}</td><td class='num'>{off}</td>"
+        rows.append(f"<tr><td>{_e(vid)}</td><td>{_e(frm)}</td><td class='num'>{off}</td>"
                     f"<td class='num'>{off + last}</td></tr>")
     if not rows:
         return ""

@@ -223,6 +223,12 @@ def _pid_alive(pid: Any) -> bool:
         return True
 
 
+def _brief(value: Any) -> str:
+    """A stored value for an error message, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 _STORE_SERIALS = itertools.count(1)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
 MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._refuse_parent_cycles, branch)
@@ -230,6 +236,147 @@ MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._ref
 # column, and review 7's crafted lineage.db with a step of 1e30 (REAL) and one of 'abc' ended `diagnose` with a bare
 # OverflowError and `report` with "ValueError: invalid literal for int()"; such rows are not read.
 _METRIC_ROW_OK = "typeof(step) = 'integer' AND typeof(value) IN ('real', 'integer', 'null')"
+
+
+class LineageIndex:
+    """The parent links of every version, read in one query, and the walks up the lineage done in memory.
+
+    Review 8 M-R8: ``report`` on a crafted lineage.db of four chains of 250 versions took minutes, because each
+    version's :meth:`LineageStore.step_offset` walked to the root with several queries a step (versions x depth
+    queries). Here the parents are one query (on construction), the latest decision of every version one more
+    and every version's last step one more (each on first need), whatever the depth; the walks are memoised. A
+    snapshot: build a new one to see later writes.
+
+    Made by :meth:`LineageStore.lineage_index`. Every method raises :class:`LineageError` for a version that is not
+    in the lineage (the message lists the known ids), or that names a parent missing from it.
+    """
+
+    def __init__(self, store: LineageStore):
+        self._store = store
+        self._parent: dict[str, str | None] = {
+            r[0]: r[1] for r in store._q("SELECT id, parent_id FROM versions ORDER BY created_at, id")}
+        self._damaged: dict[str, str] | None = None
+        self._last: dict[str, int] | None = None
+        self._depth: dict[str, int] = {}
+        self._start: dict[str, str | None] = {}
+        self._offset: dict[str, int] = {}
+
+    def ids(self) -> list[str]:
+        """Every version id, in creation order."""
+        return list(self._parent)
+
+    def parent(self, version_id: str) -> str | None:
+        """``version_id``'s parent id (None for the root).
+
+        Raises:
+            LineageError: no such version, or its parent is not in the lineage (a crafted or damaged file).
+        """
+        if version_id not in self._parent:
+            raise LineageError(f"version {version_id!r} not found; known versions: {', '.join(self._parent) or 'none'}")
+        p = self._parent[version_id]
+        if p is not None and p not in self._parent:
+            raise LineageError(f"{self._store.path}: version {version_id!r} names parent {str(p)[:80]!r}, which is "
+                               "not in the lineage (a crafted or damaged file); not read. Use a run folder EvoTrainer "
+                               "wrote")
+        return p
+
+    def _too_deep(self, version_id: str) -> LineageError:
+        return LineageError(f"{self._store.path}: version {version_id!r} is its own ancestor (a parent cycle written "
+                            "after this store was opened; a crafted or damaged file). Use a run folder EvoTrainer wrote")
+
+    def ancestors(self, version_id: str) -> list[str]:
+        """``[version_id, parent, ..., root]``.
+
+        Raises:
+            LineageError: an unknown version, a missing parent or a parent cycle.
+        """
+        out = [version_id]
+        p = self.parent(version_id)
+        while p is not None:
+            out.append(p)
+            if len(out) > len(self._parent):
+                raise self._too_deep(version_id)
+            p = self.parent(p)
+        return out
+
+    def depth(self, version_id: str) -> int:
+        """Versions on the path from the root to ``version_id``, both counted (the root is 1). Memoised.
+
+        Raises:
+            LineageError: an unknown version, a missing parent or a parent cycle.
+        """
+        path: list[str] = []
+        v: str | None = version_id
+        while v is not None and v not in self._depth:
+            path.append(v)
+            if len(path) > len(self._parent):
+                raise self._too_deep(version_id)
+            v = self.parent(v)
+        d = 0 if v is None else self._depth[v]
+        for u in reversed(path):
+            d += 1
+            self._depth[u] = d
+        return self._depth[version_id]
+
+    def damaged(self, version_id: str) -> str | None:
+        """As :meth:`LineageStore.damaged`: the ``damaged_weights`` of the version's latest decision when that is a
+        prune or revert, else None (a value that is no text, in a crafted file, counts as none)."""
+        if self._damaged is None:
+            rows = self._store._q(
+                "SELECT d.version_id, d.action, d.damaged_weights FROM decisions d JOIN "
+                "(SELECT version_id, MAX(id) AS id FROM decisions GROUP BY version_id) m ON d.id = m.id")
+            self._damaged = {r[0]: r[2] for r in rows if r[1] in ("prune", "revert") and isinstance(r[2], str) and r[2]}
+        return self._damaged.get(version_id)
+
+    def last_step(self, version_id: str) -> int:
+        """As :meth:`LineageStore.last_step`: the last step with logged metrics, -1 if none."""
+        if self._last is None:
+            self._last = {r[0]: int(r[1]) for r in self._store._q(
+                f"SELECT version_id, MAX(step) FROM metrics WHERE {_METRIC_ROW_OK} GROUP BY version_id")}
+        return self._last.get(version_id, -1)
+
+    def start_id(self, version_id: str) -> str | None:
+        """The id of the version whose checkpoint ``version_id`` trains from (:meth:`LineageStore.start_version`);
+        None for the base model. Memoised.
+
+        Raises:
+            LineageError: an unknown version, a missing parent or a parent cycle.
+        """
+        if version_id not in self._start:
+            p = self.parent(version_id)
+            steps = 0
+            while p is not None and self.damaged(p):
+                steps += 1
+                if steps > len(self._parent):
+                    raise self._too_deep(version_id)
+                p = self.parent(p)
+            self._start[version_id] = p
+        return self._start[version_id]
+
+    def step_offset(self, version_id: str) -> int:
+        """Steps trained before ``version_id``'s first step along the weights it continues
+        (:meth:`LineageStore.step_offset`: ``offset(v) = offset(s) + last_step(s) + 1``, ``s`` its start version; 0
+        from the base model). Memoised.
+
+        Raises:
+            LineageError: an unknown version, a missing parent or a parent cycle.
+        """
+        todo: list[str] = []
+        v = version_id
+        while v not in self._offset:
+            s = self.start_id(v)
+            if s is None:
+                self._offset[v] = 0
+                break
+            todo.append(v)
+            if len(todo) > len(self._parent):
+                raise self._too_deep(version_id)
+            v = s
+        for u in reversed(todo):
+            s = self.start_id(u)
+            assert s is not None
+            self._offset[u] = self._offset[s] + self.last_step(s) + 1
+        return self._offset[version_id]
 
 
 class LineageStore:
@@ -638,12 +785,22 @@ class LineageStore:
         return [self._row_to_version(r) for r in
                 self._q("SELECT * FROM versions WHERE parent_id=? ORDER BY created_at, id", (version_id,))]
 
+    def lineage_index(self) -> LineageIndex:
+        """The parent links of every version (one query) with the walks up the lineage in memory: depth, ancestors,
+        start version and step offset of any version, a constant number of queries whatever the depth (review 8's
+        M-R8: a walk to the root with queries at each step made ``report`` quadratic). A snapshot of now."""
+        return LineageIndex(self)
+
     def path_to_root(self, version_id: str) -> list[Version]:
-        """``[version, parent, ..., root]``."""
-        out = [self.get(version_id)]
-        while out[-1].parent_id is not None:
-            out.append(self.get(out[-1].parent_id))
-        return out
+        """``[version, parent, ..., root]``: two queries (the parent links, then the versions on the path).
+
+        Raises:
+            LineageError: no such version, or a parent missing from the lineage (a crafted file).
+        """
+        ids = self.lineage_index().ancestors(version_id)
+        rows = {r["id"]: r for r in self._q("SELECT * FROM versions WHERE id IN (SELECT value FROM json_each(?))",
+                                            (json.dumps(ids),))}
+        return [self._row_to_version(rows[i]) if i in rows else self.get(i) for i in ids]
 
     def damaged(self, version_id: str) -> str | None:
         """The finding kind that marks ``version_id``'s weights as damaged, or None.
@@ -662,13 +819,14 @@ class LineageStore:
         """The version whose checkpoint ``version_id`` trains from; None for the base model.
 
         Its parent, unless the parent is :meth:`damaged`; then the parent's own start, and so on up
-        the lineage (a child of a collapsed root starts from the base model).
+        the lineage (a child of a collapsed root starts from the base model). Walked in memory
+        (:meth:`lineage_index`).
+
+        Raises:
+            LineageError: no such version, or a parent missing from the lineage (a crafted file).
         """
-        v = self.get(version_id)
-        p = self.get(v.parent_id) if v.parent_id else None
-        while p is not None and self.damaged(p.id):
-            p = self.get(p.parent_id) if p.parent_id else None
-        return p
+        start = self.lineage_index().start_id(version_id)
+        return None if start is None else self.get(start)
 
     def step_offset(self, version_id: str) -> int:
         """Steps trained before ``version_id``'s first step along the weights it continues: its
@@ -677,14 +835,13 @@ class LineageStore:
 
         ``offset(v) = offset(s) + steps(s)`` where ``s = start_version(v)`` (the parent, or an earlier
         version when the parent's weights are damaged) and ``steps(s) = last_step(s) + 1``; 0 for a
-        version trained from the base model. Units: optimizer steps.
+        version trained from the base model. Units: optimizer steps. A constant number of queries whatever the
+        depth (:meth:`lineage_index`; for many versions, walk one index: :meth:`LineageIndex.step_offset`).
+
+        Raises:
+            LineageError: no such version, or a parent missing from the lineage (a crafted file).
         """
-        offset = 0
-        start = self.start_version(version_id)
-        while start is not None:
-            offset += self.last_step(start.id) + 1
-            start = self.start_version(start.id)
-        return offset
+        return self.lineage_index().step_offset(version_id)
 
     def frontier(self) -> list[Version]:
         """Kept versions none of whose descendants is kept (the kept leaves)."""
@@ -777,14 +934,39 @@ class LineageStore:
         return self.decisions(version_id=None, decision_id=did)[0]
 
     def decisions(self, version_id: str | None = None, decision_id: int | None = None) -> list[Decision]:
-        """Decision records, oldest first, optionally for one version."""
+        """Decision records, oldest first, optionally for one version.
+
+        Raises:
+            LineageError: a decision row that is not one EvoTrainer writes (a crafted or damaged file: evidence that
+                is not a JSON list of text, a column of the wrong type); names the decision, the column and the fix.
+        """
         sql = "SELECT * FROM decisions"
         args: tuple[Any, ...] = ()
         if decision_id is not None:
             sql, args = sql + " WHERE id=?", (decision_id,)
         elif version_id is not None:
             sql, args = sql + " WHERE version_id=?", (version_id,)
-        return [Decision(**{**dict(r), "evidence": json.loads(r["evidence"])}) for r in self._q(sql + " ORDER BY id", args)]
+        return [self._row_to_decision(r) for r in self._q(sql + " ORDER BY id", args)]
+
+    def _row_to_decision(self, r: sqlite3.Row) -> Decision:
+        """One decision row read. Review 8 G-R8: a crafted lineage.db with ``decisions.evidence = 'not json'`` ended
+        ``lineage show --json`` and ``report`` with a bare JSONDecodeError; as the JSON columns of a version
+        (:meth:`_row_to_version`), a bad column is a LineageError naming the file, the decision and the column."""
+        what = f"{self.path}: decision {str(r['id'])[:40]} (of version {str(r['version_id'])[:80]!r})"
+        fix = (f"Use a run folder EvoTrainer wrote, or repair the row (`sqlite3 {self.path} \"UPDATE decisions SET "
+               f"evidence = '[]' WHERE id = {str(r['id'])[:40]}\"` for its evidence)")
+        try:
+            evidence = json.loads(r["evidence"]) if isinstance(r["evidence"], (str, bytes)) else r["evidence"]
+        except (RecursionError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            why = ("JSON nested deeper than Python reads" if isinstance(exc, RecursionError)
+                   else f"not JSON ({str(exc)[:200]})")
+            raise LineageError(f"{what}: its decisions.evidence holds {why}, where EvoTrainer writes a JSON list of "
+                               f"text (a crafted or damaged file); not read. {fix}") from None
+        try:
+            return Decision(**{**dict(r), "evidence": evidence})
+        except ValueError as exc:  # pydantic's ValidationError: the first error names the column
+            raise LineageError(f"{what}: not a valid decision row ({' '.join(str(exc).splitlines()[:3])[:600]}); "
+                               f"not read (a crafted or damaged file). {fix}") from None
 
     # --- jobs -------------------------------------------------------------------------------------
     def create_job(self, job_id: str, version_id: str | None, kind: str, steps_total: int = 0) -> Job:
@@ -870,18 +1052,50 @@ class LineageStore:
             )
 
     def eval_matrix(self, version_id: str, eval_name: str = "heldout") -> dict[str, list[float]]:
-        """``{problem_id: [correct of sample 0..k-1]}`` for paired comparisons."""
+        """``{problem_id: [correct of sample 0..k-1]}`` for paired comparisons.
+
+        Raises:
+            LineageError: a sample whose ``correct`` is not a number (a crafted or damaged file: review 8 G-R8,
+                ``correct = 'yes'`` ended ``report`` with a bare numpy TypeError); names the sample, the column and
+                the fix.
+        """
         out: dict[str, list[float]] = {}
-        for r in self._q("SELECT problem_id, correct FROM eval_samples WHERE version_id=? AND eval_name=?"
-                         " ORDER BY problem_id, sample_idx", (version_id, eval_name)):
+        for r in self._q("SELECT problem_id, correct, typeof(correct), sample_idx FROM eval_samples "
+                         "WHERE version_id=? AND eval_name=? ORDER BY problem_id, sample_idx", (version_id, eval_name)):
+            if r[2] not in ("real", "integer"):
+                raise LineageError(
+                    f"{self.path}: eval_samples.correct of version {version_id!r}, eval {eval_name!r}, problem "
+                    f"{str(r[0])[:80]!r}, sample {str(r[3])[:40]} is {r[2]} {_brief(r[1])}, where EvoTrainer writes a "
+                    "number (1 correct, 0 not; a crafted or damaged file); not read. Use a run folder EvoTrainer "
+                    f"wrote, or evaluate the version again (`evotrainer eval {version_id} --run RUN --name {eval_name}` "
+                    "rewrites these samples)")
             out.setdefault(r[0], []).append(r[1])
         return out
 
     # --- key/value (run-level state, e.g. orchestrator cursor) ------------------------------------
     def kv_get(self, key: str, default: Any = None) -> Any:
-        """Run-level JSON value stored under ``key``."""
+        """Run-level JSON value stored under ``key``.
+
+        Raises:
+            LineageError: the stored value is not JSON (a crafted or damaged file; :meth:`_kv_value`).
+        """
         r = self._q("SELECT value FROM kv WHERE key=?", (key,))
-        return json.loads(r[0][0]) if r else default
+        return self._kv_value(key, r[0][0]) if r else default
+
+    def _kv_value(self, key: Any, raw: Any) -> Any:
+        """A stored run-level value read. Review 8 G-R8's class: ``kv.value = 'not json'`` under ``loop/finished`` in
+        a foreign lineage.db ended ``report`` with a bare JSONDecodeError; as the other JSON columns, a LineageError
+        names the file, ``kv.value``, the key and the fix."""
+        try:
+            return json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        except (RecursionError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            why = ("JSON nested deeper than Python reads" if isinstance(exc, RecursionError)
+                   else f"not JSON ({str(exc)[:200]})")
+            shown = str(key)[:200].replace("'", "''")
+            raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {why}, where EvoTrainer writes "
+                               "JSON (a crafted or damaged file); not read. Use a run folder EvoTrainer wrote, or "
+                               f"remove the value (`sqlite3 {self.path} \"DELETE FROM kv WHERE key = '{shown}'\"`: "
+                               "the run forgets it)") from None
 
     def kv_set(self, key: str, value: Any) -> None:
         """Store a run-level JSON value."""
@@ -890,6 +1104,10 @@ class LineageStore:
 
     def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
         """``[(key, value)]`` of every run-level value whose key starts with ``prefix`` (literally: ``_`` and
-        ``%`` are no wildcards), in key order."""
+        ``%`` are no wildcards), in key order.
+
+        Raises:
+            LineageError: a stored value is not JSON (a crafted or damaged file; :meth:`_kv_value`).
+        """
         rows = self._q("SELECT key, value FROM kv WHERE substr(key, 1, ?) = ? ORDER BY key", (len(prefix), prefix))
-        return [(r[0], json.loads(r[1])) for r in rows]
+        return [(r[0], self._kv_value(r[0], r[1])) for r in rows]

@@ -1028,6 +1028,201 @@ def test_a_running_job_with_a_pid_that_is_no_pid_is_recovered_not_a_crash(tmp_pa
         assert job.status != "running", job
 
 
+def _evaluated_run(tmp_path):
+    """make_run's run with v0 and v1 trained, evaluated (2 problems x 2 samples) and v1 kept by one decision."""
+    from mcp_testlib import make_run
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        for vid in ("v0", "v1"):
+            ws.lineage.update_version(vid, status="trained", eval_summary={"avg@k": 0.5, "pass@k": 0.5,
+                                                                            "n_problems": 2})
+            ws.lineage.log_eval_samples(vid, "heldout", [("p1", 0, 1.0, ""), ("p1", 1, 0.0, ""), ("p2", 0, 1.0, ""),
+                                                         ("p2", 1, 1.0, "")])
+        ws.lineage.decide("v1", "keep", "pass@k 0.5 on 2 problems", evidence=["eval:v1"])
+    return run
+
+
+@pytest.mark.parametrize("value, shown", [("'yes'", "text 'yes'"), ("X'01'", r"blob b'\\x01'")])
+def test_an_eval_sample_whose_correct_is_no_number_is_named_not_a_crash(tmp_path, value, shown):
+    """Review 8 G-R8: a foreign lineage.db with ``eval_samples.correct = 'yes'`` ended ``report`` with a bare numpy
+    "TypeError: the resolved dtypes are not compatible with add.reduce". As a version's bad JSON columns, the row is
+    not read: a LineageError names the file, the table and column, the sample and the fix."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = _evaluated_run(tmp_path)
+    with Workspace.open(run) as ws:
+        assert ws.lineage.eval_matrix("v1") == {"p1": [1.0, 0.0], "p2": [1.0, 1.0]}
+    assert CliRunner().invoke(app, ["report", str(run)]).exit_code == 0
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute(f"UPDATE eval_samples SET correct = {value} WHERE version_id = 'v1' AND problem_id = 'p2' "
+               "AND sample_idx = 1")
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws, pytest.raises(LineageError) as err:
+        ws.lineage.eval_matrix("v1")
+    assert str(err.value) == (
+        f"{run / 'lineage.db'}: eval_samples.correct of version 'v1', eval 'heldout', problem 'p2', sample 1 is "
+        f"{shown.replace(chr(92) * 2, chr(92))}, where EvoTrainer writes a number (1 correct, 0 not; a crafted or "
+        "damaged file); not read. Use a run folder EvoTrainer wrote, or evaluate the version again (`evotrainer "
+        "eval v1 --run RUN --name heldout` rewrites these samples)")
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert "eval_samples.correct of version 'v1'" in str(r.exception)
+
+
+@pytest.mark.parametrize("evidence, why", [
+    ("'not json'", r"its decisions\.evidence holds not JSON \(Expecting value: line 1 column 1 \(char 0\)\), where "
+                   r"EvoTrainer writes a JSON list of text"),
+    ("'[[1]]'", r"not a valid decision row \(1 validation error for Decision evidence\.0"),
+    ("'{\"a\": 1}'", r"not a valid decision row \(1 validation error for Decision evidence"),
+    ("X'00'", r"its decisions\.evidence holds not JSON"),
+])
+def test_a_decision_whose_evidence_is_no_json_list_is_named_not_a_crash(tmp_path, evidence, why):
+    """Review 8 G-R8: a foreign lineage.db with ``decisions.evidence = 'not json'`` ended ``lineage show --json`` and
+    ``report`` with a bare JSONDecodeError. As a version's bad JSON columns, a LineageError names the file, the
+    decision, the column and the fix (repair the row, or a run folder EvoTrainer wrote); the good decisions of
+    other versions still read."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = _evaluated_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at) "
+               f"VALUES ('v0', 'keep', 'r', {evidence}, 'u', 'trained', 2)")
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        assert [(d.id, d.evidence) for d in ws.lineage.decisions("v1")] == [(1, ["eval:v1"])]
+        with pytest.raises(LineageError, match=rf"^{run / 'lineage.db'}: decision 2 \(of version 'v0'\): {why}.*"
+                                               r"repair the row \(`sqlite3 .*UPDATE decisions SET evidence = '\[\]' "
+                                               r"WHERE id = 2"):
+            ws.lineage.decisions()
+    for args in (["lineage", "show", str(run), "--json"], ["report", str(run)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 1 and isinstance(r.exception, LineageError), (args, r.exception, r.output)
+        assert "decision 2 (of version 'v0')" in str(r.exception)
+
+
+
+@pytest.mark.parametrize("value", ["'not json'", "X'00'"])
+def test_a_run_level_value_that_is_no_json_is_named_not_a_crash(tmp_path, value):
+    """G-R8's class in the ``kv`` table: a foreign lineage.db with ``kv.value = 'not json'`` under ``loop/finished``
+    ended ``report`` with a bare JSONDecodeError. A LineageError names the file, the column, the key and the fix."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute(f"INSERT INTO kv VALUES ('loop/finished', {value}), ('loop/eval/v0/heldout', '{{\"avg@k\": 0.5}}')")
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        assert ws.lineage.kv_get("loop/eval/v0/heldout") == {"avg@k": 0.5}
+        with pytest.raises(LineageError, match=rf"^{run / 'lineage.db'}: kv\.value of key 'loop/finished' holds not "
+                                               r"JSON \(.*\), where EvoTrainer writes JSON .*`sqlite3 .*DELETE FROM kv "
+                                               r"WHERE key = 'loop/finished'"):
+            ws.lineage.kv_items("loop/")
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert "kv.value of key 'loop/finished'" in str(r.exception)
+
+def _chains_run(root, chains: int, depth: int):
+    """A run whose v0 has ``chains`` chains of ``depth`` versions under it (chain c, depth d: ``v{c * depth + d}``),
+    written by hand as a crafted lineage.db would be; every version but v0 logged reward/mean at steps 0 and 1."""
+    import sqlite3
+
+    from evotrainer.config import load_run_config
+
+    Workspace.init(root, load_run_config("examples/tiny.yaml").recipe)
+    db = sqlite3.connect(root / "lineage.db")
+    cols = [c[1] for c in db.execute("PRAGMA table_info(versions)")]
+    v0 = dict(zip(cols, db.execute("SELECT * FROM versions WHERE id = 'v0'").fetchone(), strict=True))
+    rows = []
+    for c in range(chains):
+        for d in range(1, depth + 1):
+            n = c * depth + d
+            rows.append({**v0, "id": f"v{n}", "parent_id": "v0" if d == 1 else f"v{n - 1}", "created_at": n,
+                         "updated_at": n, "status": "trained"})
+    db.executemany(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                   [[r[c] for c in cols] for r in rows])
+    db.executemany("INSERT INTO metrics (version_id, step, name, value) VALUES (?, ?, 'reward/mean', ?)",
+                   [(r["id"], s, 0.1 * (s + 1)) for r in rows for s in (0, 1)])
+    db.commit()
+    db.close()
+    return root
+
+
+def test_report_reads_the_parent_links_once_however_deep_the_lineage(tmp_path):
+    """Review 8 M-R8: on a crafted lineage.db of chains of 250 versions under v0, ``report`` took 30 s for one chain
+    and 189 s for four: each version's step offset and start version walked to the root with queries at every step
+    (versions x depth queries). The parent links are now read once (``LineageStore.lineage_index``) and the walks
+    done in memory: the queries of the report's lineage computation are the same for 4 chains of 250 as for 1,000
+    children of v0, and the depths, ancestors, starts and offsets are the hand-counted ones."""
+    import sqlite3
+
+    from evotrainer.agents.report import _global_steps, lineage_curves, recipe_rows
+
+    deep = _chains_run(tmp_path / "deep", 4, 250)
+    flat = _chains_run(tmp_path / "flat", 1000, 1)
+    db = sqlite3.connect(deep / "lineage.db")  # v350 (chain 1, depth 100) pruned for damaged weights
+    db.execute("INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at, "
+               "damaged_weights) VALUES ('v350', 'prune', 'NaN loss', '[]', 'u', 'trained', 1, 'nan_blowup')")
+    db.commit()
+    db.close()
+
+    def queries(ws, fn):
+        sql: list[str] = []
+        ws.lineage._db.set_trace_callback(sql.append)
+        try:
+            out = fn()
+        finally:
+            ws.lineage._db.set_trace_callback(None)
+        return len(sql), out
+
+    counts = {}
+    for name, run in (("deep", deep), ("flat", flat)):
+        with Workspace.open(run) as ws:
+            counts[name] = [queries(ws, lambda f=f: f(ws))[0] for f in (lineage_curves, _global_steps, recipe_rows)]
+    assert counts["deep"] == counts["flat"], counts
+    with Workspace.open(deep) as ws:
+        lin = ws.lineage
+        n, index = queries(ws, lin.lineage_index)
+        assert n == 1  # the parent links
+        n, got = queries(ws, lambda: [(index.depth(v), index.step_offset(v), index.start_id(v)) for v in index.ids()])
+        assert n == 2 and len(got) == 1001  # the latest decisions and the last steps, once each
+        assert [index.depth(v) for v in ("v0", "v1", "v250", "v251", "v1000")] == [1, 2, 251, 2, 251]
+        assert index.ancestors("v250") == [f"v{n}" for n in range(250, 0, -1)] + ["v0"]
+        assert index.ancestors("v253") == ["v253", "v252", "v251", "v0"]
+        # 2 steps a version from depth 1 on; v351 starts from v349 (its parent v350's weights are damaged)
+        assert [index.step_offset(v) for v in ("v0", "v1", "v2", "v250", "v349", "v350", "v351", "v352", "v500")] \
+            == [0, 0, 2, 498, 196, 198, 198, 200, 496]
+        assert [index.start_id(v) for v in ("v0", "v1", "v351", "v352")] == [None, "v0", "v349", "v351"]
+        assert queries(ws, lambda: lin.step_offset("v500")) == (3, 496)
+        n, path = queries(ws, lambda: lin.path_to_root("v500"))
+        assert n == 2 and [v.id for v in path] == [f"v{n}" for n in range(500, 250, -1)] + ["v0"]
+        assert lin.start_version("v351").id == "v349" and lin.start_version("v1").id == "v0"
+        curves = lineage_curves(ws)
+        assert curves["v351"]["reward/mean"] == [(197, 0.2), (198, 0.1), (199, 0.2)]
+        assert curves["v1"]["reward/mean"] == [(0, 0.1), (1, 0.2)]  # v0 trained no step: no lead point
+        assert ("<tr><td>v351</td><td>v349 (its last step 197)</td><td class='num'>198</td><td class='num'>199</td>"
+                "</tr>") in _global_steps(ws)
+
+
 def test_a_version_folder_under_tb_or_checkpoints_that_is_a_link_is_refused(tmp_path, host):
     """Review 8 B-R8: review 7's fix refused a link at `tb` or `checkpoints` itself, not one level down: with
     `tb/v0` a link to a host folder, `train` wrote its TensorBoard event file there; with `checkpoints/v0` one, it
