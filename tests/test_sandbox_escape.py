@@ -658,3 +658,45 @@ def test_28_no_global_proc_file_opens_for_writing():
     assert "writable 0" in r.stdout, r.stdout
     if before is not None:
         assert affinity.read_text() == before  # host unchanged
+
+
+def test_29_no_root_only_global_proc_file_reads_host_state():
+    """As host root the bwrap sandbox uid is host uid 0, so root-only (0400) /proc files were readable though no
+    unprivileged host user can read them: /proc/kpagecount, kpageflags, kpagecgroup (the host's physical page
+    layout), vmallocinfo (physical addresses of kernel mappings), slabinfo, pagetypeinfo. Every regular file under
+    /proc outside the per-process entries and /proc/sys (read-only sysctls: configuration, the sandbox's own network
+    namespace) whose mode gives group and others no read must read nothing (masked with /dev/null) or refuse."""
+    r = run("""
+        import os, stat
+        tried, read = 0, []
+        for root, dirs, files in os.walk("/proc"):
+            if root == "/proc":
+                dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self", "net", "sys")]
+            for f in files:
+                p = os.path.join(root, f)
+                try:
+                    st = os.lstat(p)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode) and not stat.S_ISCHR(st.st_mode):
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o044:
+                    continue  # world- or group-readable: what any host user sees
+                tried += 1
+                try:
+                    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+                except OSError:
+                    continue
+                try:
+                    n = len(os.read(fd, 4096))
+                except OSError:
+                    n = 0
+                os.close(fd)
+                if n:
+                    read.append(f"{p}:{n}")
+        print("tried", tried)
+        print("read", len(read), *read)
+    """, timeout_s=120)
+    assert r.exit_code == 0, r
+    assert int(r.stdout.split("tried ")[1].split()[0]) >= 1, r.stdout  # kcore and kmsg at least are root-only
+    assert "read 0" in r.stdout, r.stdout

@@ -156,7 +156,13 @@ def _tmpfs(dest: str, size: int, host: dict[str, Path] | None) -> list[str]:
 
 
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-_MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/kcore")
+# Docker's masked /proc files, and the root-only (0400) global files a host-root sandbox uid could read: physical
+# page flags, counts and cgroups (kpage*: the host's physical memory layout, a Rowhammer aid), vmallocinfo
+# (physical addresses of kernel mappings), slabinfo and pagetypeinfo (kernel allocator state, a heap-grooming
+# aid), and a VM's program_cpu. An unprivileged host user can read none of them.
+_MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/kcore",
+                "/proc/kpagecount", "/proc/kpageflags", "/proc/kpagecgroup", "/proc/vmallocinfo", "/proc/slabinfo",
+                "/proc/pagetypeinfo", "/proc/program_cpu")
 # Global (not per-process) /proc entries a host-root sandbox uid could write: Docker 20.10's ReadonlyPaths
 # (moby oci.DefaultSpec: bus, fs, irq, sys, sysrq-trigger) and its masked trees (acpi, asound, scsi), plus
 # /proc/pressure (PSI triggers) and /proc/driver (rtc). Each is bound read-only where the kernel has it.
