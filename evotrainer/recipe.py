@@ -471,7 +471,7 @@ when the skill was written (a MemoryError, a Rust allocation abort or minutes). 
 the bound; the seed skills use none."""
 
 
-class AliasBoundError(yaml.composer.ComposerError):
+class AliasBoundError(EvoTrainerError, yaml.composer.ComposerError):
     """A YAML document's aliases cross :class:`BoundedSafeLoader`'s bound, or one is recursive."""
 
 
