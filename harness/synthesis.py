@@ -147,6 +147,20 @@ class SynthesisError(EvoTrainerError, ValueError):
 SERIES_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 
 
+def _number(name: str, value: Any) -> float:
+    """``value`` as a finite float, or a :class:`SynthesisError` naming the program field ``name``."""
+    try:
+        x = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an int past a float's range
+        x = math.inf
+    if not math.isfinite(x):
+        big = isinstance(value, int) and not isinstance(value, bool)
+        shown = f"an integer of {value.bit_length():,} bits" if big else repr(value)
+        shown = shown if len(shown) <= 80 else f"{shown[:80]}... ({len(shown):,} characters)"
+        raise SynthesisError(f"{name}={shown}: need a finite number (not a string, NaN or infinity), e.g. 0.5")
+    return x
+
+
 @dataclass(frozen=True)
 class Program:
     """One analyzer rule: ``stat(series, window[, q])`` ``direction`` ``threshold`` → a finding of ``kind``."""
@@ -169,8 +183,18 @@ class Program:
             raise SynthesisError(f"stat={self.stat!r}: use one of {', '.join(STATS)}")
         if self.direction not in ("above", "below"):
             raise SynthesisError(f"direction={self.direction!r}: use 'above' or 'below'")
-        if not 0 < self.window <= 1:
-            raise SynthesisError(f"window={self.window}: a fraction of the series in (0, 1]")
+        # The numbers go into the analyzer's source too (``describe()`` on a comment line, ``PROGRAM`` as a repr): a
+        # string ``q`` with a newline became a line of code there (review 10, Y-R10); each is a finite float here.
+        window = _number("window", self.window)
+        if not 0 < window <= 1:
+            raise SynthesisError(f"window={window}: a fraction of the series in (0, 1]")
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "threshold", _number("threshold", self.threshold))
+        if self.q is not None:
+            q = _number("q", self.q)
+            if not 0 <= q <= 1:
+                raise SynthesisError(f"q={q}: a quantile in [0, 1] (or null outside stat 'quantile')")
+            object.__setattr__(self, "q", q)
 
     def describe(self) -> str:
         """``ratio_start(policy/entropy, last 25%) below 0.45``."""

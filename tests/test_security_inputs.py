@@ -43,6 +43,43 @@ def test_a_foreign_metric_name_cannot_become_analyzer_code():
         Program(series=evil, stat="slope", window=1.0, direction="above", threshold=0.0)
 
 
+_QUANTILE = {"series": "reward/mean", "stat": "quantile", "window": 0.5, "direction": "above", "threshold": 0.1}
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("q", '0.5\nimport os; print("INJECTED", os.getuid())  #', r"^q='0\.5\\nimport os.*: need a finite number"),
+    ("q", "0.5", r"^q='0\.5': need a finite number"),
+    ("q", float("nan"), r"^q=nan: need a finite number"),
+    ("q", 1.5, r"^q=1\.5: a quantile in \[0, 1\]"),
+    ("threshold", "x", r"^threshold='x': need a finite number"),
+    ("threshold", float("inf"), r"^threshold=inf: need a finite number"),
+    ("threshold", 10 ** 400, r"^threshold=an integer of 1,329 bits: need a finite number"),
+    ("window", "0.5", r"^window='0\.5': need a finite number"),
+])
+def test_a_program_number_cannot_become_analyzer_code(field, value, match):
+    """Review 10, Y-R10: ``q`` (a ``loop/analyzers/synthesised`` kv row of a run from elsewhere, an MCP
+    ``start_training.early_stop`` program) went unchecked into ``describe()``, a comment line of the compiled
+    analyzer: a newline in it made line 2 ``import os; print("INJECTED", ...)``; ``threshold: "x"`` was a bare
+    ``ValueError: Unknown format code 'g'``."""
+    from evotrainer.harness.synthesis import Program, SynthesisError, compile_program
+
+    with pytest.raises(SynthesisError, match=match):
+        compile_program(Program.from_dict({**_QUANTILE, field: value}))
+
+
+def test_a_valid_program_compiles_as_before():
+    """The source of a valid program is what it was before the check (passes before and after the fix)."""
+    from evotrainer.harness.synthesis import Program, compile_program
+
+    prog = Program.from_dict({**_QUANTILE, "q": 0.25})
+    src = compile_program(prog)
+    assert src.splitlines()[0] == "# synthesised analyzer: quantile(reward/mean, window 50%, q=0.25) above 0.1"
+    assert src.splitlines()[1] == "import json, os"
+    assert "PROGRAM = {'series': 'reward/mean', 'stat': 'quantile', 'window': 0.5, 'direction': 'above', " \
+           "'threshold': 0.1, 'q': 0.25, 'kind': 'predicted_regression'}" in src
+    compile(src, "synth", "exec")
+
+
 def test_host_keyring_names_and_timers_are_masked():
     """As host root the sandbox uid is host uid 0: before the fix /proc/keys listed root's keyrings (463 bytes
     here: ``_uid.0``, ``_uid_ses.0``, ...); keyctl was refused by seccomp, the listing was not."""
