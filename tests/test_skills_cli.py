@@ -193,7 +193,7 @@ def test_add_refuses_a_value_of_another_type_than_its_recipe_field(app, skills_d
         assert code == 1, (path, err)
         if msg is None:  # the rule's own shape, checked by the skill model
             assert err.strip() == (f"error: {f}: entry 0 (wrong_type): skill: skill wrong_type: value rule by=[2, 3]: "
-                                   "need a number, e.g. {op: mul, by: 2}")
+                                   "need a finite number (not .nan or .inf), e.g. {op: mul, by: 2}")
         else:
             assert err.strip() == f"error: {f}: entry 0 (wrong_type): skill wrong_type: value: {msg}", err
     assert _skill_ids(app, skills_dir) == before
