@@ -42,13 +42,27 @@ def _store() -> Any:
 @contextmanager
 def _skill_errors() -> Iterator[None]:
     """A :class:`~evotrainer.skills_db.models.SkillError` raised in the block is the command's one-line error
-    (:func:`~evotrainer.cli_errors.fail`, exit 1)."""
+    (:func:`~evotrainer.cli_errors.fail`, exit 1); a stored row the store skipped (``RuntimeWarning``: it does not
+    validate) is one ``warning:`` line on stderr each, and the command goes on."""
+    import warnings
+
     from evotrainer.skills_db.models import SkillError
 
-    try:
-        yield
-    except SkillError as exc:
-        fail(str(exc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            yield
+        except SkillError as exc:
+            fail(str(exc))
+        finally:
+            seen: set[str] = set()
+            for w in caught:
+                msg = neutralise(str(w.message))
+                if not msg.startswith("skills memory: "):  # another's warning: shown as it would have been
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                elif msg not in seen:
+                    seen.add(msg)
+                    sys.stderr.write(f"warning: {msg.removeprefix('skills memory: ')}\n")
 
 
 def _print_json(data: Any) -> None:

@@ -17,6 +17,7 @@ Other records: :class:`FailedCase`, :class:`SearchTrace`, :class:`VersionSummary
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
@@ -29,6 +30,7 @@ from evotrainer.intervention import Intervention, category_of
 from evotrainer.recipe import (
     Recipe,
     RecipeError,
+    _shown,
     apply_value_rule,
     check_value_rule,
     current_value,
@@ -38,6 +40,9 @@ from evotrainer.recipe import (
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
+MAX_COUNT = 2**31 - 1
+"""The most a track record count (and a skill's total over domains) may be: the store's int32 columns."""
+_RECORD_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SkillError(EvoTrainerError, ValueError):
@@ -49,19 +54,56 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def json_value_problem(value: Any) -> str | None:
+    """Why ``value`` is no plain JSON value that is stored and read back as it is, or None when it is one: a float
+    that is not finite (NaN, infinity: JSON has neither, the store wrote them as ``null``), or a type that is not
+    None, bool, int, float, str, list (tuple) or a mapping with string keys (a YAML date, ``!!binary`` bytes or
+    ``!!set``, stored as a string or a list). Review 10, K-R10: a skill with ``value: .nan`` was stored as
+    ``value: null``, which the model refuses, and every later listing of the memory failed on that row.
+    The message names the place inside ``value`` (``by=inf``, ``[1]=nan``) and the fix.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # iterative: a deeply nested value is no RecursionError
+        where, v = stack.pop()
+        at = f"{where}=" if where else ""
+        if v is None or isinstance(v, (bool, str)):
+            continue
+        if isinstance(v, int):
+            continue
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return f"{at}{v!r}: need a finite number (not .nan or .inf), e.g. 0.5"
+            continue
+        if isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+            continue
+        if isinstance(v, dict):
+            for k, x in reversed(list(v.items())):
+                if not isinstance(k, str):
+                    return f"{where or 'value'} has the key {_shown(k)}: keys must be strings"
+                stack.append((f"{where}.{k}" if where else k, x))
+            continue
+        return (f"{at}{_shown(v)} ({type(v).__name__}): not a plain value; give a number, a string, true/false, "
+                "a list or a mapping")
+    return None
+
+
 class TrackRecord(BaseModel):
     """Outcomes of a skill in one domain: tried = helped + hurt + neutral."""
 
-    model_config = ConfigDict(extra="forbid")
-    tried: int = Field(0, ge=0, description="Times an intervention from this skill was trained and judged.")
-    helped: int = Field(0, ge=0, description="Times the version was kept (held-out gain with CI above 0).")
-    hurt: int = Field(0, ge=0, description="Times held-out score dropped or a blocking finding appeared.")
+    model_config = _RECORD_CONFIG
+    tried: int = Field(0, ge=0, le=MAX_COUNT, description="Times an intervention from this skill was trained and "
+                       "judged.")
+    helped: int = Field(0, ge=0, le=MAX_COUNT, description="Times the version was kept (held-out gain with CI "
+                        "above 0).")
+    hurt: int = Field(0, ge=0, le=MAX_COUNT, description="Times held-out score dropped or a blocking finding "
+                      "appeared.")
 
 
 class Skill(BaseModel):
     """One skill of the memory (see the module docstring for the kinds)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _RECORD_CONFIG
     id: str = Field(..., description="Stable id: lowercase letters, digits, '_', '-', '.', ':'.")
     kind: SkillKind = Field(..., description="intervention | analyzer | procedure")
     name: str = Field(..., min_length=1, description="Short human name.")
@@ -83,8 +125,20 @@ class Skill(BaseModel):
             raise ValueError(f"{v!r}: use lowercase letters, digits and _ - . : (max 128), e.g. 'clip_higher'")
         return v
 
+    @field_validator("value")
+    @classmethod
+    def _plain_value(cls, v: Any) -> Any:
+        problem = json_value_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _by_kind(self) -> Skill:
+        over = [k for k, n in self.totals().model_dump().items() if n > MAX_COUNT]
+        if over:
+            raise ValueError(f"skill {self.id}: track_record: the {over[0]} counts of all domains sum past "
+                             f"{MAX_COUNT:,}; give smaller counts")
         if self.kind == "intervention":
             if not self.recipe_path:
                 raise ValueError(f"skill {self.id}: an intervention needs recipe_path (e.g. 'eps_clip_high')")
@@ -96,10 +150,10 @@ class Skill(BaseModel):
         return self
 
     def totals(self) -> TrackRecord:
-        """Track record summed over domains."""
+        """Track record summed over domains (unchecked: the skill's validator bounds the sums)."""
         recs = list(self.track_record.values())
-        return TrackRecord(tried=sum(r.tried for r in recs), helped=sum(r.helped for r in recs),
-                           hurt=sum(r.hurt for r in recs))
+        return TrackRecord.model_construct(tried=sum(r.tried for r in recs), helped=sum(r.helped for r in recs),
+                                           hurt=sum(r.hurt for r in recs))
 
     def search_text(self) -> str:
         """The text that is embedded and full-text indexed: name, description, finding kinds, path, tags."""
@@ -137,7 +191,7 @@ def skill_summary(skill: Skill, score: float | None = None) -> dict[str, Any]:
 class FailedCase(BaseModel):
     """A version that went wrong and why: what was tried, what came out."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _RECORD_CONFIG
     id: str = Field(default_factory=lambda: new_id("case"))
     run: str = Field("", description="Run folder or name.")
     version_id: str = Field(..., description="The failed version.")
@@ -157,7 +211,7 @@ class FailedCase(BaseModel):
 class SearchTrace(BaseModel):
     """What an agent searched, what it found, what it chose and why."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _RECORD_CONFIG
     id: str = Field(default_factory=lambda: new_id("trace"))
     run: str = Field("")
     agent: str = Field(..., description="Agent role or client name.")
@@ -168,11 +222,19 @@ class SearchTrace(BaseModel):
     rationale: str = Field("")
     created_at: float = Field(default_factory=time.time)
 
+    @field_validator("filters")
+    @classmethod
+    def _plain_filters(cls, v: dict[str, Any]) -> dict[str, Any]:
+        problem = json_value_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
 
 class VersionSummary(BaseModel):
     """A version in a few lines, for later runs: recipe change, scores, findings, decision."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _RECORD_CONFIG
     id: str = Field(..., description="'<run>/<version_id>'.")
     run: str
     version_id: str

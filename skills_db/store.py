@@ -25,6 +25,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +36,10 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import ValidationError
 
 from evotrainer.lazy import import_lancedb
+from evotrainer.recipe import _shown
 from evotrainer.rollouts import with_commit_retries
 from evotrainer.skills_db.embeddings import (
     NDIMS,
@@ -46,6 +49,7 @@ from evotrainer.skills_db.embeddings import (
     register_embedding_function,
 )
 from evotrainer.skills_db.models import (
+    MAX_COUNT,
     FailedCase,
     SearchTrace,
     Skill,
@@ -131,8 +135,35 @@ def build_filter(kind: str | None = None, finding_kinds: Iterable[str] | None = 
     return " AND ".join(parts) or None
 
 
+def _json_change(before: Any, after: Any) -> str | None:
+    """Where ``after`` (a record's ``model_dump(mode="json")``) differs from ``before`` (its Python dump), as
+    ``<path>: <before> would be stored as <after>``, or None (a tuple stored as a list is no change)."""
+    stack: list[tuple[str, Any, Any]] = [("", before, after)]
+    while stack:  # iterative: a deeply nested value is no RecursionError
+        where, a, b = stack.pop()
+        if isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
+            stack.extend((f"{where}.{k}" if where else str(k), a[k], b[k]) for k in a)
+        elif isinstance(a, (list, tuple)) and isinstance(b, list) and len(a) == len(b):
+            stack.extend((f"{where}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+        elif type(a) is not type(b) or a != b:
+            return f"{where or 'record'}: {_shown(a)} would be stored as {_shown(b)}"
+    return None
+
+
 def _to_row(record: Any, table: str) -> dict[str, Any]:
+    """The table row of a record. Refused (review 10, K-R10: ``value: .nan`` was stored as ``value: null``, a row
+    the model refuses, and every later listing failed on it): a record whose JSON form differs from it, or whose
+    row does not read back.
+
+    Raises:
+        SkillError: names the record, the field and the fix.
+    """
     data = record.model_dump(mode="json")
+    what = f"{table} record {_shown(getattr(record, 'id', '?'))}"
+    change = _json_change(record.model_dump(), data)
+    if change:
+        raise SkillError(f"{what}: {change}; give plain JSON values (finite numbers, strings, lists, mappings); "
+                         "nothing was stored")
     row: dict[str, Any] = {}
     for field in SCHEMAS[table].names:
         if field == "vector":
@@ -145,7 +176,44 @@ def _to_row(record: Any, table: str) -> dict[str, Any]:
             row[field] = json.dumps(data.get(field))
         else:
             row[field] = data.get(field)
+    try:
+        _from_row(row, table)
+    except (ValidationError, ValueError, TypeError, RecursionError) as err:
+        raise SkillError(f"{what}: would be stored as a row that does not read back ({_why(err)}); "
+                         "nothing was stored") from None
     return row
+
+
+def _why(err: BaseException) -> str:
+    """A record's validation error in one short line, without the row's values: ``<field>: <message>``."""
+    if isinstance(err, ValidationError) and err.errors():
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "record"
+        return f"{loc}: {first['msg'].removeprefix('Value error, ')}"[:300]
+    return f"{type(err).__name__}: {err}"[:300]
+
+
+def _unreadable(row: dict[str, Any], table: str, err: BaseException) -> str:
+    """What an unreadable row is and how to be rid of it."""
+    rid = _shown(row.get("id"))
+    fix = (f"replace it (`evotrainer skills add --replace FILE` with a skill of id {rid})"
+           if table == SKILLS else "remove it")
+    return (f"{table} row {rid} is stored but does not validate ({_why(err)}); {fix}, or roll the table back "
+            f"to a version before it (`evotrainer skills history --table {table}`, "
+            f"`evotrainer skills restore VERSION --table {table}`)")
+
+
+def _records(rows: list[dict[str, Any]], table: str) -> list[tuple[dict[str, Any], Any]]:
+    """``(row, record)`` of each row that validates. One that does not (written before the write checks, or by
+    other means) is skipped with a ``RuntimeWarning`` naming it and the fix, so one bad row does not end every
+    listing and search of the memory (review 10, K-R10)."""
+    out = []
+    for r in rows:
+        try:
+            out.append((r, _from_row(r, table)))
+        except (ValidationError, ValueError, TypeError, RecursionError) as err:
+            warnings.warn(f"skills memory: skipped: {_unreadable(r, table, err)}", RuntimeWarning, stacklevel=3)
+    return out
 
 
 def _from_row(row: dict[str, Any], table: str) -> Any:
@@ -430,7 +498,10 @@ class SkillStore:
                 .select([c for c in SCHEMAS[SKILLS].names if c != "vector"]).limit(1).to_list())
         if not rows:
             raise SkillError(f"no skill {skill_id!r}; list ids with `evotrainer skills list`")
-        return _from_row(rows[0], SKILLS)
+        try:
+            return _from_row(rows[0], SKILLS)
+        except (ValidationError, ValueError, TypeError, RecursionError) as err:
+            raise SkillError(_unreadable(rows[0], SKILLS, err)) from None
 
     def list(self, kind: str | None = None, finding_kinds: Iterable[str] | None = None,
              tags: Iterable[str] | None = None, limit: int | None = None) -> list[Skill]:
@@ -440,7 +511,7 @@ class SkillStore:
         if where:
             q = q.where(where)
         rows = q.select([c for c in SCHEMAS[SKILLS].names if c != "vector"]).limit(None).to_list()
-        skills = sorted((_from_row(r, SKILLS) for r in rows), key=lambda s: (s.kind, s.id))
+        skills = sorted((s for _, s in _records(rows, SKILLS)), key=lambda s: (s.kind, s.id))
         return skills[:limit] if limit else skills
 
     def count(self, table: str = SKILLS) -> int:
@@ -460,8 +531,7 @@ class SkillStore:
         rows = self._search_rows(SKILLS, query, build_filter(kind, finding_kinds, tags), mode, limit)
         score_col = {"hybrid": "_relevance_score", "vector": "_distance", "fts": "_score"}[mode]
         hits = []
-        for r in rows:
-            s = _from_row(r, SKILLS)
+        for r, s in _records(rows, SKILLS):
             score = 1.0 - float(r[score_col]) if mode == "vector" else float(r[score_col])
             hits.append(SkillHit(skill=s, score=score, mode=mode, record=s.totals()))
         return hits
@@ -554,6 +624,9 @@ class SkillStore:
             if outcome != "neutral":
                 setattr(rec, outcome, getattr(rec, outcome) + 1)
             tot = skill.totals()
+            if max(tot.tried, tot.helped, tot.hurt) > MAX_COUNT:
+                raise SkillError(f"skill {skill_id}: its track record is at {MAX_COUNT:,} trials, the most the store "
+                                 "counts; nothing was recorded")
             self._table(SKILLS).update(where=f"id = {sql_str(skill_id)}", values={
                 "track_record": json.dumps({k: v.model_dump() for k, v in skill.track_record.items()}),
                 "tried": tot.tried, "helped": tot.helped, "hurt": tot.hurt, "updated_at": time.time()})
@@ -567,7 +640,7 @@ class SkillStore:
 
     def search_failed_cases(self, query: str, limit: int = 5, mode: SearchMode = "hybrid") -> list[FailedCase]:
         """Failed cases most similar to ``query``, best first."""
-        return [_from_row(r, FAILED_CASES) for r in self._search_rows(FAILED_CASES, query, None, mode, limit)]
+        return [c for _, c in _records(self._search_rows(FAILED_CASES, query, None, mode, limit), FAILED_CASES)]
 
     def add_search_trace(self, trace: SearchTrace) -> str:
         """Log what an agent searched, found and chose; returns the trace id."""
@@ -584,7 +657,8 @@ class SkillStore:
 
     def search_version_summaries(self, query: str, limit: int = 5, mode: SearchMode = "hybrid") -> list[VersionSummary]:
         """Version summaries most similar to ``query``, best first."""
-        return [_from_row(r, VERSION_SUMMARIES) for r in self._search_rows(VERSION_SUMMARIES, query, None, mode, limit)]
+        rows = self._search_rows(VERSION_SUMMARIES, query, None, mode, limit)
+        return [v for _, v in _records(rows, VERSION_SUMMARIES)]
 
     def records(self, table: str, where: str | None = None, limit: int | None = 100) -> list[Any]:
         """Records of a table (newest first), optionally filtered by a SQL predicate."""
@@ -594,7 +668,7 @@ class SkillStore:
             q = q.where(where)
         rows = q.select([c for c in SCHEMAS[name].names if c not in ("vector", "text")]).limit(None).to_list()
         rows.sort(key=lambda r: -r["created_at"])
-        return [_from_row(r, name) for r in rows[:limit]]
+        return [rec for _, rec in _records(rows[:limit], name)]
 
     # --- versions -----------------------------------------------------------------------------------
     @staticmethod

@@ -63,3 +63,33 @@ def test_failed_cases_and_traces(client):
                                            "chosen": "kl_coef_up", "rationale": "best record"})
     assert trace["id"].startswith("trace-")
     assert "outcome" in client.err("add_failed_case", {"version_id": "v3"})
+
+
+def test_a_non_finite_value_is_refused_and_an_unreadable_row_ends_no_search():
+    """Review 10, K-R10: MCP `add_skill` with `by: -1e999` (valid JSON, read as -inf) was stored as `by: null`; a
+    NaN skill's row made `search_skills` (when a hit) and `get_skill` end with a raw pydantic error dumping the row."""
+    import warnings
+
+    from evotrainer.skills_db.store import SKILLS, SkillStore, _to_row
+
+    store = SkillStore()  # this test's EVOTRAINER_SKILLS_DIR (conftest), where the server below opens its store
+    row = _to_row(store.get("lr_down"), SKILLS) | {"id": "test.planted_nan", "value": "null"}
+    store._table(SKILLS).add([{**row, "vector": [0.0] * 383 + [1.0]}])
+    client = SyncClient(build_server("skills", None))
+    try:
+        err = client.err("add_skill", {"skill_id": "test.inf_by", "kind": "intervention", "name": "x",
+                                       "description": "y", "recipe_path": "actor_learning_rate",
+                                       "value": {"op": "mul", "by": float("-inf")}})
+        # the tool's JSON argument arrives as `by: null` (it was stored so): refused as a rule without its operand
+        assert "value rule op='mul' needs 'by', e.g. {op: mul, by: 2}" in err, err
+        assert "no skill 'test.inf_by'" in client.err("get_skill", {"skill_id": "test.inf_by"})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            hits = client.ok("search_skills", {"query": row["text"], "mode": "fts", "limit": 50})["hits"]
+            assert hits and "test.planted_nan" not in [h["id"] for h in hits]
+            assert client.ok("get_skill", {"skill_id": "lr_down"})["id"] == "lr_down"
+            err = client.err("get_skill", {"skill_id": "test.planted_nan"})
+    finally:
+        client.close()
+    assert "skills row 'test.planted_nan' is stored but does not validate" in err and "input_value" not in err, err
+    assert "skills restore" in err

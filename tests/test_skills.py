@@ -7,11 +7,13 @@ session-scoped seeded store serves the read-only tests.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from evotrainer.harness.analyzers.progress import PROGRESS_KINDS  # learning-progress kinds (issue 16)
 from evotrainer.intervention import Intervention
@@ -395,3 +397,89 @@ def test_every_seed_skill_loads_through_the_bounded_loader_and_type_check(tmp_pa
     f.write_text(yaml.safe_dump({"skills": [s.model_dump(mode="json") for s in seeds]}))
     loaded = load_skill_file(f)
     assert [s.model_dump() for s in loaded] == [s.model_dump() for s in seeds]
+
+
+# --- review 10, K-R10: values that do not survive JSON, unreadable rows -----------------------------------------
+@pytest.mark.parametrize(("value", "shown"), [
+    (float("nan"), "value: nan: need a finite number"),
+    (float("inf"), "value: inf: need a finite number"),
+    ({"op": "mul", "by": float("inf")}, "value: by=inf: need a finite number"),
+    ({"op": "mul", "by": float("-inf")}, "value: by=-inf: need a finite number"),
+    ({"op": "mul", "by": 2, "max": float("nan")}, "value: max=nan: need a finite number"),
+    ({"op": "set", "value": float("nan")}, "value: value=nan: need a finite number"),
+    ([0.1, float("nan")], r"value: \[1\]=nan: need a finite number"),
+    (b"0.5", r"value: b'0.5' \(bytes\): not a plain value"),
+    ({0.1}, r"value: \{0.1\} \(set\): not a plain value"),
+])
+def test_a_value_that_json_would_change_is_refused_naming_the_field(value, shown):
+    """``value: .nan`` was stored as ``value: null`` (a row the model refuses), ``by: .inf`` as ``by: null`` (a bare
+    TypeError when applied); bytes and sets as a string and a list."""
+    import datetime
+
+    with pytest.raises(ValidationError) as e:
+        _custom("bad_value", recipe_path="actor_learning_rate", value=value)
+    err = e.value.errors()[0]
+    assert re.match(shown, f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"), err
+    with pytest.raises(ValidationError, match=r"datetime.date\(2026, 12, 4\) \(date\): not a plain value"):
+        _custom("bad_date", recipe_path="actor_learning_rate", value=datetime.date(2026, 12, 4))
+
+
+@pytest.mark.parametrize("tried", [10 ** 10, 1e23])
+def test_track_record_counts_are_bounded_ints(tried):
+    """``tried: 10000000000`` ended ``skills add`` in pyarrow's int32 overflow; the bound is the column's."""
+    with pytest.raises(ValidationError, match=r"track_record.math.tried\n.*(less than or equal to 2147483647|"
+                                              r"exceeded maximum size)"):
+        _custom("big", track_record={"math": {"tried": tried}})
+    with pytest.raises(ValidationError, match=r"the tried counts of all domains sum past 2,147,483,647"):
+        _custom("big", track_record={"a": {"tried": 2**31 - 1}, "b": {"tried": 1}})
+
+
+def test_the_store_refuses_a_record_json_would_change(store):
+    """A record built without validation (``model_construct``) that JSON would change is not written: nothing
+    unreadable reaches the table."""
+    before = store.count()
+    bad = Skill.model_construct(**{**_custom("raw_nan").model_dump(), "value": float("nan")})
+    with pytest.raises(SkillError, match=r"^skills record 'raw_nan': value: nan would be stored as None; give plain "
+                                         r"JSON values .*nothing was stored$"):
+        store.add(bad)
+    import datetime
+
+    proc = Skill.model_construct(**{**_custom("raw_date").model_dump(), "kind": "procedure", "recipe_path": None,
+                                    "value": {"since": datetime.date(2026, 12, 4)}})
+    with pytest.raises(SkillError, match=r"^skills record 'raw_date': value.since: datetime.date\(2026, 12, 4\) "
+                                         r"would be stored as '2026-12-04'"):
+        store.add(proc)
+    assert store.count() == before
+
+
+def _plant_unreadable_row(store, skill_id: str = "planted-nan") -> None:
+    """A row the model refuses, written with the table API past every check (as ``value: .nan`` was stored)."""
+    from evotrainer.skills_db.store import SKILLS, _to_row
+
+    row = _to_row(_custom(skill_id, name="Learning rate planted", description="A learning rate row."), SKILLS)
+    row["value"] = "null"
+    store._table(SKILLS).add([{**row, "vector": embed([row["text"]])[0].tolist()}])
+
+
+def test_an_unreadable_row_is_skipped_and_named_not_the_end_of_every_listing(store):
+    """Review 10, K-R10: from the first stored NaN skill, ``skills list``, ``search`` and ``show`` of any skill (and
+    MCP ``search_skills`` / ``get_skill``) ended with a raw pydantic ValidationError dumping the row. The bad row is
+    skipped with a warning naming it and the fix; ``get`` of it is a SkillError naming both."""
+    store.add(_custom("my_temp"))
+    _plant_unreadable_row(store)
+    named = r"skills row 'planted-nan' is stored but does not validate \(record: skill planted-nan: an intervention " \
+            r"needs value .*\); replace it .*evotrainer skills restore VERSION --table skills"
+    for call in (lambda: store.list(), lambda: store.search("learning rate temperature", mode="fts", limit=200),
+                 lambda: store.search("learning rate temperature", mode="vector", limit=200),
+                 lambda: store.search("learning rate temperature", limit=200),
+                 lambda: store.records("skills", limit=None)):
+        with pytest.warns(RuntimeWarning, match=r"^skills memory: skipped: " + named):
+            out = call()
+        ids = [getattr(x, "skill", x).id for x in out]
+        assert "my_temp" in ids and "planted-nan" not in ids, ids
+    assert store.get("my_temp").value == 0.9
+    with pytest.raises(SkillError, match="^" + named):
+        store.get("planted-nan")
+    # the fix the message names: replacing it by id
+    store.add(_custom("planted-nan"), replace=True)
+    assert store.get("planted-nan").value == 0.9

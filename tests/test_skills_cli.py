@@ -205,3 +205,61 @@ def test_add_refuses_a_value_of_another_type_than_its_recipe_field(app, skills_d
                  "value: {op: mul, by: 1.2}}\n")
     code, out, err = run(app, skills_dir, "add", str(f))
     assert code == 0 and out.strip() == "added 3 skill(s): lr_int, k2, hot", err
+
+
+@pytest.mark.parametrize(("value", "msg"), [
+    (".nan", "value: nan: need a finite number (not .nan or .inf), e.g. 0.5"),
+    ("{op: mul, by: .inf}", "value: by=inf: need a finite number (not .nan or .inf), e.g. 0.5"),
+    ("{op: add, by: 1, min: -.inf}", "value: min=-inf: need a finite number (not .nan or .inf), e.g. 0.5"),
+    ("2026-12-04", "value: datetime.date(2026, 12, 4) (date): not a plain value; give a number, a string, true/false, "
+                   "a list or a mapping"),
+    ("!!binary MC41", "value: b'0.5' (bytes): not a plain value; give a number, a string, true/false, a list or a "
+                      "mapping"),
+    ("!!set {0.1: null}", "value: {0.1} (set): not a plain value; give a number, a string, true/false, a list or a "
+                          "mapping"),
+])
+def test_add_refuses_a_value_json_cannot_keep_and_the_memory_stays_readable(app, skills_dir, tmp_path, value, msg):
+    """Review 10, K-R10: `value: .nan` was added (stored as `value: null`) and from then on `skills list`, `search`
+    and `show` of any skill ended with a raw pydantic ValidationError; `by: .inf` was stored as `by: null`; a date,
+    bytes or a set as a string or a list."""
+    before = _skill_ids(app, skills_dir)
+    f = tmp_path / "nan.yaml"
+    f.write_text(f"id: rt-nan\nkind: intervention\nname: t\ndescription: t\nrecipe_path: actor_learning_rate\n"
+                 f"value: {value}\n")
+    code, _, err = run(app, skills_dir, "add", str(f))
+    assert code == 1 and err.strip() == f"error: {f}: entry 0 (rt-nan): {msg}", err
+    assert _skill_ids(app, skills_dir) == before
+
+
+def test_add_refuses_a_count_past_the_store_column(app, skills_dir, tmp_path):
+    """`track_record.tried: 10000000000` ended `skills add` in pyarrow's int32 overflow (a traceback)."""
+    f = tmp_path / "big.yaml"
+    f.write_text("id: rt-big\nkind: procedure\nname: t\ndescription: t\ntrack_record: {m: {tried: 10000000000}}\n")
+    code, _, err = run(app, skills_dir, "add", str(f))
+    assert code == 1 and err.strip() == (f"error: {f}: entry 0 (rt-big): track_record.m.tried: Input should be less "
+                                         "than or equal to 2147483647"), err
+
+
+def test_list_search_and_show_go_on_past_an_unreadable_row(app, tmp_path):
+    """A row stored before the checks (planted here with the table API) is one warning line naming it and the fix;
+    the other skills are listed, searched and shown; `show` of it is a one-line error."""
+    from evotrainer.skills_db.store import SKILLS, SkillStore, _to_row
+
+    d = tmp_path / "poisoned"
+    store = SkillStore(d)
+    row = _to_row(seed_skills()[0].model_copy(update={"id": "rt-nan"}), SKILLS)
+    row["value"] = "null"
+    store._table(SKILLS).add([{**row, "vector": [0.0] * 383 + [1.0]}])
+    seed_ids = sorted(s.id for s in seed_skills())
+    warning = ("warning: skipped: skills row 'rt-nan' is stored but does not validate (record: skill rt-nan: an "
+               "intervention needs value (a literal or {op: ...} rule)); replace it (`evotrainer skills add --replace "
+               "FILE` with a skill of id 'rt-nan'), or roll the table back to a version before it (`evotrainer skills "
+               "history --table skills`, `evotrainer skills restore VERSION --table skills`)")
+    code, out, err = run(app, d, "list", "--json")
+    assert code == 0 and sorted(r["id"] for r in json.loads(out)) == seed_ids and err.strip() == warning, err
+    code, out, err = run(app, d, "search", row["text"], "--mode", "fts", "--json")
+    assert code == 0 and "rt-nan" not in out and json.loads(out) and err.strip() == warning, err
+    code, out, err = run(app, d, "show", seed_ids[0])
+    assert code == 0 and err == "", err
+    code, out, err = run(app, d, "show", "rt-nan")
+    assert code == 1 and err.strip() == "error: " + warning.removeprefix("warning: skipped: "), err
