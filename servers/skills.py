@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from evotrainer.servers.common import JsonValue, ToolContext, state_of
-from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, VersionSummary, new_id
+from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, SkillError, VersionSummary, new_id
 from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
 
 SkillKindArg = Literal["intervention", "analyzer", "procedure"]
@@ -147,8 +147,15 @@ def add_skill(
     replace: Annotated[bool, Field(description="Overwrite an existing skill with this id.")] = False,
 ) -> SkillInfo:
     """Add a skill to the memory (embedded for search)."""
-    skill = Skill(id=skill_id or new_id(kind[:5]), kind=kind, name=name, description=description,
-                  addresses=addresses, recipe_path=recipe_path, value=value, code=code, tags=tags, source=source)
+    sid = skill_id or new_id(kind[:5])
+    try:
+        skill = Skill(id=sid, kind=kind, name=name, description=description, addresses=addresses,
+                      recipe_path=recipe_path, value=value, code=code, tags=tags, source=source)
+    except ValidationError as err:  # one line naming the argument, not pydantic's dump of every value (review 10)
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")[:500]
+        raise SkillError(f"add_skill: {f'{loc}: ' if loc else ''}{msg}; fix that argument and call again") from None
     store = state_of(ctx).skill_store()
     store.add(skill, replace=replace)
     return _info(store.get(skill.id))

@@ -93,3 +93,17 @@ def test_a_non_finite_value_is_refused_and_an_unreadable_row_ends_no_search():
         client.close()
     assert "skills row 'test.planted_nan' is stored but does not validate" in err and "input_value" not in err, err
     assert "skills restore" in err
+
+
+def test_add_skill_names_a_bad_argument_in_one_line_without_a_dump():
+    """Review 10 (K-R10's residue): a skill the model refuses came back from MCP `add_skill` as pydantic's "1
+    validation error for Skill ... input_value={...}" dump of every argument; now one line naming the field."""
+    client = SyncClient(build_server("skills", None))
+    try:
+        err = client.err("add_skill", {"skill_id": "test.no_value", "kind": "intervention", "name": "x",
+                                       "description": "y" * 2000, "recipe_path": "actor_learning_rate"})
+    finally:
+        client.close()
+    assert err.endswith("add_skill: skill test.no_value: an intervention needs value (a literal or {op: ...} rule); "
+                        "fix that argument and call again"), err
+    assert "input_value" not in err and "y" * 100 not in err, err
