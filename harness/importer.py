@@ -190,8 +190,14 @@ _BUILD = ".{name}.import-"  # the hidden sibling an import builds its run in, wi
 
 def _fresh_build_dir(final: Path) -> Path:
     """An empty build folder beside ``final`` for this process; those of dead imports of the same name are removed
-    (a real folder only: a link there is left alone)."""
+    (a real folder only: a link there is left alone). Inside ``final`` (``.import-<pid>``) when ``final`` is a
+    folder that exists in a parent this user may not write (:func:`_place` then moves the entries out)."""
     prefix = _BUILD.format(name=final.name)
+    if final.is_dir() and not os.access(final.parent, os.W_OK | os.X_OK):
+        tmp = final / f".import-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return tmp
     for name in os.listdir(final.parent):
         pid = name[len(prefix):]
         if not name.startswith(prefix) or not pid.isdigit():
@@ -257,8 +263,9 @@ def _place(tmp: Path, final: Path, src: Path) -> None:
             run's own names, or is no folder.
     """
     try:
-        os.rename(tmp, final)
-        return
+        if tmp.parent != final:  # else built inside it: moved entry by entry
+            os.rename(tmp, final)
+            return
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise RunImportError(f"{final}: cannot make the run folder there ({exc.strerror}); import into a new "
@@ -266,7 +273,7 @@ def _place(tmp: Path, final: Path, src: Path) -> None:
     if (final / "lineage.db").exists():  # another import (or init) made the run meanwhile
         raise RunImportError(f"{final} holds a run already (made by another process while this import read "
                              f"{src}); import into a new folder")
-    entries = sorted(os.listdir(tmp), key=lambda n: n == "lineage.db")
+    entries = sorted(os.listdir(tmp), key=lambda n: n == "lineage.db")  # lineage.db last: then it is a run
     taken = [n for n in entries if os.path.lexists(final / n)
              and not ((tmp / n).is_dir() and _empty_folder(final / n))]
     if taken:

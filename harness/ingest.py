@@ -188,7 +188,7 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 def _text(x: Any) -> str:
     if isinstance(x, str):
-        return x
+        return F.as_text(x)  # a lone surrogate (JSON's "\\ud800") as '?': the stores, and the prompt id, encode UTF-8
     if x is None:
         return ""
     if hasattr(x, "tolist"):
@@ -209,8 +209,11 @@ class IngestWarning(UserWarning):
 
 
 def _note(msg: str) -> None:
-    """Say that part of a foreign run was left out (an :class:`IngestWarning`; ``import`` also logs it)."""
-    warnings.warn(msg, IngestWarning, stacklevel=3)
+    """Say that part of a foreign run was left out (an :class:`IngestWarning`, each time; ``import`` also logs it).
+
+    Shown as ``evotrainer:0: IngestWarning: <file>: ...`` on stderr: no source line of this module under it.
+    """
+    warnings.warn_explicit(msg, IngestWarning, "evotrainer", 0, module="evotrainer.harness.ingest")
 
 
 def _rows_cut(path: Path, cap: int, total: int | None = None) -> None:

@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -1433,6 +1434,20 @@ def test_a_metric_name_that_is_no_utf8_is_dropped(tmp_path, rel, body):
         assert ws.lineage.metric_names("v0") == ["reward/mean"]
 
 
+def test_rollout_text_that_is_no_utf8_is_imported_with_a_replacement(tmp_path):
+    """Review 10 U-R10 (1), in a verl dump: a lone surrogate in ``input`` / ``output`` ended the reading of the dump
+    (the prompt id's UTF-8 encoding); it is a ``?`` now, and the dump imports."""
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / "1.jsonl").write_text('{"input": "q\\ud800", "output": "a \\udfff b", "score": 1}\n'
+                                 '{"input": "q\\ud800", "output": "c", "score": 0}\n')
+    out = import_run(src, tmp_path / "run")
+    assert out.n_rollouts == 2
+    with Workspace.open(tmp_path / "run") as ws:
+        rows = ws.rollouts.to_arrow(columns=["prompt", "completion"]).to_pylist()
+    assert sorted((r["prompt"], r["completion"]) for r in rows) == [("q?", "a ? b"), ("q?", "c")]
+
+
 def test_a_failed_import_leaves_no_run_and_a_retry_works(tmp_path, monkeypatch):
     """Review 10 U-R10 (1): an import that failed half-way left v0 ``proposed`` without metrics, and a retry said
     "holds a run already". The run is built in a hidden sibling and renamed into place at the end, as ``init``
@@ -1469,3 +1484,11 @@ def test_a_failed_import_leaves_no_run_and_a_retry_works(tmp_path, monkeypatch):
         import_run(src, tmp_path / "taken")
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["logs"]
     assert not [p for p in tmp_path.iterdir() if ".import-" in p.name]
+    # a folder that exists in a parent this user may not write: built inside it, then moved out entry by entry
+    (tmp_path / "given").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(importer.os, "access", lambda p, mode: Path(p) != tmp_path)
+        assert import_run(src, tmp_path / "given").n_steps == 14
+    assert not [p for p in (tmp_path / "given").iterdir() if ".import-" in p.name]
+    with Workspace.open(tmp_path / "given") as ws:
+        assert ws.lineage.get("v0").status == "trained"
