@@ -211,9 +211,13 @@ class IngestWarning(UserWarning):
 def _note(msg: str) -> None:
     """Say that part of a foreign run was left out (an :class:`IngestWarning`, each time; ``import`` also logs it).
 
-    Shown as ``evotrainer:0: IngestWarning: <file>: ...`` on stderr: no source line of this module under it.
+    Shown as ``evotrainer:0: IngestWarning: <file>: ...`` on stderr (no source line of this module under it), each
+    note once a process under the default filter (``watch`` reads the folder again at every poll).
     """
-    warnings.warn_explicit(msg, IngestWarning, "evotrainer", 0, module="evotrainer.harness.ingest")
+    warnings.warn_explicit(msg, IngestWarning, "evotrainer", 0, module="evotrainer.harness.ingest", registry=_NOTED)
+
+
+_NOTED: dict[Any, Any] = {}  # the warnings registry of :func:`_note`
 
 
 def _rows_cut(path: Path, cap: int, total: int | None = None) -> None:
