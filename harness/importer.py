@@ -274,13 +274,17 @@ def _place(tmp: Path, final: Path, src: Path) -> None:
         raise RunImportError(f"{final} holds a run already (made by another process while this import read "
                              f"{src}); import into a new folder")
     entries = sorted(os.listdir(tmp), key=lambda n: n == "lineage.db")  # lineage.db last: then it is a run
+    entries = [n for n in entries if not (n in _LOCK_FILES and (final / n).is_file() and not (final / n).is_symlink())]
     taken = [n for n in entries if os.path.lexists(final / n)
              and not ((tmp / n).is_dir() and _empty_folder(final / n))]
     if taken:
         raise RunImportError(f"{final} holds {', '.join(taken)} already; import into a new or empty folder")
     for name in entries:
         os.replace(tmp / name, final / name)  # onto nothing, or onto an empty folder
-    tmp.rmdir()
+    shutil.rmtree(tmp)  # empty, or our lock file where the folder had its own
+
+
+_LOCK_FILES = (".writer.lock",)  # an empty lock file of the folder's own is kept (locks are on the open file)
 
 
 def _empty_folder(p: Path) -> bool:

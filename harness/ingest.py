@@ -21,7 +21,8 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
   ``mlflow.runName`` tag or the run id);
 * rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
   of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
-  one column per reward function, ``advantage``).
+  one column per reward function, ``advantage``): the first :data:`MAX_ROLLOUT_ROWS` rows of a run
+  read (all its dumps together; an :class:`IngestWarning` says what was left out).
 
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is

@@ -1477,6 +1477,7 @@ def test_a_failed_import_leaves_no_run_and_a_retry_works(tmp_path, monkeypatch):
     other = tmp_path / "other"
     (other / "logs").mkdir(parents=True)
     (other / "notes.txt").write_text("mine")
+    (other / ".writer.lock").write_text("")  # a lock file of its own is kept
     assert import_run(src, other).n_steps == 14 and (other / "notes.txt").read_text() == "mine"
     (tmp_path / "taken" / "logs").mkdir(parents=True)
     (tmp_path / "taken" / "logs" / "x").write_text("mine")
