@@ -264,10 +264,8 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
         return rows
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
-    for i, rec in _jsonl(_lines(read_run_text(path)), str(path)):
-        if len(rows) >= cap:
-            _rows_cut(path, cap)
-            break
+    more: list[bool] = []
+    for i, rec in _jsonl(_head(_lines(read_run_text(path)), cap, more), str(path)):
         if not isinstance(rec, dict):
             raise IngestError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; a verl dump has one "
                               "rollout object per line")
@@ -283,7 +281,21 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
                                 prompt=prompt, completion=_text(rec.get("output", "")), reward=score,
                                 components=extras or None, answer=_text(rec.get("gts", "")),
                                 length=len(_text(rec.get("output", "")).split())))
+    if more:
+        _rows_cut(path, cap)
     return rows
+
+
+def _head(lines: Iterable[str], n: int, more: list[bool]) -> Iterator[str]:
+    """The lines up to the ``n``-th non-blank one (the lines after it are not parsed: a bad one there does not refuse
+    the file); ``more`` gets ``True`` when a non-blank line follows."""
+    for line in lines:
+        if line.strip():
+            if n <= 0:
+                more.append(True)
+                return
+            n -= 1
+        yield line
 
 
 _PARQUET_BATCH_ROWS = 1024  # rows of a completions parquet decoded at a time

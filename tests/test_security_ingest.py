@@ -1342,6 +1342,8 @@ def test_a_verl_dump_past_the_rollout_row_cap_is_read_in_part_and_said(tmp_path,
     one = tmp_path / "one"
     one.mkdir()
     _verl_dump(one / "1.jsonl", 5000)
+    with open(one / "1.jsonl", "a") as f:
+        f.write("{not json\n")  # past the cap: not parsed
     with pytest.warns(IngestWarning, match=r"1\.jsonl: read the first 1,000 rollout rows, the rest are left out "
                                            r"\(a cap of 1,000 rollout rows per run read, MAX_ROLLOUT_ROWS\)"):
         ev = ingest(one)
