@@ -21,7 +21,11 @@ note and ``kv["import/source"]`` name the source. ``evotrainer serve --run RUN``
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,8 @@ import numpy as np
 from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import IngestError, ingest, read_run_text
-from evotrainer.harness.ingest_formats import files_under, read_gzip_text
-from evotrainer.lineage import LineageError
+from evotrainer.harness.ingest import IngestError, IngestWarning, ingest, read_run_text
+from evotrainer.harness.ingest_formats import as_text, files_under, read_gzip_text
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -59,6 +62,7 @@ class ImportSummary:
     n_rollouts: int
     n_log_lines: int
     findings: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the reading left out (caps reached), also in the run log
 
 
 def text_logs(path: Path) -> list[Path]:
@@ -131,10 +135,19 @@ def rekeyed_rollouts(rows: list[dict[str, Any]], version_id: str) -> list[dict[s
 def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
     """Import the run at ``path`` into a new run folder ``run_dir`` (created; must hold no lineage).
 
+    Atomic, as ``init`` is: the run is built in a hidden sibling ``.<name>.import-<pid>`` and renamed into place
+    at the end (moved entry by entry, ``lineage.db`` last, into a folder that exists and holds other files), so a
+    failed import leaves no run behind: review 10 (U-R10) ended an import half-way (a metric name the store could
+    not encode) and left v0 ``proposed`` without metrics, which a rerun refused ("holds a run already").
+
+    What the reading left out (a cap reached: :class:`~evotrainer.harness.ingest.IngestWarning`) is warned
+    about as ever, and also kept as run-log records and in :attr:`ImportSummary.notes`.
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         evotrainer.harness.ingest.IngestError: nothing readable at ``path``.
-        RunImportError: ``path`` holds several runs, is an EvoTrainer run already, or ``run_dir`` has a lineage.
+        RunImportError: ``path`` holds several runs, is an EvoTrainer run already, or ``run_dir`` has a lineage
+            (or files of its own where the run's go).
     """
     src = Path(path).expanduser()
     if src.is_dir() and (src / "lineage.db").exists():
@@ -142,7 +155,12 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
     run = Path(run_dir).expanduser()
     if (run / "lineage.db").exists():
         raise RunImportError(f"{run} holds a run already; import into a new folder")
-    ev = ingest(src)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IngestWarning)
+        ev = ingest(src)
+    notes = [str(w.message) for w in caught if issubclass(w.category, IngestWarning)]
+    for w in caught:  # said as they would have been without the recording
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     names = ev.versions
     if len(names) != 1:
         raise RunImportError(f"{src} holds {len(names)} runs ({', '.join(names)}); import each into its own run "
@@ -154,12 +172,60 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
         lines = [line for line in read_lines(f) if line.strip()][: MAX_LOG_LINES - n_kept]
         logs.append((f, lines))
         n_kept += len(lines)
-    with Workspace(run, writer=True) as ws:
-        try:
-            v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {src}")
-        except LineageError:  # review 7: another import (or init) made the run meanwhile; it said "branch from it"
-            raise RunImportError(f"{run} holds a run already (made by another process while this import read "
-                                 f"{src}); import into a new folder") from None
+    final = run.resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _fresh_build_dir(final)
+    try:
+        summary = _write_run(tmp, ev, foreign, src, findings, logs, notes)
+        _place(tmp, final, src)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    summary.run_dir = str(final)
+    return summary
+
+
+_BUILD = ".{name}.import-"  # the hidden sibling an import builds its run in, with its pid
+
+
+def _fresh_build_dir(final: Path) -> Path:
+    """An empty build folder beside ``final`` for this process; those of dead imports of the same name are removed
+    (a real folder only: a link there is left alone). Inside ``final`` (``.import-<pid>``) when ``final`` is a
+    folder that exists in a parent this user may not write (:func:`_place` then moves the entries out)."""
+    prefix = _BUILD.format(name=final.name)
+    if final.is_dir() and not os.access(final.parent, os.W_OK | os.X_OK):
+        tmp = final / f".import-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return tmp
+    for name in os.listdir(final.parent):
+        pid = name[len(prefix):]
+        if not name.startswith(prefix) or not pid.isdigit():
+            continue
+        p = final.parent / name
+        if p.is_dir() and not p.is_symlink() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(p, ignore_errors=True)
+    tmp = final.parent / f"{prefix}{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _write_run(root: Path, ev: Evidence, foreign: str, src: Path, findings: list[Any],
+               logs: list[tuple[Path, list[str]]], notes: list[str]) -> ImportSummary:
+    """Write the imported run into the (new, empty) folder ``root``."""
+    shown = as_text(str(src))  # a path's undecodable bytes are lone surrogates, which the store cannot encode
+    with Workspace(root, writer=True) as ws:
+        v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {shown}")
         by_step, means = metric_rows(ev, foreign)  # logged series, else those computed from the rollouts
         for step in sorted(by_step):
             ws.lineage.log_metrics(v.id, step, by_step[step])
@@ -178,8 +244,48 @@ def import_run(path: str | Path, run_dir: str | Path) -> ImportSummary:
         for f in fs:
             ws.log(f"finding {f['kind']} [{f['severity']}]: {f['explanation']}", level=finding_level(f["severity"]),
                    version=v.id, source="import:diagnose")
-        ws.log(f"imported {src}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
+        for note in notes:
+            ws.log(note, level="warning", version=v.id, source="import")
+        ws.log(f"imported {shown}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
                f"{len(fs)} findings", version=v.id, source="import")
-        ws.lineage.kv_set("import/source", {"path": str(src), "foreign_version": foreign, "version_id": v.id})
+        ws.lineage.kv_set("import/source", {"path": shown, "foreign_version": foreign, "version_id": v.id})
         return ImportSummary(run_dir=str(ws.root), source=str(src), version_id=v.id, n_steps=len(by_step),
-                             n_metrics=len(means), n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs)
+                             n_metrics=len(means), n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs,
+                             notes=notes)
+
+
+def _place(tmp: Path, final: Path, src: Path) -> None:
+    """Move the built run ``tmp`` to ``final``: one rename when ``final`` is absent or an empty folder, else entry
+    by entry (``lineage.db`` last) into a folder without those entries.
+
+    Raises:
+        RunImportError: ``final`` holds a run (made by another process meanwhile: review 7), or entries of the
+            run's own names, or is no folder.
+    """
+    try:
+        if tmp.parent != final:  # else built inside it: moved entry by entry
+            os.rename(tmp, final)
+            return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise RunImportError(f"{final}: cannot make the run folder there ({exc.strerror}); import into a new "
+                                 "folder") from None
+    if (final / "lineage.db").exists():  # another import (or init) made the run meanwhile
+        raise RunImportError(f"{final} holds a run already (made by another process while this import read "
+                             f"{src}); import into a new folder")
+    entries = sorted(os.listdir(tmp), key=lambda n: n == "lineage.db")  # lineage.db last: then it is a run
+    entries = [n for n in entries if not (n in _LOCK_FILES and (final / n).is_file() and not (final / n).is_symlink())]
+    taken = [n for n in entries if os.path.lexists(final / n)
+             and not ((tmp / n).is_dir() and _empty_folder(final / n))]
+    if taken:
+        raise RunImportError(f"{final} holds {', '.join(taken)} already; import into a new or empty folder")
+    for name in entries:
+        os.replace(tmp / name, final / name)  # onto nothing, or onto an empty folder
+    shutil.rmtree(tmp)  # empty, or our lock file where the folder had its own
+
+
+_LOCK_FILES = (".writer.lock",)  # an empty lock file of the folder's own is kept (locks are on the open file)
+
+
+def _empty_folder(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and not any(p.iterdir())

@@ -21,7 +21,8 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
   ``mlflow.runName`` tag or the run id);
 * rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
   of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
-  one column per reward function, ``advantage``).
+  one column per reward function, ``advantage``): the first :data:`MAX_ROLLOUT_ROWS` rows of a run
+  read (all its dumps together; an :class:`IngestWarning` says what was left out).
 
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is
@@ -40,6 +41,7 @@ import math
 import os
 import re
 import stat
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,11 +104,13 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
             continue
         v = _VALIDATION.search(line)
         if v:
-            try:
-                d = ast.literal_eval(v.group(2))
-            except (ValueError, SyntaxError):
+            try:  # a line CPython's parser cannot take (100,000 '-': MemoryError / RecursionError) is skipped
+                d = ast.literal_eval(v.group(2)) if len(v.group(2)) <= F.MAX_DICT_CHARS else None
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
                 continue
-            vals = {str(k): float(x) for k, x in d.items() if isinstance(x, (int, float))}
+            if not isinstance(d, dict):
+                continue
+            vals = {str(k): float(x) for k, x in d.items() if isinstance(x, (int, float)) and F.is_text(str(k))}
             if v.group(1) == "Initial":
                 for k, x in vals.items():
                     out.setdefault(0, {}).setdefault(k, x)
@@ -134,7 +138,7 @@ def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
             continue
         step = int(rec["step"])
         for k, x in rec.items():
-            if k in ("step", "epoch", "total_flos") or isinstance(x, bool):
+            if k in ("step", "epoch", "total_flos") or isinstance(x, bool) or not F.is_text(k):
                 continue
             if isinstance(x, (int, float)) or x is None:
                 _add(out, step, k, math.nan if x is None else float(x))
@@ -185,7 +189,7 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 def _text(x: Any) -> str:
     if isinstance(x, str):
-        return x
+        return F.as_text(x)  # a lone surrogate (JSON's "\\ud800") as '?': the stores, and the prompt id, encode UTF-8
     if x is None:
         return ""
     if hasattr(x, "tolist"):
@@ -198,12 +202,73 @@ def _prompt_id(prompt: str) -> str:
     return "p" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:12]
 
 
-def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
-    """Rollout rows of a verl generations dump ``{step}.jsonl`` (``input``, ``output``, ``score``)."""
+MAX_ROLLOUT_ROWS = 200_000  # rollout rows read per import (all dumps of a folder together), the first ones
+
+
+class IngestWarning(UserWarning):
+    """A foreign run was read in part (a cap was reached); the message names the file and what was left out."""
+
+
+def _note(msg: str) -> None:
+    """Say that part of a foreign run was left out (an :class:`IngestWarning`, each time; ``import`` also logs it).
+
+    Shown as ``evotrainer:0: IngestWarning: <file>: ...`` on stderr (no source line of this module under it), each
+    note once a process under the default filter (``watch`` reads the folder again at every poll).
+    """
+    warnings.warn_explicit(msg, IngestWarning, "evotrainer", 0, module="evotrainer.harness.ingest", registry=_NOTED)
+
+
+_NOTED: dict[Any, Any] = {}  # the warnings registry of :func:`_note`
+
+
+def _rows_cut(path: Path, cap: int, total: int | None = None) -> None:
+    of = f" of {total:,}" if total is not None else ""
+    whole = "a cap" if cap >= MAX_ROLLOUT_ROWS else "the rest of a cap"
+    _note(f"{path}: read the first {cap:,} rollout rows{of}, the rest are left out ({whole} of "
+          f"{MAX_ROLLOUT_ROWS:,} rollout rows per run read, MAX_ROLLOUT_ROWS)")
+
+
+def _rows_left(path: Path, max_rows: int | None) -> int:
+    """The rollout rows a reader may still read (``max_rows``, default :data:`MAX_ROLLOUT_ROWS`); a note when none."""
+    cap = MAX_ROLLOUT_ROWS if max_rows is None else max_rows
+    if cap <= 0:
+        _note(f"{path}: not read: {MAX_ROLLOUT_ROWS:,} rollout rows (the cap per run read, MAX_ROLLOUT_ROWS) "
+              "came from the files before it")
+    return cap
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The ``\\n``-separated lines of ``text``, one at a time (a list of 40 M short lines is gigabytes)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield text[start:end]
+        start = end + 1
+
+
+def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> list[dict[str, Any]]:
+    """Rollout rows of a verl generations dump ``{step}.jsonl`` (``input``, ``output``, ``score``).
+
+    At most ``max_rows`` (default :data:`MAX_ROLLOUT_ROWS`), the first ones, with an :class:`IngestWarning` when
+    rows were left out: review 10 (R-R10) read a 48 MB dump of 2,000,000 rows ``{"output":"","score":0}`` as
+    2.15 GB of row dicts in 33 s (~45x the file; the 1 GiB file cap allowed ~46 GB).
+
+    Raises:
+        IngestError: a line is not JSON, or not an object (names the file and line).
+    """
+    cap = _rows_left(path, max_rows)
     rows: list[dict[str, Any]] = []
+    if cap <= 0:
+        return rows
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
-    for _, rec in _jsonl(read_run_text(path).splitlines(), str(path)):
+    more: list[bool] = []
+    for i, rec in _jsonl(_head(_lines(read_run_text(path)), cap, more), str(path)):
+        if not isinstance(rec, dict):
+            raise IngestError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; a verl dump has one "
+                              "rollout object per line")
         step = int(rec.get("step", stem_step))
         prompt = _text(rec.get("input", ""))
         pid = _prompt_id(prompt)
@@ -216,18 +281,56 @@ def read_verl_dump(path: Path, version: str) -> list[dict[str, Any]]:
                                 prompt=prompt, completion=_text(rec.get("output", "")), reward=score,
                                 components=extras or None, answer=_text(rec.get("gts", "")),
                                 length=len(_text(rec.get("output", "")).split())))
+    if more:
+        _rows_cut(path, cap)
     return rows
 
 
-def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
-    """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``)."""
-    import pyarrow.parquet as pq
+def _head(lines: Iterable[str], n: int, more: list[bool]) -> Iterator[str]:
+    """The lines up to the ``n``-th non-blank one (the lines after it are not parsed: a bad one there does not refuse
+    the file); ``more`` gets ``True`` when a non-blank line follows."""
+    for line in lines:
+        if line.strip():
+            if n <= 0:
+                more.append(True)
+                return
+            n -= 1
+        yield line
 
-    t = pq.read_table(path).to_pylist()
+
+_PARQUET_BATCH_ROWS = 1024  # rows of a completions parquet decoded at a time
+_TRL_COLUMNS = ("step", "prompt", "completion", "advantage", "mode")  # read with the numeric (reward) columns
+
+
+def read_trl_completions(path: Path, version: str, max_rows: int | None = None) -> list[dict[str, Any]]:
+    """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``).
+
+    Its first rows, a batch at a time, up to ``max_rows`` (default :data:`MAX_ROLLOUT_ROWS`) and to
+    :func:`max_file_bytes` of decoded text, with an :class:`IngestWarning` when rows were left out; the footer's
+    uncompressed size is checked against the same cap first. Review 10 (Q-R10) read a 256 KB file of 2,000,000
+    rows sharing one dictionary-encoded 1,000-character completion with ``read_table(...).to_pylist()``: 2.7 GB,
+    then MemoryError (~10,000x the file). Text columns are read dictionary-encoded (one long dictionary value
+    repeated is counted once per row before any row is decoded), and only the columns used are read.
+
+    Raises:
+        IngestError: not a parquet file, or more uncompressed data than :func:`max_file_bytes` (names the file).
+    """
+    cap = _rows_left(path, max_rows)
+    if cap <= 0:
+        return []
+    pf, columns = _open_parquet(path)
+    md, limit = pf.metadata, max_file_bytes()
+    raw = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    if raw > limit:  # one long string repeated compresses to almost nothing
+        raise IngestError(f"{path}: {raw >> 20} MiB of data once decompressed, more than the {limit >> 20} MiB a "
+                          f"run file may have; {_SIZE_HINT}")
     rows: list[dict[str, Any]] = []
     seen: dict[tuple[int, str], int] = {}
     fixed = {"step", "prompt", "completion", "advantage", "mode", "image"}
-    for rec in t:
+    cut: dict[str, int] = {}
+    n_read = 0
+    for rec in _parquet_records(pf, columns, min(cap, md.num_rows), limit, cut):
+        n_read += 1
         if rec.get("mode", "train") not in ("train", None):
             continue
         step = int(rec.get("step", 0))
@@ -242,7 +345,79 @@ def read_trl_completions(path: Path, version: str) -> list[dict[str, Any]]:
                                 reward=float(sum(comps.values())), components=comps,
                                 advantage=float(rec.get("advantage") or 0.0),
                                 length=len(_text(rec.get("completion")).split())))
+    if cut:
+        _note(f"{path}: read the first {n_read:,} rollout rows of {md.num_rows:,}, the rest are left out: the next "
+              f"ones decode to more than the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})")
+    elif md.num_rows > n_read:
+        _rows_cut(path, n_read, md.num_rows)
     return rows
+
+
+def _open_parquet(path: Path) -> tuple[Any, list[str]]:
+    """The parquet file (its text columns read dictionary-encoded) and the columns a completions reader uses.
+
+    Raises:
+        IngestError: not a readable parquet file (names it).
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+        texts = [f.name for f in schema if _is_text_type(f.type) or pa.types.is_dictionary(f.type)]
+        pf = pq.ParquetFile(path, read_dictionary=texts)
+    except (pa.ArrowException, OSError) as exc:
+        raise IngestError(f"{path}: not a readable parquet file ({str(exc)[:200]})") from None
+    columns = [f.name for f in schema if f.name in _TRL_COLUMNS or pa.types.is_integer(f.type)
+               or pa.types.is_floating(f.type)]
+    return pf, list(dict.fromkeys(columns))
+
+
+def _is_text_type(t: Any) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t))
+
+
+def _row_bytes(batch: Any) -> Any:
+    """The decoded size of each row of a record batch (text lengths; 8 bytes a number), as a numpy array."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    size = np.full(batch.num_rows, 8 * batch.num_columns, dtype=np.int64)
+    for col in batch.columns:
+        if pa.types.is_dictionary(col.type) and _is_text_type(col.type.value_type) and len(col.dictionary):
+            lens = pc.binary_length(col.dictionary).fill_null(0).to_numpy(zero_copy_only=False)
+            size += lens[col.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+        elif _is_text_type(col.type):
+            size += pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+        elif not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):  # a nested prompt (decoded)
+            size += col.nbytes // max(1, batch.num_rows)
+    return size
+
+
+def _parquet_records(pf: Any, columns: list[str], n: int, max_bytes: int, cut: dict[str, int]
+                     ) -> Iterator[dict[str, Any]]:
+    """The first rows of a parquet file as dicts: at most ``n``, and no more than ``max_bytes`` of decoded text
+    (then ``cut["bytes"]`` is set), :data:`_PARQUET_BATCH_ROWS` decoded at a time."""
+    import numpy as np
+
+    used = 0
+    if n <= 0:
+        return
+    for batch in pf.iter_batches(batch_size=min(n, _PARQUET_BATCH_ROWS), columns=columns):
+        if batch.num_rows > n:
+            batch = batch.slice(0, n)
+        total = np.cumsum(_row_bytes(batch)) + used
+        fit = int(np.searchsorted(total, max_bytes, side="right"))
+        if fit < batch.num_rows:
+            cut["bytes"] = 1
+            batch = batch.slice(0, fit)
+        yield from batch.to_pylist()
+        if "bytes" in cut:
+            return
+        used = int(total[-1]) if len(total) else used
+        n -= batch.num_rows
+        if n <= 0:
+            return
 
 
 # --- dispatch ------------------------------------------------------------------------------------------
@@ -345,8 +520,9 @@ def read_run_text(path: Path) -> str:
         raise IngestError(str(exc)) from None
 
 
-def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
-    """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content.
+def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[Runs, list[dict[str, Any]]]:
+    """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content
+    (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`).
 
     Raises:
         IngestError: the file is malformed; the message names it (JSON nested past the recursion limit, a step
@@ -354,7 +530,7 @@ def _read_file(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
     """
     try:
         _check_size(path)
-        runs, rows = _read_file_as_is(path, version)
+        runs, rows = _read_file_as_is(path, version, max_rows)
         _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
         return runs, rows
     except IngestError:
@@ -384,7 +560,7 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
         raise IngestError(f"{path}: step {shown} does not fit a 64-bit integer; is it really a training log?")
 
 
-def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
         return {None: parse_trainer_state(json.loads(read_run_text(path)))}, []
@@ -395,10 +571,10 @@ def _read_file_as_is(path: Path, version: str) -> tuple[Runs, list[dict[str, Any
             raise IngestError(str(exc)) from None
     if path.suffix == ".jsonl":
         if _is_verl_dump(path):
-            return {}, read_verl_dump(path, version)
+            return {}, read_verl_dump(path, version, max_rows)
         return {None: parse_jsonl_metrics(read_run_text(path).splitlines(), str(path))}, []
     if path.suffix == ".parquet" and "completions" in name:
-        return {}, read_trl_completions(path, version)
+        return {}, read_trl_completions(path, version, max_rows)
     if path.suffix == ".csv":
         try:
             runs = F.parse_wandb_csv(read_run_text(path), str(path))
@@ -502,6 +678,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         vid = p.parent.name or "run"
     else:
         vid = p.name.split(".log")[0] if ".log" in p.name else p.stem
+    vid = F.as_text(vid)  # a name's undecodable bytes (lone surrogates) do not go on into the stores
     mlflow = _mlflow_dirs(p)
     files = [f for f in _run_files(p) if not any(d in f.parents for d in mlflow)] if p.is_dir() else [p]
     if not files and not mlflow:
@@ -524,7 +701,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         merged: dict[str, dict[int, dict[str, float]]] = {}
         for f in run_files:
             try:
-                runs, rws = _read_file(f, run)
+                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows))  # the cap is per run read, all files
             except IngestError as exc:
                 if len(files) == 1 and not mlflow:
                     raise
@@ -571,6 +748,6 @@ def _split_runs(root: Path, files: list[Path], vid: str) -> dict[str, list[Path]
         key = vid
         if f.name.startswith("events.out.tfevents"):
             rel = f.parent.relative_to(root).as_posix()
-            key = rel.replace("/", "-") if rel != "." else vid
+            key = F.as_text(rel.replace("/", "-")) if rel != "." else vid
         runs.setdefault(key, []).append(f)
     return runs

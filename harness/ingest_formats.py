@@ -89,15 +89,34 @@ def record_step(rec: dict[str, Any]) -> int | None:
 
 
 def numeric_items(rec: dict[str, Any]) -> dict[str, float]:
-    """The record's numeric values (step keys and non-numeric strings left out)."""
+    """The record's numeric values (step keys, non-numeric strings and names that are no text left out).
+
+    A name that does not encode to UTF-8 (a lone surrogate from a JSON escape, ``"reward/\\ud800x/mean"``) is
+    dropped like a value that is no number (review 10, U-R10: it reached the lineage store, whose UTF-8 encoding
+    ended ``import`` with a bare UnicodeEncodeError naming no file, after the run folder was made).
+    """
     out = {}
     for k, v in rec.items():
         if k in STEP_KEYS or k == _SWIFT_STEP:
             continue
         x = to_float(v)
-        if x is not None:
-            out[str(k)] = x
+        if x is not None and is_text(name := str(k)):
+            out[name] = x
     return out
+
+
+def is_text(s: str) -> bool:
+    """Whether ``s`` encodes to UTF-8 (no lone surrogate: JSON's ``"\\ud800"`` decodes to one)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(s: str) -> str:
+    """``s`` with each lone surrogate (JSON's ``"\\ud800"``, an undecodable byte of a file name) as ``?``."""
+    return s if is_text(s) else s.encode("utf-8", "replace").decode("utf-8")
 
 
 # --- console dicts ---------------------------------------------------------------------------------
@@ -123,19 +142,31 @@ def _call_name(func: ast.AST) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
+MAX_DICT_CHARS = 64 << 10  # a console dict longer than this is no logging record (TRL's are a few KB): skipped
+
+
 def literal_dict(text: str) -> dict[str, Any] | None:
-    """A printed Python dict (``ast``, no evaluation; ``nan`` / ``inf`` / ``tensor(x)`` allowed), or None."""
+    """A printed Python dict (``ast``, no evaluation; ``nan`` / ``inf`` / ``tensor(x)`` allowed), or None.
+
+    None also for a text longer than :data:`MAX_DICT_CHARS` and for one that CPython's parser cannot take:
+    review 10 (P-R10) put ``'reward': `` + 100,000 ``-`` + ``1`` in one line, and ``ast.parse`` raised
+    MemoryError (990 or 5,000 ``-``: RecursionError, here or in :func:`_value`), which ended ``diagnose`` and
+    ``import`` ("error: MemoryError:") or rejected the whole file. Such a line is skipped, as any line that
+    is no dict.
+    """
+    if len(text) > MAX_DICT_CHARS:
+        return None
     try:
         node = ast.parse(text, mode="eval").body
-    except SyntaxError:
+        if not isinstance(node, ast.Dict):
+            return None
+        out = {}
+        for k, v in zip(node.keys, node.values, strict=True):
+            if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                out[k.value] = _value(v)
+        return out
+    except (SyntaxError, MemoryError, RecursionError, ValueError):
         return None
-    if not isinstance(node, ast.Dict):
-        return None
-    out = {}
-    for k, v in zip(node.keys, node.values, strict=True):
-        if isinstance(k, ast.Constant) and isinstance(k.value, str):
-            out[k.value] = _value(v)
-    return out
 
 
 _MAX_WRAPPED_LINES = 20  # a dict wrapped by the paste (issue threads) may span this many lines
@@ -340,9 +371,16 @@ def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
     """Records of a W&B CSV export, per run (``None``: columns without a ``<run> - `` prefix).
 
     Raises:
-        ValueError: no step column (names ``source`` and the columns found).
+        ValueError: no step column (names ``source`` and the columns found), or a cell past csv's field limit
+            (names ``source`` and the line; review 10, P-R10: "Error: field larger than field limit (131072)"
+            named no file).
     """
-    rows = list(csv.reader(text.splitlines()))
+    reader = csv.reader(text.splitlines())
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise ValueError(f"{source}:{reader.line_num}: not a W&B CSV export ({exc}; its cells are numbers and "
+                         "column names); remove that column or row, or the file from the folder") from None
     if not rows:
         return {}
     header = [h.strip() for h in rows[0]]
@@ -506,7 +544,7 @@ def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Record
     """
     out: Records = {}
     for p in files_under(folder):
-        key = p.relative_to(folder).as_posix()
+        key = as_text(p.relative_to(folder).as_posix())  # a file name's undecodable bytes are lone surrogates
         for n, line in enumerate(read_capped(p, max_bytes, hint).decode(errors="replace").splitlines(), 1):
             parts = line.split()
             if not parts:
@@ -529,7 +567,7 @@ def mlflow_run_name(metrics_dir: Path) -> str:
             name = ""
         if name:
             return name
-    return metrics_dir.parent.name
+    return as_text(metrics_dir.parent.name)
 
 
 MAX_RUN_NAME_BYTES = 4096  # an MLflow runName tag file longer than this is no name (the run id is used)

@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -1290,3 +1291,207 @@ def test_an_alias_bomb_value_in_a_recipe_is_shown_briefly_and_fast(tmp_path):
     assert r.exit_code == 1 and took < 10, (took, r.output)
     text = r.output + str(r.exception or "")
     assert "eps_clip_high=[[[" in text and "(10 items)" in text and len(text) < 2000, text
+
+
+# --- review 10: parser limits, rollout-row caps, text that does not encode (P-R10, Q-R10, R-R10, U-R10) ------------
+@pytest.mark.parametrize("rel, body, steps", [
+    ("train.log", "{'step': 1, 'reward': 0.5}\n{'step': 2, 'reward': " + "-" * 100_000 + "1}\n"
+     "{'step': 3, 'reward': " + "-" * 5_000 + "1}\n{'step': 4, 'reward': " + "-" * 990 + "1}\n{'step': 5, 'reward': 0.7}\n",
+     [1, 5]),
+    ("train.log", "step:1 - critic/score/mean:0.5\nstep:2 - critic/score/mean:0.6\n"
+     "Final validation metrics: {'val/score': " + "-" * 5_000 + "1}\n", [1, 2]),
+])
+def test_a_console_line_the_python_parser_cannot_take_is_skipped_not_the_file(tmp_path, rel, body, steps):
+    """Review 10 P-R10: a console dict ``{'step': 2, 'reward': `` + 100,000 ``-`` + ``1}`` made CPython's parser
+    raise MemoryError ("error: MemoryError:" from ``diagnose`` and ``import``); 5,000 or 990 ``-`` a RecursionError
+    that rejected the whole file. Such a line is skipped, as any line that is no dict; the good lines are read."""
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / rel).write_text(body)
+    ev = ingest(src)
+    assert ev.series("foreign", "reward/mean")[0].tolist() == steps
+    out = import_run(src, tmp_path / "run")
+    assert out.n_steps == len(steps)
+
+
+def test_a_wandb_csv_cell_past_the_csv_field_limit_is_named_with_the_file(tmp_path):
+    """Review 10 P-R10: a W&B CSV export with one 200,000-character cell ended ``diagnose`` with "error: Error: field
+    larger than field limit (131072)", naming no file. The IngestError names the file, the line and the fix."""
+    f = tmp_path / "wandb_export.csv"
+    f.write_text('Step,run - reward/mean\n1,0.1\n2,"' + "x" * 200_000 + '"\n')
+    with pytest.raises(IngestError, match=rf"^{f}:3: not a W&B CSV export \(field larger than field limit .*remove "
+                                          r"that column or row"):
+        ingest(f)
+    (tmp_path / "train.log").write_text(GOOD)  # in a folder, the other files are still read
+    assert ingest(tmp_path).series(tmp_path.name, "reward/mean")[0].tolist() == list(range(1, 15))
+
+
+def _verl_dump(path, n, step=1):
+    path.write_text("".join(json.dumps({"input": f"q{i % 7}", "output": "a b", "score": i % 2, "step": step}) + "\n"
+                            for i in range(n)))
+
+
+def test_a_verl_dump_past_the_rollout_row_cap_is_read_in_part_and_said(tmp_path, monkeypatch):
+    """Review 10 R-R10: a 48 MB verl dump of 2,000,000 rows ``{"output":"","score":0}`` took 2.15 GB and 33 s
+    (one dict a rollout, ~45x the file; under the 1 GiB file cap ~46 GB). At most MAX_ROLLOUT_ROWS rows are read
+    per run, from all its dumps together, the first ones, and a warning says so (the cap is lowered here)."""
+    from evotrainer.harness import ingest as ingest_mod
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(ingest_mod, "MAX_ROLLOUT_ROWS", 1000)
+    one = tmp_path / "one"
+    one.mkdir()
+    _verl_dump(one / "1.jsonl", 5000)
+    with open(one / "1.jsonl", "a") as f:
+        f.write("{not json\n")  # past the cap: not parsed
+    with pytest.warns(IngestWarning, match=r"1\.jsonl: read the first 1,000 rollout rows, the rest are left out "
+                                           r"\(a cap of 1,000 rollout rows per run read, MAX_ROLLOUT_ROWS\)"):
+        ev = ingest(one)
+    assert ev.rollouts.num_rows == 1000 and ev.rollouts.column("sample_idx").to_pylist()[:8] == [0] * 7 + [1]
+    two = tmp_path / "two"  # per run read: the second dump gets what the first left
+    two.mkdir()
+    _verl_dump(two / "1.jsonl", 700, step=1)
+    _verl_dump(two / "2.jsonl", 700, step=2)
+    with pytest.warns(IngestWarning, match=r"2\.jsonl: read the first 300 rollout rows, the rest are left out \(the "
+                                           r"rest of a cap of 1,000"):
+        ev = ingest(two)
+    assert ev.rollouts.column("step").value_counts().to_pylist() == [{"values": 1, "counts": 700},
+                                                                    {"values": 2, "counts": 300}]
+    _verl_dump(two / "3.jsonl", 10, step=3)  # nothing is left for a third dump: it is not read, and that is said
+    with pytest.warns(IngestWarning) as said:
+        assert ingest(two).rollouts.num_rows == 1000
+    assert [str(w.message).split(": ", 1)[1][:44] for w in said] == [
+        "read the first 300 rollout rows, the rest ar", "not read: 1,000 rollout rows (the cap per ru"]
+    # `import` keeps what was left out in its summary and in the run log, as warnings
+    with pytest.warns(IngestWarning):
+        out = import_run(one, tmp_path / "run")
+    assert out.n_rollouts == 1000 and len(out.notes) == 1 and "read the first 1,000 rollout rows" in out.notes[0]
+    with Workspace.open(tmp_path / "run") as ws:
+        assert [r["message"] for r in ws.read_logs() if r["level"] == "warning" and r["source"] == "import"] == out.notes
+
+
+def _trl_parquet(path, n, text_chars=1000):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    i = pa.array(np.zeros(n, dtype=np.int32))
+    pq.write_table(pa.table({
+        "step": pa.array(np.arange(n) // 100, type=pa.int64()),
+        "prompt": pa.DictionaryArray.from_arrays(i, pa.array(["p" * 100])),
+        "completion": pa.DictionaryArray.from_arrays(i, pa.array(["x" * text_chars])),
+        "accuracy_reward": pa.array(np.ones(n)), "advantage": pa.array(np.zeros(n))}), path, compression="zstd")
+
+
+def test_a_trl_parquet_that_decodes_past_the_caps_is_read_in_part_and_said(tmp_path, monkeypatch):
+    """Review 10 Q-R10: a 256 KB ``completions.parquet`` of 2,000,000 rows sharing one dictionary-encoded
+    1,000-character completion was read with ``read_table(...).to_pylist()``: 2.7 GB, then MemoryError. It is read a
+    batch at a time, to MAX_ROLLOUT_ROWS rows (lowered here) and to the file cap of decoded text; a footer whose
+    uncompressed size passes the file cap is refused before any row is read."""
+    from evotrainer.harness import ingest as ingest_mod
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(ingest_mod, "MAX_ROLLOUT_ROWS", 1000)
+    src = tmp_path / "trl"
+    src.mkdir()
+    _trl_parquet(src / "completions.parquet", 5000)
+    with pytest.warns(IngestWarning, match=r"completions\.parquet: read the first 1,000 rollout rows of 5,000, the "
+                                           r"rest are left out \(a cap of 1,000 rollout rows per run read"):
+        ev = ingest(src)
+    rows = ev.rollouts
+    assert rows.num_rows == 1000 and rows.column("step").to_pylist()[-1] == 9
+    assert rows.column("reward").to_pylist()[0] == 1.0 and len(rows.column("completion")[0].as_py()) == 1000
+    # decoded text past the file cap (1 MiB here): 5,000 rows of ~1.1 KB decode to 5.5 MB
+    monkeypatch.setattr(ingest_mod, "MAX_ROLLOUT_ROWS", 10_000)
+    monkeypatch.setenv("EVOTRAINER_INGEST_MAX_MB", "1")
+    with pytest.warns(IngestWarning, match=r"read the first 9\d\d rollout rows of 5,000, the rest are left out: the "
+                                           r"next ones decode to more than the 1 MiB of text a run file may have"):
+        assert 900 <= ingest(src).rollouts.num_rows < 1000
+    # one 2 MiB completion: the footer says 2 MiB uncompressed (the file is a few KB)
+    big = tmp_path / "big"
+    big.mkdir()
+    _trl_parquet(big / "completions.parquet", 10, text_chars=2 << 20)
+    assert (big / "completions.parquet").stat().st_size < 64 << 10
+    with pytest.raises(IngestError, match=r"completions\.parquet: 2 MiB of data once decompressed, more than the 1 "
+                                          r"MiB a run file may have; set EVOTRAINER_INGEST_MAX_MB higher"):
+        ingest(big)
+
+
+@pytest.mark.parametrize("rel, body", [
+    ("metrics.jsonl", '{"step": 1, "reward/\\ud800x/mean": 0.1, "reward/mean": 0.1}\n'
+                      '{"step": 2, "reward/\\ud800x/mean": 0.2, "reward/mean": 0.3}\n'),
+    ("trainer_state.json", '{"log_history": [{"step": 1, "reward/\\udfffx": 0.1, "reward": 0.1}, '
+                           '{"step": 2, "reward/\\udfffx": 0.2, "reward": 0.3}]}'),
+    ("history.json", '[{"_step": 1, "\\ud800": 1.0, "reward/mean": 0.1}, {"_step": 2, "reward/mean": 0.3}]'),
+])
+def test_a_metric_name_that_is_no_utf8_is_dropped(tmp_path, rel, body):
+    """Review 10 U-R10 (1): a JSONL key ``reward/\\ud800x/mean`` (a lone surrogate) ended ``import`` with a bare
+    UnicodeEncodeError naming no file, and left a half-made run. The name is dropped, as a value that is no number."""
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / rel).write_text(body)
+    out = import_run(src / rel, tmp_path / "run")
+    assert (out.n_steps, out.n_metrics) == (2, 1)
+    with Workspace.open(tmp_path / "run") as ws:
+        assert ws.lineage.metric_names("v0") == ["reward/mean"]
+
+
+def test_rollout_text_that_is_no_utf8_is_imported_with_a_replacement(tmp_path):
+    """Review 10 U-R10 (1), in a verl dump: a lone surrogate in ``input`` / ``output`` ended the reading of the dump
+    (the prompt id's UTF-8 encoding); it is a ``?`` now, and the dump imports."""
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / "1.jsonl").write_text('{"input": "q\\ud800", "output": "a \\udfff b", "score": 1}\n'
+                                 '{"input": "q\\ud800", "output": "c", "score": 0}\n')
+    out = import_run(src, tmp_path / "run")
+    assert out.n_rollouts == 2
+    with Workspace.open(tmp_path / "run") as ws:
+        rows = ws.rollouts.to_arrow(columns=["prompt", "completion"]).to_pylist()
+    assert sorted((r["prompt"], r["completion"]) for r in rows) == [("q?", "a ? b"), ("q?", "c")]
+
+
+def test_a_failed_import_leaves_no_run_and_a_retry_works(tmp_path, monkeypatch):
+    """Review 10 U-R10 (1): an import that failed half-way left v0 ``proposed`` without metrics, and a retry said
+    "holds a run already". The run is built in a hidden sibling and renamed into place at the end, as ``init``
+    does; a failure removes the sibling and leaves nothing."""
+    from evotrainer.harness import importer
+
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / "train.log").write_text(GOOD)
+    run = tmp_path / "run"
+
+    def boom(*a, **kw):
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    with monkeypatch.context() as m:
+        m.setattr(importer, "line_level", boom)  # fails after the lineage has v0 and its metrics
+        with pytest.raises(UnicodeEncodeError):
+            import_run(src, run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign"]  # no run, no hidden build folder
+    assert import_run(src, run).n_steps == 14
+    with Workspace.open(run) as ws:
+        assert ws.lineage.get("v0").status == "trained"
+    # an existing empty folder, and one holding other files, are filled as before; the run's own names are not
+    # overwritten
+    (tmp_path / "empty").mkdir()
+    assert import_run(src, tmp_path / "empty").n_steps == 14
+    other = tmp_path / "other"
+    (other / "logs").mkdir(parents=True)
+    (other / "notes.txt").write_text("mine")
+    (other / ".writer.lock").write_text("")  # a lock file of its own is kept
+    assert import_run(src, other).n_steps == 14 and (other / "notes.txt").read_text() == "mine"
+    (tmp_path / "taken" / "logs").mkdir(parents=True)
+    (tmp_path / "taken" / "logs" / "x").write_text("mine")
+    with pytest.raises(RunImportError, match=r"taken holds logs already; import into a new or empty folder"):
+        import_run(src, tmp_path / "taken")
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["logs"]
+    assert not [p for p in tmp_path.iterdir() if ".import-" in p.name]
+    # a folder that exists in a parent this user may not write: built inside it, then moved out entry by entry
+    (tmp_path / "given").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(importer.os, "access", lambda p, mode: Path(p) != tmp_path)
+        assert import_run(src, tmp_path / "given").n_steps == 14
+    assert not [p for p in (tmp_path / "given").iterdir() if ".import-" in p.name]
+    with Workspace.open(tmp_path / "given") as ws:
+        assert ws.lineage.get("v0").status == "trained"
