@@ -431,6 +431,66 @@ def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     return str(getattr(exc, "sqlite_errorname", "")).startswith("SQLITE_CORRUPT") or "malformed" in str(exc)
 
 
+NUM = (int, float)
+"""A number in a :data:`Shape` (never a bool)."""
+
+
+class KvMap:
+    """A :data:`Shape`: a JSON object of any keys whose values all have ``shape`` (``{"eval/v0/heldout": 12.5}``)."""
+
+    def __init__(self, shape: Shape):
+        self.shape = shape
+
+
+Shape = Any
+"""What :meth:`LineageStore.kv_get` checks a stored value against: a type or a tuple of types (``dict``, ``str``,
+:data:`NUM`); ``{field: Shape}``, a JSON object whose listed fields, when present, have those shapes (others are not
+checked); ``[Shape]``, a JSON list of items of that shape; :class:`KvMap`. None (JSON null) matches anything."""
+
+_KINDS = {dict: "a JSON object", list: "a JSON list", str: "text", bool: "true or false", int: "a number",
+          float: "a number"}
+
+
+def _json_kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _shape_name(shape: Shape) -> str:
+    if isinstance(shape, (dict, KvMap)):
+        return "a JSON object"
+    if isinstance(shape, list):
+        return "a JSON list"
+    types = shape if isinstance(shape, tuple) else (shape,)
+    return " or ".join(dict.fromkeys(_KINDS.get(t, getattr(t, "__name__", str(t))) for t in types))
+
+
+def _shape_mismatch(value: Any, shape: Shape, at: str) -> tuple[str, Any, str] | None:
+    """``(field path, value found, shape wanted)`` of the first part of ``value`` not of ``shape``, else None."""
+    if value is None:
+        return None
+    if isinstance(shape, (dict, KvMap)):
+        if not isinstance(value, dict):
+            return at, value, _shape_name(shape)
+        fields = value.items() if isinstance(shape, KvMap) else ((k, value[k]) for k in shape if k in value)
+        for k, x in fields:
+            bad = _shape_mismatch(x, shape.shape if isinstance(shape, KvMap) else shape[k], f"{at}.{k}" if at else k)
+            if bad:
+                return bad
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return at, value, _shape_name(shape)
+        for i, x in enumerate(value):
+            bad = _shape_mismatch(x, shape[0], f"{at}[{i}]")
+            if bad:
+                return bad
+        return None
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+        return None
+    return at, value, _shape_name(shape)
+
+
 class LineageStore:
     """SQLite-backed lineage of one run. Thread-safe; readers never block (WAL).
 
@@ -1206,12 +1266,13 @@ class LineageStore:
         return out
 
     # --- key/value (run-level state, e.g. orchestrator cursor) ------------------------------------
-    def kv_get(self, key: str, default: Any = None, expected: type | tuple[type, ...] | None = None) -> Any:
+    def kv_get(self, key: str, default: Any = None, expected: Shape | None = None) -> Any:
         """Run-level JSON value stored under ``key``.
 
         Args:
-            expected: the type(s) the caller reads (``dict``, ``list``, ``(int, float)``, ...); a stored value of
-                another type (JSON ``null`` aside, which reads as None) is refused (:meth:`kv_typed`).
+            expected: the :data:`Shape` the caller reads (``dict``, ``list``, :data:`NUM`, ``{"test": dict}``, ...);
+                a stored value of another shape (JSON ``null`` aside, which reads as None) is refused
+                (:meth:`kv_typed`).
 
         Raises:
             LineageError: the stored value is not JSON, or not of the ``expected`` type (a crafted or damaged file;
@@ -1223,26 +1284,26 @@ class LineageStore:
         value = self._kv_value(key, r[0][0])
         return value if expected is None else self.kv_typed(key, value, expected)
 
-    def kv_typed(self, key: str, value: Any, expected: type | tuple[type, ...]) -> Any:
-        """``value`` (read under ``key``) when it is None or of the ``expected`` type(s).
+    def kv_typed(self, key: str, value: Any, expected: Shape) -> Any:
+        """``value`` (read under ``key``) when it is None or of the ``expected`` :data:`Shape`.
 
         Review 10 V-R10: ``loop/compute``, ``loop/config``, ``loop/final``, ``loop/diagnose/<v>`` ... set to a JSON
-        string, list or number in a foreign lineage.db ended ``report`` with a bare AttributeError or TypeError that
-        named neither the file nor the key. A number is never a bool here.
+        string, list or number in a foreign lineage.db (or holding one where a field is read as an object or a
+        number) ended ``report`` with a bare AttributeError, TypeError or ValueError that named neither the file nor
+        the key. A number is never a bool here; null is accepted anywhere (the readers take it as missing).
 
         Raises:
-            LineageError: names the file, the key, what it holds, what EvoTrainer writes there and the fix.
+            LineageError: names the file, the key, the field (when inside the value), what it holds, what EvoTrainer
+                writes there and the fix.
         """
-        types = expected if isinstance(expected, tuple) else (expected,)
-        if value is None or (isinstance(value, types) and not (isinstance(value, bool) and bool not in types)):
+        bad = _shape_mismatch(value, expected, "")
+        if bad is None:
             return value
-        names = {dict: "a JSON object", list: "a JSON list", str: "text", int: "a number", float: "a number",
-                 bool: "true or false"}
-        want = " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
-        got = {dict: "a JSON object", list: "a JSON list", str: "text", bool: "true or false"}.get(
-            type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
-        raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {got} {_brief(value)}, where "
-                           f"EvoTrainer writes {want} (a crafted or damaged file); not read. {self._kv_fix(key)}")
+        at, found, want = bad
+        where = f" at {at[:200]}" if at else ""
+        raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(found)} "
+                           f"{_brief(found)}{where}, where EvoTrainer writes {want} (a crafted or damaged file); not "
+                           f"read. {self._kv_fix(key)}")
 
     def _kv_fix(self, key: Any) -> str:
         shown = str(key)[:200].replace("'", "''")

@@ -1422,11 +1422,19 @@ def test_a_damaged_page_read_after_open_names_the_file(tmp_path, table):
     ("loop/mode", "5", "a number 5", "text"),
     ("loop/r1/evolve", '{"a": 1}', r"a JSON object \{'a': 1\}", "a JSON list"),
     ("loop/r1/propose", '"x"', "text 'x'", "a JSON object"),
+    ("loop/final", '{"version": "v1", "test": {"avg@k": "x"}}', "text 'x' at test.avg@k", "a number"),
+    ("loop/final", '{"version": ["v1"]}', r"a JSON list \['v1'\] at version", "text"),
+    ("loop/eval_tokens", '{"eval/v0/heldout": "x"}', "text 'x' at eval/v0/heldout", "a number"),
+    ("loop/config", '{"recipe": {"model": "y"}}', "text 'y' at recipe.model", "a JSON object"),
+    ("loop/diagnose/v0", '{"findings": ["x"]}', r"text 'x' at findings\[0\]", "a JSON object"),
+    ("loop/usage", '{"turns": 1, "cost_usd": "y"}', "text 'y' at cost_usd", "a number"),
+    ("loop/r1/propose", '{"skills_used": [[1]]}', r"a JSON list \[1\] at skills_used\[0\]", "text"),
 ])
 def test_a_run_level_value_of_the_wrong_shape_is_named_not_a_crash(tmp_path, key, value, got, want):
     """Review 10 V-R10: a foreign lineage.db whose kv value the report reads as an object holds a JSON string, list,
-    number or bool: ``report`` ended with a bare AttributeError / TypeError naming neither the file nor the key. A
-    LineageError names the file, the key, what it holds, what EvoTrainer writes there and the fix."""
+    number or bool (or one inside it, where a field is read as an object or a number): ``report`` ended with a bare
+    AttributeError / TypeError / ValueError naming neither the file nor the key. A LineageError names the file, the
+    key, the field, what it holds, what EvoTrainer writes there and the fix."""
     import sqlite3
 
     from mcp_testlib import make_run
