@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from evotrainer.agents.loop import FINAL_SHAPE
 from evotrainer.agents.modes import MODES
 from evotrainer.agents.runner import run_loop
 from evotrainer.config import RunConfig
@@ -180,11 +181,11 @@ def _run_outcomes(run_dir: Path) -> dict[str, Any]:
     """A finished run's final version, its test and no-RL test outcome matrices and its compute."""
     ws = Workspace.open(run_dir)
     try:
-        final = ws.lineage.kv_get("loop/final") or {}
+        final = ws.lineage.kv_get("loop/final", expected=FINAL_SHAPE) or {}
         vid, root = final.get("version"), ws.lineage.root()
         return {"version": vid, "test": ws.lineage.eval_matrix(vid, "test") if vid else {},
                 "no_rl_test": ws.lineage.eval_matrix(root.id, "no_rl_test") if root else {},
-                "compute": ws.lineage.kv_get("loop/compute") or {}, "k": (final.get("test") or {}).get("k")}
+                "compute": ws.lineage.kv_get("loop/compute", expected=dict) or {}, "k": (final.get("test") or {}).get("k")}
     finally:
         ws.close()
 

@@ -97,7 +97,7 @@ def inherit(loop: EvolvingLoop) -> list[dict[str, Any]]:
         return []
     found = _call(loop, "search_skills", {"query": "synthesised analyzer rule predicts a held-out regression",
                                           "kind": "analyzer", "tags": [TAG], "limit": 20}) or {}
-    out, scope = [], dict(loop.lineage.kv_get(SCOPE_KEY) or {})
+    out, scope = [], dict(loop.lineage.kv_get(SCOPE_KEY, expected=dict) or {})
     for hit in found.get("hits", []):
         skill = _call(loop, "get_skill", {"skill_id": hit["id"]})
         value = (skill or {}).get("value") or {}
@@ -152,7 +152,7 @@ def stop_plan(loop: EvolvingLoop, vid: str, steps: int) -> dict[str, Any]:
     if v.parent_id is None or v.is_control or at < 1 or loop.lineage.last_step(vid) + 1 >= at:
         return {}
     domain = _domain(v.recipe.data.task)
-    trusted = [a for a in _records(loop, loop.lineage.kv_get(SCOPE_KEY) or {})
+    trusted = [a for a in _records(loop, loop.lineage.kv_get(SCOPE_KEY, expected=dict) or {})
                if precision_lower(a, domain) >= S.MIN_STOP_PRECISION]
     if not trusted:
         return {}
@@ -167,7 +167,7 @@ def stopped(loop: EvolvingLoop, vid: str) -> dict[str, Any] | None:
 
 
 def _stopped(lineage: LineageStore, vid: str) -> dict[str, Any] | None:
-    rec = lineage.kv_get(f"{CHECK_KEY}/{vid}")
+    rec = lineage.kv_get(f"{CHECK_KEY}/{vid}", expected=dict)
     return rec if rec and rec.get("stop") else None
 
 
@@ -189,7 +189,7 @@ def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, 
     done = max(1, int(rec.get("at_step") or loop.lineage.last_step(vid) + 1))
     entry = {**rec, "type": "stopped", "version": vid, "saved_tokens":
              int(round(train_tokens(loop.lineage, vid) / done * int(rec.get("saved_steps") or 0)))}
-    stops = dict(loop.lineage.kv_get(STOPS_KEY) or {})
+    stops = dict(loop.lineage.kv_get(STOPS_KEY, expected=dict) or {})
     stops[vid] = entry
     loop.lineage.kv_set(STOPS_KEY, stops)
     return entry
@@ -198,7 +198,7 @@ def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, 
 def use(loop: EvolvingLoop, ev: Any, children: list[str], labels: dict[str, bool]) -> list[dict[str, Any]]:
     """Score the in-scope synthesised analyzers on newly decided versions; early-stop counterfactuals on the branches
     among them (not the root nor a control arm: :func:`stop_plan` never stops those)."""
-    scope = loop.lineage.kv_get(SCOPE_KEY) or {}
+    scope = loop.lineage.kv_get(SCOPE_KEY, expected=dict) or {}
     out = []
     for vid in children:
         if vid not in labels:
@@ -268,7 +268,7 @@ def remembered_examples(loop: EvolvingLoop, domain: str) -> list[S.Example]:
 
 def remember(loop: EvolvingLoop, examples: list[S.Example], domain: str) -> int:
     """Store this run's labelled versions' features for later runs (once per version and status)."""
-    done = dict(loop.lineage.kv_get(REMEMBERED_KEY) or {})
+    done = dict(loop.lineage.kv_get(REMEMBERED_KEY, expected=dict) or {})
     n = 0
     for ex in examples:
         status = loop.lineage.get(ex.version).status
@@ -320,7 +320,7 @@ def synthesise(loop: EvolvingLoop, r: int, ev: Any, labels: dict[str, bool]) -> 
                   "evidence": sorted(labels) + sorted(k.split(":", 1)[1] for k in res.fired if k.startswith("memory:")),
                   "sources": res.sources, "labels": labels, "run": str(loop.ws.root), "domain": domain}})
     entry["skill_id"] = (skill or {}).get("id")
-    scope = dict(loop.lineage.kv_get(SCOPE_KEY) or {})
+    scope = dict(loop.lineage.kv_get(SCOPE_KEY, expected=dict) or {})
     scope[prog.name] = {"skill_id": entry["skill_id"], "program": prog.to_dict(), "loo": res.loo, "origin": "this run"}
     loop.lineage.kv_set(SCOPE_KEY, scope)
     return entry
@@ -334,7 +334,7 @@ def draft(loop: EvolvingLoop, vid: str, labels: dict[str, bool]) -> dict[str, An
                 "reason": f"held-out moved without a finding to explain it, but a new analyzer needs kept and pruned "
                           f"versions to backtest on (so far {len(labels) - n_bad} kept, {n_bad} pruned / reverted): "
                           f"none written"}
-    diag = Diagnosis.model_validate(loop.lineage.kv_get(f"loop/diagnose/{vid}"))
+    diag = Diagnosis.model_validate(loop.lineage.kv_get(f"loop/diagnose/{vid}", expected=dict))
     d = loop.brain.write_analyzer(loop.diagnostician.tools, vid, diag, loop._ctx(vid))
     if d is None:
         return {"type": "draft", "version": vid, "name": None, "registered": False, "reason": "the brain wrote no analyzer"}
@@ -368,7 +368,7 @@ def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[s
     # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
     labels = outcome_labels(loop.lineage)
     out = inherit(loop)
-    stops = loop.lineage.kv_get(STOPS_KEY) or {}
+    stops = loop.lineage.kv_get(STOPS_KEY, expected=dict) or {}
     out += [stops[vid] for vid in children if vid in stops]
     ev = Evidence.from_workspace(loop.ws)
     # every version decided since the last round: the children, and the control arm and a blocked root too
@@ -380,7 +380,7 @@ def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[s
     if labels:
         out.append(synthesise(loop, r, ev, labels))
     for vid in children:
-        diag = loop.lineage.kv_get(f"loop/diagnose/{vid}")
+        diag = loop.lineage.kv_get(f"loop/diagnose/{vid}", expected=dict)
         if diag and diag.get("unexplained"):
             out.append(draft(loop, vid, labels))
     return out

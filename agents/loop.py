@@ -41,11 +41,16 @@ from evotrainer.agents.decisions import Verdict
 from evotrainer.agents.mcp_client import LOOP_TOOLS, ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
-from evotrainer.lineage import CONTROL, Version
+from evotrainer.lineage import CONTROL, NUM, KvMap, Version
 from evotrainer.recipe import Recipe
 from evotrainer.rl_backend.base import is_test_eval
 from evotrainer.servers.app import build_server
 from evotrainer.workspace import Workspace
+
+# The shapes of the run-level values the report and the run summary read (LineageStore.kv_get: a value of another
+# shape, in a run folder from elsewhere, is a LineageError naming the file, the key and the field; review 10 V-R10)
+EVAL_SHAPE = {"avg@k": NUM, "pass@k": NUM}
+FINAL_SHAPE = {"version": str, "test": EVAL_SHAPE, "no_rl_test": EVAL_SHAPE}
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
 DECIDED = ("kept", "pruned", "reverted")
@@ -478,9 +483,9 @@ def eval_compute(lineage: Any, version_id: str, no_rl: bool) -> dict[str, Any]:
     """Tokens, wall seconds and CPU-seconds of ``version_id``'s dev evaluations (``no_rl``: its no-RL row only,
     else every other dev evaluation; test evaluations never): ``{eval_tokens, eval_s, eval_cpu_s}`` from kv
     ``loop/eval_tokens`` / ``loop/eval_walls`` / ``loop/eval_cpu`` (``eval_cpu_s`` None when none recorded it)."""
-    toks = lineage.kv_get("loop/eval_tokens") or {}
-    walls = lineage.kv_get("loop/eval_walls") or {}
-    cpus = lineage.kv_get("loop/eval_cpu") or {}
+    toks = lineage.kv_get("loop/eval_tokens", expected=KvMap(NUM)) or {}
+    walls = lineage.kv_get("loop/eval_walls", expected=KvMap(NUM)) or {}
+    cpus = lineage.kv_get("loop/eval_cpu", expected=KvMap(NUM)) or {}
     keys = [k for k in {*toks, *walls, *cpus} if k.rsplit("/", 1)[0] == f"eval/{version_id}"
             and not _is_test_key(k) and (k.rsplit("/", 1)[-1] == "no_rl") == no_rl]
     cpu = [float(cpus[k]) for k in keys if k in cpus]
@@ -519,7 +524,7 @@ def frontier_of(lineage: Any) -> str | None:
     root = lineage.root()
     if root is None:
         return None
-    chain = lineage.path_to_root(lineage.kv_get("loop/frontier") or root.id)
+    chain = lineage.path_to_root(lineage.kv_get("loop/frontier", expected=str) or root.id)
     return first_not_reverted((v.id, v.status, v.parent_id) for v in chain) or str(root.id)
 
 
@@ -527,10 +532,10 @@ def final_version(lineage: Any) -> tuple[str | None, str]:
     """The run's answer and where it comes from: ``(version, "final")`` once the run chose it (kv ``loop/final``,
     written after the last decision), else ``(frontier, "frontier")`` while the orchestrator runs (kv
     ``loop/frontier``), else ``(best kept on dev, "best kept")``; ``(None, "")`` when there is none yet."""
-    final = lineage.kv_get("loop/final") or {}
+    final = lineage.kv_get("loop/final", expected=FINAL_SHAPE) or {}
     if final.get("version"):
         return str(final["version"]), "final"
-    if lineage.kv_get("loop/frontier"):
+    if lineage.kv_get("loop/frontier", expected=str):
         return frontier_of(lineage), "frontier"
     best = best_kept(lineage)
     return (best, "best kept") if best else (None, "")
@@ -550,7 +555,7 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
     it: the frontier follows each round's winner over its control, and the answer may be a control arm (never
     "kept")."""
     versions = ws.lineage.versions()
-    no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl") or {}
+    no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl", expected=EVAL_SHAPE) or {}
     best_id = best_kept(ws.lineage)
     best = ws.lineage.get(best_id) if best_id else None
     final_id, final_source = final_version(ws.lineage)
@@ -567,10 +572,10 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
         "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
         "decisions": len(ws.lineage.decisions()), "usage": usage or {},
         "finished": bool(ws.lineage.kv_get("loop/finished")),
-        "compute": ws.lineage.kv_get("loop/compute") or {},
+        "compute": ws.lineage.kv_get("loop/compute", expected=dict) or {},
         "compute_by_version": {v.id: version_compute(ws.lineage, v.id) for v in versions},
         "no_rl_compute": eval_compute(ws.lineage, versions[0].id, no_rl=True) if no_rl else {},
-        "final": ws.lineage.kv_get("loop/final") or {},
+        "final": ws.lineage.kv_get("loop/final", expected=FINAL_SHAPE) or {},
     }
 
 

@@ -43,11 +43,25 @@ from typing import Any
 import numpy as np
 
 from evotrainer import metrics as M
-from evotrainer.agents.loop import best_kept, eval_compute, final_version, version_compute
+from evotrainer.agents.loop import (
+    EVAL_SHAPE,
+    FINAL_SHAPE,
+    best_kept,
+    eval_compute,
+    final_version,
+    version_compute,
+)
 from evotrainer.harness.plots import MAX_COMPONENTS, PLOT_MAX, plain
 from evotrainer.harness.stats import compare_versions
-from evotrainer.lineage import Version
+from evotrainer.lineage import NUM, Version
 from evotrainer.workspace import Workspace, folder_inside, replace_file
+
+# the shapes of the run-level values read here besides loop.py's (LineageStore.kv_get; review 10 V-R10)
+CONFIG_SHAPE = {"budget": dict, "recipe": {"model": dict, "data": dict}, "report_to": [str]}
+USAGE_SHAPE = {"cost_usd": NUM}
+DIAGNOSE_SHAPE = {"findings": [{"evidence": list}]}
+EVOLVE_SHAPE = [{"loo": dict}]
+PROPOSE_SHAPE = {"skills_used": [str]}
 
 PLOTS: list[tuple[str, str]] = [
     (M.POLICY_ENTROPY, "entropy (nats/token)"), (M.COMPLETIONS_MEAN_LENGTH, "completion length (tokens)"),
@@ -123,13 +137,13 @@ def score_rows(ws: Workspace) -> list[dict[str, Any]]:
     rows = []
     if versions:
         root = versions[0]
-        no_rl = lin.kv_get(f"loop/eval/{root.id}/no_rl")
+        no_rl = lin.kv_get(f"loop/eval/{root.id}/no_rl", expected=EVAL_SHAPE)
         if no_rl:
             rows.append({"name": "no-RL (base model)", "role": "baseline", "status": "", "avg": no_rl.get("avg@k"),
                          "k": no_rl.get("k"),
                          "pass": no_rl.get("pass@k"), "ci": bootstrap_ci(lin.eval_matrix(root.id, "no_rl"))})
     for v in versions:
-        ev = lin.kv_get(f"loop/eval/{v.id}/heldout") or (v.eval_summary if v.eval_summary.get("eval_name",
+        ev = lin.kv_get(f"loop/eval/{v.id}/heldout", expected=EVAL_SHAPE) or (v.eval_summary if v.eval_summary.get("eval_name",
                                                                                                "heldout") == "heldout" else {})
         if not ev or ev.get("avg@k") is None:
             continue
@@ -174,7 +188,7 @@ def _gate_gains(ws: Workspace, v: Version) -> tuple[dict[str, Any] | None, dict[
     """``(vs_parent, vs_control)`` of a version: its eval_summary's gain records, else its gate record's
     (kv ``loop/rgate/<v>``, ``loop/gate/<v>``)."""
     es = v.eval_summary or {}
-    g = ws.lineage.kv_get(f"loop/rgate/{v.id}") or ws.lineage.kv_get(f"loop/gate/{v.id}") or {}
+    g = ws.lineage.kv_get(f"loop/rgate/{v.id}", expected=dict) or ws.lineage.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
     vs_parent = es.get("vs_parent")
     if vs_parent is None and v.parent_id and g.get("gain_vs_parent") is not None:
         vs_parent = {"version": v.parent_id, "gain": g["gain_vs_parent"], "ci": g.get("ci_vs_parent")}
@@ -207,7 +221,7 @@ def best_version(ws: Workspace) -> dict[str, Any]:
         return {}
     v, root = lin.get(vid), lin.root()
     es = v.eval_summary or {}
-    dev = lin.kv_get(f"loop/eval/{vid}/heldout") or (es if es.get("eval_name", "heldout") == "heldout" else {})
+    dev = lin.kv_get(f"loop/eval/{vid}/heldout", expected=EVAL_SHAPE) or (es if es.get("eval_name", "heldout") == "heldout" else {})
     vs_parent, vs_control = _gate_gains(ws, v)
     finished = bool(lin.kv_get("loop/finished"))
     out: dict[str, Any] = {
@@ -215,7 +229,7 @@ def best_version(ws: Workspace) -> dict[str, Any]:
         "dev": dev, "dev_ci": bootstrap_ci(lin.eval_matrix(vid, "heldout")), "vs_parent": vs_parent,
         "vs_control": vs_control, "checkpoint": checkpoint_of(ws, v), "finished": finished,
         "vs_no_rl": _paired_gain(ws, (root.id, "no_rl"), (vid, "heldout"), "no-RL") if root else None}
-    final = (lin.kv_get("loop/final") or {}) if finished else {}  # the test split is sealed until the run ends
+    final = (lin.kv_get("loop/final", expected=FINAL_SHAPE) or {}) if finished else {}  # the test split is sealed until the run ends
     if finished and final.get("version") == vid and root is not None:
         out["test"], out["no_rl_test"] = final.get("test") or {}, final.get("no_rl_test") or {}
         out["test_vs_no_rl"] = _paired_gain(ws, (root.id, "no_rl_test"), (vid, "test"), "no-RL")
@@ -345,9 +359,9 @@ def _recipe_table(ws: Workspace) -> str:
 def _compute_and_test(ws: Workspace) -> str:
     """Compute spent (tokens, CPU-seconds, wall) and, once the run has finished, the final answer's test score."""
     lin = ws.lineage
-    c = lin.kv_get("loop/compute") or {}
+    c = lin.kv_get("loop/compute", expected=dict) or {}
     finished = bool(lin.kv_get("loop/finished"))
-    final = (lin.kv_get("loop/final") or {}) if finished else {}  # sealed until the run ends
+    final = (lin.kv_get("loop/final", expected=FINAL_SHAPE) or {}) if finished else {}  # sealed until the run ends
     parts = []
     if c:
         parts.append(f"<p>compute: {_n(c.get('train_tokens', 0))} train tokens (rollouts), {_n(c.get('eval_tokens', 0))} dev "
@@ -615,7 +629,7 @@ def _tree(ws: Workspace) -> str:
 
     def node(vid: str) -> str:
         v = versions[vid]
-        ev = lin.kv_get(f"loop/eval/{vid}/heldout") or {}
+        ev = lin.kv_get(f"loop/eval/{vid}/heldout", expected=EVAL_SHAPE) or {}
         change = "base recipe" if v.parent_id is None else v.describe_change()
         head = (f"<b>{_e(vid)}</b> <span class='{_e(v.status)}'>{_e(v.status)}</span> <code>{_e(change)}</code>"
                 + (f" &middot; Avg@k {_fmt(ev.get('avg@k'))}" if ev.get("avg@k") is not None else ""))
@@ -632,7 +646,7 @@ def _tree(ws: Workspace) -> str:
 def _findings(ws: Workspace) -> str:
     rows = []
     for v in ws.lineage.versions():
-        d = ws.lineage.kv_get(f"loop/diagnose/{v.id}") or {}
+        d = ws.lineage.kv_get(f"loop/diagnose/{v.id}", expected=DIAGNOSE_SHAPE) or {}
         items = d.get("findings") or v.findings or []
         for f in items:
             sev = f.get("severity", "")
@@ -650,7 +664,7 @@ def _interventions(ws: Workspace) -> str:
     for v in ws.lineage.versions():
         if not v.interventions and not v.is_control:
             continue
-        gate = ws.lineage.kv_get(f"loop/gate/{v.id}") or {}
+        gate = ws.lineage.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
         es = v.eval_summary or {}
         vs_parent = es.get("vs_parent") or ({"gain": gate.get("gain"), "ci": gate.get("ci"), "version": v.parent_id}
                                             if gate.get("baseline_id", v.parent_id) == v.parent_id else None)
@@ -676,6 +690,7 @@ def _analyzers(ws: Workspace) -> str:
     for key, items in ws.lineage.kv_items("loop/r"):
         if not key.endswith("/evolve"):
             continue
+        items = ws.lineage.kv_typed(key, items, EVOLVE_SHAPE)
         rnd = key.split("/")[1]
         for a in items or []:
             t = a.get("type", "draft")
@@ -735,6 +750,7 @@ def _skills(ws: Workspace) -> str:
     used: dict[str, list[str]] = {}
     for key, prop in ws.lineage.kv_items("loop/r"):
         if key.endswith("/propose"):
+            prop = ws.lineage.kv_typed(key, prop, PROPOSE_SHAPE) or {}
             for sid in prop.get("skills_used", []):
                 used.setdefault(sid, []).append(f"proposed for {prop.get('parent_id')}")
     for v in ws.lineage.versions():
@@ -756,9 +772,9 @@ def _budget_text(budget: dict[str, Any]) -> str:
 def render_html(ws: Workspace) -> str:
     """The report as one HTML string (see the module docstring)."""
     lin = ws.lineage
-    cfg = lin.kv_get("loop/config") or {}
-    mode = lin.kv_get("loop/mode", "evotrainer")
-    usage = lin.kv_get("loop/usage") or {}
+    cfg = lin.kv_get("loop/config", expected=CONFIG_SHAPE) or {}
+    mode = lin.kv_get("loop/mode", "evotrainer", expected=str)
+    usage = lin.kv_get("loop/usage", expected=USAGE_SHAPE) or {}
     rows = score_rows(ws)
     score_tbl = "".join(
         f"<tr><td>{_e(r['name'])}</td><td>{_e(r['role'])}</td><td class='{_e(r['status'])}'>{_e(r['status'])}</td>"
@@ -767,7 +783,7 @@ def render_html(ws: Workspace) -> str:
         f"<td>{_fmt(r['pass'])}</td><td>{_e(r['k'])}</td><td>{_e(gain_text(r.get('vs_control')))}</td>"
         f"<td>{_e(gain_text(r.get('vs_parent')))}</td></tr>" for r in rows)
     budget = cfg.get("budget", {})
-    started = lin.kv_get("loop/started_at")
+    started = lin.kv_get("loop/started_at", expected=(int, float))
     head = (f"<p class='muted'>run <code>{_e(ws.root)}</code> &middot; mode <b>{_e(mode)}</b> &middot; brain "
             f"<b>{_e(lin.kv_get('loop/brain', '-'))}</b> &middot; model <code>"
             f"{_e(cfg.get('recipe', {}).get('model', {}).get('name_or_path', '?'))}</code> &middot; task "

@@ -11,9 +11,11 @@ Schema migrations are named and ordered (:data:`MIGRATIONS`), applied once each,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -237,6 +239,51 @@ MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._ref
 # OverflowError and `report` with "ValueError: invalid literal for int()"; such rows are not read.
 _METRIC_ROW_OK = "typeof(step) = 'integer' AND typeof(value) IN ('real', 'integer', 'null')"
 
+_SUMMARY_TEXT = frozenset({"data_split"})  # the one metrics_summary entry that is text (rl_backend.local: a digest)
+_MIGRATIONS_SQL = "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+
+_decode_text = functools.partial(str, encoding="utf-8", errors="replace")
+"""The stores' ``text_factory``: TEXT that is not UTF-8 reads with U+FFFD in place of the bad bytes. Review 10 U-R10: a
+crafted ``metrics.name`` of invalid UTF-8 (``CAST(X'...FF' AS TEXT)``) ended ``report`` and ``diagnose`` with a bare
+"OperationalError: Could not decode to UTF-8 column 'name'", and the MCP metric tools failed for the whole run."""
+
+
+def _norm_sql(sql: Any) -> str | None:
+    """A CREATE statement with its whitespace made canonical, for comparing schemas written by other SQLite builds."""
+    if sql is None:
+        return None
+    return re.sub(r"\s*([(),])\s*", r"\1", re.sub(r"\s+", " ", str(sql))).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _expected_schema() -> tuple[dict[str, list[list[tuple]]], dict[str, set[str]], dict[str, tuple[str, str | None]]]:
+    """What :data:`MIGRATIONS` make, after each of them (a store written before a migration opens too):
+    ``(columns, tables, indexes)``: every ``PRAGMA table_xinfo`` row list a table has had (``{table: [rows, ...]}``),
+    every normalised CREATE TABLE it has had, and every index (``{name: (table, normalised sql)}``; SQLite's own
+    ``sqlite_autoindex_*`` have none). Built once, in memory, by running the migrations as :meth:`LineageStore._migrate`
+    does."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute(_MIGRATIONS_SQL)
+        columns: dict[str, list[list[tuple]]] = {}
+        tables: dict[str, set[str]] = {}
+        indexes: dict[str, tuple[str, str | None]] = {}
+        for _name, sql in MIGRATIONS:
+            for stmt in filter(str.strip, sql.split(";")):
+                db.execute(stmt)
+            for typ, name, tbl, text in db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"):
+                if typ == "table":
+                    cols = [tuple(r[1:]) for r in db.execute(f'PRAGMA table_xinfo("{name}")')]
+                    if cols not in columns.setdefault(name, []):
+                        columns[name].append(cols)
+                    tables.setdefault(name, set()).add(_norm_sql(text) or "")
+                elif typ == "index":
+                    indexes[name] = (tbl, _norm_sql(text))
+        return columns, tables, indexes
+    finally:
+        db.close()
+
+
 
 class LineageIndex:
     """The parent links of every version, read in one query, and the walks up the lineage done in memory.
@@ -379,6 +426,71 @@ class LineageIndex:
         return self._offset[version_id]
 
 
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_CORRUPT (any extended code): a damaged page, not a lock or a missing permission."""
+    return str(getattr(exc, "sqlite_errorname", "")).startswith("SQLITE_CORRUPT") or "malformed" in str(exc)
+
+
+NUM = (int, float)
+"""A number in a :data:`Shape` (never a bool)."""
+
+
+class KvMap:
+    """A :data:`Shape`: a JSON object of any keys whose values all have ``shape`` (``{"eval/v0/heldout": 12.5}``)."""
+
+    def __init__(self, shape: Shape):
+        self.shape = shape
+
+
+Shape = Any
+"""What :meth:`LineageStore.kv_get` checks a stored value against: a type or a tuple of types (``dict``, ``str``,
+:data:`NUM`); ``{field: Shape}``, a JSON object whose listed fields, when present, have those shapes (others are not
+checked); ``[Shape]``, a JSON list of items of that shape; :class:`KvMap`. None (JSON null) matches anything."""
+
+_KINDS = {dict: "a JSON object", list: "a JSON list", str: "text", bool: "true or false", int: "a number",
+          float: "a number"}
+
+
+def _json_kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _shape_name(shape: Shape) -> str:
+    if isinstance(shape, (dict, KvMap)):
+        return "a JSON object"
+    if isinstance(shape, list):
+        return "a JSON list"
+    types = shape if isinstance(shape, tuple) else (shape,)
+    return " or ".join(dict.fromkeys(_KINDS.get(t, getattr(t, "__name__", str(t))) for t in types))
+
+
+def _shape_mismatch(value: Any, shape: Shape, at: str) -> tuple[str, Any, str] | None:
+    """``(field path, value found, shape wanted)`` of the first part of ``value`` not of ``shape``, else None."""
+    if value is None:
+        return None
+    if isinstance(shape, (dict, KvMap)):
+        if not isinstance(value, dict):
+            return at, value, _shape_name(shape)
+        fields = value.items() if isinstance(shape, KvMap) else ((k, value[k]) for k in shape if k in value)
+        for k, x in fields:
+            bad = _shape_mismatch(x, shape.shape if isinstance(shape, KvMap) else shape[k], f"{at}.{k}" if at else k)
+            if bad:
+                return bad
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return at, value, _shape_name(shape)
+        for i, x in enumerate(value):
+            bad = _shape_mismatch(x, shape[0], f"{at}[{i}]")
+            if bad:
+                return bad
+        return None
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+        return None
+    return at, value, _shape_name(shape)
+
+
 class LineageStore:
     """SQLite-backed lineage of one run. Thread-safe; readers never block (WAL).
 
@@ -416,6 +528,7 @@ class LineageStore:
                                            isolation_level=None)
             except sqlite3.DatabaseError as exc:
                 raise self._open_error(exc) from None
+        self._db.text_factory = _decode_text
         self._schema_pending = False  # a read-only open that found the file locked checks it at the first read
         try:
             if readonly:
@@ -445,7 +558,17 @@ class LineageStore:
             how = "read" if self.readonly else "read and write (SQLite WAL: every open writes, to read too)"
             return LineageError(f"{self.path}: this user cannot open it ({text}); it must be able to {how} the file "
                                 f"and its folder: check `ls -l {self.path}`, or work on a copy of the run folder")
+        if _is_damage(exc):
+            return self._damaged_error(exc)
         return LineageError(f"{self.path}: not a readable lineage database ({text}); is this a run folder?")
+
+    def _damaged_error(self, exc: sqlite3.DatabaseError) -> LineageError:
+        """The error of a damaged file, at open or at any later read (review 10 D-R10: a damaged page of ``metrics`` or
+        ``kv``, read after a clean open, ended ``report`` with a bare "DatabaseError: database disk image is
+        malformed" that named no file)."""
+        return LineageError(f"{self.path}: damaged, not a readable lineage database ({exc}); not read. Use an "
+                            "undamaged copy of the run folder (what still reads can be saved with `sqlite3 "
+                            f"{self.path} .recover`)")
 
     def _refuse_foreign_schema(self) -> None:
         """Refuse a database holding triggers or views: the schema this store makes has neither.
@@ -464,7 +587,63 @@ class LineageStore:
             found = ", ".join(f"{t} {n!r}" for t, n in rows)
             raise LineageError(f"{self.path}: holds SQL {found}, which EvoTrainer's lineage schema never has (a "
                                "crafted or foreign file); not opened. Use a run folder EvoTrainer wrote")
+        self._refuse_foreign_objects()
         self._refuse_parent_cycles()
+
+    def _refuse_foreign_objects(self) -> None:
+        """Refuse tables, columns and indexes the store never makes (:data:`MIGRATIONS`, after any of them).
+
+        Review 10 L-R10: a VIRTUAL generated column added to ``versions`` of a 57 KB file from elsewhere costs what its
+        expression costs each time a row is read (``SELECT *``): ``lineage show`` took 16 s and ``report`` 207 s for
+        one version, and scaling it gives hours. A CHECK constraint naming ``jobs.status`` did the same to every
+        writable open (:meth:`recover_jobs`' UPDATE, 8 s per job), an expression or partial index to every write.
+        So each table's columns (``PRAGMA table_xinfo``: generated ones are hidden 2 / 3) and its CREATE TABLE (a
+        CHECK, another default or foreign key) must be what some migration made, each index one the store makes,
+        and there are no other tables (nothing reads them, but a foreign key of one to a store's table makes each
+        delete there scan it).
+
+        Raises:
+            LineageError: names the file, the object and the fix.
+        """
+        columns, tables, indexes = _expected_schema()
+        fix = "not opened. Use a run folder EvoTrainer wrote"
+        where = f"{self.path}: holds"
+        never = "which EvoTrainer's lineage schema never has (a crafted or foreign file)"
+        for typ, name, tbl, sql in self._db.execute(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'index') "
+                "ORDER BY type DESC, name").fetchall():
+            name, shown = str(name), repr(str(name)[:80])
+            if typ == "index":
+                if indexes.get(name) != (tbl, _norm_sql(sql)):
+                    raise LineageError(f"{where} index {shown} on table {str(tbl)[:80]!r}, {never}; {fix}, or drop it "
+                                       f"(`sqlite3 {self.path} 'DROP INDEX \"{name[:80]}\"'`)")
+                continue
+            if name not in columns:
+                raise LineageError(f"{where} table {shown}, {never}; {fix}, or drop it (`sqlite3 {self.path} 'DROP "
+                                   f"TABLE \"{name[:80]}\"'`)")
+            got = [tuple(r[1:]) for r in self._db.execute(f'PRAGMA table_xinfo("{name}")')]
+            if got not in columns[name]:
+                known = {c[0] for cols in columns[name] for c in cols}
+                mine = {c[0]: c for cols in columns[name] for c in cols}
+                for col in got:
+                    what = f"column {name}.{str(col[0])[:80]}"
+                    drop = f", or drop it (`sqlite3 {self.path} 'ALTER TABLE \"{name[:80]}\" DROP COLUMN \"{str(col[0])[:80]}\"'`)"
+                    if col[5] in (2, 3):
+                        raise LineageError(f"{where} a generated {what}, {never}: it is computed each time a row is "
+                                           f"read; {fix}{drop}")
+                    if col[0] not in known:
+                        raise LineageError(f"{where} {what}, {never}; {fix}{drop}")
+                    if col != mine[col[0]]:
+                        raise LineageError(f"{where} {what} declared as {' '.join(str(x) for x in col[1:5])[:200]!r}, "
+                                           f"which EvoTrainer's lineage schema never declares so (a crafted or foreign "
+                                           f"file); {fix}")
+                raise LineageError(f"{where} table {shown} with the columns {', '.join(str(c[0]) for c in got)[:400]}, "
+                                   f"which no EvoTrainer lineage schema has (a crafted or damaged file); {fix}")
+            if _norm_sql(sql) not in tables[name]:
+                check = re.search(r"\bCHECK\b", str(sql), re.I)
+                what = "a CHECK constraint on" if check else "another definition of"
+                raise LineageError(f"{where} {what} table {shown} ({_brief(str(sql)[check.start() if check else 0:])}), "
+                                   f"{never}; {fix}")
 
     def _refuse_parent_cycles(self) -> None:
         """Refuse versions that are their own ancestors: :meth:`branch` only adds a child of an existing version, so
@@ -582,7 +761,7 @@ class LineageStore:
 
     def _migrate(self) -> None:
         with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+            self._db.execute(_MIGRATIONS_SQL)
             done = {r[0] for r in self._db.execute("SELECT name FROM _migrations")}
             for name, sql in MIGRATIONS:
                 if name in done:
@@ -627,7 +806,12 @@ class LineageStore:
             if self._schema_pending:  # a read-only open found the file locked (_refuse_foreign_schema_unless_locked)
                 self._refuse_foreign_schema()
                 self._schema_pending = False
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as exc:
+                if _is_damage(exc):  # a damaged page met after the open (D-R10): name the file
+                    raise self._damaged_error(exc) from None
+                raise
 
     # --- versions ---------------------------------------------------------------------------------
     def _next_id(self, db: sqlite3.Connection) -> str:
@@ -744,6 +928,15 @@ class LineageStore:
             why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
             raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r} holds {why} (a crafted or damaged file); "
                                "not read. Use a run folder EvoTrainer wrote") from None
+        ms = summaries[0]
+        bad = ("" if isinstance(ms, dict) else f"{_brief(ms)}") or next(
+            (f"{k!r}: {_brief(x)}" for k, x in ms.items()
+             if not (x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                     or (k in _SUMMARY_TEXT and isinstance(x, str)))), "")
+        if bad:  # review 10 V-R10: {"reward/mean": "abc"} or [1] ended `lineage show` with a bare ValueError / TypeError
+            raise LineageError(f"{self.path}: version {str(r['id'])[:80]!r}: its versions.metrics_summary holds {bad}, "
+                               "where EvoTrainer writes a JSON object of metric numbers (a crafted or damaged file); "
+                               "not read. Use a run folder EvoTrainer wrote")
         try:
             return Version(
                 id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
@@ -1073,14 +1266,49 @@ class LineageStore:
         return out
 
     # --- key/value (run-level state, e.g. orchestrator cursor) ------------------------------------
-    def kv_get(self, key: str, default: Any = None) -> Any:
+    def kv_get(self, key: str, default: Any = None, expected: Shape | None = None) -> Any:
         """Run-level JSON value stored under ``key``.
 
+        Args:
+            expected: the :data:`Shape` the caller reads (``dict``, ``list``, :data:`NUM`, ``{"test": dict}``, ...);
+                a stored value of another shape (JSON ``null`` aside, which reads as None) is refused
+                (:meth:`kv_typed`).
+
         Raises:
-            LineageError: the stored value is not JSON (a crafted or damaged file; :meth:`_kv_value`).
+            LineageError: the stored value is not JSON, or not of the ``expected`` type (a crafted or damaged file;
+                :meth:`_kv_value`).
         """
         r = self._q("SELECT value FROM kv WHERE key=?", (key,))
-        return self._kv_value(key, r[0][0]) if r else default
+        if not r:
+            return default
+        value = self._kv_value(key, r[0][0])
+        return value if expected is None else self.kv_typed(key, value, expected)
+
+    def kv_typed(self, key: str, value: Any, expected: Shape) -> Any:
+        """``value`` (read under ``key``) when it is None or of the ``expected`` :data:`Shape`.
+
+        Review 10 V-R10: ``loop/compute``, ``loop/config``, ``loop/final``, ``loop/diagnose/<v>`` ... set to a JSON
+        string, list or number in a foreign lineage.db (or holding one where a field is read as an object or a
+        number) ended ``report`` with a bare AttributeError, TypeError or ValueError that named neither the file nor
+        the key. A number is never a bool here; null is accepted anywhere (the readers take it as missing).
+
+        Raises:
+            LineageError: names the file, the key, the field (when inside the value), what it holds, what EvoTrainer
+                writes there and the fix.
+        """
+        bad = _shape_mismatch(value, expected, "")
+        if bad is None:
+            return value
+        at, found, want = bad
+        where = f" at {at[:200]}" if at else ""
+        raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(found)} "
+                           f"{_brief(found)}{where}, where EvoTrainer writes {want} (a crafted or damaged file); not "
+                           f"read. {self._kv_fix(key)}")
+
+    def _kv_fix(self, key: Any) -> str:
+        shown = str(key)[:200].replace("'", "''")
+        return (f"Use a run folder EvoTrainer wrote, or remove the value (`sqlite3 {self.path} \"DELETE FROM kv WHERE "
+                f"key = '{shown}'\"`: the run forgets it)")
 
     def _kv_value(self, key: Any, raw: Any) -> Any:
         """A stored run-level value read. Review 8 G-R8's class: ``kv.value = 'not json'`` under ``loop/finished`` in
@@ -1091,11 +1319,8 @@ class LineageStore:
         except (RecursionError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             why = ("JSON nested deeper than Python reads" if isinstance(exc, RecursionError)
                    else f"not JSON ({str(exc)[:200]})")
-            shown = str(key)[:200].replace("'", "''")
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {why}, where EvoTrainer writes "
-                               "JSON (a crafted or damaged file); not read. Use a run folder EvoTrainer wrote, or "
-                               f"remove the value (`sqlite3 {self.path} \"DELETE FROM kv WHERE key = '{shown}'\"`: "
-                               "the run forgets it)") from None
+                               f"JSON (a crafted or damaged file); not read. {self._kv_fix(key)}") from None
 
     def kv_set(self, key: str, value: Any) -> None:
         """Store a run-level JSON value."""

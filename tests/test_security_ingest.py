@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -1495,3 +1496,221 @@ def test_a_failed_import_leaves_no_run_and_a_retry_works(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "given").iterdir() if ".import-" in p.name]
     with Workspace.open(tmp_path / "given") as ws:
         assert ws.lineage.get("v0").status == "trained"
+
+
+# --- review 10: L-R10, D-R10, V-R10, U-R10 (2): crafted lineage.db content --------------------------------------
+_JOBS_WITH_CHECK = (
+    "CREATE TABLE j2 AS SELECT * FROM jobs; DROP TABLE jobs; CREATE TABLE jobs (id TEXT PRIMARY KEY, version_id TEXT "
+    "REFERENCES versions(id), kind TEXT NOT NULL, status TEXT NOT NULL CHECK (length(status) >= 0), progress REAL NOT "
+    "NULL DEFAULT 0, steps_done INTEGER NOT NULL DEFAULT 0, steps_total INTEGER NOT NULL DEFAULT 0, pid INTEGER, "
+    "message TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL); "
+    "INSERT INTO jobs SELECT * FROM j2; DROP TABLE j2;")
+
+
+@pytest.mark.parametrize("sql, found", [
+    ("ALTER TABLE versions ADD COLUMN g GENERATED ALWAYS AS (length(id) + 1) VIRTUAL;",
+     r"a generated column versions\.g, which EvoTrainer's lineage schema never has \(a crafted or foreign file\): it "
+     r"is computed each time a row is read; not opened\. Use a run folder EvoTrainer wrote, or drop it \(`sqlite3 "
+     r".*lineage\.db 'ALTER TABLE \"versions\" DROP COLUMN \"g\"'`\)$"),
+    ("ALTER TABLE kv ADD COLUMN extra TEXT;", r"column kv\.extra, which EvoTrainer's lineage schema never has"),
+    (_JOBS_WITH_CHECK, r"a CHECK constraint on table 'jobs' \(\"CHECK \(length\(status\) >= 0\).*\), which EvoTrainer's "
+                       r"lineage schema never has \(a crafted or foreign file\); not opened\. Use a run folder "
+                       r"EvoTrainer wrote$"),
+    ("CREATE INDEX costly ON metrics(length(name) + value);",
+     r"index 'costly' on table 'metrics', which EvoTrainer's lineage schema never has .*DROP INDEX \"costly\""),
+    ("CREATE TABLE child(k TEXT REFERENCES kv(key));", r"table 'child', which EvoTrainer's lineage schema never has"),
+])
+def test_a_lineage_db_with_schema_objects_the_store_never_makes_is_not_opened(tmp_path, sql, found):
+    """Review 10 L-R10: a VIRTUAL generated column added to ``versions`` of a 57 KB lineage.db from elsewhere is
+    computed each time ``SELECT *`` reads a row (an O(n*m) expression made ``lineage show`` take 16 s and ``report``
+    207 s for one version; scaled, hours); a CHECK constraint naming ``jobs.status`` did the same to every writable
+    open (8 s per running job). Every table, column and index the store never makes is refused at open, named with
+    the fix, and the file is left as it was. The generated column here is cheap: the test asserts the refusal, not a
+    time."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    c = sqlite3.connect(db)
+    c.executescript(sql)
+    c.commit()
+    c.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    for readonly in (False, True):
+        with pytest.raises(LineageError, match=rf"^{db}: holds {found}"):
+            LineageStore(db, readonly=readonly)
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_a_lineage_db_from_before_a_migration_still_opens(tmp_path):
+    """The L-R10 check accepts the schema after each migration: a store written before ``002_version_role`` (no
+    ``versions.role``) opens read-only as it is, and a writable open migrates it."""
+    import sqlite3
+
+    from evotrainer.lineage import LineageStore
+    from evotrainer.recipe import Recipe
+
+    path = tmp_path / "lineage.db"
+    s = LineageStore(path)
+    s.create_root(Recipe())
+    s.close()
+    c = sqlite3.connect(path)
+    c.executescript("ALTER TABLE versions DROP COLUMN role; DELETE FROM _migrations WHERE name = '002_version_role';")
+    c.commit()
+    c.close()
+    ro = LineageStore(path, readonly=True)
+    assert ro.root().id == "v0" and ro.root().role == ""
+    ro.close()
+    s = LineageStore(path)
+    assert [r[1] for r in s._db.execute("PRAGMA table_info(versions)")][-1] == "role"
+    assert s.root().id == "v0"
+    s.close()
+
+
+@pytest.mark.parametrize("table", ["metrics", "kv"])
+def test_a_damaged_page_read_after_open_names_the_file(tmp_path, table):
+    """Review 10 D-R10: a lineage.db whose ``metrics`` (or ``kv``) root page is overwritten opens (the open reads
+    ``versions`` and ``jobs``), and the first read of that table ended ``report`` with a bare "DatabaseError: database
+    disk image is malformed" naming no file. It is the LineageError of a damaged file, with the fix."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    db = run / "lineage.db"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.kv_set("loop/mode", "evotrainer")
+    c = sqlite3.connect(db)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    root = c.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    size = c.execute("PRAGMA page_size").fetchone()[0]
+    c.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\x0d" + b"\xff" * (size - 1))
+    store = LineageStore(db, readonly=True)
+    try:
+        with pytest.raises(LineageError, match=rf"^{db}: damaged, not a readable lineage database \(database disk "
+                                               rf"image is malformed\); not read\. Use an undamaged copy of the run "
+                                               rf"folder \(what still reads can be saved with `sqlite3 {db} "
+                                               r"\.recover`\)$"):
+            store.all_metrics("v0") if table == "metrics" else store.kv_items()
+    finally:
+        store.close()
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert str(r.exception).startswith(f"{db}: damaged")
+
+
+@pytest.mark.parametrize("key, value, got, want", [
+    ("loop/compute", '"x"', "text 'x'", "a JSON object"),
+    ("loop/config", "[1]", r"a JSON list \[1\]", "a JSON object"),
+    ("loop/final", "7", "a number 7", "a JSON object"),
+    ("loop/usage", "true", "true or false True", "a JSON object"),
+    ("loop/diagnose/v0", '"x"', "text 'x'", "a JSON object"),
+    ("loop/eval/v0/heldout", "[0.5]", r"a JSON list \[0\.5\]", "a JSON object"),
+    ("loop/eval/v0/no_rl", '"x"', "text 'x'", "a JSON object"),
+    ("loop/gate/v1", '"x"', "text 'x'", "a JSON object"),
+    ("loop/started_at", '"yesterday"', "text 'yesterday'", "a number"),
+    ("loop/mode", "5", "a number 5", "text"),
+    ("loop/r1/evolve", '{"a": 1}', r"a JSON object \{'a': 1\}", "a JSON list"),
+    ("loop/r1/propose", '"x"', "text 'x'", "a JSON object"),
+    ("loop/final", '{"version": "v1", "test": {"avg@k": "x"}}', "text 'x' at test.avg@k", "a number"),
+    ("loop/final", '{"version": ["v1"]}', r"a JSON list \['v1'\] at version", "text"),
+    ("loop/eval_tokens", '{"eval/v0/heldout": "x"}', "text 'x' at eval/v0/heldout", "a number"),
+    ("loop/config", '{"recipe": {"model": "y"}}', "text 'y' at recipe.model", "a JSON object"),
+    ("loop/diagnose/v0", '{"findings": ["x"]}', r"text 'x' at findings\[0\]", "a JSON object"),
+    ("loop/usage", '{"turns": 1, "cost_usd": "y"}', "text 'y' at cost_usd", "a number"),
+    ("loop/r1/propose", '{"skills_used": [[1]]}', r"a JSON list \[1\] at skills_used\[0\]", "text"),
+])
+def test_a_run_level_value_of_the_wrong_shape_is_named_not_a_crash(tmp_path, key, value, got, want):
+    """Review 10 V-R10: a foreign lineage.db whose kv value the report reads as an object holds a JSON string, list,
+    number or bool (or one inside it, where a field is read as an object or a number): ``report`` ended with a bare
+    AttributeError / TypeError / ValueError naming neither the file nor the key. A LineageError names the file, the
+    key, the field, what it holds, what EvoTrainer writes there and the fix."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?), ('loop/finished', 'true')", (key, value))
+    db.commit()
+    db.close()
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert re.fullmatch(rf"{run / 'lineage.db'}: kv\.value of key '{key}' holds {got}, where EvoTrainer writes {want} "
+                        r"\(a crafted or damaged file\); not read\. Use a run folder EvoTrainer wrote, or remove the "
+                        rf"value \(`sqlite3 .*lineage\.db \"DELETE FROM kv WHERE key = '{key}'\"`: the run forgets "
+                        r"it\)", str(r.exception)), str(r.exception)
+
+
+@pytest.mark.parametrize("value, bad", [
+    ('{"reward/mean": "abc"}', r"'reward/mean': 'abc'"), ("[1]", r"\[1\]"), ('"x"', "'x'"),
+    ('{"reward/mean": [1]}', r"'reward/mean': \[1\]"),
+])
+def test_a_metrics_summary_of_the_wrong_shape_is_named_not_a_crash(tmp_path, value, bad):
+    """Review 10 V-R10: ``versions.metrics_summary = '{"reward/mean": "abc"}'`` (or ``[1]``) ended ``lineage show``
+    with a bare ValueError / TypeError. As the other JSON columns of a version, a LineageError names the file, the
+    version and the column; a summary EvoTrainer writes (numbers, the ``data_split`` digest) still reads."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.update_version("v0", metrics_summary={"reward/mean": 0.5, "steps": 4, "data_split": "ab12",
+                                                         "x": None})
+        assert ws.lineage.get("v0").metrics_summary["data_split"] == "ab12"
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("UPDATE versions SET metrics_summary = ? WHERE id = 'v1'", (value,))
+    db.commit()
+    db.close()
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert re.fullmatch(rf"{run / 'lineage.db'}: version 'v1': its versions\.metrics_summary holds {bad}, where "
+                        r"EvoTrainer writes a JSON object of metric numbers \(a crafted or damaged file\); not read\. "
+                        r"Use a run folder EvoTrainer wrote", str(r.exception)), str(r.exception)
+
+
+def test_a_metric_name_that_is_not_utf8_reads_with_a_replacement_character(tmp_path):
+    """Review 10 U-R10 (2): a crafted ``metrics.name`` of invalid UTF-8 ended ``report`` and ``diagnose`` with a bare
+    "OperationalError: Could not decode to UTF-8 column 'name'". Such text reads with U+FFFD in place of the bad
+    byte, and the report is made."""
+    import sqlite3
+
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT INTO metrics VALUES ('v0', 1, CAST(X'7265776172642FFF' AS TEXT), 0.5)")
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        assert ws.lineage.metric_names("v0") == ["reward/mean", "reward/\ufffd"]
+        assert ws.lineage.all_metrics("v0")["reward/\ufffd"] == [(1, 0.5)]
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, (r.exception, r.output)
