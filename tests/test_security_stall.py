@@ -311,3 +311,43 @@ def test_many_protocol_reads_leave_the_stdio_transport_its_threads(tmp_path):
         assert first["result"]["completion"]["values"] == ["v0", "v1"]
     finally:
         s.close()
+
+
+SLOW_WORKSPACE = r'''
+import sys, time
+from evotrainer.servers import common
+from evotrainer.servers.app import build_server
+
+_open = common.ServerState.workspace
+
+
+def slow_workspace(self):  # a slow lineage read (review 10, M-R10: a crafted lineage.db, 11-37 s): here a sleep
+    time.sleep(3)
+    return _open(self)
+
+
+common.ServerState.workspace = slow_workspace
+build_server("training", sys.argv[1]).run("stdio")
+'''
+
+
+@pytest.mark.parametrize(("tool", "args", "said"), [
+    ("start_training", {"version_id": "v9", "steps": 1}, "v9"),
+    ("evaluate_version", {"version_id": "v9"}, "v9"),
+    ("job_status", {"job_id": "j1"}, "'j1' not found"),
+    ("cancel_job", {"job_id": "j1"}, "'j1' not found"),
+])
+def test_the_async_job_tools_read_the_lineage_off_the_event_loop(tmp_path, tool, args, said):
+    """Review 10, M-R10: start_training, evaluate_version, job_status and cancel_job read the workspace and the
+    lineage on the event loop before their first await, so a slow read (a generated column of a crafted lineage.db)
+    stalled every session: a ping waited 37 s (start_training), 11 s (evaluate_version), 15 s (job_status). Their
+    reads now run in a tool thread; here each workspace read sleeps 3 s."""
+    script = tmp_path / "server.py"
+    script.write_text(SLOW_WORKSPACE)
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path))])
+    try:
+        reply, worst = _call_while_pinging(s, tool, args)
+        assert worst < 2.5, f"a ping waited {worst:.2f} s behind {tool}'s lineage read"
+        assert reply["result"]["isError"] and said in reply["result"]["content"][0]["text"]
+    finally:
+        s.close()
