@@ -577,13 +577,45 @@ def test_http_sessions_expire_when_idle_and_are_capped(redos_run):
     try:
         with httpx.Client() as hc:
             sids = [_open_session(hc, url) for _ in range(3)]
-            r = hc.post(url, json=INIT, headers=HDR, timeout=30)  # a 4th session while 3 are open
-            assert (r.status_code, r.json()["error"]) == (503, {"code": -32603, "message": "Too many open sessions"})
             assert _sse_json(_ping(hc, url, sids[0])) == {"jsonrpc": "2.0", "id": 7, "result": {}}  # alive
             time.sleep(4)  # > 1.5 s idle: all three expire
             r = _ping(hc, url, sids[0])
             assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
             assert _sse_json(_ping(hc, url, _open_session(hc, url))) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_full_session_table_closes_its_least_recently_used_idle_session(redos_run):
+    """Review 10, H-R10: with the token, 1,000 ``initialize`` requests and nothing after filled the session cap, and
+    every newcomer got 503 for up to the idle timeout (30 min). Past the cap a newcomer now closes the session whose
+    last request ended earliest among those with nothing in flight; 503 only when every session is in a request."""
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="600", EVOTRAINER_MCP_MAX_SESSIONS="3")
+    ok = {"jsonrpc": "2.0", "id": 7, "result": {}}
+    try:
+        with httpx.Client() as hc:
+            a, b, c = (_open_session(hc, url) for _ in range(3))
+            assert _sse_json(_ping(hc, url, a)) == ok  # a used last: b is the least recently used
+            d = _open_session(hc, url)  # a 4th session while 3 are open
+            r = _ping(hc, url, b)
+            assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
+            for sid in (a, c, d):
+                assert _sse_json(_ping(hc, url, sid)) == ok
+            # every session with a stream open (a request in flight): nothing to close, the newcomer gets 503
+            streams = [hc.stream("GET", url, headers={**HDR, "Accept": "text/event-stream", "mcp-session-id": sid,
+                                                      "mcp-protocol-version": "2025-06-18"}, timeout=30)
+                       for sid in (a, c, d)]
+            try:
+                assert [s.__enter__().status_code for s in streams] == [200, 200, 200]
+                r = hc.post(url, json=INIT, headers=HDR, timeout=30)
+                assert (r.status_code, r.json()["error"]) == (503, {"code": -32603,
+                                                                    "message": "Too many open sessions"})
+            finally:
+                for st in streams:
+                    st.__exit__(None, None, None)
     finally:
         proc.terminate()
         proc.wait(30)
