@@ -278,6 +278,25 @@ def test_regex_scan_of_one_long_record_reads_a_bounded_prefix(tmp_path):
         c.close()
 
 
+def test_a_log_record_with_a_lone_surrogate_is_found_with_a_replacement_character(tmp_path):
+    """Review 10, U-R10 (3): a run-log record ``"message": "boom \\ud800 here"`` (a JSON escape of a lone surrogate,
+    in a run folder from elsewhere) made every search_logs that matched it fail with "Error executing tool
+    search_logs" and no reason, the empty query included: one planted record hid the run's log."""
+    import json
+
+    run = make_run(tmp_path)
+    with (run / "logs" / "run.jsonl").open("a") as f:
+        f.write(json.dumps({"time": time.time(), "level": "error", "version": "v0", "source": "local",
+                            "message": "boom \ud800 here", "\udc00key": ["\udfff"]}) + "\n")
+    c = SyncClient(build_server("logs", run))
+    try:
+        res = c.ok("search_logs", {"query": "boom"})
+        assert res["total"] == 1 and res["records"][0]["message"] == "boom \ufffd here"
+        assert c.ok("search_logs", {"query": ""})["total"] == 4  # make_run's three records and this one
+    finally:
+        c.close()
+
+
 def test_tool_past_its_deadline_is_answered_and_the_server_keeps_serving(monkeypatch):
     from mcp.server.mcpserver import MCPServer
 
