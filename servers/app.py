@@ -126,9 +126,15 @@ TOOL_META: dict[str, ToolMeta] = {
 class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
+    state: ServerState | None = None
+
     async def run_stdio_async(self) -> None:
         prefer_the_event_loop()
         await serve_stdio(self)
+        # the client closed stdin: stop this process's jobs (marked interrupted) before the interpreter's teardown,
+        # which aborted on a training thread still running (review 10, W-R10)
+        if self.state is not None:
+            self.state.jobs.shutdown()
 
 
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> GuardedMCPServer:
@@ -156,6 +162,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions, tools=tools,
                               lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
                               log_level="WARNING", version=_version())
+    server.state = state
     if "training" in sets:
         training.register(server, state)
     server.middleware.append(argument_error_middleware(tools))

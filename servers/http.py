@@ -359,4 +359,9 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
     prefer_the_event_loop()
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
+    finally:  # stop the jobs (marked interrupted) before the interpreter's teardown (review 10, W-R10)
+        state = getattr(server, "state", None)
+        if state is not None:
+            state.jobs.shutdown()
