@@ -340,6 +340,13 @@ class WorkSlots:
             raise ValueError(f"{name}: at least 1 slot, got {n}")
         self.name, self.n = name, n
         self._sem = threading.BoundedSemaphore(n)
+        self._lock = threading.Lock()
+        self._threads = 0  # bodies running or waiting for a slot
+
+    @property
+    def threads(self) -> int:
+        """Worker threads in :meth:`run` now: bodies running or waiting for a slot (answered calls' included)."""
+        return self._threads
 
     def busy(self, tool_name: str) -> str:
         """The tool error of a call that got no slot before its deadline."""
@@ -347,15 +354,21 @@ class WorkSlots:
                 f"may take; retry later (or raise ${SANDBOX_RUNS_ENV if self.name == 'sandbox' else TOOL_THREADS_ENV})")
 
     def run(self, call: Callable[[], Any], gone: threading.Event, started: threading.Event, deadline: float) -> Any:
-        if not self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise ToolError(self.busy(getattr(call, "func", call).__name__))
+        with self._lock:
+            self._threads += 1
         try:
-            if gone.is_set():
-                return None
-            started.set()
-            return call()
+            if not self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise ToolError(self.busy(getattr(call, "func", call).__name__))
+            try:
+                if gone.is_set():
+                    return None
+                started.set()
+                return call()
+            finally:
+                self._sem.release()
         finally:
-            self._sem.release()
+            with self._lock:
+                self._threads -= 1
 
 
 def _env_slots(env: str, default: int) -> int:
@@ -371,6 +384,14 @@ def _env_slots(env: str, default: int) -> int:
 
 TOOL_SLOTS = WorkSlots("tool", _env_slots(TOOL_THREADS_ENV, MAX_TOOL_THREADS))
 SANDBOX_SLOTS = WorkSlots("sandbox", _env_slots(SANDBOX_RUNS_ENV, MAX_SANDBOX_RUNS))
+STDIO_EOF_GRACE_S = 10.0  # after a stdio client left, how long tool bodies still running get before the process exits
+
+
+def tool_threads() -> int:
+    """Tool worker threads still in a body or waiting for a slot (:class:`WorkSlots`), sandbox runs included."""
+    return TOOL_SLOTS.threads + SANDBOX_SLOTS.threads
+
+
 _WORKERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_tool_workers")
 
 

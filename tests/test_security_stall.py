@@ -351,3 +351,22 @@ def test_the_async_job_tools_read_the_lineage_off_the_event_loop(tmp_path, tool,
         assert reply["result"]["isError"] and said in reply["result"]["content"][0]["text"]
     finally:
         s.close()
+
+
+def test_stdio_eof_drops_the_calls_still_in_flight_after_a_grace_period(tmp_path):
+    """Review 10, W-R10 (a): the client closed stdin while a run_analyzer_code call (a 120 s sandbox) ran; the server
+    stayed alive until the sandbox ended, up to 600 s after its client left: the SDK cancels the calls in flight at
+    EOF, but the interpreter's exit waited for their tool threads. The process now ends common.STDIO_EOF_GRACE_S
+    after the EOF (1 s here) without waiting for them; the probe's nap would take 120 s."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER.replace("from evotrainer.servers import common\n",
+                                     "from evotrainer.servers import common\ncommon.STDIO_EOF_GRACE_S = 1.0\n"))
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path)), "300"])
+    try:
+        s.send("tools/call", {"name": "nap", "arguments": {"seconds": 120}})
+        time.sleep(1)
+        s.proc.stdin.close()
+        assert s.proc.wait(60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
