@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -26,7 +29,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
-from evotrainer.servers import analyzers, logs, protocol, rollouts, skills, training
+from evotrainer.servers import analyzers, common, logs, protocol, rollouts, skills, training
 from evotrainer.servers.common import (
     ServerState,
     ToolContext,
@@ -126,9 +129,25 @@ TOOL_META: dict[str, ToolMeta] = {
 class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
+    state: ServerState | None = None
+
     async def run_stdio_async(self) -> None:
         prefer_the_event_loop()
         await serve_stdio(self)
+        # The client closed stdin (review 10, W-R10). Stop this process's jobs (marked interrupted): a training
+        # thread still running into the interpreter's teardown aborted it (SIGABRT) and left its row 'running'.
+        left = self.state.jobs.shutdown() if self.state is not None else []
+        # The SDK has cancelled the calls in flight, but their tool threads run on, and the interpreter's exit
+        # waited for them: a sandbox of up to 600 s kept the server alive after its client left. They get a grace
+        # period; then the process ends without waiting (a job row left 'running' is marked interrupted at the
+        # next open; an evidence copy or sandbox folder is swept by owner; a sandbox dies with its parent).
+        end = time.monotonic() + common.STDIO_EOF_GRACE_S
+        while common.tool_threads() and time.monotonic() < end:
+            await anyio.sleep(0.05)
+        if left or common.tool_threads():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> GuardedMCPServer:
@@ -156,6 +175,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions, tools=tools,
                               lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
                               log_level="WARNING", version=_version())
+    server.state = state
     if "training" in sets:
         training.register(server, state)
     server.middleware.append(argument_error_middleware(tools))

@@ -77,6 +77,7 @@ from evotrainer.skills_db.store import SkillStore
 from evotrainer.workspace import Workspace, WorkspaceError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 MAX_LIMIT = 500  # the largest page any list tool returns
 DEFAULT_DEADLINE_S = 300.0  # a tool call still running after this many seconds is answered with a tool error
@@ -339,6 +340,13 @@ class WorkSlots:
             raise ValueError(f"{name}: at least 1 slot, got {n}")
         self.name, self.n = name, n
         self._sem = threading.BoundedSemaphore(n)
+        self._lock = threading.Lock()
+        self._threads = 0  # bodies running or waiting for a slot
+
+    @property
+    def threads(self) -> int:
+        """Worker threads in :meth:`run` now: bodies running or waiting for a slot (answered calls' included)."""
+        return self._threads
 
     def busy(self, tool_name: str) -> str:
         """The tool error of a call that got no slot before its deadline."""
@@ -346,15 +354,21 @@ class WorkSlots:
                 f"may take; retry later (or raise ${SANDBOX_RUNS_ENV if self.name == 'sandbox' else TOOL_THREADS_ENV})")
 
     def run(self, call: Callable[[], Any], gone: threading.Event, started: threading.Event, deadline: float) -> Any:
-        if not self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise ToolError(self.busy(getattr(call, "func", call).__name__))
+        with self._lock:
+            self._threads += 1
         try:
-            if gone.is_set():
-                return None
-            started.set()
-            return call()
+            if not self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise ToolError(self.busy(getattr(call, "func", call).__name__))
+            try:
+                if gone.is_set():
+                    return None
+                started.set()
+                return call()
+            finally:
+                self._sem.release()
         finally:
-            self._sem.release()
+            with self._lock:
+                self._threads -= 1
 
 
 def _env_slots(env: str, default: int) -> int:
@@ -370,6 +384,14 @@ def _env_slots(env: str, default: int) -> int:
 
 TOOL_SLOTS = WorkSlots("tool", _env_slots(TOOL_THREADS_ENV, MAX_TOOL_THREADS))
 SANDBOX_SLOTS = WorkSlots("sandbox", _env_slots(SANDBOX_RUNS_ENV, MAX_SANDBOX_RUNS))
+STDIO_EOF_GRACE_S = 10.0  # after a stdio client left, how long tool bodies still running get before the process exits
+
+
+def tool_threads() -> int:
+    """Tool worker threads still in a body or waiting for a slot (:class:`WorkSlots`), sandbox runs included."""
+    return TOOL_SLOTS.threads + SANDBOX_SLOTS.threads
+
+
 _WORKERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_tool_workers")
 
 
@@ -397,6 +419,36 @@ def prefer_the_event_loop() -> None:
     63.6 M and 52.4 M at 1 ms (no throughput lost).
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+async def run_in_slot(name: str, call: Callable[[], Any], sandbox: bool = False, deadline_s: float | None = None
+                      ) -> Any:
+    """``call()`` in a tool worker thread once it has a slot of :data:`SANDBOX_SLOTS` (``sandbox``) or
+    :data:`TOOL_SLOTS`, answered with a :class:`ToolError` ("server busy" / "did not finish") after ``deadline_s``
+    seconds (default :data:`SANDBOX_DEADLINE_S` or :data:`DEFAULT_DEADLINE_S`, read at call time): the body of a
+    sync tool (:func:`guard`), and the lineage reads of an async tool (start_training, job_status, ...), which must
+    not run on the event loop: a slow read there (a crafted ``lineage.db``, review 10 M-R10) stalls every session.
+    """
+    slots = SANDBOX_SLOTS if sandbox else TOOL_SLOTS
+    limit = deadline_s if deadline_s is not None else SANDBOX_DEADLINE_S if sandbox else DEFAULT_DEADLINE_S
+    gone, started = threading.Event(), threading.Event()
+    body = functools.partial(slots.run, call, gone, started, time.monotonic() + limit)
+    try:
+        with anyio.move_on_after(limit) as scope:
+            return await anyio.to_thread.run_sync(body, abandon_on_cancel=True, limiter=_workers())
+        if scope.cancelled_caught:
+            if not started.is_set():
+                raise ToolError(slots.busy(name))
+            raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
+                            "(a version, a step range, a smaller limit) or retry later")
+    finally:
+        gone.set()
+
+
+async def in_tool_worker(call: Callable[[], T]) -> T:
+    """``call()`` in a tool worker thread (:data:`MAX_TOOL_WORKERS`, not anyio's default limiter, which the stdio
+    reader needs), without a slot or a deadline: work that mostly waits (a job's start waits for the writer lock)."""
+    return await anyio.to_thread.run_sync(call, limiter=_workers())
 
 
 def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool | None = None
@@ -429,22 +481,10 @@ def guard(fn: Callable[..., Any], deadline_s: float | None = None, sandbox: bool
                     return hit  # answered on the event loop from the cache: no thread, nothing that can block
             else:
                 call = functools.partial(fn, *args, **kwargs)
-            slots = SANDBOX_SLOTS if in_sandbox else TOOL_SLOTS
-            limit = deadline_s if deadline_s is not None else SANDBOX_DEADLINE_S if in_sandbox else DEFAULT_DEADLINE_S
-            gone, started = threading.Event(), threading.Event()
-            body = functools.partial(slots.run, call, gone, started, time.monotonic() + limit)
             try:
-                with anyio.move_on_after(limit) as scope:
-                    return await anyio.to_thread.run_sync(body, abandon_on_cancel=True, limiter=_workers())
-                if scope.cancelled_caught:
-                    if not started.is_set():
-                        raise ToolError(slots.busy(name))
-                    raise ToolError(f"{name} did not finish within {limit:g} s; narrow the request "
-                                    "(a version, a step range, a smaller limit) or retry later")
+                return await run_in_slot(name, call, in_sandbox, deadline_s)
             except Exception as exc:
                 raise _to_tool_error(name, exc) from exc
-            finally:
-                gone.set()
 
         convert: list[Callable[[Any], Any]] = []  # the SDK's result conversion of this tool (make_tool sets it)
         wrapped.__result_converter__ = convert  # type: ignore[attr-defined]

@@ -13,8 +13,9 @@ compared in constant time (``hmac.compare_digest``).
 Behind the security check, :class:`~evotrainer.servers.envelope.EnvelopeGuard` answers malformed JSON-RPC
 bodies (-32700 / -32600). Sessions expire after ``session_idle_s`` seconds without a request (default
 :data:`SESSION_IDLE_S`, or ``$EVOTRAINER_MCP_SESSION_IDLE_S``) and at most ``max_sessions`` are open at once
-(default :data:`MAX_SESSIONS`, or ``$EVOTRAINER_MCP_MAX_SESSIONS``); past the cap a new session gets HTTP 503
-until an old one ends (DELETE) or expires. Measured cost of an idle session: see ``tests/test_security_mcp.py``.
+(default :data:`MAX_SESSIONS`, or ``$EVOTRAINER_MCP_MAX_SESSIONS``); past the cap a new session closes the least
+recently used session that has no request or stream in flight (:func:`evict_idle_sessions`), and gets HTTP 503 only
+when every open session is in a request. Measured cost of an idle session: see ``tests/test_security_mcp.py``.
 
 Below HTTP (:class:`GuardedH11Protocol`, before any token is seen): a connection that has not sent a whole
 request head within ``header_timeout_s`` (default :data:`HEADER_TIMEOUT_S`, or ``$EVOTRAINER_MCP_HEADER_TIMEOUT_S``)
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import math
 import os
 import resource
 import secrets
@@ -287,6 +289,45 @@ def guarded_protocol(header_timeout_s: float | None = None, max_connections: int
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": timeout, "max_connections": cap})
 
 
+def _least_recently_used_idle(manager: Any) -> str | None:
+    """The id of the open session whose last request ended earliest among those with no request or stream in flight
+    (the SDK's transport sets its idle deadline to that end plus the idle timeout; infinite while one is in flight),
+    or None when every session is busy (or still opening: it has no idle scope yet)."""
+    best, best_deadline = None, math.inf
+    for sid, transport in list(manager._server_instances.items()):
+        scope = getattr(transport, "idle_scope", None)
+        if (scope is None or scope.cancel_called or getattr(transport, "_requests_in_flight", 1) != 0
+                or getattr(transport, "is_terminated", False)):
+            continue
+        if scope.deadline < best_deadline:
+            best, best_deadline = sid, scope.deadline
+    return best
+
+
+def evict_idle_sessions(manager: Any) -> None:
+    """Make ``manager`` (the SDK's ``StreamableHTTPSessionManager``) close, at its session cap, the least recently
+    used session with no request or stream in flight to admit a new one, as :class:`GuardedH11Protocol` does for
+    connections; a newcomer gets 503 only when every open session is in a request.
+
+    Review 10 (H-R10): 1,000 ``initialize`` requests with the token and nothing after filled the cap in 3.3 s, and
+    every newcomer got 503 for up to the idle timeout (30 min). The evicted session is forgotten at once (its id
+    answers 404) and its idle scope is cancelled, which ends its server task the way an idle expiry does.
+    """
+    admit = manager._admit_session
+
+    def admit_or_evict(requestor: Any) -> Any:
+        cap = manager.max_sessions
+        if cap is not None and len(manager._server_instances) >= cap:
+            sid = _least_recently_used_idle(manager)
+            if sid is not None:
+                transport = manager._server_instances.pop(sid)
+                manager._session_owners.pop(sid, None)
+                transport.idle_scope.cancel()
+        return admit(requestor)
+
+    manager._admit_session = admit_or_evict
+
+
 def http_app(server: MCPServer[Any], token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = (),
              session_idle_s: float | None = None, max_sessions: int | None = None) -> Any:
     """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` behind :class:`EnvelopeGuard` and
@@ -295,6 +336,7 @@ def http_app(server: MCPServer[Any], token: str, host: str = "127.0.0.1", allowe
     security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     inner = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security,
                                        session_idle_timeout=idle, max_sessions=cap)
+    evict_idle_sessions(server.session_manager)
     return SecurityMiddleware(EnvelopeGuard(ProtocolVersionGuard(inner)), token, allowed_origins)
 
 
@@ -317,4 +359,9 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
     prefer_the_event_loop()
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
+    finally:  # stop the jobs (marked interrupted) before the interpreter's teardown (review 10, W-R10)
+        state = getattr(server, "state", None)
+        if state is not None:
+            state.jobs.shutdown()

@@ -4,8 +4,10 @@ A job runs a backend call (``Backend.train`` / ``Backend.evaluate``, docs/interf
 daemon thread with its own writer handle on the workspace (the run's writer lock: one writing job
 per run at a time). Its row in the lineage store (``jobs`` table) is updated after each step, so
 any client, in this process or another, reads its progress; cancellation sets an event that the
-backend polls through ``should_stop``. Jobs of a dead server process are marked ``interrupted`` by
-the lineage store on the next open (resumable: training continues from the last logged step).
+backend polls through ``should_stop``. When the server exits (its stdio client closed the pipe, the HTTP
+server stopped), :meth:`JobManager.shutdown` stops its jobs after their current step and marks them
+``interrupted``; jobs of a server process that died are marked ``interrupted`` by the lineage store on the
+next open. Either way they are resumable: training continues from the last logged step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 StopFn = Callable[[], bool]
 RunFn = Callable[[Workspace, ProgressFn, StopFn], Any]
 """``run(ws, progress, should_stop)``: the backend call of a job, on the job's own writer handle."""
+SHUTDOWN_WAIT_S = 60.0  # at the server's exit, how long its running jobs get to finish their current step
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -56,6 +59,7 @@ class RunningJob:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     finishing: threading.Event = dataclasses.field(default_factory=threading.Event)  # final status being written
+    interrupted: threading.Event = dataclasses.field(default_factory=threading.Event)  # the server is going away
     steps_done: int = 0
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     result: Any = None
@@ -132,7 +136,7 @@ class JobManager:
         try:
             job.result = run(ws, progress, job.cancel.is_set)
             job.finishing.set()
-            status = "cancelled" if job.cancel.is_set() else "done"
+            status = "interrupted" if job.interrupted.is_set() else "cancelled" if job.cancel.is_set() else "done"
             ws.lineage.update_job(job.id, status=status, progress=1.0 if status == "done" else
                                   (job.steps_done / job.steps_total if job.steps_total else 0.0),
                                   message=_result_message(job.result, status))
@@ -148,6 +152,23 @@ class JobManager:
         finally:
             ws.close()
             job.done.set()
+
+    def shutdown(self, timeout_s: float | None = None) -> list[RunningJob]:
+        """Stop this process's running jobs because the server is going away (its stdio client left): each is asked
+        to stop after its current step and is marked ``interrupted`` (resumable from its last step); waits up to
+        ``timeout_s`` seconds (default :data:`SHUTDOWN_WAIT_S`) for them in all. Returns the jobs still running.
+
+        Review 10 (W-R10): the server left a training thread running into interpreter teardown, which aborted the
+        process (SIGABRT, "terminate called without an active exception"), and the job row stayed ``running``."""
+        jobs = self.running()
+        for job in jobs:
+            job.interrupted.set()
+            job.cancel.set()
+        deadline = time.monotonic() + (SHUTDOWN_WAIT_S if timeout_s is None else timeout_s)
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(max(0.0, deadline - time.monotonic()))
+        return [j for j in jobs if not j.done.is_set()]
 
     def cancel(self, job_id: str) -> RunningJob:
         """Ask a running job to stop after its current step.

@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources import FunctionResource
@@ -38,9 +37,11 @@ from evotrainer.servers.common import (
     ServerState,
     ToolContext,
     cached_read,
+    in_tool_worker,
     lineage_token,
     page_fields,
     require_version,
+    run_in_slot,
     state_of,
 )
 from evotrainer.servers.jobs import ProgressFn, StopFn, to_jsonable
@@ -217,6 +218,11 @@ def _backend(state: ServerState) -> Backend:
     return get_backend(state.backend_name)
 
 
+async def _job_info_off_loop(name: str, state: ServerState, ws: Workspace, job_id: str) -> JobInfo:
+    """The :class:`JobInfo` of ``job_id``, read from the lineage in a tool thread (an async tool's last read)."""
+    return await run_in_slot(name, lambda: job_info(state, ws.lineage.job(job_id)))
+
+
 def list_versions(
     ctx: ToolContext,
     status: Annotated[StatusFilter | None, Field(description="Only versions with this status.")] = None,
@@ -326,20 +332,26 @@ async def start_training(
     from its last step). Returns the job; poll job_status or pass wait_s to
     stream progress notifications. With early_stop, trusted synthesised analyzers may stop it mid-training."""
     st = state_of(ctx)
-    ws = st.workspace()
-    v = require_version(ws, version_id)
-    if v.status in ("kept", "pruned", "reverted"):
-        raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
-    start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
-    if start is not None and (not start.checkpoint or not Path(start.checkpoint).is_dir()):
-        # fail now rather than in the job (the backend starts from this checkpoint)
-        role = "parent" if start.id == v.parent_id else "start point"
-        raise ToolError(f"{role} {start.id} of {version_id} has no checkpoint (status {start.status}); "
-                        f"train {start.id} first")
-    busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
-    if busy:
-        raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
-    backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
+
+    def prelude() -> tuple[Workspace, Backend]:
+        ws = st.workspace()
+        v = require_version(ws, version_id)
+        if v.status in ("kept", "pruned", "reverted"):
+            raise ToolError(f"{version_id} is {v.status} (decided); propose a child of it instead of retraining it")
+        start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
+        if start is not None and (not start.checkpoint or not Path(start.checkpoint).is_dir()):
+            # fail now rather than in the job (the backend starts from this checkpoint)
+            role = "parent" if start.id == v.parent_id else "start point"
+            raise ToolError(f"{role} {start.id} of {version_id} has no checkpoint (status {start.status}); "
+                            f"train {start.id} first")
+        busy = [j.id for j in st.jobs.running() if j.version_id == version_id]
+        if busy:
+            raise ToolError(f"{version_id} has a running job {busy[0]}; wait for it (job_status) or cancel_job")
+        return ws, _backend(st)  # the backend imports torch
+
+    # the lineage reads and the backend import in a tool thread, not on the event loop: a slow read (a crafted or
+    # a big lineage.db) there stalled every session's pings (review 10, M-R10: 37 s)
+    ws, backend = await run_in_slot("start_training", prelude)
     if early_stop is not None:
         if getattr(backend, "name", "") != "local":
             raise ToolError(f"early_stop: backend {getattr(backend, 'name', '?')!r} has no after-step hook; "
@@ -367,9 +379,9 @@ async def start_training(
                              after_step=after_step)
 
     # off the event loop: start() may wait for the previous job to release the writer lock
-    job = await anyio.to_thread.run_sync(st.jobs.start, "train", version_id, steps, run)
+    job = await in_tool_worker(functools.partial(st.jobs.start, "train", version_id, steps, run))
     await st.jobs.wait(ctx, job.id, wait_s)
-    return job_info(st, ws.lineage.job(job.id))
+    return await _job_info_off_loop("start_training", st, ws, job.id)
 
 
 async def evaluate_version(
@@ -384,11 +396,15 @@ async def evaluate_version(
     job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
     (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
     st = state_of(ctx)
-    ws = st.workspace()
-    require_version(ws, version_id)
-    if (why := test_sealed(ws, eval_name)) is not None:
-        raise ToolError(why)
-    backend = await anyio.to_thread.run_sync(_backend, st)  # imports torch: not on the event loop
+
+    def prelude() -> tuple[Workspace, Backend]:
+        ws = st.workspace()
+        require_version(ws, version_id)
+        if (why := test_sealed(ws, eval_name)) is not None:
+            raise ToolError(why)
+        return ws, _backend(st)  # the backend imports torch
+
+    ws, backend = await run_in_slot("evaluate_version", prelude)  # lineage reads: not on the event loop (M-R10)
     if is_test_eval(eval_name) and getattr(backend, "name", "") != "local":
         raise ToolError(f"eval {eval_name!r} scores the test split, which only the local backend evaluates; "
                         f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
@@ -396,9 +412,9 @@ async def evaluate_version(
     def run(wws: Workspace, progress: ProgressFn, should_stop: StopFn) -> Any:
         return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
 
-    job = await anyio.to_thread.run_sync(st.jobs.start, "eval", version_id, 0, run)
+    job = await in_tool_worker(functools.partial(st.jobs.start, "eval", version_id, 0, run))
     await st.jobs.wait(ctx, job.id, wait_s)
-    return job_info(st, ws.lineage.job(job.id))
+    return await _job_info_off_loop("evaluate_version", st, ws, job.id)
 
 
 async def job_status(
@@ -408,10 +424,15 @@ async def job_status(
 ) -> JobInfo:
     """Status and progress of a job; with wait_s > 0, wait for it to finish while streaming progress."""
     st = state_of(ctx)
-    ws = st.workspace()
-    _job_row(ws, job_id)
+
+    def prelude() -> Workspace:
+        ws = st.workspace()
+        _job_row(ws, job_id)
+        return ws
+
+    ws = await run_in_slot("job_status", prelude)  # lineage reads: not on the event loop (M-R10)
     await st.jobs.wait(ctx, job_id, wait_s)
-    return job_info(st, ws.lineage.job(job_id))
+    return await _job_info_off_loop("job_status", st, ws, job_id)
 
 
 def list_jobs(
@@ -434,11 +455,16 @@ async def cancel_job(
     """Stop a running job after its current step (the version keeps the steps done; training resumes
     from there next time)."""
     st = state_of(ctx)
-    ws = st.workspace()
-    _job_row(ws, job_id)
-    st.jobs.cancel(job_id)
+
+    def prelude() -> Workspace:
+        ws = st.workspace()
+        _job_row(ws, job_id)
+        st.jobs.cancel(job_id)
+        return ws
+
+    ws = await run_in_slot("cancel_job", prelude)  # lineage reads: not on the event loop (M-R10)
     await st.jobs.wait(None, job_id, wait_s)
-    return job_info(st, ws.lineage.job(job_id))
+    return await _job_info_off_loop("cancel_job", st, ws, job_id)
 
 
 def decide(

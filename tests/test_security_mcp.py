@@ -57,6 +57,101 @@ def test_next_job_starts_while_the_finished_job_handle_is_still_referenced(tmp_p
     assert len(kept) == 1
 
 
+_JOB_AT_EOF = r'''
+import sys, time
+from evotrainer.servers import training
+from evotrainer.servers.app import build_server
+
+
+class Endless:  # a training run longer than the client stays: it stops only when asked
+    name = "fake"
+
+    def train(self, ws, version_id, steps, progress, should_stop, **kw):
+        n = 0
+        while not should_stop():
+            n += 1
+            progress({"step": n, "steps": steps})
+            time.sleep(0.05)
+        return {"steps_done": n}
+
+
+training._backend = lambda state: Endless()
+build_server("training", sys.argv[1]).run("stdio")
+print("exited", file=sys.stderr)
+'''
+
+
+def test_stdio_eof_interrupts_the_running_jobs(tmp_path):
+    """Review 10, W-R10: the client closed stdin while a start_training job ran; the server left the training thread
+    running into interpreter teardown (SIGABRT with torch: "terminate called without an active exception") and the
+    job row stayed 'running' with a dead pid. Now the server asks its jobs to stop at EOF, marks them interrupted
+    (resumable) and exits normally."""
+    from test_security_stall import Stdio
+
+    run = make_run(tmp_path)
+    script = tmp_path / "server.py"
+    script.write_text(_JOB_AT_EOF)
+    s = Stdio([sys.executable, str(script), str(run)])
+    rid = s.send("tools/call", {"name": "start_training", "arguments": {"version_id": "v0", "steps": 100000}})
+    job = s.wait(rid, 120)["result"]["structuredContent"]
+    assert job["status"] == "running"
+    time.sleep(0.5)
+    s.proc.stdin.close()
+    assert s.proc.wait(60) == 0
+    with Workspace.open(run) as ws:
+        row = ws.lineage.job(job["id"])
+    assert row.status == "interrupted" and row.steps_done >= 1 and row.message.startswith("interrupted")
+
+
+def test_job_manager_shutdown_stops_and_marks_its_jobs(tmp_path):
+    Workspace.init(tmp_path / "run", Recipe())
+    jm = JobManager(tmp_path / "run")
+
+    def endless(ws, progress, stop):
+        while not stop():
+            time.sleep(0.01)
+        return {"stopped": True}
+
+    job = jm.start("train", "v0", 10, endless)
+    assert jm.shutdown(timeout_s=30) == [] and job.result == {"stopped": True}
+    with Workspace.open(tmp_path / "run") as reader:
+        assert reader.lineage.job(job.id).status == "interrupted"
+
+
+def test_evidence_copies_of_dead_servers_are_swept(tmp_path, monkeypatch):
+    """Review 10, W-R10: SIGTERM to a server during run_analyzer_code left /tmp/evidence-XXXX, a 0700 copy of the
+    run's metrics and rollouts (five piled up in one review). The folder is now named for its owner process, and
+    run_analyzer_code removes those of owners that are gone; a live owner's folder and other names stay."""
+    import tempfile
+
+    import evotrainer.harness.analyzers.registry as registry
+    from evotrainer.harness.evidence import Evidence
+    from evotrainer.sandbox.limits import owner_tag
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "evidence-4194311.12345-abcd"  # above the largest pid Linux gives: never alive
+    (dead / "evidence").mkdir(parents=True)
+    (dead / "evidence" / "rollouts.parquet").write_bytes(b"x")
+    live, other = tmp_path / f"evidence-{owner_tag()}-keep", tmp_path / "evidence-q1w2e3"
+    live.mkdir()
+    other.mkdir()
+    seen = []
+
+    class Result:
+        exit_code, limit_hit, stdout, stderr = 0, None, "[]", ""
+
+    def fake_sandbox(code, evidence_dir, timeout_s, memory_mb):
+        seen.append(evidence_dir.parent.name)
+        return Result()
+
+    monkeypatch.setattr(registry, "_call_sandbox", fake_sandbox)
+    with Workspace.open(make_run(tmp_path / "r")) as ws:
+        ev = Evidence.from_workspace(ws, ["v0"])
+    assert registry.run_analyzer_code("print('[]')", ev) == []
+    assert not dead.exists() and live.is_dir() and other.is_dir()
+    assert seen[0].startswith(f"evidence-{owner_tag()}-") and not (tmp_path / seen[0]).exists()
+
+
 # --- init is atomic ---------------------------------------------------------------------------------------
 _KILL_INSIDE_INIT = """
 import os, signal, sys
@@ -274,6 +369,25 @@ def test_regex_scan_of_one_long_record_reads_a_bounded_prefix(tmp_path):
         # a substring search reads every message whole
         sub = c.ok("search_logs", {"query": hit, "max_chars": 20})
         assert sub["total"] == 2 and sub["partly_scanned"] == 0
+    finally:
+        c.close()
+
+
+def test_a_log_record_with_a_lone_surrogate_is_found_with_a_replacement_character(tmp_path):
+    """Review 10, U-R10 (3): a run-log record ``"message": "boom \\ud800 here"`` (a JSON escape of a lone surrogate,
+    in a run folder from elsewhere) made every search_logs that matched it fail with "Error executing tool
+    search_logs" and no reason, the empty query included: one planted record hid the run's log."""
+    import json
+
+    run = make_run(tmp_path)
+    with (run / "logs" / "run.jsonl").open("a") as f:
+        f.write(json.dumps({"time": time.time(), "level": "error", "version": "v0", "source": "local",
+                            "message": "boom \ud800 here", "\udc00key": ["\udfff"]}) + "\n")
+    c = SyncClient(build_server("logs", run))
+    try:
+        res = c.ok("search_logs", {"query": "boom"})
+        assert res["total"] == 1 and res["records"][0]["message"] == "boom \ufffd here"
+        assert c.ok("search_logs", {"query": ""})["total"] == 4  # make_run's three records and this one
     finally:
         c.close()
 
@@ -577,13 +691,45 @@ def test_http_sessions_expire_when_idle_and_are_capped(redos_run):
     try:
         with httpx.Client() as hc:
             sids = [_open_session(hc, url) for _ in range(3)]
-            r = hc.post(url, json=INIT, headers=HDR, timeout=30)  # a 4th session while 3 are open
-            assert (r.status_code, r.json()["error"]) == (503, {"code": -32603, "message": "Too many open sessions"})
             assert _sse_json(_ping(hc, url, sids[0])) == {"jsonrpc": "2.0", "id": 7, "result": {}}  # alive
             time.sleep(4)  # > 1.5 s idle: all three expire
             r = _ping(hc, url, sids[0])
             assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
             assert _sse_json(_ping(hc, url, _open_session(hc, url))) == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_full_session_table_closes_its_least_recently_used_idle_session(redos_run):
+    """Review 10, H-R10: with the token, 1,000 ``initialize`` requests and nothing after filled the session cap, and
+    every newcomer got 503 for up to the idle timeout (30 min). Past the cap a newcomer now closes the session whose
+    last request ended earliest among those with nothing in flight; 503 only when every session is in a request."""
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="600", EVOTRAINER_MCP_MAX_SESSIONS="3")
+    ok = {"jsonrpc": "2.0", "id": 7, "result": {}}
+    try:
+        with httpx.Client() as hc:
+            a, b, c = (_open_session(hc, url) for _ in range(3))
+            assert _sse_json(_ping(hc, url, a)) == ok  # a used last: b is the least recently used
+            d = _open_session(hc, url)  # a 4th session while 3 are open
+            r = _ping(hc, url, b)
+            assert (r.status_code, r.json()["error"]["message"]) == (404, "Session not found")
+            for sid in (a, c, d):
+                assert _sse_json(_ping(hc, url, sid)) == ok
+            # every session with a stream open (a request in flight): nothing to close, the newcomer gets 503
+            streams = [hc.stream("GET", url, headers={**HDR, "Accept": "text/event-stream", "mcp-session-id": sid,
+                                                      "mcp-protocol-version": "2025-06-18"}, timeout=30)
+                       for sid in (a, c, d)]
+            try:
+                assert [s.__enter__().status_code for s in streams] == [200, 200, 200]
+                r = hc.post(url, json=INIT, headers=HDR, timeout=30)
+                assert (r.status_code, r.json()["error"]) == (503, {"code": -32603,
+                                                                    "message": "Too many open sessions"})
+            finally:
+                for st in streams:
+                    st.__exit__(None, None, None)
     finally:
         proc.terminate()
         proc.wait(30)

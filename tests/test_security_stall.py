@@ -311,3 +311,62 @@ def test_many_protocol_reads_leave_the_stdio_transport_its_threads(tmp_path):
         assert first["result"]["completion"]["values"] == ["v0", "v1"]
     finally:
         s.close()
+
+
+SLOW_WORKSPACE = r'''
+import sys, time
+from evotrainer.servers import common
+from evotrainer.servers.app import build_server
+
+_open = common.ServerState.workspace
+
+
+def slow_workspace(self):  # a slow lineage read (review 10, M-R10: a crafted lineage.db, 11-37 s): here a sleep
+    time.sleep(3)
+    return _open(self)
+
+
+common.ServerState.workspace = slow_workspace
+build_server("training", sys.argv[1]).run("stdio")
+'''
+
+
+@pytest.mark.parametrize(("tool", "args", "said"), [
+    ("start_training", {"version_id": "v9", "steps": 1}, "v9"),
+    ("evaluate_version", {"version_id": "v9"}, "v9"),
+    ("job_status", {"job_id": "j1"}, "'j1' not found"),
+    ("cancel_job", {"job_id": "j1"}, "'j1' not found"),
+])
+def test_the_async_job_tools_read_the_lineage_off_the_event_loop(tmp_path, tool, args, said):
+    """Review 10, M-R10: start_training, evaluate_version, job_status and cancel_job read the workspace and the
+    lineage on the event loop before their first await, so a slow read (a generated column of a crafted lineage.db)
+    stalled every session: a ping waited 37 s (start_training), 11 s (evaluate_version), 15 s (job_status). Their
+    reads now run in a tool thread; here each workspace read sleeps 3 s."""
+    script = tmp_path / "server.py"
+    script.write_text(SLOW_WORKSPACE)
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path))])
+    try:
+        reply, worst = _call_while_pinging(s, tool, args)
+        assert worst < 2.5, f"a ping waited {worst:.2f} s behind {tool}'s lineage read"
+        assert reply["result"]["isError"] and said in reply["result"]["content"][0]["text"]
+    finally:
+        s.close()
+
+
+def test_stdio_eof_drops_the_calls_still_in_flight_after_a_grace_period(tmp_path):
+    """Review 10, W-R10 (a): the client closed stdin while a run_analyzer_code call (a 120 s sandbox) ran; the server
+    stayed alive until the sandbox ended, up to 600 s after its client left: the SDK cancels the calls in flight at
+    EOF, but the interpreter's exit waited for their tool threads. The process now ends common.STDIO_EOF_GRACE_S
+    after the EOF (1 s here) without waiting for them; the probe's nap would take 120 s."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER.replace("from evotrainer.servers import common\n",
+                                     "from evotrainer.servers import common\ncommon.STDIO_EOF_GRACE_S = 1.0\n"))
+    s = Stdio([sys.executable, str(script), str(make_run(tmp_path)), "300"])
+    try:
+        s.send("tools/call", {"name": "nap", "arguments": {"seconds": 120}})
+        time.sleep(1)
+        s.proc.stdin.close()
+        assert s.proc.wait(60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()

@@ -81,7 +81,7 @@ def _owner_alive(name: str) -> bool:
 
 def run_tmpdir() -> tempfile.TemporaryDirectory:
     """A private temp folder for one run, named for its owner (see :func:`sweep_stale`)."""
-    return tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{owner_tag()}-")
+    return owned_tmpdir(TMP_PREFIX)
 
 
 # --- cgroups ---------------------------------------------------------------------------------------
@@ -263,13 +263,20 @@ def _remove_cgroup(cg: Path) -> None:
 
 
 # --- the stale-run sweep -------------------------------------------------------------------------------
-def sweep_stale() -> int:
-    """Remove temp folders and cgroups left by sandbox runs whose owner process is gone; returns the count."""
+def owned_tmpdir(prefix: str) -> tempfile.TemporaryDirectory:
+    """A temp folder ``<prefix><pid>.<start time>-XXXX`` named for this process, which
+    :func:`sweep_stale_folders` ``(prefix)`` removes once the process is gone (a SIGTERM or SIGKILL skips the
+    ``TemporaryDirectory`` clean-up)."""
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{owner_tag()}-")
+
+
+def sweep_stale_folders(prefix: str) -> int:
+    """Remove the temp folders ``<prefix><pid>.<start time>-*`` whose owner process is gone (not following links);
+    other names are never touched. Returns the count."""
     n = 0
-    tmp = Path(tempfile.gettempdir())
     try:
-        for p in tmp.iterdir():
-            if p.name.startswith(TMP_PREFIX) and not _owner_alive(p.name[len(TMP_PREFIX):]):
+        for p in Path(tempfile.gettempdir()).iterdir():
+            if p.name.startswith(prefix) and not _owner_alive(p.name[len(prefix):]):
                 try:
                     remove_tree(p)
                     n += 1
@@ -277,6 +284,12 @@ def sweep_stale() -> int:
                     pass
     except OSError:
         pass
+    return n
+
+
+def sweep_stale() -> int:
+    """Remove temp folders and cgroups left by sandbox runs whose owner process is gone; returns the count."""
+    n = sweep_stale_folders(TMP_PREFIX)
     for where in cgroup_plan().values():
         if isinstance(where, str):
             continue

@@ -18,7 +18,6 @@ a failing built-in raises (it is a bug).
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +31,9 @@ from evotrainer.harness.analyzers.rules import AnalyzerFn, AnalyzerSpec, first_l
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding, parse_findings, sort_findings
 from evotrainer.sandbox import run_in_sandbox
+from evotrainer.sandbox.limits import owned_tmpdir, sweep_stale_folders
+
+EVIDENCE_PREFIX = "evidence-"  # temp folders of the evidence copies that run_analyzer_code mounts
 
 BUILTIN_MODULES: tuple[ModuleType, ...] = (builtin_rules, behaviour_rules, zero_variance_rules, progress_rules,
                                            swe_rules)
@@ -177,7 +179,10 @@ def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", ti
         AnalyzerError: the code exited non-zero, hit a sandbox limit, or printed no valid findings
             JSON (the message quotes the end of stderr / stdout).
     """
-    with tempfile.TemporaryDirectory(prefix="evidence-") as tmp:
+    # named for this process: a copy of the run's data that a server killed with SIGTERM left behind is removed by
+    # the next run here (review 10, W-R10: /tmp/evidence-XXXX piled up)
+    sweep_stale_folders(EVIDENCE_PREFIX)
+    with owned_tmpdir(EVIDENCE_PREFIX) as tmp:
         evidence_dir = evidence.to_dir(Path(tmp) / "evidence")
         res = _call_sandbox(code, evidence_dir, timeout_s, memory_mb)
     if res.exit_code != 0 or getattr(res, "limit_hit", None):
