@@ -707,6 +707,30 @@ def round_value(value: Any, like: Any) -> Any:
     return float(f"{value:.{VALUE_DIGITS}g}")
 
 
+def _field_at(path: str) -> tuple[Any, Any] | None:
+    """The pydantic ``FieldInfo`` and the type of the typed recipe field at a dotted path, or None where the path
+    names no field. ``reward.<name>`` is a :class:`RewardComponent` with no ``FieldInfo`` of its own (None, as for
+    a component's ``params.<key>``, which is checked against the component when a recipe is validated)."""
+    model: Any = Recipe
+    info: Any = None
+    annotation: Any = None
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(fields, dict) or parts[i] not in fields:
+            return None
+        if model is Recipe and parts[i] == "reward" and i + 1 < len(parts):  # reward.<component>[.<field>]
+            info, model = None, RewardComponent
+            annotation = RewardComponent
+            i += 2
+            continue
+        info = fields[parts[i]]
+        model = annotation = info.annotation
+        i += 1
+    return info, annotation
+
+
 def field_bounds(path: str) -> tuple[float | None, float | None]:
     """Inclusive bounds (pydantic ``ge`` / ``le``) of the recipe field at a dotted path; ``None`` for a side
     without one, and for paths that are not a typed field (reward params, unknown paths).
@@ -714,21 +738,10 @@ def field_bounds(path: str) -> tuple[float | None, float | None]:
     >>> field_bounds("data.level")
     (1, 6)
     """
-    model: Any = Recipe
-    info: Any = None
-    parts = path.split(".")
-    i = 0
-    while i < len(parts):
-        fields = getattr(model, "model_fields", None)
-        if not isinstance(fields, dict) or parts[i] not in fields:
-            return None, None
-        info = fields[parts[i]]
-        if model is Recipe and parts[i] == "reward":  # reward.<component>.<field>
-            model, i = RewardComponent, i + 2
-            continue
-        model, i = info.annotation, i + 1
-    if info is None or i != len(parts):
+    found = _field_at(path)
+    if found is None or found[0] is None:
         return None, None
+    info = found[0]
     lo = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
     hi = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
     return lo, hi
@@ -742,21 +755,8 @@ def field_annotation(path: str) -> Any:
     >>> field_annotation("eps_clip_high")
     <class 'float'>
     """
-    model: Any = Recipe
-    annotation: Any = None
-    parts = path.split(".")
-    i = 0
-    while i < len(parts):
-        fields = getattr(model, "model_fields", None)
-        if not isinstance(fields, dict) or parts[i] not in fields:
-            return None
-        if model is Recipe and parts[i] == "reward" and i + 1 < len(parts):  # reward.<component>[.<field>]
-            model = annotation = RewardComponent
-            i += 2
-            continue
-        model = annotation = fields[parts[i]].annotation
-        i += 1
-    return annotation
+    found = _field_at(path)
+    return None if found is None else found[1]
 
 
 def type_name(annotation: Any) -> str:
