@@ -23,8 +23,10 @@ README = ROOT / "README.md"
 
 def _type_name(ann: Any) -> str:
     s = getattr(ann, "__name__", None) if not hasattr(ann, "__args__") else None
-    text = s or str(ann)
-    return text.replace("typing.", "").replace("NoneType", "None")
+    text = (s or str(ann)).replace("typing.", "").replace("NoneType", "None")
+    # a strict text field (recipe.Text, Annotated[str, Strict()]) reads as its type; Optional[X] as X | None
+    text = re.sub(r"Annotated\[(\w+), Strict\(strict=True\)\]", r"\1", text)
+    return re.sub(r"^Optional\[(.*)\]$", r"\1 | None", text)
 
 
 def _model_rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
