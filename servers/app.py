@@ -129,14 +129,16 @@ TOOL_META: dict[str, ToolMeta] = {
 class GuardedMCPServer(MCPServer[ServerState]):
     """``MCPServer`` whose stdio transport answers malformed JSON-RPC envelopes (:func:`envelope.serve_stdio`)."""
 
-    state: ServerState | None = None
+    # what ends this process's training jobs at its exit (the state's job manager; the state itself stays the
+    # lifespan context, not a server attribute)
+    stop_jobs: Callable[[], list] | None = None
 
     async def run_stdio_async(self) -> None:
         prefer_the_event_loop()
         await serve_stdio(self)
         # The client closed stdin (review 10, W-R10). Stop this process's jobs (marked interrupted): a training
         # thread still running into the interpreter's teardown aborted it (SIGABRT) and left its row 'running'.
-        left = self.state.jobs.shutdown() if self.state is not None else []
+        left = self.stop_jobs() if self.stop_jobs is not None else []
         # The SDK has cancelled the calls in flight, but their tool threads run on, and the interpreter's exit
         # waited for them: a sandbox of up to 600 s kept the server alive after its client left. They get a grace
         # period; then the process ends without waiting (a job row left 'running' is marked interrupted at the
@@ -175,7 +177,7 @@ def build_server(name: str, run_dir: str | Path | None = None, *, backend: str =
     server = GuardedMCPServer(f"evotrainer-{name}", instructions=instructions, tools=tools,
                               lifespan=protocol.lifespan_with_watcher(make_lifespan(state), holder),
                               log_level="WARNING", version=_version())
-    server.state = state
+    server.stop_jobs = state.jobs.shutdown
     if "training" in sets:
         training.register(server, state)
     server.middleware.append(argument_error_middleware(tools))

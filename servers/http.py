@@ -362,6 +362,6 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
     finally:  # stop the jobs (marked interrupted) before the interpreter's teardown (review 10, W-R10)
-        state = getattr(server, "state", None)
-        if state is not None:
-            state.jobs.shutdown()
+        stop_jobs = getattr(server, "stop_jobs", None)
+        if stop_jobs is not None:
+            stop_jobs()
