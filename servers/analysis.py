@@ -20,6 +20,8 @@ from evotrainer.servers.common import require_version
 from evotrainer.workspace import Workspace
 
 KV_KEY = "analyzers/registered"  # {name: {code, kinds, description, timeout_s, memory_mb}}
+STORED_TIMEOUT_MAX = 600.0  # s: the bounds of MCP register_analyzer's arguments (servers/analyzers.py)
+STORED_MEMORY_MB = (64, 16384)
 
 
 class FindingInfo(BaseModel):
@@ -53,6 +55,27 @@ def evidence_of(ws: Workspace, version_ids: list[str] | None) -> Evidence:
     return Evidence.from_workspace(ws, version_ids)
 
 
+def _check_stored(ws: Workspace, name: str, spec: Any) -> None:
+    """A stored analyzer must fit what MCP ``register_analyzer`` accepts (review 11, E-R11: a run folder from
+    elsewhere stored ``timeout_s: 1e9`` and ``memory_mb: 1e7``, and a plain ``run_analyzer`` ran it with them,
+    holding a sandbox slot past every deadline). Raises ToolError naming the file, the analyzer and the fix."""
+    why = None
+    if not isinstance(spec, dict) or not isinstance(spec.get("code"), str):
+        why = "is not an object with its code"
+    else:
+        t, m, kinds = spec.get("timeout_s", 60.0), spec.get("memory_mb", 1024), spec.get("kinds", [])
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= STORED_TIMEOUT_MAX:
+            why = f"has timeout_s={t!r}, outside (0, {STORED_TIMEOUT_MAX:g}] s"
+        elif isinstance(m, bool) or not isinstance(m, int) or not STORED_MEMORY_MB[0] <= m <= STORED_MEMORY_MB[1]:
+            why = f"has memory_mb={m!r}, outside [{STORED_MEMORY_MB[0]}, {STORED_MEMORY_MB[1]}] MiB"
+        elif not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+            why = "has kinds that are not a list of names"
+    if why:
+        raise ToolError(f"{ws.root}/lineage.db: stored analyzer {str(name)[:80]!r} {why[:200]} (what register_analyzer "
+                        "accepts); register it again with register_analyzer, or remove it from kv "
+                        f"{KV_KEY!r}")
+
+
 def sync_registry(ws: Workspace) -> list[str]:
     """Register, in this process, the runtime analyzers stored in the run (idempotent).
 
@@ -60,8 +83,12 @@ def sync_registry(ws: Workspace) -> list[str]:
     registry may hold runtime analyzers of other runs (several runs served by one process); they are not in scope.
     """
     stored = ws.lineage.kv_get(KV_KEY, {}) or {}
+    if not isinstance(stored, dict):
+        raise ToolError(f"{ws.root}/lineage.db: kv {KV_KEY!r} holds {type(stored).__name__}, not an object of "
+                        f"analyzers; remove it (DELETE FROM kv WHERE key = '{KV_KEY}') and register them again")
     known = {s.name for s in reg.list_analyzers()}
     for name, spec in stored.items():
+        _check_stored(ws, name, spec)
         if name not in known:
             reg.register_analyzer(name, spec["code"], kinds=tuple(spec.get("kinds", ())),
                                   description=spec.get("description", ""), timeout_s=spec.get("timeout_s", 60.0),

@@ -1188,3 +1188,28 @@ def test_one_new_skill_id_added_by_two_processes_at_once_is_stored_once(tmp_path
     outs = [p.communicate(timeout=240) for p in procs]
     assert sorted(o.split()[0] for o, _ in outs) == ["ADDED", "REFUSED"], outs
     assert [s.id for s in SkillStore(path, seed=False).list()] == ["dup_skill"]
+
+
+@pytest.mark.parametrize("spec, said", [
+    ({"code": "print('[]')", "kinds": ["x"], "timeout_s": 1e9, "memory_mb": 1024}, "has timeout_s=1000000000.0"),
+    ({"code": "print('[]')", "kinds": ["x"], "timeout_s": 60, "memory_mb": 10**7}, "has memory_mb=10000000"),
+    ({"code": "print('[]')", "kinds": "x"}, "has kinds that are not a list of names"),
+    ("notadict", "is not an object with its code"),
+])
+def test_a_stored_analyzer_outside_the_register_bounds_is_refused(tmp_path, spec, said):
+    """Review 11, E-R11: a run folder from elsewhere stored an analyzer with timeout_s 1e9 and memory_mb 1e7 (the
+    MCP register_analyzer arguments cap them at 600 s and 16,384 MiB), and a plain run_analyzer ran it with them."""
+    import re
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from evotrainer.servers.analysis import sync_registry
+
+    Workspace.init(tmp_path / "run", Recipe())
+    with Workspace.open(tmp_path / "run", writer=True) as ws:
+        ws.lineage.kv_set("analyzers/registered", {"hog": spec})
+        with pytest.raises(ToolError, match=f"stored analyzer 'hog' {re.escape(said)}"):
+            sync_registry(ws)
+        ws.lineage.kv_set("analyzers/registered", [1])
+        with pytest.raises(ToolError, match="holds list, not an object of analyzers"):
+            sync_registry(ws)
