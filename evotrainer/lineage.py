@@ -720,8 +720,13 @@ class LineageStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                if self._db.in_transaction:  # SQLite may have ended it itself (SQLITE_FULL: review 11, A-R11)
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+                    raise LineageError(f"{self.path}: could not write ({exc}): the disk is full, or a table's row id "
+                                       "counter (sqlite_sequence) is at its maximum in a lineage.db from elsewhere; "
+                                       "free disk space, or copy the run with `evotrainer import`") from None
                 raise
             try:
                 self._db.execute("COMMIT")

@@ -1714,3 +1714,26 @@ def test_a_metric_name_that_is_not_utf8_reads_with_a_replacement_character(tmp_p
         assert ws.lineage.all_metrics("v0")["reward/\ufffd"] == [(1, 0.5)]
     r = CliRunner().invoke(app, ["report", str(run)])
     assert r.exit_code == 0, (r.exception, r.output)
+
+
+def test_a_row_id_counter_at_its_maximum_is_named_not_a_failed_rollback(tmp_path):
+    """Review 11, A-R11: sqlite_sequence of `decisions` at 2**63-1 in a lineage.db from elsewhere: the INSERT failed
+    with SQLITE_FULL, SQLite ended the transaction itself, and tx's ROLLBACK raised 'cannot rollback - no transaction
+    is active', hiding the cause (and a real full disk read the same)."""
+    import sqlite3
+
+    from evotrainer.lineage import LineageError, LineageStore
+    from evotrainer.recipe import Recipe
+
+    Workspace.init(tmp_path / "run", Recipe())
+    db = sqlite3.connect(tmp_path / "run" / "lineage.db")
+    db.execute("INSERT INTO sqlite_sequence VALUES ('decisions', 9223372036854775807)")
+    db.commit()
+    db.close()
+    store = LineageStore(tmp_path / "run" / "lineage.db")
+    try:
+        with pytest.raises(LineageError, match="could not write .*full.*sqlite_sequence"):
+            store.decide("v0", "prune", "x")
+        assert store.get("v0").status != "pruned" and not store._db.in_transaction
+    finally:
+        store.close()
