@@ -18,8 +18,13 @@ tied 49152 x 576 head included) / bandwidth; training forward + backward >= 6 x 
 (tokens) / matmul FLOP/s (2N forward, 4N backward per token; Kaplan et al. 2020), tokens = the
 prompt once per group (shared prompt forward) plus every completion token.
 
+On a GPU (the local backend picks CUDA when it is there) each timed phase ends with ``torch.cuda.synchronize()``
+so queued kernels count where they were launched, and the CPU roofline is not printed (a GPU's would need its
+own peak figures). ``--model`` / ``--random-init`` / ``--tokenizer`` / ``--dtype`` as in ``grpo_step.py``.
+
 Usage: ``python benchmarks/grpo_profile.py [--steps 2] [--prompts 2] [--n 8] [--max-new-tokens 64]
-[--threads 1] [--json]``. About 1-3 minutes of CPU here.
+[--threads 1] [--model NAME_OR_FOLDER | --random-init {135m,0.5b}] [--dtype float32|bfloat16] [--json]``.
+About 1-3 minutes of CPU here.
 """
 
 from __future__ import annotations
@@ -64,10 +69,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--random-init", choices=["135m", "0.5b"], default=None)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
+    import sys
+
     import torch
+
+    tmp = tempfile.TemporaryDirectory()
+    if a.random_init:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from grpo_step import random_model_folder
+
+        a.model = random_model_folder(a.random_init, tmp.name, a.tokenizer)
+    cuda = torch.cuda.is_available()
 
     from evotrainer import metrics as M
     from evotrainer.recipe import validate_recipe
@@ -83,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
             try:
                 return fn(*args, **kw)
             finally:
+                if cuda:
+                    torch.cuda.synchronize()
                 if step_no["i"] >= 1:  # step 0 is the warm-up
                     times[name_fn(*args, **kw) if callable(name_fn) else name_fn].append(time.perf_counter() - t)
         return wrapper
@@ -116,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
         "rollout_batch_size": a.prompts, "n_samples_per_prompt": a.n, "generate_max_len": a.max_new_tokens,
         "init_kl_coef": 0.0, "actor_learning_rate": 1e-6, "max_norm": 1.0, "temperature": 1.0,
         "drop_zero_variance_groups": False, "micro_train_batch_size": a.prompts * a.n,
-        "loss_agg_mode": "token-mean", "data": {"level": 1}})
+        "loss_agg_mode": "token-mean", "data": {"level": 1},
+        "model": {"name_or_path": a.model, "dtype": a.dtype}})
     try:
         with tempfile.TemporaryDirectory() as d, Workspace(d, writer=True) as ws:
             v = ws.lineage.create_root(recipe)
@@ -129,13 +151,15 @@ def main(argv: list[str] | None = None) -> dict:
             setattr(obj, name, fn)
     steps = len(secs)
     model, tok, prompts = captured["model"], captured["tok"], captured["prompts"]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(next(model.parameters()).device)
     pos = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
     model.eval()
     with torch.no_grad():
         t = time.perf_counter()
         model(input_ids=enc.input_ids[:, :-1], attention_mask=enc.attention_mask[:, :-1], position_ids=pos[:, :-1],
               use_cache=True, logits_to_keep=1)
+        if cuda:
+            torch.cuda.synchronize()
         prefill = time.perf_counter() - t
     n_params = sum(p.numel() for p in model.parameters())
     prompt_len = int(enc.input_ids.shape[1])
@@ -149,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     accounted = sum(phase[k] for k in ("rollout (generate)", "log-prob forward (grad)", "log-prob forward (no grad)",
                                        "backward", "optimiser") if k in phase)
     phase["rest (rewards, metrics, writes)"] = step_s - accounted
-    rf = roofline(a.threads)
+    rf = roofline(a.threads) if not cuda else {"bandwidth_gb_s": float("nan"), "matmul_gflop_s": float("nan")}
     rows = a.prompts * a.n
     mean_len = sum(lens) / steps
     decode_steps = sum(maxlens) / steps  # generate runs until the longest row stops
@@ -167,9 +191,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(out))
     else:
         print(f"step {step_s:.2f} s, {out['completion_tokens_per_s']:.1f} completion tokens/s "
-              f"(load {out['load_avg_1m']:.2f}, {a.threads} thread(s))")
+              f"(load {out['load_avg_1m']:.2f}, {a.threads} thread(s), {a.dtype}, "
+              f"{torch.cuda.get_device_name(0) if cuda else 'cpu'})")
         for k, v in sorted(phase.items(), key=lambda kv: -kv[1]):
             print(f"  {k:34s} {v:7.2f} s  {100 * v / step_s:5.1f}%")
+        if cuda:
+            return out
         print(f"roofline: {rf['bandwidth_gb_s']:.1f} GB/s, {rf['matmul_gflop_s']:.1f} GFLOP/s; N = {n_params / 1e6:.1f} M")
         print(f"  decode >= {bounds['decode_s_min']:.2f} s ({decode_steps:.0f} steps x {4 * n_params / 1e6:.0f} MB)")
         print(f"  forward + backward >= {bounds['train_fwd_bwd_s_min']:.2f} s ({train_tokens:.0f} tokens x 6N)")

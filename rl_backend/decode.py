@@ -30,12 +30,33 @@ heads, ``G = H / H_kv``, ``D`` = head dim, ``V`` = vocabulary.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from evotrainer.rl_backend.grpo import selective_log_softmax
+
+
+@functools.cache
+def cache_field() -> str:
+    """The name of the KV cache in a transformers model's forward arguments and outputs: ``cache`` in the
+    releases that renamed it (5.25 here), ``past_key_values`` before (5.17 on the GPU box of issue 21: there a
+    ``cache=`` argument was not the cache and ``out.cache`` raised ``AttributeError``)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def kv(cache: Any) -> dict[str, Any]:
+    """``cache`` as the forward / ``generate`` keyword argument of the installed transformers (:func:`cache_field`)."""
+    return {cache_field(): cache}
+
+
+def kv_of(out: Any) -> Any:
+    """The KV cache of a forward's output (``out.cache`` or ``out.past_key_values``, :func:`cache_field`)."""
+    return getattr(out, cache_field())
 
 
 class DecodeStep(Protocol):
@@ -58,7 +79,7 @@ class HFDecodeStep:
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.pos,
-                         cache=self.cache, use_cache=True)
+                         use_cache=True, **kv(self.cache))
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         self.pos = self.pos + 1
         return out.logits[:, -1].float()  # (n, V)

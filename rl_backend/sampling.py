@@ -22,6 +22,8 @@ from evotrainer.rl_backend.decode import (
     HFDecodeStep,
     LlamaDecodeStep,
     decode_dropping_finished,
+    kv,
+    kv_of,
     unsupported_reason,
 )
 from evotrainer.rl_backend.grpo import entropy_from_logits, selective_log_softmax
@@ -168,7 +170,7 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         pre = model(input_ids=input_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, :-1],
                     use_cache=True, logits_to_keep=1)
-        cache = pre.cache
+        cache = kv_of(pre)
         cache.batch_repeat_interleave(n)
         input_ids, attn = input_ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
         if _plain_sampling(model, greedy, top_p) and drop_finished:
@@ -177,7 +179,7 @@ def generate(model: Any, tokenizer: Any, prompts: list[str], n: int, *, max_new_
             comp, step_lps = decode_dropping_finished(step, input_ids[:, -1], max_new_tokens, float(temperature),
                                                       eos_token_ids(model, tokenizer), tokenizer.pad_token_id)
         else:
-            out = model.generate(input_ids=input_ids, attention_mask=attn, cache=cache,
+            out = model.generate(input_ids=input_ids, attention_mask=attn, **kv(cache),
                                  **{**kwargs, "num_return_sequences": 1})
             comp, step_lps = out.sequences[:, P:].cpu(), None
         input_ids, attn = input_ids[::n], attn[::n]
@@ -267,10 +269,10 @@ def sequence_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
         up_mask = prompt_mask[::G].to(device)  # (B/G, P)
         out_p = model(input_ids=prompt_ids[::G].to(device), attention_mask=up_mask, position_ids=pos[::G, :P],
                       use_cache=True, logits_to_keep=1)
-        cache = out_p.cache
+        cache = kv_of(out_p)
         cache.batch_repeat_interleave(G)  # (B/G, ...) → (B, ...), differentiable
-        out_c = model(input_ids=completion_ids.to(device), attention_mask=attn, position_ids=pos[:, P:], cache=cache,
-                      use_cache=True)
+        out_c = model(input_ids=completion_ids.to(device), attention_mask=attn, position_ids=pos[:, P:], use_cache=True,
+                      **kv(cache))
         logits = torch.cat([out_p.logits.repeat_interleave(G, 0), out_c.logits[:, :-1]], dim=1)  # (B, T, V)
     else:
         ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (B, P+T)

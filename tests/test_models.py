@@ -173,3 +173,26 @@ def test_decoding_without_finished_rows_samples_what_generate_samples(temperatur
             torch.testing.assert_close(fast.sampling_logprobs[m], other.sampling_logprobs[m], atol=1e-4, rtol=0)
             assert torch.equal(fast.completion_mask, other.completion_mask)
     assert not torch.equal(runs[0].completion_ids, runs[4].completion_ids)  # the seed matters
+
+
+@pytest.mark.parametrize("field", ["cache", "past_key_values"])
+def test_the_kv_cache_is_passed_under_the_installed_transformers_name(field, monkeypatch):
+    # transformers 5.25 names the KV cache `cache` (forward argument and output field); 5.17, on the GPU box of
+    # issue 21, only `past_key_values`: there `out.cache` raised AttributeError and the local backend failed its
+    # first rollout. Under either name (5.25 still takes the old one) the shared prefill samples what n prefills
+    # sample, and the shared prompt forward gives the plain forward's log-probs.
+    assert decode.cache_field() == "cache"  # this venv's transformers (5.25)
+    monkeypatch.setattr(decode, "cache_field", lambda: field)
+    b = models.load_policy(_spec(), device=torch.device("cpu"))
+    prompts = sampling.chat_prompts(b.tokenizer, [[{"role": "user", "content": "What is 1 + 2?"}],
+                                                  [{"role": "user", "content": "Hi"}]])
+    rb = sampling.generate(b.model, b.tokenizer, prompts, 3, max_new_tokens=6, temperature=1.0, seed=0)
+    rb2 = sampling.generate(b.model, b.tokenizer, prompts, 3, max_new_tokens=6, temperature=1.0, seed=0,
+                            share_prefill=False)
+    assert torch.equal(rb.completion_ids, rb2.completion_ids)
+    with torch.no_grad():
+        lps = [sampling.sequence_logprobs(b.model, rb.prompt_ids, rb.prompt_mask, rb.completion_ids,
+                                          rb.completion_mask, group_size=G)[0] for G in (None, 3)]
+    m = rb.completion_mask.bool()
+    torch.testing.assert_close(lps[1][m], lps[0][m], atol=1e-4, rtol=0)
+    torch.testing.assert_close(lps[1][m], rb.sampling_logprobs[m], atol=1e-4, rtol=0)
