@@ -19,7 +19,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -1331,6 +1331,35 @@ class LineageStore:
         """Store a run-level JSON value."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+
+    def kv_update(self, key: str, fn: Callable[[Any], Any], default: Any = None,
+                  expected: Shape | None = None) -> Any:
+        """Read, change and store the run-level value under ``key`` in one write transaction; returns the value
+        stored.
+
+        ``fn`` gets the stored value (``default`` when there is none; checked against ``expected`` as
+        :meth:`kv_get` does) and returns the new one. The read and the write happen under ``BEGIN IMMEDIATE``, so
+        no other thread or process writes in between (review 11, K-R11: ``register_analyzer`` did ``kv_get`` ->
+        change -> ``kv_set`` of one JSON object while two tool calls ran at once, and 11 of 100 acknowledged
+        registrations were lost). ``fn`` runs inside the transaction: keep it short, and free of other writes
+        through another handle.
+
+        Raises:
+            LineageError: the stored value is not JSON or not of the ``expected`` shape (:meth:`kv_typed`: names the
+                file, the key and the fix); nothing is written. An exception ``fn`` raises rolls the transaction
+                back and propagates.
+        """
+        with self.tx() as db:
+            r = db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchall()
+            if r:
+                value = self._kv_value(key, r[0][0])
+                if expected is not None:
+                    value = self.kv_typed(key, value, expected)
+            else:
+                value = default
+            new = fn(value)
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(new)))
+        return new
 
     def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
         """``[(key, value)]`` of every run-level value whose key starts with ``prefix`` (literally: ``_`` and

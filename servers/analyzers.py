@@ -158,10 +158,11 @@ def register_analyzer(
     all_kinds = list(dict.fromkeys([*([kind] if kind else []), *kinds]))
     spec = reg.register_analyzer(name, code, kinds=tuple(all_kinds), description=description, replace=replace,
                                  timeout_s=timeout_s, memory_mb=memory_mb)
-    stored = ws.lineage.kv_get(KV_KEY, {}) or {}
-    stored[name] = {"code": code, "kinds": all_kinds, "description": description, "timeout_s": timeout_s,
-                    "memory_mb": memory_mb}
-    ws.lineage.kv_set(KV_KEY, stored)
+    entry = {"code": code, "kinds": all_kinds, "description": description, "timeout_s": timeout_s,
+             "memory_mb": memory_mb}
+    # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two tool
+    # calls ran at once lost 11 of 100 acknowledged registrations)
+    ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
     ws.log(f"registered analyzer {name}", source="mcp")
     return AnalyzerInfo(name=spec.name, description=spec.description, kinds=list(spec.kinds), builtin=False,
                         sandboxed=True)

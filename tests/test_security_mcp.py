@@ -1213,3 +1213,39 @@ def test_a_stored_analyzer_outside_the_register_bounds_is_refused(tmp_path, spec
         ws.lineage.kv_set("analyzers/registered", [1])
         with pytest.raises(ToolError, match="holds list, not an object of analyzers"):
             sync_registry(ws)
+
+
+def test_analyzers_registered_by_concurrent_calls_are_all_stored(tmp_path):
+    """Review 11, K-R11: 100 pipelined register_analyzer calls over stdio were all answered ok, but only 89 names were
+    stored (kv 'analyzers/registered' read, changed and written outside a transaction while two tool calls ran at
+    once): 11 acknowledged registrations were gone after a restart. Now the read-modify-write is one write
+    transaction (LineageStore.kv_update): 100 concurrent calls, 100 names stored."""
+    import anyio
+
+    run = make_run(tmp_path)
+    c = SyncClient(build_server("all", run))
+    try:
+        async def register_all() -> dict[int, bool]:
+            failed: dict[int, bool] = {}
+
+            async def one(i: int) -> None:
+                r = await c.client.call_tool("register_analyzer", {"name": f"bn_{i}", "code": "print('[]')\n",
+                                                                   "kinds": ["x"]})
+                failed[i] = r.is_error
+
+            async with anyio.create_task_group() as tg:
+                for i in range(100):
+                    tg.start_soon(one, i)
+            return failed
+
+        failed = c.portal.call(register_all)
+        assert sorted(failed) == list(range(100)) and not any(failed.values())
+        listed = {a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]}
+        assert listed == {f"bn_{i}" for i in range(100)}
+    finally:
+        c.close()
+    with Workspace.open(run) as ws:
+        stored = ws.lineage.kv_get("analyzers/registered")
+    assert len(stored) == 100 and sorted(stored) == sorted(f"bn_{i}" for i in range(100))
+    assert stored["bn_7"] == {"code": "print('[]')\n", "kinds": ["x"], "description": "", "timeout_s": 60.0,
+                              "memory_mb": 1024}
