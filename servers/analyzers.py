@@ -78,9 +78,11 @@ def list_analyzers(ctx: ToolContext) -> AnalyzerList:
     scope = [s.name for s in reg.list_analyzers(builtin=True)]
     if st.run_dir is not None:
         try:
-            scope = sync_registry(st.workspace())
+            ws = st.workspace()
         except ToolError:
-            pass  # no run yet: built-ins only
+            ws = None  # no run yet: built-ins only
+        if ws is not None:  # a run's stored analyzers of a wrong shape are named, not hidden (review 11, C-R11)
+            scope = sync_registry(ws)
     return AnalyzerList(analyzers=[
         AnalyzerInfo(name=s.name, description=s.description, kinds=list(s.kinds), builtin=s.builtin,
                      sandboxed=s.code is not None) for s in (reg.get_analyzer(n) for n in scope)])

@@ -1249,3 +1249,37 @@ def test_analyzers_registered_by_concurrent_calls_are_all_stored(tmp_path):
     assert len(stored) == 100 and sorted(stored) == sorted(f"bn_{i}" for i in range(100))
     assert stored["bn_7"] == {"code": "print('[]')\n", "kinds": ["x"], "description": "", "timeout_s": 60.0,
                               "memory_mb": 1024}
+
+
+@pytest.mark.parametrize("value, said", [
+    ("[1]", "kv 'analyzers/registered' holds list, not an object of analyzers; remove it (DELETE FROM kv WHERE key = "
+            "'analyzers/registered') and register them again"),
+    ('{"zz": "notadict"}', "stored analyzer 'zz' is not an object with its code (what register_analyzer accepts); "
+                           "register it again with register_analyzer, or remove it from kv 'analyzers/registered'"),
+    ("not json", "kv.value of key 'analyzers/registered' holds not JSON"),
+])
+def test_stored_analyzers_of_the_wrong_shape_are_named_by_list_and_register(tmp_path, value, said):
+    """Review 11 C-R11: a run folder from elsewhere with kv 'analyzers/registered' = [1] or {"zz": "notadict"} made
+    MCP list_analyzers and register_analyzer fail on every call with a bare TypeError / AttributeError. Both name the
+    file, the key and the fix (list_analyzers no longer hides it behind the built-ins); once the row is removed,
+    registering works again."""
+    import sqlite3
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES ('analyzers/registered', ?)", (value,))
+    db.commit()
+    c = SyncClient(build_server("all", run))
+    try:
+        args = {"name": "bn_1", "code": "print('[]')\n", "kinds": ["x"]}
+        for tool, a in (("list_analyzers", {}), ("register_analyzer", args)):
+            text = c.err(tool, a)
+            assert f"{run / 'lineage.db'}: " in text and said in text, text
+            assert "TypeError" not in text and "AttributeError" not in text
+        db.execute("DELETE FROM kv WHERE key = 'analyzers/registered'")
+        db.commit()
+        assert c.ok("register_analyzer", args)["name"] == "bn_1"
+        assert [a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]] == ["bn_1"]
+    finally:
+        c.close()
+        db.close()
