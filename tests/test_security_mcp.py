@@ -1283,3 +1283,79 @@ def test_stored_analyzers_of_the_wrong_shape_are_named_by_list_and_register(tmp_
     finally:
         c.close()
         db.close()
+
+
+def test_requests_read_before_stdio_eof_are_all_answered(tmp_path):
+    """Review 11, K-R11 (2): 100 pipelined register_analyzer calls and then EOF on stdin: the server exited in 0.5 s
+    with 57 answered; the SDK's dispatcher cancels the handlers still running when its read stream ends, so some
+    registrations were stored with no reply, others neither. Now the end of input reaches the SDK only once every
+    request already read is answered (within common.STDIO_EOF_GRACE_S): 100 replies, all ok, 100 stored, exit 0."""
+    import json
+
+    run = make_run(tmp_path)
+    script = tmp_path / "server.py"  # `evotrainer serve all --run RUN`, with a grace period for a loaded machine
+    script.write_text("import sys\nfrom evotrainer.servers import common\nfrom evotrainer.servers.app import "
+                      "build_server\ncommon.STDIO_EOF_GRACE_S = 120.0\nbuild_server('all', sys.argv[1]).run('stdio')\n")
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen([sys.executable, str(script), str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err)
+    try:
+        def send(msg: dict) -> None:
+            proc.stdin.write(json.dumps(msg).encode() + b"\n")
+
+        send(INIT)
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 0
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for i in range(100):
+            send({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {
+                "name": "register_analyzer", "arguments": {"name": f"an_{i}", "code": "print('[]')\n", "kinds": ["x"]}}})
+        proc.stdin.close()  # (flushes): EOF right behind the 100 calls
+        replies = [json.loads(line) for line in proc.stdout.read().splitlines() if line.strip()]
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert sorted(r["id"] for r in replies) == list(range(1, 101))
+    assert [r["id"] for r in replies if r.get("result", {}).get("isError", True)] == []
+    with Workspace.open(run) as ws:
+        assert sorted(ws.lineage.kv_get("analyzers/registered")) == sorted(f"an_{i}" for i in range(100))
+
+
+def test_stdio_eof_waits_for_the_requests_passed_on_and_no_longer(tmp_path):
+    """GuardedLines (the stdio reader in front of the SDK) holds EOF back until each request it passed on has been
+    answered (a repeated id counts twice), forgets a request the client cancelled (the SDK answers none), and gives
+    up after drain_s seconds."""
+    import io
+    import json
+
+    import anyio
+
+    from evotrainer.servers.envelope import GuardedLines
+
+    def msg(**m) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", **m}).encode() + b"\n"
+
+    src = (msg(id=1, method="ping") + msg(id=1, method="ping") + msg(id="a", method="ping") + msg(method="x/y")
+           + msg(method="notifications/cancelled", params={"requestId": "a"}) + msg(id=2, result={}))
+
+    async def read_all(drain_s: float, answer: list) -> tuple[int, float]:
+        lines = GuardedLines(io.BytesIO(src), drain_s=drain_s)
+        n, t0 = 0, time.monotonic()
+        async with anyio.create_task_group() as tg:
+            async def answers() -> None:
+                for rid in answer:
+                    await anyio.sleep(0.2)
+                    lines.answered(rid)
+
+            async for _ in lines:
+                n += 1
+                if n == 6:
+                    tg.start_soon(answers)
+        return n, time.monotonic() - t0
+
+    n, took = anyio.run(read_all, 30.0, [1, 2, 1])  # 2 answers no request of the client (a response it sent)
+    assert n == 6 and 0.5 <= took < 10
+    n, took = anyio.run(read_all, 0.5, [1])  # one of the two id-1 requests never answered: EOF after drain_s
+    assert n == 6 and 0.5 <= took < 10
