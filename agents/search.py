@@ -44,7 +44,8 @@ import random
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict, gate_verdict
-from evotrainer.agents.loop import LoopBase
+from evotrainer.agents.loop import EVAL_SHAPE, LoopBase
+from evotrainer.lineage import NUM, KvMap
 from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
 # name -> (kind, low, high | choices, log). Paths are recipe paths (OpenRLHF names).
@@ -57,7 +58,28 @@ SEARCH_SPACE: dict[str, tuple] = {
 }
 
 
+# The shapes of the search modes' run-level values (LineageStore.kv_get): a value of another shape, in a run folder
+# from elsewhere, is a LineageError naming the file, the key, the shape and the fix, not a bare TypeError or
+# AttributeError on resume (review 11, C-R11). (shape, fields it must have)
+TRIAL_SHAPE = ({"params": KvMap(NUM)}, ("params",))  # recipe-search loop/trial/<t>: the sampled parameters
+GREEDY_TRIAL_SHAPE = ({"version": str, "parent": str}, ("version", "parent"))  # greedy loop/trial/<t>
+GENERATION_SHAPE = ({"members": [str], "scores": KvMap(NUM)}, ("members",))  # pbt loop/gen/<g>
+MEMBERS_SHAPE = ([str], ())  # pbt loop/members
+BEST_SHAPE = (str, ())  # greedy loop/best
+GENERATION_NUMBER_SHAPE = (int, ())  # pbt loop/generation
+
+
 class _Gated(LoopBase):
+    def _kv(self, key: str, shape: tuple[Any, tuple[str, ...]]) -> Any:
+        """The run-level value under ``key`` (None when unset), checked against ``shape`` (one of the ``*_SHAPE``
+        pairs above).
+
+        Raises:
+            LineageError: the stored value has another shape or lacks a field it needs (a crafted or damaged run
+                folder); names the run's lineage.db, the key, the shape EvoTrainer writes and the fix.
+        """
+        return self.lineage.kv_get(key, expected=shape[0], required=shape[1])
+
     def start(self) -> str:
         """Start (or resume) the run: its start time, the root version and the root's no-RL evaluation; the root id."""
         self.started_at()
@@ -185,7 +207,7 @@ class RecipeSearch(_Gated):
         study.add_trial(optuna.trial.create_trial(params=base_params, distributions=dists, value=root_score))
         t = 1
         while t < self.config.budget.max_versions:
-            stored = self.lineage.kv_get(f"loop/trial/{t}")
+            stored = self._kv(f"loop/trial/{t}", TRIAL_SHAPE)
             if stored is None and self.out_of_budget():
                 break
             trial = study.ask(dists)
@@ -227,7 +249,7 @@ class RecipeSearch(_Gated):
                 return 0.0
             self.evaluate(vid)
             self.gate_and_decide(vid, None if parent else "no_rl")
-        ev = self.lineage.kv_get(f"loop/eval/{vid}/heldout") or self.dev_summary(vid)
+        ev = self.lineage.kv_get(f"loop/eval/{vid}/heldout", expected=EVAL_SHAPE) or self.dev_summary(vid)
         return float(ev.get("avg@k") or 0.0)
 
 
@@ -259,10 +281,10 @@ class GreedySearch(_Gated):
     def run(self) -> dict[str, Any]:
         """Run (or resume) the greedy loop; returns the run summary."""
         root = self.start_trained()
-        best = self.lineage.kv_get("loop/best") or root
+        best = self._kv("loop/best", BEST_SHAPE) or root
         t = 1
         while len(self.version_rows()) < self.config.budget.max_versions:
-            stored = self.lineage.kv_get(f"loop/trial/{t}")
+            stored = self._kv(f"loop/trial/{t}", GREEDY_TRIAL_SHAPE)
             if stored is None:
                 if self.out_of_budget():
                     break
@@ -331,7 +353,7 @@ class PBTRun(_Gated):
         """Run (or resume) PBT; returns the run summary."""
         root = self.start_trained()
         base = self.recipe_of(root)
-        members = self.lineage.kv_get("loop/members")
+        members = self._kv("loop/members", MEMBERS_SHAPE)
         if members is None:  # generation 0: the base recipe and PBT_POPULATION - 1 sampled recipes
             rng = random.Random(f"pbt-{self.config.seed}-init")
             members = [root]
@@ -341,18 +363,18 @@ class PBTRun(_Gated):
                                                    f"pbt member {i} generation 0"))
             self.lineage.kv_set("loop/members", members)
             self.emit("lineage", {})
-        g = int(self.lineage.kv_get("loop/generation", 0))
+        g = int(self._kv("loop/generation", GENERATION_NUMBER_SHAPE) or 0)
         for vid in members:  # a member the budget cannot pay for is left out of the population
             if self.status(vid) == "proposed" and vid != root and self.out_of_budget():
                 continue
             self.segment(vid)
         members = [m for m in members if "avg@k" in self.dev_summary(m)] or [root]
         while True:
-            if self.lineage.kv_get(f"loop/gen/{g + 1}") is None:
+            if self._kv(f"loop/gen/{g + 1}", GENERATION_SHAPE) is None:
                 if len(self.version_rows()) + len(members) > self.config.budget.max_versions or self.out_of_budget():
                     break
                 self.lineage.kv_set(f"loop/gen/{g + 1}", self._next_generation(members, g + 1))
-            members = self.lineage.kv_get(f"loop/gen/{g + 1}")["members"]
+            members = self._kv(f"loop/gen/{g + 1}", GENERATION_SHAPE)["members"]
             for vid in members:
                 if self.status(vid) == "proposed" and self.out_of_budget():
                     continue  # the budget ran out within the generation: this member is not trained

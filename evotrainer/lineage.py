@@ -19,7 +19,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -1271,51 +1271,64 @@ class LineageStore:
         return out
 
     # --- key/value (run-level state, e.g. orchestrator cursor) ------------------------------------
-    def kv_get(self, key: str, default: Any = None, expected: Shape | None = None) -> Any:
+    def kv_get(self, key: str, default: Any = None, expected: Shape | None = None, required: tuple[str, ...] = (),
+               fix: str | None = None) -> Any:
         """Run-level JSON value stored under ``key``.
 
         Args:
             expected: the :data:`Shape` the caller reads (``dict``, ``list``, :data:`NUM`, ``{"test": dict}``, ...);
                 a stored value of another shape (JSON ``null`` aside, which reads as None) is refused
                 (:meth:`kv_typed`).
+            required: fields a stored JSON object must have (not null), with ``expected`` an object shape.
+            fix: the fix the error names, in place of "use a run folder EvoTrainer wrote, or remove the value".
 
         Raises:
-            LineageError: the stored value is not JSON, or not of the ``expected`` type (a crafted or damaged file;
-                :meth:`_kv_value`).
+            LineageError: the stored value is not JSON, or not of the ``expected`` type, or lacks a ``required``
+                field (a crafted or damaged file; :meth:`_kv_value`, :meth:`kv_typed`).
         """
         r = self._q("SELECT value FROM kv WHERE key=?", (key,))
         if not r:
             return default
-        value = self._kv_value(key, r[0][0])
-        return value if expected is None else self.kv_typed(key, value, expected)
+        value = self._kv_value(key, r[0][0], fix)
+        return value if expected is None else self.kv_typed(key, value, expected, required, fix)
 
-    def kv_typed(self, key: str, value: Any, expected: Shape) -> Any:
-        """``value`` (read under ``key``) when it is None or of the ``expected`` :data:`Shape`.
+    def kv_typed(self, key: str, value: Any, expected: Shape, required: tuple[str, ...] = (),
+                 fix: str | None = None) -> Any:
+        """``value`` (read under ``key``) when it is None or of the ``expected`` :data:`Shape` (and, an object, has
+        each ``required`` field, not null).
 
         Review 10 V-R10: ``loop/compute``, ``loop/config``, ``loop/final``, ``loop/diagnose/<v>`` ... set to a JSON
         string, list or number in a foreign lineage.db (or holding one where a field is read as an object or a
         number) ended ``report`` with a bare AttributeError, TypeError or ValueError that named neither the file nor
-        the key. A number is never a bool here; null is accepted anywhere (the readers take it as missing).
+        the key. A number is never a bool here; null is accepted anywhere (the readers take it as missing). Review
+        11 C-R11: the same for ``import/source`` and the search modes' ``loop/*`` keys (``required``: a stored
+        trial without its ``params``).
 
         Raises:
             LineageError: names the file, the key, the field (when inside the value), what it holds, what EvoTrainer
-                writes there and the fix.
+                writes there and the fix (``fix``, or :meth:`_kv_fix`'s).
         """
         bad = _shape_mismatch(value, expected, "")
         if bad is None:
-            return value
+            missing = [f for f in required if isinstance(value, dict) and value.get(f) is None]
+            if not missing:
+                return value
+            raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} has no field {missing[0]!r} (or it is "
+                               f"null), where EvoTrainer writes {_shape_name(expected)} with "
+                               f"{', '.join(map(repr, required))} (a crafted or damaged file); not read. "
+                               f"{fix or self._kv_fix(key)}")
         at, found, want = bad
         where = f" at {at[:200]}" if at else ""
         raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(found)} "
                            f"{_brief(found)}{where}, where EvoTrainer writes {want} (a crafted or damaged file); not "
-                           f"read. {self._kv_fix(key)}")
+                           f"read. {fix or self._kv_fix(key)}")
 
     def _kv_fix(self, key: Any) -> str:
         shown = str(key)[:200].replace("'", "''")
         return (f"Use a run folder EvoTrainer wrote, or remove the value (`sqlite3 {self.path} \"DELETE FROM kv WHERE "
                 f"key = '{shown}'\"`: the run forgets it)")
 
-    def _kv_value(self, key: Any, raw: Any) -> Any:
+    def _kv_value(self, key: Any, raw: Any, fix: str | None = None) -> Any:
         """A stored run-level value read. Review 8 G-R8's class: ``kv.value = 'not json'`` under ``loop/finished`` in
         a foreign lineage.db ended ``report`` with a bare JSONDecodeError; as the other JSON columns, a LineageError
         names the file, ``kv.value``, the key and the fix."""
@@ -1325,12 +1338,41 @@ class LineageStore:
             why = ("JSON nested deeper than Python reads" if isinstance(exc, RecursionError)
                    else f"not JSON ({str(exc)[:200]})")
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {why}, where EvoTrainer writes "
-                               f"JSON (a crafted or damaged file); not read. {self._kv_fix(key)}") from None
+                               f"JSON (a crafted or damaged file); not read. {fix or self._kv_fix(key)}") from None
 
     def kv_set(self, key: str, value: Any) -> None:
         """Store a run-level JSON value."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+
+    def kv_update(self, key: str, fn: Callable[[Any], Any], default: Any = None,
+                  expected: Shape | None = None) -> Any:
+        """Read, change and store the run-level value under ``key`` in one write transaction; returns the value
+        stored.
+
+        ``fn`` gets the stored value (``default`` when there is none; checked against ``expected`` as
+        :meth:`kv_get` does) and returns the new one. The read and the write happen under ``BEGIN IMMEDIATE``, so
+        no other thread or process writes in between (review 11, K-R11: ``register_analyzer`` did ``kv_get`` ->
+        change -> ``kv_set`` of one JSON object while two tool calls ran at once, and 11 of 100 acknowledged
+        registrations were lost). ``fn`` runs inside the transaction: keep it short, and free of other writes
+        through another handle.
+
+        Raises:
+            LineageError: the stored value is not JSON or not of the ``expected`` shape (:meth:`kv_typed`: names the
+                file, the key and the fix); nothing is written. An exception ``fn`` raises rolls the transaction
+                back and propagates.
+        """
+        with self.tx() as db:
+            r = db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchall()
+            if r:
+                value = self._kv_value(key, r[0][0])
+                if expected is not None:
+                    value = self.kv_typed(key, value, expected)
+            else:
+                value = default
+            new = fn(value)
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(new)))
+        return new
 
     def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
         """``[(key, value)]`` of every run-level value whose key starts with ``prefix`` (literally: ``_`` and
@@ -1341,3 +1383,24 @@ class LineageStore:
         """
         rows = self._q("SELECT key, value FROM kv WHERE substr(key, 1, ?) = ? ORDER BY key", (len(prefix), prefix))
         return [(r[0], self._kv_value(r[0], r[1])) for r in rows]
+
+
+IMPORT_SOURCE_KEY = "import/source"
+"""kv key of an imported run's origin, ``{"path", "foreign_version", "version_id"}`` (``evotrainer import``:
+:mod:`evotrainer.harness.importer` writes it; the evidence, ``watch`` and the local backend read it)."""
+IMPORT_SOURCE_SHAPE = {"path": str, "version_id": str}
+
+
+def import_source(store: LineageStore) -> dict[str, Any] | None:
+    """The run's :data:`IMPORT_SOURCE_KEY` record, or None for a run that was not imported.
+
+    Raises:
+        LineageError: the stored value is not an object with a text ``version_id`` (review 11, C-R11: ``[1, 2]`` in
+            a run folder from elsewhere ended ``diagnose RUN`` with "AttributeError: 'list' object has no attribute
+            'get'"); names the file, the key, the shape EvoTrainer writes and the fix (import the foreign run
+            again, or delete the row).
+    """
+    fix = (f"Import the foreign run again into a new run folder (`evotrainer import SOURCE --run NEW_RUN`), or "
+           f"remove the value (`sqlite3 {store.path} \"DELETE FROM kv WHERE key = '{IMPORT_SOURCE_KEY}'\"`: the run is "
+           "then no longer treated as imported)")
+    return store.kv_get(IMPORT_SOURCE_KEY, expected=IMPORT_SOURCE_SHAPE, required=("version_id",), fix=fix)

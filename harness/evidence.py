@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from evotrainer.harness.rollout_metrics import step_metrics_from_rollouts
+from evotrainer.lineage import import_source
 
 SeriesArrays = tuple[np.ndarray, np.ndarray]
 _EMPTY: SeriesArrays = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
@@ -199,7 +200,9 @@ class Evidence:
             eval_name: which eval matrix to load (``ws.lineage.eval_matrix``).
 
         Raises:
-            LineageError: an unknown version id (the message lists the known ones).
+            LineageError: an unknown version id (the message lists the known ones); a kv ``import/source`` that is
+                not an object with a text ``version_id`` (:func:`evotrainer.lineage.import_source`: names the
+                file, the key and the fix).
         """
         all_versions = ws.lineage.versions()
         if version_ids is None:
@@ -207,7 +210,9 @@ class Evidence:
         else:
             chosen = [ws.lineage.get(v) for v in version_ids]
         ev = cls(source=str(ws.root))
-        imported = (ws.lineage.kv_get("import/source") or {}).get("version_id")  # evotrainer.harness.importer
+        # a wrongly shaped import/source (a run folder from elsewhere) is a LineageError naming the file, the key and
+        # the fix, not an AttributeError (review 11, C-R11)
+        imported = (import_source(ws.lineage) or {}).get("version_id")  # evotrainer.harness.importer
         for v in chosen:
             ev.parents[v.id] = v.parent_id
             ev.statuses[v.id] = v.status

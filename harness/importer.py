@@ -37,6 +37,7 @@ from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import IngestError, IngestWarning, ingest, read_run_text
 from evotrainer.harness.ingest_formats import as_text, files_under, read_gzip_text
+from evotrainer.lineage import IMPORT_SOURCE_KEY
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -248,7 +249,7 @@ def _write_run(root: Path, ev: Evidence, foreign: str, src: Path, findings: list
             ws.log(note, level="warning", version=v.id, source="import")
         ws.log(f"imported {shown}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
                f"{len(fs)} findings", version=v.id, source="import")
-        ws.lineage.kv_set("import/source", {"path": shown, "foreign_version": foreign, "version_id": v.id})
+        ws.lineage.kv_set(IMPORT_SOURCE_KEY, {"path": shown, "foreign_version": foreign, "version_id": v.id})
         return ImportSummary(run_dir=str(ws.root), source=str(src), version_id=v.id, n_steps=len(by_step),
                              n_metrics=len(means), n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs,
                              notes=notes)

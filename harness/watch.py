@@ -45,6 +45,7 @@ from evotrainer.harness.importer import (
 )
 from evotrainer.harness.ingest import IngestError, ingest
 from evotrainer.harness.ingest_formats import tree_entries
+from evotrainer.lineage import IMPORT_SOURCE_KEY, import_source
 from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)
@@ -133,6 +134,22 @@ class Watcher:
         return PollResult(changed=True, last_step=int(last), findings=findings, new=new)
 
     # --- the imported run ---------------------------------------------------------------------------
+    @staticmethod
+    def _imported_version(ws: Workspace) -> str:
+        """The id of the version the first poll imported (kv ``import/source``).
+
+        Raises:
+            LineageError: the row is not an object with a text ``version_id`` (review 11, C-R11: a bare TypeError
+                before); names the file, the key and the fix.
+            RunImportError: the row is gone (the run folder was changed while watched); says to watch into a new
+                folder.
+        """
+        src = import_source(ws.lineage)
+        if src is None:
+            raise RunImportError(f"{ws.root}/lineage.db: kv {IMPORT_SOURCE_KEY!r} is gone (the run folder was changed "
+                                 "while watched); watch into a new folder")
+        return str(src["version_id"])
+
     def _update_run(self, ev: Evidence, findings: list[Finding], new: list[Finding]) -> None:
         if not self._imported:
             s = import_run(self.path, self.run_dir)
@@ -144,7 +161,7 @@ class Watcher:
             return
         foreign = ev.versions[0]
         with Workspace(self.run_dir, writer=True) as ws:
-            vid = ws.lineage.kv_get("import/source")["version_id"]
+            vid = self._imported_version(ws)
             # the last step seen may have been read half-written: it is written again
             by_step, means = metric_rows(ev, foreign, from_step=self._last_step)
             for step in sorted(by_step):

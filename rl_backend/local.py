@@ -48,6 +48,7 @@ import torch
 
 from evotrainer import metrics as M
 from evotrainer.estimators import avg_at_k, mean_pass_at_k
+from evotrainer.lineage import import_source
 from evotrainer.recipe import RewardComponent
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.base import AfterStepFn, BackendError, EvalResult, ProgressFn, StopFn, TrainResult
@@ -871,8 +872,10 @@ def _refuse_imported(ws: Any, version_id: str, what: str) -> None:
 
     Raises:
         BackendError: the run was imported; the message names the source and the fix.
+        LineageError: its kv ``import/source`` is not an object with a text ``version_id`` (a run folder from
+            elsewhere; :func:`evotrainer.lineage.import_source` names the file, the key and the fix).
     """
-    src = ws.lineage.kv_get("import/source")
+    src = import_source(ws.lineage)  # checked: a LineageError names a wrongly shaped row (review 11, C-R11)
     if not src:
         return
     raise BackendError(f"cannot {what} {version_id}: the run was imported from {src.get('path')} (metrics, rollouts "

@@ -135,7 +135,8 @@ class GuardedMCPServer(MCPServer[ServerState]):
 
     async def run_stdio_async(self) -> None:
         prefer_the_event_loop()
-        await serve_stdio(self)
+        # at EOF the requests already read get the grace period to be answered first (review 11, K-R11)
+        await serve_stdio(self, eof_drain_s=common.STDIO_EOF_GRACE_S)
         # The client closed stdin (review 10, W-R10). Stop this process's jobs (marked interrupted): a training
         # thread still running into the interpreter's teardown aborted it (SIGABRT) and left its row 'running'.
         left = self.stop_jobs() if self.stop_jobs is not None else []

@@ -384,7 +384,9 @@ def _env_slots(env: str, default: int) -> int:
 
 TOOL_SLOTS = WorkSlots("tool", _env_slots(TOOL_THREADS_ENV, MAX_TOOL_THREADS))
 SANDBOX_SLOTS = WorkSlots("sandbox", _env_slots(SANDBOX_RUNS_ENV, MAX_SANDBOX_RUNS))
-STDIO_EOF_GRACE_S = 10.0  # after a stdio client left, how long tool bodies still running get before the process exits
+# after a stdio client closed stdin: how long the requests already read get to be answered (envelope.serve_stdio),
+# then how long the tool bodies still running (cancelled) get before the process exits
+STDIO_EOF_GRACE_S = 10.0
 
 
 def tool_threads() -> int:

@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import JSONRPCError, jsonrpc_message_adapter
+from mcp_types import JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 PARSE_ERROR = -32700
@@ -39,6 +39,7 @@ INVALID_REQUEST = -32600
 MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # one message (stdio line or HTTP body); the SDK's HTTP body cap
 INLINE_CHECK_BYTES = 64 * 1024  # larger messages are checked in a worker thread (~0.1 s for 4 MiB)
+STDIO_EOF_DRAIN_S = 10.0  # s: at stdin EOF, the default wait for the requests already read to be answered
 
 
 def error_reply(code: int, message: str, request_id: Any = None) -> dict[str, Any]:
@@ -164,13 +165,18 @@ class GuardedLines:
     """The stdin lines the SDK's stdio transport parses: malformed ones are answered here and never passed on.
 
     ``reply`` is set (:meth:`connect`) to a coroutine that writes one error response through the transport's
-    own write stream (so replies never interleave with the SDK's output).
+    own write stream (so replies never interleave with the SDK's output). At EOF the end of input is held back
+    until each request passed on has been answered (:meth:`answered`, reported by :class:`_ObservedWrites`) or
+    ``drain_s`` seconds have passed (default :data:`STDIO_EOF_DRAIN_S`).
     """
 
-    def __init__(self, source: Any):
+    def __init__(self, source: Any, drain_s: float | None = None):
         self._source = source
         self._reply: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         self._ready = anyio.Event()
+        self._drain_s = STDIO_EOF_DRAIN_S if drain_s is None else drain_s
+        self._pending: dict[str, int] = {}  # JSON of a request id passed on -> requests with it not answered yet
+        self._answered = anyio.Event()  # set whenever _pending empties
 
     def connect(self, reply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         self._reply = reply
@@ -181,19 +187,87 @@ class GuardedLines:
 
     async def _gen(self) -> AsyncIterator[str]:
         async for line in _read_lines(self._source):
+            msg: dict[str, Any] | None = None
             if line is TOO_LARGE:
                 err: dict[str, Any] | None = error_reply(INVALID_REQUEST, f"Invalid Request: message larger than "
                                                                           f"{MAX_MESSAGE_BYTES} bytes")
             elif not line.strip():
                 continue  # a blank line is no message
             else:
-                _, err = await check_envelope_async(line.rstrip(b"\r\n"))  # strict UTF-8: bad byte = parse error
+                msg, err = await check_envelope_async(line.rstrip(b"\r\n"))  # strict UTF-8: bad byte = parse error
             if err is None:
+                self._passed(msg)
                 yield line.decode("utf-8")
                 continue
             await self._ready.wait()
             assert self._reply is not None
             await self._reply(err)
+        # EOF: the SDK's dispatcher cancels every handler still running when its read stream ends, so the requests
+        # already read would go unanswered (review 11, K-R11: 57 of 100 pipelined register_analyzer calls answered,
+        # some of the others stored with no reply). The end of input is passed on once they are all answered, or
+        # after drain_s seconds at most (a client that left must not keep the server alive for a long call:
+        # review 10, W-R10; those calls are then cancelled as before).
+        with anyio.move_on_after(self._drain_s):
+            while self._pending:
+                self._answered = anyio.Event()
+                await self._answered.wait()
+
+    def _passed(self, msg: dict[str, Any] | None) -> None:
+        """Note a message passed on to the SDK: a request awaits its response; a ``notifications/cancelled``
+        means its request gets none (the SDK answers no cancelled request)."""
+        if not isinstance(msg, dict) or "method" not in msg:
+            return
+        if "id" in msg:
+            key = json.dumps(msg["id"])
+            self._pending[key] = self._pending.get(key, 0) + 1
+        elif msg["method"] == "notifications/cancelled" and isinstance(msg.get("params"), dict):
+            self._pending.pop(json.dumps(msg["params"].get("requestId")), None)
+            self._wake()
+
+    def answered(self, request_id: Any) -> None:
+        """A response to ``request_id`` went out (:class:`_ObservedWrites`)."""
+        key = json.dumps(request_id)
+        n = self._pending.get(key, 0)
+        if n > 1:
+            self._pending[key] = n - 1
+        elif n == 1:
+            del self._pending[key]
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._pending:
+            self._answered.set()
+
+
+class _ObservedWrites:
+    """The transport's write stream, as the SDK's server loop gets it: each response (result or error) sent is
+    reported to :meth:`GuardedLines.answered` (which holds the end of input back until the requests read are
+    answered)."""
+
+    def __init__(self, inner: Any, lines: GuardedLines):
+        self._inner = inner
+        self._lines = lines
+
+    async def send(self, item: Any) -> None:
+        await self._inner.send(item)
+        msg = getattr(item, "message", None)
+        if isinstance(msg, (JSONRPCResponse, JSONRPCError)):
+            self._lines.answered(msg.id)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def clone(self) -> Any:
+        return _ObservedWrites(self._inner.clone(), self._lines)
+
+    async def __aenter__(self) -> _ObservedWrites:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
 
 
 def _claim_stdin() -> tuple[Any, Callable[[], None]]:
@@ -219,10 +293,13 @@ def _claim_stdin() -> tuple[Any, Callable[[], None]]:
     return stream, restore
 
 
-async def serve_stdio(server: Any) -> None:
-    """Serve ``server`` (an ``MCPServer``) over stdio with :class:`GuardedLines` in front of the SDK transport."""
+async def serve_stdio(server: Any, eof_drain_s: float = STDIO_EOF_DRAIN_S) -> None:
+    """Serve ``server`` (an ``MCPServer``) over stdio with :class:`GuardedLines` in front of the SDK transport.
+
+    At stdin EOF the requests already read get up to ``eof_drain_s`` seconds to be answered before the SDK sees
+    the end of input (and cancels the calls still running)."""
     source, restore = _claim_stdin()
-    lines = GuardedLines(source)
+    lines = GuardedLines(source, drain_s=eof_drain_s)
     try:
         async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
             async def reply(err: dict[str, Any]) -> None:
@@ -230,7 +307,8 @@ async def serve_stdio(server: Any) -> None:
 
             lines.connect(reply)
             low = server._lowlevel_server
-            await low.run(read_stream, write_stream, low.create_initialization_options())
+            await low.run(read_stream, _ObservedWrites(write_stream, lines),  # type: ignore[arg-type]
+                          low.create_initialization_options())
     finally:
         restore()
 

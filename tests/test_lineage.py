@@ -158,6 +158,52 @@ def test_kv_items_by_literal_prefix_in_key_order(tmp_path):
                                                    "loopXr1", "loop_r1", "other"])
 
 
+def test_kv_update_from_two_handles_at_once_loses_no_update(tmp_path):
+    """Review 11, K-R11: a read-modify-write of one kv row (kv_get -> change -> kv_set) from two callers at once
+    lost updates; kv_update does it in one write transaction. Two handles (two connections, as two processes
+    have) x 2 threads x 25 increments of one object: every increment counted."""
+    import threading
+
+    path = tmp_path / "lineage.db"
+    LineageStore(path).close()
+    stores = [LineageStore(path), LineageStore(path)]
+    start = threading.Barrier(4)
+    failures: list[str] = []
+
+    def bump(s: LineageStore, who: str) -> None:
+        start.wait()
+        try:
+            for _ in range(25):
+                s.kv_update("counts", lambda d: {**(d or {}), "n": (d or {}).get("n", 0) + 1, who: 1}, expected=dict)
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=bump, args=(stores[i % 2], f"t{i}")) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert failures == []
+    assert stores[0].kv_get("counts") == {"n": 100, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
+    assert stores[1].kv_update("missing", lambda v: [v], default="d") == ["d"]
+    assert stores[1].kv_get("missing") == ["d"]
+
+
+def test_kv_update_of_a_wrongly_shaped_value_is_refused_and_writes_nothing(tmp_path):
+    s = LineageStore(tmp_path / "lineage.db")
+    s.kv_set("analyzers/registered", [1])
+    with pytest.raises(LineageError) as err:
+        s.kv_update("analyzers/registered", lambda d: {**d, "x": {}}, expected=dict)
+    assert str(err.value) == (
+        f"{s.path}: kv.value of key 'analyzers/registered' holds a JSON list [1], where EvoTrainer writes a JSON "
+        f"object (a crafted or damaged file); not read. Use a run folder EvoTrainer wrote, or remove the value "
+        f"(`sqlite3 {s.path} \"DELETE FROM kv WHERE key = 'analyzers/registered'\"`: the run forgets it)")
+    assert s.kv_get("analyzers/registered") == [1]
+    with pytest.raises(ZeroDivisionError):  # an error of fn rolls back: the row keeps its value
+        s.kv_update("analyzers/registered", lambda v: 1 / 0)
+    assert s.kv_get("analyzers/registered") == [1]
+
+
 def test_dead_jobs_become_interrupted(tmp_path):
     s = LineageStore(tmp_path / "lineage.db")
     s.create_root(Recipe())

@@ -1737,3 +1737,122 @@ def test_a_row_id_counter_at_its_maximum_is_named_not_a_failed_rollback(tmp_path
         assert store.get("v0").status != "pruned" and not store._db.in_transaction
     finally:
         store.close()
+
+
+# --- review 11: C-R11: typed kv reads of import/source and the search modes' keys ----------------------------------
+def _set_kv(run: Path, key: str, value: str) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, value))
+    db.commit()
+    db.close()
+
+
+_IMPORT_FIX = (r"Import the foreign run again into a new run folder \(`evotrainer import SOURCE --run NEW_RUN`\), or "
+               r"remove the value \(`sqlite3 .*lineage\.db \"DELETE FROM kv WHERE key = 'import/source'\"`: the run is "
+               r"then no longer treated as imported\)")
+
+
+@pytest.mark.parametrize("value, said", [
+    ("[1,2]", r"holds a JSON list \[1, 2\], where EvoTrainer writes a JSON object"),
+    ('"x"', "holds text 'x', where EvoTrainer writes a JSON object"),
+    ('{"version_id": 5, "path": "a.log"}', "holds a number 5 at version_id, where EvoTrainer writes text"),
+    ('{"path": "a.log"}', r"has no field 'version_id' \(or it is null\), where EvoTrainer writes a JSON object with "
+                          "'version_id'"),
+])
+def test_an_import_source_of_the_wrong_shape_is_named_not_a_crash(tmp_path, value, said):
+    """Review 11 C-R11: a run folder from elsewhere with kv ``import/source`` = ``[1,2]`` made ``evotrainer diagnose
+    RUN`` print "error: AttributeError: 'list' object has no attribute 'get'" (Evidence.from_workspace); ``watch``
+    and the local backend's imported-run guard read the same row unchecked. A LineageError names the run's
+    lineage.db, the key, the shape EvoTrainer writes and the fix (import again, or delete the row)."""
+    from mcp_testlib import make_run
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.harness.watch import Watcher
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    _set_kv(run, "import/source", value)
+    want = (rf"{run / 'lineage.db'}: kv\.value of key 'import/source' {said} \(a crafted or damaged file\); not "
+            rf"read\. {_IMPORT_FIX}")
+    r = CliRunner().invoke(app, ["diagnose", str(run), "--no-plots"])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError), (r.exception, r.output)
+    assert re.fullmatch(want, str(r.exception)), str(r.exception)
+    with Workspace.open(run) as ws, pytest.raises(LineageError) as err:
+        Watcher._imported_version(ws)
+    assert re.fullmatch(want, str(err.value)), str(err.value)
+
+
+def test_an_import_source_that_evotrainer_wrote_still_reads(tmp_path):
+    from evotrainer.harness.evidence import Evidence
+    from evotrainer.harness.watch import Watcher
+    from evotrainer.lineage import import_source
+
+    src = tmp_path / "verl"
+    src.mkdir()
+    (src / "train.log").write_text(GOOD)
+    s = import_run(src, tmp_path / "run")
+    with Workspace.open(tmp_path / "run") as ws:
+        assert import_source(ws.lineage)["version_id"] == s.version_id == "v0"
+        assert Watcher._imported_version(ws) == "v0"
+        assert Evidence.from_workspace(ws).recipes == {}  # the imported version's placeholder recipe is not evidence
+    _set_kv(tmp_path / "run", "import/source", "null")  # null reads as missing: not an imported run
+    with Workspace.open(tmp_path / "run") as ws:
+        assert import_source(ws.lineage) is None
+        with pytest.raises(RunImportError, match="kv 'import/source' is gone .* watch into a new folder"):
+            Watcher._imported_version(ws)
+
+
+_SEARCH_CASES = [
+    ("recipe-search", "loop/trial/1", '[1]', r"holds a JSON list \[1\], where EvoTrainer writes a JSON object"),
+    ("recipe-search", "loop/trial/1", '{"params": {"temperature": "hot"}}',
+     "holds text 'hot' at params.temperature, where EvoTrainer writes a number"),
+    ("recipe-search", "loop/trial/1", '{"p": 1}',
+     r"has no field 'params' \(or it is null\), where EvoTrainer writes a JSON object with 'params'"),
+    ("greedy", "loop/best", '["v0"]', r"holds a JSON list \['v0'\], where EvoTrainer writes text"),
+    ("greedy", "loop/trial/1", '"v1"', "holds text 'v1', where EvoTrainer writes a JSON object"),
+    ("greedy", "loop/trial/1", '{"version": "v1"}',
+     r"has no field 'parent' \(or it is null\), where EvoTrainer writes a JSON object with 'version', 'parent'"),
+    ("pbt", "loop/members", '{"v0": 1}', r"holds a JSON object \{'v0': 1\}, where EvoTrainer writes a JSON list"),
+    ("pbt", "loop/members", '[1]', r"holds a number 1 at \[0\], where EvoTrainer writes text"),
+    ("pbt", "loop/generation", '"two"', "holds text 'two', where EvoTrainer writes a number"),
+    ("pbt", "loop/gen/1", '[1]', r"holds a JSON list \[1\], where EvoTrainer writes a JSON object"),
+    ("pbt", "loop/gen/1", '{"scores": {}}',
+     r"has no field 'members' \(or it is null\), where EvoTrainer writes a JSON object with 'members'"),
+    ("pbt", "loop/gen/1", '{"members": "v0"}', "holds text 'v0' at members, where EvoTrainer writes a JSON list"),
+]
+
+
+@pytest.mark.parametrize("mode, key, value, said", _SEARCH_CASES)
+def test_a_search_mode_value_of_the_wrong_shape_is_named_not_a_crash(tmp_path, monkeypatch, mode, key, value, said):
+    """Review 11 C-R11: the search modes (recipe-search, greedy, pbt) read their resume state (``loop/trial/<t>``,
+    ``loop/best``, ``loop/members``, ``loop/generation``, ``loop/gen/<g>``) unchecked: a run folder from elsewhere
+    with another shape there ended a resume with a bare TypeError / KeyError / AttributeError. A LineageError names
+    the run's lineage.db, the key, the shape EvoTrainer writes and the fix. The modes run with their training,
+    evaluation and lineage calls stubbed: only their kv reads are real."""
+    from evotrainer.agents.search import GreedySearch, PBTRun, RecipeSearch
+    from evotrainer.config import load_run_config
+    from evotrainer.lineage import LineageError
+    from evotrainer.recipe import Recipe
+
+    cls = {"recipe-search": RecipeSearch, "greedy": GreedySearch, "pbt": PBTRun}[mode]
+    Workspace.init(tmp_path / "run", Recipe())
+    if mode == "pbt" and key != "loop/members":
+        _set_kv(tmp_path / "run", "loop/members", '["v0"]')
+    _set_kv(tmp_path / "run", key, value)
+    with Workspace.open(tmp_path / "run") as ws:
+        loop = object.__new__(cls)  # no MCP session: the stubs below stand for the tool calls
+        loop.config, loop.ws, loop.lineage, loop.emit = load_run_config("examples/tiny.yaml"), ws, ws.lineage, print
+        for name, stub in {"start": lambda: "v0", "start_trained": lambda: "v0", "recipe_of": lambda v: Recipe(),
+                           "_trial_version": lambda v, p: 0.5, "segment": lambda v: 0.5, "status": lambda v: "kept",
+                           "dev_summary": lambda v: {"avg@k": 0.5}, "version_rows": lambda: [],
+                           "out_of_budget": lambda: False}.items():
+            monkeypatch.setattr(loop, name, stub, raising=False)
+        with pytest.raises(LineageError) as err:
+            loop.run()
+    assert re.fullmatch(rf"{tmp_path / 'run' / 'lineage.db'}: kv\.value of key '{key}' {said} \(a crafted or damaged "
+                        r"file\); not read\. Use a run folder EvoTrainer wrote, or remove the value \(`sqlite3 "
+                        rf".*lineage\.db \"DELETE FROM kv WHERE key = '{key}'\"`: the run forgets it\)",
+                        str(err.value)), str(err.value)

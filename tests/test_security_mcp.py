@@ -1213,3 +1213,149 @@ def test_a_stored_analyzer_outside_the_register_bounds_is_refused(tmp_path, spec
         ws.lineage.kv_set("analyzers/registered", [1])
         with pytest.raises(ToolError, match="holds list, not an object of analyzers"):
             sync_registry(ws)
+
+
+def test_analyzers_registered_by_concurrent_calls_are_all_stored(tmp_path):
+    """Review 11, K-R11: 100 pipelined register_analyzer calls over stdio were all answered ok, but only 89 names were
+    stored (kv 'analyzers/registered' read, changed and written outside a transaction while two tool calls ran at
+    once): 11 acknowledged registrations were gone after a restart. Now the read-modify-write is one write
+    transaction (LineageStore.kv_update): 100 concurrent calls, 100 names stored."""
+    import anyio
+
+    run = make_run(tmp_path)
+    c = SyncClient(build_server("all", run))
+    try:
+        async def register_all() -> dict[int, bool]:
+            failed: dict[int, bool] = {}
+
+            async def one(i: int) -> None:
+                r = await c.client.call_tool("register_analyzer", {"name": f"bn_{i}", "code": "print('[]')\n",
+                                                                   "kinds": ["x"]})
+                failed[i] = r.is_error
+
+            async with anyio.create_task_group() as tg:
+                for i in range(100):
+                    tg.start_soon(one, i)
+            return failed
+
+        failed = c.portal.call(register_all)
+        assert sorted(failed) == list(range(100)) and not any(failed.values())
+        listed = {a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]}
+        assert listed == {f"bn_{i}" for i in range(100)}
+    finally:
+        c.close()
+    with Workspace.open(run) as ws:
+        stored = ws.lineage.kv_get("analyzers/registered")
+    assert len(stored) == 100 and sorted(stored) == sorted(f"bn_{i}" for i in range(100))
+    assert stored["bn_7"] == {"code": "print('[]')\n", "kinds": ["x"], "description": "", "timeout_s": 60.0,
+                              "memory_mb": 1024}
+
+
+@pytest.mark.parametrize("value, said", [
+    ("[1]", "kv 'analyzers/registered' holds list, not an object of analyzers; remove it (DELETE FROM kv WHERE key = "
+            "'analyzers/registered') and register them again"),
+    ('{"zz": "notadict"}', "stored analyzer 'zz' is not an object with its code (what register_analyzer accepts); "
+                           "register it again with register_analyzer, or remove it from kv 'analyzers/registered'"),
+    ("not json", "kv.value of key 'analyzers/registered' holds not JSON"),
+])
+def test_stored_analyzers_of_the_wrong_shape_are_named_by_list_and_register(tmp_path, value, said):
+    """Review 11 C-R11: a run folder from elsewhere with kv 'analyzers/registered' = [1] or {"zz": "notadict"} made
+    MCP list_analyzers and register_analyzer fail on every call with a bare TypeError / AttributeError. Both name the
+    file, the key and the fix (list_analyzers no longer hides it behind the built-ins); once the row is removed,
+    registering works again."""
+    import sqlite3
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES ('analyzers/registered', ?)", (value,))
+    db.commit()
+    c = SyncClient(build_server("all", run))
+    try:
+        args = {"name": "bn_1", "code": "print('[]')\n", "kinds": ["x"]}
+        for tool, a in (("list_analyzers", {}), ("register_analyzer", args)):
+            text = c.err(tool, a)
+            assert f"{run / 'lineage.db'}: " in text and said in text, text
+            assert "TypeError" not in text and "AttributeError" not in text
+        db.execute("DELETE FROM kv WHERE key = 'analyzers/registered'")
+        db.commit()
+        assert c.ok("register_analyzer", args)["name"] == "bn_1"
+        assert [a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]] == ["bn_1"]
+    finally:
+        c.close()
+        db.close()
+
+
+def test_requests_read_before_stdio_eof_are_all_answered(tmp_path):
+    """Review 11, K-R11 (2): 100 pipelined register_analyzer calls and then EOF on stdin: the server exited in 0.5 s
+    with 57 answered; the SDK's dispatcher cancels the handlers still running when its read stream ends, so some
+    registrations were stored with no reply, others neither. Now the end of input reaches the SDK only once every
+    request already read is answered (within common.STDIO_EOF_GRACE_S): 100 replies, all ok, 100 stored, exit 0."""
+    import json
+
+    run = make_run(tmp_path)
+    script = tmp_path / "server.py"  # `evotrainer serve all --run RUN`, with a grace period for a loaded machine
+    script.write_text("import sys\nfrom evotrainer.servers import common\nfrom evotrainer.servers.app import "
+                      "build_server\ncommon.STDIO_EOF_GRACE_S = 120.0\nbuild_server('all', sys.argv[1]).run('stdio')\n")
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen([sys.executable, str(script), str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err)
+    try:
+        def send(msg: dict) -> None:
+            proc.stdin.write(json.dumps(msg).encode() + b"\n")
+
+        send(INIT)
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 0
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for i in range(100):
+            send({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {
+                "name": "register_analyzer", "arguments": {"name": f"an_{i}", "code": "print('[]')\n", "kinds": ["x"]}}})
+        proc.stdin.close()  # (flushes): EOF right behind the 100 calls
+        replies = [json.loads(line) for line in proc.stdout.read().splitlines() if line.strip()]
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert sorted(r["id"] for r in replies) == list(range(1, 101))
+    assert [r["id"] for r in replies if r.get("result", {}).get("isError", True)] == []
+    with Workspace.open(run) as ws:
+        assert sorted(ws.lineage.kv_get("analyzers/registered")) == sorted(f"an_{i}" for i in range(100))
+
+
+def test_stdio_eof_waits_for_the_requests_passed_on_and_no_longer(tmp_path):
+    """GuardedLines (the stdio reader in front of the SDK) holds EOF back until each request it passed on has been
+    answered (a repeated id counts twice), forgets a request the client cancelled (the SDK answers none), and gives
+    up after drain_s seconds."""
+    import io
+    import json
+
+    import anyio
+
+    from evotrainer.servers.envelope import GuardedLines
+
+    def msg(**m) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", **m}).encode() + b"\n"
+
+    src = (msg(id=1, method="ping") + msg(id=1, method="ping") + msg(id="a", method="ping") + msg(method="x/y")
+           + msg(method="notifications/cancelled", params={"requestId": "a"}) + msg(id=2, result={}))
+
+    async def read_all(drain_s: float, answer: list) -> tuple[int, float]:
+        lines = GuardedLines(io.BytesIO(src), drain_s=drain_s)
+        n, t0 = 0, time.monotonic()
+        async with anyio.create_task_group() as tg:
+            async def answers() -> None:
+                for rid in answer:
+                    await anyio.sleep(0.2)
+                    lines.answered(rid)
+
+            async for _ in lines:
+                n += 1
+                if n == 6:
+                    tg.start_soon(answers)
+        return n, time.monotonic() - t0
+
+    n, took = anyio.run(read_all, 30.0, [1, 2, 1])  # 2 answers no request of the client (a response it sent)
+    assert n == 6 and 0.5 <= took < 10
+    n, took = anyio.run(read_all, 0.5, [1])  # one of the two id-1 requests never answered: EOF after drain_s
+    assert n == 6 and 0.5 <= took < 10
