@@ -14,8 +14,9 @@ Behind the security check, :class:`~evotrainer.servers.envelope.EnvelopeGuard` a
 bodies (-32700 / -32600). Sessions expire after ``session_idle_s`` seconds without a request (default
 :data:`SESSION_IDLE_S`, or ``$EVOTRAINER_MCP_SESSION_IDLE_S``) and at most ``max_sessions`` are open at once
 (default :data:`MAX_SESSIONS`, or ``$EVOTRAINER_MCP_MAX_SESSIONS``); past the cap a new session closes the least
-recently used session that has no request or stream in flight (:func:`evict_idle_sessions`), and gets HTTP 503 only
-when every open session is in a request. Measured cost of an idle session: see ``tests/test_security_mcp.py``.
+recently used session that has had no request or stream in flight for at least the eviction floor (default
+:data:`EVICT_IDLE_S` or half the idle timeout, or ``$EVOTRAINER_MCP_EVICT_IDLE_S``; :func:`evict_idle_sessions`),
+and gets HTTP 503 with ``Retry-After`` when there is none. Measured cost of an idle session: see ``tests/test_security_mcp.py``.
 
 Below HTTP (:class:`GuardedH11Protocol`, before any token is seen): a connection that has not sent a whole
 request head within ``header_timeout_s`` (default :data:`HEADER_TIMEOUT_S`, or ``$EVOTRAINER_MCP_HEADER_TIMEOUT_S``)
@@ -26,8 +27,10 @@ process's file-descriptor limit, or ``$EVOTRAINER_MCP_MAX_CONNECTIONS``) a new o
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import ipaddress
+import json
 import math
 import os
 import resource
@@ -51,6 +54,8 @@ SESSION_IDLE_ENV = "EVOTRAINER_MCP_SESSION_IDLE_S"
 MAX_SESSIONS_ENV = "EVOTRAINER_MCP_MAX_SESSIONS"
 SESSION_IDLE_S = 30 * 60.0  # an HTTP session without a request for this long is closed (the SDK's default)
 MAX_SESSIONS = 1000  # open HTTP sessions at once (the SDK allows 10,000)
+EVICT_IDLE_ENV = "EVOTRAINER_MCP_EVICT_IDLE_S"
+EVICT_IDLE_S = 60.0  # at the cap, a new session may close one idle this long (or half the idle timeout, if less)
 HEADER_TIMEOUT_ENV = "EVOTRAINER_MCP_HEADER_TIMEOUT_S"
 MAX_CONNECTIONS_ENV = "EVOTRAINER_MCP_MAX_CONNECTIONS"
 HEADER_TIMEOUT_S = 10.0  # a connection gets this long to send each request's head (line and headers)
@@ -289,54 +294,125 @@ def guarded_protocol(header_timeout_s: float | None = None, max_connections: int
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": timeout, "max_connections": cap})
 
 
-def _least_recently_used_idle(manager: Any) -> str | None:
-    """The id of the open session whose last request ended earliest among those with no request or stream in flight
-    (the SDK's transport sets its idle deadline to that end plus the idle timeout; infinite while one is in flight),
-    or None when every session is busy (or still opening: it has no idle scope yet)."""
-    best, best_deadline = None, math.inf
+def eviction_floor(value: float | None = None, session_idle_s: float = SESSION_IDLE_S) -> float:
+    """Seconds a session must have been idle before a newcomer at the cap may close it: ``value``, else
+    ``$EVOTRAINER_MCP_EVICT_IDLE_S``, else :data:`EVICT_IDLE_S` or half the idle timeout, whichever is less.
+
+    Raises:
+        ServeError: a value that is not a positive number.
+    """
+    return float(_positive(value, EVICT_IDLE_ENV, min(EVICT_IDLE_S, session_idle_s / 2), float))
+
+
+def _idle_sessions(manager: Any, now: float) -> list[tuple[float, str]]:
+    """``(idle since, id)`` of each open session with no request or stream in flight (the SDK's transport sets
+    its idle deadline to the end of its last request plus the idle timeout; infinite while one is in flight);
+    a session still opening (no idle scope yet) or being closed is left out."""
+    idle_timeout = manager.session_idle_timeout
+    out = []
     for sid, transport in list(manager._server_instances.items()):
         scope = getattr(transport, "idle_scope", None)
         if (scope is None or scope.cancel_called or getattr(transport, "_requests_in_flight", 1) != 0
-                or getattr(transport, "is_terminated", False)):
+                or getattr(transport, "is_terminated", False) or not math.isfinite(scope.deadline)
+                or idle_timeout is None):
             continue
-        if scope.deadline < best_deadline:
-            best, best_deadline = sid, scope.deadline
-    return best
+        out.append((min(now, scope.deadline - idle_timeout), sid))
+    return out
 
 
-def evict_idle_sessions(manager: Any) -> None:
+def _least_recently_used_idle(manager: Any, floor_s: float = 0.0) -> str | None:
+    """The id of the open session whose last request ended earliest among those with no request or stream in flight
+    and idle for at least ``floor_s`` seconds, or None when there is none."""
+    now = asyncio.get_running_loop().time()
+    idle = [(since, sid) for since, sid in _idle_sessions(manager, now) if now - since >= floor_s]
+    return min(idle)[1] if idle else None
+
+
+_REFUSAL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("evotrainer_session_refusal",
+                                                                                 default=None)
+
+
+def evict_idle_sessions(manager: Any, floor_s: float = EVICT_IDLE_S) -> None:
     """Make ``manager`` (the SDK's ``StreamableHTTPSessionManager``) close, at its session cap, the least recently
-    used session with no request or stream in flight to admit a new one, as :class:`GuardedH11Protocol` does for
-    connections; a newcomer gets 503 only when every open session is in a request.
+    used session idle (no request or stream in flight) for at least ``floor_s`` seconds to admit a new one, as
+    :class:`GuardedH11Protocol` does for connections; when there is none the newcomer gets 503 with a JSON-RPC
+    error naming the cap, the floor and the fix, and ``Retry-After`` (seconds until the first idle session passes
+    the floor, or the floor).
 
     Review 10 (H-R10): 1,000 ``initialize`` requests with the token and nothing after filled the cap in 3.3 s, and
     every newcomer got 503 for up to the idle timeout (30 min). The evicted session is forgotten at once (its id
     answers 404) and its idle scope is cancelled, which ends its server task the way an idle expiry does.
+
+    Review 11 (H-R11): evicting any idle session let a token holder end every other client's session at will
+    (5 ``initialize`` with a cap of 5, and a client's next ping got 404 "Session not found"). Only a session idle
+    past the floor is closed now; a session in use is kept and the flood is refused instead.
     """
     admit = manager._admit_session
 
     def admit_or_evict(requestor: Any) -> Any:
         cap = manager.max_sessions
         if cap is not None and len(manager._server_instances) >= cap:
-            sid = _least_recently_used_idle(manager)
+            sid = _least_recently_used_idle(manager, floor_s)
             if sid is not None:
                 transport = manager._server_instances.pop(sid)
                 manager._session_owners.pop(sid, None)
                 transport.idle_scope.cancel()
+            else:
+                box = _REFUSAL.get()
+                if box is not None:
+                    now = asyncio.get_running_loop().time()
+                    waits = [floor_s - (now - since) for since, _ in _idle_sessions(manager, now)]
+                    box["sessions"] = len(manager._server_instances)
+                    box["retry_after"] = max(1, math.ceil(min(waits, default=floor_s)))
         return admit(requestor)
 
     manager._admit_session = admit_or_evict
+    inner = manager.asgi_app
+
+    async def explain_refusal(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Replace the SDK's bare 503 'Too many open sessions' with the cap, the floor, the fix and Retry-After."""
+        box: dict[str, Any] = {}
+        token = _REFUSAL.set(box)
+        replaced = False
+
+        async def send_explained(message: dict[str, Any]) -> None:
+            nonlocal replaced
+            if message["type"] == "http.response.start" and message.get("status") == 503 and "sessions" in box:
+                replaced = True
+                text = (f"the server holds {box['sessions']} sessions (its cap), none idle past {floor_s:g} s; close "
+                        f"a session (DELETE) or raise {MAX_SESSIONS_ENV}")
+                body = json.dumps({"jsonrpc": "2.0", "id": None,
+                                   "error": {"code": -32603, "message": text}}).encode()
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode()),
+                                        (b"retry-after", str(box["retry_after"]).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            if replaced and message["type"] == "http.response.body":
+                return
+            await send(message)
+
+        try:
+            await inner(scope, receive, send_explained)
+        finally:
+            _REFUSAL.reset(token)
+
+    manager.asgi_app = explain_refusal
 
 
 def http_app(server: MCPServer[Any], token: str, host: str = "127.0.0.1", allowed_origins: tuple[str, ...] = (),
-             session_idle_s: float | None = None, max_sessions: int | None = None) -> Any:
+             session_idle_s: float | None = None, max_sessions: int | None = None,
+             evict_idle_s: float | None = None) -> Any:
     """The ASGI app: the SDK's streamable-HTTP app at ``/mcp`` behind :class:`EnvelopeGuard` and
-    :class:`SecurityMiddleware` (outermost), with idle expiry and a cap on sessions (:func:`session_limits`)."""
+    :class:`SecurityMiddleware` (outermost), with idle expiry and a cap on sessions (:func:`session_limits`) that
+    closes only sessions idle past :func:`eviction_floor`."""
     idle, cap = session_limits(session_idle_s, max_sessions)
+    floor = eviction_floor(evict_idle_s, idle)
     security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     inner = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security,
                                        session_idle_timeout=idle, max_sessions=cap)
-    evict_idle_sessions(server.session_manager)
+    evict_idle_sessions(server.session_manager, floor)
     return SecurityMiddleware(EnvelopeGuard(ProtocolVersionGuard(inner)), token, allowed_origins)
 
 

@@ -530,15 +530,21 @@ def test_24_kernel_tunables_are_read_only():
     writable to the container user: the Docker backend now sends it in ReadonlyPaths.)"""
     before = Path("/proc/sys/kernel/core_pattern").read_text()
     r = run("""
-        import os
+        import os, stat
+        null = os.stat("/dev/null").st_rdev
         for p in ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/hostname",
                   "/proc/sysrq-trigger", "/proc/pressure/cpu"]:
+            st = os.stat(p) if os.path.exists(p) else None
+            if st and stat.S_ISCHR(st.st_mode) and st.st_rdev == null:  # Docker's MaskedPaths (S-R11): writes go nowhere
+                print("denied", p, "masked")
+                continue
             try:
                 os.close(os.open(p, os.O_WRONLY)); print("WRITABLE", p)
             except OSError as e:
                 print("denied", p, e.errno)
     """)
     assert "WRITABLE" not in r.stdout and r.stdout.count("denied") == 5, r
+    assert "masked" not in r.stdout or (r.backend == "docker" and r.stdout.count("masked") == 1), r
     # EROFS under bwrap (the sandbox uid is host uid 0 there, so only the read-only mount stops it); under Docker
     # uid 65534 is host uid 65534 and the file's mode refuses first (EACCES), the mount is read-only too
     assert "denied /proc/sys/kernel/core_pattern 30" in r.stdout or (
@@ -700,3 +706,41 @@ def test_29_no_root_only_global_proc_file_reads_host_state():
     assert r.exit_code == 0, r
     assert int(r.stdout.split("tried ")[1].split()[0]) >= 1, r.stdout  # kcore and kmsg at least are root-only
     assert "read 0" in r.stdout, r.stdout
+
+
+HOST_STATE_PROC = ("/proc/pressure/cpu", "/proc/pressure/io", "/proc/pressure/memory", "/proc/interrupts",
+                   "/proc/diskstats", "/proc/cmdline", "/proc/sys/kernel/random/boot_id")
+
+
+def test_29b_host_state_in_proc_reads_empty():
+    """Review 11 (S-R11): sandboxed code read the host's pressure stall figures (/proc/pressure/*), interrupt and
+    disk I/O counters, the host kernel's command line and its boot id (a stable host identifier). Under bwrap each
+    reads as an empty read-only file now, the boot id as a fixed one; under Docker each is masked with /dev/null
+    (reads empty, a write goes nowhere). /proc/loadavg, /proc/stat and /proc/vmstat still read (os.getloadavg and
+    psutil need them)."""
+    from evotrainer.sandbox.bwrap import MASKED_BOOT_ID
+
+    present = [p for p in HOST_STATE_PROC if Path(p).is_file()]
+    assert Path("/proc/sys/kernel/random/boot_id").read_text() != MASKED_BOOT_ID
+    r = run(f"""
+        import os
+        for p in {present!r}:
+            print(p, repr(open(p).read()))
+            try:
+                os.close(os.open(p, os.O_WRONLY)); print("WRITABLE", p, os.stat(p).st_rdev == os.stat("/dev/null").st_rdev)
+            except OSError as e:
+                print("denied", p, e.errno)
+        print("loadavg", len(os.getloadavg()), open("/proc/loadavg").read().count(" ") >= 4)
+        print("stat", open("/proc/stat").read().startswith("cpu "), "vmstat", "nr_free_pages" in open("/proc/vmstat").read())
+    """)
+    assert r.exit_code == 0, r
+    boot_id = MASKED_BOOT_ID if r.backend == "bwrap" else ""
+    expected = [f"{p} {(boot_id if p.endswith('boot_id') else '')!r}" for p in present]
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("/proc/")] == expected, r.stdout
+    if r.backend == "bwrap":  # a read-only bind of a 0444 file: its mode refuses first (EACCES; no capabilities)
+        assert [ln for ln in r.stdout.splitlines() if ln.startswith(("denied", "WRITABLE"))] == [
+            f"denied {p} 13" for p in present], r.stdout
+    else:  # Docker's MaskedPaths: /dev/null itself, so a write reaches nothing of the host
+        assert r.stdout.count("WRITABLE") == len(present) and r.stdout.count(" True\n") >= len(present), r.stdout
+        assert "False" not in r.stdout, r.stdout
+    assert "loadavg 3 True\nstat True vmstat True\n" in r.stdout, r.stdout

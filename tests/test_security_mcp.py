@@ -701,17 +701,28 @@ def test_http_sessions_expire_when_idle_and_are_capped(redos_run):
         proc.wait(30)
 
 
+def _refused_as_full(r, sessions: int, floor: str) -> None:
+    """``r`` is the 503 for a new session at the cap, naming the cap, the floor and the fix, with Retry-After."""
+    assert (r.status_code, r.json()) == (503, {"jsonrpc": "2.0", "id": None, "error": {
+        "code": -32603, "message": f"the server holds {sessions} sessions (its cap), none idle past {floor} s; close a "
+                                   "session (DELETE) or raise EVOTRAINER_MCP_MAX_SESSIONS"}})
+    assert int(r.headers["retry-after"]) >= 1
+
+
 def test_a_full_session_table_closes_its_least_recently_used_idle_session(redos_run):
     """Review 10, H-R10: with the token, 1,000 ``initialize`` requests and nothing after filled the session cap, and
     every newcomer got 503 for up to the idle timeout (30 min). Past the cap a newcomer now closes the session whose
-    last request ended earliest among those with nothing in flight; 503 only when every session is in a request."""
+    last request ended earliest among those idle past the eviction floor (review 11, H-R11: 1 s here); 503 when
+    every session is in a request."""
     import httpx
 
-    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="600", EVOTRAINER_MCP_MAX_SESSIONS="3")
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="600", EVOTRAINER_MCP_MAX_SESSIONS="3",
+                            EVOTRAINER_MCP_EVICT_IDLE_S="1")
     ok = {"jsonrpc": "2.0", "id": 7, "result": {}}
     try:
         with httpx.Client() as hc:
             a, b, c = (_open_session(hc, url) for _ in range(3))
+            time.sleep(1.2)  # b and c idle past the 1 s floor (a lower bound: a slow machine only adds to it)
             assert _sse_json(_ping(hc, url, a)) == ok  # a used last: b is the least recently used
             d = _open_session(hc, url)  # a 4th session while 3 are open
             r = _ping(hc, url, b)
@@ -725,14 +736,54 @@ def test_a_full_session_table_closes_its_least_recently_used_idle_session(redos_
             try:
                 assert [s.__enter__().status_code for s in streams] == [200, 200, 200]
                 r = hc.post(url, json=INIT, headers=HDR, timeout=30)
-                assert (r.status_code, r.json()["error"]) == (503, {"code": -32603,
-                                                                    "message": "Too many open sessions"})
+                _refused_as_full(r, 3, "1")
+                assert r.headers["retry-after"] == "1"  # nothing idle: the floor
             finally:
                 for st in streams:
                     st.__exit__(None, None, None)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_flood_of_initializes_cannot_close_a_session_in_use(redos_run):
+    """Review 11, H-R11: with a cap of 5, another token holder's 5 ``initialize`` closed client L's idle session (its
+    next ping got 404 "Session not found"): any token holder could end every other client's session at will. Now
+    only a session idle past the eviction floor (600 s here) is closed; the flood gets 503 and L keeps its session."""
+    import httpx
+
+    proc, url = _start_http(redos_run, EVOTRAINER_MCP_SESSION_IDLE_S="1800", EVOTRAINER_MCP_MAX_SESSIONS="5",
+                            EVOTRAINER_MCP_EVICT_IDLE_S="600")
+    ok = {"jsonrpc": "2.0", "id": 7, "result": {}}
+    try:
+        with httpx.Client() as lc, httpx.Client() as flood:
+            first = _open_session(lc, url)
+            assert _sse_json(_ping(lc, url, first)) == ok
+            others = [_open_session(flood, url) for _ in range(4)]  # the cap: 5 sessions, all used just now
+            for _ in range(20):
+                r = flood.post(url, json=INIT, headers=HDR, timeout=30)
+                _refused_as_full(r, 5, "600")
+                assert 1 <= int(r.headers["retry-after"]) <= 600
+            assert _sse_json(_ping(lc, url, first)) == ok
+            for sid in others:
+                assert _sse_json(_ping(flood, url, sid)) == ok
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_eviction_floor_from_the_environment(monkeypatch):
+    from evotrainer.servers.http import ServeError, eviction_floor
+
+    monkeypatch.delenv("EVOTRAINER_MCP_EVICT_IDLE_S", raising=False)
+    assert eviction_floor() == 60.0
+    assert eviction_floor(session_idle_s=30.0) == 15.0  # half the idle timeout when that is less
+    monkeypatch.setenv("EVOTRAINER_MCP_EVICT_IDLE_S", "2.5")
+    assert eviction_floor() == 2.5
+    assert eviction_floor(7) == 7.0
+    monkeypatch.setenv("EVOTRAINER_MCP_EVICT_IDLE_S", "-1")
+    with pytest.raises(ServeError, match=r"^EVOTRAINER_MCP_EVICT_IDLE_S='-1': give a positive number of seconds$"):
+        eviction_floor()
 
 
 def test_session_limits_from_the_environment(monkeypatch):

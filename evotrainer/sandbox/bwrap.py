@@ -163,6 +163,17 @@ _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/kcore",
                 "/proc/kpagecount", "/proc/kpageflags", "/proc/kpagecgroup", "/proc/vmallocinfo", "/proc/slabinfo",
                 "/proc/pagetypeinfo", "/proc/program_cpu")
+# Review 11 (S-R11): host state any host user can read, but that tells the sandbox about the host and not about
+# itself: pressure stall figures of the whole host (/proc/pressure/*: a side channel on other tenants' load), the
+# interrupt counts of each CPU and device (/proc/interrupts), every block device's I/O counters (/proc/diskstats),
+# the host kernel's command line (/proc/cmdline) and the boot id (a stable identifier of the host). Each reads as
+# an empty read-only file (the boot id as :data:`MASKED_BOOT_ID`, a fixed id) where the host has it. Left readable
+# on purpose: /proc/stat, /proc/loadavg and /proc/vmstat (psutil's cpu_times / cpu_count / boot_time,
+# os.getloadavg and the like read them; sandboxed analyzers use those).
+_EMPTIED_PROC = ("/proc/interrupts", "/proc/diskstats", "/proc/cmdline")
+_PRESSURE_DIR = "/proc/pressure"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+MASKED_BOOT_ID = "00000000-0000-4000-8000-000000000000\n"  # the format of a boot id, the same on every host and boot
 # Global (not per-process) /proc entries a host-root sandbox uid could write: Docker 20.10's ReadonlyPaths
 # (moby oci.DefaultSpec: bus, fs, irq, sys, sysrq-trigger) and its masked trees (acpi, asound, scsi), plus
 # /proc/pressure (PSI triggers) and /proc/driver (rtc). Each is bound read-only where the kernel has it.
@@ -171,7 +182,8 @@ _READONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/pressure", "/proc/b
 
 
 def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
-                limits: RunLimits, env: dict[str, str], host_tmpfs: dict[str, Path] | None = None) -> list[str]:
+                limits: RunLimits, env: dict[str, str], host_tmpfs: dict[str, Path] | None = None,
+                proc_masks: dict[str, Path] | None = None) -> list[str]:
     a = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
          "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
          "--hostname", "sandbox", "--clearenv", "--ro-bind", "/usr", "/usr"]
@@ -194,6 +206,15 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
     for masked in _MASKED_PROC:
         if os.path.exists(masked):  # the sandbox's /proc is of the same kernel; bwrap cannot create a missing one
             a += ["--ro-bind", "/dev/null", masked]
+    # Host state readable by anyone (S-R11): an empty file, or a fixed boot id, read-only over each (/dev/null would
+    # refuse the open on bwrap's nodev bind: a program reading them gets an empty text instead of an error)
+    if proc_masks is not None:
+        pressure = sorted(str(p) for p in Path(_PRESSURE_DIR).glob("*")) if os.path.isdir(_PRESSURE_DIR) else []
+        for path in (*_EMPTIED_PROC, *pressure):
+            if os.path.isfile(path):
+                a += ["--ro-bind", str(proc_masks["empty"]), path]
+        if os.path.isfile(BOOT_ID_PATH):
+            a += ["--ro-bind", str(proc_masks["boot_id"]), BOOT_ID_PATH]
     # /dev made by hand on a capped tmpfs (bwrap's --dev takes no --size): the usual nodes bound from
     # the host, the std links, a capped /dev/shm; /dev itself is remounted read-only below. No devpts.
     disk = limits.disk_mb << 20
@@ -227,6 +248,17 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
     return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
 
 
+def _proc_mask_files(tmp: Path) -> dict[str, Path]:
+    """The read-only files bound over host-state /proc files (S-R11), made in the run's private ``tmp``: ``empty``
+    (no bytes) and ``boot_id`` (:data:`MASKED_BOOT_ID`)."""
+    files = {"empty": tmp / "proc-empty", "boot_id": tmp / "proc-boot-id"}
+    files["empty"].write_bytes(b"")
+    files["boot_id"].write_text(MASKED_BOOT_ID)
+    for f in files.values():
+        f.chmod(0o444)
+    return files
+
+
 def run_bwrap(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: Path | None, code_file: Path | None,
               limits: RunLimits, env_extra: dict[str, str], tmp: Path) -> SandboxResult:
     """Run ``argv`` (already translated: ``python`` -> this interpreter) under bubblewrap.
@@ -253,7 +285,7 @@ def run_bwrap(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir: 
             host_tmpfs[dest] = folder
             mounts.append((f"size={size},nr_inodes={inodes},mode={mode},nosuid,nodev", str(folder)))
     full = _bwrap_argv(bwrap, argv, inputs=inputs, workdir=workdir, code_file=code_file, limits=limits, env=env,
-                       host_tmpfs=host_tmpfs)
+                       host_tmpfs=host_tmpfs, proc_masks=_proc_mask_files(tmp))
     cgroup = _lim.RunCgroup(limits.memory_mb << 20, limits.max_procs + 2, limits.cpus)
     try:
         # bwrap reads its options from a file descriptor (--args): its command line, which the sandbox reads as
