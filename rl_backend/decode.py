@@ -42,7 +42,7 @@ from evotrainer.rl_backend.grpo import selective_log_softmax
 @functools.cache
 def cache_field() -> str:
     """The name of the KV cache in a transformers model's forward arguments and outputs: ``cache`` in the
-    releases that renamed it (5.25 here), ``past_key_values`` before (5.17 on the GPU box of issue 21: there a
+    releases that renamed it (5.25 here), ``past_key_values`` before (5.17, on a GPU machine with an older image: there a
     ``cache=`` argument was not the cache and ``out.cache`` raised ``AttributeError``)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
