@@ -130,15 +130,89 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     return out
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_JSON = json.JSONDecoder()
+
+
+def _skip_ws(text: str, i: int) -> int:
+    """The index of the first non-whitespace character (JSON's whitespace) at or after ``i``."""
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def iter_log_history(text: str) -> Iterator[Any] | None:
+    """The entries of a ``trainer_state.json``'s ``log_history`` list, decoded one at a time from its text.
+
+    ``None`` when the text is not a JSON object holding a ``log_history`` list (the caller decodes it whole then
+    and names the problem). Review 11 (D-R11b): ``json.loads`` of a 29 MB file of 1,000,000 entries held them all
+    at once (0.4-0.8 GB with their records); the other top-level values before it are still decoded (one at a time),
+    and the text after the list is not read.
+
+    Raises:
+        json.JSONDecodeError: the text is not JSON (an entry or the list around it).
+    """
+    i = _skip_ws(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i = _skip_ws(text, i + 1)
+    while text.startswith('"', i):
+        key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+        i = _skip_ws(text, i)
+        if not text.startswith(":", i):
+            return None
+        i = _skip_ws(text, i + 1)
+        if key == "log_history" and text.startswith("[", i):
+            return _list_items(text, i)
+        _, i = _JSON.raw_decode(text, i)
+        i = _skip_ws(text, i)
+        if not text.startswith(",", i):
+            return None
+        i = _skip_ws(text, i + 1)
+    return None
+
+
+def _list_items(text: str, i: int) -> Iterator[Any]:
+    """The items of the JSON list starting at ``text[i]`` (``[``), decoded one at a time."""
+    i = _skip_ws(text, i + 1)
+    if text.startswith("]", i):
+        return
+    while True:
+        item, i = _JSON.raw_decode(text, i)
+        yield item
+        i = _skip_ws(text, i)
+        if text.startswith("]", i):
+            return
+        if not text.startswith(",", i):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+        i = _skip_ws(text, i + 1)
+
+
+def parse_trainer_state_text(text: str) -> dict[int, dict[str, float]]:
+    """:func:`parse_trainer_state` of a ``trainer_state.json``'s text, its ``log_history`` decoded an entry at a time
+    (:func:`iter_log_history`; the whole file decoded at once only when it is not an object holding that list).
+
+    Raises:
+        IngestError: no ``log_history`` list.
+        json.JSONDecodeError: not JSON.
+    """
+    hist = iter_log_history(text)
+    return parse_trainer_state(json.loads(text)) if hist is None else _log_history_records(hist)
+
+
 def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
     """Per-step records of a TRL / HF ``trainer_state.json`` (``log_history``).
 
     Raises:
         IngestError: no ``log_history`` list.
     """
-    hist = data.get("log_history")
+    hist = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(hist, list):
         raise IngestError("trainer_state.json has no log_history list")
+    return _log_history_records(hist)
+
+
+def _log_history_records(hist: Iterable[Any]) -> StepRecords:
+    """The records of ``log_history`` entries (dicts with a ``step``; others skipped)."""
     out = StepRecords()
     for rec in hist:
         if not isinstance(rec, dict) or "step" not in rec:
@@ -615,7 +689,7 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
 def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
-        return {None: parse_trainer_state(json.loads(read_run_text(path)))}, []
+        return {None: parse_trainer_state_text(read_run_text(path))}, []
     if name.startswith("events.out.tfevents"):
         try:
             return {None: parse_tensorboard(path)}, []
@@ -684,7 +758,11 @@ def _history_length(path: Path) -> int:
     """Entries of a ``trainer_state.json``'s ``log_history``; -1 for one too large or unreadable (it still goes to
     :func:`_read_file`, which names the problem when it is the only one)."""
     try:
-        data = json.loads(read_run_text(path))
+        text = read_run_text(path)
+        hist = iter_log_history(text)
+        if hist is not None:
+            return sum(1 for _ in hist)
+        data = json.loads(text)
         return len(data.get("log_history", [])) if isinstance(data, dict) else -1
     except (IngestError, OSError, ValueError, TypeError, RecursionError):
         return -1

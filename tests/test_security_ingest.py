@@ -1874,3 +1874,23 @@ def test_a_run_store_series_past_the_cap_is_thinned_evenly_and_said(tmp_path, mo
     with pytest.warns(MetricsThinnedWarning):
         r = CliRunner().invoke(app, ["report", str(run)])
     assert r.exit_code == 0, (r.exception, r.output)
+
+
+def test_a_trainer_state_log_history_is_decoded_an_entry_at_a_time(tmp_path):
+    """Review 11 D-R11b: ``json.loads`` of a trainer_state.json of 1,000,000 log_history entries held them all (0.4-0.8
+    GB). The log_history list is decoded an entry at a time (iter_log_history); 'log_history' inside another value is
+    no key, a file that is no object with that list is decoded whole (the old errors), and a bad entry is named."""
+    from evotrainer.harness.ingest import iter_log_history, parse_trainer_state_text
+
+    text = ' {"best": ["log_history", {"log_history": 1}], "log_history" : [ {"step": 1, "loss": 2},\n{"step": 2} ] }'
+    items = iter_log_history(text)
+    assert items is not None and list(items) == [{"step": 1, "loss": 2}, {"step": 2}]
+    assert iter_log_history("[1]") is None and iter_log_history('{"a": 1}') is None
+    assert parse_trainer_state_text(text) == {1: {"loss": 2.0}}
+    with pytest.raises(IngestError, match="trainer_state.json has no log_history list"):
+        parse_trainer_state_text('{"log_history": 5}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trainer_state.json").write_text('{"log_history": [{"step": 1, "loss": 2} {"step": 2}]}')
+    with pytest.raises(IngestError, match=r"trainer_state\.json: unreadable \(JSONDecodeError: Expecting ',' delimiter"):
+        ingest(run)
