@@ -339,7 +339,7 @@ def _components_cut(path: Path, cut: dict[str, int]) -> None:
               "are left out (a cap per rollout row, MAX_ROLLOUT_COMPONENTS)")
 
 
-def _thinned(path: Path, records: Any) -> None:
+def _thinned(path: Path | str, records: Any) -> None:
     """Note a file whose metric points were thinned (a :class:`evotrainer.points.StepRecords` that dropped some)."""
     if isinstance(records, StepRecords) and records.dropped:
         _note(f"{path}: {records.summary()}: every series is thinned evenly over the run past the caps of "
@@ -829,7 +829,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         except ValueError as exc:
             errors.append(str(exc))
     for run, run_files in _split_runs(p, files, vid).items():
-        merged: dict[str, dict[int, dict[str, float]]] = {}
+        merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
         for f in run_files:
             try:
                 runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows))  # the cap is per run read, all files
@@ -840,10 +840,13 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
                 continue
             for name, recs in runs.items():  # a W&B chart export may hold several runs
                 key = run if name is None or len(runs) == 1 else name
+                into = merged[key] if key in merged else merged.setdefault(key, StepRecords())
                 for step, rec in recs.items():
-                    merged.setdefault(key, {}).setdefault(step, {}).update(rec)
+                    into.add_all(step, rec)
             rows += rws
         for key, recs in merged.items():
+            if len(run_files) > 1:
+                _thinned(f"{p} (run {key}, its {len(run_files)} files together)", recs)
             if recs:
                 series[key] = records_to_series(recs)
     if not series and not rows:

@@ -1894,3 +1894,24 @@ def test_a_trainer_state_log_history_is_decoded_an_entry_at_a_time(tmp_path):
     (run / "trainer_state.json").write_text('{"log_history": [{"step": 1, "loss": 2} {"step": 2}]}')
     with pytest.raises(IngestError, match=r"trainer_state\.json: unreadable \(JSONDecodeError: Expecting ',' delimiter"):
         ingest(run)
+
+
+def test_a_run_of_several_metrics_files_is_thinned_together_past_the_cap(tmp_path, monkeypatch):
+    """Review 11 D-R11b: the cap is per file read and per run (its files together): two JSONL files of 800 steps each
+    (steps 0-799 and 800-1599), each within MAX_METRIC_STEPS (lowered to 1,000), are 1,600 steps together: thinned
+    at step 1,000 to every 2nd step, 800 kept, with a warning naming the run."""
+    from evotrainer import points
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800)))
+    (src / "b.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800, 1600)))
+    with pytest.warns(IngestWarning, match=r"run \(run run, its 2 files together\): read 1,600 metric points, kept 800 "
+                                           r"\(800 steps, about every 2-th step from the first to the last\), 800 "
+                                           r"dropped") as said:
+        ev = ingest(src)
+    assert len(said) == 1
+    steps, values = ev.series("run", "loss/total")
+    assert list(steps) == list(range(0, 1600, 2)) and list(values) == [float(s) for s in range(0, 1600, 2)]
