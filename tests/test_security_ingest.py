@@ -1772,7 +1772,7 @@ def _tb_scalars(folder, n):
     w.close()
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "trainer_state", "mlflow", "tensorboard", "verl_log"])
+@pytest.mark.parametrize("fmt", ["jsonl", "trainer_state", "mlflow", "tensorboard", "verl_log", "wandb_csv"])
 def test_a_metrics_file_past_the_step_cap_is_thinned_evenly_and_said(tmp_path, monkeypatch, fmt):
     """Review 11 D-R11b: 1,000,000 one-metric records (a 25 MB JSONL, trainer_state.json or MLflow metrics file)
     took 0.5-0.8 GB, a TensorBoard file of 700,000 scalar events 0.6 GB. Past MAX_METRIC_STEPS steps (lowered here
@@ -1796,6 +1796,8 @@ def test_a_metrics_file_past_the_step_cap_is_thinned_evenly_and_said(tmp_path, m
                                                                               for i in range(n)))
     elif fmt == "tensorboard":
         _tb_scalars(src, n)
+    elif fmt == "wandb_csv":
+        (src / "export.csv").write_text("Step,train/loss\n" + "".join(f"{i},{i}\n" for i in range(n)))
     else:
         (src / "train.log").write_text("".join(f"step:{i} - actor/pg_loss:{i}\n" for i in range(n)))
     with pytest.warns(IngestWarning, match=r": read 5,000 metric points, kept 625 \(625 steps, about every 8-th step "
