@@ -8,8 +8,9 @@ shape (first step to last) stays for the analyzers, which look at trends, and me
 instead of by the file's size. Review 11 (D-R11b, D-R11c): 1,000,000 one-metric records (a 25 MB JSONL,
 ``trainer_state.json`` or MLflow file) took 0.5-0.8 GB, and a ``lineage.db`` of 1,500,000 metric rows 0.6 GB.
 
-The caps are far above real runs: verl's logs have a few hundred to tens of thousands of steps of ~100 metrics
-each (tests/data/verl_logs: 435 steps, 60-110 metrics a step).
+The caps are far above real runs: verl's published example logs have 59 to 436 steps of up to 43 metrics each, and
+long runs reach tens of thousands of steps of ~100 metrics (40,000 x 100 is :data:`MAX_METRIC_POINTS`); a log of
+more than 100,000 logged steps of one file is not a training run we diagnose point by point.
 """
 
 from __future__ import annotations
