@@ -106,9 +106,9 @@ class StepRecords(dict[int, dict[str, float]]):
         return True
 
     def summary(self) -> str:
-        """``"read R metric points, kept K (S steps, about every G-th step), D dropped"`` (for a warning)."""
-        return (f"read {self.read:,} metric points, kept {self.points:,} ({len(self):,} steps, about every "
-                f"{self.gap:,}-th step from the first to the last), {self.dropped:,} dropped")
+        """``"read R metric points, kept K (S steps, about 1 step in G, ...), D dropped"`` (for a warning)."""
+        return (f"read {self.read:,} metric points, kept {self.points:,} ({len(self):,} steps, about 1 step in "
+                f"{self.gap:,}, from the first to the last), {self.dropped:,} dropped")
 
 
 def thin_series(rows: Any, max_points: int | None = None) -> tuple[list[tuple[int, float]], int]:

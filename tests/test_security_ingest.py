@@ -1800,7 +1800,7 @@ def test_a_metrics_file_past_the_step_cap_is_thinned_evenly_and_said(tmp_path, m
         (src / "export.csv").write_text("Step,train/loss\n" + "".join(f"{i},{i}\n" for i in range(n)))
     else:
         (src / "train.log").write_text("".join(f"step:{i} - actor/pg_loss:{i}\n" for i in range(n)))
-    with pytest.warns(IngestWarning, match=r": read 5,000 metric points, kept 625 \(625 steps, about every 8-th step "
+    with pytest.warns(IngestWarning, match=r": read 5,000 metric points, kept 625 \(625 steps, about 1 step in 8, "
                                            r"from the first to the last\), 4,375 dropped: every series is thinned "
                                            r"evenly over the run past the caps of 1,000 steps and 4,000,000 values "
                                            r"per metrics file read \(MAX_METRIC_STEPS, MAX_METRIC_POINTS\)"):
@@ -1911,7 +1911,7 @@ def test_a_run_of_several_metrics_files_is_thinned_together_past_the_cap(tmp_pat
     (src / "a.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800)))
     (src / "b.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800, 1600)))
     with pytest.warns(IngestWarning, match=r"run \(run run, its 2 files together\): read 1,600 metric points, kept 800 "
-                                           r"\(800 steps, about every 2-th step from the first to the last\), 800 "
+                                           r"\(800 steps, about 1 step in 2, from the first to the last\), 800 "
                                            r"dropped") as said:
         ev = ingest(src)
     assert len(said) == 1
