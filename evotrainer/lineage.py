@@ -1235,22 +1235,30 @@ class LineageStore:
         its last (:func:`evotrainer.points.thin_series`), with a :class:`evotrainer.points.MetricsThinnedWarning`
         naming the file, the version and the points read and dropped. Review 11 (D-R11c): a ``lineage.db`` of
         1,500,000 metric rows took 0.6 GB in ``diagnose`` and ``report``; a real run logs tens of thousands of
-        steps of each metric.
+        steps of each metric. At most :data:`evotrainer.points.MAX_METRIC_SERIES` series are kept (the first by
+        name; ``max_points=0``: all), the warning counting the rest.
         """
         out: dict[str, list[tuple[int, float]]] = {}
         sql = (f"SELECT name, step, value FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK} "
                "ORDER BY name, step")
         cap = (points.MAX_METRIC_STEPS if max_points is None else max_points) or 1 << 62
-        read = dropped = 0
+        most = points.MAX_METRIC_SERIES if max_points != 0 else 1 << 62
+        read = dropped = left = 0
         with self._lock:
             for name, rows in itertools.groupby(self._each(sql, (version_id,)), key=lambda r: r[0]):
+                if len(out) >= most:  # past the series cap: counted, not kept
+                    n = sum(1 for _ in rows)
+                    read, dropped, left = read + n, dropped + n, left + 1
+                    continue
                 pts, n = thin_series(((r[1], r[2]) for r in rows), cap)
                 out[name] = pts
                 read, dropped = read + len(pts) + n, dropped + n
         if dropped:
+            more = (f"; {left:,} series past the first {most:,} by name are left out (MAX_METRIC_SERIES)" if left
+                    else "")
             note_thinned(f"{self.path}: version {version_id}: read {read:,} metric points, kept {read - dropped:,}, "
                          f"{dropped:,} dropped: every series of more than {cap:,} points is thinned evenly from "
-                         "its first step to its last (MAX_METRIC_STEPS)")
+                         f"its first step to its last (MAX_METRIC_STEPS){more}")
         return out
 
     def _each(self, sql: str, args: tuple = ()) -> Iterator[Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 MAX_METRIC_STEPS = 100_000  # distinct steps kept per metrics file (per series in a run store); past it, thinned
 MAX_METRIC_POINTS = 4_000_000  # values kept per metrics file (e.g. 40,000 steps x 100 metrics); past it, thinned
+MAX_METRIC_SERIES = 10_000  # metric series of one version read from a run store (verl logs ~100); the first by name
 MAX_STEP_METRICS = 10_000  # metric names of one step (verl logs ~100-200); a step's further new names are dropped
 
 

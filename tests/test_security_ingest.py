@@ -1873,6 +1873,15 @@ def test_a_run_store_series_past_the_cap_is_thinned_evenly_and_said(tmp_path, mo
         assert got["train/loss"] == [(s, float(s)) for s in range(0, 5000, 8)]
         assert got["train/reward"] == [(s, 0.5) for s in range(1000)]
         assert len(ws.lineage.all_metrics("v0", max_points=0)["train/loss"]) == 5000  # 0: every point
+    monkeypatch.setattr(points, "MAX_METRIC_SERIES", 1)  # past the series cap: the first by name kept, the rest said
+    with Workspace.open(run) as ws:
+        with pytest.warns(MetricsThinnedWarning, match=r"version v0: read 6,000 metric points, kept 625, 5,375 dropped: "
+                                                       r"every series of more than 1,000 points is thinned evenly from "
+                                                       r"its first step to its last \(MAX_METRIC_STEPS\); 1 series past "
+                                                       r"the first 1 by name are left out \(MAX_METRIC_SERIES\)"):
+            assert list(ws.lineage.all_metrics("v0")) == ["train/loss"]
+        assert len(ws.lineage.all_metrics("v0", max_points=0)) == 2
+    monkeypatch.setattr(points, "MAX_METRIC_SERIES", 10_000)
     with pytest.warns(MetricsThinnedWarning):
         r = CliRunner().invoke(app, ["report", str(run)])
     assert r.exit_code == 0, (r.exception, r.output)
