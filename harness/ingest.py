@@ -22,7 +22,13 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 * rollout dumps: verl ``{step}.jsonl`` (``input``, ``output``, ``score``; groups are the samples
   of one input within a step) and TRL completions parquet (``step``, ``prompt``, ``completion``,
   one column per reward function, ``advantage``): the first :data:`MAX_ROLLOUT_ROWS` rows of a run
-  read (all its dumps together; an :class:`IngestWarning` says what was left out).
+  read (all its dumps together; an :class:`IngestWarning` says what was left out), each row's first
+  :data:`MAX_ROLLOUT_COMPONENTS` numeric fields its reward components.
+
+Every metrics reader fills a :class:`evotrainer.points.StepRecords`: a file of more than
+:data:`evotrainer.points.MAX_METRIC_STEPS` steps (or :data:`evotrainer.points.MAX_METRIC_POINTS` values) keeps every
+n-th step from its first to its last, evenly (the run's shape stays for the analyzers, which look at trends), with an
+:class:`IngestWarning` giving the points read, kept and dropped.
 
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is
@@ -53,6 +59,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.harness import ingest_formats as F
 from evotrainer.harness.evidence import Evidence
 from evotrainer.jsonl import iter_jsonl
+from evotrainer.points import StepRecords
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.tb_events import parse_tensorboard
 from evotrainer.workspace import Workspace
@@ -83,13 +90,13 @@ def _num(text: str) -> float | None:
         return None
 
 
-def _add(out: dict[int, dict[str, float]], step: int, key: str, value: float) -> None:
-    out.setdefault(step, {})[key] = value
+def _add(out: StepRecords, step: int, key: str, value: float) -> None:
+    out.add(step, key, value)
 
 
 def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring)."""
-    out: dict[int, dict[str, float]] = {}
+    out = StepRecords()
     final: dict[str, float] = {}
     for line in text.splitlines():
         line = _ANSI.sub("", line)
@@ -123,16 +130,90 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     return out
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_JSON = json.JSONDecoder()
+
+
+def _skip_ws(text: str, i: int) -> int:
+    """The index of the first non-whitespace character (JSON's whitespace) at or after ``i``."""
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def iter_log_history(text: str) -> Iterator[Any] | None:
+    """The entries of a ``trainer_state.json``'s ``log_history`` list, decoded one at a time from its text.
+
+    ``None`` when the text is not a JSON object holding a ``log_history`` list (the caller decodes it whole then
+    and names the problem). Review 11 (D-R11b): ``json.loads`` of a 29 MB file of 1,000,000 entries held them all
+    at once (0.4-0.8 GB with their records); the other top-level values before it are still decoded (one at a time),
+    and the text after the list is not read.
+
+    Raises:
+        json.JSONDecodeError: the text is not JSON (an entry or the list around it).
+    """
+    i = _skip_ws(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i = _skip_ws(text, i + 1)
+    while text.startswith('"', i):
+        key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+        i = _skip_ws(text, i)
+        if not text.startswith(":", i):
+            return None
+        i = _skip_ws(text, i + 1)
+        if key == "log_history" and text.startswith("[", i):
+            return _list_items(text, i)
+        _, i = _JSON.raw_decode(text, i)
+        i = _skip_ws(text, i)
+        if not text.startswith(",", i):
+            return None
+        i = _skip_ws(text, i + 1)
+    return None
+
+
+def _list_items(text: str, i: int) -> Iterator[Any]:
+    """The items of the JSON list starting at ``text[i]`` (``[``), decoded one at a time."""
+    i = _skip_ws(text, i + 1)
+    if text.startswith("]", i):
+        return
+    while True:
+        item, i = _JSON.raw_decode(text, i)
+        yield item
+        i = _skip_ws(text, i)
+        if text.startswith("]", i):
+            return
+        if not text.startswith(",", i):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+        i = _skip_ws(text, i + 1)
+
+
+def parse_trainer_state_text(text: str) -> dict[int, dict[str, float]]:
+    """:func:`parse_trainer_state` of a ``trainer_state.json``'s text, its ``log_history`` decoded an entry at a time
+    (:func:`iter_log_history`; the whole file decoded at once only when it is not an object holding that list).
+
+    Raises:
+        IngestError: no ``log_history`` list.
+        json.JSONDecodeError: not JSON.
+    """
+    hist = iter_log_history(text)
+    return parse_trainer_state(json.loads(text)) if hist is None else _log_history_records(hist)
+
+
 def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
     """Per-step records of a TRL / HF ``trainer_state.json`` (``log_history``).
 
     Raises:
         IngestError: no ``log_history`` list.
     """
-    hist = data.get("log_history")
+    hist = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(hist, list):
         raise IngestError("trainer_state.json has no log_history list")
-    out: dict[int, dict[str, float]] = {}
+    return _log_history_records(hist)
+
+
+def _log_history_records(hist: Iterable[Any]) -> StepRecords:
+    """The records of ``log_history`` entries (dicts with a ``step``; others skipped)."""
+    out = StepRecords()
     for rec in hist:
         if not isinstance(rec, dict) or "step" not in rec:
             continue
@@ -160,7 +241,7 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     Raises:
         IngestError: a line is not JSON or has no ``step`` / ``global_step`` / ``_step``.
     """
-    out: dict[int, dict[str, float]] = {}
+    out = StepRecords()
     for i, rec in _jsonl(lines, source):
         if not isinstance(rec, dict):
             raise IngestError(f"{source}:{i}: a JSON {type(rec).__name__}, not an object; one metrics object per line")
@@ -203,6 +284,7 @@ def _prompt_id(prompt: str) -> str:
 
 
 MAX_ROLLOUT_ROWS = 200_000  # rollout rows read per import (all dumps of a folder together), the first ones
+MAX_ROLLOUT_COMPONENTS = 64  # numeric fields of one rollout row kept as its reward components, the first ones
 
 
 class IngestWarning(UserWarning):
@@ -226,6 +308,43 @@ def _rows_cut(path: Path, cap: int, total: int | None = None) -> None:
     whole = "a cap" if cap >= MAX_ROLLOUT_ROWS else "the rest of a cap"
     _note(f"{path}: read the first {cap:,} rollout rows{of}, the rest are left out ({whole} of "
           f"{MAX_ROLLOUT_ROWS:,} rollout rows per run read, MAX_ROLLOUT_ROWS)")
+
+
+def _components(pairs: Iterable[tuple[str, Any]], cut: dict[str, int]) -> dict[str, float]:
+    """A rollout row's reward components ``{name: value}``: its first :data:`MAX_ROLLOUT_COMPONENTS` numeric fields.
+
+    ``pairs`` are the row's numeric fields (the caller filtered them); ``cut["rows"]`` counts the rows that had more
+    and ``cut["fields"]`` the fields left out (for :func:`_components_cut`). Review 11 (D-R11): a 27 MB verl dump of
+    3,000 rows of 1,000 numeric keys each kept 3,000,000 components, 0.6-1.1 GB; real rows have a score and a few
+    reward functions' values.
+    """
+    out: dict[str, float] = {}
+    left = 0
+    for k, x in pairs:
+        if len(out) < MAX_ROLLOUT_COMPONENTS:
+            out[k] = float(x)
+        else:
+            left += 1
+    if left:
+        cut["rows"] = cut.get("rows", 0) + 1
+        cut["fields"] = cut.get("fields", 0) + left
+    return out
+
+
+def _components_cut(path: Path, cut: dict[str, int]) -> None:
+    """Note the rollout rows whose numeric fields past :data:`MAX_ROLLOUT_COMPONENTS` were left out (if any)."""
+    if cut.get("fields"):
+        _note(f"{path}: {cut['rows']:,} rollout rows have more than {MAX_ROLLOUT_COMPONENTS} numeric fields: the "
+              f"first {MAX_ROLLOUT_COMPONENTS} of each are kept as its reward components, {cut['fields']:,} fields "
+              "are left out (a cap per rollout row, MAX_ROLLOUT_COMPONENTS)")
+
+
+def _thinned(path: Path | str, records: Any) -> None:
+    """Note a file whose metric points were thinned (a :class:`evotrainer.points.StepRecords` that dropped some)."""
+    if isinstance(records, StepRecords) and records.dropped:
+        _note(f"{path}: {records.summary()}: every series is thinned evenly over the run past the caps of "
+              f"{records.max_steps:,} steps and {records.max_points:,} values per metrics file read "
+              "(MAX_METRIC_STEPS, MAX_METRIC_POINTS)")
 
 
 def _rows_left(path: Path, max_rows: int | None) -> int:
@@ -265,6 +384,7 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
     stem_step = int(path.stem) if path.stem.isdigit() else 0
     seen: dict[tuple[int, str], int] = {}
     more: list[bool] = []
+    cut: dict[str, int] = {}
     for i, rec in _jsonl(_head(_lines(read_run_text(path)), cap, more), str(path)):
         if not isinstance(rec, dict):
             raise IngestError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; a verl dump has one "
@@ -274,8 +394,9 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
         pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
         seen[(step, pid)] = k + 1
-        extras = {key: float(x) for key, x in rec.items()
-                  if key not in ("input", "output", "score", "step", "gts") and isinstance(x, (int, float))}
+        extras = _components(((key, x) for key, x in rec.items()
+                              if key not in ("input", "output", "score", "step", "gts") and isinstance(x, (int, float))),
+                             cut)
         score = float(rec.get("score", 0.0) or 0.0)
         rows.append(make_record(version_id=version, step=step, prompt_id=pid, group_id=pid, sample_idx=k,
                                 prompt=prompt, completion=_text(rec.get("output", "")), reward=score,
@@ -283,6 +404,7 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
                                 length=len(_text(rec.get("output", "")).split())))
     if more:
         _rows_cut(path, cap)
+    _components_cut(path, cut)
     return rows
 
 
@@ -328,6 +450,7 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
     seen: dict[tuple[int, str], int] = {}
     fixed = {"step", "prompt", "completion", "advantage", "mode", "image"}
     cut: dict[str, int] = {}
+    many: dict[str, int] = {}
     n_read = 0
     for rec in _parquet_records(pf, columns, min(cap, md.num_rows), limit, cut):
         n_read += 1
@@ -338,8 +461,8 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
         pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
         seen[(step, pid)] = k + 1
-        comps = {c: float(x) for c, x in rec.items() if c not in fixed and isinstance(x, (int, float))
-                 and not isinstance(x, bool) and x == x}
+        comps = _components(((c, x) for c, x in rec.items() if c not in fixed and isinstance(x, (int, float))
+                             and not isinstance(x, bool) and x == x), many)
         rows.append(make_record(version_id=version, step=step, prompt_id=pid, group_id=pid, sample_idx=k,
                                 prompt=prompt, completion=_text(rec.get("completion")),
                                 reward=float(sum(comps.values())), components=comps,
@@ -350,6 +473,7 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
               f"ones decode to more than the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})")
     elif md.num_rows > n_read:
         _rows_cut(path, n_read, md.num_rows)
+    _components_cut(path, many)
     return rows
 
 
@@ -531,6 +655,8 @@ def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[R
     try:
         _check_size(path)
         runs, rows = _read_file_as_is(path, version, max_rows)
+        for recs in runs.values():
+            _thinned(path, recs)
         _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
         return runs, rows
     except IngestError:
@@ -563,7 +689,7 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
 def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
-        return {None: parse_trainer_state(json.loads(read_run_text(path)))}, []
+        return {None: parse_trainer_state_text(read_run_text(path))}, []
     if name.startswith("events.out.tfevents"):
         try:
             return {None: parse_tensorboard(path)}, []
@@ -572,7 +698,7 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Ru
     if path.suffix == ".jsonl":
         if _is_verl_dump(path):
             return {}, read_verl_dump(path, version, max_rows)
-        return {None: parse_jsonl_metrics(read_run_text(path).splitlines(), str(path))}, []
+        return {None: parse_jsonl_metrics(_lines(read_run_text(path)), str(path))}, []
     if path.suffix == ".parquet" and "completions" in name:
         return {}, read_trl_completions(path, version, max_rows)
     if path.suffix == ".csv":
@@ -632,7 +758,11 @@ def _history_length(path: Path) -> int:
     """Entries of a ``trainer_state.json``'s ``log_history``; -1 for one too large or unreadable (it still goes to
     :func:`_read_file`, which names the problem when it is the only one)."""
     try:
-        data = json.loads(read_run_text(path))
+        text = read_run_text(path)
+        hist = iter_log_history(text)
+        if hist is not None:
+            return sum(1 for _ in hist)
+        data = json.loads(text)
         return len(data.get("log_history", [])) if isinstance(data, dict) else -1
     except (IngestError, OSError, ValueError, TypeError, RecursionError):
         return -1
@@ -692,13 +822,14 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         try:
             recs = F.parse_mlflow_metrics(d, max_file_bytes(), _SIZE_HINT)
             _check_steps(d, list(recs))
+            _thinned(d, recs)
             series[run] = records_to_series(recs)
         except IngestError:
             raise
         except ValueError as exc:
             errors.append(str(exc))
     for run, run_files in _split_runs(p, files, vid).items():
-        merged: dict[str, dict[int, dict[str, float]]] = {}
+        merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
         for f in run_files:
             try:
                 runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows))  # the cap is per run read, all files
@@ -709,10 +840,13 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
                 continue
             for name, recs in runs.items():  # a W&B chart export may hold several runs
                 key = run if name is None or len(runs) == 1 else name
+                into = merged[key] if key in merged else merged.setdefault(key, StepRecords())
                 for step, rec in recs.items():
-                    merged.setdefault(key, {}).setdefault(step, {}).update(rec)
+                    into.add_all(step, rec)
             rows += rws
         for key, recs in merged.items():
+            if len(run_files) > 1:
+                _thinned(f"{p} (run {key}, its {len(run_files)} files together)", recs)
             if recs:
                 series[key] = records_to_series(recs)
     if not series and not rows:

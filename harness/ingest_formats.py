@@ -45,9 +45,11 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from evotrainer.points import StepRecords
 
 Records = dict[int, dict[str, float]]
 
@@ -252,7 +254,7 @@ def parse_dict_log(text: str) -> Records:
     that was cut is dropped).
     """
     text = text.replace("\r", "\n")
-    out: Records = {}
+    out = StepRecords()
     ordinal = 0
     for start, end, closed in _dict_spans(text):
         body = text[start:end].replace("\n", "")
@@ -269,7 +271,7 @@ def parse_dict_log(text: str) -> Records:
             if not is_eval:
                 ordinal += 1
             step = ordinal
-        out.setdefault(step, {}).update(vals)
+        out.add_all(step, vals)
     return out
 
 
@@ -304,7 +306,7 @@ def parse_table_log(text: str) -> Records:
     single spaces, whichever gives the header's cell count on the rows; ``Training Loss`` is ``loss``;
     rows whose first cell is not an integer (``--``, ``...``) are skipped.
     """
-    out: Records = {}
+    out = StepRecords()
     header: list[str] | None = None
     sep = ""
     for line in text.splitlines():
@@ -328,7 +330,7 @@ def parse_table_log(text: str) -> Records:
             step = int(cells[0])
             for name, cell in zip(header[1:], cells[1:], strict=True):
                 if (x := to_float(cell)) is not None:
-                    out.setdefault(step, {})[name] = x
+                    out.add(step, name, x)
             continue
     return out
 
@@ -342,7 +344,7 @@ def parse_areal_log(text: str) -> Records:
     follows it). A log with cells but no marker (one pasted table) is step 0. ANSI colours and Ray
     prefixes are ignored; a cell split over two lines is skipped.
     """
-    out: Records = {}
+    out = StepRecords()
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
     has_marker = any(_AREAL_STEP.search(line) for line in lines)
     step: int | None = None if has_marker else 0
@@ -358,13 +360,27 @@ def parse_areal_log(text: str) -> Records:
         for key, val in _AREAL_CELLS.findall(line):
             x = to_float(val)
             if x is not None and "/" in key and " " not in key.strip():
-                out.setdefault(step, {})[key.strip()] = x
+                out.add(step, key.strip(), x)
     return out
 
 
 # --- W&B ---------------------------------------------------------------------------------------------
 _WANDB_STEP_COLUMNS = ("Step", "_step", "step", "global_step", "train/global_step")
 _WANDB_DROP = ("_runtime", "_timestamp", "_wandb", "Wall time", "Relative Time (Process)", "Relative Time (Wall)")
+
+
+def _csv_rows(text: str, source: str) -> Iterator[list[str]]:
+    """The CSV rows of ``text``, one at a time.
+
+    Raises:
+        ValueError: a row csv cannot read (names ``source`` and the line).
+    """
+    reader = csv.reader(iter_lines(text))
+    try:
+        yield from reader
+    except csv.Error as exc:
+        raise ValueError(f"{source}:{reader.line_num}: not a W&B CSV export ({exc}; its cells are numbers and "
+                         "column names); remove that column or row, or the file from the folder") from None
 
 
 def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
@@ -375,15 +391,11 @@ def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
             (names ``source`` and the line; review 10, P-R10: "Error: field larger than field limit (131072)"
             named no file).
     """
-    reader = csv.reader(text.splitlines())
-    try:
-        rows = list(reader)
-    except csv.Error as exc:
-        raise ValueError(f"{source}:{reader.line_num}: not a W&B CSV export ({exc}; its cells are numbers and "
-                         "column names); remove that column or row, or the file from the folder") from None
-    if not rows:
+    rows = _csv_rows(text, source)  # one at a time: a list of a 25 MB export's 1,000,000 rows is ~0.3 GB
+    first = next(rows, None)
+    if first is None:
         return {}
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in first]
     step_col = next((header.index(c) for c in _WANDB_STEP_COLUMNS if c in header), None)
     if step_col is None:
         raise ValueError(f"{source}: a CSV without a step column; a W&B export has 'Step' or '_step' "
@@ -395,23 +407,23 @@ def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
         run, sep, metric = h.partition(" - ")
         cols.append((i, run, metric) if sep else (i, None, h))
     out: dict[str | None, Records] = {}
-    for row in rows[1:]:
+    for row in rows:
         if len(row) <= step_col or (s := to_float(row[step_col])) is None or not math.isfinite(s):
             continue
         for i, run, metric in cols:
             if i < len(row) and row[i].strip() != "" and (x := to_float(row[i])) is not None:
-                out.setdefault(run, {}).setdefault(int(s), {})[metric] = x
+                (out[run] if run in out else out.setdefault(run, StepRecords())).add(int(s), metric, x)
     return out
 
 
 def parse_wandb_history(data: Any) -> Records:
     """Records of W&B history JSON: a list of records with ``_step`` (or ``{"history": [...]}``)."""
     hist = data.get("history") if isinstance(data, dict) else data
-    out: Records = {}
+    out = StepRecords()
     for i, rec in enumerate(hist or [], 1):
         if isinstance(rec, dict):
             step = record_step(rec)
-            out.setdefault(i if step is None else step, {}).update(numeric_items(rec))
+            out.add_all(i if step is None else step, numeric_items(rec))
     return out
 
 
@@ -533,19 +545,34 @@ def is_mlflow_metrics_dir(folder: Path) -> bool:
     return len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip("-").isdigit() and to_float(parts[1]) is not None
 
 
+def iter_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` (split at ``\\n``; a ``\\r`` before it dropped), one at a time: a list of a 25 MB file's
+    1,000,000 short lines is ~70 MB more."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield text[start:end].removesuffix("\r")
+        start = end + 1
+
+
 def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Records:
     """Records of an MLflow file store run's ``metrics/`` folder (keys from the relative paths).
 
     Each metric file is read through :func:`read_capped` (a sparse ``metrics/loss`` of 3 GiB was read whole).
+    Its points are thinned evenly past :data:`evotrainer.points.MAX_METRIC_STEPS` steps (a
+    :class:`evotrainer.points.StepRecords`, ``dropped`` > 0 then): review 11 (D-R11b) read a 25 MB ``metrics/loss``
+    of 1,000,000 lines as 0.5 GB.
 
     Raises:
         ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line), or a metric file is
             larger than ``max_bytes`` (``hint`` says the fix).
     """
-    out: Records = {}
+    out = StepRecords()
     for p in files_under(folder):
         key = as_text(p.relative_to(folder).as_posix())  # a file name's undecodable bytes are lone surrogates
-        for n, line in enumerate(read_capped(p, max_bytes, hint).decode(errors="replace").splitlines(), 1):
+        for n, line in enumerate(iter_lines(read_capped(p, max_bytes, hint).decode(errors="replace")), 1):
             parts = line.split()
             if not parts:
                 continue
@@ -553,7 +580,7 @@ def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Record
             if len(parts) not in (2, 3) or x is None:
                 raise ValueError(f"{p}:{n}: not an MLflow metric line; each line is '<timestamp ms> <value> <step>'")
             step = int(parts[2]) if len(parts) == 3 else 0  # MLflow < 1.0 wrote no step
-            out.setdefault(step, {})[key] = x
+            out.add(step, key, x)
     return out
 
 

@@ -1856,3 +1856,191 @@ def test_a_search_mode_value_of_the_wrong_shape_is_named_not_a_crash(tmp_path, m
                         r"file\); not read\. Use a run folder EvoTrainer wrote, or remove the value \(`sqlite3 "
                         rf".*lineage\.db \"DELETE FROM kv WHERE key = '{key}'\"`: the run forgets it\)",
                         str(err.value)), str(err.value)
+
+def test_a_verl_dump_row_keeps_its_first_64_numeric_fields_as_components(tmp_path):
+    """Review 11 D-R11: a 27 MB verl dump of 3,000 rows of 1,000 numeric keys each kept every key as a reward
+    component (3,000,000 of them: 0.6-1.1 GB). A row keeps its first MAX_ROLLOUT_COMPONENTS (64) numeric fields, and
+    a warning says how many rows had more and how many fields were left out."""
+    from evotrainer.harness.ingest import MAX_ROLLOUT_COMPONENTS, IngestWarning
+
+    assert MAX_ROLLOUT_COMPONENTS == 64
+    src = tmp_path / "vd"
+    src.mkdir()
+    keys = ",".join(f'"k{j}":{j}' for j in range(100))
+    (src / "1.jsonl").write_text("".join('{"output":"a","score":1,' + keys + "}\n" for _ in range(10))
+                                 + '{"output":"b","score":0,"k1":1}\n')
+    with pytest.warns(IngestWarning, match=r"1\.jsonl: 10 rollout rows have more than 64 numeric fields: the first 64 "
+                                           r"of each are kept as its reward components, 360 fields are left out \(a "
+                                           r"cap per rollout row, MAX_ROLLOUT_COMPONENTS\)"):
+        ev = ingest(src)
+    comps = [json.loads(c) for c in ev.rollouts.column("components").to_pylist()]
+    assert len(comps) == 11 and comps[0] == {f"k{j}": float(j) for j in range(64)} and comps[10] == {"k1": 1.0}
+    assert ev.rollouts.column("reward").to_pylist()[:2] == [1.0, 1.0]
+
+
+def _tb_scalars(folder, n):
+    """A TensorBoard event file of ``n`` scalar events ``train/loss`` (steps 0..n-1, value = the step)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    w = EventFileWriter(str(folder))
+    for i in range(n):
+        w.add_event(event_pb2.Event(step=i, wall_time=1.0, summary=summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=float(i))])))
+    w.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "trainer_state", "mlflow", "tensorboard", "verl_log", "wandb_csv"])
+def test_a_metrics_file_past_the_step_cap_is_thinned_evenly_and_said(tmp_path, monkeypatch, fmt):
+    """Review 11 D-R11b: 1,000,000 one-metric records (a 25 MB JSONL, trainer_state.json or MLflow metrics file)
+    took 0.5-0.8 GB, a TensorBoard file of 700,000 scalar events 0.6 GB. Past MAX_METRIC_STEPS steps (lowered here
+    to 1,000) a metrics file read keeps every n-th step (n doubling at each thinning) from its first step to its
+    last, and a warning says how many points were read, kept and dropped. 5,000 steps: thinned at 1,001 steps to
+    every 2nd, at 2,000 to every 4th, at 4,000 to every 8th: steps 0, 8, ..., 4992 (625 points)."""
+    from evotrainer import points
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
+    src = tmp_path / "run"
+    src.mkdir()
+    n = 5000
+    if fmt == "jsonl":
+        (src / "metrics.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(n)))
+    elif fmt == "trainer_state":
+        (src / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": i, "loss": i} for i in range(n)]}))
+    elif fmt == "mlflow":
+        (src / "mlruns" / "1" / "abc" / "metrics").mkdir(parents=True)
+        (src / "mlruns" / "1" / "abc" / "metrics" / "loss").write_text("".join(f"1700000000000 {i} {i}\n"
+                                                                              for i in range(n)))
+    elif fmt == "tensorboard":
+        _tb_scalars(src, n)
+    elif fmt == "wandb_csv":
+        (src / "export.csv").write_text("Step,train/loss\n" + "".join(f"{i},{i}\n" for i in range(n)))
+    else:
+        (src / "train.log").write_text("".join(f"step:{i} - actor/pg_loss:{i}\n" for i in range(n)))
+    with pytest.warns(IngestWarning, match=r": read 5,000 metric points, kept 625 \(625 steps, about 1 step in 8, "
+                                           r"from the first to the last\), 4,375 dropped: every series is thinned "
+                                           r"evenly over the run past the caps of 1,000 steps and 4,000,000 values "
+                                           r"per metrics file read \(MAX_METRIC_STEPS, MAX_METRIC_POINTS\)"):
+        ev = ingest(src)
+    (version,) = ev.metrics
+    (name,) = ev.metrics[version]
+    steps, values = ev.series(version, name)
+    assert list(steps) == list(range(0, n, 8)) and list(values) == [float(s) for s in range(0, n, 8)]
+
+
+def test_step_records_thin_by_steps_values_and_names():
+    """StepRecords (evotrainer/points.py): nothing dropped within the caps, even thinning past the step cap and past
+    the value cap, steps out of order after thinning dropped, and a step's names past MAX_STEP_METRICS dropped."""
+    from evotrainer.points import StepRecords, thin_series
+
+    r = StepRecords(max_steps=10, max_points=1000)
+    for s in (5, 3, 9, 0, 1, 2, 4, 6, 7, 8):  # within the cap: any order, every point kept
+        r.add(s, "a", s)
+        r.add(s, "b", -s)
+    assert (len(r), r.points, r.dropped, r.gap) == (10, 20, 0, 0)
+    r.add(10, "a", 10)  # the 11th step: every other by rank dropped, gap 2
+    assert (sorted(r), r.points, r.dropped, r.gap) == ([0, 2, 4, 6, 8, 10], 11, 10, 2)
+    r.add(11, "a", 11)  # within the gap after 10: dropped
+    r.add(3, "a", 3)  # out of order after thinning: dropped
+    r.add(10, "b", -10)  # a held step still merges
+    r.add(12, "a", 12)
+    assert (sorted(r), r[10], r.read, r.points, r.dropped) == ([0, 2, 4, 6, 8, 10, 12], {"a": 10, "b": -10}, 25, 13,
+                                                               12)
+    v = StepRecords(max_steps=1000, max_points=50)  # 10 values a step: thinned at the 6th step (60 values > 50)
+    for s in range(20):
+        v.add_all(s, {f"m{j}": float(j) for j in range(10)})
+    assert (sorted(v), v.points, v.read, v.dropped) == ([0, 4, 8, 12, 16], 50, 200, 150)
+    w = StepRecords(max_step_metrics=3)
+    w.add_all(1, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0})
+    w.add(1, "a", 5.0)
+    assert (w[1], w.dropped) == ({"a": 5.0, "b": 2.0, "c": 3.0}, 1)
+    pts, dropped = thin_series(((i, float(i)) for i in range(10)), 4)
+    assert (pts, dropped) == ([(0, 0.0), (4, 4.0), (8, 8.0)], 7)
+    assert thin_series(((i, 0.0) for i in range(4)), 4) == ([(i, 0.0) for i in range(4)], 0)
+
+
+def test_a_run_store_series_past_the_cap_is_thinned_evenly_and_said(tmp_path, monkeypatch):
+    """Review 11 D-R11c: a lineage.db (schema untouched) with 1,500,000 ``metrics`` rows took 595 MB in ``diagnose``
+    and 655 MB in ``report``. LineageStore.all_metrics (which the evidence builder and the report read) reads the rows
+    one at a time and keeps at most MAX_METRIC_STEPS points a series (lowered here to 1,000), every n-th from the
+    first step to the last, with a warning; a series within the cap is whole."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer import points
+    from evotrainer.cli import app
+    from evotrainer.points import MetricsThinnedWarning
+    from evotrainer.recipe import Recipe
+
+    assert points.MAX_METRIC_STEPS == 100_000
+    monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
+    run = tmp_path / "run"
+    Workspace.init(run, Recipe())
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", [("v0", i, "train/loss", float(i)) for i in range(5000)]
+                   + [("v0", i, "train/reward", 0.5) for i in range(1000)])
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        with pytest.warns(MetricsThinnedWarning, match=r"lineage\.db: version v0: read 6,000 metric points, kept "
+                                                       r"1,625, 4,375 dropped: every series of more than 1,000 "
+                                                       r"points is thinned evenly from its first step to its last"):
+            got = ws.lineage.all_metrics("v0")
+        assert got["train/loss"] == [(s, float(s)) for s in range(0, 5000, 8)]
+        assert got["train/reward"] == [(s, 0.5) for s in range(1000)]
+        assert len(ws.lineage.all_metrics("v0", max_points=0)["train/loss"]) == 5000  # 0: every point
+    monkeypatch.setattr(points, "MAX_METRIC_SERIES", 1)  # past the series cap: the first by name kept, the rest said
+    with Workspace.open(run) as ws:
+        with pytest.warns(MetricsThinnedWarning, match=r"version v0: read 6,000 metric points, kept 625, 5,375 dropped: "
+                                                       r"every series of more than 1,000 points is thinned evenly from "
+                                                       r"its first step to its last \(MAX_METRIC_STEPS\); 1 series past "
+                                                       r"the first 1 by name are left out \(MAX_METRIC_SERIES\)"):
+            assert list(ws.lineage.all_metrics("v0")) == ["train/loss"]
+        assert len(ws.lineage.all_metrics("v0", max_points=0)) == 2
+    monkeypatch.setattr(points, "MAX_METRIC_SERIES", 10_000)
+    with pytest.warns(MetricsThinnedWarning):
+        r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, (r.exception, r.output)
+
+
+def test_a_trainer_state_log_history_is_decoded_an_entry_at_a_time(tmp_path):
+    """Review 11 D-R11b: ``json.loads`` of a trainer_state.json of 1,000,000 log_history entries held them all (0.4-0.8
+    GB). The log_history list is decoded an entry at a time (iter_log_history); 'log_history' inside another value is
+    no key, a file that is no object with that list is decoded whole (the old errors), and a bad entry is named."""
+    from evotrainer.harness.ingest import iter_log_history, parse_trainer_state_text
+
+    text = ' {"best": ["log_history", {"log_history": 1}], "log_history" : [ {"step": 1, "loss": 2},\n{"step": 2} ] }'
+    items = iter_log_history(text)
+    assert items is not None and list(items) == [{"step": 1, "loss": 2}, {"step": 2}]
+    assert iter_log_history("[1]") is None and iter_log_history('{"a": 1}') is None
+    assert parse_trainer_state_text(text) == {1: {"loss": 2.0}}
+    with pytest.raises(IngestError, match="trainer_state.json has no log_history list"):
+        parse_trainer_state_text('{"log_history": 5}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trainer_state.json").write_text('{"log_history": [{"step": 1, "loss": 2} {"step": 2}]}')
+    with pytest.raises(IngestError, match=r"trainer_state\.json: unreadable \(JSONDecodeError: Expecting ',' delimiter"):
+        ingest(run)
+
+
+def test_a_run_of_several_metrics_files_is_thinned_together_past_the_cap(tmp_path, monkeypatch):
+    """Review 11 D-R11b: the cap is per file read and per run (its files together): two JSONL files of 800 steps each
+    (steps 0-799 and 800-1599), each within MAX_METRIC_STEPS (lowered to 1,000), are 1,600 steps together: thinned
+    at step 1,000 to every 2nd step, 800 kept, with a warning naming the run."""
+    from evotrainer import points
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800)))
+    (src / "b.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in range(800, 1600)))
+    with pytest.warns(IngestWarning, match=r"run \(run run, its 2 files together\): read 1,600 metric points, kept 800 "
+                                           r"\(800 steps, about 1 step in 2, from the first to the last\), 800 "
+                                           r"dropped") as said:
+        ev = ingest(src)
+    assert len(said) == 1
+    steps, values = ev.series("run", "loss/total")
+    assert list(steps) == list(range(0, 1600, 2)) and list(values) == [float(s) for s in range(0, 1600, 2)]
