@@ -1857,6 +1857,7 @@ def test_a_search_mode_value_of_the_wrong_shape_is_named_not_a_crash(tmp_path, m
                         rf".*lineage\.db \"DELETE FROM kv WHERE key = '{key}'\"`: the run forgets it\)",
                         str(err.value)), str(err.value)
 
+
 def test_a_verl_dump_row_keeps_its_first_64_numeric_fields_as_components(tmp_path):
     """Review 11 D-R11: a 27 MB verl dump of 3,000 rows of 1,000 numeric keys each kept every key as a reward
     component (3,000,000 of them: 0.6-1.1 GB). A row keeps its first MAX_ROLLOUT_COMPONENTS (64) numeric fields, and
