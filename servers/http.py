@@ -35,6 +35,10 @@ import math
 import os
 import resource
 import secrets
+import signal
+import sys
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,6 +49,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.servers import common
 from evotrainer.servers.common import prefer_the_event_loop
 from evotrainer.servers.envelope import EnvelopeGuard
 from evotrainer.servers.protocol import ProtocolVersionGuard
@@ -435,9 +440,29 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{port}{MCP_PATH}", tok, generated)
     prefer_the_event_loop()
+    # uvicorn re-raises the SIGTERM it caught once its graceful shutdown is over; with the default action the
+    # process died right there, before the jobs below were stopped (a job row left 'running'). A SystemExit
+    # instead unwinds through the finally.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol)
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on", http=protocol,
+                    timeout_graceful_shutdown=max(1, math.ceil(common.STDIO_EOF_GRACE_S)))
     finally:  # stop the jobs (marked interrupted) before the interpreter's teardown (review 10, W-R10)
         stop_jobs = getattr(server, "stop_jobs", None)
-        if stop_jobs is not None:
-            stop_jobs()
+        left = stop_jobs() if stop_jobs is not None else []
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        # tool bodies still running (a sandbox of up to 600 s) get the grace period, then the process ends without
+        # waiting for them, as the stdio server does at EOF: the interpreter's exit would wait for their threads
+        end = time.monotonic() + common.STDIO_EOF_GRACE_S
+        while common.tool_threads() and time.monotonic() < end:
+            time.sleep(0.05)
+        if main and (left or common.tool_threads()):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)

@@ -1410,3 +1410,94 @@ def test_stdio_eof_waits_for_the_requests_passed_on_and_no_longer(tmp_path):
     assert n == 6 and 0.5 <= took < 10
     n, took = anyio.run(read_all, 0.5, [1])  # one of the two id-1 requests never answered: EOF after drain_s
     assert n == 6 and 0.5 <= took < 10
+
+
+_HTTP_NAP = r'''
+import sys, time
+from evotrainer.servers import common, training
+from evotrainer.servers.app import build_server
+from evotrainer.servers.http import serve_http
+
+
+class Endless:  # a training run longer than the client stays: it stops only when asked
+    name = "fake"
+
+    def train(self, ws, version_id, steps, progress, should_stop, **kw):
+        n = 0
+        while not should_stop():
+            n += 1
+            progress({"step": n, "steps": steps})
+            time.sleep(0.05)
+        return {"steps_done": n}
+
+
+training._backend = lambda state: Endless()
+common.STDIO_EOF_GRACE_S = 1.0
+server = build_server("all", sys.argv[1])
+
+
+@common.tool(server, deadline_s=300)
+def nap(seconds: float) -> str:
+    """Sleeps in a tool thread."""
+    time.sleep(seconds)
+    return "slept"
+
+
+serve_http(server, port=int(sys.argv[2]), token=sys.argv[3])
+'''
+
+
+def test_sigterm_ends_an_http_server_with_a_call_in_flight_and_interrupts_its_jobs(tmp_path):
+    """Review 10 residue (W-R10, HTTP): the HTTP server's exit was to stop its training jobs (marked interrupted,
+    resumable), but uvicorn re-raises the SIGTERM it caught after its graceful shutdown, and with the default
+    action the process died there (exit -15) before the jobs were stopped: the job row stayed 'running'. Now
+    SIGTERM unwinds (exit 0), open requests get common.STDIO_EOF_GRACE_S (1 s here), the jobs are marked
+    interrupted, and a tool body still running (a 120 s nap) is not waited for."""
+    import httpx
+
+    script = tmp_path / "server.py"
+    script.write_text(_HTTP_NAP)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(script), str(make_run(tmp_path)), str(port), TOKEN],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        for _ in range(300):
+            try:
+                httpx.get(url, timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        with httpx.Client(timeout=30) as c:
+            sid = _open_session(c, url)
+            job = _sse_json(c.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "start_training", "arguments": {"version_id": "v0", "steps": 100000}}},
+                headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}))
+        job = job["result"]["structuredContent"]
+        assert job["status"] == "running"
+        call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "nap",
+                                                                              "arguments": {"seconds": 120}}}
+        caller = threading.Thread(target=lambda: _ignore_transport_errors(
+            lambda: httpx.post(url, json=call, timeout=200,
+                               headers={**HDR, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"})),
+            daemon=True)
+        caller.start()
+        time.sleep(2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # before: -15, and the job below 'running'
+        assert time.monotonic() - t0 < 60
+        with Workspace.open(tmp_path / "run") as ws:
+            row = ws.lineage.job(job["id"])
+        assert row.status == "interrupted" and row.steps_done >= 1 and row.message.startswith("interrupted")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _ignore_transport_errors(fn) -> None:
+    import httpx
+
+    with contextlib.suppress(httpx.TransportError):
+        fn()
