@@ -185,16 +185,23 @@ class Workspace:
         """The log records, oldest first (a torn last line from a crash is skipped); of a log longer than
         :data:`MAX_LOG_READ_BYTES` only its last records (review 6: a run folder from elsewhere with a 2 GiB sparse
         ``logs/run.jsonl`` made each ``search_logs`` read it whole: MemoryError under a 3 GB limit, ~4 GiB each
-        without one, two at a time)."""
+        without one, two at a time). :meth:`read_logs_tail` also says how many bytes were left unread."""
+        return self.read_logs_tail()[0]
+
+    def read_logs_tail(self) -> tuple[list[dict[str, Any]], int]:
+        """``(records, unread_bytes)``: :meth:`read_logs`'s records, and the bytes at the start of the log that were
+        not read (0 unless the log is longer than :data:`MAX_LOG_READ_BYTES`; the cut line counts as unread)."""
         try:
             fd = _open_log(self.root, os.O_RDONLY)
         except FileNotFoundError:
-            return []
+            return [], 0
         with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
+            unread = 0
             if size > MAX_LOG_READ_BYTES:
                 f.seek(size - MAX_LOG_READ_BYTES)
                 f.readline()  # the first line is cut: start at the next one
+                unread = f.tell()
             text = f.read(MAX_LOG_READ_BYTES).decode("utf-8", errors="replace")
         out = []
         for line in text.splitlines():
@@ -205,7 +212,7 @@ class Workspace:
             # a "\ud800" escape decodes to a lone surrogate, which no UTF-8 writer takes (review 10, U-R10: one
             # planted record made every search_logs that matched it fail with no reason): replace it
             out.append(_without_surrogates(rec) if "\\ud" in line.lower() else rec)
-        return out
+        return out, unread
 
     def close(self) -> None:
         """Close stores and release the writer lock."""

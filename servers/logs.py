@@ -67,6 +67,8 @@ class LogList(Page):
     partly_scanned: int = Field(0, description="Records whose message was longer than a regex scan reads (the "
                                                "first 32,000,000 / program-size characters, see MAX_SCAN_UNITS): "
                                                "matched on that prefix only. 0 for substring search.")
+    unread_bytes: int = Field(0, description="Bytes at the start of a run log longer than 256 MiB that were not "
+                                             "searched (its oldest records); 0 when the whole log was read.")
 
 
 class MetricVersion(BaseModel):
@@ -227,7 +229,7 @@ def search_logs(
     pattern = compile_regex(query) if query and regex else None
     needle = query.lower() if query and not regex else None
     min_level = LEVELS.index(level) if level else 0
-    all_records = ws.read_logs()
+    all_records, unread = ws.read_logs_tail()
     deadline = time.monotonic() + SEARCH_DEADLINE_S
     scan = MAX_SCAN_UNITS // max(1, pattern.programsize) if pattern is not None else 0
     out, partly = [], 0
@@ -257,7 +259,8 @@ def search_logs(
                          level=str(r.get("level", "info")), version=r.get("version"),
                          source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
                          extra={k: v for k, v in r.items() if k not in skip}) for r in page]
-    return LogList(records=records, partly_scanned=partly, **page_fields(len(out), offset, len(page)))
+    return LogList(records=records, partly_scanned=partly, unread_bytes=unread,
+                   **page_fields(len(out), offset, len(page)))
 
 
 def list_metrics(

@@ -387,6 +387,20 @@ def test_a_huge_sparse_run_log_is_read_by_its_tail_only(tmp_path, monkeypatch):
             tracemalloc.stop()
     assert [r["message"] for r in records] == ["the last record"]
     assert peak < 8 << 20, peak
+    # review 6 residue (M-R6): search_logs says what it did not search: the 64 MiB of the log before its last line
+    # (the cut line's newline included), not the 1 MiB read
+    with Workspace.open(run) as ws:
+        assert ws.read_logs_tail()[1] == (64 << 20) + 1
+    from mcp_testlib import SyncClient
+
+    from evotrainer.servers.app import build_server
+
+    c = SyncClient(build_server("logs", run))
+    try:
+        got = c.ok("search_logs", {"query": "last"})
+    finally:
+        c.close()
+    assert ([r["message"] for r in got["records"]], got["unread_bytes"]) == (["the last record"], (64 << 20) + 1)
 
 
 def test_a_folder_swapped_for_a_link_after_its_check_gets_no_report(tmp_path, host, monkeypatch):
