@@ -556,6 +556,12 @@ class LineageStore:
         run, ``diagnose`` said "unable to open database file" without the file, or called a readable file "not a
         readable lineage database"); anything else is not a lineage database."""
         text = str(exc)
+        links = [f"{self.path}{end}" for end in ("-wal", "-shm", "-journal")
+                 if os.path.islink(f"{self.path}{end}")]
+        if links:  # SQLite refuses a linked WAL / shm file (nothing written) but calls it a permission problem
+            return LineageError(f"{', '.join(links)}: a symbolic link, not the file SQLite keeps beside "
+                                f"{self.path.name}; not opened (nothing was written through it). Remove the link(s) or "
+                                "use a copy of the run folder without them")
         if "unable to open" in text or "readonly" in text:
             how = "read" if self.readonly else "read and write (SQLite WAL: every open writes, to read too)"
             return LineageError(f"{self.path}: this user cannot open it ({text}); it must be able to {how} the file "

@@ -2059,3 +2059,26 @@ def test_a_run_of_several_metrics_files_is_thinned_together_past_the_cap(tmp_pat
     assert len(said) == 1
     steps, values = ev.series("run", "loss/total")
     assert list(steps) == list(range(0, 1600, 2)) and list(values) == [float(s) for s in range(0, 1600, 2)]
+
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+def test_a_linked_wal_file_is_named_as_a_link(tmp_path, side):
+    """Review 6 residue (Q-R6): a run folder from elsewhere whose ``lineage.db-wal`` (or ``-shm``) is a symbolic link
+    to a host file: SQLite refuses it and writes nothing, but the error said "this user cannot open it", sending
+    the user to permissions. Now it names the link; the host file is untouched."""
+    from mcp_testlib import make_run
+
+    from evotrainer.lineage import LineageError, LineageStore
+
+    run = make_run(tmp_path)
+    for end in ("-wal", "-shm"):
+        (run / f"lineage.db{end}").unlink(missing_ok=True)
+    host = tmp_path / "host.txt"
+    host.write_text("host data\n")
+    (run / f"lineage.db{side}").symlink_to(host)
+    with pytest.raises(LineageError) as err:
+        LineageStore(run / "lineage.db")
+    assert str(err.value) == (f"{run / ('lineage.db' + side)}: a symbolic link, not the file SQLite keeps beside "
+                              "lineage.db; not opened (nothing was written through it). Remove the link(s) or use a "
+                              "copy of the run folder without them")
+    assert host.read_text() == "host data\n"
