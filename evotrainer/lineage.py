@@ -1245,20 +1245,33 @@ class LineageStore:
         name; ``max_points=0``: all), the warning counting the rest.
         """
         out: dict[str, list[tuple[int, float]]] = {}
-        sql = (f"SELECT name, step, value FROM metrics WHERE version_id=? AND {_METRIC_ROW_OK} "
-               "ORDER BY name, step")
+        sql = "SELECT name, step, value FROM metrics WHERE version_id=? ORDER BY name, step"
         cap = (points.MAX_METRIC_STEPS if max_points is None else max_points) or 1 << 62
         most = points.MAX_METRIC_SERIES if max_points != 0 else 1 << 62
         read = dropped = left = 0
+        bad = [0]  # rows of another SQL type (_METRIC_ROW_OK), filtered here to count them (review 7 residue, M-R7)
+
+        def typed(rows: Iterator[Any]) -> Iterator[tuple[int, float]]:
+            for r in rows:
+                if type(r[1]) is int and (r[2] is None or type(r[2]) in (float, int)):
+                    yield r[1], r[2]
+                else:
+                    bad[0] += 1
+
         with self._lock:
             for name, rows in itertools.groupby(self._each(sql, (version_id,)), key=lambda r: r[0]):
                 if len(out) >= most:  # past the series cap: counted, not kept
-                    n = sum(1 for _ in rows)
+                    n = sum(1 for _ in typed(rows))
                     read, dropped, left = read + n, dropped + n, left + 1
                     continue
-                pts, n = thin_series(((r[1], r[2]) for r in rows), cap)
-                out[name] = pts
+                pts, n = thin_series(typed(rows), cap)
+                if pts or n:
+                    out[name] = pts
                 read, dropped = read + len(pts) + n, dropped + n
+        if bad[0]:
+            note_thinned(f"{self.path}: version {version_id}: {bad[0]:,} metric row(s) of another SQL type (a step "
+                         "that is not an integer, or a value that is not a number) skipped; a file EvoTrainer wrote "
+                         "has none: is it a crafted or damaged lineage.db?")
         if dropped:
             more = (f"; {left:,} series past the first {most:,} by name are left out (MAX_METRIC_SERIES)" if left
                     else "")

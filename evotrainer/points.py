@@ -25,7 +25,8 @@ MAX_STEP_METRICS = 10_000  # metric names of one step (verl logs ~100-200); a st
 
 
 class MetricsThinnedWarning(UserWarning):
-    """A run store's metric series were thinned on reading (:meth:`evotrainer.lineage.LineageStore.all_metrics`)."""
+    """A run store's metric series were thinned on reading, or rows of another SQL type skipped
+    (:meth:`evotrainer.lineage.LineageStore.all_metrics`)."""
 
 
 _NOTED: dict[Any, Any] = {}  # the warnings registry of :func:`note_thinned`

@@ -2082,3 +2082,29 @@ def test_a_linked_wal_file_is_named_as_a_link(tmp_path, side):
                               "lineage.db; not opened (nothing was written through it). Remove the link(s) or use a "
                               "copy of the run folder without them")
     assert host.read_text() == "host data\n"
+
+
+def test_metric_rows_of_another_sql_type_are_counted_not_skipped_silently(tmp_path):
+    """Review 7 residue (M-R7): metric rows of a crafted lineage.db whose step is not an integer or whose value is not
+    a number were skipped by LineageStore.all_metrics without a word. They are still skipped (the evidence and the
+    report read only numbers), and a MetricsThinnedWarning now counts them and names the file and the version."""
+    import sqlite3
+
+    from evotrainer.points import MetricsThinnedWarning
+    from evotrainer.recipe import Recipe
+
+    run = tmp_path / "run"
+    Workspace.init(run, Recipe())
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", [
+        ("v0", 0, "train/loss", 1.0), ("v0", 1, "train/loss", 0.5), ("v0", "2", "train/loss", 0.25),
+        ("v0", 3, "train/loss", "abc"), ("v0", 4, "train/loss", b"\x00"), ("v0", 2.5, "train/bad", 1.0)])
+    db.commit()
+    db.close()
+    with Workspace.open(run) as ws:
+        with pytest.warns(MetricsThinnedWarning) as seen:
+            got = ws.lineage.all_metrics("v0")
+    assert got == {"train/loss": [(0, 1.0), (1, 0.5), (2, 0.25)]}  # the column's integer affinity made "2" an integer
+    assert [str(w.message) for w in seen] == [
+        f"{run / 'lineage.db'}: version v0: 3 metric row(s) of another SQL type (a step that is not an integer, or a "
+        "value that is not a number) skipped; a file EvoTrainer wrote has none: is it a crafted or damaged lineage.db?"]
