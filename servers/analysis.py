@@ -8,6 +8,7 @@ and :class:`FindingInfo` is the result model of a harness ``Finding``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -20,6 +21,10 @@ from evotrainer.servers.common import require_version
 from evotrainer.workspace import Workspace
 
 KV_KEY = "analyzers/registered"  # {name: {code, kinds, description, timeout_s, memory_mb}}
+REGISTRY_LOCK = threading.RLock()
+"""Held while this process's analyzer registry is checked and changed (:func:`sync_registry`, MCP
+``register_analyzer``): two tool calls syncing at once both found a stored analyzer unregistered and the second
+registration was refused as "registered already" (review 12, K-R12)."""
 STORED_TIMEOUT_MAX = 600.0  # s: the bounds of MCP register_analyzer's arguments (servers/analyzers.py)
 STORED_MEMORY_MB = (64, 16384)
 
@@ -86,11 +91,12 @@ def sync_registry(ws: Workspace) -> list[str]:
     if not isinstance(stored, dict):
         raise ToolError(f"{ws.root}/lineage.db: kv {KV_KEY!r} holds {type(stored).__name__}, not an object of "
                         f"analyzers; remove it (DELETE FROM kv WHERE key = '{KV_KEY}') and register them again")
-    known = {s.name for s in reg.list_analyzers()}
-    for name, spec in stored.items():
-        _check_stored(ws, name, spec)
-        if name not in known:
-            reg.register_analyzer(name, spec["code"], kinds=tuple(spec.get("kinds", ())),
-                                  description=spec.get("description", ""), timeout_s=spec.get("timeout_s", 60.0),
-                                  memory_mb=spec.get("memory_mb", 1024))
+    with REGISTRY_LOCK:
+        known = {s.name for s in reg.list_analyzers()}
+        for name, spec in stored.items():
+            _check_stored(ws, name, spec)
+            if name not in known:
+                reg.register_analyzer(name, spec["code"], kinds=tuple(spec.get("kinds", ())),
+                                      description=spec.get("description", ""),
+                                      timeout_s=spec.get("timeout_s", 60.0), memory_mb=spec.get("memory_mb", 1024))
     return [s.name for s in reg.list_analyzers(builtin=True)] + sorted(stored)

@@ -19,7 +19,14 @@ from pydantic import BaseModel, Field
 from evotrainer.harness import analyzers as reg
 from evotrainer.harness.findings import Finding
 from evotrainer.sandbox import sandbox_info
-from evotrainer.servers.analysis import KV_KEY, FindingInfo, evidence_of, finding_info, sync_registry
+from evotrainer.servers.analysis import (
+    KV_KEY,
+    REGISTRY_LOCK,
+    FindingInfo,
+    evidence_of,
+    finding_info,
+    sync_registry,
+)
 from evotrainer.servers.backtests import TOOLS as BACKTEST_TOOLS
 from evotrainer.servers.common import ServerState, ToolContext, cached_read, lineage_token, state_of
 
@@ -156,15 +163,16 @@ def register_analyzer(
     """Register analyzer code (run sandboxed) so run_analyzer includes it; it is stored in the run and
     survives server restarts. Backtest it first (backtest_analyzer)."""
     ws = state_of(ctx).workspace()
-    sync_registry(ws)
     all_kinds = list(dict.fromkeys([*([kind] if kind else []), *kinds]))
-    spec = reg.register_analyzer(name, code, kinds=tuple(all_kinds), description=description, replace=replace,
-                                 timeout_s=timeout_s, memory_mb=memory_mb)
     entry = {"code": code, "kinds": all_kinds, "description": description, "timeout_s": timeout_s,
              "memory_mb": memory_mb}
-    # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two tool
-    # calls ran at once lost 11 of 100 acknowledged registrations)
-    ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
+    with REGISTRY_LOCK:  # the sync, the check of the name and the registration at once (review 12, K-R12)
+        sync_registry(ws)
+        spec = reg.register_analyzer(name, code, kinds=tuple(all_kinds), description=description, replace=replace,
+                                     timeout_s=timeout_s, memory_mb=memory_mb)
+        # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two
+        # tool calls ran at once lost 11 of 100 acknowledged registrations)
+        ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
     ws.log(f"registered analyzer {name}", source="mcp")
     return AnalyzerInfo(name=spec.name, description=spec.description, kinds=list(spec.kinds), builtin=False,
                         sandboxed=True)

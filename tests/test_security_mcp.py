@@ -1501,3 +1501,42 @@ def _ignore_transport_errors(fn) -> None:
 
     with contextlib.suppress(httpx.TransportError):
         fn()
+
+
+def test_concurrent_registrations_on_a_run_with_stored_analyzers_are_not_refused(tmp_path):
+    """Review 12, K-R12: on a fresh server over a run that stores many analyzers, concurrent register_analyzer calls
+    each synced the stored ones into the process registry at once; two found the same stored analyzer unregistered
+    and the second registration was refused: "analyzer 'p1_74' is registered already", a name the caller never
+    sent, and the caller's own analyzer was not stored. The sync and the registration now hold one lock."""
+    import uuid
+
+    import anyio
+
+    tag = uuid.uuid4().hex[:8]
+    run = make_run(tmp_path)
+    with Workspace.open(run, writer=True) as ws:
+        ws.lineage.kv_set("analyzers/registered", {f"st_{tag}_{i}": {
+            "code": "print('[]')\n", "kinds": ["x"], "description": "", "timeout_s": 60.0, "memory_mb": 1024}
+            for i in range(300)})
+    c = SyncClient(build_server("all", run))
+    try:
+        async def register_all() -> dict[int, str]:
+            said: dict[int, str] = {}
+
+            async def one(i: int) -> None:
+                r = await c.client.call_tool("register_analyzer", {"name": f"nw_{tag}_{i}",
+                                                                   "code": "print('[]')\n", "kinds": ["x"]})
+                said[i] = r.content[0].text if r.is_error else ""
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+            return said
+
+        said = c.portal.call(register_all)
+    finally:
+        c.close()
+    assert said == {i: "" for i in range(8)}
+    with Workspace.open(run) as ws:
+        stored = ws.lineage.kv_get("analyzers/registered")
+    assert len(stored) == 308 and {f"nw_{tag}_{i}" for i in range(8)} <= set(stored)
