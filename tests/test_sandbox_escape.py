@@ -709,12 +709,13 @@ def test_29_no_root_only_global_proc_file_reads_host_state():
 
 
 HOST_STATE_PROC = ("/proc/pressure/cpu", "/proc/pressure/io", "/proc/pressure/memory", "/proc/interrupts",
-                   "/proc/diskstats", "/proc/cmdline", "/proc/sys/kernel/random/boot_id")
+                   "/proc/softirqs", "/proc/diskstats", "/proc/cmdline", "/proc/sys/kernel/random/boot_id")
 
 
 def test_29b_host_state_in_proc_reads_empty():
     """Review 11 (S-R11): sandboxed code read the host's pressure stall figures (/proc/pressure/*), interrupt and
-    disk I/O counters, the host kernel's command line and its boot id (a stable host identifier). Under bwrap each
+    disk I/O counters (review 12, S-R12: and the softirq counts, the same signal), the host kernel's command line
+    and its boot id (a stable host identifier). Under bwrap each
     reads as an empty read-only file now, the boot id as a fixed one; under Docker each is masked with /dev/null
     (reads empty, a write goes nowhere). /proc/loadavg, /proc/stat and /proc/vmstat still read (os.getloadavg and
     psutil need them)."""

@@ -169,8 +169,11 @@ _MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sche
 # the host kernel's command line (/proc/cmdline) and the boot id (a stable identifier of the host). Each reads as
 # an empty read-only file (the boot id as :data:`MASKED_BOOT_ID`, a fixed id) where the host has it. Left readable
 # on purpose: /proc/stat, /proc/loadavg and /proc/vmstat (psutil's cpu_times / cpu_count / boot_time,
-# os.getloadavg and the like read them; sandboxed analyzers use those).
-_EMPTIED_PROC = ("/proc/interrupts", "/proc/diskstats", "/proc/cmdline")
+# os.getloadavg and the like read them; sandboxed analyzers use those), and the host-wide memory and uptime
+# figures of their kind (/proc/zoneinfo, /proc/buddyinfo, /proc/uptime, /proc/sys/fs/*-nr). Review 12 (S-R12):
+# /proc/softirqs too, the per-CPU NET_RX / BLOCK / TIMER counts of the host (the signal of the interrupts and
+# disk counters above, +34 and +76 a second while the host worked).
+_EMPTIED_PROC = ("/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/cmdline")
 _PRESSURE_DIR = "/proc/pressure"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 MASKED_BOOT_ID = "00000000-0000-4000-8000-000000000000\n"  # the format of a boot id, the same on every host and boot

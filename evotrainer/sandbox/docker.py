@@ -52,11 +52,13 @@ BUILD_NETWORK_ENV = "EVOTRAINER_SANDBOX_BUILD_NETWORK"  # network of the build s
 # the bwrap backend also hides: /proc/key-users (kernel key quota of host uids) and /proc/pressure, which
 # Docker 20.10 left writable to the container user (PSI trigger files, checked on a real daemon). Review 11 (S-R11):
 # also the host state the bwrap backend empties (pressure stall figures, interrupt and disk counters, the kernel
-# command line, the boot id); /proc/stat, /proc/loadavg and /proc/vmstat stay readable (psutil, os.getloadavg).
+# command line, the boot id; review 12, S-R12: the softirq counts); /proc/stat, /proc/loadavg and /proc/vmstat stay
+# readable (psutil, os.getloadavg).
 MASKED_PATHS = ("/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/key-users", "/proc/latency_stats",
                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
                 "/proc/pressure/cpu", "/proc/pressure/io", "/proc/pressure/memory", "/proc/pressure/irq",
-                "/proc/interrupts", "/proc/diskstats", "/proc/cmdline", "/proc/sys/kernel/random/boot_id")
+                "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/cmdline",
+                "/proc/sys/kernel/random/boot_id")
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/proc/pressure")
 
 # Runs first in the container (as ``python3 -I -S -c``): loads the bwrap backend's seccomp filter
