@@ -92,7 +92,8 @@ def init(
         v = Workspace.init(run_dir, r)
     except WorkspaceError as exc:
         fail(str(exc))
-    console.print(f"created run {Path(run_dir).expanduser().resolve()} with base version {v.id}")
+    console.print(f"created run {Path(run_dir).expanduser().resolve()} with base version {v.id}", markup=False,
+                  highlight=False)
 
 
 def _headline(v: Any) -> str:

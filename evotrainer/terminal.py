@@ -27,6 +27,12 @@ def _shown(ch: str) -> str:
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
 
 
+def has_controls(text: str) -> bool:
+    """Whether ``text`` holds a character :func:`neutralise` would show escaped (a terminal control but newline
+    and tab, or a bidi control), or a newline or tab (in a path or a name, they are no layout)."""
+    return bool(_CONTROLS.search(text)) or "\n" in text or "\t" in text
+
+
 def neutralise(text: str) -> str:
     """``text`` with every terminal control character except newline and tab shown as ``\\xNN`` (bidi controls
     as ``\\uNNNN``)."""

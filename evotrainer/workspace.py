@@ -47,6 +47,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
 from evotrainer.rollouts import RolloutStore
 from evotrainer.sandbox import fs as sfs
+from evotrainer.terminal import has_controls, neutralise
 
 if TYPE_CHECKING:
     from evotrainer.rollouts import RolloutStore
@@ -70,7 +71,7 @@ class Workspace:
     """
 
     def __init__(self, root: str | Path, writer: bool = False, create: bool = True, version: str | None = None):
-        self.root = Path(root).expanduser().resolve()
+        self.root = check_run_path(Path(root).expanduser().resolve())
         if not create and not (self.root / "lineage.db").exists():
             raise WorkspaceError(f"{self.root}: not a run folder (no lineage.db); create one with `evotrainer init`")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ class Workspace:
         Raises:
             WorkspaceError: the folder has a lineage already, or another process writes it.
         """
-        root = Path(root).expanduser().resolve()
+        root = check_run_path(Path(root).expanduser().resolve())
         root.mkdir(parents=True, exist_ok=True)
         lock = _take_writer_lock(root)
         try:
@@ -398,6 +399,32 @@ def _refuse_linked_subfolders(root: Path) -> None:
                 f"{root}: {d} is a link ({d} -> {os.readlink(p)}); a process that writes a run follows no link inside "
                 f"it (a run folder from elsewhere could point {d} at any folder of yours). Replace the link with a "
                 "folder; to keep a run on another disk, put the whole run folder there and pass its path")
+
+
+def check_run_path(root: Path) -> Path:
+    """``root`` if its path is text a terminal, a log, LanceDB and an MCP client can carry, else a WorkspaceError.
+
+    Review 12 (U-R12): a run folder unpacked from elsewhere as ``u\\xff\\xfe-\\n-...-\\e]0;T\\a``: ``report``
+    and ``diagnose`` ended in "UnicodeEncodeError: ... surrogates not allowed" (the HTML, ``lancedb.connect``), MCP
+    ``server_info`` in a bare "Error executing tool", and ``init`` wrote the escape sequence to the terminal.
+
+    Raises:
+        WorkspaceError: the path is not valid UTF-8 (bytes undecodable in the file system's encoding), or holds
+            a control character (newline, escape, ...); the message shows it neutralised and says to rename it.
+    """
+    text = str(root)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = neutralise(os.fsencode(root).decode("utf-8", "backslashreplace"))
+        raise WorkspaceError(f"{shown}: the run folder's path is not valid UTF-8; the rollout store (LanceDB), the "
+                             "report and MCP clients need one: rename the folder, or copy the run to one with a "
+                             "UTF-8 name") from None
+    if has_controls(text):
+        shown = neutralise(text).replace("\n", "\\n").replace("\t", "\\t")
+        raise WorkspaceError(f"{shown}: the run folder's path holds control characters (shown as \\xNN); "
+                             "they would reach terminals, logs and MCP clients as they are: rename the folder")
+    return root
 
 
 def open_inside(root: Path, rel: str, flags: int, mode: int = 0o644) -> int:

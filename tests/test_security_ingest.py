@@ -2108,3 +2108,40 @@ def test_metric_rows_of_another_sql_type_are_counted_not_skipped_silently(tmp_pa
     assert [str(w.message) for w in seen] == [
         f"{run / 'lineage.db'}: version v0: 3 metric row(s) of another SQL type (a step that is not an integer, or a "
         "value that is not a number) skipped; a file EvoTrainer wrote has none: is it a crafted or damaged lineage.db?"]
+
+
+@pytest.mark.parametrize("name, shown, said", [
+    (b"u\xff\xfe", "u\\xff\\xfe", "the run folder's path is not valid UTF-8; the rollout store (LanceDB), the report and "
+                                  "MCP clients need one: rename the folder, or copy the run to one with a UTF-8 name"),
+    (b"a\nb", "a\\nb", "the run folder's path holds control characters (shown as \\xNN); they would reach terminals, "
+                      "logs and MCP clients as they are: rename the folder"),
+    (b"x\x1b]0;T\x07[red]y", "x\\x1b]0;T\\x07[red]y",
+     "the run folder's path holds control characters (shown as \\xNN); they would reach terminals, logs and MCP "
+     "clients as they are: rename the folder"),
+])
+def test_a_run_folder_path_that_is_not_printable_text_is_refused(tmp_path, name, shown, said):
+    """Review 12 (U-R12): a run folder unpacked from elsewhere under a name that is not UTF-8 or carries control
+    text: ``report`` and ``diagnose`` ended in "UnicodeEncodeError: ... surrogates not allowed", MCP ``server_info``
+    in a bare "Error executing tool", and ``init`` wrote the OSC title sequence to the terminal. Every Workspace
+    (init, open) now refuses such a path, naming it neutralised; the CLI prints no raw escape."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.recipe import Recipe
+    from evotrainer.workspace import WorkspaceError
+
+    path = Path(os.fsdecode(os.fsencode(tmp_path) + b"/" + name))
+    with pytest.raises(WorkspaceError) as err:
+        Workspace.init(path, Recipe())
+    assert str(err.value) == f"{tmp_path}/{shown}: {said}"
+    assert not path.exists()
+    good = tmp_path / "good"
+    Workspace.init(good, Recipe())
+    os.rename(good, path)  # a run made elsewhere, then found under that name
+    with pytest.raises(WorkspaceError, match=re.escape(said)):
+        Workspace.open(path)
+    r = CliRunner().invoke(app, ["report", str(path)])
+    text = f"{r.exception or ''} {r.output}"
+    assert r.exit_code != 0 and "\x1b" not in text and said in " ".join(text.split()), text
