@@ -22,6 +22,7 @@ from evotrainer.sandbox import sandbox_info
 from evotrainer.servers.analysis import (
     KV_KEY,
     REGISTRY_LOCK,
+    STORED_NAME_MAX,
     FindingInfo,
     evidence_of,
     finding_info,
@@ -156,7 +157,7 @@ def run_analyzer_code(
 def register_analyzer(
     ctx: ToolContext,
     name: Annotated[str, Field(description="Unique snake_case name, e.g. 'reward_spike'.", min_length=1,
-                               max_length=64)],
+                               max_length=STORED_NAME_MAX)],
     code: Annotated[str, Field(description="Analyzer source (same contract as run_analyzer_code).",
                                min_length=1, max_length=200_000)],
     description: Annotated[str, Field(description="One line for listings.")] = "",

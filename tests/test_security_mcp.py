@@ -1681,3 +1681,60 @@ def test_a_finished_job_whose_run_log_record_fails_stays_done(tmp_path, monkeypa
     assert bad.done.wait(30) and bad.result == {"error": "RuntimeError: boom", "log_error": said}
     with Workspace.open(tmp_path / "run") as reader:
         assert [reader.lineage.job(j.id).status for j in (ok, bad)] == ["done", "failed"]
+
+
+# --- review 12, C-R12: stored analyzers that pass the old checks but are hostile ------------------------------------
+_AGAIN = "register it again with register_analyzer, or remove it from kv 'analyzers/registered'"
+_RENAME = ("register it again under a snake_case name such as 'reward_spike' with register_analyzer, or remove it from "
+           "kv 'analyzers/registered'")
+_NOT_SNAKE = "has a name that is not snake_case (letters, digits and '_', 1 to 64 characters)"
+
+
+@pytest.mark.parametrize("name, spec, said", [
+    ("hog", {"code": "print('[]')", "description": {"a": 1}},
+     f"stored analyzer 'hog' has a description that is a JSON object, not text (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": 12},
+     f"stored analyzer 'hog' has a description that is a number 12, not text (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": None},
+     f"stored analyzer 'hog' has a description that is null, not text (what register_analyzer accepts); {_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": "d" * 20_001},
+     f"stored analyzer 'hog' has a description of 20,001 characters, over 20,000 (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("bad\nname\u0000 [/x]", {"code": "print('[]')"},
+     f"stored analyzer 'bad\\nname\\x00 [/x]' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+    ("n" * 65, {"code": "print('[]')"},
+     f"stored analyzer '{'n' * 65}' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+    ("", {"code": "print('[]')"}, f"stored analyzer '' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+])
+def test_a_stored_analyzer_with_a_bad_description_or_name_is_named_by_list_analyzers(tmp_path, name, spec, said):
+    """Review 12, C-R12: a kv 'analyzers/registered' entry with description {"a": 1} or 12 passed the stored-analyzer
+    check, and every list_analyzers answered pydantic's raw "1 validation error for AnalyzerInfo ... description
+    Input should be a valid string" (the run's analyzers could not be listed at all); a stored name like
+    "bad\\nname\\x00 [/x]" was refused "use a snake_case name" naming neither the file nor the key. Both are named
+    now with the file, the key and the fix, and a run without the entry lists and registers again."""
+    import json
+    import sqlite3
+
+    from evotrainer.harness import analyzers as reg
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES ('analyzers/registered', ?)", (json.dumps({name: spec}),))
+    db.commit()
+    snapshot = reg.registry_snapshot()
+    c = SyncClient(build_server("all", run))
+    try:
+        for tool, args in (("list_analyzers", {}), ("run_analyzer", {}),
+                           ("register_analyzer", {"name": "ok_1", "code": "print('[]')\n"})):
+            text = c.err(tool, args)
+            assert text == f"Error executing tool {tool}: {run / 'lineage.db'}: {said}", text
+        db.execute("DELETE FROM kv WHERE key = 'analyzers/registered'")
+        db.commit()
+        assert c.ok("register_analyzer", {"name": "ok_1", "code": "print('[]')\n"})["name"] == "ok_1"
+        assert [a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]] == ["ok_1"]
+    finally:
+        c.close()
+        db.close()
+        reg.restore_registry(snapshot)
