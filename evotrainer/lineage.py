@@ -725,21 +725,41 @@ class LineageStore:
         if self.readonly:
             raise LineageError("lineage store opened read-only")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._write_error(exc) from None
             try:
                 yield self._db
             except BaseException as exc:
                 if self._db.in_transaction:  # SQLite may have ended it itself (SQLITE_FULL: review 11, A-R11)
                     self._db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
-                    raise LineageError(f"{self.path}: could not write ({exc}): the disk is full, or a table's row id "
-                                       "counter (sqlite_sequence) is at its maximum in a lineage.db from elsewhere; "
-                                       "free disk space, or copy the run with `evotrainer import`") from None
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise self._write_error(exc) from None
                 raise
             try:
                 self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:  # the pages reach the file (the WAL) only now: a full disk
+                if self._db.in_transaction:  # fails here (review 12, F-R12: kv_update of a 190 KB analyzer)
+                    self._db.execute("ROLLBACK")
+                raise self._write_error(exc) from None
             finally:  # counted even when COMMIT itself fails: a token that moves too often only costs a cache miss
                 self._commits += 1
+
+    def _write_error(self, exc: sqlite3.OperationalError) -> Exception:
+        """The error to raise for a write that SQLite refused: a :class:`LineageError` naming the file, the cause
+        and the fix for a full disk (SQLITE_FULL) or a lock held past ``BUSY_TIMEOUT_S``; ``exc`` itself
+        otherwise."""
+        text = str(exc)
+        if "full" in text:
+            return LineageError(f"{self.path}: could not write ({text}): the disk is full, or a table's row id "
+                                "counter (sqlite_sequence) is at its maximum in a lineage.db from elsewhere; nothing "
+                                "was written. Free disk space and retry, or copy the run with `evotrainer import`")
+        if "locked" in text or "busy" in text:
+            return LineageError(f"{self.path}: could not write ({text}): another process held the run's store "
+                                f"locked for more than {BUSY_TIMEOUT_S} s; nothing was written. Retry when it is "
+                                "done (a long `evotrainer` command or a sqlite3 shell on the file)")
+        return exc
 
     def state_token(self, blocking: bool = True) -> tuple[int, int, int] | None:
         """A value that changes whenever the database's content may have changed: for caches of what was read.

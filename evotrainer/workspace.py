@@ -182,6 +182,20 @@ class Workspace:
             with os.fdopen(fd, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
+    def log_after_commit(self, message: str, level: str = "info", version: str | None = None, source: str = "run",
+                         **extra: Any) -> str | None:
+        """:meth:`log` of a change already committed to the lineage store: best-effort. Returns None when the record
+        was written, else what went wrong, for the caller's reply (review 12, F-R12: on a full disk MCP ``decide``
+        answered "OSError: [Errno 28] No space left on device" for a decision that was stored, and a client trusting
+        the error retries it or reports it as not made)."""
+        try:
+            self.log(message, level=level, version=version, source=source, **extra)
+        except OSError as exc:
+            return (f"the change is stored, but its record could not be added to the run log "
+                    f"{self.root}/logs/run.jsonl ({exc}); free disk space (or fix the log file) so later records "
+                    "are kept")
+        return None
+
     def read_logs(self) -> list[dict[str, Any]]:
         """The log records, oldest first (a torn last line from a crash is skipped); of a log longer than
         :data:`MAX_LOG_READ_BYTES` only its last records (review 6: a run folder from elsewhere with a 2 GiB sparse

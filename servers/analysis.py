@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from evotrainer.harness import analyzers as reg
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
-from evotrainer.servers.common import require_version
+from evotrainer.servers.common import MAX_TEXT_CHARS, require_version
 from evotrainer.workspace import Workspace
 
 KV_KEY = "analyzers/registered"  # {name: {code, kinds, description, timeout_s, memory_mb}}
@@ -27,6 +27,7 @@ REGISTRY_LOCK = threading.RLock()
 registration was refused as "registered already" (review 12, K-R12)."""
 STORED_TIMEOUT_MAX = 600.0  # s: the bounds of MCP register_analyzer's arguments (servers/analyzers.py)
 STORED_MEMORY_MB = (64, 16384)
+STORED_NAME_MAX = 64  # characters of an analyzer name (register_analyzer's name argument; its description: MAX_TEXT_CHARS)
 
 
 class FindingInfo(BaseModel):
@@ -64,21 +65,40 @@ def _check_stored(ws: Workspace, name: str, spec: Any) -> None:
     """A stored analyzer must fit what MCP ``register_analyzer`` accepts (review 11, E-R11: a run folder from
     elsewhere stored ``timeout_s: 1e9`` and ``memory_mb: 1e7``, and a plain ``run_analyzer`` ran it with them,
     holding a sandbox slot past every deadline). Raises ToolError naming the file, the analyzer and the fix."""
-    why = None
-    if not isinstance(spec, dict) or not isinstance(spec.get("code"), str):
+    why, again = None, "register it again with register_analyzer"
+    if not (isinstance(name, str) and 0 < len(name) <= STORED_NAME_MAX and name.replace("_", "").isalnum()):
+        # the registry refused it with "use a snake_case name" naming neither the file nor the key (review 12, C-R12)
+        why = f"has a name that is not snake_case (letters, digits and '_', 1 to {STORED_NAME_MAX} characters)"
+        again = "register it again under a snake_case name such as 'reward_spike' with register_analyzer"
+    elif not isinstance(spec, dict) or not isinstance(spec.get("code"), str):
         why = "is not an object with its code"
     else:
         t, m, kinds = spec.get("timeout_s", 60.0), spec.get("memory_mb", 1024), spec.get("kinds", [])
+        d = spec.get("description", "")
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= STORED_TIMEOUT_MAX:
             why = f"has timeout_s={t!r}, outside (0, {STORED_TIMEOUT_MAX:g}] s"
         elif isinstance(m, bool) or not isinstance(m, int) or not STORED_MEMORY_MB[0] <= m <= STORED_MEMORY_MB[1]:
             why = f"has memory_mb={m!r}, outside [{STORED_MEMORY_MB[0]}, {STORED_MEMORY_MB[1]}] MiB"
         elif not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             why = "has kinds that are not a list of names"
+        elif not isinstance(d, str):  # list_analyzers answered pydantic's raw "validation error for AnalyzerInfo"
+            why = f"has a description that is {_json_kind(d)}, not text"  # on every call (review 12, C-R12)
+        elif len(d) > MAX_TEXT_CHARS:
+            why = f"has a description of {len(d):,} characters, over {MAX_TEXT_CHARS:,}"
     if why:
         raise ToolError(f"{ws.root}/lineage.db: stored analyzer {str(name)[:80]!r} {why[:200]} (what register_analyzer "
-                        "accepts); register it again with register_analyzer, or remove it from kv "
-                        f"{KV_KEY!r}")
+                        f"accepts); {again}, or remove it from kv {KV_KEY!r}")
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words, for an error message: "a JSON object", "a number 12", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"a number {value!r}"[:60]
+    return "a JSON object" if isinstance(value, dict) else "a JSON list" if isinstance(value, list) else "not text"
 
 
 def sync_registry(ws: Workspace) -> list[str]:

@@ -22,13 +22,21 @@ from evotrainer.sandbox import sandbox_info
 from evotrainer.servers.analysis import (
     KV_KEY,
     REGISTRY_LOCK,
+    STORED_NAME_MAX,
     FindingInfo,
     evidence_of,
     finding_info,
     sync_registry,
 )
 from evotrainer.servers.backtests import TOOLS as BACKTEST_TOOLS
-from evotrainer.servers.common import ServerState, ToolContext, cached_read, lineage_token, state_of
+from evotrainer.servers.common import (
+    LOG_ERROR_DESCRIPTION,
+    ServerState,
+    ToolContext,
+    cached_read,
+    lineage_token,
+    state_of,
+)
 
 VersionIds = Annotated[list[str] | None, Field(description="Versions to analyze (default: all versions of the run).")]
 
@@ -41,6 +49,7 @@ class AnalyzerInfo(BaseModel):
     kinds: list[str] = Field(description="Finding kinds it reports.")
     builtin: bool
     sandboxed: bool = Field(description="Runtime analyzer code run in the sandbox.")
+    log_error: str | None = Field(None, description=LOG_ERROR_DESCRIPTION)
 
 
 class AnalyzerList(BaseModel):
@@ -148,7 +157,7 @@ def run_analyzer_code(
 def register_analyzer(
     ctx: ToolContext,
     name: Annotated[str, Field(description="Unique snake_case name, e.g. 'reward_spike'.", min_length=1,
-                               max_length=64)],
+                               max_length=STORED_NAME_MAX)],
     code: Annotated[str, Field(description="Analyzer source (same contract as run_analyzer_code).",
                                min_length=1, max_length=200_000)],
     description: Annotated[str, Field(description="One line for listings.")] = "",
@@ -168,14 +177,19 @@ def register_analyzer(
              "memory_mb": memory_mb}
     with REGISTRY_LOCK:  # the sync, the check of the name and the registration at once (review 12, K-R12)
         sync_registry(ws)
+        before = reg.registry_snapshot().get(name)
         spec = reg.register_analyzer(name, code, kinds=tuple(all_kinds), description=description, replace=replace,
                                      timeout_s=timeout_s, memory_mb=memory_mb)
-        # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two
-        # tool calls ran at once lost 11 of 100 acknowledged registrations)
-        ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
-    ws.log(f"registered analyzer {name}", source="mcp")
+        try:
+            # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two
+            # tool calls ran at once lost 11 of 100 acknowledged registrations)
+            ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
+        except BaseException:  # not stored: not registered either (review 12, F-R12: on a full disk the analyzer
+            reg.put_back_analyzer(name, before)  # stayed runnable in the process, unlisted, and a retry was refused)
+            raise
+    log_error = ws.log_after_commit(f"registered analyzer {name}", source="mcp")
     return AnalyzerInfo(name=spec.name, description=spec.description, kinds=list(spec.kinds), builtin=False,
-                        sandboxed=True)
+                        sandboxed=True, log_error=log_error)
 
 TOOLS = (list_analyzers, run_analyzer, run_analyzer_code, register_analyzer, *BACKTEST_TOOLS)
 """The analyzer server's tools in catalogue order: its own, then the backtest and gate tools."""

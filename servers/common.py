@@ -98,6 +98,10 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FREE_TEXT = frozenset({"hypothesis", "rationale", "description", "note", "notes", "findings", "evidence_summary",
                        "message", "summary", "reason", "intervention", "value", "new_value", "results", "evidence"})
 
+LOG_ERROR_DESCRIPTION = ("Set when the change was stored but its record could not be added to the run log (e.g. a full "
+                         "disk): what went wrong and the fix; the change itself took effect (do not retry it).")
+"""The ``log_error`` field of a write tool's result (:meth:`~evotrainer.workspace.Workspace.log_after_commit`)."""
+
 # A JSON value (recipe values, rules): declared as a union of the JSON types so the schema constrains it.
 JsonScalar = str | int | float | bool | None
 JsonValue = str | int | float | bool | list[JsonScalar | dict[str, Any]] | dict[str, Any] | None

@@ -140,13 +140,19 @@ class JobManager:
             ws.lineage.update_job(job.id, status=status, progress=1.0 if status == "done" else
                                   (job.steps_done / job.steps_total if job.steps_total else 0.0),
                                   message=_result_message(job.result, status))
-            ws.log(f"{job.kind} job {job.id} {status}", version=job.version_id, source="mcp")
+            # the status is stored: a run log that cannot take the record does not fail the job (review 12, F-R12)
+            log_error = ws.log_after_commit(f"{job.kind} job {job.id} {status}", version=job.version_id, source="mcp")
+            if log_error is not None and isinstance(job.result, dict):
+                job.result = {**job.result, "log_error": log_error}
         except BaseException as exc:  # the job fails, the server keeps serving
             job.finishing.set()
             job.result = {"error": f"{type(exc).__name__}: {exc}"}
             try:
                 ws.lineage.update_job(job.id, status="failed", message=f"{type(exc).__name__}: {exc}"[:2000])
-                ws.log(f"{job.kind} job {job.id} failed: {exc}", level="error", version=job.version_id, source="mcp")
+                log_error = ws.log_after_commit(f"{job.kind} job {job.id} failed: {exc}", level="error",
+                                                version=job.version_id, source="mcp")
+                if log_error is not None:
+                    job.result["log_error"] = log_error
             except Exception as store_exc:  # the store cannot take the failure: keep it on the job's result
                 job.result["store_error"] = f"{type(store_exc).__name__}: {store_exc}"
         finally:

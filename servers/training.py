@@ -31,6 +31,7 @@ from evotrainer.recipe import current_value, diff_recipes, get_path, set_path, v
 from evotrainer.rl_backend.backends import get_backend
 from evotrainer.rl_backend.base import Backend, is_test_eval
 from evotrainer.servers.common import (
+    LOG_ERROR_DESCRIPTION,
     MAX_LIMIT,
     JsonValue,
     Page,
@@ -152,6 +153,7 @@ class VersionDetail(BaseModel):
                                                           "to continue, its children start from its own start point.")
     created_at: float
     updated_at: float
+    log_error: str | None = Field(None, description=LOG_ERROR_DESCRIPTION)
 
 
 class RecipeChange(BaseModel):
@@ -175,6 +177,7 @@ class DecisionResult(BaseModel):
 
     decision: DecisionInfo
     version: VersionSummary
+    log_error: str | None = Field(None, description=LOG_ERROR_DESCRIPTION)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -311,8 +314,8 @@ def propose_intervention(
         expected_effect=ExpectedEffect(metric=expected_metric, direction=expected_direction)
         if expected_metric else None, source=source)
     v = ws.lineage.branch(parent_id, iv, note=note)
-    ws.log(f"proposed {v.id} from {parent_id}: {iv.describe()}", version=v.id, source="mcp")
-    return get_version(ctx, v.id)
+    log_error = ws.log_after_commit(f"proposed {v.id} from {parent_id}: {iv.describe()}", version=v.id, source="mcp")
+    return get_version(ctx, v.id).model_copy(update={"log_error": log_error})
 
 
 async def start_training(
@@ -512,8 +515,9 @@ def decide(
     if action != "merge":
         d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author,
                               damaged_weights=damaged_weights)
-    ws.log(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
-    return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)))
+    # committed: a run log that cannot take the record must not make the answer an error (review 12, F-R12)
+    log_error = ws.log_after_commit(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
+    return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)), log_error=log_error)
 
 
 # --- the loop's writes: the run's root, control arms, multi-field children, gains -------------------------
@@ -522,6 +526,7 @@ class CreatedVersion(BaseModel):
 
     created: bool = Field(description="True when this call created the version; false when it existed already.")
     version: VersionDetail
+    log_error: str | None = Field(None, description=LOG_ERROR_DESCRIPTION)
 
 
 class FieldValue(BaseModel):
@@ -560,16 +565,16 @@ def create_root(
     (created=false). A root made from another recipe is an error: use a new run folder."""
     ws = state_of(ctx).workspace()
     want = validate_recipe(recipe)
-    root, created = ws.lineage.root(), False
+    root, created, log_error = ws.lineage.root(), False, None
     if root is None:
         root, created = ws.lineage.create_root(want, note=note), True
-        ws.log(f"created the root {root.id}: {note}", version=root.id, source="mcp")
+        log_error = ws.log_after_commit(f"created the root {root.id}: {note}", version=root.id, source="mcp")
     elif root.recipe != want:
         paths = [p for p, _, _ in diff_recipes(root.recipe, want)]
         raise ToolError(f"this run was started with another base recipe (root {root.id} differs at "
                         f"{', '.join(paths[:10])}{', ...' if len(paths) > 10 else ''}); use a new run folder or the "
                         "original recipe")
-    return CreatedVersion(created=created, version=get_version(ctx, root.id))
+    return CreatedVersion(created=created, version=get_version(ctx, root.id), log_error=log_error)
 
 
 def branch_control(
@@ -590,8 +595,9 @@ def branch_control(
         raise ToolError(f"{parent.id} was {parent.status} for damaged weights ({kind}): its recipe has nothing to "
                         "continue; gate its children against it instead of a control")
     v = ws.lineage.branch_control(parent.id, note=note)
-    ws.log(f"control arm {v.id} of {parent.id}: the parent's recipe continued", version=v.id, source="mcp")
-    return CreatedVersion(created=True, version=get_version(ctx, v.id))
+    log_error = ws.log_after_commit(f"control arm {v.id} of {parent.id}: the parent's recipe continued",
+                                    version=v.id, source="mcp")
+    return CreatedVersion(created=True, version=get_version(ctx, v.id), log_error=log_error)
 
 
 def propose_recipe(
@@ -621,8 +627,9 @@ def propose_recipe(
         ivs.append(Intervention(path=c.path, old=old, new=new, category=category_of(c.path), hypothesis=hypothesis,
                                 source=source))
     v = ws.lineage.branch(parent.id, ivs, note=note)
-    ws.log(f"proposed {v.id} from {parent.id}: {v.describe_change()}", version=v.id, source="mcp")
-    return get_version(ctx, v.id)
+    log_error = ws.log_after_commit(f"proposed {v.id} from {parent.id}: {v.describe_change()}", version=v.id,
+                                    source="mcp")
+    return get_version(ctx, v.id).model_copy(update={"log_error": log_error})
 
 
 def record_gains(

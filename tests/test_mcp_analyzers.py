@@ -89,7 +89,7 @@ def test_register_backtest_and_persist_analyzer(client, run):
     info = client.ok("register_analyzer", {"name": "low_eval", "code": LOW_EVAL_CODE, "kind": "low_eval",
                                            "description": "eval reward below one half"})
     assert info == {"name": "low_eval", "description": "eval reward below one half", "kinds": ["low_eval"],
-                    "builtin": False, "sandboxed": True}
+                    "builtin": False, "sandboxed": True, "log_error": None}
     assert "registered already" in client.err("register_analyzer", {"name": "low_eval", "code": "print('[]')"})
     assert "built-in" in client.err("register_analyzer", {"name": "truncation", "code": "print('[]')"})
     res = client.ok("run_analyzer", {"names": ["low_eval"]})

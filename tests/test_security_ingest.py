@@ -1753,6 +1753,59 @@ def test_a_row_id_counter_at_its_maximum_is_named_not_a_failed_rollback(tmp_path
         store.close()
 
 
+def test_a_full_disk_at_commit_and_a_held_lock_are_named_by_kv_update(tmp_path):
+    """Review 12, F-R12: on a full disk kv_update of a 190 KB value failed at COMMIT (SQLite writes the pages to the
+    WAL only then), outside tx's SQLITE_FULL mapping: MCP register_analyzer answered the raw "OperationalError:
+    database or disk is full". A COMMIT that fails, and a write lock another process holds past the busy timeout,
+    are named now (the file, the cause, the fix), and nothing is written."""
+    import sqlite3
+
+    from evotrainer.lineage import LineageError, LineageStore
+    from evotrainer.recipe import Recipe
+
+    class FullOnCommit:
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.db.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    Workspace.init(tmp_path / "run", Recipe())
+    path = tmp_path / "run" / "lineage.db"
+    store = LineageStore(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        db, store._db = store._db, FullOnCommit(store._db)
+        try:
+            with pytest.raises(LineageError) as err:
+                store.kv_update("analyzers/registered", lambda s: {**(s or {}), "big_one": {"code": "x" * 190_000}})
+        finally:
+            store._db = db
+        assert str(err.value) == (f"{path}: could not write (database or disk is full): the disk is full, or a table's "
+                                  "row id counter (sqlite_sequence) is at its maximum in a lineage.db from elsewhere; "
+                                  "nothing was written. Free disk space and retry, or copy the run with `evotrainer "
+                                  "import`")
+        assert store.kv_get("analyzers/registered") is None and not store._db.in_transaction
+        other.execute("BEGIN IMMEDIATE")
+        store._db.execute("PRAGMA busy_timeout=0")
+        with pytest.raises(LineageError) as err:
+            store.kv_set("k", 1)
+        assert str(err.value) == (f"{path}: could not write (database is locked): another process held the run's "
+                                  "store locked for more than 30 s; nothing was written. Retry when it is done (a "
+                                  "long `evotrainer` command or a sqlite3 shell on the file)")
+        other.execute("ROLLBACK")
+        store.kv_set("k", 1)
+        assert store.kv_get("k") == 1
+    finally:
+        other.close()
+        store.close()
+
+
 # --- review 11: C-R11: typed kv reads of import/source and the search modes' keys ----------------------------------
 def _set_kv(run: Path, key: str, value: str) -> None:
     import sqlite3

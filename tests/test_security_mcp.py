@@ -1540,3 +1540,201 @@ def test_concurrent_registrations_on_a_run_with_stored_analyzers_are_not_refused
     with Workspace.open(run) as ws:
         stored = ws.lineage.kv_get("analyzers/registered")
     assert len(stored) == 308 and {f"nw_{tag}_{i}" for i in range(8)} <= set(stored)
+
+
+# --- review 12, F-R12: integrity under a full disk -----------------------------------------------------------------
+class _FullOnCommit:
+    """A lineage connection whose COMMIT fails as on a full disk: SQLite writes a transaction's pages to the WAL only
+    at COMMIT, so a 190 KB kv value on a 600 KiB tmpfs with 64 KiB free failed there (the probe's 'database or disk
+    is full')."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT":
+            import sqlite3
+
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def _full_disk_on_kv_update(monkeypatch) -> dict[str, bool]:
+    """While the returned flags' "full" is set, every LineageStore.kv_update fails at COMMIT as on a full disk."""
+    from evotrainer.lineage import LineageStore
+
+    flags = {"full": False}
+    real_update = LineageStore.kv_update
+
+    def kv_update(self, *args, **kwargs):
+        if not flags["full"]:
+            return real_update(self, *args, **kwargs)
+        db, self._db = self._db, _FullOnCommit(self._db)
+        try:
+            return real_update(self, *args, **kwargs)
+        finally:
+            self._db = db
+
+    monkeypatch.setattr(LineageStore, "kv_update", kv_update)
+    return flags
+
+
+def test_an_analyzer_not_stored_on_a_full_disk_is_not_registered_either(tmp_path, monkeypatch):
+    """Review 12, F-R12 (1): on a full disk MCP register_analyzer("big_one", 190 KB of code) answered "register_analyzer
+    failed: OperationalError: database or disk is full" (the COMMIT of kv_update, outside LineageStore.tx's mapping),
+    yet the process registry kept the analyzer: a retry was refused "registered already", run_analyzer ran it,
+    list_analyzers did not list it, and it was gone after a restart. Now the error names the file, the cause and the
+    fix, the registration is undone (a replaced one put back), and a retry succeeds."""
+    from evotrainer.harness import analyzers as reg
+
+    run = make_run(tmp_path)
+    flags = _full_disk_on_kv_update(monkeypatch)
+    snapshot = reg.registry_snapshot()
+    c = SyncClient(build_server("all", run))
+    try:
+        big = "print('[]')\n" + "#" * 190_000 + "\n"
+        flags["full"] = True
+        text = c.err("register_analyzer", {"name": "big_one", "code": big, "kinds": ["x"]})
+        assert text == (f"Error executing tool register_analyzer: {run / 'lineage.db'}: could not write (database or "
+                        "disk is full): the disk is full, or a "
+                        "table's row id counter (sqlite_sequence) is at its maximum in a lineage.db from elsewhere; "
+                        "nothing was written. Free disk space and retry, or copy the run with `evotrainer import`")
+        assert "big_one" not in [a["name"] for a in c.ok("list_analyzers")["analyzers"]]
+        assert "unknown analyzer 'big_one'" in c.err("run_analyzer", {"names": ["big_one"]})
+        flags["full"] = False
+        info = c.ok("register_analyzer", {"name": "big_one", "code": "print('[]')\n", "kinds": ["x"]})
+        assert info["name"] == "big_one" and info["log_error"] is None
+        assert "big_one" in [a["name"] for a in c.ok("list_analyzers")["analyzers"]]
+        flags["full"] = True  # a replacement that cannot be stored leaves the stored analyzer in place
+        assert "could not write (database or disk is full)" in c.err(
+            "register_analyzer", {"name": "big_one", "code": "print('[1]')\n", "kinds": ["y"], "replace": True})
+        assert (reg.get_analyzer("big_one").code, reg.get_analyzer("big_one").kinds) == ("print('[]')\n", ("x",))
+    finally:
+        c.close()
+        reg.restore_registry(snapshot)
+    with Workspace.open(run) as ws:
+        assert ws.lineage.kv_get("analyzers/registered")["big_one"]["code"] == "print('[]')\n"
+
+
+def test_a_committed_write_whose_run_log_record_fails_is_answered_as_done(tmp_path, monkeypatch):
+    """Review 12, F-R12 (2): on a full disk MCP decide(v0, keep, 15,000 characters) answered "decide failed: OSError:
+    [Errno 28] No space left on device", yet the decision was committed (the run-log write after it failed): a
+    client trusting the error retries or reports the decision as not made. Now the answer is the decision, with
+    log_error saying the run log misses its record; the same for the other write tools that log after a commit."""
+    from evotrainer.harness import analyzers as reg
+
+    run = make_run(tmp_path)
+
+    def log(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Workspace, "log", log)
+    said = (f"the change is stored, but its record could not be added to the run log {run}/logs/run.jsonl ([Errno 28] "
+            "No space left on device); free disk space (or fix the log file) so later records are kept")
+    snapshot = reg.registry_snapshot()
+    c = SyncClient(build_server("all", run))
+    try:
+        r = c.ok("decide", {"version_id": "v0", "action": "keep", "rationale": "r" * 15_000})
+        assert r["log_error"] == said and r["version"]["status"] == "kept" and r["decision"]["action"] == "keep"
+        p = c.ok("propose_intervention", {"parent_id": "v0", "path": "eps_clip_high", "new_value": 0.25})
+        assert p["log_error"] == said and p["parent_id"] == "v0"
+        b = c.ok("branch_control", {"parent_id": "v0"})
+        assert b["log_error"] == said and b["created"] and b["version"]["role"] == "control"
+        m = c.ok("propose_recipe", {"parent_id": "v0", "changes": [{"path": "eps_clip_high", "value": 0.26}]})
+        assert m["log_error"] == said
+        a = c.ok("register_analyzer", {"name": "logless", "code": "print('[]')\n", "kinds": ["x"]})
+        assert a["log_error"] == said
+        assert c.ok("get_version", {"version_id": "v0"})["log_error"] is None
+    finally:
+        c.close()
+        reg.restore_registry(snapshot)
+    with Workspace.open(run) as ws:
+        assert [(d.action, len(d.rationale)) for d in ws.lineage.decisions("v0")] == [("keep", 15_000)]
+        assert ws.lineage.get("v0").status == "kept"
+        assert {p["id"], b["version"]["id"], m["id"]} <= {v.id for v in ws.lineage.versions()}
+        assert "logless" in ws.lineage.kv_get("analyzers/registered")
+
+
+def test_a_finished_job_whose_run_log_record_fails_stays_done(tmp_path, monkeypatch):
+    """Review 12, F-R12 (2), the job side: a job's status written 'done', then the run-log write failing on a full
+    disk landed in the job's failure branch, which marked the finished job 'failed'. Now the job stays done and its
+    result says the log misses the record; a failed job stays failed, with the same note."""
+    Workspace.init(tmp_path / "run", Recipe())
+
+    def log(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Workspace, "log", log)
+    said = (f"the change is stored, but its record could not be added to the run log {tmp_path / 'run'}/logs/run.jsonl "
+            "([Errno 28] No space left on device); free disk space (or fix the log file) so later records are kept")
+    jm = JobManager(tmp_path / "run")
+    ok = jm.start("train", "v0", 1, lambda ws, progress, stop: {"ok": 1})
+    assert ok.done.wait(30) and ok.result == {"ok": 1, "log_error": said}
+
+    def boom(ws, progress, stop):
+        raise RuntimeError("boom")
+
+    bad = jm.start("eval", "v0", 1, boom)
+    assert bad.done.wait(30) and bad.result == {"error": "RuntimeError: boom", "log_error": said}
+    with Workspace.open(tmp_path / "run") as reader:
+        assert [reader.lineage.job(j.id).status for j in (ok, bad)] == ["done", "failed"]
+
+
+# --- review 12, C-R12: stored analyzers that pass the old checks but are hostile ------------------------------------
+_AGAIN = "register it again with register_analyzer, or remove it from kv 'analyzers/registered'"
+_RENAME = ("register it again under a snake_case name such as 'reward_spike' with register_analyzer, or remove it from "
+           "kv 'analyzers/registered'")
+_NOT_SNAKE = "has a name that is not snake_case (letters, digits and '_', 1 to 64 characters)"
+
+
+@pytest.mark.parametrize("name, spec, said", [
+    ("hog", {"code": "print('[]')", "description": {"a": 1}},
+     f"stored analyzer 'hog' has a description that is a JSON object, not text (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": 12},
+     f"stored analyzer 'hog' has a description that is a number 12, not text (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": None},
+     f"stored analyzer 'hog' has a description that is null, not text (what register_analyzer accepts); {_AGAIN}"),
+    ("hog", {"code": "print('[]')", "description": "d" * 20_001},
+     f"stored analyzer 'hog' has a description of 20,001 characters, over 20,000 (what register_analyzer accepts); "
+     f"{_AGAIN}"),
+    ("bad\nname\u0000 [/x]", {"code": "print('[]')"},
+     f"stored analyzer 'bad\\nname\\x00 [/x]' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+    ("n" * 65, {"code": "print('[]')"},
+     f"stored analyzer '{'n' * 65}' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+    ("", {"code": "print('[]')"}, f"stored analyzer '' {_NOT_SNAKE} (what register_analyzer accepts); {_RENAME}"),
+])
+def test_a_stored_analyzer_with_a_bad_description_or_name_is_named_by_list_analyzers(tmp_path, name, spec, said):
+    """Review 12, C-R12: a kv 'analyzers/registered' entry with description {"a": 1} or 12 passed the stored-analyzer
+    check, and every list_analyzers answered pydantic's raw "1 validation error for AnalyzerInfo ... description
+    Input should be a valid string" (the run's analyzers could not be listed at all); a stored name like
+    "bad\\nname\\x00 [/x]" was refused "use a snake_case name" naming neither the file nor the key. Both are named
+    now with the file, the key and the fix, and a run without the entry lists and registers again."""
+    import json
+    import sqlite3
+
+    from evotrainer.harness import analyzers as reg
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("INSERT OR REPLACE INTO kv VALUES ('analyzers/registered', ?)", (json.dumps({name: spec}),))
+    db.commit()
+    snapshot = reg.registry_snapshot()
+    c = SyncClient(build_server("all", run))
+    try:
+        for tool, args in (("list_analyzers", {}), ("run_analyzer", {}),
+                           ("register_analyzer", {"name": "ok_1", "code": "print('[]')\n"})):
+            text = c.err(tool, args)
+            assert text == f"Error executing tool {tool}: {run / 'lineage.db'}: {said}", text
+        db.execute("DELETE FROM kv WHERE key = 'analyzers/registered'")
+        db.commit()
+        assert c.ok("register_analyzer", {"name": "ok_1", "code": "print('[]')\n"})["name"] == "ok_1"
+        assert [a["name"] for a in c.ok("list_analyzers")["analyzers"] if not a["builtin"]] == ["ok_1"]
+    finally:
+        c.close()
+        db.close()
+        reg.restore_registry(snapshot)

@@ -3,7 +3,7 @@
 Public API (re-exported from ``registry``): :func:`run_analyzers`, :func:`list_analyzers`,
 :func:`get_analyzer`, :func:`registry_generation`, :func:`register_analyzer` / :func:`unregister_analyzer` (runtime analyzers:
 a callable, or code run in the sandbox), :func:`run_analyzer_code`, :func:`registry_snapshot` /
-:func:`restore_registry`, :class:`AnalyzerSpec`, :class:`AnalyzerError`, ``AnalyzerFn`` and
+:func:`restore_registry` / :func:`put_back_analyzer`, :class:`AnalyzerSpec`, :class:`AnalyzerError`, ``AnalyzerFn`` and
 :data:`BUILTIN_MODULES`.
 
 Modules, imports pointing one way (``registry`` -> rule modules -> ``rules``):
@@ -24,6 +24,7 @@ from evotrainer.harness.analyzers.registry import (
     AnalyzerSpec,
     get_analyzer,
     list_analyzers,
+    put_back_analyzer,
     register_analyzer,
     registry_generation,
     registry_snapshot,
@@ -40,6 +41,7 @@ __all__ = [
     "AnalyzerSpec",
     "get_analyzer",
     "list_analyzers",
+    "put_back_analyzer",
     "register_analyzer",
     "registry_generation",
     "registry_snapshot",

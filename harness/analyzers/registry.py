@@ -111,6 +111,17 @@ def unregister_analyzer(name: str) -> None:
     _CHANGES[0] += 1
 
 
+def put_back_analyzer(name: str, spec: AnalyzerSpec | None) -> None:
+    """Put one runtime analyzer back as it was before a registration: ``spec`` (what :func:`registry_snapshot` held
+    under ``name``), or none when ``name`` was not registered. For a registration whose store write failed (review
+    12, F-R12: MCP ``register_analyzer`` on a full disk kept the analyzer in the process, runnable but not stored)."""
+    if spec is None:
+        _REGISTRY.pop(name, None)
+    else:
+        _REGISTRY[name] = spec
+    _CHANGES[0] += 1
+
+
 def get_analyzer(name: str) -> AnalyzerSpec:
     """One registered analyzer.
 
