@@ -136,7 +136,10 @@ class GuardedMCPServer(MCPServer[ServerState]):
     async def run_stdio_async(self) -> None:
         prefer_the_event_loop()
         # at EOF the requests already read get the grace period to be answered first (review 11, K-R11)
-        await serve_stdio(self, eof_drain_s=common.STDIO_EOF_GRACE_S)
+        # and whatever blocks (a client that stopped reading stdout: review 12, Y-R12), the process ends at most
+        # the drain, the tool threads' grace and 5 s after EOF
+        await serve_stdio(self, eof_drain_s=common.STDIO_EOF_GRACE_S,
+                          exit_after_s=2 * common.STDIO_EOF_GRACE_S + 5.0)
         # The client closed stdin (review 10, W-R10). Stop this process's jobs (marked interrupted): a training
         # thread still running into the interpreter's teardown aborted it (SIGABRT) and left its row 'running'.
         left = self.stop_jobs() if self.stop_jobs is not None else []

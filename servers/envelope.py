@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -167,11 +168,15 @@ class GuardedLines:
     ``reply`` is set (:meth:`connect`) to a coroutine that writes one error response through the transport's
     own write stream (so replies never interleave with the SDK's output). At EOF the end of input is held back
     until each request passed on has been answered (:meth:`answered`, reported by :class:`_ObservedWrites`) or
-    ``drain_s`` seconds have passed (default :data:`STDIO_EOF_DRAIN_S`).
+    ``drain_s`` seconds have passed (default :data:`STDIO_EOF_DRAIN_S`). With ``exit_after_s``, EOF also arms a
+    watchdog that ends the process (``os._exit(0)``) that many seconds later if it is still alive: a client that
+    closed stdin but stopped reading stdout left the SDK's writer blocked on a full pipe, and the server alive for
+    good (review 12, Y-R12: still alive 90 s after EOF); its job rows are marked interrupted at the next open.
     """
 
-    def __init__(self, source: Any, drain_s: float | None = None):
+    def __init__(self, source: Any, drain_s: float | None = None, exit_after_s: float | None = None):
         self._source = source
+        self._exit_after_s = exit_after_s
         self._reply: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         self._ready = anyio.Event()
         self._drain_s = STDIO_EOF_DRAIN_S if drain_s is None else drain_s
@@ -202,6 +207,10 @@ class GuardedLines:
             await self._ready.wait()
             assert self._reply is not None
             await self._reply(err)
+        if self._exit_after_s is not None:
+            watchdog = threading.Timer(self._exit_after_s, _exit_now)
+            watchdog.daemon = True
+            watchdog.start()
         # EOF: the SDK's dispatcher cancels every handler still running when its read stream ends, so the requests
         # already read would go unanswered (review 11, K-R11: 57 of 100 pipelined register_analyzer calls answered,
         # some of the others stored with no reply). The end of input is passed on once they are all answered, or
@@ -293,13 +302,14 @@ def _claim_stdin() -> tuple[Any, Callable[[], None]]:
     return stream, restore
 
 
-async def serve_stdio(server: Any, eof_drain_s: float = STDIO_EOF_DRAIN_S) -> None:
+async def serve_stdio(server: Any, eof_drain_s: float = STDIO_EOF_DRAIN_S, exit_after_s: float | None = None) -> None:
     """Serve ``server`` (an ``MCPServer``) over stdio with :class:`GuardedLines` in front of the SDK transport.
 
     At stdin EOF the requests already read get up to ``eof_drain_s`` seconds to be answered before the SDK sees
-    the end of input (and cancels the calls still running)."""
+    the end of input (and cancels the calls still running); with ``exit_after_s`` the process ends that many
+    seconds after EOF whatever still runs or blocks (:class:`GuardedLines`)."""
     source, restore = _claim_stdin()
-    lines = GuardedLines(source, drain_s=eof_drain_s)
+    lines = GuardedLines(source, drain_s=eof_drain_s, exit_after_s=exit_after_s)
     try:
         async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
             async def reply(err: dict[str, Any]) -> None:
@@ -311,6 +321,11 @@ async def serve_stdio(server: Any, eof_drain_s: float = STDIO_EOF_DRAIN_S) -> No
                           low.create_initialization_options())
     finally:
         restore()
+
+
+def _exit_now() -> None:
+    """End the process at once (the watchdog of :class:`GuardedLines`): no flush, which could block too."""
+    os._exit(0)
 
 
 # --- streamable HTTP --------------------------------------------------------------------------------------

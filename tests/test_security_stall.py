@@ -370,3 +370,43 @@ def test_stdio_eof_drops_the_calls_still_in_flight_after_a_grace_period(tmp_path
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+_SERVE_ALL = r'''
+import sys
+from evotrainer.servers import common
+from evotrainer.servers.app import build_server
+
+common.STDIO_EOF_GRACE_S = 1.0
+build_server("all", sys.argv[1]).run("stdio")
+'''
+
+
+def test_a_stdio_server_whose_client_stopped_reading_ends_after_eof(tmp_path):
+    """Review 12, Y-R12: the client sent 5 tools/list, closed stdin and kept the server's stdout open without
+    reading it (a hung or suspended client): the replies (~5 x 60 KB) filled the 64 KiB pipe, the SDK's writer
+    blocked, and the EOF grace and exit were never reached: alive 60-90 s later, unbounded. Now EOF arms a
+    watchdog: the process ends at most 2 x common.STDIO_EOF_GRACE_S + 5 s (7 s here) after EOF."""
+    script = tmp_path / "server.py"
+    script.write_text(_SERVE_ALL)
+    proc = subprocess.Popen([sys.executable, str(script), str(make_run(tmp_path))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        def send(msg: dict) -> None:
+            proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            proc.stdin.flush()
+
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for i in range(5):
+            send({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/list", "params": {}})
+        time.sleep(2)
+        proc.stdin.close()  # EOF; stdout stays open and is never read again
+        assert proc.wait(60) == 0  # before: still alive after 60 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
