@@ -3,24 +3,30 @@
 One rule for every reader of metrics (the foreign-run readers of ``harness/ingest.py`` and
 ``harness/ingest_formats.py``, :func:`evotrainer.tb_events.parse_tensorboard`, and
 :meth:`evotrainer.lineage.LineageStore.all_metrics`): a file or a store holding more points than any real run
-is *thinned*, not cut: every n-th step is kept, n doubling each time the cap is reached, so the whole run's
+is *thinned*, not cut: the steps on a grid are kept, its spacing doubling each time the cap is reached
+(whatever order the steps arrive in), so the whole run's
 shape (first step to last) stays for the analyzers, which look at trends, and memory is bounded by the caps
 instead of by the file's size. Review 11 (D-R11b, D-R11c): 1,000,000 one-metric records (a 25 MB JSONL,
 ``trainer_state.json`` or MLflow file) took 0.5-0.8 GB, and a ``lineage.db`` of 1,500,000 metric rows 0.6 GB.
+Review 12 (D-R12): at the caps, 4,000,000 values of 10,000 names (a 40 MB JSONL) took 1.11 GB and 4,000,000
+one-point series (55 MB) 3.15 GB: a metrics file now keeps at most :data:`MAX_METRIC_SERIES` names, each held once,
+and :data:`MAX_METRIC_POINTS` is 1,000,000 (290 MB and 200 MB in ``diagnose`` for those files).
 
 The caps are far above real runs: verl's published example logs have 59 to 436 steps of up to 43 metrics each, and
-long runs reach tens of thousands of steps of ~100 metrics (40,000 x 100 is :data:`MAX_METRIC_POINTS`); a log of
-more than 100,000 logged steps of one file is not a training run we diagnose point by point.
+long runs reach tens of thousands of steps of ~100 metrics (10,000 x 100 is :data:`MAX_METRIC_POINTS`; a longer
+run is thinned evenly to 5,000-10,000 steps); a log of more than 100,000 logged steps of one file is not a training
+run we diagnose point by point.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
 MAX_METRIC_STEPS = 100_000  # distinct steps kept per metrics file (per series in a run store); past it, thinned
-MAX_METRIC_POINTS = 4_000_000  # values kept per metrics file (e.g. 40,000 steps x 100 metrics); past it, thinned
-MAX_METRIC_SERIES = 10_000  # metric series of one version read from a run store (verl logs ~100); the first by name
+MAX_METRIC_POINTS = 1_000_000  # values kept per metrics file (e.g. 10,000 steps x 100 metrics); past it, thinned
+MAX_METRIC_SERIES = 10_000  # metric series of a metrics file or run (by arrival) or of a run-store version (by name)
 MAX_STEP_METRICS = 10_000  # metric names of one step (verl logs ~100-200); a step's further new names are dropped
 
 
@@ -42,47 +48,63 @@ class StepRecords(dict[int, dict[str, float]]):
     """Per-step records ``{step: {name: value}}`` that thin themselves evenly past the caps.
 
     Add points with :meth:`add`. While at most ``max_steps`` distinct steps and ``max_points`` values are held,
-    every point is kept (steps in any order, several additions to one step merge). Past either cap, every other
-    held step (by rank) is dropped, and from then on a new step is kept only when it is at least ``gap`` steps
-    after the last one held (``gap``: the mean spacing of the held steps; it doubles at each further thinning);
-    an addition to a held step still merges. So a run of N steps keeps about ``max_steps / 2`` to ``max_steps``
-    of them, evenly spread from its first step to its last (the last read is kept when it falls on the grid).
-    A step that arrives out of order after thinning began is dropped.
+    every point is kept (steps in any order, several additions to one step merge). Past either cap the held steps
+    are put on a grid: a step is kept when ``(step - origin) % gap == 0``, ``gap`` doubling at each thinning (the
+    first ``gap`` is twice the greatest common spacing of the held steps), and of the two half-grids the one
+    holding more held steps is kept (on a tie the one holding the lowest step). A later step is kept only when it
+    lies on the grid; an addition to a held step still merges. The rule does not depend on the order the steps
+    arrive in (review 12, D-R12b: steps read in decreasing order kept only the first third of the run): a run of
+    N steps keeps about ``max_steps / 2`` to ``max_steps`` of them, evenly spread from its first step to its last.
+
+    At most ``max_series`` distinct names are kept (the first by arrival, :data:`MAX_METRIC_SERIES`); the points
+    of further names are dropped and counted in ``series_dropped`` (review 12, D-R12: 4,000,000 one-point
+    series took 3.15 GB). Names are held once (one string per name, not one per point read).
 
     Attributes:
         read: points offered to :meth:`add` (values, all steps).
-        dropped: points not kept (thinned out, or past :data:`MAX_STEP_METRICS` names in one step).
+        dropped: points not kept (thinned out, past :data:`MAX_STEP_METRICS` names in one step, or of a name
+            past ``max_series``).
+        series_dropped: of ``dropped``, the points of names past ``max_series``.
         points: values held now.
-        gap: 0 while nothing was thinned, else the step spacing a new step needs (in steps).
+        gap: 0 while nothing was thinned, else the grid spacing of the kept steps (in steps).
     """
 
     def __init__(self, max_steps: int | None = None, max_points: int | None = None,
-                 max_step_metrics: int | None = None) -> None:
-        """The caps default to the module's :data:`MAX_METRIC_STEPS`, :data:`MAX_METRIC_POINTS` and
-        :data:`MAX_STEP_METRICS` as they are when the records are made (at least 2 steps and 2 values)."""
+                 max_step_metrics: int | None = None, max_series: int | None = None) -> None:
+        """The caps default to the module's :data:`MAX_METRIC_STEPS`, :data:`MAX_METRIC_POINTS`,
+        :data:`MAX_STEP_METRICS` and :data:`MAX_METRIC_SERIES` as they are when the records are made (at least
+        2 steps and 2 values)."""
         super().__init__()
         self.max_steps = max(2, MAX_METRIC_STEPS if max_steps is None else max_steps)
         self.max_points = max(2, MAX_METRIC_POINTS if max_points is None else max_points)
         self.max_step_metrics = max(1, MAX_STEP_METRICS if max_step_metrics is None else max_step_metrics)
-        self.read = self.dropped = self.points = self.gap = 0
-        self._last: int | None = None
+        self.max_series = max(1, MAX_METRIC_SERIES if max_series is None else max_series)
+        self.read = self.dropped = self.points = self.gap = self.series_dropped = 0
+        self._origin = 0
+        self._names: dict[str, str] = {}  # every name kept, held once
 
     def add(self, step: int, name: str, value: float) -> None:
         """Keep ``value`` of ``name`` at ``step`` unless the thinning drops it (see the class docstring)."""
         self.read += 1
+        known = self._names.get(name)
+        if known is None and len(self._names) >= self.max_series:
+            self.dropped += 1
+            self.series_dropped += 1
+            return
         rec = self.get(step)
         if rec is None:
-            if self.gap and self._last is not None and step < self._last + self.gap:
+            if self.gap and (step - self._origin) % self.gap:
                 self.dropped += 1
                 return
             rec = self[step] = {}
-            self._last = step if self._last is None else max(self._last, step)
-        if name not in rec:
+        if known is None:
+            known = self._names[name] = name
+        if known not in rec:
             if len(rec) >= self.max_step_metrics:
                 self.dropped += 1
                 return
             self.points += 1
-        rec[name] = value
+        rec[known] = value
         while len(self) > self.max_steps or self.points > self.max_points:
             if not self._thin():
                 break
@@ -93,24 +115,32 @@ class StepRecords(dict[int, dict[str, float]]):
             self.add(step, name, value)
 
     def _thin(self) -> bool:
-        """Drop every other held step (by rank, the first kept); ``False`` when one step is left."""
+        """Double the grid, keeping the half-grid with more held steps; ``False`` when one step is left."""
         steps = sorted(self)
         if len(steps) < 2:
             return False
-        for s in steps[1::2]:
+        if not self.gap:  # the first thinning: the grid of the held steps' common spacing
+            g = 0
+            for s in steps:
+                g = math.gcd(g, s - steps[0])
+            self._origin, self.gap = steps[0], g
+        gap = 2 * self.gap
+        on = [s for s in steps if (s - self._origin) % gap == 0]
+        off = [s for s in steps if (s - self._origin) % gap]
+        keep, drop = (on, off) if len(on) > len(off) or (len(on) == len(off) and on[:1] == steps[:1]) else (off, on)
+        for s in drop:
             n = len(self.pop(s))
             self.points -= n
             self.dropped += n
-        kept = steps[::2]
-        self._last = kept[-1]
-        mean = (kept[-1] - kept[0]) // (len(kept) - 1) if len(kept) > 1 else 1
-        self.gap = max(2 * self.gap, mean, 1)
+        self._origin, self.gap = keep[0], gap
         return True
 
     def summary(self) -> str:
         """``"read R metric points, kept K (S steps, about 1 step in G, ...), D dropped"`` (for a warning)."""
+        more = (f"; {self.series_dropped:,} of them of series past the first {self.max_series:,} names "
+                "(MAX_METRIC_SERIES)" if self.series_dropped else "")
         return (f"read {self.read:,} metric points, kept {self.points:,} ({len(self):,} steps, about 1 step in "
-                f"{self.gap:,}, from the first to the last), {self.dropped:,} dropped")
+                f"{self.gap or 1:,}, from the first to the last), {self.dropped:,} dropped{more}")
 
 
 def thin_series(rows: Any, max_points: int | None = None) -> tuple[list[tuple[int, float]], int]:

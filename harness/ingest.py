@@ -27,8 +27,9 @@ Readers (each returns ``{foreign name: [(step, value)]}`` or rollout rows; names
 
 Every metrics reader fills a :class:`evotrainer.points.StepRecords`: a file of more than
 :data:`evotrainer.points.MAX_METRIC_STEPS` steps (or :data:`evotrainer.points.MAX_METRIC_POINTS` values) keeps every
-n-th step from its first to its last, evenly (the run's shape stays for the analyzers, which look at trends), with an
-:class:`IngestWarning` giving the points read, kept and dropped.
+n-th step from its first to its last, evenly (the run's shape stays for the analyzers, which look at trends), and at
+most :data:`evotrainer.points.MAX_METRIC_SERIES` names (the first by arrival), with an :class:`IngestWarning` giving
+the points read, kept and dropped.
 
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is

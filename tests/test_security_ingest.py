@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import json
 import os
+import random
 import re
 from pathlib import Path
 
@@ -1988,7 +1989,7 @@ def test_a_metrics_file_past_the_step_cap_is_thinned_evenly_and_said(tmp_path, m
         (src / "train.log").write_text("".join(f"step:{i} - actor/pg_loss:{i}\n" for i in range(n)))
     with pytest.warns(IngestWarning, match=r": read 5,000 metric points, kept 625 \(625 steps, about 1 step in 8, "
                                            r"from the first to the last\), 4,375 dropped: every series is thinned "
-                                           r"evenly over the run past the caps of 1,000 steps and 4,000,000 values "
+                                           r"evenly over the run past the caps of 1,000 steps and 1,000,000 values "
                                            r"per metrics file read \(MAX_METRIC_STEPS, MAX_METRIC_POINTS\)"):
         ev = ingest(src)
     (version,) = ev.metrics
@@ -2007,10 +2008,10 @@ def test_step_records_thin_by_steps_values_and_names():
         r.add(s, "a", s)
         r.add(s, "b", -s)
     assert (len(r), r.points, r.dropped, r.gap) == (10, 20, 0, 0)
-    r.add(10, "a", 10)  # the 11th step: every other by rank dropped, gap 2
+    r.add(10, "a", 10)  # the 11th step: on a grid of 2 (the half holding more held steps, 0-10), gap 2
     assert (sorted(r), r.points, r.dropped, r.gap) == ([0, 2, 4, 6, 8, 10], 11, 10, 2)
     r.add(11, "a", 11)  # within the gap after 10: dropped
-    r.add(3, "a", 3)  # out of order after thinning: dropped
+    r.add(3, "a", 3)  # off the grid: dropped
     r.add(10, "b", -10)  # a held step still merges
     r.add(12, "a", 12)
     assert (sorted(r), r[10], r.read, r.points, r.dropped) == ([0, 2, 4, 6, 8, 10, 12], {"a": 10, "b": -10}, 25, 13,
@@ -2026,6 +2027,86 @@ def test_step_records_thin_by_steps_values_and_names():
     pts, dropped = thin_series(((i, float(i)) for i in range(10)), 4)
     assert (pts, dropped) == ([(0, 0.0), (4, 4.0), (8, 8.0)], 7)
     assert thin_series(((i, 0.0) for i in range(4)), 4) == ([(i, 0.0) for i in range(4)], 0)
+
+
+_ORDERS = {"increasing": list(range(1, 3001)), "decreasing": list(range(3000, 0, -1)),
+           "shuffled": random.Random(0).sample(range(1, 3001), 3000)}
+
+
+@pytest.mark.parametrize(("order", "first"), [("increasing", 1), ("decreasing", 4), ("shuffled", 3)])
+def test_thinning_keeps_an_even_spread_in_any_arrival_order(tmp_path, monkeypatch, order, first):
+    """Review 12 D-R12b: a metrics.jsonl of 300,000 lines with decreasing steps (300000..1) kept 50,001 steps, all
+    from 200,000 to 300,000 (the steps read after the first thinning were dropped as before the last kept step),
+    while the warning said the series was thinned evenly from the first to the last step. Now a step is kept when
+    it lies on a grid (``(step - origin) % gap == 0``, gap doubling): steps 1..3,000 past MAX_METRIC_STEPS (lowered
+    to 1,000) keep 750 steps 4 apart over the whole range in every order (the grid's offset is the half-grid that
+    held more steps when thinned)."""
+    from evotrainer import points
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in _ORDERS[order]))
+    with pytest.warns(IngestWarning, match=r": read 3,000 metric points, kept 750 \(750 steps, about 1 step in 4, "
+                                           r"from the first to the last\), 2,250 dropped: every series"):
+        ev = ingest(src)
+    steps, values = ev.series("run", "loss/total")
+    assert list(steps) == list(range(first, 3001, 4)) and list(values) == [float(s) for s in range(first, 3001, 4)]
+    r = points.StepRecords(max_steps=1000)
+    for s in _ORDERS[order]:
+        r.add(s, "loss", s)
+    assert (sorted(r), r.gap, r.points, r.dropped) == (list(range(first, 3001, 4)), 4, 750, 2250)
+
+
+def test_a_metrics_file_of_too_many_series_keeps_the_first_by_arrival_and_says(tmp_path, monkeypatch):
+    """Review 12 D-R12: a metrics.jsonl of 400 lines of 10,000 names each, every name distinct (4,000,000 one-point
+    series, 54.5 MB) took 60 s and 3.15 GB in ``diagnose``: MAX_METRIC_SERIES bounded only the run store. Now a
+    metrics file (or run) keeps the first MAX_METRIC_SERIES names by arrival (lowered here to 5); the points of the
+    rest are dropped and counted in the warning."""
+    from evotrainer import points
+    from evotrainer.harness.ingest import IngestWarning
+
+    monkeypatch.setattr(points, "MAX_METRIC_SERIES", 5)
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text("".join(f'{{"step":{s},' + ",".join(f'"s{s}_{j}":{j}' for j in range(3)) + "}\n"
+                                               for s in range(4)))
+    with pytest.warns(IngestWarning, match=r"metrics.jsonl: read 12 metric points, kept 5 \(2 steps, about 1 step in "
+                                           r"1, from the first to the last\), 7 dropped; 7 of them of series past the "
+                                           r"first 5 names \(MAX_METRIC_SERIES\): every series"):
+        ev = ingest(src)
+    assert sorted(ev.metrics["run"]) == ["s0_0", "s0_1", "s0_2", "s1_0", "s1_1"]
+
+
+def test_step_records_memory_is_bounded_by_names_held_once_and_the_series_cap():
+    """Review 12 D-R12: 4,000,000 values of 10,000 reused names took 1.11 GB (~250 B a value; a JSON parser makes a
+    new string for every key of every line) and 4,000,000 one-point series 3.15 GB. StepRecords holds each name
+    once and at most MAX_METRIC_SERIES names: 100,000 values of 1,000 names made anew per step peak below 40 B a
+    value (about 80 with a string per point), and 100,000 one-point series past a cap of 1,000 below 1 MB."""
+    import tracemalloc
+
+    from evotrainer.points import StepRecords
+
+    tracemalloc.start()
+    try:
+        r = StepRecords()
+        for s in range(100):
+            r.add_all(s, {"a" + str(j): 1.0 for j in range(1000)})
+        reused = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        del r
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        d = StepRecords(max_series=1000)
+        for s in range(100):
+            d.add_all(s, {f"s{s}_{j}": 1.0 for j in range(1000)})
+        distinct = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert reused < 4_000_000
+    assert distinct < 1_000_000
+    assert (len(d), d.points, d.read, d.dropped, d.series_dropped) == (1, 1000, 100_000, 99_000, 99_000)
 
 
 def test_a_run_store_series_past_the_cap_is_thinned_evenly_and_said(tmp_path, monkeypatch):
