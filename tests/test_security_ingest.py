@@ -1761,20 +1761,10 @@ def test_a_full_disk_at_commit_and_a_held_lock_are_named_by_kv_update(tmp_path):
     are named now (the file, the cause, the fix), and nothing is written."""
     import sqlite3
 
+    from mcp_testlib import FullOnCommit
+
     from evotrainer.lineage import LineageError, LineageStore
     from evotrainer.recipe import Recipe
-
-    class FullOnCommit:
-        def __init__(self, db):
-            self.db = db
-
-        def execute(self, sql, *args):
-            if sql == "COMMIT":
-                raise sqlite3.OperationalError("database or disk is full")
-            return self.db.execute(sql, *args)
-
-        def __getattr__(self, name):
-            return getattr(self.db, name)
 
     Workspace.init(tmp_path / "run", Recipe())
     path = tmp_path / "run" / "lineage.db"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mcp_testlib import SyncClient, make_run
+from mcp_testlib import FullOnCommit, SyncClient, make_run
 
 from evotrainer.recipe import Recipe
 from evotrainer.servers.app import build_server
@@ -57,13 +57,15 @@ def test_next_job_starts_while_the_finished_job_handle_is_still_referenced(tmp_p
     assert len(kept) == 1
 
 
-_JOB_AT_EOF = r'''
+# the head of a server script whose training backend runs until it is asked to stop (a training run longer than
+# the client stays)
+_ENDLESS_BACKEND = r'''
 import sys, time
-from evotrainer.servers import training
+from evotrainer.servers import common, training
 from evotrainer.servers.app import build_server
 
 
-class Endless:  # a training run longer than the client stays: it stops only when asked
+class Endless:
     name = "fake"
 
     def train(self, ws, version_id, steps, progress, should_stop, **kw):
@@ -76,6 +78,9 @@ class Endless:  # a training run longer than the client stays: it stops only whe
 
 
 training._backend = lambda state: Endless()
+'''
+
+_JOB_AT_EOF = _ENDLESS_BACKEND + r'''
 build_server("training", sys.argv[1]).run("stdio")
 print("exited", file=sys.stderr)
 '''
@@ -1412,26 +1417,9 @@ def test_stdio_eof_waits_for_the_requests_passed_on_and_no_longer(tmp_path):
     assert n == 6 and 0.5 <= took < 10
 
 
-_HTTP_NAP = r'''
-import sys, time
-from evotrainer.servers import common, training
-from evotrainer.servers.app import build_server
+_HTTP_NAP = _ENDLESS_BACKEND + r'''
 from evotrainer.servers.http import serve_http
 
-
-class Endless:  # a training run longer than the client stays: it stops only when asked
-    name = "fake"
-
-    def train(self, ws, version_id, steps, progress, should_stop, **kw):
-        n = 0
-        while not should_stop():
-            n += 1
-            progress({"step": n, "steps": steps})
-            time.sleep(0.05)
-        return {"steps_done": n}
-
-
-training._backend = lambda state: Endless()
 common.STDIO_EOF_GRACE_S = 1.0
 server = build_server("all", sys.argv[1])
 
@@ -1543,25 +1531,6 @@ def test_concurrent_registrations_on_a_run_with_stored_analyzers_are_not_refused
 
 
 # --- review 12, F-R12: integrity under a full disk -----------------------------------------------------------------
-class _FullOnCommit:
-    """A lineage connection whose COMMIT fails as on a full disk: SQLite writes a transaction's pages to the WAL only
-    at COMMIT, so a 190 KB kv value on a 600 KiB tmpfs with 64 KiB free failed there (the probe's 'database or disk
-    is full')."""
-
-    def __init__(self, db):
-        self.db = db
-
-    def execute(self, sql, *args):
-        if sql == "COMMIT":
-            import sqlite3
-
-            raise sqlite3.OperationalError("database or disk is full")
-        return self.db.execute(sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self.db, name)
-
-
 def _full_disk_on_kv_update(monkeypatch) -> dict[str, bool]:
     """While the returned flags' "full" is set, every LineageStore.kv_update fails at COMMIT as on a full disk."""
     from evotrainer.lineage import LineageStore
@@ -1572,7 +1541,7 @@ def _full_disk_on_kv_update(monkeypatch) -> dict[str, bool]:
     def kv_update(self, *args, **kwargs):
         if not flags["full"]:
             return real_update(self, *args, **kwargs)
-        db, self._db = self._db, _FullOnCommit(self._db)
+        db, self._db = self._db, FullOnCommit(self._db)
         try:
             return real_update(self, *args, **kwargs)
         finally:
