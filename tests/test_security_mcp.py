@@ -543,20 +543,26 @@ def _free_port() -> int:
 
 
 def _start_http(run: Path, **env: str):
-    import httpx
 
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "evotrainer.cli", "serve", "all", "--transport", "http", "--run",
                              str(run), "--port", str(port)], env={**os.environ, "EVOTRAINER_MCP_TOKEN": TOKEN, **env},
                             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/mcp"
+    _wait_for(url)
+    return proc, url
+
+
+def _wait_for(url: str) -> None:
+    """Until an HTTP server answers at ``url`` (30 s at most)."""
+    import httpx
+
     for _ in range(300):
         try:
             httpx.get(url, timeout=1)
             break
         except httpx.TransportError:
             time.sleep(0.1)
-    return proc, url
 
 
 def _sse_json(r) -> dict:
@@ -1450,12 +1456,7 @@ def test_sigterm_ends_an_http_server_with_a_call_in_flight_and_interrupts_its_jo
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        for _ in range(300):
-            try:
-                httpx.get(url, timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        _wait_for(url)
         with httpx.Client(timeout=30) as c:
             sid = _open_session(c, url)
             job = _sse_json(c.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
