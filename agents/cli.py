@@ -168,6 +168,10 @@ def register(app: typer.Typer) -> None:
         brain: Annotated[str, typer.Option("--brain", help="Brain of the evotrainer mode.")] = "heuristic",
         resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished (mode, seed) runs and "
                                              "resume unfinished ones (the default).")] = True,
+        baseline: Annotated[Path | None, typer.Option("--baseline", help="compare.json of an earlier comparison on "
+                                                      "the same config: its stored runs fill the (mode, seed) pairs "
+                                                      "not run here, e.g. static while only evotrainer changed.")]
+        = None,
     ) -> None:
         """Run the modes at equal compute over seeds and write a table and a plot of test Avg@k (resumable)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -195,7 +199,7 @@ def register(app: typer.Typer) -> None:
 
             try:
                 table = run_compare(cfg, mode_list, seed_list, out, parallel=parallel, brain=brain,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, baseline=baseline)
             except CompareError as exc:
                 fail(str(exc))
         from evotrainer.agents.compare import markdown

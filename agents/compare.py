@@ -15,6 +15,12 @@ wall), the no-RL row, and the paired bootstrap CI of the difference between ever
 test problems and sample seeds, pooled over seeds (:func:`evotrainer.harness.stats.pooled_paired_bootstrap`:
 within one seed, every mode's final answer is evaluated on the same test problems with the same sample
 seeds, so the outcomes pair problem by problem).
+
+``compare.json`` also keeps every run's outcomes (``runs``: final version, test and no-RL test outcome matrices,
+compute), so a later comparison can pair new runs with them instead of running those modes again
+(``baseline``): a (mode, seed) with no finished run in ``out`` is taken from the baseline file when the file was made
+on the same config name, data split, test k and token budget. That is sound only while the baseline mode's code
+is unchanged; the table lists what came from the baseline (``from_baseline``) and the markdown says so.
 """
 
 from __future__ import annotations
@@ -109,7 +115,8 @@ def _run_one(config_json: dict[str, Any], brain: str) -> dict[str, Any]:
 
 
 def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, parallel: int = 1,
-            brain: str = "heuristic", on_progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+            brain: str = "heuristic", on_progress: Callable[[str, int, int], None] | None = None,
+            baseline: str | Path | None = None) -> dict[str, Any]:
     """Run the comparison (resumable) and write its table and plot; returns the table (``compare.json``).
 
     Args:
@@ -120,10 +127,14 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
         parallel: runs at a time, as separate processes (1: in this process).
         brain: the evotrainer mode's brain.
         on_progress: ``(run_name, done, total)`` after each run (the CLI's progress bar).
+        baseline: a ``compare.json`` of an earlier comparison whose stored runs fill the (mode, seed) pairs this
+            one has not run (:func:`load_baseline`); its modes join the table.
 
     Raises:
-        CompareError: unknown mode, no seed, or ``recipe.data.n_test`` is 0.
+        CompareError: unknown mode, no seed, ``recipe.data.n_test`` is 0, or a baseline that cannot be read or was
+            made on another config, data split, test k or budget.
     """
+    base = load_baseline(baseline, config) if baseline is not None else None
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise CompareError(f"--modes {','.join(modes)}: unknown {', '.join(bad) or 'none given'}; allowed: "
@@ -159,11 +170,43 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
     # the table covers every finished run in the folder, not only this invocation's: e.g. greedy and pbt run
     # on seed 0 alone next to three seeds of the others (a second `compare --modes greedy,pbt --seeds 0`)
     found = finished_runs(out)
-    modes = [m for m in MODES if m in modes or m in {fm for fm, _ in found}]
+    base_modes = {r["mode"] for r in base["runs"]} if base else set()
+    modes = [m for m in MODES if m in modes or m in {fm for fm, _ in found} or m in base_modes]
     seeds = sorted(set(seeds) | {s for _, s in found})
-    table = build_table(config, modes, seeds, out)
+    table = build_table(config, modes, seeds, out, baseline=base)
+    if base is not None:
+        table["baseline"] = str(baseline)
     write_outputs(table, out)
     return table
+
+
+def _comparable(config: Any) -> dict[str, Any]:
+    """What two comparisons must share for their runs to pair: config name, data split, test k, token budget."""
+    return {"config": config.recipe.name, "data": config.recipe.data.model_dump(mode="json"),
+            "test_k": config.test_k, "max_tokens": equal_budget(config).budget.max_tokens}
+
+
+def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
+    """The ``compare.json`` at ``path``, checked to pair with ``config``'s runs.
+
+    Raises:
+        CompareError: the file cannot be read as a comparison with stored runs (one written before the runs were
+            kept has none), or it was made on another config name, data split, test k or budget (each named).
+    """
+    try:
+        base = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CompareError(f"--baseline {path}: cannot be read as compare.json ({exc})") from None
+    if not isinstance(base, dict) or not isinstance(base.get("runs"), list) or not isinstance(base.get("comparable"),
+                                                                                              dict):
+        raise CompareError(f"--baseline {path}: holds no stored runs (a compare.json written before runs were kept, "
+                           "or another file); run those modes again instead")
+    want, got = _comparable(config), base["comparable"]
+    differ = [k for k in want if want[k] != got.get(k)]
+    if differ:
+        raise CompareError(f"--baseline {path}: made on another " + ", ".join(
+            f"{k} ({got.get(k)!r}, here {want[k]!r})" for k in differ) + "; its runs do not pair with these")
+    return base
 
 
 def finished_runs(out: str | Path) -> list[tuple[str, int]]:
@@ -190,14 +233,20 @@ def _run_outcomes(run_dir: Path) -> dict[str, Any]:
         ws.close()
 
 
-def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_resamples: int = 10_000) -> dict[str, Any]:
+def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_resamples: int = 10_000,
+                baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     """The comparison table from the finished runs (see the module docstring for what it holds); a (mode, seed)
-    with no finished run is left out of its row and of the pairs that need it (a mode run on fewer seeds is
-    paired with the others on its seeds only)."""
+    with no finished run is taken from ``baseline`` (a checked ``compare.json``, :func:`load_baseline`) when it has
+    it, else left out of its row and of the pairs that need it (a mode run on fewer seeds is paired with the others
+    on its seeds only)."""
     done = set(finished_runs(out))
     empty: dict[str, Any] = {"version": None, "test": {}, "no_rl_test": {}, "compute": {}, "k": None}
-    runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) if (m, s) in done else empty
+    stored = {(r["mode"], int(r["seed"])): r for r in (baseline or {}).get("runs", [])}
+    from_base = sorted(k for k in stored if k not in done and k[0] in modes and k[1] in seeds)
+    runs = {(m, s): _run_outcomes(Path(run_config(config, m, s, out).run_dir)) if (m, s) in done
+            else {k: stored[(m, s)].get(k, empty[k]) for k in empty} if (m, s) in from_base else empty
             for m in modes for s in seeds}
+    done |= set(from_base)
     outcomes: dict[str, dict[int, dict[str, list[float]]]] = {m: {s: runs[(m, s)]["test"] for s in seeds}
                                                               for m in modes}
     # the no-RL row: the base model on the same test problems with the same sample seeds (same per seed)
@@ -229,7 +278,9 @@ def build_table(config: Any, modes: list[str], seeds: list[int], out: Path, n_re
     k = next((r["k"] for r in runs.values() if r.get("k")), None)
     return {"config": config.recipe.name, "modes": modes, "seeds": seeds, "k": k,
             "n_test": config.recipe.data.n_test, "max_tokens": equal_budget(config).budget.max_tokens,
+            "comparable": _comparable(config), "from_baseline": [list(key) for key in from_base],
             "rows": rows, "pairs": pairs,
+            "runs": [{"mode": m, "seed": s, **runs[(m, s)]} for m in modes for s in seeds if (m, s) in done],
             "points": [{"mode": m, "seed": s, "test_avg_at_k": avg_at_k(runs[(m, s)]["test"]) if runs[(m, s)]["test"]
                         else None, "tokens": (runs[(m, s)]["compute"].get("train_tokens", 0)
                                               + runs[(m, s)]["compute"].get("eval_tokens", 0))}
@@ -252,6 +303,9 @@ def markdown(table: dict[str, Any]) -> str:
         per = ", ".join(f"s{s}: {v:.3f}" for s, v in r["per_seed"].items())
         lines.append(f"| {r['mode']} | {_fmt(r['test_avg_at_k'])} | {per} | {_fmt(r['train_tokens'], '.0f')} | "
                      f"{_fmt(r['eval_tokens'], '.0f')} | {_fmt(r['cpu_s'], '.0f')} | {_fmt(r['wall_s'], '.0f')} |")
+    if table.get("from_baseline"):
+        lines += ["", f"Taken from the baseline {table.get('baseline', 'file')} (not run again; sound while those "
+                      "modes' code is unchanged): " + ", ".join(f"{m} s{s}" for m, s in table["from_baseline"]) + "."]
     lines += ["", "Paired differences (a minus b) on the same test problems and sample seeds, pooled over seeds, "
                   "95% stratified bootstrap CI:", "", "| a | b | a - b | 95% CI | pairs |", "|---|---|---|---|---|"]
     for p in table["pairs"]:

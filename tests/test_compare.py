@@ -107,6 +107,17 @@ def test_compare_tiny_end_to_end_table_pairs_and_resume(tmp_path):
     assert {(p["n_pairs"], p["n_seeds"]) for p in part["pairs"] if "pbt" in (p["a"], p["b"])} == {(6, 1)}
     assert [p for p in part["pairs"] if "pbt" not in (p["a"], p["b"])] == [
         p for p in table["pairs"] if "pbt" not in (p["a"], p["b"])]
+    # compare.json keeps every run's outcomes: a later comparison that reruns only evotrainer pairs it with the
+    # stored runs of the other modes (--baseline) and gets the same table, each borrowed run listed
+    assert [(r["mode"], r["seed"]) for r in table["runs"]] == [(m, s) for m in MODES for s in (0, 1)]
+    assert all(r["test"] and r["no_rl_test"] and r["compute"] for r in table["runs"])
+    shutil.copytree(out / "runs", tmp_path / "cmp3" / "runs", ignore=shutil.ignore_patterns(
+        *(f"{m}-s*" for m in MODES if m != "evotrainer")))
+    reused = compare(cfg, ["evotrainer"], [0, 1], tmp_path / "cmp3", baseline=out / "compare.json")
+    assert reused["pairs"] == table["pairs"] and reused["rows"] == table["rows"]
+    assert reused["from_baseline"] == [[m, s] for m in sorted(MODES) if m != "evotrainer" for s in (0, 1)]
+    assert "not run again; sound while those modes' code is unchanged): greedy s0, greedy s1, pbt s0" in (
+        tmp_path / "cmp3" / "compare.md").read_text()
 
 
 def test_static_trains_segments_until_the_token_budget_is_spent(tmp_path):
@@ -149,3 +160,27 @@ def test_pbt_explore_follows_ray_tune_rules():
             seen["perturbed" if perturbed else "resampled"] += 1
     # resample_probability 0.25 over 200 draws x 4 float fields = 800: about 200 resampled (binomial sd ~12)
     assert 140 < seen["resampled"] < 260 and seen["perturbed"] + seen["resampled"] == 800
+
+
+def test_a_baseline_of_another_config_or_without_runs_is_refused(tmp_path):
+    from evotrainer.agents.compare import CompareError, load_baseline
+
+    cfg = RunConfig.model_validate(TINY)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": "tiny", "pairs": []}))  # a compare.json from before runs were kept
+    with pytest.raises(CompareError) as err:
+        load_baseline(old, cfg)
+    assert str(err.value) == (f"--baseline {old}: holds no stored runs (a compare.json written before runs were "
+                              "kept, or another file); run those modes again instead")
+    other = RunConfig.model_validate({**TINY, "recipe": {**TINY["recipe"], "data": {**TINY["recipe"]["data"],
+                                                                                    "n_test": 7}}})
+    from evotrainer.agents.compare import _comparable
+
+    old.write_text(json.dumps({"runs": [], "comparable": _comparable(other)}))
+    with pytest.raises(CompareError, match=r"made on another data \(.*'n_test': 7.*here .*'n_test': 6.*\); its runs "
+                                           r"do not pair with these$"):
+        load_baseline(old, cfg)
+    assert load_baseline(old, other)["runs"] == []
+    old.write_text("{not json")
+    with pytest.raises(CompareError, match="cannot be read as compare.json"):
+        load_baseline(old, cfg)
