@@ -230,6 +230,8 @@ def import_cmd(
     console.print(f"imported {s.source} into {s.run_dir} as {s.version_id}: {s.n_steps} steps, {s.n_metrics} "
                   f"metrics, {s.n_rollouts} rollouts, {s.n_log_lines} log lines; findings: {kinds}",
                   highlight=False, soft_wrap=True, markup=False)
+    for note in s.notes:  # what the import left out (caps reached), also in the run log
+        err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     console.print(f"serve it: evotrainer serve all --run {s.run_dir}", highlight=False, soft_wrap=True, markup=False)
 
 

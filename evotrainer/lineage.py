@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from evotrainer import metrics as M
 from evotrainer import points
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
@@ -242,6 +243,33 @@ MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._ref
 _METRIC_ROW_OK = "typeof(step) = 'integer' AND typeof(value) IN ('real', 'integer', 'null')"
 
 _SUMMARY_TEXT = frozenset({"data_split"})  # the one metrics_summary entry that is text (rl_backend.local: a digest)
+SUMMARY_MAX = 256
+"""Entries a version's ``metrics_summary`` keeps (:func:`capped_summary`): the headline metrics first, then the first
+by name; the full series stay in the ``metrics`` table. Review 12 G-R12: an import of a foreign run with 1,000,000
+one-point series wrote one mean per series (a 34 MB summary) that every read of the version then decoded."""
+COLUMN_MAX_CHARS = 1 << 20
+"""Characters of one JSON / text column of a ``versions`` row that the store reads (1 MiB): what EvoTrainer writes
+there stays far below it (a summary of :data:`SUMMARY_MAX` entries is some 20 KB), and a longer one (G-R12: a crafted
+41 MB ``metrics_summary`` made ``lineage show`` take 8.3 s and 796 MB, MCP ``get_version`` 22.4 s) is refused by its
+``length()`` before the row is fetched."""
+_CAPPED_COLUMNS: dict[str, str | None] = {
+    "recipe": None, "interventions": None, "checkpoint": "NULL", "metrics_summary": "'{}'", "eval_summary": "'{}'",
+    "findings": "'[]'", "note": "''"}
+"""The ``versions`` columns held to :data:`COLUMN_MAX_CHARS`, each with the value that resets it (None: none does)."""
+_SUMMARY_FIRST = ("steps", *M.ALL_STEP_METRICS)
+
+
+def capped_summary(summary: dict[str, Any], cap: int | None = None) -> tuple[dict[str, Any], int]:
+    """``(summary kept, entries left out)``: at most ``cap`` (default :data:`SUMMARY_MAX`) entries of a
+    ``metrics_summary``, the headline metrics (``steps``, ``data_split``, ``metrics.ALL_STEP_METRICS``) first, then
+    the others in name order."""
+    cap = SUMMARY_MAX if cap is None else cap
+    if len(summary) <= cap:
+        return summary, 0
+    first = [k for k in (*_SUMMARY_FIRST, *sorted(_SUMMARY_TEXT)) if k in summary]
+    rest = sorted(k for k in summary if k not in set(first))
+    keep = (first + rest)[:cap]
+    return {k: summary[k] for k in keep}, len(summary) - len(keep)
 _MIGRATIONS_SQL = "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)"
 
 _decode_text = functools.partial(str, encoding="utf-8", errors="replace")
@@ -952,6 +980,34 @@ class LineageStore:
             return None
         return next((c for c in self.children(v.parent_id) if c.is_control), None)
 
+    def _version_rows(self, cond: str = "1", args: tuple = (), order: str = "") -> list[sqlite3.Row]:
+        """``SELECT * FROM versions WHERE {cond} {order}``, after a check of the lengths of its JSON / text columns that reads none
+        of them into Python (:data:`COLUMN_MAX_CHARS`).
+
+        Raises:
+            LineageError: a column past the cap, naming the file, the version, the column, its length and the fix.
+        """
+        cap = int(COLUMN_MAX_CHARS)
+        cols = list(_CAPPED_COLUMNS)
+        over = " OR ".join(f"length({c}) > {cap}" for c in cols)
+        lengths = ", ".join(f"length({c})" for c in cols)
+        bad = self._q(f"SELECT substr(id, 1, 80), {lengths} FROM versions WHERE ({cond}) AND ({over}) {order} LIMIT 1",
+                      args)
+        if bad:
+            vid, n, col = bad[0][0], 0, ""
+            for i, c in enumerate(cols, start=1):
+                if (bad[0][i] or 0) > cap:
+                    n, col = bad[0][i], c
+                    break
+            reset = _CAPPED_COLUMNS[col]
+            fix = ("Use a run folder EvoTrainer wrote" if reset is None else
+                   f"Reset it (`sqlite3 {self.path} \"UPDATE versions SET {col} = {reset} WHERE id = "
+                   f"'{str(vid).replace(chr(39), chr(39) * 2)}'\"`) or use a run folder EvoTrainer wrote")
+            raise LineageError(f"{self.path}: version {str(vid)!r}: its versions.{col} holds {n:,} characters, past "
+                               f"the {cap:,} EvoTrainer reads (it writes at most {SUMMARY_MAX} metrics_summary "
+                               f"entries; a crafted or damaged file); not read. {fix}")
+        return self._q(f"SELECT * FROM versions WHERE {cond} {order}", args)
+
     def _row_to_version(self, r: sqlite3.Row) -> Version:
         try:
             recipe = json.loads(r["recipe"])
@@ -990,7 +1046,7 @@ class LineageStore:
         Raises:
             LineageError: no such version (the message lists the known ids).
         """
-        rows = self._q("SELECT * FROM versions WHERE id=?", (version_id,))
+        rows = self._version_rows("id=?", (version_id,))
         if not rows:
             known = ", ".join(r[0] for r in self._q("SELECT id FROM versions ORDER BY created_at")) or "none"
             raise LineageError(f"version {version_id!r} not found; known versions: {known}")
@@ -998,18 +1054,18 @@ class LineageStore:
 
     def versions(self) -> list[Version]:
         """All versions in creation order."""
-        return [self._row_to_version(r) for r in self._q("SELECT * FROM versions ORDER BY created_at, id")]
+        return [self._row_to_version(r) for r in self._version_rows(order="ORDER BY created_at, id")]
 
     def root(self) -> Version | None:
         """The root version, or None in an empty run."""
-        rows = self._q("SELECT * FROM versions WHERE parent_id IS NULL")
+        rows = self._version_rows("parent_id IS NULL")
         return self._row_to_version(rows[0]) if rows else None
 
     def children(self, version_id: str) -> list[Version]:
         """Direct children of a version, in creation order."""
         self.get(version_id)
         return [self._row_to_version(r) for r in
-                self._q("SELECT * FROM versions WHERE parent_id=? ORDER BY created_at, id", (version_id,))]
+                self._version_rows("parent_id=?", (version_id,), "ORDER BY created_at, id")]
 
     def lineage_index(self) -> LineageIndex:
         """The parent links of every version (one query) with the walks up the lineage in memory: depth, ancestors,
@@ -1024,8 +1080,8 @@ class LineageStore:
             LineageError: no such version, or a parent missing from the lineage (a crafted file).
         """
         ids = self.lineage_index().ancestors(version_id)
-        rows = {r["id"]: r for r in self._q("SELECT * FROM versions WHERE id IN (SELECT value FROM json_each(?))",
-                                            (json.dumps(ids),))}
+        rows = {r["id"]: r for r in self._version_rows("id IN (SELECT value FROM json_each(?))",
+                                                       (json.dumps(ids),))}
         return [self._row_to_version(rows[i]) if i in rows else self.get(i) for i in ids]
 
     def damaged(self, version_id: str) -> str | None:
@@ -1115,6 +1171,8 @@ class LineageStore:
         if "status" in fields and fields["status"] not in STATUSES:
             raise LineageError(f"status={fields['status']!r}: allowed: {', '.join(STATUSES)}")
         self.get(version_id)
+        if isinstance(fields.get("metrics_summary"), dict):  # the callers say what they left out; this holds the cap
+            fields["metrics_summary"] = capped_summary(fields["metrics_summary"])[0]
         sets, args = [], []
         for k, v in fields.items():
             sets.append(f"{k}=?")

@@ -37,7 +37,7 @@ from evotrainer.harness.analyzers import run_analyzers
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.ingest import IngestError, IngestWarning, ingest, read_run_text
 from evotrainer.harness.ingest_formats import as_text, files_under, read_gzip_text
-from evotrainer.lineage import IMPORT_SOURCE_KEY
+from evotrainer.lineage import IMPORT_SOURCE_KEY, SUMMARY_MAX, capped_summary
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -123,6 +123,12 @@ def metric_rows(ev: Evidence, version: str, from_step: int | None = None
             if from_step is None or s >= from_step:
                 by_step.setdefault(int(s), {})[name] = float(x)
     return by_step, means
+
+
+def summary_note(n_series: int, left_out: int) -> str:
+    """What an import or watch says when a version's ``metrics_summary`` keeps :data:`SUMMARY_MAX` of its means."""
+    return (f"metrics_summary keeps {SUMMARY_MAX} of the {n_series:,} series means (the headline metrics first, then "
+            f"the first by name); {left_out:,} left out, their series are all in the metrics table")
 
 
 def rekeyed_rollouts(rows: list[dict[str, Any]], version_id: str) -> list[dict[str, Any]]:
@@ -228,6 +234,10 @@ def _write_run(root: Path, ev: Evidence, foreign: str, src: Path, findings: list
     with Workspace(root, writer=True) as ws:
         v = ws.lineage.create_root(Recipe(name=f"imported: {foreign}"), note=f"imported from {shown}")
         by_step, means = metric_rows(ev, foreign)  # logged series, else those computed from the rollouts
+        n_series = len(means)
+        means, left_out = capped_summary(means)
+        if left_out:
+            notes = [*notes, summary_note(n_series, left_out)]
         for step in sorted(by_step):
             ws.lineage.log_metrics(v.id, step, by_step[step])
         n_rollouts = 0
@@ -247,11 +257,11 @@ def _write_run(root: Path, ev: Evidence, foreign: str, src: Path, findings: list
                    version=v.id, source="import:diagnose")
         for note in notes:
             ws.log(note, level="warning", version=v.id, source="import")
-        ws.log(f"imported {shown}: {len(by_step)} steps, {len(means)} metrics, {n_rollouts} rollouts, "
+        ws.log(f"imported {shown}: {len(by_step)} steps, {n_series} metrics, {n_rollouts} rollouts, "
                f"{len(fs)} findings", version=v.id, source="import")
         ws.lineage.kv_set(IMPORT_SOURCE_KEY, {"path": shown, "foreign_version": foreign, "version_id": v.id})
         return ImportSummary(run_dir=str(ws.root), source=str(src), version_id=v.id, n_steps=len(by_step),
-                             n_metrics=len(means), n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs,
+                             n_metrics=n_series, n_rollouts=n_rollouts, n_log_lines=n_lines, findings=fs,
                              notes=notes)
 
 

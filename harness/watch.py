@@ -41,11 +41,12 @@ from evotrainer.harness.importer import (
     metric_rows,
     read_lines,
     rekeyed_rollouts,
+    summary_note,
     text_logs,
 )
 from evotrainer.harness.ingest import IngestError, ingest
 from evotrainer.harness.ingest_formats import tree_entries
-from evotrainer.lineage import IMPORT_SOURCE_KEY, import_source
+from evotrainer.lineage import IMPORT_SOURCE_KEY, SUMMARY_MAX, capped_summary, import_source
 from evotrainer.workspace import Workspace
 
 PENDING_PREFIX = "insufficient evidence"  # the analyzers' wording for "too few points to judge" (info)
@@ -106,6 +107,7 @@ class Watcher:
         self._last_step = -1  # of the imported run's v0
         self._last_rollout_step = -1
         self._log_lines: dict[str, int] = {}  # text log -> lines already in the run log
+        self._summary_left_out = 0  # series means the version's metrics_summary left out (SUMMARY_MAX), as last said
         self._n_copied = 0  # text-log lines copied into the run log (the import's, then the polls'), <= MAX_LOG_LINES
 
     def poll(self) -> PollResult:
@@ -154,6 +156,7 @@ class Watcher:
         if not self._imported:
             s = import_run(self.path, self.run_dir)
             self._n_copied = s.n_log_lines
+            self._summary_left_out = max(0, s.n_metrics - SUMMARY_MAX)  # the import said it
             self._imported = True
             self._last_step = max(self._steps(ev)) if s.n_steps else -1
             self._last_rollout_step = self._rollout_last_step(ev)
@@ -186,6 +189,11 @@ class Watcher:
                                    level="warning", source="watch")
                 self._log_lines[str(f)] = len(lines)
             fs = [{**f.model_dump(mode="json"), "versions": [vid]} for f in findings]
+            n_series = len(means)
+            means, left_out = capped_summary(means)
+            if left_out > self._summary_left_out:
+                ws.log(summary_note(n_series, left_out), level="warning", version=vid, source="watch")
+            self._summary_left_out = max(self._summary_left_out, left_out)
             ws.lineage.update_version(vid, metrics_summary=means, findings=fs)  # moves updated_at: MCP notification
             for f in new:
                 ws.log(f"finding {f.kind} [{f.severity}]: {f.explanation}", level=finding_level(f.severity),

@@ -788,5 +788,6 @@ def require_version(ws: Workspace, version_id: str) -> Version:
     """The version ``version_id`` of the run, or a tool error listing the known ids."""
     try:
         return ws.lineage.get(version_id)
-    except LineageError as exc:
-        raise ToolError(f"{exc}; call list_versions to see them") from None
+    except LineageError as exc:  # a version refused as unreadable (G-R12: a column past the cap) is no unknown id
+        hint = "; call list_versions to see them" if " not found; known versions: " in str(exc) else ""
+        raise ToolError(f"{exc}{hint}") from None

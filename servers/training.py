@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evotrainer.harness.gate import test_sealed
 from evotrainer.harness.synthesis import Program, SynthesisError, stop_check
 from evotrainer.intervention import ExpectedEffect, Intervention, category_of, merge
-from evotrainer.lineage import Decision, Job, LineageError, Version
+from evotrainer.lineage import SUMMARY_MAX, Decision, Job, LineageError, Version, capped_summary
 from evotrainer.recipe import current_value, diff_recipes, get_path, set_path, validate_recipe
 from evotrainer.rl_backend.backends import get_backend
 from evotrainer.rl_backend.base import Backend, is_test_eval
@@ -130,6 +130,13 @@ class JobList(BaseModel):
     jobs: list[JobInfo]
 
 
+REPLY_SUMMARY_MAX = SUMMARY_MAX
+"""``metrics_summary`` entries one get_version reply carries (review 12 G-R12: a version's 2,500,000-entry summary was a
+100 MB reply that stalled every tool for 22 s); the store's writers keep no more."""
+REPLY_FINDINGS_MAX = 200
+"""Findings one get_version reply carries (G-R12: 400,000 stored findings were a 66 MB reply)."""
+
+
 class VersionDetail(BaseModel):
     """Everything about one version: recipe, interventions, status, summaries, decisions, jobs."""
 
@@ -142,9 +149,13 @@ class VersionDetail(BaseModel):
                                                             "hypothesis, expected_effect, source).")
     recipe: dict[str, Any]
     checkpoint: str | None
-    metrics_summary: dict[str, Any]
+    metrics_summary: dict[str, Any] = Field(description=f"At most {REPLY_SUMMARY_MAX} entries (the headline metrics "
+                                                        "first, then the first by name); get_metric_series reads any "
+                                                        "series.")
+    metrics_summary_omitted: int = Field(0, description="metrics_summary entries this reply leaves out.")
     eval_summary: dict[str, Any]
-    findings: list[dict[str, Any]]
+    findings: list[dict[str, Any]] = Field(description=f"The first {REPLY_FINDINGS_MAX} findings at most.")
+    findings_omitted: int = Field(0, description="Findings this reply leaves out.")
     note: str
     decisions: list[DecisionInfo]
     jobs: list[JobInfo]
@@ -265,12 +276,14 @@ def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
     st = state_of(ctx)
     ws = st.workspace()
     v = require_version(ws, version_id)
+    summary, summary_omitted = capped_summary(v.metrics_summary, REPLY_SUMMARY_MAX)
     return VersionDetail(
         id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
         children=[c.id for c in ws.lineage.children(v.id)],
         interventions=[iv.model_dump(mode="json") for iv in v.interventions], recipe=v.recipe.to_dict(),
-        checkpoint=v.checkpoint, metrics_summary=v.metrics_summary, eval_summary=v.eval_summary,
-        findings=v.findings, note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
+        checkpoint=v.checkpoint, metrics_summary=summary, metrics_summary_omitted=summary_omitted,
+        eval_summary=v.eval_summary, findings=v.findings[:REPLY_FINDINGS_MAX],
+        findings_omitted=max(0, len(v.findings) - REPLY_FINDINGS_MAX), note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
         jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], damaged_weights=ws.lineage.damaged(v.id),
         created_at=v.created_at, updated_at=v.updated_at)
 

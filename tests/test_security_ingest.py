@@ -2269,3 +2269,94 @@ def test_a_run_folder_path_that_is_not_printable_text_is_refused(tmp_path, name,
     r = CliRunner().invoke(app, ["report", str(path)])
     text = f"{r.exception or ''} {r.output}"
     assert r.exit_code != 0 and "\x1b" not in text and said in " ".join(text.split()), text
+
+
+def test_a_versions_column_past_the_size_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Review 12 G-R12 (b, c): a version's ``metrics_summary`` crafted to 2,500,000 entries (41 MB) made ``lineage
+    show`` take 8.3 s and 796 MB, ``report`` 66 s, MCP ``get_version`` 22.4 s with a 100 MB reply; 400,000 findings
+    were a 66 MB reply. A JSON / text column of a version longer than ``COLUMN_MAX_CHARS`` (1 MiB; 2,000 here) is
+    refused, by its SQL ``length()``, before the row is fetched: a LineageError names the file, the version, the
+    column, its length and the fix, through the store, ``lineage show`` and MCP ``get_version``."""
+    import sqlite3
+
+    from mcp_testlib import SyncClient, make_run
+    from typer.testing import CliRunner
+
+    from evotrainer import lineage
+    from evotrainer.cli import app
+    from evotrainer.lineage import LineageError, LineageStore
+    from evotrainer.servers.app import build_server
+
+    monkeypatch.setattr(lineage, "COLUMN_MAX_CHARS", 2000)
+    run = make_run(tmp_path)
+    db_path = run / "lineage.db"
+    at_cap = "{" + ", ".join(f'"s{i:03d}": 1' for i in range(110)) + "}"
+    at_cap = at_cap[:-1] + " " * (2000 - len(at_cap)) + "}"
+    assert len(at_cap) == 2000
+    db = sqlite3.connect(db_path)
+    db.execute("UPDATE versions SET metrics_summary = ? WHERE id = 'v0'", (at_cap,))
+    db.commit()
+    store = LineageStore(db_path, readonly=True)  # exactly the cap still reads
+    assert len(store.get("v0").metrics_summary) == 110
+    db.execute("UPDATE versions SET metrics_summary = ? WHERE id = 'v0'", (at_cap[:-1] + " }",))
+    db.execute("UPDATE versions SET findings = ? WHERE id = 'v1'", (json.dumps([{"kind": "x"}] * 250),))
+    db.commit()
+    said = (f"{db_path}: version 'v0': its versions.metrics_summary holds 2,001 characters, past the 2,000 EvoTrainer "
+            "reads (it writes at most 256 metrics_summary entries; a crafted or damaged file); not read. Reset it "
+            f"(`sqlite3 {db_path} \"UPDATE versions SET metrics_summary = '{{}}' WHERE id = 'v0'\"`) or use a run "
+            "folder EvoTrainer wrote")
+    said_v1 = (f"{db_path}: version 'v1': its versions.findings holds 3,750 characters, past the 2,000 EvoTrainer "
+               "reads (it writes at most 256 metrics_summary entries; a crafted or damaged file); not read. Reset it "
+               f"(`sqlite3 {db_path} \"UPDATE versions SET findings = '[]' WHERE id = 'v1'\"`) or use a run "
+               "folder EvoTrainer wrote")
+    for read, msg in ((lambda: store.get("v0"), said), (store.versions, said), (store.root, said),
+                      (lambda: store.get("v1"), said_v1), (lambda: store.children("v0"), said),
+                      (lambda: store.path_to_root("v1"), said)):
+        with pytest.raises(LineageError) as e:
+            read()
+        assert str(e.value) == msg
+    r = CliRunner().invoke(app, ["lineage", "show", str(run)])
+    assert r.exit_code == 1 and isinstance(r.exception, LineageError) and str(r.exception) == said, r.output
+    c = SyncClient(build_server("all", run))
+    try:
+        assert c.err("get_version", {"version_id": "v1"}) == f"Error executing tool get_version: {said_v1}"
+    finally:
+        c.close()
+    # a recipe has no value to reset it to
+    db.execute("UPDATE versions SET metrics_summary = '{}', findings = '[]', recipe = ? WHERE id = 'v1'",
+               ('{"name": "' + "r" * 2000 + '"}',))
+    db.commit()
+    db.close()
+    with pytest.raises(LineageError) as e:
+        store.get("v1")
+    store.close()
+    assert str(e.value) == (f"{db_path}: version 'v1': its versions.recipe holds 2,012 characters, past the 2,000 "
+                            "EvoTrainer reads (it writes at most 256 metrics_summary entries; a crafted or damaged "
+                            "file); not read. Use a run folder EvoTrainer wrote")
+
+
+def test_an_import_with_more_series_than_the_summary_cap_keeps_the_cap_and_says_so(tmp_path):
+    """Review 12 G-R12 (a): ``import`` of a foreign metrics.jsonl with 1,000,000 distinct names gave the version one
+    ``metrics_summary`` mean per series (34 MB), read back by every tool. The summary keeps ``SUMMARY_MAX`` (256)
+    entries, the headline metrics first, then the first by name; the import says how many it left out, and every
+    series stays in the metrics table."""
+    from evotrainer.lineage import SUMMARY_MAX
+
+    fo = tmp_path / "fo"
+    fo.mkdir()
+    names = [f"m{i:03d}" for i in range(300)]
+    (fo / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **{n: 1.0 for n in reversed(names)},
+                                                          "reward/mean": 0.5}) + "\n" for s in (1, 2)))
+    s = import_run(fo, tmp_path / "imported")
+    said = ("metrics_summary keeps 256 of the 301 series means (the headline metrics first, then the first by name); "
+            "45 left out, their series are all in the metrics table")
+    assert SUMMARY_MAX == 256 and s.n_metrics == 301 and said in s.notes
+    with Workspace.open(tmp_path / "imported") as ws:
+        ms = ws.lineage.get(s.version_id).metrics_summary
+        assert list(ms) == ["reward/mean", *names[:255]] and ms["reward/mean"] == 0.5
+        assert len(ws.lineage.metric_names(s.version_id)) == 301
+        # every writer holds the cap (update_version)
+        ws_v = ws.lineage.update_version(s.version_id, metrics_summary={f"z{i}": 1.0 for i in range(400)})
+        assert list(ws_v.metrics_summary) == [f"z{i}" for i in sorted(range(400), key=str)][:256]
+    logged = (tmp_path / "imported" / "logs" / "run.jsonl").read_text()
+    assert said in logged

@@ -1708,3 +1708,37 @@ def test_a_stored_analyzer_with_a_bad_description_or_name_is_named_by_list_analy
         c.close()
         db.close()
         reg.restore_registry(snapshot)
+
+
+def test_a_get_version_reply_carries_a_bounded_summary_and_findings(tmp_path):
+    """Review 12 G-R12: a version's 1,000,000-entry metrics_summary (a foreign import) was a 40.6 MB get_version reply
+    built on the event loop (8.4 s, a concurrent ping waited 2.89 s), and 400,000 findings a 66 MB one. One reply
+    carries at most REPLY_SUMMARY_MAX (256) summary entries, the headline metrics first, and REPLY_FINDINGS_MAX (200)
+    findings, with counts of the rest."""
+    import json
+    import sqlite3
+
+    from evotrainer.servers.training import REPLY_FINDINGS_MAX, REPLY_SUMMARY_MAX
+
+    run = make_run(tmp_path)
+    names = [f"m{i:03d}" for i in range(298)]
+    summary = {**{n: 1.0 for n in reversed(names)}, "reward/mean": 0.5, "steps": 4}
+    findings = [{"kind": f"k{i}", "severity": "info", "explanation": "x"} for i in range(250)]
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("UPDATE versions SET metrics_summary = ?, findings = ? WHERE id = 'v0'",
+               (json.dumps(summary), json.dumps(findings)))
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        r = c.ok("get_version", {"version_id": "v0"})
+        assert (REPLY_SUMMARY_MAX, REPLY_FINDINGS_MAX) == (256, 200)
+        assert list(r["metrics_summary"]) == ["steps", "reward/mean", *names[:254]]
+        assert r["metrics_summary_omitted"] == 44
+        assert r["findings"] == findings[:200] and r["findings_omitted"] == 50
+        assert len(json.dumps(r)) < 40_000
+        small = c.ok("get_version", {"version_id": "v1"})
+        assert small["metrics_summary_omitted"] == 0 and small["findings_omitted"] == 0
+        assert c.ok("list_versions")["versions"][0]["reward_mean"] == 0.5
+    finally:
+        c.close()
