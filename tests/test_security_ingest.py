@@ -888,7 +888,8 @@ def test_a_stored_recipe_that_does_not_validate_is_named_briefly(tmp_path):
     run = make_run(tmp_path)
     db = sqlite3.connect(run / "lineage.db")
     recipe = json.loads(db.execute("SELECT recipe FROM versions WHERE id = 'v1'").fetchone()[0])
-    recipe["reward"] = {f"c{i}": {"weight": 1.0, "params": {}} for i in range(50_000)}
+    # 20,000 components (~0.8 MB): under the 1 MiB column cap (review 12, G-R12), so the recipe is validated
+    recipe["reward"] = {f"c{i}": {"weight": 1.0, "params": {}} for i in range(20_000)}
     db.execute("UPDATE versions SET recipe = ? WHERE id = 'v1'", (json.dumps(recipe),))
     db.commit()
     db.close()
@@ -1231,7 +1232,8 @@ def test_report_reads_the_parent_links_once_however_deep_the_lineage(tmp_path):
         assert [index.start_id(v) for v in ("v0", "v1", "v351", "v352")] == [None, "v0", "v349", "v351"]
         assert queries(ws, lambda: lin.step_offset("v500")) == (3, 496)
         n, path = queries(ws, lambda: lin.path_to_root("v500"))
-        assert n == 2 and [v.id for v in path] == [f"v{n}" for n in range(500, 250, -1)] + ["v0"]
+        # the parent links, the size check of the version rows' columns (review 12, G-R12), the rows
+        assert n == 3 and [v.id for v in path] == [f"v{n}" for n in range(500, 250, -1)] + ["v0"]
         assert lin.start_version("v351").id == "v349" and lin.start_version("v1").id == "v0"
         curves = lineage_curves(ws)
         assert curves["v351"]["reward/mean"] == [(197, 0.2), (198, 0.1), (199, 0.2)]
