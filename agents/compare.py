@@ -31,9 +31,10 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from evotrainer.agents.loop import FINAL_SHAPE
 from evotrainer.agents.modes import MODES
@@ -45,6 +46,7 @@ from evotrainer.skills_db.store import SKILLS_DIR_ENV
 from evotrainer.workspace import Workspace
 
 NO_RL = "no-RL"
+MODES_LITERAL = tuple(MODES)
 
 
 class CompareError(EvoTrainerError, ValueError):
@@ -195,8 +197,9 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     """
     try:
         base = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise CompareError(f"--baseline {path}: cannot be read as compare.json ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else str(exc)
+        raise CompareError(f"--baseline {path}: cannot be read as compare.json ({why})") from None
     if not isinstance(base, dict) or not isinstance(base.get("runs"), list) or not isinstance(base.get("comparable"),
                                                                                               dict):
         raise CompareError(f"--baseline {path}: holds no stored runs (a compare.json written before runs were kept, "
@@ -206,7 +209,32 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     if differ:
         raise CompareError(f"--baseline {path}: made on another " + ", ".join(
             f"{k} ({got.get(k)!r}, here {want[k]!r})" for k in differ) + "; its runs do not pair with these")
-    return base
+    # every stored run is checked here, before any run trains: build_table reads them after the runs (review 13,
+    # B-R13: a run of another shape ended the command at its end in a raw TypeError / KeyError / OverflowError)
+    try:
+        runs = _STORED_RUNS.validate_python(base["runs"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "runs" + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in err["loc"])
+        raise CompareError(f"--baseline {path}: {where}: {err['msg']} ({exc.error_count()} problem(s) in its "
+                           "runs); not a compare.json EvoTrainer wrote: run those modes again instead") from None
+    return {**base, "runs": [r.model_dump() for r in runs]}
+
+
+class _StoredRun(BaseModel):
+    """One run of a ``compare.json``'s ``runs`` (what :func:`build_table` reads back)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    mode: Literal[MODES_LITERAL]  # type: ignore[valid-type]
+    seed: int = Field(ge=0, le=2**31)
+    version: str | None = None
+    test: dict[str, list[Annotated[float, Field(allow_inf_nan=False)]]] = Field(default_factory=dict)
+    no_rl_test: dict[str, list[Annotated[float, Field(allow_inf_nan=False)]]] = Field(default_factory=dict)
+    compute: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict)
+    k: int | None = None
+
+
+_STORED_RUNS = TypeAdapter(list[_StoredRun])
 
 
 def finished_runs(out: str | Path) -> list[tuple[str, int]]:

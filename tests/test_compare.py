@@ -184,3 +184,32 @@ def test_a_baseline_of_another_config_or_without_runs_is_refused(tmp_path):
     old.write_text("{not json")
     with pytest.raises(CompareError, match="cannot be read as compare.json"):
         load_baseline(old, cfg)
+
+
+@pytest.mark.parametrize("runs, where, msg", [
+    ([{"mode": "static", "seed": 0, "test": {"p1": [1.0, "a"]}}], "runs[0]['test']['p1'][1]",
+     "Input should be a valid number"),
+    ([{"mode": "static", "seed": float("inf")}], "runs[0]['seed']", "Input should be a valid integer"),
+    ([{"mode": "nope", "seed": 0}], "runs[0]['mode']", "Input should be 'evotrainer', 'static', 'recipe-search', "
+                                                       "'greedy' or 'pbt'"),
+    ([{"mode": "static"}], "runs[0]['seed']", "Field required"),
+    ([[1, 2]], "runs[0]", "Input should be a valid dictionary or instance of _StoredRun"),
+    ([{"mode": "static", "seed": 0, "compute": {"cpu_s": float("nan")}}], "runs[0]['compute']['cpu_s']",
+     "Input should be a finite number"),
+])
+def test_a_baseline_whose_runs_are_of_another_shape_is_refused_before_anything_runs(tmp_path, runs, where, msg):
+    """Review 13, B-R13: load_baseline checked only that runs was a list, and build_table, which runs after every
+    requested run has trained, ended the command in a raw TypeError / KeyError / OverflowError / RecursionError.
+    Each stored run is now checked at load, naming the place, the problem and the fix."""
+    from evotrainer.agents.compare import CompareError, _comparable, load_baseline
+
+    cfg = RunConfig.model_validate(TINY)
+    f = tmp_path / "base.json"
+    f.write_text(json.dumps({"runs": runs, "comparable": _comparable(cfg)}))
+    with pytest.raises(CompareError) as err:
+        load_baseline(f, cfg)
+    assert str(err.value).startswith(f"--baseline {f}: {where}: {msg} (1 problem(s) in its runs); not a compare.json "
+                                     "EvoTrainer wrote: run those modes again instead"), str(err.value)
+    f.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CompareError, match=r"cannot be read as compare.json \(JSON nested deeper than Python reads\)"):
+        load_baseline(f, cfg)
