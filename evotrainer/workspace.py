@@ -205,7 +205,11 @@ class Workspace:
 
     def read_logs_tail(self) -> tuple[list[dict[str, Any]], int]:
         """``(records, unread_bytes)``: :meth:`read_logs`'s records, and the bytes at the start of the log that were
-        not read (0 unless the log is longer than :data:`MAX_LOG_READ_BYTES`; the cut line counts as unread)."""
+        not read: 0 unless the log is longer than :data:`MAX_LOG_READ_BYTES` (the cut line counts as unread) or has
+        more than :data:`MAX_LOG_RECORDS` lines (then the older lines count as unread). A line that is not a JSON
+        object (a number, a list, JSON nested past Python's limit) is skipped: review 13 (G-R13) planted ``0`` and
+        a 100,000-deep ``[[...]]`` and every ``search_logs`` ended in AttributeError / RecursionError; 22 M lines of
+        ``{}`` (69 MB) held 3.4 GB in one call."""
         try:
             fd = _open_log(self.root, os.O_RDONLY)
         except FileNotFoundError:
@@ -217,12 +221,19 @@ class Workspace:
                 f.seek(size - MAX_LOG_READ_BYTES)
                 f.readline()  # the first line is cut: start at the next one
                 unread = f.tell()
-            text = f.read(MAX_LOG_READ_BYTES).decode("utf-8", errors="replace")
+            data = f.read(MAX_LOG_READ_BYTES)
+        lines = data.rstrip(b"\n").rsplit(b"\n", MAX_LOG_RECORDS)  # the last MAX_LOG_RECORDS lines, split once
+        if len(lines) > MAX_LOG_RECORDS:
+            unread += len(lines[0]) + 1
+            lines = lines[1:]
         out = []
-        for line in text.splitlines():
+        for raw in lines:
+            line = raw.decode("utf-8", errors="replace")
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            if not isinstance(rec, dict):
                 continue
             # a "\ud800" escape decodes to a lone surrogate, which no UTF-8 writer takes (review 10, U-R10: one
             # planted record made every search_logs that matched it fail with no reason): replace it
@@ -299,6 +310,7 @@ class _Flock:
 
 
 MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256 MiB of logs/run.jsonl
+MAX_LOG_RECORDS = 500_000  # ... and at most its last 500,000 lines (a run writes a few thousand)
 
 
 def _open_log(root: Path, flags: int) -> int:

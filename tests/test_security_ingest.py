@@ -2362,3 +2362,34 @@ def test_an_import_with_more_series_than_the_summary_cap_keeps_the_cap_and_says_
         assert list(ws_v.metrics_summary) == [f"z{i}" for i in sorted(range(400), key=str)][:256]
     logged = (tmp_path / "imported" / "logs" / "run.jsonl").read_text()
     assert said in logged
+
+
+def test_planted_run_log_lines_that_are_no_record_are_skipped_and_the_lines_read_are_capped(tmp_path, monkeypatch):
+    """Review 13 (G-R13): lines appended to ``logs/run.jsonl`` of a run folder from elsewhere: ``0``, ``null``,
+    ``[]``, ``"x"`` made every search_logs end in "AttributeError: 'int' object has no attribute 'get'", one line of
+    100,000 nested brackets in "RecursionError"; 22 M lines of ``{}`` (69 MB) held 3.37 GB in one call. Lines that
+    are no JSON object are skipped now, and only the last MAX_LOG_RECORDS lines are read (the rest counted in
+    unread_bytes)."""
+    from mcp_testlib import SyncClient, make_run
+
+    from evotrainer import workspace
+    from evotrainer.servers.app import build_server
+
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    with open(log, "a") as f:
+        f.write("0\nnull\n[]\n\"x\"\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    c = SyncClient(build_server("logs", run))
+    try:
+        got = c.ok("search_logs")
+    finally:
+        c.close()
+    assert (got["total"], got["unread_bytes"]) == (3, 0)  # make_run's three records
+    assert workspace.MAX_LOG_RECORDS == 500_000
+    monkeypatch.setattr(workspace, "MAX_LOG_RECORDS", 10)
+    lines = [json.dumps({"time": float(i), "level": "info", "message": f"m{i}"}) for i in range(25)]
+    log.write_text("".join(f"{ln}\n" for ln in lines))
+    with Workspace.open(run) as ws:
+        records, unread = ws.read_logs_tail()
+    assert [r["message"] for r in records] == [f"m{i}" for i in range(15, 25)]
+    assert unread == sum(len(ln) + 1 for ln in lines[:15])
