@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import sys
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -150,10 +148,7 @@ class GuardedMCPServer(MCPServer[ServerState]):
         end = time.monotonic() + common.STDIO_EOF_GRACE_S
         while common.tool_threads() and time.monotonic() < end:
             await anyio.sleep(0.05)
-        if left or common.tool_threads():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        common.exit_if_busy(left)
 
 
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> GuardedMCPServer:

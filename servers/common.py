@@ -398,6 +398,17 @@ def tool_threads() -> int:
     return TOOL_SLOTS.threads + SANDBOX_SLOTS.threads
 
 
+def exit_if_busy(jobs_left: list) -> None:
+    """End the process at once (``os._exit(0)``, stdout and stderr flushed) when training jobs or tool threads
+    still run: the interpreter's exit would wait for their threads (a sandbox of up to 600 s). Called by a server
+    going away after its grace period (stdio EOF, HTTP shutdown); a job row left 'running' is marked interrupted at
+    the next open, an evidence copy or sandbox folder is swept by owner."""
+    if jobs_left or tool_threads():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 _WORKERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("evotrainer_tool_workers")
 
 

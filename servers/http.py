@@ -36,7 +36,6 @@ import os
 import resource
 import secrets
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -458,10 +457,8 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
         end = time.monotonic() + common.STDIO_EOF_GRACE_S
         while common.tool_threads() and time.monotonic() < end:
             time.sleep(0.05)
-        if main and (left or common.tool_threads()):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        if main:
+            common.exit_if_busy(left)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
