@@ -14,9 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe, RecipeError, current_value, diff_recipes, set_path
+from evotrainer.terminal import clip_text
 
 Category = Literal["reward", "data", "rollout", "optimizer", "tool_use"]
 CATEGORIES: tuple[str, ...] = ("reward", "data", "rollout", "optimizer", "tool_use")
+DESCRIBE_VALUE_CHARS = 200
+"""Characters of each value's ``repr`` in :meth:`Intervention.describe`'s one line (review 13 I-R13: interventions
+with ~1 MB values made one ``list_versions`` page a 100 MB reply and, at ``limit=400``, 800 MB and a 6.7 s stall of
+every other call)."""
 
 
 class InterventionError(EvoTrainerError, ValueError):
@@ -97,9 +102,11 @@ class Intervention(BaseModel):
             )
         return child
 
-    def describe(self) -> str:
-        """One line: ``path: old -> new``."""
-        return f"{self.path}: {self.old!r} -> {self.new!r}"
+    def describe(self, max_value_chars: int = DESCRIBE_VALUE_CHARS) -> str:
+        """One line: ``path: old -> new``, each value's ``repr`` cut to ``max_value_chars`` characters with a marker
+        saying how much was cut (0: whole; the full values are the record's ``old`` / ``new``)."""
+        return (f"{self.path}: {clip_text(repr(self.old), max_value_chars)} -> "
+                f"{clip_text(repr(self.new), max_value_chars)}")
 
     def key(self) -> str:
         """Identity of the change (:func:`change_key`): two interventions with the same key are the same change."""

@@ -257,6 +257,21 @@ _CAPPED_COLUMNS: dict[str, str | None] = {
     "findings": "'[]'", "note": "''"}
 """The ``versions`` columns held to :data:`COLUMN_MAX_CHARS`, each with the value that resets it (None: none does)."""
 _SUMMARY_FIRST = ("steps", *M.ALL_STEP_METRICS)
+FINDINGS_MAX = 500
+"""Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
+crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
+_SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
+
+
+def capped_findings(findings: list[Any], cap: int = FINDINGS_MAX) -> list[Any]:
+    """At most ``cap`` of ``findings``, the most severe first (blocking, warn, info, anything else), each severity
+    in its given order."""
+    def rank(i: int) -> tuple[int, int]:
+        f = findings[i]
+        sev = f.get("severity") if isinstance(f, dict) else None
+        return _SEVERITY_RANK.get(sev, 3) if isinstance(sev, str) else 3, i
+
+    return [findings[i] for i in sorted(range(len(findings)), key=rank)[:cap]]
 
 
 def capped_summary(summary: dict[str, Any], cap: int | None = None) -> tuple[dict[str, Any], int]:
@@ -1162,7 +1177,9 @@ class LineageStore:
         """Update status, checkpoint, metrics_summary, eval_summary, findings or note of a version.
 
         Raises:
-            LineageError: unknown version, field or status.
+            LineageError: unknown version, field or status; a column whose JSON / text would pass
+                :data:`COLUMN_MAX_CHARS` (nothing is written that the store would refuse to read back). More than
+                :data:`FINDINGS_MAX` findings are cut to it, the most severe kept (:func:`capped_findings`).
         """
         allowed = {"status", "checkpoint", "metrics_summary", "eval_summary", "findings", "note"}
         bad = set(fields) - allowed
@@ -1173,10 +1190,16 @@ class LineageStore:
         self.get(version_id)
         if isinstance(fields.get("metrics_summary"), dict):  # the callers say what they left out; this holds the cap
             fields["metrics_summary"] = capped_summary(fields["metrics_summary"])[0]
+        if isinstance(fields.get("findings"), list) and len(fields["findings"]) > FINDINGS_MAX:
+            fields["findings"] = capped_findings(fields["findings"])
         sets, args = [], []
         for k, v in fields.items():
             sets.append(f"{k}=?")
-            args.append(json.dumps(v) if k in ("metrics_summary", "eval_summary", "findings") else v)
+            value = json.dumps(v) if k in ("metrics_summary", "eval_summary", "findings") else v
+            if isinstance(value, str) and len(value) > COLUMN_MAX_CHARS:
+                raise LineageError(f"version {version_id}: its {k} would hold {len(value):,} characters, past the "
+                                   f"{COLUMN_MAX_CHARS:,} the store reads back; not written. Write a shorter {k}")
+            args.append(value)
         sets.append("updated_at=?")
         args += [time.time(), version_id]
         with self.tx() as db:

@@ -27,6 +27,14 @@ def _shown(ch: str) -> str:
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
 
 
+def clip_text(text: str | None, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters with a marker saying how much was cut (``max_chars`` <= 0: whole)."""
+    text = text or ""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"... [{len(text) - max_chars} more chars]"
+
+
 def has_controls(text: str) -> bool:
     """Whether ``text`` holds a character :func:`neutralise` would show escaped (a terminal control but newline
     and tab, or a bidi control), or a newline or tab (in a path or a name, they are no layout)."""

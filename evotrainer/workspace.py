@@ -216,12 +216,19 @@ class Workspace:
             return [], 0
         with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            unread = 0
-            if size > MAX_LOG_READ_BYTES:
-                f.seek(size - MAX_LOG_READ_BYTES)
-                f.readline()  # the first line is cut: start at the next one
-                unread = f.tell()
-            data = f.read(MAX_LOG_READ_BYTES)
+            floor, pos, newlines, chunks = max(0, size - MAX_LOG_READ_BYTES), size, 0, []
+            while pos > floor and newlines <= MAX_LOG_RECORDS:  # backwards, until the lines kept are all read
+                n = min(_LOG_CHUNK_BYTES, pos - floor)
+                pos -= n
+                f.seek(pos)
+                chunks.append(f.read(n))
+                newlines += chunks[-1].count(b"\n")
+        data = b"".join(reversed(chunks))
+        del chunks
+        unread = pos
+        if pos > 0:  # the first line read is cut (or is a whole line whose start we cannot know): skip it
+            cut = data.find(b"\n") + 1
+            unread, data = (pos + cut, data[cut:]) if cut else (size, b"")
         lines = data.rstrip(b"\n").rsplit(b"\n", MAX_LOG_RECORDS)  # the last MAX_LOG_RECORDS lines, split once
         if len(lines) > MAX_LOG_RECORDS:
             unread += len(lines[0]) + 1
@@ -311,6 +318,7 @@ class _Flock:
 
 MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256 MiB of logs/run.jsonl
 MAX_LOG_RECORDS = 500_000  # ... and at most its last 500,000 lines (a run writes a few thousand)
+_LOG_CHUNK_BYTES = 4 << 20  # read_logs_tail reads the log backwards in blocks of 4 MiB until it holds those lines
 
 
 def _open_log(root: Path, flags: int) -> int:

@@ -787,14 +787,6 @@ def page_fields(total: int, offset: int, n_returned: int) -> dict[str, Any]:
     return {"total": total, "offset": offset, "next_offset": nxt if nxt < total and n_returned > 0 else None}
 
 
-def clip_text(text: str | None, max_chars: int) -> str:
-    """``text`` cut to ``max_chars`` characters with a marker saying how much was cut."""
-    text = text or ""
-    if max_chars <= 0 or len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"... [{len(text) - max_chars} more chars]"
-
-
 def require_version(ws: Workspace, version_id: str) -> Version:
     """The version ``version_id`` of the run, or a tool error listing the known ids."""
     try:

@@ -27,11 +27,11 @@ from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
     ToolContext,
-    clip_text,
     page_fields,
     require_version,
     state_of,
 )
+from evotrainer.terminal import clip_text
 
 LEVELS = ("debug", "info", "warning", "error")
 SEARCH_DEADLINE_S = 10.0  # wall-clock budget of one search_logs scan (seconds)

@@ -19,11 +19,11 @@ from evotrainer.servers.common import (
     MAX_LIMIT,
     Page,
     ToolContext,
-    clip_text,
     page_fields,
     require_version,
     state_of,
 )
+from evotrainer.terminal import clip_text
 from evotrainer.workspace import Workspace
 
 Split = Literal["train", "eval"]

@@ -81,7 +81,9 @@ class VersionSummary(BaseModel):
     parent_id: str | None
     status: str
     role: str = Field("", description="'control' for a control arm (the parent's recipe continued), '' otherwise.")
-    interventions: list[str] = Field(description="'path: old -> new' per intervention (empty for the root).")
+    interventions: list[str] = Field(description="'path: old -> new' per intervention (empty for the root), each value "
+                                                 "cut to 200 characters; get_version has the full values.")
+    interventions_omitted: int = Field(0, description="Interventions past the first 20 left out of this row.")
     avg_at_k: float | None = Field(None, description="Held-out Avg@k of the last evaluation, if any.")
     reward_mean: float | None = Field(None, description="Training reward/mean summary, if trained.")
     created_at: float = Field(description="Unix seconds.")
@@ -134,6 +136,11 @@ REPLY_SUMMARY_MAX = SUMMARY_MAX
 """``metrics_summary`` entries one get_version reply carries (review 12 G-R12: a version's 2,500,000-entry summary was a
 100 MB reply that stalled every tool for 22 s); the store's writers keep no more."""
 REPLY_FINDINGS_MAX = 200
+REPLY_INTERVENTIONS_MAX = 20
+"""Interventions one :class:`VersionSummary` row describes (a merge of many siblings has as many)."""
+REPLY_LIST_MAX_CHARS = 1 << 20
+"""JSON characters of the rows one list_versions page carries (1 MiB): a page ends early past it, with ``next_offset``
+where the next starts (review 13 I-R13: 400 rows of ~1 MB interventions were an 800 MB reply and a 6.7 s stall)."""
 """Findings one get_version reply carries (G-R12: 400,000 stored findings were a 66 MB reply)."""
 
 
@@ -197,8 +204,10 @@ def summary_of(v: Version) -> VersionSummary:
     ev, ms = v.eval_summary or {}, v.metrics_summary or {}
     avg = ev.get("avg@k")
     rew = ms.get("reward/mean")
+    ivs = v.interventions
     return VersionSummary(id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
-                          interventions=[iv.describe() for iv in v.interventions],
+                          interventions=[iv.describe() for iv in ivs[:REPLY_INTERVENTIONS_MAX]],
+                          interventions_omitted=max(0, len(ivs) - REPLY_INTERVENTIONS_MAX),
                           avg_at_k=float(avg) if isinstance(avg, (int, float)) else None,
                           reward_mean=float(rew) if isinstance(rew, (int, float)) else None,
                           created_at=v.created_at)
@@ -243,11 +252,19 @@ def list_versions(
     offset: Annotated[int, Field(description="Index of the first version to return.", ge=0)] = 0,
     limit: Annotated[int, Field(description="Versions per page.", ge=1, le=MAX_LIMIT)] = 50,
 ) -> VersionList:
-    """List the versions of the run (id, parent, status, intervention, headline scores), paginated."""
+    """List the versions of the run (id, parent, status, intervention, headline scores), paginated; a page ends
+    before ``limit`` rows once it holds 1 MiB of JSON (``next_offset`` says where to go on)."""
     ws = state_of(ctx).workspace()
     vs = [v for v in ws.lineage.versions() if status is None or v.status == status]
-    page = vs[offset:offset + limit]
-    return VersionList(versions=[summary_of(v) for v in page], **page_fields(len(vs), offset, len(page)))
+    rows: list[VersionSummary] = []
+    size = 0
+    for v in vs[offset:offset + limit]:
+        row = summary_of(v)
+        size += len(row.model_dump_json())
+        if rows and size > REPLY_LIST_MAX_CHARS:
+            break
+        rows.append(row)
+    return VersionList(versions=rows, **page_fields(len(vs), offset, len(rows)))
 
 
 FINISHED_JOBS = frozenset({"done", "failed", "cancelled", "interrupted"})

@@ -2393,3 +2393,53 @@ def test_planted_run_log_lines_that_are_no_record_are_skipped_and_the_lines_read
         records, unread = ws.read_logs_tail()
     assert [r["message"] for r in records] == [f"m{i}" for i in range(15, 25)]
     assert unread == sum(len(ln) + 1 for ln in lines[:15])
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 4 << 20])
+def test_the_run_log_tail_is_read_backwards_until_its_lines_are_held(tmp_path, monkeypatch, chunk):
+    """Review 13 (G-R13b): 277 MB of ``{}`` lines made one search_logs read the whole 256 MiB window (143.6 s, a
+    12.6 GB process) to keep its last 500,000 lines. The tail is now read backwards in blocks until it holds
+    MAX_LOG_RECORDS lines (or reaches MAX_LOG_READ_BYTES): the records and unread_bytes are those of a whole read,
+    whatever the block size, and at most one block more than the lines kept is read."""
+    from mcp_testlib import make_run
+
+    from evotrainer import workspace
+
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    lines = [json.dumps({"time": float(i), "level": "info", "message": f"m{i}" + "x" * (i % 13)}) for i in range(300)]
+    log.write_text("".join(f"{ln}\n" for ln in lines))
+    monkeypatch.setattr(workspace, "MAX_LOG_RECORDS", 10)
+    monkeypatch.setattr(workspace, "_LOG_CHUNK_BYTES", chunk)
+    reads: list[int] = []
+    real_fdopen = os.fdopen
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def read(self, n):
+            reads.append(n)
+            return self.f.read(n)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(workspace.os, "fdopen", lambda fd, mode: Counted(real_fdopen(fd, mode)))
+    with Workspace.open(run) as ws:
+        records, unread = ws.read_logs_tail()
+    assert [r["message"][:4].rstrip("x") for r in records] == [f"m{i}" for i in range(290, 300)]
+    assert unread == sum(len(ln) + 1 for ln in lines[:290])
+    tail = sum(len(ln) + 1 for ln in lines[290:])
+    assert sum(reads) <= min(tail + 2 * chunk, log.stat().st_size)
+    monkeypatch.setattr(workspace, "MAX_LOG_READ_BYTES", tail - 5)  # the window ends inside the first line kept
+    with Workspace.open(run) as ws:
+        records, unread = ws.read_logs_tail()
+    assert [r["message"][:4].rstrip("x") for r in records] == [f"m{i}" for i in range(291, 300)]
+    assert unread == sum(len(ln) + 1 for ln in lines[:291])

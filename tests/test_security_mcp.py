@@ -1742,3 +1742,81 @@ def test_a_get_version_reply_carries_a_bounded_summary_and_findings(tmp_path):
         assert c.ok("list_versions")["versions"][0]["reward_mean"] == 0.5
     finally:
         c.close()
+
+
+def test_list_versions_of_large_interventions_is_bounded_per_value_per_row_and_per_page(tmp_path):
+    """Review 13 I-R13: list_versions printed each intervention's value in full, so versions with ~1 MB interventions
+    (under the 1 MiB column cap) made the default page of 50 a 100 MB reply and limit=400 an 800 MB one that stalled
+    a concurrent ping 6.7 s. Each value is cut to DESCRIBE_VALUE_CHARS (200) characters of its repr, a row describes
+    at most REPLY_INTERVENTIONS_MAX (20) interventions with a count of the rest, and a page ends once it holds
+    REPLY_LIST_MAX_CHARS (1 MiB) of JSON, next_offset pointing at the first row left for the next page."""
+    import json
+    import sqlite3
+
+    from evotrainer.intervention import DESCRIBE_VALUE_CHARS
+    from evotrainer.servers.training import REPLY_INTERVENTIONS_MAX, REPLY_LIST_MAX_CHARS
+
+    assert (DESCRIBE_VALUE_CHARS, REPLY_INTERVENTIONS_MAX, REPLY_LIST_MAX_CHARS) == (200, 20, 1 << 20)
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    row = db.execute("SELECT recipe, interventions FROM versions WHERE id = 'v1'").fetchone()
+    iv = json.loads(row[1])[0]
+    big = [{**iv, "new": "x" * 300_000}, {**iv, "new": ["y" * 1_000] * 300}]  # 300 KB each, under the column cap
+    many = [{**iv, "path": f"p{i:02d}", "old": "o" * 300, "new": "z" * 300} for i in range(25)]  # ~9 KB a row
+    rows = [("v2", json.dumps(big))] + [(f"w{i:03d}", json.dumps(many)) for i in range(250)]
+    db.executemany("INSERT INTO versions (id, parent_id, recipe, interventions, status, created_at, updated_at) "
+                   "VALUES (?, 'v0', ?, ?, 'proposed', ?, ?)",
+                   [(vid, row[0], ivs, 2e9 + i, 2e9 + i) for i, (vid, ivs) in enumerate(rows)])
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        page = c.ok("list_versions", {"limit": 3})
+        v2 = page["versions"][2]
+        assert v2["id"] == "v2" and v2["interventions_omitted"] == 0
+        assert v2["interventions"][0] == f"eps_clip_high: 0.28 -> '{'x' * 199}... [299802 more chars]"
+        assert v2["interventions"][1].startswith("eps_clip_high: 0.28 -> ['yyyy") and \
+            v2["interventions"][1].endswith("... [301000 more chars]")
+        assert page["next_offset"] == 3
+        first = c.ok("list_versions", {"limit": 500})
+        n = len(first["versions"])
+        w = first["versions"][3]
+        assert w["id"] == "w000" and len(w["interventions"]) == 20 and w["interventions_omitted"] == 5
+        assert w["interventions"][19] == f"p19: '{'o' * 199}... [102 more chars] -> '{'z' * 199}... [102 more chars]"
+        assert 50 < n < 253 and first["total"] == 253 and first["next_offset"] == n
+        assert len(json.dumps(first["versions"])) <= REPLY_LIST_MAX_CHARS
+        ids, offset, pages = [v["id"] for v in first["versions"]], n, 1
+        while offset is not None:
+            nxt = c.ok("list_versions", {"offset": offset, "limit": 500})
+            assert len(json.dumps(nxt["versions"])) <= REPLY_LIST_MAX_CHARS
+            ids += [v["id"] for v in nxt["versions"]]
+            offset, pages = nxt["next_offset"], pages + 1
+        assert ids == ["v0", "v1", "v2", *[f"w{i:03d}" for i in range(250)]] and pages == 3
+        assert c.ok("get_version", {"version_id": "v2"})["interventions"][0]["new"] == "x" * 300_000
+    finally:
+        c.close()
+
+
+def test_a_version_column_the_store_would_not_read_back_is_not_written_and_findings_keep_the_most_severe(tmp_path):
+    """Review 12 G-R12, left then: no writer bounded a version's findings or eval_summary (only the 1 MiB read cap
+    did). update_version refuses a column past COLUMN_MAX_CHARS, naming it, and cuts findings to FINDINGS_MAX (500),
+    blocking first, then warn, then info, each in its given order."""
+    from evotrainer.lineage import COLUMN_MAX_CHARS, FINDINGS_MAX, LineageError
+    from evotrainer.workspace import Workspace
+
+    assert FINDINGS_MAX == 500
+    run = make_run(tmp_path)
+    fs = ([{"kind": f"i{i}", "severity": "info"} for i in range(400)] + [{"kind": f"w{i}", "severity": "warn"}
+                                                                         for i in range(300)]
+          + [{"kind": "b0", "severity": "blocking"}])
+    with Workspace(run, writer=True) as ws:
+        kept = ws.lineage.update_version("v1", findings=fs).findings
+        assert [f["kind"] for f in kept] == ["b0", *[f"w{i}" for i in range(300)], *[f"i{i}" for i in range(199)]]
+        with pytest.raises(LineageError) as exc:
+            ws.lineage.update_version("v1", eval_summary={"avg@k": 0.5, "pad": "x" * COLUMN_MAX_CHARS})
+        assert str(exc.value) == (f"version v1: its eval_summary would hold {COLUMN_MAX_CHARS + 25:,} characters, past "
+                                  f"the {COLUMN_MAX_CHARS:,} the store reads back; not written. Write a shorter "
+                                  "eval_summary")
+        assert ws.lineage.get("v1").eval_summary == {}
+        with pytest.raises(LineageError, match="its note would hold"):
+            ws.lineage.update_version("v1", note="n" * (COLUMN_MAX_CHARS + 1))
