@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -38,7 +40,7 @@ from evotrainer.servers.common import (
     prefer_the_event_loop,
     state_of,
 )
-from evotrainer.servers.envelope import serve_stdio
+from evotrainer.servers.envelope import exit_now, serve_stdio
 
 ToolFn = Callable[..., Any]
 
@@ -136,8 +138,12 @@ class GuardedMCPServer(MCPServer[ServerState]):
         # at EOF the requests already read get the grace period to be answered first (review 11, K-R11)
         # and whatever blocks (a client that stopped reading stdout: review 12, Y-R12), the process ends at most
         # the drain, the tool threads' grace and 5 s after EOF
-        await serve_stdio(self, eof_drain_s=common.STDIO_EOF_GRACE_S,
-                          exit_after_s=2 * common.STDIO_EOF_GRACE_S + 5.0)
+        exit_after_s = 2 * common.STDIO_EOF_GRACE_S + 5.0
+        async with anyio.create_task_group() as tg:
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(_end_on_sigterm, tg.cancel_scope, exit_after_s)
+            await serve_stdio(self, eof_drain_s=common.STDIO_EOF_GRACE_S, exit_after_s=exit_after_s)
+            tg.cancel_scope.cancel()
         # The client closed stdin (review 10, W-R10). Stop this process's jobs (marked interrupted): a training
         # thread still running into the interpreter's teardown aborted it (SIGABRT) and left its row 'running'.
         left = self.stop_jobs() if self.stop_jobs is not None else []
@@ -149,6 +155,20 @@ class GuardedMCPServer(MCPServer[ServerState]):
         while common.tool_threads() and time.monotonic() < end:
             await anyio.sleep(0.05)
         common.exit_if_busy(left)
+
+
+async def _end_on_sigterm(serving: anyio.CancelScope, exit_after_s: float) -> None:
+    """At SIGTERM, end the stdio serving (``serving`` cancelled: the calls in flight are cancelled, the server's exit
+    path stops the jobs, marked interrupted) and arm the watchdog that ends the process ``exit_after_s`` later
+    whatever blocks. Before, SIGTERM's default action killed the process where it stood: a job row stayed 'running'
+    until the next open (the HTTP server unwinds since review 10's W-R10 residue; stdio did not)."""
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            watchdog = threading.Timer(exit_after_s, exit_now)
+            watchdog.daemon = True
+            watchdog.start()
+            serving.cancel()
+            return
 
 
 def build_server(name: str, run_dir: str | Path | None = None, *, backend: str = "local") -> GuardedMCPServer:

@@ -208,7 +208,7 @@ class GuardedLines:
             assert self._reply is not None
             await self._reply(err)
         if self._exit_after_s is not None:
-            watchdog = threading.Timer(self._exit_after_s, _exit_now)
+            watchdog = threading.Timer(self._exit_after_s, exit_now)
             watchdog.daemon = True
             watchdog.start()
         # EOF: the SDK's dispatcher cancels every handler still running when its read stream ends, so the requests
@@ -323,8 +323,9 @@ async def serve_stdio(server: Any, eof_drain_s: float = STDIO_EOF_DRAIN_S, exit_
         restore()
 
 
-def _exit_now() -> None:
-    """End the process at once (the watchdog of :class:`GuardedLines`): no flush, which could block too."""
+def exit_now() -> None:
+    """End the process at once (the watchdog of :class:`GuardedLines` and of a stdio server's SIGTERM): no flush,
+    which could block too."""
     os._exit(0)
 
 

@@ -108,6 +108,52 @@ def test_stdio_eof_interrupts_the_running_jobs(tmp_path):
     assert row.status == "interrupted" and row.steps_done >= 1 and row.message.startswith("interrupted")
 
 
+_NAP_AT_SIGTERM = _ENDLESS_BACKEND + r'''
+common.STDIO_EOF_GRACE_S = 1.0
+server = build_server("all", sys.argv[1])
+
+
+@common.tool(server, deadline_s=300)
+def nap(seconds: float) -> str:
+    """Sleeps in a tool thread."""
+    time.sleep(seconds)
+    return "slept"
+
+
+server.run("stdio")
+'''
+
+
+def test_sigterm_ends_a_stdio_server_with_a_call_in_flight_and_interrupts_its_jobs(tmp_path):
+    """Review 13's left item (stdio SIGTERM): SIGTERM's default action killed a stdio server where it stood (exit
+    -15), its training job's row left 'running' until the next open; the HTTP server unwinds since review 10's
+    W-R10 residue. Now SIGTERM ends the stdio serving: the jobs are marked interrupted, a tool body still running
+    (a 120 s nap) gets common.STDIO_EOF_GRACE_S (1 s here) and is not waited for, and the process exits 0."""
+    from test_security_stall import Stdio
+
+    run = make_run(tmp_path)
+    script = tmp_path / "server.py"
+    script.write_text(_NAP_AT_SIGTERM)
+    s = Stdio([sys.executable, str(script), str(run)])
+    try:
+        rid = s.send("tools/call", {"name": "start_training", "arguments": {"version_id": "v0", "steps": 100000}})
+        job = s.wait(rid, 120)["result"]["structuredContent"]
+        assert job["status"] == "running"
+        s.send("tools/call", {"name": "nap", "arguments": {"seconds": 120}})
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0  # before: -15, and the job below 'running'
+        assert time.monotonic() - t0 < 20
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(10)
+    with Workspace.open(run) as ws:
+        row = ws.lineage.job(job["id"])
+    assert row.status == "interrupted" and row.steps_done >= 1 and row.message.startswith("interrupted")
+
+
 def test_job_manager_shutdown_stops_and_marks_its_jobs(tmp_path):
     Workspace.init(tmp_path / "run", Recipe())
     jm = JobManager(tmp_path / "run")
