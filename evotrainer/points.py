@@ -3,7 +3,8 @@
 One rule for every reader of metrics (the foreign-run readers of ``harness/ingest.py`` and
 ``harness/ingest_formats.py``, :func:`evotrainer.tb_events.parse_tensorboard`, and
 :meth:`evotrainer.lineage.LineageStore.all_metrics`): a file or a store holding more points than any real run
-is *thinned*, not cut: the steps on a grid are kept, its spacing doubling each time the cap is reached
+is *thinned*, not cut: the lowest step of each bucket of consecutive steps is kept, the buckets' width doubling
+each time the cap is reached
 (whatever order the steps arrive in), so the whole run's
 shape (first step to last) stays for the analyzers, which look at trends, and memory is bounded by the caps
 instead of by the file's size. Review 11 (D-R11b, D-R11c): 1,000,000 one-metric records (a 25 MB JSONL,
@@ -48,13 +49,16 @@ class StepRecords(dict[int, dict[str, float]]):
     """Per-step records ``{step: {name: value}}`` that thin themselves evenly past the caps.
 
     Add points with :meth:`add`. While at most ``max_steps`` distinct steps and ``max_points`` values are held,
-    every point is kept (steps in any order, several additions to one step merge). Past either cap the held steps
-    are put on a grid: a step is kept when ``(step - origin) % gap == 0``, ``gap`` doubling at each thinning (the
-    first ``gap`` is twice the greatest common spacing of the held steps), and of the two half-grids the one
-    holding more held steps is kept (on a tie the one holding the lowest step). A later step is kept only when it
-    lies on the grid; an addition to a held step still merges. The rule does not depend on the order the steps
-    arrive in (review 12, D-R12b: steps read in decreasing order kept only the first third of the run): a run of
-    N steps keeps about ``max_steps / 2`` to ``max_steps`` of them, evenly spread from its first step to its last.
+    every point is kept (steps in any order, several additions to one step merge). Past either cap the steps are
+    put in buckets of ``gap`` consecutive steps (bucket ``(step - origin) // gap``, ``origin`` the lowest step held
+    at the first thinning, the first ``gap`` twice the greatest common spacing of the steps held then, doubling at
+    each later thinning), and each bucket keeps one step: the lowest offered to it. A later step is kept when its
+    bucket is empty or it is below the bucket's step (which it replaces); an addition to a held step still merges.
+    Once every step has arrived, the steps kept are the lowest of each bucket whatever the order they came in:
+    review 12 (D-R12b) saw steps read in decreasing order keep only the last third of the run, and a fixed grid
+    (``(step - origin) % gap == 0``, the fix of the session after it) still dropped every later step off that grid
+    (a resumed run logging at another offset: steps 0, 4, 8, ... and then 1, 5, 9, ...). A run of N steps keeps
+    about ``max_steps / 2`` to ``max_steps`` of them, evenly spread from its first step to its last.
 
     At most ``max_series`` distinct names are kept (the first by arrival, :data:`MAX_METRIC_SERIES`); the points
     of further names are dropped and counted in ``series_dropped`` (review 12, D-R12: 4,000,000 one-point
@@ -66,7 +70,7 @@ class StepRecords(dict[int, dict[str, float]]):
             past ``max_series``).
         series_dropped: of ``dropped``, the points of names past ``max_series``.
         points: values held now.
-        gap: 0 while nothing was thinned, else the grid spacing of the kept steps (in steps).
+        gap: 0 while nothing was thinned, else the width of a bucket (in steps): about one step in ``gap`` is kept.
     """
 
     def __init__(self, max_steps: int | None = None, max_points: int | None = None,
@@ -81,6 +85,7 @@ class StepRecords(dict[int, dict[str, float]]):
         self.max_series = max(1, MAX_METRIC_SERIES if max_series is None else max_series)
         self.read = self.dropped = self.points = self.gap = self.series_dropped = 0
         self._origin = 0
+        self._buckets: dict[int, int] = {}  # bucket -> the step it keeps, once thinned
         self._names: dict[str, str] = {}  # every name kept, held once
 
     def add(self, step: int, name: str, value: float) -> None:
@@ -93,9 +98,15 @@ class StepRecords(dict[int, dict[str, float]]):
             return
         rec = self.get(step)
         if rec is None:
-            if self.gap and (step - self._origin) % self.gap:
-                self.dropped += 1
-                return
+            if self.gap:
+                b = (step - self._origin) // self.gap
+                held = self._buckets.get(b)
+                if held is not None and held < step:
+                    self.dropped += 1
+                    return
+                if held is not None:  # a lower step of the bucket replaces the one held
+                    self._drop(held)
+                self._buckets[b] = step
             rec = self[step] = {}
         if known is None:
             known = self._names[name] = name
@@ -114,25 +125,30 @@ class StepRecords(dict[int, dict[str, float]]):
         for name, value in values.items():
             self.add(step, name, value)
 
+    def _drop(self, step: int) -> None:
+        """Forget held ``step`` and its values (counted in ``dropped``)."""
+        n = len(self.pop(step))
+        self.points -= n
+        self.dropped += n
+
     def _thin(self) -> bool:
-        """Double the grid, keeping the half-grid with more held steps; ``False`` when one step is left."""
+        """Double the bucket width, keeping the lowest step of each bucket; ``False`` when one step is left."""
         steps = sorted(self)
         if len(steps) < 2:
             return False
-        if not self.gap:  # the first thinning: the grid of the held steps' common spacing
+        if not self.gap:  # the first thinning: buckets of the held steps' common spacing, from the lowest step
             g = 0
             for s in steps:
                 g = math.gcd(g, s - steps[0])
             self._origin, self.gap = steps[0], g
-        gap = 2 * self.gap
-        on = [s for s in steps if (s - self._origin) % gap == 0]
-        off = [s for s in steps if (s - self._origin) % gap]
-        keep, drop = (on, off) if len(on) > len(off) or (len(on) == len(off) and on[:1] == steps[:1]) else (off, on)
-        for s in drop:
-            n = len(self.pop(s))
-            self.points -= n
-            self.dropped += n
-        self._origin, self.gap = keep[0], gap
+        self.gap *= 2
+        self._buckets = {}
+        for s in steps:  # ascending: the first step met in a bucket is its lowest
+            b = (s - self._origin) // self.gap
+            if b in self._buckets:
+                self._drop(s)
+            else:
+                self._buckets[b] = s
         return True
 
     def summary(self) -> str:

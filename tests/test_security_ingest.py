@@ -2025,30 +2025,50 @@ _ORDERS = {"increasing": list(range(1, 3001)), "decreasing": list(range(3000, 0,
            "shuffled": random.Random(0).sample(range(1, 3001), 3000)}
 
 
-@pytest.mark.parametrize(("order", "first"), [("increasing", 1), ("decreasing", 4), ("shuffled", 3)])
-def test_thinning_keeps_an_even_spread_in_any_arrival_order(tmp_path, monkeypatch, order, first):
+_KEPT = {"increasing": list(range(1, 3001, 4)), "decreasing": [1, *range(4, 3001, 4)],
+         "shuffled": list(range(1, 3001, 4))}
+
+
+@pytest.mark.parametrize("order", ["increasing", "decreasing", "shuffled"])
+def test_thinning_keeps_an_even_spread_in_any_arrival_order(tmp_path, monkeypatch, order):
     """Review 12 D-R12b: a metrics.jsonl of 300,000 lines with decreasing steps (300000..1) kept 50,001 steps, all
     from 200,000 to 300,000 (the steps read after the first thinning were dropped as before the last kept step),
-    while the warning said the series was thinned evenly from the first to the last step. Now a step is kept when
-    it lies on a grid (``(step - origin) % gap == 0``, gap doubling): steps 1..3,000 past MAX_METRIC_STEPS (lowered
-    to 1,000) keep 750 steps 4 apart over the whole range in every order (the grid's offset is the half-grid that
-    held more steps when thinned)."""
+    while the warning said the series was thinned evenly from the first to the last step. Now each bucket of
+    ``gap`` consecutive steps keeps its lowest step (gap doubling): steps 1..3,000 past MAX_METRIC_STEPS (lowered
+    to 1,000) keep 750 steps 4 apart over the whole range in every order; read backwards the buckets start at the
+    first thinning's lowest step (2,000), so the lowest bucket [0, 3] keeps step 1 too (751 steps)."""
     from evotrainer import points
     from evotrainer.harness.ingest import IngestWarning
 
+    kept = _KEPT[order]
     monkeypatch.setattr(points, "MAX_METRIC_STEPS", 1000)
     src = tmp_path / "run"
     src.mkdir()
     (src / "metrics.jsonl").write_text("".join(f'{{"step":{i},"loss":{i}}}\n' for i in _ORDERS[order]))
-    with pytest.warns(IngestWarning, match=r": read 3,000 metric points, kept 750 \(750 steps, about 1 step in 4, "
-                                           r"from the first to the last\), 2,250 dropped: every series"):
+    with pytest.warns(IngestWarning, match=rf": read 3,000 metric points, kept {len(kept)} \({len(kept)} steps, about "
+                                           rf"1 step in 4, from the first to the last\), {3000 - len(kept):,} dropped: "
+                                           "every series"):
         ev = ingest(src)
     steps, values = ev.series("run", "loss/total")
-    assert list(steps) == list(range(first, 3001, 4)) and list(values) == [float(s) for s in range(first, 3001, 4)]
+    assert list(steps) == kept and list(values) == [float(s) for s in kept]
     r = points.StepRecords(max_steps=1000)
     for s in _ORDERS[order]:
         r.add(s, "loss", s)
-    assert (sorted(r), r.gap, r.points, r.dropped) == (list(range(first, 3001, 4)), 4, 750, 2250)
+    assert (sorted(r), r.gap, r.points, r.dropped) == (kept, 4, len(kept), 3000 - len(kept))
+
+
+def test_thinning_keeps_later_steps_logged_at_another_offset():
+    """Review 12 D-R12b, left after its fix: the grid chosen at the first thinning (``(step - origin) % gap == 0``)
+    dropped every later step off it, e.g. a run logged every 4 steps from 0 and, after a resume, every 4 steps from
+    401: steps 0..400 kept, the 201 steps 401..1201 all dropped. Now each bucket of 16 steps keeps its lowest:
+    0, 16, ..., 384, 400 and then 417, 433, ..., 1201 (76 steps, 16 apart over the whole run)."""
+    from evotrainer.points import StepRecords
+
+    r = StepRecords(max_steps=100)
+    for s in [*range(0, 401, 4), *range(401, 1202, 4)]:
+        r.add(s, "loss", float(s))
+    assert sorted(r) == [*range(0, 401, 16), *range(417, 1202, 16)]
+    assert (r.gap, r.points, r.dropped, r.read) == (16, 76, 226, 302)
 
 
 def test_a_metrics_file_of_too_many_series_keeps_the_first_by_arrival_and_says(tmp_path, monkeypatch):
