@@ -152,9 +152,10 @@ class LoopBase:
                                                                    data.n_heldout) * ev.k)
         return 2 * per_sample * data.n_test * (self.config.test_k or ev.k)
 
-    def out_of_budget(self) -> bool:
-        """True once the wall clock or the token budget (``budget.max_tokens``: train + dev-eval tokens) is spent."""
-        cap = self.config.budget.max_tokens
+    def out_of_budget(self, cap: int | None = None) -> bool:
+        """True once the wall clock or the token budget (``budget.max_tokens``: train + dev-eval tokens; ``cap``
+        in its place when given, e.g. the evotrainer mode's exploration share) is spent."""
+        cap = self.config.budget.max_tokens if cap is None else cap
         if self.out_of_time():
             return True
         if cap is None:
@@ -162,16 +163,16 @@ class LoopBase:
         c = self.compute()
         return c["train_tokens"] + c["eval_tokens"] >= cap
 
-    def affordable_arms(self) -> int | None:
+    def affordable_arms(self, cap: int | None = None) -> int | None:
         """How many more arms (``steps_per_version`` steps and one dev evaluation each) the token budget
-        (``budget.max_tokens``) pays for; None without a token budget or before any step and dev evaluation
-        gave the per-arm estimate.
+        (``budget.max_tokens``, or ``cap`` when given) pays for; None without a token budget or before any step
+        and dev evaluation gave the per-arm estimate.
 
         Estimate: ``steps_per_version`` x the run's mean train tokens per trained step + its mean tokens per dev
         evaluation. An arm may start while the budget is not yet spent (the static mode's rule for its segments),
         so the last arm overshoots by less than one arm: ``ceil((max_tokens - spent) / arm)``, 0 once spent.
         """
-        cap = self.config.budget.max_tokens
+        cap = self.config.budget.max_tokens if cap is None else cap
         if cap is None:
             return None
         c = self.compute()

@@ -8,6 +8,7 @@
       → record outcomes, failed cases and the search trace in memory
       → revert kept versions whose evidence turned bad → merge kept siblings
       → evolve analyzers when a held-out move is unexplained
+    with ``budget.exploit_fraction`` of a token budget kept back: continue the answer alone until the budget is spent
 
 Everything acts through MCP tools (:class:`~evotrainer.agents.mcp_client.ToolBox`): the lineage is read and
 written through them (:mod:`.loop`); the lineage store's kv holds the loop's own stage records.
@@ -91,7 +92,8 @@ class Orchestrator(LoopBase):
         r = int(self.lineage.kv_get("loop/round", 1))
         while True:
             in_progress = self.done(f"r{r}/parent") and not self.done(f"r{r}/done")
-            if not in_progress and (self.n_versions() >= self.config.budget.max_versions or self.out_of_budget()):
+            if not in_progress and (self.n_versions() >= self.config.budget.max_versions
+                                    or self.out_of_budget(self.explore_cap())):
                 break
             if not self.round(r):
                 self.log(f"round {r}: no untried intervention left; stopping")
@@ -102,10 +104,98 @@ class Orchestrator(LoopBase):
             self.save_compute()
         self._save_usage()
         self.save_compute()
+        if self.explore_cap() is not None:
+            self.exploit(r)
+            self.save_compute()
         self.stage("final_test", lambda: self.final_test(self.stage("answer", self.answer)))
         self.save_compute()
         self.mark_finished()
         return self.summary()
+
+    def explore_cap(self) -> int | None:
+        """Tokens the rounds may spend: ``(1 - budget.exploit_fraction) x budget.max_tokens``; None without a token
+        budget or with ``exploit_fraction`` 0 (the rounds spend the whole budget and nothing is exploited)."""
+        b = self.config.budget
+        if b.max_tokens is None or not b.exploit_fraction:
+            return None
+        return max(1, int(b.max_tokens * (1.0 - b.exploit_fraction)))
+
+    def exploit(self, r: int) -> str | None:
+        """The exploit phase: continue the run's answer so far alone until the token budget is spent.
+
+        The answer so far (:meth:`answer`) gets a control arm (``branch_control``: its recipe continued from its
+        checkpoint), trained in segments of ``steps_per_version`` while the budget is not spent (the static mode's
+        rule: the last segment may overshoot by less than one), evaluated on dev once and decided as a control-only
+        round (:func:`~evotrainer.harness.gate.round_decisions`: kept unless established worse than its parent or
+        blocked by a finding of its own). When it is selectable and its dev Avg@k is at least its parent's it becomes
+        the frontier, and so the answer; otherwise the answer stays where it was (checkpoint selection on dev).
+
+        Why: the rounds spread a budget over arms of ``steps_per_version`` steps each, so the answer of a run of
+        rounds alone is a few segments deep where the static mode's is the whole budget deep (docs/compare.md: 24
+        steps against 64-80 at the same tokens, with the root and the first round taking 14.4-15.0k of 18.4k).
+        Successive halving and Hyperband (Li et al. 2017, 2020) and PBT's exploit step (Jaderberg et al. 2017) spend
+        the larger share of a budget on the configuration that won the cheap comparisons; this is that share.
+
+        Returns the exploit arm's id, or None when nothing was exploited (no budget left, no trained answer, its
+        weights damaged, a control of it already trained, or its training failed); the run log says which.
+        """
+        if self.done("exploit/done"):
+            return self.lineage.kv_get("loop/exploit/arm")
+        parent = self.stage("exploit/parent", self.answer)
+        pv = self.version(parent)
+        why = None
+        if not self.done("exploit/arm") and self.out_of_budget():
+            why = "the token budget is spent"
+        elif pv["status"] not in ("kept", "pruned") or "avg@k" not in (pv.get("eval_summary") or {}):
+            why = f"{parent} is not a trained and evaluated version"
+        elif pv.get("damaged_weights"):
+            why = f"{parent}'s weights are damaged"
+        elif not self.done("exploit/arm") and any(c.is_control for c in self.children_of(parent)):
+            why = f"{parent} has a control arm already"
+        if why is not None:
+            self.log(f"exploit: nothing continued ({why}); the answer stays {parent}", version=parent)
+            self.stage("exploit/done", lambda: True)
+            return None
+        steps = self.config.budget.steps_per_version
+
+        def branch() -> str:
+            res = self.tb.call("branch_control", {
+                "parent_id": parent, "note": f"exploit: {parent}'s recipe continued until the token budget is spent"})
+            self.emit("lineage", {})
+            return str(res["version"]["id"])
+
+        vid = self.stage("exploit/arm", branch)
+        self.log(f"exploit: {vid} continues the answer so far, {parent}, until the token budget is spent", version=vid)
+        ok, total = True, max(self.lineage.last_step(vid) + 1, 0)
+        while ok and self.status(vid) not in (*DECIDED, "failed"):
+            if total >= steps and self.out_of_budget():
+                break
+            total += steps
+            ok = self.train_to(vid, total)
+        if not ok or self.status(vid) == "failed":
+            self.fail_version(vid, self.author)
+            self.stage("exploit/done", lambda: True)
+            return vid
+        try:
+            self.evaluate(vid)
+        except LoopError as exc:
+            self.log(str(exc), version=vid)
+            self.fail_version(vid, self.author)
+            self.stage("exploit/done", lambda: True)
+            return vid
+        self.decide_round(r, vid, [])
+        v, dev = self.version(vid), self.dev_summary(vid).get("avg@k")
+        before = (pv.get("eval_summary") or {}).get("avg@k")
+        if (self._selectable(vid, v) and isinstance(dev, (int, float)) and isinstance(before, (int, float))
+                and dev >= before):
+            self.lineage.kv_set("loop/frontier", vid)
+            self.log(f"exploit: {vid} ({self.lineage.last_step(vid) + 1} steps past {parent}) is the answer: dev "
+                     f"Avg@k {dev:.3f} against {before:.3f}", version=vid)
+        else:
+            self.log(f"exploit: {vid} is not the answer (dev Avg@k {dev}, {v['status']}; {parent} had {before})",
+                     version=vid)
+        self.stage("exploit/done", lambda: True)
+        return vid
 
     def frontier(self) -> str:
         """The version the next round branches from: the best selectable arm (dev Avg@k) of the latest round that
@@ -209,7 +299,7 @@ class Orchestrator(LoopBase):
         # never start more arms than the token budget pays for (the control first); a round already ranked (a resume)
         # goes on as it was planned
         arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
-            self.stage(f"r{r}/arms", self.affordable_arms)
+            self.stage(f"r{r}/arms", lambda: self.affordable_arms(self.explore_cap()))
         if arms is not None:
             n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
             if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)
@@ -551,7 +641,8 @@ class Orchestrator(LoopBase):
         learning rates x3 and x10, both kept) do not compose: the better one is already the frontier's candidate."""
         kept = [self.version_of(c) for c in children]
         kept = [v for v in kept if v.status == "kept" and len(v.interventions) == 1]
-        if len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions or self.out_of_budget():
+        if (len(kept) < 2 or self.n_versions() >= self.config.budget.max_versions
+                or self.out_of_budget(self.explore_cap())):
             return None
         kept.sort(key=lambda v: -(v.eval_summary or {}).get("avg@k", 0.0))
         a = kept[0]

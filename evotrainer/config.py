@@ -58,6 +58,12 @@ class Budget(BaseModel):
         "evotrainer mode: when > 0 and more candidates than branches_per_round are proposed, up to twice as many are "
         "probed first: each trained this many steps from the parent and scored on dev with 1 sample per problem; "
         "the best branches_per_round continue to steps_per_version (successive halving, one rung). 0: off."))
+    exploit_fraction: float = Field(0.0, ge=0.0, lt=1.0, description=(
+        "evotrainer mode with a token budget (max_tokens): the share of it kept for exploiting the run's answer. The "
+        "rounds stop starting arms once (1 - exploit_fraction) x max_tokens is spent; then the answer so far is "
+        "continued alone (a control arm: its recipe from its checkpoint) in segments of steps_per_version until "
+        "max_tokens is spent, the static mode's rule, and evaluated on dev once; it becomes the answer when its dev "
+        "Avg@k is at least its parent's. 0: off (the rounds spend the whole budget)."))
     max_tokens: int | None = Field(None, ge=1, description=(
         "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
         "work once it is spent (None: the version / step budget alone)."))

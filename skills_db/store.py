@@ -73,6 +73,10 @@ _REINDEX_UNINDEXED = 16
 # From this many rows a vector index pays off: a flat cosine scan of 10k x 384 took ~18 ms CPU here,
 # IVF_FLAT (32 partitions) ~6 ms with recall@10 = 1.0 on the benchmark's queries.
 _VECTOR_INDEX_MIN_ROWS = 4096
+# Up to this many rows a table's vectors are held in memory per table version and a vector search is an exact
+# numpy cosine scan (10k x 384 float32: 15 MB, ~1 ms) instead of LanceDB's plan (IVF_FLAT, ~11 ms with its take);
+# docs/performance.md, the skills benchmark. Past it, and for filtered searches, LanceDB's own vector search.
+_EXACT_SCAN_MAX_ROWS = 50_000
 _KEEP_VERSIONS = timedelta(days=365 * 100)  # optimize() must not prune the history users roll back to
 RRF_K = 60  # reciprocal rank fusion constant: LanceDB's RRFReranker default (Cormack et al. 2009)
 
@@ -319,6 +323,32 @@ def _fuse_legs(pending: Any, query: str, limit: int, vector_leg: Any) -> list[di
     return rrf_fuse(vector_rows, pending.result().to_pylist(), limit)
 
 
+class _HeldVectors:
+    """One table's rows at one version, for an exact vector search: unit vectors ``unit`` (N x NDIMS float32),
+    the ``_rowid`` of each (N int64) and the other columns (``rows``, an Arrow table of N rows, no vector, no
+    text). Built by :meth:`SkillStore._held_vectors`."""
+
+    def __init__(self, version: int, unit: np.ndarray, rowids: np.ndarray, rows: pa.Table):
+        self.version, self.unit, self.rowids, self.rows = version, unit, rowids, rows
+
+    def search(self, vec: np.ndarray, limit: int) -> pa.Table:
+        """The ``limit`` rows nearest ``vec`` by cosine distance (1 - cosine similarity, LanceDB's ``cosine``), in
+        order, with ``_distance`` (float32) and ``_rowid``: the rows and order of LanceDB's flat vector search.
+
+        Args:
+            vec: the query vector, shape (NDIMS,).
+            limit: rows returned at most.
+        """
+        q = np.asarray(vec, dtype=np.float32)
+        norm = float(np.linalg.norm(q))
+        dist = 1.0 - self.unit @ (q / norm if norm else q)
+        k = min(limit, len(dist))
+        top = np.argpartition(dist, k - 1)[:k] if 0 < k < len(dist) else np.arange(len(dist))
+        top = top[np.lexsort((self.rowids[top], dist[top]))]  # by distance, then row id
+        return (self.rows.take(pa.array(top)).append_column("_distance", pa.array(dist[top], pa.float32()))
+                .append_column("_rowid", pa.array(self.rowids[top], pa.uint64())))
+
+
 def _retry(fn: Any, what: str) -> Any:
     """``fn()`` retried on Lance commit conflicts (:func:`evotrainer.rollouts.with_commit_retries`). Review 3:
     three processes adding skills at once; one ``add`` raised Lance's raw "Retryable commit conflict ... This
@@ -348,6 +378,7 @@ class SkillStore:
         self._db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(seconds=1))
         self._lock = threading.RLock()
         self._tables: dict[str, Any] = {}
+        self._held: dict[str, _HeldVectors] = {}  # per table: its vectors at its latest version read (exact scans)
         self.lancedb_hybrid = False  # True: hybrid searches run LanceDB's own hybrid query (the reference path)
         self.threaded_hybrid = False  # True: the legs run through LanceDB's sync API, FTS in a worker thread (the path before)
 
@@ -580,17 +611,52 @@ class SkillStore:
 
         return fts, vector
 
+    def _held_vectors(self, table: str) -> _HeldVectors | None:
+        """The table's vectors held in memory at its current version (read again when another version is the latest
+        this handle sees: a write here, or another process's within ``read_consistency_interval``); None past
+        :data:`_EXACT_SCAN_MAX_ROWS` rows."""
+        tbl = self._table(table)
+        version = tbl.version
+        held = self._held.get(table)
+        if held is not None and held.version == version:
+            return held
+        n = tbl.count_rows()
+        if n > _EXACT_SCAN_MAX_ROWS:
+            self._held.pop(table, None)
+            return None
+        cols = [c for c in SCHEMAS[table].names if c not in ("vector", "text")]
+        data = tbl.search().select([*cols, "vector"]).with_row_id(True).limit(max(n, 1)).to_arrow()
+        mat = np.asarray(data.column("vector").combine_chunks().flatten(), dtype=np.float32).reshape(-1, NDIMS)
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        held = _HeldVectors(version, mat / np.where(norms > 0, norms, 1.0),
+                            np.asarray(data.column("_rowid"), dtype=np.int64), data.select(cols))
+        with self._lock:
+            self._held[table] = held
+        return held
+
     def _hybrid_rows(self, table: str, query: str, where: str | None, limit: int) -> list[dict]:
         """:meth:`_hybrid_rows_threaded` with each leg handed to LanceDB's event loop as one coroutine
         (:func:`_submit_direct`): the FTS leg is submitted before the query is embedded and runs in Rust on the
         loop while numpy embeds; the vector leg follows the embedding. LanceDB's sync ``to_arrow`` makes 4-5
         round trips to its loop thread per leg (two schema reads for blob columns, the query, one per batch;
         ~3 ms of a loaded machine's time per FTS leg in cProfile); each leg here is one. The queries are the
-        same ``Query`` objects the sync builders produce (``to_query_object``), so the rows are the same."""
+        same ``Query`` objects the sync builders produce (``to_query_object``), so the rows are the same.
+
+        Without a ``where`` filter and up to :data:`_EXACT_SCAN_MAX_ROWS` rows the vector leg is an exact scan
+        of the vectors held in memory (:meth:`_held_vectors`): LanceDB's flat search's rows (its IVF_FLAT index,
+        from :data:`_VECTOR_INDEX_MIN_ROWS` rows, probes 20 of 32 partitions: recall@10 was 1.0 on the
+        benchmark's queries), in ~1 ms instead of ~11 at 10k rows."""
         fts, vector = self._legs(table, query, where, limit)
         tbl = self._table(table)
-        return _fuse_legs(_submit_direct(tbl, fts.to_query_object()), query, limit,
-                          lambda vec: _submit_direct(tbl, vector(vec).to_query_object()).result())
+        pending = _submit_direct(tbl, fts.to_query_object())
+        try:
+            held = None if where else self._held_vectors(table)
+        except BaseException:
+            pending.cancel()
+            raise
+        if held is not None:
+            return _fuse_legs(pending, query, limit, lambda vec: held.search(vec, limit))
+        return _fuse_legs(pending, query, limit, lambda vec: _submit_direct(tbl, vector(vec).to_query_object()).result())
 
     def _hybrid_rows_threaded(self, table: str, query: str, where: str | None, limit: int) -> list[dict]:
         """LanceDB's hybrid query with RRF (``tbl.search(query_type="hybrid").rerank(RRFReranker())``), the same

@@ -203,3 +203,45 @@ def test_a_round_starts_no_more_arms_than_the_token_budget_pays_for(tmp_path):
         # the second arm started while the budget was not spent (root + one arm = 384 < cap 480); the child
         # doubled generate_max_len (8 -> 16), so it cost twice an arm of the root's recipe: the total overshoots
         assert 2 * root < cap <= c["train_tokens"] + c["eval_tokens"]
+
+
+def test_the_exploit_phase_continues_the_answer_alone_until_the_token_budget_is_spent(tmp_path):
+    """``budget.exploit_fraction``: the rounds stop starting arms at (1 - f) x max_tokens; then the answer so far is
+    continued alone (a control arm of it) in segments of steps_per_version until max_tokens is spent, evaluated on
+    dev once, and it is the answer when its dev Avg@k is at least its parent's. Before, a run of rounds alone ended
+    a few segments deep (docs/compare.md: 24 steps against static's 64-80 at the same tokens)."""
+    cfg = load_run_config("examples/tiny.yaml")
+    b = cfg.budget.model_copy(update=dict(max_versions=20, steps_per_version=2, branches_per_round=1,
+                                          wall_clock_minutes=600))
+    run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_versions=1))}), tmp_path / "root",
+             "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "root") as ws:
+        c = ws.lineage.kv_get("loop/compute")
+        seg = ws.lineage.kv_get("loop/compute")["train_tokens"]  # one segment of the root's recipe
+    root = c["train_tokens"] + c["eval_tokens"]
+    cap = 6 * root  # the rounds may spend 3 root-arms: the root and round 1 (its control and one child)
+    run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_tokens=cap, exploit_fraction=0.5))}),
+             tmp_path / "run", "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "run") as ws:
+        lin = ws.lineage
+        parent, arm = lin.kv_get("loop/exploit/parent"), lin.kv_get("loop/exploit/arm")
+        assert lin.kv_get("loop/r1/arms") == 2 and lin.kv_get("loop/r2/parent") is None  # no round 2 started
+        a = lin.get(arm)
+        assert a.is_control and a.parent_id == parent and parent in [v.id for v in lin.children("v0")]
+        assert lin.last_step(arm) + 1 > b.steps_per_version and (lin.last_step(arm) + 1) % b.steps_per_version == 0
+        c = lin.kv_get("loop/compute")
+        spent = c["train_tokens"] + c["eval_tokens"]
+        # segments go on until the budget is spent; the last one overshoots it by less than a segment (of the arm's
+        # recipe: a child of the root may have doubled its generation length) and the arm's dev evaluation
+        dev = lin.kv_get(f"loop/eval/{arm}/heldout")
+        assert cap <= spent < cap + 2 * seg + dev["gen_tokens"]
+        before = lin.kv_get(f"loop/eval/{parent}/heldout")["avg@k"]
+        final = lin.kv_get("loop/final")["version"]
+        assert final == (arm if a.status == "kept" and dev["avg@k"] >= before else parent)
+    # a resume of the finished run changes nothing
+    with Workspace.open(tmp_path / "run") as ws:
+        sig = [(v.id, v.status, v.parent_id) for v in ws.lineage.versions()]
+    run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_tokens=cap, exploit_fraction=0.5))}),
+             tmp_path / "run", "heuristic", "evotrainer", resume=True)
+    with Workspace.open(tmp_path / "run") as ws:
+        assert [(v.id, v.status, v.parent_id) for v in ws.lineage.versions()] == sig

@@ -112,8 +112,13 @@ def test_failed_cases_hybrid_equals_lancedbs(store):
         assert ours == ref and len(ours) == 2
 
 
-@pytest.mark.parametrize("threaded", [False, True])
-def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch, threaded):
+@pytest.mark.parametrize(("threaded", "held"), [(False, True), (False, False), (True, False)])
+def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch, threaded, held):
+    """The FTS leg is submitted before the query is embedded; the vector leg follows the embedding: an exact scan
+    of the held vectors (no LanceDB query) up to _EXACT_SCAN_MAX_ROWS rows, LanceDB's vector query past it."""
+    if not held:
+        monkeypatch.setattr(store_mod, "_EXACT_SCAN_MAX_ROWS", 0)
+        monkeypatch.setattr(store, "_held", {})  # (the module's store holds them from the tests before)
     events: list[str] = []
     orig_get = QUERY_CACHE.get
     if threaded:
@@ -129,15 +134,19 @@ def test_the_fts_leg_starts_before_the_query_is_embedded(store, monkeypatch, thr
     QUERY_CACHE.clear()
     run = store._hybrid_rows_threaded if threaded else store._hybrid_rows
     rows = run("skills", "completions are cut off at the length limit", None, 3)
-    assert events == ["fts submitted", "embedded", *([] if threaded else ["vector submitted"])] and len(rows) == 3
+    assert events == ["fts submitted", "embedded", *([] if threaded or held else ["vector submitted"])]
+    assert len(rows) == 3
     assert {k for k in rows[0]} == {*(c for c in SCHEMAS["skills"].names if c not in ("vector", "text")),
                                     "_relevance_score"}
 
 
 def test_search_takes_the_direct_path_on_this_lancedb(store, monkeypatch):
     """The default hybrid search runs its legs on LanceDB's loop (internal API); if a LanceDB release moves it,
-    searches fall back to the sync path and this test says so."""
+    searches fall back to the sync path and this test says so. (The vector leg is LanceDB's only past
+    _EXACT_SCAN_MAX_ROWS rows, lowered to 0 here; below it the held vectors are scanned.)"""
     assert store_mod._direct_queries_available(store._table("skills"))
+    monkeypatch.setattr(store_mod, "_EXACT_SCAN_MAX_ROWS", 0)
+    monkeypatch.setattr(store, "_held", {})
     calls = []
     orig = store_mod._submit_direct
     monkeypatch.setattr(store_mod, "_submit_direct", lambda tbl, q: calls.append(q) or orig(tbl, q))
@@ -180,3 +189,32 @@ def test_direct_and_threaded_paths_equal_the_sequential_one(store):
                         assert rows == ref  # every column, the score exactly
                     compared += bool(ref)
     assert compared >= 100
+
+
+def test_the_held_vectors_scan_equals_lancedbs_vector_leg_and_follows_writes(tmp_path):
+    """The exact scan of the held vectors (``_HeldVectors.search``) returns LanceDB's flat vector search's rows in
+    its order, with its cosine distances (to float32 rounding), for each query; a skill added afterwards through
+    the same handle is found by the next search (the held vectors are read again at the table's new version)."""
+    from evotrainer.skills_db.embeddings import QUERY_CACHE
+    from evotrainer.skills_db.models import Skill
+
+    s = SkillStore(tmp_path / "skills")
+    s.count()
+    tbl = s._table("skills")
+    held = s._held_vectors("skills")
+    assert held is not None and held.unit.shape == (tbl.count_rows(), store_mod.NDIMS)
+    np.testing.assert_allclose(np.linalg.norm(held.unit, axis=1), 1.0, rtol=1e-5)
+    for q in QUERIES:
+        vec = QUERY_CACHE.get(q)
+        ours = held.search(vec, 7).to_pylist()
+        ref = (tbl.search(vec, query_type="vector", vector_column_name="vector").distance_type("cosine")
+               .select(["id", "_distance"]).limit(7).with_row_id(True).to_arrow().to_pylist())
+        assert [r["_rowid"] for r in ours] == [r["_rowid"] for r in ref]
+        assert [r["id"] for r in ours] == [r["id"] for r in ref]
+        np.testing.assert_allclose([r["_distance"] for r in ours], [r["_distance"] for r in ref], atol=1e-5)
+    before = tbl.version
+    s.add(Skill(id="quokka_ladder", kind="intervention", name="quokka ladder", recipe_path="temperature", value=0.9,
+                description="a quokka ladder description no seed skill has", addresses=["truncation"]))
+    found = s.search("quokka ladder description no seed skill has", limit=3)
+    assert found and found[0].skill.id == "quokka_ladder"
+    assert s._held["skills"].version == tbl.version > before
