@@ -221,7 +221,7 @@ def register(app: typer.Typer) -> None:
         ws = Workspace.open(run_dir)
         path = write_report(ws)
         if as_json:
-            mode = ws.lineage.kv_get("loop/mode", "evotrainer")
+            mode = ws.lineage.kv_get("loop/mode", "evotrainer", expected=str)
             sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode)}, indent=2,
                                         default=str) + "\n")
         else:

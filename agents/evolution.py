@@ -46,7 +46,7 @@ from evotrainer.agents.mcp_client import ToolBox
 from evotrainer.config import RunConfig
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
-from evotrainer.lineage import LineageStore
+from evotrainer.lineage import NUM, KvMap, LineageStore
 from evotrainer.workspace import Workspace
 
 TAG = "synthesised"
@@ -55,6 +55,7 @@ USED_KEY = "loop/analyzers/used"  # /<name>/<version>: outcome recorded on the s
 SCOPE_KEY = "loop/analyzers/synthesised"  # {name: {skill_id, program, loo, origin}} in scope for this run
 SCORED_KEY = "loop/analyzers/scored"  # /r<round>: versions whose outcome the in-scope analyzers were scored on
 STOPS_KEY = "loop/analyzers/stops"  # {version: stop record + saved_steps, saved_tokens}: branches stopped early
+STOPS_SHAPE = KvMap({"saved_steps": NUM, "saved_tokens": NUM})  # what the run summary reads of it (review 10 V-R10)
 CHECK_KEY = "early_stop"  # kv early_stop/<version>: the server's mid-training check record (servers.training)
 
 
@@ -189,7 +190,7 @@ def record_stop(loop: EvolvingLoop, vid: str, rec: dict[str, Any]) -> dict[str, 
     done = max(1, int(rec.get("at_step") or loop.lineage.last_step(vid) + 1))
     entry = {**rec, "type": "stopped", "version": vid, "saved_tokens":
              int(round(train_tokens(loop.lineage, vid) / done * int(rec.get("saved_steps") or 0)))}
-    stops = dict(loop.lineage.kv_get(STOPS_KEY, expected=dict) or {})
+    stops = dict(loop.lineage.kv_get(STOPS_KEY, expected=STOPS_SHAPE) or {})
     stops[vid] = entry
     loop.lineage.kv_set(STOPS_KEY, stops)
     return entry
@@ -362,18 +363,36 @@ def draft(loop: EvolvingLoop, vid: str, labels: dict[str, bool]) -> dict[str, An
     return entry
 
 
+def scored_before(lineage: LineageStore, r: int) -> set[str]:
+    """The versions the in-scope analyzers were scored on in the rounds before ``r`` (kv
+    ``loop/analyzers/scored/r<n>``: a list of version ids each; a key of another form, which EvoTrainer never writes,
+    is no round and is passed over).
+
+    Raises:
+        LineageError: a round's value is no list of version ids (a crafted or damaged run folder: review 10 V-R10's
+            class, ``[1]`` or ``5`` there ended ``run --resume`` with a bare TypeError); names the file, the key and
+            the fix.
+    """
+    out: set[str] = set()
+    for key, vs in lineage.kv_items(SCORED_KEY + "/r"):
+        n = key[len(SCORED_KEY) + 2:]
+        if n.isdecimal() and int(n) < r:
+            out.update(lineage.kv_typed(key, vs, [str]) or [])
+    return out
+
+
 def evolve_round(loop: EvolvingLoop, r: int, children: list[str]) -> list[dict[str, Any]]:
     """One round of harness evolution (see the module docstring); the entries for the report."""
     # labels: kept children (good) vs pruned / reverted / failed versions (bad); a kept root is the
     # baseline by construction (nothing to compare with), not evidence, but a root the gate blocked is
     labels = outcome_labels(loop.lineage)
     out = inherit(loop)
-    stops = loop.lineage.kv_get(STOPS_KEY, expected=dict) or {}
+    stops = loop.lineage.kv_get(STOPS_KEY, expected=STOPS_SHAPE) or {}
     out += [stops[vid] for vid in children if vid in stops]
     ev = Evidence.from_workspace(loop.ws)
     # every version decided since the last round: the children, and the control arm and a blocked root too
     # (per round, so that a resumed round scores the same versions again; use() counts no outcome twice)
-    scored = {v for key, vs in loop.lineage.kv_items(SCORED_KEY + "/") if int(key.rsplit("/r", 1)[1]) < r for v in vs}
+    scored = scored_before(loop.lineage, r)
     fresh = [v for v in labels if v not in scored]
     out += use(loop, ev, fresh, labels)
     loop.lineage.kv_set(f"{SCORED_KEY}/r{r}", fresh)

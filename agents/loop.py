@@ -41,7 +41,7 @@ from evotrainer.agents.decisions import Verdict
 from evotrainer.agents.mcp_client import LOOP_TOOLS, ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
-from evotrainer.lineage import CONTROL, NUM, KvMap, Version
+from evotrainer.lineage import CONTROL, NUM, KvMap, Shape, Version
 from evotrainer.recipe import Recipe
 from evotrainer.rl_backend.base import is_test_eval
 from evotrainer.servers.app import build_server
@@ -51,6 +51,14 @@ from evotrainer.workspace import Workspace
 # shape, in a run folder from elsewhere, is a LineageError naming the file, the key and the field; review 10 V-R10)
 EVAL_SHAPE = {"avg@k": NUM, "pass@k": NUM}
 FINAL_SHAPE = {"version": str, "test": EVAL_SHAPE, "no_rl_test": EVAL_SHAPE}
+# ... and of the loop's own resume state (review 10 V-R10: a foreign or damaged lineage.db holding, say,
+# loop/eval_tokens = "abc" ended `evotrainer run --resume` with a bare TypeError naming neither the file nor the key)
+EVAL_RECORD_SHAPE = {**EVAL_SHAPE, "gen_tokens": NUM}  # loop/eval/<v>/<name>: the evaluate stage's record
+PER_EVAL_SHAPE = KvMap(NUM)  # loop/eval_tokens, loop/eval_walls, loop/eval_cpu: {"eval/<v>/<name>": number}
+PROCESS_COMPUTE_SHAPE = {"cpu_s": NUM, "wall_s": NUM}  # loop/process_compute: this run's earlier processes' clocks
+GATE_SHAPE = {"gain": NUM, "ci": [NUM], "gain_vs_parent": NUM, "ci_vs_parent": [NUM], "p_value": NUM, "score": NUM,
+              "blocking": [{"kind": str}], "waived": [str], "below_sources": [str], "evidence": list, "reason": str,
+              "baseline_id": str, "control_id": str, "damaged_weights": str}  # loop/gate/<v>, loop/rgate/<v>
 
 NONE = {"__none__": True}  # kv marker of a completed stage whose output is None
 DECIDED = ("kept", "pruned", "reverted")
@@ -97,19 +105,43 @@ class LoopBase:
         return run_summary(self.ws, self.mode)
 
     # --- stage records -------------------------------------------------------------------------------
-    def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None) -> Any:
-        """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash."""
+    def stage(self, key: str, fn: Callable[[], Any], model: type[BaseModel] | None = None,
+              expected: Shape | None = None) -> Any:
+        """Run ``fn`` once per run: its output is stored in kv under ``loop/<key>`` and replayed after a crash
+        (as a ``model`` instance, or checked against the :data:`~evotrainer.lineage.Shape` ``expected``).
+
+        Raises:
+            LineageError: the stored output is no ``model`` or not of the ``expected`` shape (a crafted or damaged
+                run folder; :meth:`stored`).
+        """
         k = f"loop/{key}"
         stored = self.lineage.kv_get(k)
         if stored == NONE:  # the stage ran and produced nothing (e.g. no merge): do not run it again
             return None
         if stored is not None:
-            return model.model_validate(stored) if model else stored
+            return self._replay(k, stored, model, expected)
         self.emit("stage", {"key": key})
         out = fn()
         self.lineage.kv_set(k, NONE if out is None else out.model_dump(mode="json") if isinstance(out, BaseModel)
                             else out)
         return out
+
+    def stored(self, key: str, model: type[BaseModel] | None = None, expected: Shape | None = None) -> Any:
+        """The stored output of stage ``key`` (kv ``loop/<key>``) as :meth:`stage` replays it; None before the stage
+        ran or when it produced nothing.
+
+        Raises:
+            LineageError: the stored value is not JSON, no ``model`` or not of the ``expected`` shape (a crafted or
+                damaged run folder); names the file, the key and the fix.
+        """
+        k = f"loop/{key}"
+        value = self.lineage.kv_get(k)
+        return None if value is None or value == NONE else self._replay(k, value, model, expected)
+
+    def _replay(self, k: str, value: Any, model: type[BaseModel] | None, expected: Shape | None) -> Any:
+        if model is not None:
+            return self.lineage.kv_model(k, value, model)
+        return value if expected is None else self.lineage.kv_typed(k, value, expected)
 
     def done(self, key: str) -> bool:
         """True when stage ``key`` has completed."""
@@ -123,14 +155,20 @@ class LoopBase:
     # --- budget ----------------------------------------------------------------------------------------
     def started_at(self) -> float:
         """Wall-clock start of the run (kept across resumes). The first call of a process also seals the test
-        split until :meth:`final_test` (unless the run has finished) and starts this process's CPU clock."""
-        t = self.lineage.kv_get("loop/started_at")
+        split until :meth:`final_test` (unless the run has finished) and starts this process's CPU clock.
+
+        Raises:
+            LineageError: kv ``loop/started_at`` is no number, or ``loop/process_compute`` no ``{cpu_s, wall_s}``
+                of numbers (a crafted or damaged run folder).
+        """
+        t = self.lineage.kv_get("loop/started_at", expected=NUM)
         if t is None:
             t = time.time()
             self.lineage.kv_set("loop/started_at", t)
         if not hasattr(self, "_proc0"):
             self._proc0 = (time.time(), _cpu_s())
-            self._compute0 = dict(self.lineage.kv_get("loop/process_compute") or {"cpu_s": 0.0, "wall_s": 0.0})
+            self._compute0 = dict(self.lineage.kv_get("loop/process_compute", expected=PROCESS_COMPUTE_SHAPE,
+                                                      required=("cpu_s", "wall_s")) or {"cpu_s": 0.0, "wall_s": 0.0})
             if not self.lineage.kv_get("loop/finished"):
                 self.lineage.kv_set("loop/test_unsealed", False)
         return float(t)
@@ -143,9 +181,13 @@ class LoopBase:
 
     def test_reserve_s(self) -> float:
         """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row) at the wall time
-        per sample of this run's dev evaluations so far (0 before the first one, or without a test split)."""
+        per sample of this run's dev evaluations so far (0 before the first one, or without a test split).
+
+        Raises:
+            LineageError: kv ``loop/eval_walls`` is no object of numbers (a crafted or damaged run folder).
+        """
         data, ev = self.config.recipe.data, self.config.recipe.eval
-        walls = self.lineage.kv_get("loop/eval_walls") or {}
+        walls = self.lineage.kv_get("loop/eval_walls", expected=PER_EVAL_SHAPE) or {}
         if not data.n_test or not walls:
             return 0.0
         per_sample = sum(walls.values()) / len(walls) / max(1, min(ev.max_problems or data.n_heldout,
@@ -171,13 +213,16 @@ class LoopBase:
         Estimate: ``steps_per_version`` x the run's mean train tokens per trained step + its mean tokens per dev
         evaluation. An arm may start while the budget is not yet spent (the static mode's rule for its segments),
         so the last arm overshoots by less than one arm: ``ceil((max_tokens - spent) / arm)``, 0 once spent.
+
+        Raises:
+            LineageError: as :meth:`compute`.
         """
         cap = self.config.budget.max_tokens if cap is None else cap
         if cap is None:
             return None
         c = self.compute()
         steps = sum(max(self.lineage.last_step(v.id) + 1, 0) for v in self.lineage.versions())
-        devs = _dev_eval_tokens(self.lineage.kv_get("loop/eval_tokens") or {})
+        devs = _dev_eval_tokens(self.lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {})
         if not steps or not devs or not c["train_tokens"]:
             return None
         arm = self.config.budget.steps_per_version * c["train_tokens"] / steps + sum(devs) / len(devs)
@@ -189,16 +234,21 @@ class LoopBase:
         budget counts with the train tokens), ``no_rl_tokens`` (the base model's dev row) and ``test_tokens``
         (final test evals) (both the same for every mode, outside the budget), ``cpu_s`` (process user + system
         CPU-seconds, all threads, plus the Ray workers' of ``executor: ray``, kv ``loop/worker_cpu_s``) and
-        ``wall_s``, summed over resumes."""
+        ``wall_s``, summed over resumes.
+
+        Raises:
+            LineageError: kv ``loop/eval_tokens`` is no object of numbers, ``loop/worker_cpu_s`` no number, or
+                :meth:`started_at`'s (a crafted or damaged run folder).
+        """
         train = sum(train_tokens(self.lineage, v.id) for v in self.lineage.versions())
-        toks = self.lineage.kv_get("loop/eval_tokens") or {}
+        toks = self.lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {}
         dev = sum(_dev_eval_tokens(toks))
         no_rl = sum(n for k, n in toks.items() if k.endswith("/no_rl"))
         test = sum(n for k, n in toks.items() if _is_test_key(k))
         if not hasattr(self, "_proc0"):
             self.started_at()
         t0, c0 = self._proc0
-        workers = float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
+        workers = float(self.lineage.kv_get("loop/worker_cpu_s", expected=NUM) or 0.0)
         return {"train_tokens": int(train), "eval_tokens": int(dev), "no_rl_tokens": int(no_rl),
                 "test_tokens": int(test),
                 "cpu_s": round(self._compute0["cpu_s"] + _cpu_s() - c0 + workers, 1),
@@ -211,10 +261,15 @@ class LoopBase:
         self.lineage.kv_set("loop/finished", True)
 
     def save_compute(self) -> dict[str, Any]:
-        """Store :meth:`compute` in kv (``loop/compute``) and this process's clocks for a resume; returns it."""
+        """Store :meth:`compute` in kv (``loop/compute``) and this process's clocks for a resume; returns it.
+
+        Raises:
+            LineageError: as :meth:`compute`.
+        """
         c = self.compute()
         t0, c0 = self._proc0
-        own = round(c["cpu_s"] - float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0), 1)  # this process's part
+        # this process's part
+        own = round(c["cpu_s"] - float(self.lineage.kv_get("loop/worker_cpu_s", expected=NUM) or 0.0), 1)
         self.lineage.kv_set("loop/process_compute", {"cpu_s": own, "wall_s": c["wall_s"]})
         self._proc0, self._compute0 = (time.time(), _cpu_s()), {"cpu_s": own, "wall_s": c["wall_s"]}
         self.lineage.kv_set("loop/compute", c)
@@ -361,6 +416,11 @@ class LoopBase:
         Its generated tokens are added to the run's compute (kv ``loop/eval_tokens``, keyed by the stage); a dev
         evaluation's wall seconds and process CPU-seconds (the backend's ``EvalResult.wall_s`` / ``cpu_s``) go to kv
         ``loop/eval_walls`` / ``loop/eval_cpu`` under the same key.
+
+        Raises:
+            LoopError: the evaluation job did not finish.
+            LineageError: the stored evaluation (kv ``loop/eval/<v>/<name>``) or those kv values are not of the
+                shape EvoTrainer writes (a crafted or damaged run folder).
         """
         key = f"eval/{vid}/{eval_name}"
 
@@ -381,14 +441,14 @@ class LoopBase:
                         "cpu_s": res.get("cpu_s")}
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
-        out = self.stage(key, run)
-        toks = dict(self.lineage.kv_get("loop/eval_tokens") or {})
+        out = self.stage(key, run, expected=EVAL_RECORD_SHAPE)
+        toks = dict(self.lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {})
         if key not in toks:
             toks[key] = int((out or {}).get("gen_tokens") or 0)
             self.lineage.kv_set("loop/eval_tokens", toks)
             for field, kv in (("wall_s", "loop/eval_walls"), ("cpu_s", "loop/eval_cpu")):
                 if not _is_test_key(key) and isinstance((out or {}).get(field), (int, float)):
-                    vals = dict(self.lineage.kv_get(kv) or {})
+                    vals = dict(self.lineage.kv_get(kv, expected=PER_EVAL_SHAPE) or {})
                     vals[key] = float(out[field])
                     self.lineage.kv_set(kv, vals)
         return out
@@ -484,9 +544,9 @@ def eval_compute(lineage: Any, version_id: str, no_rl: bool) -> dict[str, Any]:
     """Tokens, wall seconds and CPU-seconds of ``version_id``'s dev evaluations (``no_rl``: its no-RL row only,
     else every other dev evaluation; test evaluations never): ``{eval_tokens, eval_s, eval_cpu_s}`` from kv
     ``loop/eval_tokens`` / ``loop/eval_walls`` / ``loop/eval_cpu`` (``eval_cpu_s`` None when none recorded it)."""
-    toks = lineage.kv_get("loop/eval_tokens", expected=KvMap(NUM)) or {}
-    walls = lineage.kv_get("loop/eval_walls", expected=KvMap(NUM)) or {}
-    cpus = lineage.kv_get("loop/eval_cpu", expected=KvMap(NUM)) or {}
+    toks = lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {}
+    walls = lineage.kv_get("loop/eval_walls", expected=PER_EVAL_SHAPE) or {}
+    cpus = lineage.kv_get("loop/eval_cpu", expected=PER_EVAL_SHAPE) or {}
     keys = [k for k in {*toks, *walls, *cpus} if k.rsplit("/", 1)[0] == f"eval/{version_id}"
             and not _is_test_key(k) and (k.rsplit("/", 1)[-1] == "no_rl") == no_rl]
     cpu = [float(cpus[k]) for k in keys if k in cpus]

@@ -30,10 +30,11 @@ from evotrainer.agents.backtester import Backtester
 from evotrainer.agents.brain import Brain
 from evotrainer.agents.decisions import Candidate, Diagnosis, Proposal, Ranking, Verdict, blocking_kinds
 from evotrainer.agents.diagnostician import Diagnostician
-from evotrainer.agents.evolution import STOPS_KEY, evolve_round, record_stop, stop_plan, stopped
+from evotrainer.agents.evolution import STOPS_KEY, STOPS_SHAPE, evolve_round, record_stop, stop_plan, stopped
 from evotrainer.agents.intervener import Intervener
 from evotrainer.agents.loop import (
     DECIDED,
+    GATE_SHAPE,
     Event,
     LoopBase,
     LoopError,
@@ -46,10 +47,16 @@ from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
 from evotrainer.harness.gate import round_decisions
 from evotrainer.intervention import change_key
-from evotrainer.lineage import CONTROL
+from evotrainer.lineage import CONTROL, NUM
 from evotrainer.workspace import Workspace
 
 __all__ = ["Orchestrator", "LoopBase", "LoopError", "open_toolbox", "run_summary"]
+
+# The shapes of the orchestrator's resume state in kv (LineageStore.kv_get: another shape, in a run folder from
+# elsewhere or a damaged lineage.db, is a LineageError naming the file and the key; review 10 V-R10)
+USAGE_SHAPE = {"input_tokens": NUM, "output_tokens": NUM, "cost_usd": NUM, "turns": NUM, "calls": NUM,
+               "fallbacks": NUM, "model": str}  # loop/usage: the brain's usage summed over resumes
+OUTCOME_SHAPE = {"version_id": str, "change": str, "status": str, "gain": NUM}  # loop/memory/<v>
 
 
 class Orchestrator(LoopBase):
@@ -74,7 +81,12 @@ class Orchestrator(LoopBase):
 
     # --- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run (or resume) the loop to the end of the budget; returns the run summary."""
+        """Run (or resume) the loop to the end of the budget; returns the run summary.
+
+        Raises:
+            LineageError: a stored stage record or resume value (kv ``loop/*``) is not of the shape EvoTrainer
+                writes (a run folder from elsewhere or a damaged lineage.db); names the file, the key and the fix.
+        """
         try:
             return self._run()
         finally:
@@ -84,12 +96,12 @@ class Orchestrator(LoopBase):
 
     def _run(self) -> dict[str, Any]:
         self.started_at()
-        self._usage0 = dict(self.lineage.kv_get("loop/usage") or {})
+        self._usage0 = dict(self.lineage.kv_get("loop/usage", expected=USAGE_SHAPE) or {})
         self.lineage.kv_set("loop/brain", self.brain.name)
         root = self.ensure_root()
         self.stage("no_rl", lambda: self.evaluate(root, "no_rl"))
         self.process_child(root, parent_id=None, round_no=0)
-        r = int(self.lineage.kv_get("loop/round", 1))
+        r = int(self.lineage.kv_get("loop/round", 1, expected=int))
         while True:
             in_progress = self.done(f"r{r}/parent") and not self.done(f"r{r}/done")
             if not in_progress and (self.n_versions() >= self.config.budget.max_versions
@@ -107,7 +119,7 @@ class Orchestrator(LoopBase):
         if self.explore_cap() is not None:
             self.exploit(r)
             self.save_compute()
-        self.stage("final_test", lambda: self.final_test(self.stage("answer", self.answer)))
+        self.stage("final_test", lambda: self.final_test(self.stage("answer", self.answer, expected=str)))
         self.save_compute()
         self.mark_finished()
         return self.summary()
@@ -140,8 +152,8 @@ class Orchestrator(LoopBase):
         weights damaged, a control of it already trained, or its training failed); the run log says which.
         """
         if self.done("exploit/done"):
-            return self.lineage.kv_get("loop/exploit/arm")
-        parent = self.stage("exploit/parent", self.answer)
+            return self.lineage.kv_get("loop/exploit/arm", expected=str)
+        parent = self.stage("exploit/parent", self.answer, expected=str)
         pv = self.version(parent)
         why = None
         if not self.done("exploit/arm") and self.out_of_budget():
@@ -164,7 +176,7 @@ class Orchestrator(LoopBase):
             self.emit("lineage", {})
             return str(res["version"]["id"])
 
-        vid = self.stage("exploit/arm", branch)
+        vid = self.stage("exploit/arm", branch, expected=str)
         self.log(f"exploit: {vid} continues the answer so far, {parent}, until the token budget is spent", version=vid)
         ok, total = True, max(self.lineage.last_step(vid) + 1, 0)
         while ok and self.status(vid) not in (*DECIDED, "failed"):
@@ -200,8 +212,13 @@ class Orchestrator(LoopBase):
     def frontier(self) -> str:
         """The version the next round branches from: the best selectable arm (dev Avg@k) of the latest round that
         had one (kv ``loop/frontier``, set by :meth:`_advance`), the root before that; a reverted frontier falls
-        back to its nearest kept (or root) ancestor."""
-        return str(first_not_reverted(self._up_to_root(self.lineage.kv_get("loop/frontier") or self.root_id())))
+        back to its nearest kept (or root) ancestor.
+
+        Raises:
+            LineageError: kv ``loop/frontier`` is not text (a crafted or damaged run folder).
+        """
+        return str(first_not_reverted(self._up_to_root(self.lineage.kv_get("loop/frontier", expected=str)
+                                                       or self.root_id())))
 
     def answer(self) -> str:
         """The run's answer, chosen once after the last decision: of the frontier and its siblings (every arm
@@ -248,7 +265,7 @@ class Orchestrator(LoopBase):
         not damaged. Failed and reverted versions are not."""
         if v["status"] == "kept":
             return True
-        g = self.lineage.kv_get(f"loop/rgate/{vid}") or {}
+        g = self.lineage.kv_get(f"loop/rgate/{vid}", expected=GATE_SHAPE) or {}
         return (v["status"] == "pruned" and bool(g) and not g.get("promote") and not g.get("blocking")
                 and not g.get("below_sources") and not v.get("damaged_weights"))
 
@@ -257,7 +274,7 @@ class Orchestrator(LoopBase):
         empty for a kept one."""
         if self.status(vid) == "kept":
             return ""
-        g = self.lineage.kv_get(f"loop/rgate/{vid}") or {}
+        g = self.lineage.kv_get(f"loop/rgate/{vid}", expected=GATE_SHAPE) or {}
         gain, ci = g.get("gain"), g.get("ci")
         nums = (f" {gain:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if isinstance(gain, (int, float))
                 and isinstance(ci, (list, tuple)) and len(ci) == 2 else "")
@@ -276,7 +293,7 @@ class Orchestrator(LoopBase):
         """One round: diagnose the parent, propose, rank, branch (+ the control arm), train all, gate against the
         control, decide, learn. False: nothing to try."""
         budget = self.config.budget
-        parent = self.stage(f"r{r}/parent", self.frontier)
+        parent = self.stage(f"r{r}/parent", self.frontier, expected=str)
         pv = self.version_of(parent)
         diag = self.stage(f"diagnose/{parent}", lambda: self.diagnostician.diagnose(parent, self._ctx(parent)),
                           Diagnosis)
@@ -299,7 +316,7 @@ class Orchestrator(LoopBase):
         # never start more arms than the token budget pays for (the control first); a round already ranked (a resume)
         # goes on as it was planned
         arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
-            self.stage(f"r{r}/arms", lambda: self.affordable_arms(self.explore_cap()))
+            self.stage(f"r{r}/arms", lambda: self.affordable_arms(self.explore_cap()), expected=int)
         if arms is not None:
             n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
             if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)
@@ -310,16 +327,17 @@ class Orchestrator(LoopBase):
                              if n_choose else Ranking(chosen=[], scores=[], rationale="no room for a change: "
                                                       "the control continues alone"), Ranking)
         children = self.stage(f"r{r}/branch", lambda: [self._branch(parent, proposal.candidates[i])
-                                                       for i in ranking.chosen])
+                                                       for i in ranking.chosen], expected=[str])
         if budget.probe_steps and len(proposal.candidates) > len(ranking.chosen) and ranking.chosen:
-            children = self.stage(f"r{r}/probe", lambda: self._probe(r, parent, proposal, ranking, children))
+            children = self.stage(f"r{r}/probe", lambda: self._probe(r, parent, proposal, ranking, children),
+                                  expected=[str])
         # one control per parent serves all its children (find-or-create): the parent's recipe continued. A parent
         # pruned for damaged weights (get_version's damaged_weights) has nothing to continue: its children are gated
         # against it.
         if damaged and not children:
             self.stage(f"r{r}/done", lambda: True)
             return False
-        control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r))
+        control = self.stage(f"r{r}/control", lambda: None if damaged else self._control(parent, r), expected=str)
         arms = [*([control] if control else []), *children]
         self.train_side_by_side(arms)  # executor: ray (a no-op inline)
         for vid in arms:
@@ -327,7 +345,7 @@ class Orchestrator(LoopBase):
         self.decide_round(r, control, children)
         self.stage(f"r{r}/memory", lambda: self._record_round(r, parent, diag, proposal, ranking, children))
         self.stage(f"r{r}/revert", lambda: self._revert_check(r, exclude=arms))
-        merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children))
+        merged = self.stage(f"r{r}/merge", lambda: self._merge(parent, children), expected=str)
         if merged:
             self.train_and_evaluate(merged)
             self.decide_round(r, control, [merged], merge=True)
@@ -416,6 +434,9 @@ class Orchestrator(LoopBase):
         depend on the executor). A branch that failed or whose worker died is left to
         :meth:`train_and_evaluate`, which trains it again through MCP (it resumes from its last checkpoint);
         ``evotrainer run --resume`` after a crash submits the unfinished ones again. Inline: nothing here.
+
+        Raises:
+            LineageError: kv ``loop/worker_cpu_s`` is no number (a crafted or damaged run folder).
         """
         if self.config.executor != "ray":
             return
@@ -436,7 +457,7 @@ class Orchestrator(LoopBase):
         results = self._executor.run(self.ws.root, [Task(version_id=v, steps=steps, evaluate=True) for v in todo],
                                      progress=progress)
         # the workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own
-        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s") or 0.0)
+        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s", expected=NUM) or 0.0)
                             + sum(res.cpu_s for res in results))
         for res in results:  # (the progress calls ended at each branch's last step: its bars are full)
             if res.status == "done" and res.eval and res.eval.get("avg_at_k") is not None:
@@ -486,13 +507,20 @@ class Orchestrator(LoopBase):
     def decide_round(self, r: int, control: str | None, children: list[str], merge: bool = False) -> None:
         """Gate every candidate of the round against the control, apply the round rule
         (``harness.gate.round_decisions``: beat the control; shared blocking findings waived; the control
-        continues when nothing beats it), then let the brain decide each with the adjusted gate."""
+        continues when nothing beats it), then let the brain decide each with the adjusted gate.
+
+        Raises:
+            LineageError: a stored gate, adjusted gate, diagnosis or verdict of the round (kv ``loop/gate/<v>``,
+                ``loop/rgate/<v>``, ``loop/diagnose/<v>``, ``loop/verdict/<v>``) is not of the shape EvoTrainer
+                writes (a crafted or damaged run folder).
+        """
         cands = ([] if merge or control is None else [control]) + children
         # a version whose training or evaluation failed (pruned, no dev outcomes) is no candidate
         cands = [v for v in cands if "avg@k" in self.dev_summary(v)]
-        gates = {v: self.stage(f"gate/{v}", lambda v=v: self.backtester.gate(v)) for v in cands}
+        gates = {v: self.stage(f"gate/{v}", lambda v=v: self.backtester.gate(v), expected=GATE_SHAPE) for v in cands}
         if merge:  # the merge is judged against the same control, with the round's shared findings waived
-            waived = set((self.lineage.kv_get(f"loop/rgate/{control}") or {}).get("waived") or []) if control else set()
+            waived = set((self.lineage.kv_get(f"loop/rgate/{control}", expected=GATE_SHAPE) or {}).get("waived")
+                         or []) if control else set()
             adjusted = {v: round_decisions({v: g}, None)[v] for v, g in gates.items()}
             for g in adjusted.values():
                 if waived:
@@ -503,11 +531,11 @@ class Orchestrator(LoopBase):
                                         and isinstance(ci, (list, tuple)) and ci[0] > 0)
         else:
             parent = self.version(control)["parent_id"] if control else None
-            inherited = [b.get("kind") for b in (self.lineage.kv_get(f"loop/gate/{parent}") or {}).get("blocking") or []
-                         if isinstance(b, dict)] if parent else []
+            inherited = [b.get("kind") for b in (self.lineage.kv_get(f"loop/gate/{parent}", expected=GATE_SHAPE)
+                                                 or {}).get("blocking") or [] if isinstance(b, dict)] if parent else []
             adjusted = round_decisions(gates, control if control in gates else None, inherited)
         for vid, g in adjusted.items():
-            g = self.stage(f"rgate/{vid}", lambda g=g: g)
+            g = self.stage(f"rgate/{vid}", lambda g=g: g, expected=GATE_SHAPE)
             ctx = {**self._ctx(vid), "gain": g.get("gain"), "significant": _significant(g),
                    "gain_vs_parent": g.get("gain_vs_parent"), "control": g.get("control_id")}
             diag = self.stage(f"diagnose/{vid}", lambda vid=vid, ctx=ctx: self.diagnostician.diagnose(vid, ctx),
@@ -543,7 +571,7 @@ class Orchestrator(LoopBase):
             return
         if not self.train_and_evaluate(vid):
             return
-        gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid))
+        gate = self.stage(f"gate/{vid}", lambda: self.backtester.gate(vid), expected=GATE_SHAPE)
         ctx = {**self._ctx(vid), "gain": gate.get("gain"), "significant": _significant(gate)}
         diag = self.stage(f"diagnose/{vid}", lambda: self.diagnostician.diagnose(vid, ctx), Diagnosis)
         verdict = self.stage(f"verdict/{vid}", lambda: self.backtester.decide(vid, gate, diag), Verdict)
@@ -570,7 +598,8 @@ class Orchestrator(LoopBase):
     def _record_round(self, r: int, parent: str, diag: Diagnosis, proposal: Proposal, ranking: Ranking,
                       children: list[str]) -> dict[str, Any]:
         """Skill outcomes, failed cases and the search trace, in memory (skills tools)."""
-        outcomes = [self.stage(f"memory/{vid}", lambda vid=vid: self._record_child(parent, vid)) for vid in children]
+        outcomes = [self.stage(f"memory/{vid}", lambda vid=vid: self._record_child(parent, vid), expected=OUTCOME_SHAPE)
+                    for vid in children]
         trace = {"round": r, "parent": parent, "findings": diag.kinds(),
                  "candidates": [c.key() for c in proposal.candidates], "scores": [s.score for s in ranking.scores],
                  "chosen": [proposal.candidates[i].key() for i in ranking.chosen], "outcomes": outcomes}
@@ -589,19 +618,20 @@ class Orchestrator(LoopBase):
         v = self.version_of(vid)
         iv = v.interventions[0]
         kept = v.status == "kept"
-        gain = (self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("gain")
+        gate = self.lineage.kv_get(f"loop/gate/{vid}", expected=GATE_SHAPE) or {}
+        gain = gate.get("gain")
         skill_id = iv.source.split(":", 1)[1] if iv.source.startswith("skill:") else None
         domain = _domain(v.recipe.data.task)
         if skill_id:
             hurt = not kept and (v.status == "failed" or (isinstance(gain, (int, float)) and gain < 0)
-                                 or bool((self.lineage.kv_get(f"loop/gate/{vid}") or {}).get("blocking")))
+                                 or bool(gate.get("blocking")))
             self._call_opt("record_skill_outcome", {"skill_id": skill_id, "domain": domain,
                                                     "outcome": "helped" if kept else "hurt" if hurt else "neutral"})
         if not kept:
-            diag_v = self.lineage.kv_get(f"loop/diagnose/{vid}") or {}
+            diag_v = self.stored(f"diagnose/{vid}", Diagnosis)
             self._call_opt("add_failed_case", {
                 "version_id": vid, "outcome": f"{v.status} (held-out gain {gain})", "intervention": iv.describe(),
-                "findings": sorted({f["kind"] for f in diag_v.get("findings", []) if f.get("severity") != "info"}),
+                "findings": sorted({f.kind for f in (diag_v.findings if diag_v else []) if f.severity != "info"}),
                 "skill_id": skill_id, "domain": domain, "evidence_summary": self._rationale(vid)[:1000]})
         return {"version_id": vid, "change": iv.describe(), "status": v.status, "gain": gain}
 
@@ -624,7 +654,7 @@ class Orchestrator(LoopBase):
                 gate = self.backtester.gate(vid)
             except ToolCallError:
                 continue
-            waived = set((self.lineage.kv_get(f"loop/rgate/{vid}") or {}).get("waived") or [])
+            waived = set((self.lineage.kv_get(f"loop/rgate/{vid}", expected=GATE_SHAPE) or {}).get("waived") or [])
             if set(blocking_kinds(gate)) - waived:
                 why = (f"revert {vid}: blocking finding(s) {', '.join(blocking_kinds(gate))} now stand "
                        f"against it (round {r}); the frontier moves back to its parent")
@@ -680,9 +710,14 @@ class Orchestrator(LoopBase):
         self.lineage.kv_set("loop/usage", out)
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k."""
-        out = run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage"))
-        stops = self.lineage.kv_get(STOPS_KEY) or {}
+        """Headline numbers of the run: versions, statuses, best kept version, no-RL and best Avg@k.
+
+        Raises:
+            LineageError: kv ``loop/usage`` or ``loop/analyzers/stops`` (or a value :func:`run_summary` reads) is
+                not of the shape EvoTrainer writes (a crafted or damaged run folder).
+        """
+        out = run_summary(self.ws, self.mode, self.lineage.kv_get("loop/usage", expected=USAGE_SHAPE))
+        stops = self.lineage.kv_get(STOPS_KEY, expected=STOPS_SHAPE) or {}
         out["early_stops"] = {v: {k: e.get(k) for k in ("analyzer", "at_step", "steps_total", "saved_steps",
                                                         "saved_tokens")} for v, e in stops.items()}
         out["compute"] = {**out["compute"], "saved_steps": sum(int(e.get("saved_steps") or 0) for e in stops.values()),

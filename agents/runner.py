@@ -53,6 +53,8 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
 
     Raises:
         ValueError: the run folder has a lineage and ``resume`` is False, or another orchestrator runs it.
+        LineageError: a value the loop resumes from (kv ``loop/*``) is not of the shape EvoTrainer writes (a run
+            folder from elsewhere or a damaged lineage.db); names the file, the key and the fix.
     """
     run_dir = Path(run_dir)
     if (run_dir / "lineage.db").exists() and not resume:
@@ -68,7 +70,7 @@ def run_loop(config: RunConfig, run_dir: Path, brain_choice: str, mode: str, res
                          "from elsewhere may hold a link there): remove it and rerun") from None
     try:
         ws = Workspace(run_dir)
-        stored_mode = ws.lineage.kv_get("loop/mode")
+        stored_mode = ws.lineage.kv_get("loop/mode", expected=str)
         if stored_mode and stored_mode != mode:
             raise ValueError(f"{run_dir} was run in mode {stored_mode}; resume it with --mode {stored_mode}")
         ws.lineage.kv_set("loop/mode", mode)

@@ -44,7 +44,7 @@ import random
 from typing import Any
 
 from evotrainer.agents.decisions import Verdict, gate_verdict
-from evotrainer.agents.loop import EVAL_SHAPE, LoopBase
+from evotrainer.agents.loop import EVAL_SHAPE, GATE_SHAPE, LoopBase
 from evotrainer.lineage import NUM, KvMap
 from evotrainer.recipe import Recipe, apply_value_rule, get_path
 
@@ -97,7 +97,7 @@ class _Gated(LoopBase):
     def gate_and_decide(self, vid: str, baseline: str | None) -> None:
         if self.status(vid) in ("kept", "pruned", "reverted"):
             return
-        gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", {"version_id": vid}))
+        gate = self.stage(f"gate/{vid}", lambda: self.tb.call("gate_version", {"version_id": vid}), expected=GATE_SHAPE)
         verdict = self.stage(f"verdict/{vid}", lambda: gate_verdict(vid, gate), Verdict)
         self.record_decision(verdict, f"{self.mode}")
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from evotrainer import metrics as M
 from evotrainer import points
@@ -1482,6 +1482,29 @@ class LineageStore:
         raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(found)} "
                            f"{_brief(found)}{where}, where EvoTrainer writes {want} (a crafted or damaged file); not "
                            f"read. {fix or self._kv_fix(key)}")
+
+    def kv_model(self, key: str, value: Any, model: type[BaseModel], fix: str | None = None) -> Any:
+        """``value`` (read under ``key``) as a ``model`` instance (pydantic validation).
+
+        Review 10 V-R10's class for the loop's typed stage records (``loop/diagnose/<v>``, ``loop/verdict/<v>``,
+        ``loop/r<n>/propose`` ...): a stored value that does not validate ended ``evotrainer run --resume`` with a
+        bare pydantic ValidationError that named neither the file nor the key.
+
+        Raises:
+            LineageError: names the file, the key, the first field that does not validate, what it holds and the
+                fix (``fix``, or :meth:`_kv_fix`'s).
+        """
+        try:
+            return model.model_validate(value)
+        except ValidationError as exc:
+            errs = exc.errors()
+            at = ".".join(str(x) for x in errs[0]["loc"]) if errs else ""
+            msg = errs[0]["msg"] if errs else str(exc)
+            where = f" at {at[:200]}" if at else ""
+            raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(value)} "
+                               f"{_brief(value)} that is no {model.__name__}{where} ({msg[:200]}), where EvoTrainer "
+                               f"writes a {model.__name__} (a crafted or damaged file); not read. "
+                               f"{fix or self._kv_fix(key)}") from None
 
     def _kv_fix(self, key: Any) -> str:
         shown = str(key)[:200].replace("'", "''")
