@@ -41,10 +41,11 @@ from evotrainer.agents.decisions import Verdict
 from evotrainer.agents.mcp_client import LOOP_TOOLS, ToolBox, ToolCallError
 from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
-from evotrainer.lineage import CONTROL, NUM, KvMap, Shape, Version
+from evotrainer.lineage import CONTROL, EVIDENCE_MAX, EVIDENCE_REF_MAX_CHARS, NUM, KvMap, Shape, Version
 from evotrainer.recipe import Recipe
 from evotrainer.rl_backend.base import is_test_eval
 from evotrainer.servers.app import build_server
+from evotrainer.terminal import clip_text
 from evotrainer.workspace import Workspace
 
 # The shapes of the run-level values the report and the run summary read (LineageStore.kv_get: a value of another
@@ -470,8 +471,11 @@ class LoopBase:
         if v["status"] in DECIDED and verdict.action in ("keep", "prune"):
             return
         damage = {"damaged_weights": verdict.damaged_weights} if verdict.damaged_weights else {}
+        # a brain's evidence is cut to what a decision holds (lineage.EVIDENCE_MAX references of
+        # EVIDENCE_REF_MAX_CHARS characters): the store refuses more, and a run must not end on it
+        evidence = [clip_text(e, EVIDENCE_REF_MAX_CHARS - 40) for e in verdict.evidence[:EVIDENCE_MAX]]
         self.tb.call("decide", {"version_id": verdict.version_id, "action": verdict.action,
-                                "rationale": verdict.rationale, "evidence": verdict.evidence, "author": author, **damage})
+                                "rationale": verdict.rationale, "evidence": evidence, "author": author, **damage})
         rationale = verdict.rationale
         if not rationale.startswith(f"{verdict.action} {verdict.version_id}"):
             rationale = f"{verdict.action} {verdict.version_id}: {rationale}"

@@ -32,6 +32,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
 from evotrainer.points import note_thinned, thin_series
 from evotrainer.recipe import Recipe, diff_recipes, validate_recipe
+from evotrainer.terminal import clip_text
 
 Status = Literal["proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed"]
 STATUSES: tuple[str, ...] = ("proposed", "training", "trained", "kept", "pruned", "reverted", "merged", "failed")
@@ -261,6 +262,33 @@ FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
 crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
 _SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
+DECISIONS_PER_VERSION_MAX = 200
+"""Decisions one version takes (the loop makes one to three: keep / prune, a revert, a merge's). Review 14 A-R14: a
+client that repeated ``decide(v0, keep)`` with ~1 MB of rationale and evidence 200 times made ``get_version(v0)`` a
+372 MB reply (9.1 s, a 6.8 s stall of every call); past the cap a decision is refused."""
+EVIDENCE_MAX = 64
+"""Evidence references one decision holds (metric series, rollout ids, finding ids, job ids)."""
+EVIDENCE_REF_MAX_CHARS = 1000
+"""Characters of one evidence reference: an id or a series name, not a copy of the evidence."""
+
+
+def check_evidence(evidence: list[str] | None) -> list[str]:
+    """``evidence`` (None: none) when it holds at most :data:`EVIDENCE_MAX` references of at most
+    :data:`EVIDENCE_REF_MAX_CHARS` characters each.
+
+    Raises:
+        LineageError: names the bound that does not hold, and the fix.
+    """
+    refs = list(evidence or [])
+    if len(refs) > EVIDENCE_MAX:
+        raise LineageError(f"evidence: {len(refs):,} references, past the {EVIDENCE_MAX} a decision holds; cite the "
+                           "most telling ones (ids of metric series, rollouts, findings, jobs), not all")
+    long = next((i for i, r in enumerate(refs) if len(r) > EVIDENCE_REF_MAX_CHARS), None)
+    if long is not None:
+        raise LineageError(f"evidence[{long}]: {len(refs[long]):,} characters, past the {EVIDENCE_REF_MAX_CHARS:,} a "
+                           "reference holds; give the id of what you cite (a metric series, a rollout, a finding, a "
+                           "job), and the reasoning in the rationale")
+    return refs
 
 
 def capped_findings(findings: list[Any], cap: int = FINDINGS_MAX) -> list[Any]:
@@ -933,6 +961,8 @@ class LineageStore:
             raise LineageError("a child version needs at least one intervention")
         if merge_decision is not None and not merge_decision[0].strip():
             raise LineageError("a decision needs a rationale; say why, with the numbers")
+        if merge_decision is not None:
+            check_evidence(merge_decision[1])
         parent = self._deepest_parent(parent_id)
         recipe = apply_all(parent.recipe, ivs)
         with self.tx() as db:
@@ -1229,8 +1259,14 @@ class LineageStore:
         if damaged_weights is not None and action not in ("prune", "revert"):
             raise LineageError(f"damaged_weights={damaged_weights!r} with action={action!r}: damaged weights are a "
                                "reason to prune or revert a version, not to keep or merge it")
+        evidence = check_evidence(evidence)
         now = time.time()
         with self.tx() as db:
+            n = db.execute("SELECT count(*) FROM decisions WHERE version_id=?", (version_id,)).fetchone()[0]
+            if n >= DECISIONS_PER_VERSION_MAX:
+                raise LineageError(f"{version_id} has {n:,} decisions, the most a version takes "
+                                   f"({DECISIONS_PER_VERSION_MAX}); nothing was recorded. Its status is {v.status}: "
+                                   "decide another version, or branch a child to change this one")
             cur = db.execute(
                 "INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at,"
                 " damaged_weights) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1254,6 +1290,38 @@ class LineageStore:
         elif version_id is not None:
             sql, args = sql + " WHERE version_id=?", (version_id,)
         return [self._row_to_decision(r) for r in self._q(sql + " ORDER BY id", args)]
+
+    def decisions_brief(self, version_id: str | None = None, last: int = 50, rationale_chars: int = 4000,
+                        refs: int = 20, ref_chars: int = 200) -> tuple[list[Decision], int]:
+        """``(the last decisions, how many there are)``, oldest first, of one version (or of the run), each cut to
+        fit a reply: at most ``last`` of them, a rationale of ``rationale_chars`` characters and ``refs`` evidence
+        references of ``ref_chars`` characters (each cut saying how much; :func:`~evotrainer.terminal.clip_text`).
+        The cut is made in SQL, so a store holding megabytes of rationale (written before the writers' caps, or
+        crafted) is not read whole (review 14 A-R14: 200 decisions of ~1 MB each were one 372 MB get_version reply).
+
+        Raises:
+            LineageError: as :meth:`decisions`.
+        """
+        where, args = ("WHERE version_id=?", (version_id,)) if version_id is not None else ("", ())
+        total = self._q(f"SELECT count(*) FROM decisions {where}", args)[0][0]
+        rows = self._q(
+            "SELECT id, version_id, action, substr(rationale, 1, ?) AS rationale, length(rationale) AS rationale_len, "
+            "CASE WHEN length(evidence) <= ? THEN evidence ELSE '[]' END AS evidence, length(evidence) AS evidence_len, "
+            f"author, prev_status, created_at, damaged_weights FROM decisions {where} ORDER BY id DESC LIMIT ?",
+            (rationale_chars, COLUMN_MAX_CHARS, *args, max(0, last)))
+        out = []
+        for r in reversed(rows):
+            d = self._row_to_decision(r)
+            rationale = d.rationale
+            if isinstance(r["rationale_len"], int) and r["rationale_len"] > len(rationale):
+                rationale += f"... [{r['rationale_len'] - len(rationale)} more chars]"
+            ev = [clip_text(e, ref_chars) for e in d.evidence[:refs]]
+            if len(d.evidence) > refs:
+                ev.append(f"... [{len(d.evidence) - refs} more references]")
+            elif isinstance(r["evidence_len"], int) and r["evidence_len"] > COLUMN_MAX_CHARS:
+                ev = [f"[evidence of {r['evidence_len']:,} characters not read]"]
+            out.append(d.model_copy(update={"rationale": rationale, "evidence": ev}))
+        return out, int(total)
 
     def _row_to_decision(self, r: sqlite3.Row) -> Decision:
         """One decision row read. Review 8 G-R8: a crafted lineage.db with ``decisions.evidence = 'not json'`` ended

@@ -136,6 +136,15 @@ REPLY_SUMMARY_MAX = SUMMARY_MAX
 """``metrics_summary`` entries one get_version reply carries (review 12 G-R12: a version's 2,500,000-entry summary was a
 100 MB reply that stalled every tool for 22 s); the store's writers keep no more."""
 REPLY_FINDINGS_MAX = 200
+REPLY_DECISIONS_MAX = 50
+"""Decisions one get_version reply carries, the last ones (review 14 A-R14: 200 decisions of ~1 MB each were a 372 MB
+reply and a 6.8 s stall of every call); each is cut as :meth:`~evotrainer.lineage.LineageStore.decisions_brief` says,
+to :data:`REPLY_RATIONALE_CHARS` and :data:`REPLY_EVIDENCE_REFS` references of :data:`REPLY_REF_CHARS` characters."""
+REPLY_RATIONALE_CHARS = 4000
+REPLY_EVIDENCE_REFS = 20
+REPLY_REF_CHARS = 200
+TREE_DECISIONS_MAX = 500
+"""Decisions the ``lineage://tree`` resource carries, the run's last ones (each cut as in get_version)."""
 REPLY_INTERVENTIONS_MAX = 20
 """Interventions one :class:`VersionSummary` row describes (a merge of many siblings has as many)."""
 REPLY_LIST_MAX_CHARS = 1 << 20
@@ -164,7 +173,10 @@ class VersionDetail(BaseModel):
     findings: list[dict[str, Any]] = Field(description=f"The first {REPLY_FINDINGS_MAX} findings at most.")
     findings_omitted: int = Field(0, description="Findings this reply leaves out.")
     note: str
-    decisions: list[DecisionInfo]
+    decisions: list[DecisionInfo] = Field(description=(
+        "The version's last decisions (at most 50), oldest first, each rationale cut to 4,000 characters and its "
+        "evidence to 20 references of 200 characters (saying how much was cut)."))
+    decisions_omitted: int = Field(0, description="Earlier decisions this reply leaves out.")
     jobs: list[JobInfo]
     damaged_weights: str | None = Field(None, description="The finding kind for which the version's last decision "
                                                           "(prune / revert) discarded its weights: there is nothing "
@@ -227,6 +239,12 @@ def job_info(state: ServerState, row: Job) -> JobInfo:
 
 def _decision(d: Decision) -> DecisionInfo:
     return DecisionInfo(**d.model_dump())
+
+
+def _brief_decisions(ws: Workspace, version_id: str | None, last: int) -> tuple[list[Decision], int]:
+    """The last ``last`` decisions of a version (None: of the run) cut for a reply, and how many there are."""
+    return ws.lineage.decisions_brief(version_id, last=last, rationale_chars=REPLY_RATIONALE_CHARS,
+                                      refs=REPLY_EVIDENCE_REFS, ref_chars=REPLY_REF_CHARS)
 
 
 def _job_row(ws: Workspace, job_id: str) -> Job:
@@ -294,13 +312,15 @@ def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
     ws = st.workspace()
     v = require_version(ws, version_id)
     summary, summary_omitted = capped_summary(v.metrics_summary, REPLY_SUMMARY_MAX)
+    decisions, n_decisions = _brief_decisions(ws, v.id, REPLY_DECISIONS_MAX)
     return VersionDetail(
         id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
         children=[c.id for c in ws.lineage.children(v.id)],
         interventions=[iv.model_dump(mode="json") for iv in v.interventions], recipe=v.recipe.to_dict(),
         checkpoint=v.checkpoint, metrics_summary=summary, metrics_summary_omitted=summary_omitted,
         eval_summary=v.eval_summary, findings=v.findings[:REPLY_FINDINGS_MAX],
-        findings_omitted=max(0, len(v.findings) - REPLY_FINDINGS_MAX), note=v.note, decisions=[_decision(d) for d in ws.lineage.decisions(v.id)],
+        findings_omitted=max(0, len(v.findings) - REPLY_FINDINGS_MAX), note=v.note, decisions=[_decision(d) for d in decisions],
+        decisions_omitted=n_decisions - len(decisions),
         jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], damaged_weights=ws.lineage.damaged(v.id),
         created_at=v.created_at, updated_at=v.updated_at)
 
@@ -539,12 +559,11 @@ def decide(
                                   note=f"merge of {v.id} and {w.id}",
                                   merge_decision=(rationale, evidence, author))
         target = child.id
-        d = ws.lineage.decisions(target)[-1]
     elif merge_with:
         raise ToolError(f"merge_with is only for action=merge (action is {action})")
     if action != "merge":
-        d = ws.lineage.decide(target, action, rationale, evidence=evidence, author=author,
-                              damaged_weights=damaged_weights)
+        ws.lineage.decide(target, action, rationale, evidence=evidence, author=author, damaged_weights=damaged_weights)
+    d = _brief_decisions(ws, target, 1)[0][-1]  # the reply carries it cut as get_version does
     # committed: a run log that cannot take the record must not make the answer an error (review 12, F-R12)
     log_error = ws.log_after_commit(f"decision {action} on {target}: {rationale}", version=target, source="mcp")
     return DecisionResult(decision=_decision(d), version=summary_of(ws.lineage.get(target)), log_error=log_error)
@@ -704,13 +723,15 @@ LINEAGE_TREE_URI = "lineage://tree"
 
 
 def lineage_tree(state: ServerState) -> str:
-    """The run's version tree (nested id, status, intervention, summaries, children) and all decisions, JSON."""
+    """The run's version tree (nested id, status, intervention, summaries, children) and its last 500 decisions (each
+    cut as in get_version; ``decisions_omitted`` counts the earlier ones), JSON."""
     try:
         ws = state.workspace()
     except ToolError as exc:
         raise ResourceError(str(exc)) from None
-    return json.dumps({"tree": ws.lineage.tree(), "decisions": [d.model_dump() for d in ws.lineage.decisions()]},
-                      default=str)
+    decisions, total = _brief_decisions(ws, None, TREE_DECISIONS_MAX)
+    return json.dumps({"tree": ws.lineage.tree(), "decisions": [d.model_dump() for d in decisions],
+                       "decisions_omitted": total - len(decisions)}, default=str)
 
 
 def register(server: MCPServer[ServerState], state: ServerState) -> None:

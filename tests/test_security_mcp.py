@@ -1866,3 +1866,65 @@ def test_a_version_column_the_store_would_not_read_back_is_not_written_and_findi
         assert ws.lineage.get("v1").eval_summary == {}
         with pytest.raises(LineageError, match="its note would hold"):
             ws.lineage.update_version("v1", note="n" * (COLUMN_MAX_CHARS + 1))
+
+
+def test_decisions_are_capped_on_write_and_cut_in_every_reply(tmp_path):
+    """Review 14 A-R14: 200 x decide(v0, keep, rationale of 19,000 chars, evidence of 48 x 19,900 chars) made
+    get_version(v0) a 372 MB reply (9.1 s, a concurrent ping 6.8 s) and lineage://tree 186 MB: nothing bounded the
+    decisions of a version or their evidence, and every reply carried all of them in full. Now a decision holds at
+    most EVIDENCE_MAX (64) references of EVIDENCE_REF_MAX_CHARS (1,000) characters, a version takes at most
+    DECISIONS_PER_VERSION_MAX (200) decisions, and get_version, decide and lineage://tree carry the last decisions
+    cut to 4,000 characters of rationale and 20 references of 200 characters, with counts of what they leave out
+    (cut in SQL: a store written before the caps is not read whole)."""
+    import json
+    import sqlite3
+
+    from evotrainer.lineage import DECISIONS_PER_VERSION_MAX, EVIDENCE_MAX, EVIDENCE_REF_MAX_CHARS
+
+    assert (DECISIONS_PER_VERSION_MAX, EVIDENCE_MAX, EVIDENCE_REF_MAX_CHARS) == (200, 64, 1000)
+    run = make_run(tmp_path)
+    c = SyncClient(build_server("all", run))
+    try:
+        long_ref = c.err("decide", {"version_id": "v1", "action": "prune", "rationale": "r",
+                                    "evidence": ["ok", "e" * 1001]})
+        assert "evidence[1]: 1,001 characters, past the 1,000 a reference holds" in long_ref
+        many = c.err("decide", {"version_id": "v1", "action": "prune", "rationale": "r",
+                                "evidence": [f"m{i}" for i in range(65)]})
+        assert "evidence: 65 references, past the 64 a decision holds" in many
+        assert [d["id"] for d in c.ok("get_version", {"version_id": "v1"})["decisions"]] == []  # nothing recorded
+        d = c.ok("decide", {"version_id": "v1", "action": "prune", "rationale": "x" * 19_000,
+                            "evidence": [f"{i:02d}" + "e" * 998 for i in range(30)]})["decision"]
+        assert d["rationale"] == "x" * 4000 + "... [15000 more chars]"
+        assert len(d["evidence"]) == 21 and d["evidence"][0] == "00" + "e" * 198 + "... [800 more chars]"
+        assert d["evidence"][20] == "... [10 more references]"
+    finally:
+        c.close()
+    # a store written before the caps (or crafted): 250 decisions of 1 MB rationale and 100 KB of evidence on v0
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at) "
+                   "VALUES ('v0', 'keep', ?, ?, 'x', 'kept', ?)",
+                   [(f"{i:03d}" + "r" * 1_000_000, json.dumps(["e" * 100_000]), 2e9 + i) for i in range(250)])
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        with pytest.raises(Exception, match="v0 has 250 decisions, the most a version takes \\(200\\); nothing was "
+                                            "recorded"):
+            with Workspace(run, writer=True) as ws:
+                ws.lineage.decide("v0", "keep", "once more")
+        t = time.monotonic()
+        v0 = c.ok("get_version", {"version_id": "v0"})
+        assert time.monotonic() - t < 5
+        assert v0["decisions_omitted"] == 200 and len(v0["decisions"]) == 50
+        assert [x["rationale"][:3] for x in v0["decisions"]] == [f"{i:03d}" for i in range(200, 250)]
+        assert v0["decisions"][-1]["rationale"] == "249" + "r" * 3997 + "... [996003 more chars]"
+        assert v0["decisions"][-1]["evidence"] == ["e" * 200 + "... [99800 more chars]"]
+        assert len(json.dumps(v0)) < 500_000  # was 250 MB
+        tree = c.read("lineage://tree")
+        assert tree["decisions_omitted"] == 0 and len(tree["decisions"]) == 251
+        assert len(json.dumps(tree)) < 2_500_000
+        assert c.err("decide", {"version_id": "v0", "action": "keep", "rationale": "again"}) == (
+            "Error executing tool decide: v0 has 250 decisions, the most a version takes (200); nothing was recorded. "
+            "Its status is proposed: decide another version, or branch a child to change this one")
+    finally:
+        c.close()
