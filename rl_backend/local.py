@@ -478,6 +478,15 @@ class LocalBackend:
                     break
         finally:
             tb.close()
+        if step < 0:  # stopped before its first step: nothing was trained, so nothing is saved or marked trained
+            # (review 14 D-R14: a job cancelled at step 0 of 100,000 left the version 'trained' with a checkpoint of
+            # the base weights and 0 steps, which list_versions and the gate then took for a trained version)
+            shutil.rmtree(resume_dir, ignore_errors=True)
+            ws.lineage.update_version(vid, status=v.status)
+            ws.log(f"{vid}: stopped before its first step; nothing trained (status {v.status})", version=vid,
+                   source="local")
+            return TrainResult(version_id=vid, steps_done=0, steps_requested=steps, stopped_early=True,
+                               wall_s=time.time() - t_call)
         ckpt = save_checkpoint(bundle, ws.checkpoint_dir(vid), recipe.model.name_or_path,
                                {"version": vid, "steps": step + 1})
         shutil.rmtree(resume_dir, ignore_errors=True)

@@ -215,3 +215,19 @@ def test_smollm2_one_grpo_step_on_addition(tmp_path):
     after = AutoModelForCausalLM.from_pretrained(res.checkpoint).model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(before, after)  # parameters moved
     ws.close()
+
+
+def test_a_training_stopped_before_its_first_step_leaves_the_version_untrained(tmp_path):
+    """Review 14 D-R14: a job cancelled (SIGTERM) before step 0 of 100,000 left the version 'trained' with a checkpoint
+    of the base weights and metrics_summary.steps = 0, which list_versions and the gate took for a trained version.
+    Now nothing is saved or marked: the version keeps its status, no checkpoint, steps_done 0; a later call trains."""
+    ws, vid = _run(tmp_path, "stop0")
+    be = LocalBackend(checkpoint_every=100, num_threads=1)
+    res = be.train(ws, vid, 100_000, should_stop=lambda: True)
+    v = ws.lineage.get(vid)
+    assert (res.steps_done, res.checkpoint, res.stopped_early) == (0, None, True)
+    assert (v.status, v.checkpoint, ws.lineage.last_step(vid)) == ("proposed", None, -1)
+    assert not (ws.root / "checkpoints" / vid).exists()
+    res = be.train(ws, vid, 1)
+    assert res.steps_done == 1 and ws.lineage.get(vid).status == "trained" and ws.lineage.last_step(vid) == 0
+    ws.close()
