@@ -262,6 +262,11 @@ FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
 crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
 _SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
+KV_VALUE_MAX_CHARS = 4 << 20
+"""Characters of one run-level (kv) value as JSON, written or read (4 MiB): the loop's records are a few KB, the run's
+registered analyzers (their code, one object) the largest. Review 14 B-R14: 150 ``register_analyzer`` calls of
+~1 MB each grew one value to 146.6 MB; every later registration re-read and rewrote it (7.2 s a call, 1.75 GB), and
+``list_analyzers`` answered 228 MiB."""
 DECISIONS_PER_VERSION_MAX = 200
 """Decisions one version takes (the loop makes one to three: keep / prune, a revert, a merge's). Review 14 A-R14: a
 client that repeated ``decide(v0, keep)`` with ~1 MB of rationale and evidence 200 times made ``get_version(v0)`` a
@@ -1511,13 +1516,16 @@ class LineageStore:
             fix: the fix the error names, in place of "use a run folder EvoTrainer wrote, or remove the value".
 
         Raises:
-            LineageError: the stored value is not JSON, or not of the ``expected`` type, or lacks a ``required``
-                field (a crafted or damaged file; :meth:`_kv_value`, :meth:`kv_typed`).
+            LineageError: the stored value is not JSON, longer than :data:`KV_VALUE_MAX_CHARS`, not of the
+                ``expected`` type, or lacks a ``required`` field (a crafted or damaged file; :meth:`_kv_value`,
+                :meth:`kv_typed`).
         """
-        r = self._q("SELECT value FROM kv WHERE key=?", (key,))
+        r = self._q("SELECT length(value), CASE WHEN length(value) <= ? THEN value END FROM kv WHERE key=?",
+                    (KV_VALUE_MAX_CHARS, key))
         if not r:
             return default
-        value = self._kv_value(key, r[0][0], fix)
+        self._kv_size_ok(key, r[0][0], fix)
+        value = self._kv_value(key, r[0][1], fix)
         return value if expected is None else self.kv_typed(key, value, expected, required, fix)
 
     def kv_typed(self, key: str, value: Any, expected: Shape, required: tuple[str, ...] = (),
@@ -1591,13 +1599,39 @@ class LineageStore:
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {why}, where EvoTrainer writes "
                                f"JSON (a crafted or damaged file); not read. {fix or self._kv_fix(key)}") from None
 
-    def kv_set(self, key: str, value: Any) -> None:
-        """Store a run-level JSON value."""
+    def _kv_size_ok(self, key: Any, n: Any, fix: str | None = None) -> None:
+        """Refuse a stored kv value longer than :data:`KV_VALUE_MAX_CHARS` (``n``: its SQL ``length()``) before it is
+        read (review 14 B-R14's class: a 146.6 MB value was parsed by every call that read it)."""
+        if isinstance(n, int) and n > KV_VALUE_MAX_CHARS:
+            raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {n:,} characters, past the "
+                               f"{KV_VALUE_MAX_CHARS:,} the store reads for one key (a crafted or damaged file, or one "
+                               f"written before that cap); not read. {fix or self._kv_fix(key)}")
+
+    def _kv_encoded(self, key: str, value: Any, fix: str | None) -> str:
+        """``value`` as the JSON the store keeps under ``key``.
+
+        Raises:
+            LineageError: it would be longer than :data:`KV_VALUE_MAX_CHARS`; names the key, the size and ``fix``.
+        """
+        text = json.dumps(value)
+        if len(text) > KV_VALUE_MAX_CHARS:
+            raise LineageError(f"kv {key[:200]!r}: the value would hold {len(text):,} characters of JSON, past the "
+                               f"{KV_VALUE_MAX_CHARS:,} the store keeps for one key; not written. "
+                               f"{fix or 'Store less under it'}")
+        return text
+
+    def kv_set(self, key: str, value: Any, fix: str | None = None) -> None:
+        """Store a run-level JSON value.
+
+        Raises:
+            LineageError: its JSON would be longer than :data:`KV_VALUE_MAX_CHARS` (``fix`` says what to do instead).
+        """
+        text = self._kv_encoded(key, value, fix)
         with self.tx() as db:
-            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, text))
 
     def kv_update(self, key: str, fn: Callable[[Any], Any], default: Any = None,
-                  expected: Shape | None = None) -> Any:
+                  expected: Shape | None = None, fix: str | None = None) -> Any:
         """Read, change and store the run-level value under ``key`` in one write transaction; returns the value
         stored.
 
@@ -1609,20 +1643,23 @@ class LineageStore:
         through another handle.
 
         Raises:
-            LineageError: the stored value is not JSON or not of the ``expected`` shape (:meth:`kv_typed`: names the
-                file, the key and the fix); nothing is written. An exception ``fn`` raises rolls the transaction
-                back and propagates.
+            LineageError: the stored value is not JSON, longer than :data:`KV_VALUE_MAX_CHARS` or not of the
+                ``expected`` shape (:meth:`kv_typed`: names the file, the key and the fix), or the new value would be
+                longer than that cap (``fix`` says what to do instead); nothing is written. An exception ``fn`` raises
+                rolls the transaction back and propagates.
         """
         with self.tx() as db:
-            r = db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchall()
+            r = db.execute("SELECT length(value), CASE WHEN length(value) <= ? THEN value END FROM kv WHERE key=?",
+                           (KV_VALUE_MAX_CHARS, key)).fetchall()
             if r:
-                value = self._kv_value(key, r[0][0])
+                self._kv_size_ok(key, r[0][0])
+                value = self._kv_value(key, r[0][1])
                 if expected is not None:
                     value = self.kv_typed(key, value, expected)
             else:
                 value = default
             new = fn(value)
-            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(new)))
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, self._kv_encoded(key, new, fix)))
         return new
 
     def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
@@ -1630,10 +1667,16 @@ class LineageStore:
         ``%`` are no wildcards), in key order.
 
         Raises:
-            LineageError: a stored value is not JSON (a crafted or damaged file; :meth:`_kv_value`).
+            LineageError: a stored value is not JSON or is longer than :data:`KV_VALUE_MAX_CHARS` (a crafted or
+                damaged file; :meth:`_kv_value`, :meth:`_kv_size_ok`).
         """
-        rows = self._q("SELECT key, value FROM kv WHERE substr(key, 1, ?) = ? ORDER BY key", (len(prefix), prefix))
-        return [(r[0], self._kv_value(r[0], r[1])) for r in rows]
+        rows = self._q("SELECT key, length(value), CASE WHEN length(value) <= ? THEN value END FROM kv "
+                       "WHERE substr(key, 1, ?) = ? ORDER BY key", (KV_VALUE_MAX_CHARS, len(prefix), prefix))
+        out = []
+        for key, n, value in rows:
+            self._kv_size_ok(key, n)
+            out.append((key, self._kv_value(key, value)))
+        return out
 
 
 IMPORT_SOURCE_KEY = "import/source"

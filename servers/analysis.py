@@ -28,6 +28,7 @@ registration was refused as "registered already" (review 12, K-R12)."""
 STORED_TIMEOUT_MAX = 600.0  # s: the bounds of MCP register_analyzer's arguments (servers/analyzers.py)
 STORED_MEMORY_MB = (64, 16384)
 STORED_NAME_MAX = 64  # characters of an analyzer name (register_analyzer's name argument; its description: MAX_TEXT_CHARS)
+STORED_KINDS_MAX = 32  # finding kinds one analyzer reports (each a name of at most STORED_NAME_MAX characters)
 
 
 class FindingInfo(BaseModel):
@@ -81,6 +82,8 @@ def _check_stored(ws: Workspace, name: str, spec: Any) -> None:
             why = f"has memory_mb={m!r}, outside [{STORED_MEMORY_MB[0]}, {STORED_MEMORY_MB[1]}] MiB"
         elif not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             why = "has kinds that are not a list of names"
+        elif len(kinds) > STORED_KINDS_MAX or any(len(k) > STORED_NAME_MAX for k in kinds):
+            why = f"has {len(kinds):,} kinds, or one longer than {STORED_NAME_MAX} characters"
         elif not isinstance(d, str):  # list_analyzers answered pydantic's raw "validation error for AnalyzerInfo"
             why = f"has a description that is {_json_kind(d)}, not text"  # on every call (review 12, C-R12)
         elif len(d) > MAX_TEXT_CHARS:

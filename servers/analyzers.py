@@ -22,6 +22,7 @@ from evotrainer.sandbox import sandbox_info
 from evotrainer.servers.analysis import (
     KV_KEY,
     REGISTRY_LOCK,
+    STORED_KINDS_MAX,
     STORED_NAME_MAX,
     FindingInfo,
     evidence_of,
@@ -173,6 +174,11 @@ def register_analyzer(
     survives server restarts. Backtest it first (backtest_analyzer)."""
     ws = state_of(ctx).workspace()
     all_kinds = list(dict.fromkeys([*([kind] if kind else []), *kinds]))
+    if len(all_kinds) > STORED_KINDS_MAX or any(len(k) > STORED_NAME_MAX for k in all_kinds):
+        # review 14 B-R14: 380 kinds of 1,994 characters an analyzer made list_analyzers a 228 MiB reply
+        raise ToolError(f"kinds: {len(all_kinds):,} finding kinds (the longest {max(map(len, all_kinds)):,} "
+                        f"characters); an analyzer reports at most {STORED_KINDS_MAX} kinds of at most "
+                        f"{STORED_NAME_MAX} characters each, snake_case names such as 'reward_spike'")
     entry = {"code": code, "kinds": all_kinds, "description": description, "timeout_s": timeout_s,
              "memory_mb": memory_mb}
     with REGISTRY_LOCK:  # the sync, the check of the name and the registration at once (review 12, K-R12)
@@ -183,7 +189,9 @@ def register_analyzer(
         try:
             # one read-modify-write in one write transaction (review 11, K-R11: kv_get -> change -> kv_set while two
             # tool calls ran at once lost 11 of 100 acknowledged registrations)
-            ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict)
+            ws.lineage.kv_update(KV_KEY, lambda stored: {**(stored or {}), name: entry}, expected=dict, fix=(
+                "The run's registered analyzers are at the store's limit: replace one (same name, replace=True) "
+                "or register shorter code"))
         except BaseException:  # not stored: not registered either (review 12, F-R12: on a full disk the analyzer
             reg.put_back_analyzer(name, before)  # stayed runnable in the process, unlisted, and a retry was refused)
             raise

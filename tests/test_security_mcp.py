@@ -1928,3 +1928,58 @@ def test_decisions_are_capped_on_write_and_cut_in_every_reply(tmp_path):
             "Its status is proposed: decide another version, or branch a child to change this one")
     finally:
         c.close()
+
+
+def test_registered_analyzers_and_every_kv_value_are_capped_on_write_and_on_read(tmp_path):
+    """Review 14 B-R14: 150 register_analyzer calls of ~1 MB (199 KB of code, 380 kinds of 1,994 characters) grew the
+    kv value analyzers/registered to 146.6 MB: each later registration re-read and rewrote it (7.2 s, a 2 s stall),
+    list_analyzers answered 228 MiB. Now an analyzer reports at most 32 kinds of 64 characters, a kv value holds at
+    most KV_VALUE_MAX_CHARS (4 MiB) of JSON on write (the registration past it is refused with the fix, and is not
+    left runnable), and a longer stored value is refused by its length before it is read."""
+    import json
+    import sqlite3
+
+    from evotrainer.lineage import KV_VALUE_MAX_CHARS
+
+    assert KV_VALUE_MAX_CHARS == 4 << 20
+    run = make_run(tmp_path)
+    c = SyncClient(build_server("all", run))
+    code = "print('[]')\n# " + "x" * 190_000 + "\n"
+    try:
+        assert "kinds: 33 finding kinds (the longest 3 characters); an analyzer reports at most 32 kinds of at most " \
+               "64 characters each" in c.err("register_analyzer", {"name": "k1", "code": code,
+                                                                   "kinds": [f"k{i:02d}" for i in range(33)]})
+        assert "kinds: 1 finding kinds (the longest 65 characters)" in c.err(
+            "register_analyzer", {"name": "k2", "code": code, "kind": "k" * 65})
+        n = 0
+        while True:
+            r = c.call("register_analyzer", {"name": f"big_{n:02d}", "code": code, "kinds": ["x"]})
+            if r.is_error:
+                break
+            n += 1
+        assert n == KV_VALUE_MAX_CHARS // (len(code) + 120)  # 22 of ~190 KB fit in 4 MiB
+        assert r.content[0].text.endswith(
+            "characters of JSON, past the 4,194,304 the store keeps for one key; not written. The run's registered "
+            "analyzers are at the store's limit: replace one (same name, replace=True) or register shorter code")
+        names = {a["name"] for a in c.ok("list_analyzers")["analyzers"]}
+        assert {f"big_{i:02d}" for i in range(n)} <= names and f"big_{n:02d}" not in names
+        assert n == 22 and "unknown analyzer 'big_22'; registered: big_00," in c.err(  # refused: not runnable either
+            "run_analyzer", {"names": ["big_22"], "version_ids": ["v0"]})
+        c.ok("register_analyzer", {"name": "big_00", "code": "print('[]')\n", "kinds": ["x"], "replace": True})
+        c.ok("register_analyzer", {"name": f"big_{n:02d}", "code": code, "kinds": ["x"]})  # room again
+    finally:
+        c.close()
+    db = sqlite3.connect(run / "lineage.db")  # a run folder from elsewhere: 5 MB under the key
+    db.execute("INSERT OR REPLACE INTO kv VALUES ('analyzers/registered', ?)",
+               (json.dumps({"a": {"code": "x" * 5_000_000}}),))
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        t = time.monotonic()
+        err = c.err("list_analyzers")
+        assert time.monotonic() - t < 5
+        assert f"{run}/lineage.db: kv.value of key 'analyzers/registered' holds 5,000,019 characters, past the " \
+               "4,194,304 the store reads for one key" in err and "DELETE FROM kv WHERE key = 'analyzers/registered'" in err
+    finally:
+        c.close()
