@@ -47,7 +47,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
 from evotrainer.rollouts import RolloutStore
 from evotrainer.sandbox import fs as sfs
-from evotrainer.terminal import has_controls, neutralise
+from evotrainer.terminal import clip_text, has_controls, neutralise
 
 if TYPE_CHECKING:
     from evotrainer.rollouts import RolloutStore
@@ -175,12 +175,20 @@ class Workspace:
 
     def log(self, message: str, level: str = "info", version: str | None = None, source: str = "run",
             **extra: Any) -> None:
-        """Append one JSON log record to ``logs/run.jsonl`` (opened following no link: :func:`open_inside`)."""
+        """Append one JSON log record to ``logs/run.jsonl`` (opened following no link: :func:`open_inside`). A record
+        longer than :data:`MAX_LOG_LINE_BYTES` as JSON (which the readers skip) is written with its message cut and
+        its extra fields left out (``extra_omitted``: their names)."""
         rec = {"time": time.time(), "level": level, "version": version, "source": source, "message": message, **extra}
+        line = json.dumps(rec, default=str)
+        if len(line) > MAX_LOG_LINE_BYTES // 4:  # (characters: at most 4 bytes each in UTF-8)
+            if len(line.encode("utf-8", errors="replace")) > MAX_LOG_LINE_BYTES:
+                line = json.dumps({**{k: rec[k] for k in ("time", "level", "version", "source")},
+                                   "message": clip_text(str(message), MAX_LOG_LINE_BYTES // 16),
+                                   "extra_omitted": sorted(str(k)[:100] for k in extra)[:100]}, default=str)
         with self._log_lock:
             fd = _open_log(self.root, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             with os.fdopen(fd, "a") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
+                f.write(line + "\n")
 
     def log_after_commit(self, message: str, level: str = "info", version: str | None = None, source: str = "run",
                          **extra: Any) -> str | None:
@@ -206,7 +214,8 @@ class Workspace:
     def read_logs_tail(self) -> tuple[list[dict[str, Any]], int]:
         """``(records, unread_bytes)``: :meth:`read_logs`'s records, and the bytes at the start of the log that were
         not read: 0 unless the log is longer than :data:`MAX_LOG_READ_BYTES` (the cut line counts as unread) or has
-        more than :data:`MAX_LOG_RECORDS` lines (then the older lines count as unread). A line that is not a JSON
+        more than :data:`MAX_LOG_RECORDS` lines (then the older lines count as unread); a line longer than
+        :data:`MAX_LOG_LINE_BYTES` is not parsed and counts as unread too. A line that is not a JSON
         object (a number, a list, JSON nested past Python's limit) is skipped: review 13 (G-R13) planted ``0`` and
         a 100,000-deep ``[[...]]`` and every ``search_logs`` ended in AttributeError / RecursionError; 22 M lines of
         ``{}`` (69 MB) held 3.4 GB in one call."""
@@ -235,6 +244,9 @@ class Workspace:
             lines = lines[1:]
         out = []
         for raw in lines:
+            if len(raw) > MAX_LOG_LINE_BYTES:  # not parsed (review 14 C-R14: one 50 MB record of 17.5 M empty lists
+                unread += len(raw) + 1  # took 36 s and 1.5 GB to parse, and every search_logs stalled the server)
+                continue
             line = raw.decode("utf-8", errors="replace")
             try:
                 rec = json.loads(line)
@@ -318,6 +330,7 @@ class _Flock:
 
 MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256 MiB of logs/run.jsonl
 MAX_LOG_RECORDS = 500_000  # ... and at most its last 500,000 lines (a run writes a few thousand)
+MAX_LOG_LINE_BYTES = 1 << 20  # ... and skips a line longer than 1 MiB (EvoTrainer's own records are under 100 KB)
 _LOG_CHUNK_BYTES = 4 << 20  # read_logs_tail reads the log backwards in blocks of 4 MiB until it holds those lines
 
 

@@ -14,6 +14,7 @@ the call is a tool error that says how to narrow the search.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import datetime, timezone
@@ -258,9 +259,32 @@ def search_logs(
     records = [LogRecord(time=r["time"], iso_time=datetime.fromtimestamp(r["time"], timezone.utc).isoformat(),
                          level=str(r.get("level", "info")), version=r.get("version"),
                          source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
-                         extra={k: v for k, v in r.items() if k not in skip}) for r in page]
+                         extra=_extra(r, skip)) for r in page]
     return LogList(records=records, partly_scanned=partly, unread_bytes=unread,
                    **page_fields(len(out), offset, len(page)))
+
+
+EXTRA_FIELDS_MAX = 50
+EXTRA_VALUE_MAX_CHARS = 2000
+"""A search_logs record carries at most 50 extra fields, each value at most 2,000 characters of JSON (longer ones as
+that JSON cut, saying how much): review 14 C-R14's one record with a 50 MB field was a 300 MiB reply."""
+
+
+def _extra(rec: dict[str, Any], skip: set[str]) -> dict[str, Any]:
+    """The fields of a log record besides ``skip``, bounded (:data:`EXTRA_FIELDS_MAX`, :data:`EXTRA_VALUE_MAX_CHARS`)."""
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if k in skip:
+            continue
+        if len(out) == EXTRA_FIELDS_MAX:
+            out["extra_omitted"] = len(rec) - len(skip & rec.keys()) - EXTRA_FIELDS_MAX
+            break
+        if isinstance(v, str) or not isinstance(v, (int, float, bool, type(None))):
+            text = v if isinstance(v, str) else json.dumps(v, default=str)
+            if len(text) > EXTRA_VALUE_MAX_CHARS:
+                v = clip_text(text, EXTRA_VALUE_MAX_CHARS)
+        out[str(k)[:200]] = v
+    return out
 
 
 def list_metrics(

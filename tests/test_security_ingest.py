@@ -2463,3 +2463,45 @@ def test_the_run_log_tail_is_read_backwards_until_its_lines_are_held(tmp_path, m
         records, unread = ws.read_logs_tail()
     assert [r["message"][:4].rstrip("x") for r in records] == [f"m{i}" for i in range(291, 300)]
     assert unread == sum(len(ln) + 1 for ln in lines[:291])
+
+
+def test_a_huge_log_record_is_skipped_and_a_records_extra_fields_are_cut(tmp_path):
+    """Review 14 C-R14: one run-log line of 50 MB (a record of 17.5 M empty lists) took 36 s and 1.5 GB to parse, and
+    search_logs answered 300 MiB with every extra field in full, stalling the server 30 s. Now a line longer than
+    MAX_LOG_LINE_BYTES (1 MiB) is not parsed (its bytes count in unread_bytes), a record carries at most 50 extra
+    fields of at most 2,000 characters of JSON each, and Workspace.log writes a record past the cap with its message
+    cut and its extra fields named, not stored."""
+    import time as _time
+
+    from mcp_testlib import SyncClient, make_run
+
+    from evotrainer.servers.app import build_server
+    from evotrainer.workspace import MAX_LOG_LINE_BYTES
+
+    assert MAX_LOG_LINE_BYTES == 1 << 20
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    huge = json.dumps({"time": 5.0, "level": "info", "message": "huge", "x": [[]] * 1_000_000})  # 4 MB
+    wide = json.dumps({"time": 6.0, "level": "info", "message": "wide", "s": "y" * 300_000, "n": 7,
+                       "d": {"k": list(range(1000))}, **{f"f{i:02d}": i for i in range(60)}})
+    before = log.stat().st_size
+    with log.open("a") as f:
+        f.write(huge + "\n" + wide + "\n")
+    with Workspace(run, writer=True) as ws:
+        ws.log("big " + "z" * 2_000_000, note={"a": "b" * 2_000_000})
+        records, unread = ws.read_logs_tail()
+    assert unread == len(huge) + 1 and "huge" not in [r.get("message") for r in records]
+    last = records[-1]
+    assert last["message"] == "big " + "z" * 65_532 + "... [1934468 more chars]" and last["extra_omitted"] == ["note"]
+    assert before < log.stat().st_size < before + len(huge) + len(wide) + 100_000
+    c = SyncClient(build_server("all", run))
+    try:
+        t = _time.monotonic()
+        res = c.ok("search_logs", {"query": "wide"})
+        assert _time.monotonic() - t < 5 and res["unread_bytes"] == len(huge) + 1
+        (rec,) = res["records"]
+        assert rec["extra"]["s"] == "y" * 2000 + "... [298000 more chars]" and rec["extra"]["n"] == 7
+        assert rec["extra"]["d"] == json.dumps({"k": list(range(1000))})[:2000] + "... [2897 more chars]"
+        assert len(rec["extra"]) == 51 and rec["extra"]["extra_omitted"] == 13
+    finally:
+        c.close()
