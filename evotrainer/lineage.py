@@ -257,6 +257,15 @@ _CAPPED_COLUMNS: dict[str, str | None] = {
     "recipe": None, "interventions": None, "checkpoint": "NULL", "metrics_summary": "'{}'", "eval_summary": "'{}'",
     "findings": "'[]'", "note": "''"}
 """The ``versions`` columns held to :data:`COLUMN_MAX_CHARS`, each with the value that resets it (None: none does)."""
+VERSIONS_READ_MAX_CHARS = 64 << 20
+"""Characters of the capped columns of all the versions one read takes in (64 MiB): a version EvoTrainer writes holds
+a few KB to a few hundred KB (its summary and findings capped), so this is hundreds of versions at the worst. Review
+14 E-R14: 300 versions of ~1 MB interventions each (each column under :data:`COLUMN_MAX_CHARS`) made
+``list_versions(limit=1)`` read 290 MB whole (22.2 s, 2.4 GB), ``lineage show`` 97.9 s and 3.4 GB."""
+INTERVENTIONS_MAX = 64
+"""Interventions one version holds (a child has one, a merge two, ``propose_recipe`` a few)."""
+TREE_INTERVENTIONS_MAX = 20
+"""Interventions one node of :meth:`LineageStore.tree` describes (review 14 E-R14: 2,000 a version, uncut)."""
 _SUMMARY_FIRST = ("steps", *M.ALL_STEP_METRICS)
 FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
@@ -964,6 +973,10 @@ class LineageStore:
         ivs = interventions if isinstance(interventions, list) else [interventions]
         if not ivs:
             raise LineageError("a child version needs at least one intervention")
+        if len(ivs) > INTERVENTIONS_MAX:
+            raise LineageError(f"{len(ivs):,} interventions in one child, past the {INTERVENTIONS_MAX} a version holds; "
+                               "a child is one change away from its parent (or a few, together): split them over "
+                               "children")
         if merge_decision is not None and not merge_decision[0].strip():
             raise LineageError("a decision needs a rationale; say why, with the numbers")
         if merge_decision is not None:
@@ -1056,6 +1069,13 @@ class LineageStore:
             raise LineageError(f"{self.path}: version {str(vid)!r}: its versions.{col} holds {n:,} characters, past "
                                f"the {cap:,} EvoTrainer reads (it writes at most {SUMMARY_MAX} metrics_summary "
                                f"entries; a crafted or damaged file); not read. {fix}")
+        total = self._q(f"SELECT count(*), sum({' + '.join(f'coalesce(length({c}), 0)' for c in cols)}) FROM versions "
+                        f"WHERE {cond}", args)[0]
+        if total[0] > 1 and (total[1] or 0) > VERSIONS_READ_MAX_CHARS:
+            raise LineageError(f"{self.path}: its {total[0]:,} versions hold {total[1]:,} characters of recipes, "
+                               f"interventions, summaries, findings and notes, past the {VERSIONS_READ_MAX_CHARS:,} "
+                               "one read takes in (EvoTrainer writes a few KB to a few hundred KB a version; a crafted "
+                               "or damaged file); not read. Use a run folder EvoTrainer wrote")
         return self._q(f"SELECT * FROM versions WHERE {cond} {order}", args)
 
     def _row_to_version(self, r: sqlite3.Row) -> Version:
@@ -1188,11 +1208,14 @@ class LineageStore:
         return [v for v in versions if v.status == "kept" and not has_kept_descendant(v.id)]
 
     def tree(self) -> dict[str, Any]:
-        """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root."""
+        """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root; each node describes at
+        most :data:`TREE_INTERVENTIONS_MAX` interventions (``interventions_omitted``: the rest), each value cut to
+        :data:`~evotrainer.intervention.DESCRIBE_VALUE_CHARS` characters."""
         versions = self.versions()
         nodes: dict[str, dict[str, Any]] = {
             v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
-                   "intervention": [iv.describe() for iv in v.interventions], "role": v.role,
+                   "intervention": [iv.describe() for iv in v.interventions[:TREE_INTERVENTIONS_MAX]],
+                   "interventions_omitted": max(0, len(v.interventions) - TREE_INTERVENTIONS_MAX), "role": v.role,
                    "eval_summary": v.eval_summary, "metrics_summary": v.metrics_summary, "children": []}
             for v in versions
         }

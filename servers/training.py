@@ -727,10 +727,11 @@ def lineage_tree(state: ServerState) -> str:
     cut as in get_version; ``decisions_omitted`` counts the earlier ones), JSON."""
     try:
         ws = state.workspace()
-    except ToolError as exc:
+        decisions, total = _brief_decisions(ws, None, TREE_DECISIONS_MAX)
+        tree = ws.lineage.tree()
+    except (ToolError, LineageError) as exc:  # (review 14 E-R14: a LineageError was a bare "Error reading resource")
         raise ResourceError(str(exc)) from None
-    decisions, total = _brief_decisions(ws, None, TREE_DECISIONS_MAX)
-    return json.dumps({"tree": ws.lineage.tree(), "decisions": [d.model_dump() for d in decisions],
+    return json.dumps({"tree": tree, "decisions": [d.model_dump() for d in decisions],
                        "decisions_omitted": total - len(decisions)}, default=str)
 
 

@@ -1983,3 +1983,55 @@ def test_registered_analyzers_and_every_kv_value_are_capped_on_write_and_on_read
                "4,194,304 the store reads for one key" in err and "DELETE FROM kv WHERE key = 'analyzers/registered'" in err
     finally:
         c.close()
+
+
+def test_a_versions_table_past_the_read_cap_is_refused_and_the_tree_cuts_interventions(tmp_path):
+    """Review 14 E-R14: 300 versions of ~1 MB interventions each (2,000 legal ones, each column under the 1 MiB cap)
+    made list_versions(limit=1) read 290 MB whole (22.2 s, 2.4 GB), lineage://tree a 264 MiB reply, lineage show 98 s;
+    and a LineageError in the tree resource was a bare "Error reading resource". Now a read whose versions hold more
+    than VERSIONS_READ_MAX_CHARS (64 MiB) of capped columns is refused at once, naming the file; the tree describes
+    at most 20 interventions a version; a child holds at most INTERVENTIONS_MAX (64) interventions."""
+    import json
+    import sqlite3
+
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import INTERVENTIONS_MAX, VERSIONS_READ_MAX_CHARS, LineageError
+
+    assert (VERSIONS_READ_MAX_CHARS, INTERVENTIONS_MAX) == (64 << 20, 64)
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        iv = Intervention(path="temperature", old=1.0, new=0.9, category="rollout", hypothesis="h")
+        with pytest.raises(LineageError, match="65 interventions in one child, past the 64 a version holds"):
+            ws.lineage.branch("v0", [iv] * 65)
+    db = sqlite3.connect(run / "lineage.db")
+    row = db.execute("SELECT recipe, interventions FROM versions WHERE id = 'v1'").fetchone()
+    one = json.loads(row[1])[0]
+    many = json.dumps([{**one, "old": "o" * 50, "new": f"n{i}"} for i in range(2000)])  # ~250 KB
+    db.executemany("INSERT INTO versions (id, parent_id, recipe, interventions, status, created_at, updated_at) "
+                   "VALUES (?, 'v0', ?, ?, 'proposed', ?, ?)",
+                   [(f"w{i:03d}", row[0], many, 2e9 + i, 2e9 + i) for i in range(100)])
+    db.commit()
+    c = SyncClient(build_server("all", run))
+    try:
+        tree = c.read("lineage://tree")
+        w = next(n for n in tree["tree"]["children"] if n["id"] == "w000")
+        assert len(w["intervention"]) == 20 and w["interventions_omitted"] == 1980
+        assert len(json.dumps(tree)) < 3_000_000
+    finally:
+        c.close()
+    db.executemany("INSERT INTO versions (id, parent_id, recipe, interventions, status, created_at, updated_at) "
+                   "VALUES (?, 'v0', ?, ?, 'proposed', ?, ?)",
+                   [(f"x{i:03d}", row[0], many, 3e9 + i, 3e9 + i) for i in range(200)])
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        t = time.monotonic()
+        err = c.err("list_versions", {"limit": 1})
+        assert time.monotonic() - t < 5
+        assert f"{run}/lineage.db: its 302 versions hold 131,4" in err and "past the 67,108,864 one read takes in" in err
+        with pytest.raises(Exception, match="past the 67,108,864 one read takes in"):
+            c.read("lineage://tree")
+        assert c.ok("get_version", {"version_id": "v1"})["id"] == "v1"  # one version is still read
+    finally:
+        c.close()
