@@ -47,6 +47,7 @@ from evotrainer.config import RunConfig
 from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
 from evotrainer.lineage import NUM, KvMap, LineageStore
+from evotrainer.servers.common import MAX_LIMIT
 from evotrainer.workspace import Workspace
 
 TAG = "synthesised"
@@ -253,8 +254,9 @@ BAD = ("pruned", "reverted")
 
 
 def remembered_examples(loop: EvolvingLoop, domain: str) -> list[S.Example]:
-    """Labelled versions of earlier runs in ``domain`` (``list_version_summaries``), as feature-only examples."""
-    res = _call(loop, "list_version_summaries", {"domain": domain, "limit": 10_000}) or {}
+    """Labelled versions of earlier runs in ``domain`` (``list_version_summaries``: the newest MAX_LIMIT), as
+    feature-only examples."""
+    res = _call(loop, "list_version_summaries", {"domain": domain, "limit": MAX_LIMIT}) or {}
     here = str(loop.ws.root)
     out = []
     for vs in res.get("summaries", []):

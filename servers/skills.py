@@ -9,11 +9,13 @@ without ``--run``. The embedding model (all-MiniLM-L6-v2, offline) loads on the 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
-from evotrainer.servers.common import JsonValue, ToolContext, state_of
+from evotrainer.servers.common import MAX_LIMIT, JsonValue, ToolContext, state_of
 from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, SkillError, VersionSummary, new_id
 from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
 
@@ -82,6 +84,17 @@ class VersionSummaryList(BaseModel):
     """Version summaries, newest first (skills_db ``VersionSummary`` records)."""
 
     summaries: list[dict[str, Any]]
+    omitted: int = Field(0, description="Summaries within ``limit`` left out because the reply holds 1 MiB of JSON.")
+
+
+SUMMARY_FINDINGS_MAX = 64
+"""Finding kinds one version summary holds, each a name of at most :data:`SUMMARY_NAME_MAX` characters."""
+SUMMARY_NAME_MAX = 64
+SUMMARY_METRICS_MAX = 256
+"""Metrics one version summary holds (the run store keeps as many per version)."""
+REPLY_SUMMARIES_MAX_CHARS = 1 << 20
+"""JSON characters of one list_version_summaries reply (review 14 F-R14: 150 summaries of ~950 KB each were a 273 MiB
+reply and a 3.6 s stall; limit went to 10,000 where every other list tool stops at MAX_LIMIT)."""
 
 
 class RecordId(BaseModel):
@@ -225,6 +238,13 @@ def add_version_summary(
     """Remember a version in a few lines for later runs (replaces the summary of the same run and version)."""
     st = state_of(ctx)
     run = run or str(st.run_dir or "")
+    if len(findings) > SUMMARY_FINDINGS_MAX or any(len(f) > SUMMARY_NAME_MAX for f in findings):
+        raise ToolError(f"findings: {len(findings):,} kinds (the longest {max(map(len, findings)):,} characters); a "
+                        f"summary holds at most {SUMMARY_FINDINGS_MAX} finding kinds of at most {SUMMARY_NAME_MAX} "
+                        "characters each, names such as 'truncation'")
+    if len(metrics) > SUMMARY_METRICS_MAX or any(len(k) > 200 for k in metrics):
+        raise ToolError(f"metrics: {len(metrics):,} entries; a summary holds at most {SUMMARY_METRICS_MAX} metrics "
+                        "with names of at most 200 characters: give the headline ones")
     vs = VersionSummary(id=f"{run}/{version_id}", run=run, version_id=version_id, domain=domain, status=status,
                         intervention=intervention, metrics=metrics, findings=findings, summary=summary)
     return RecordId(id=st.skill_store().add_version_summary(vs))
@@ -233,12 +253,20 @@ def add_version_summary(
 def list_version_summaries(
     ctx: ToolContext,
     domain: Annotated[str | None, Field(description="Only this task domain.")] = None,
-    limit: Annotated[int, Field(description="Newest first.", ge=1, le=10_000)] = 1000,
+    limit: Annotated[int, Field(description="Newest first.", ge=1, le=MAX_LIMIT)] = 200,
 ) -> VersionSummaryList:
-    """Version summaries remembered by earlier runs (newest first), e.g. labelled versions to learn from."""
+    """Version summaries remembered by earlier runs (newest first), e.g. labelled versions to learn from; a reply ends
+    before ``limit`` once it holds 1 MiB of JSON (``omitted`` counts the rest)."""
     where = f"domain = {sql_str(domain)}" if domain else None
     rows = state_of(ctx).skill_store().records(VERSION_SUMMARIES, where=where, limit=limit)
-    return VersionSummaryList(summaries=[r.model_dump(mode="json") for r in rows])
+    out, size = [], 0
+    for r in rows:
+        d = r.model_dump(mode="json")
+        size += len(json.dumps(d))
+        if out and size > REPLY_SUMMARIES_MAX_CHARS:
+            break
+        out.append(d)
+    return VersionSummaryList(summaries=out, omitted=len(rows) - len(out))
 
 
 TOOLS = (search_skills, get_skill, add_skill, record_skill_outcome, add_failed_case, add_search_trace,

@@ -107,3 +107,38 @@ def test_add_skill_names_a_bad_argument_in_one_line_without_a_dump():
     assert err.endswith("add_skill: skill test.no_value: an intervention needs value (a literal or {op: ...} rule); "
                         "fix that argument and call again"), err
     assert "input_value" not in err and "y" * 100 not in err, err
+
+
+def test_version_summaries_are_capped_on_write_and_a_listing_is_bounded():
+    """Review 14 F-R14: 150 add_version_summary of ~950 KB each (47 findings of 19,900 characters) made
+    list_version_summaries a 273 MiB reply (3.6 s, a 3.0 s stall; its limit went to 10,000) and even limit=10 read the
+    178 MB table whole. Now a summary holds at most 64 finding kinds of 64 characters and 256 metrics, the limit stops
+    at MAX_LIMIT (500), a reply ends once it holds 1 MiB of JSON (omitted: the rest), and only the chosen rows are
+    read whole."""
+    import json
+
+    from evotrainer.servers.skills import REPLY_SUMMARIES_MAX_CHARS
+
+    c = SyncClient(build_server("skills", None))
+    try:
+        assert "findings: 65 kinds (the longest 3 characters); a summary holds at most 64 finding kinds" in c.err(
+            "add_version_summary", {"version_id": "v1", "status": "kept", "findings": [f"f{i:02d}" for i in range(65)]})
+        assert "findings: 1 kinds (the longest 65 characters)" in c.err(
+            "add_version_summary", {"version_id": "v1", "status": "kept", "findings": ["f" * 65]})
+        assert "metrics: 257 entries; a summary holds at most 256 metrics" in c.err(
+            "add_version_summary", {"version_id": "v1", "status": "kept",
+                                    "metrics": {f"m{i}": 1.0 for i in range(257)}})
+        for i in range(30):
+            c.ok("add_version_summary", {"version_id": f"v{i:02d}", "status": "kept", "domain": "hostile",
+                                         "summary": f"{i:02d}" + "s" * 19_000, "intervention": "i" * 19_000,
+                                         "findings": ["truncation"], "run": "hostile"})
+        assert "less than or equal to 500" in c.err("list_version_summaries", {"limit": 501})
+        res = c.ok("list_version_summaries", {"domain": "hostile", "limit": 500})
+        n = len(res["summaries"])
+        assert 20 < n < 30 and res["omitted"] == 30 - n
+        assert len(json.dumps(res["summaries"])) <= REPLY_SUMMARIES_MAX_CHARS
+        assert [s["summary"][:2] for s in res["summaries"]] == [f"{i:02d}" for i in range(29, 29 - n, -1)]  # newest
+        few = c.ok("list_version_summaries", {"domain": "hostile", "limit": 3})
+        assert [s["version_id"] for s in few["summaries"]] == ["v29", "v28", "v27"] and few["omitted"] == 0
+    finally:
+        c.close()
