@@ -179,14 +179,12 @@ def recipe_validate(
     A run config is checked in every section (`budget.*`, `mode`, `recipe.*`).
     A recipe's `data.path` must name an existing file or folder (relative to the current directory).
     """
-    import yaml
-
     from evotrainer.config import is_run_config, load_run_config
-    from evotrainer.recipe import RecipeError, load_recipe
+    from evotrainer.recipe import RecipeError, load_recipe, read_yaml
 
     try:
-        raw = yaml.safe_load(file.read_text()) if file.is_file() else None
-    except yaml.YAMLError:
+        raw = read_yaml(file, "recipe file") if file.is_file() else None
+    except RecipeError:
         raw = None  # the loaders below report the YAML error with the file name
     cfg = load_run_config(file) if is_run_config(raw) else None
     r = cfg.recipe if cfg is not None else load_recipe(file)

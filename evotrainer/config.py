@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evotrainer.recipe import Recipe, RecipeError, _format_error, read_yaml
+from evotrainer.recipe import SEED_LIMIT, Recipe, RecipeError, _format_error, read_yaml
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "mlflow")
@@ -83,7 +83,7 @@ class RunConfig(BaseModel):
     )
     claude_model: str = Field("claude-sonnet-5-5", description="Anthropic model id for the Claude brain.")
     backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
-    seed: int = Field(0, description="Seed of the loop's own choices.")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seed of the loop's own choices.")
     executor: Literal["inline", "ray"] = Field(
         "inline", description="Where a round's branches train: inline (one after another, this process) or ray "
                               "(Ray tasks side by side, evotrainer.executor).")

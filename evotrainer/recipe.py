@@ -54,6 +54,9 @@ REWARD_COMPONENTS: tuple[str, ...] = (
 )
 
 TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
+SEED_LIMIT = 2**63
+"""Seeds lie in [0, 2**63): torch's generator takes a 64-bit seed (review 14 G-R14: a recipe seed of 2**72 was
+accepted and every training of the run ended with "Overflow when unpacking long long")."""
 
 def _positive_int(v: Any) -> str | None:
     return None if v >= 1 else "need an integer >= 1"
@@ -196,7 +199,7 @@ class DataSpec(_Strict):
     n_heldout: int = Field(64, ge=1, description="Number of dev (held-out) problems: what the gate and the agents see.")
     n_test: int = Field(0, ge=0, description="Number of test problems, disjoint from train and dev, scored only for a "
                         "run's final answer when it ends (0: no test split).")
-    seed: int = Field(0, description="Seed of the generator and of the train / held-out split.")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seed of the generator and of the train / held-out split.")
     difficulty_band: tuple[float, float] = Field(
         (0.0, 1.0),
         description="Keep training prompts whose estimated pass rate lies in [low, high] "
@@ -252,7 +255,7 @@ class Recipe(_Strict):
     """
 
     name: Text = Field("recipe", description="Free-form label.")
-    seed: int = Field(42, description="Seed of sampling and training.")
+    seed: int = Field(42, ge=0, lt=SEED_LIMIT, description="Seed of sampling and training.")
     model: ModelSpec = Field(default_factory=ModelSpec)
 
     # --- advantages / loss (OpenRLHF names) -------------------------------------------------------
@@ -571,9 +574,14 @@ def read_yaml(path: str | Path, what: str, label: str | None = None) -> Any:
     if not p.is_file():
         raise RecipeError(f"{name}: no such {what}")
     try:
-        return yaml.safe_load(p.read_text()) or {}
+        return load_yaml(p.read_text(), name) or {}
     except yaml.YAMLError as exc:
         raise RecipeError(f"{name}: not valid YAML: {exc}") from None
+    except (ValueError, OverflowError, RecursionError) as exc:
+        # review 14 G-R14: a 5,000-digit integer ended every command with Python's bare "Exceeds the limit (4300
+        # digits) for integer string conversion", naming no file
+        raise RecipeError(f"{name}: a value YAML cannot read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+                          "; numbers in a config are at most 64-bit integers or floats") from None
 
 
 def load_recipe(path: str | Path) -> Recipe:

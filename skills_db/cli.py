@@ -200,6 +200,9 @@ def load_skill_file(path: Path) -> list[Any]:
         raise SkillError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise SkillError(f"{path}: not valid YAML/JSON: {exc}") from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # review 14 G-R14: a 5,000-digit integer
+        raise SkillError(f"{path}: a value YAML cannot read ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); numbers are at most 64-bit integers or floats") from None
     if isinstance(data, dict) and "skills" in data:
         data = data["skills"]
     entries = data if isinstance(data, list) else [data]

@@ -165,3 +165,25 @@ def test_value_rule_numbers_are_finite(rule, error):
     with pytest.raises(RecipeError) as e:
         apply_value_rule(rule, 1.0, "temperature")
     assert str(e.value) == error
+
+
+@pytest.mark.parametrize(("yaml_text", "error"), [
+    ("seed: " + "9" * 5000, "{p}: a value YAML cannot read (ValueError: Exceeds the limit (4300 digits) for integer "
+                            "string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the "
+                            "limit); numbers in a config are at most 64-bit integers or floats"),
+    ("seed: 0x" + "f" * 5000, "recipe.seed=an integer of 20,000 bits: Input should be less than 9223372036854775808; "
+                              "set a value < 9223372036854775808"),
+    ("seed: 0x1000000000000000000", "recipe.seed=4722366482869645213696: Input should be less than "
+                                    "9223372036854775808; set a value < 9223372036854775808"),
+    ("data: {seed: -1}", "recipe.data.seed=-1: Input should be greater than or equal to 0; set a value >= 0"),
+])
+def test_huge_integers_in_a_recipe_file_are_refused_naming_the_file_or_the_field(tmp_path, yaml_text, error):
+    """Review 14 G-R14: a 5,000-digit seed ended every command with Python's bare "Exceeds the limit (4300 digits)"
+    naming no file; a 20,000-bit hex seed was a valid recipe, and a seed of 2**72 made a run whose every training
+    ended with "Overflow when unpacking long long". Seeds lie in [0, 2**63); an integer YAML cannot read names the
+    file."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: r\n{yaml_text}\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == error.format(p=p)
