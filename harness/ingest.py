@@ -41,7 +41,6 @@ like (:data:`FORMATS`).
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import math
@@ -112,10 +111,9 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
             continue
         v = _VALIDATION.search(line)
         if v:
-            try:  # a line CPython's parser cannot take (100,000 '-': MemoryError / RecursionError) is skipped
-                d = ast.literal_eval(v.group(2)) if len(v.group(2)) <= F.MAX_DICT_CHARS else None
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                continue
+            # a line CPython's parser cannot take (100,000 '-': MemoryError / RecursionError), or nested past
+            # F.MAX_DICT_DEPTH, is skipped
+            d = F.literal_dict(v.group(2))
             if not isinstance(d, dict):
                 continue
             vals = {str(k): float(x) for k, x in d.items() if isinstance(x, (int, float)) and F.is_text(str(k))}

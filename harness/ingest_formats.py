@@ -147,10 +147,28 @@ def _call_name(func: ast.AST) -> str:
 MAX_DICT_CHARS = 64 << 10  # a console dict longer than this is no logging record (TRL's are a few KB): skipped
 
 
+MAX_DICT_DEPTH = 64
+"""AST depth of a console dict read (a logging record's is 3 or 4): a deeper one is skipped whatever the stack depth
+of the call. Whether CPython's recursion limit stopped a 990-deep ``-`` chain depended on how deep the stack already
+was, so the same line was skipped in one process and read in another (the suite's CI run of 2026-12-04)."""
+
+
+def _deeper_than(node: ast.AST, limit: int) -> bool:
+    """Whether ``node``'s tree is more than ``limit`` levels deep (walked without recursion)."""
+    todo = [(node, 1)]
+    while todo:
+        n, d = todo.pop()
+        if d > limit:
+            return True
+        todo.extend((c, d + 1) for c in ast.iter_child_nodes(n))
+    return False
+
+
 def literal_dict(text: str) -> dict[str, Any] | None:
     """A printed Python dict (``ast``, no evaluation; ``nan`` / ``inf`` / ``tensor(x)`` allowed), or None.
 
-    None also for a text longer than :data:`MAX_DICT_CHARS` and for one that CPython's parser cannot take:
+    None also for a text longer than :data:`MAX_DICT_CHARS`, deeper than :data:`MAX_DICT_DEPTH`, and for one that
+    CPython's parser cannot take:
     review 10 (P-R10) put ``'reward': `` + 100,000 ``-`` + ``1`` in one line, and ``ast.parse`` raised
     MemoryError (990 or 5,000 ``-``: RecursionError, here or in :func:`_value`), which ended ``diagnose`` and
     ``import`` ("error: MemoryError:") or rejected the whole file. Such a line is skipped, as any line that
@@ -160,7 +178,7 @@ def literal_dict(text: str) -> dict[str, Any] | None:
         return None
     try:
         node = ast.parse(text, mode="eval").body
-        if not isinstance(node, ast.Dict):
+        if not isinstance(node, ast.Dict) or _deeper_than(node, MAX_DICT_DEPTH):
             return None
         out = {}
         for k, v in zip(node.keys, node.values, strict=True):

@@ -2505,3 +2505,15 @@ def test_a_huge_log_record_is_skipped_and_a_records_extra_fields_are_cut(tmp_pat
         assert len(rec["extra"]) == 51 and rec["extra"]["extra_omitted"] == 13
     finally:
         c.close()
+
+
+def test_a_console_dict_deeper_than_the_cap_is_skipped_whatever_the_stack():
+    """The CI run of 2026-12-04 read ``{'step': 4, 'reward': `` + 990 ``-`` + ``1}`` as step 4 where the suite had
+    always skipped it: whether CPython's recursion limit stopped the 990-deep chain depended on the stack depth of the
+    call. A dict deeper than MAX_DICT_DEPTH (64) is skipped by rule: 100 ``-`` (which Python reads) as well."""
+    from evotrainer.harness.ingest_formats import MAX_DICT_DEPTH, literal_dict
+
+    assert MAX_DICT_DEPTH == 64
+    assert literal_dict("{'step': 4, 'reward': " + "-" * 100 + "1}") is None
+    assert literal_dict("{'step': 4, 'reward': " + "-" * 60 + "1}") == {"step": 4, "reward": 1.0}
+    assert literal_dict("{'step': 4, 'reward': tensor(0.5), 'lr': nan}")["reward"] == 0.5
