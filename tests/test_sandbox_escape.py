@@ -605,7 +605,8 @@ def test_26_the_host_resolver_is_not_visible():
 def test_27_vsock_is_refused_and_ordinary_sockets_still_open():
     """AF_VSOCK has no network namespace: before the fix a bwrap-sandboxed program listened on the host VM's
     vsock port CID_ANY:40123 (the host's own bind of it then failed with EADDRINUSE; review 3, S-R1). The seccomp
-    filter refuses socket(AF_VSOCK) (as Docker's default profile does); AF_UNIX and AF_INET still open."""
+    filter refuses socket(AF_VSOCK) (as Docker's default profile does); AF_INET still opens (AF_UNIX is refused since
+    review 14, S-R14: see the test below)."""
     port = 40000 + os.getpid() % 20000
     r = run(f"""
         import errno, socket
@@ -617,13 +618,13 @@ def test_27_vsock_is_refused_and_ordinary_sockets_still_open():
                 print("vsock LISTENING")
             except OSError as e:
                 print("vsock", errno.errorcode.get(e.errno, e.errno))
-        for fam in (socket.AF_UNIX, socket.AF_INET):
+        for fam in (socket.AF_INET,):
             socket.socket(fam, socket.SOCK_STREAM).close()
             print("ok", fam)
     """)
     assert r.exit_code == 0, r
     assert r.stdout.count("vsock EPERM\n") == 2, r.stdout
-    assert f"ok {int(socket.AF_UNIX)}\n" in r.stdout and f"ok {int(socket.AF_INET)}\n" in r.stdout, r.stdout
+    assert f"ok {int(socket.AF_INET)}\n" in r.stdout, r.stdout
     if hasattr(socket, "AF_VSOCK"):  # host unchanged: the port is still free here
         try:
             with socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM) as s:
@@ -745,3 +746,54 @@ def test_29b_host_state_in_proc_reads_empty():
         assert r.stdout.count("WRITABLE") == len(present) and r.stdout.count(" True\n") >= len(present), r.stdout
         assert "False" not in r.stdout, r.stdout
     assert "loadavg 3 True\nstat True vmstat True\n" in r.stdout, r.stdout
+
+
+def test_an_input_or_work_dir_holding_a_socket_or_fifo_is_refused_and_unix_sockets_are_not_opened(tmp_path):
+    """Review 14 S-R14: through `--input` a folder holding a host service's unix socket and a FIFO a host process read,
+    the sandboxed program connected to the service (sent and read a reply: with docker.sock, root on the host) and
+    wrote 27 bytes into the FIFO; a read-only bind stops neither. An input or work dir that is or holds a socket, a
+    FIFO or a device is now refused before the run, naming the path, and socket(AF_UNIX) is refused inside
+    (a socket made in a caller's folder while the run lasts); the host listener and FIFO get nothing."""
+    import select
+
+    from evotrainer.sandbox.base import SandboxError
+
+    grant = tmp_path / "grant"
+    (grant / "sub").mkdir(parents=True)
+    (grant / "ok.txt").write_text("x")
+    sock_path = grant / "sub" / "service.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(1)
+    listener.setblocking(False)
+    try:
+        with pytest.raises(SandboxError, match=f"inputs\\['g'\\]={grant}: {sock_path} is a unix socket, which a "
+                                               "sandboxed program could use to reach a host process"):
+            run_in_sandbox(code="print(1)", inputs={"g": grant})
+        with pytest.raises(SandboxError, match=f"workdir={grant}: {sock_path} is a unix socket"):
+            run_in_sandbox(code="print(1)", workdir=grant)
+        (tmp_path / "link").symlink_to(grant)  # a link to the folder is the folder
+        with pytest.raises(SandboxError, match="is a unix socket"):
+            run_in_sandbox(code="print(1)", inputs={"g": tmp_path / "link"})
+        sock_path.unlink()
+        fifo = grant / "control.fifo"
+        os.mkfifo(fifo)
+        with pytest.raises(SandboxError, match=f"{fifo} is a FIFO"):
+            run_in_sandbox(code="print(1)", inputs={"g": grant})
+        fifo.unlink()
+        r = run_in_sandbox(code=textwrap.dedent("""
+            import errno, socket
+            try:
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                print("unix OPENED")
+            except OSError as e:
+                print("unix", errno.errorcode.get(e.errno, e.errno))
+            a, b = socket.socketpair()
+            a.sendall(b"hi")
+            print("pair", b.recv(2).decode())
+            print(open("/evidence/g/ok.txt").read())
+        """), inputs={"g": grant})
+        assert r.exit_code == 0 and r.stdout == "unix EPERM\npair hi\nx\n", r
+        assert select.select([listener], [], [], 0)[0] == []  # nobody connected
+    finally:
+        listener.close()

@@ -300,6 +300,9 @@ def run_in_sandbox(
             raise SandboxError(f"inputs[{name!r}]={src}: no such file or folder")
     if workdir is not None and not Path(workdir).is_dir():
         raise SandboxError(f"workdir={workdir}: not a folder; create it first or pass None for a private tmpfs")
+    for what, src in [*((f"inputs[{k!r}]", v) for k, v in inputs.items()),
+                      *([("workdir", Path(workdir))] if workdir is not None else [])]:
+        _refuse_special_files(what, src.resolve())  # (what the backends bind: the link's target)
     env_extra = dict(env or {})
     for k, v in env_extra.items():
         if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
@@ -325,6 +328,50 @@ def run_in_sandbox(
     finally:  # fails closed: a work dir that cannot be cleaned raises instead of returning the result
         if workdir is not None:
             strip_setid_bits(Path(workdir), root_mode)
+
+
+SPECIAL_WALK_MAX = 200_000
+"""Entries of one input or work dir that :func:`_refuse_special_files` looks at; a larger folder is refused."""
+
+
+def _refuse_special_files(what: str, src: Path) -> None:
+    """Refuse an input or work dir that is, or holds, a socket, a FIFO or a device (walked without following links).
+
+    Review 14 (S-R14): a read-only bind stops writes to files, not ``connect()`` to a unix socket on it nor ``write()``
+    into a FIFO: through an ``--input`` folder holding a host service's socket the sandboxed program drove that
+    service (``docker.sock`` would be root on the host), and it wrote 27 bytes into a FIFO a host process read.
+
+    Raises:
+        SandboxError: names the path, what it is, and the fix; also for a folder of more than
+            :data:`SPECIAL_WALK_MAX` entries.
+    """
+    kinds = {stat.S_IFSOCK: "a unix socket", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+             stat.S_IFBLK: "a block device"}
+    fix = "pass a folder of plain files and folders (copy the files the program needs into one)"
+    todo, seen = [src], 0
+    while todo:
+        path = todo.pop()
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        kind = kinds.get(stat.S_IFMT(st.st_mode))
+        if kind:
+            raise SandboxError(f"{what}={src}: {path} is {kind}, which a sandboxed program could use to reach a host "
+                               f"process through the read-only bind; {fix}")
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    seen += 1
+                    if seen > SPECIAL_WALK_MAX:
+                        raise SandboxError(f"{what}={src}: more than {SPECIAL_WALK_MAX:,} entries to check for "
+                                           f"sockets, FIFOs and devices; {fix}, a smaller one")
+                    if entry.is_dir(follow_symlinks=False) or not entry.is_file(follow_symlinks=False):
+                        todo.append(Path(entry.path))
+        except OSError:
+            continue
 
 
 def _refuse_shared_hard_links(workdir: Path) -> None:

@@ -108,8 +108,13 @@ _SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd
 # socket(2) of these families is refused too. AF_VSOCK (40) has no network namespace: under bwrap's
 # --unshare-net a sandboxed program could still listen on, or connect to, the host VM's vsock ports (review 3:
 # its listener on CID_ANY:40123 made the host's own bind of that port fail with EADDRINUSE). Docker's default
-# profile refuses the same family (its socket rule: args[0] != 40).
-BLOCKED_SOCKET_FAMILIES = {"AF_VSOCK": 40}
+# profile refuses the same family (its socket rule: args[0] != 40). AF_UNIX (1): a pathname socket is outside the
+# network namespace too, and a read-only bind stops writes to files, not connect() to a socket on it: review 14
+# (S-R14) connected through an --input folder to a host service's socket and read its reply (with docker.sock that is
+# root on the host). Inputs and work dirs holding sockets are refused before the run (api._refuse_special_files);
+# this closes the rest (a socket made in a caller's folder while the run lasts). socketpair(2) stays allowed (pipes
+# of multiprocessing, asyncio's self-pipe).
+BLOCKED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_VSOCK": 40}
 _SOCKET_NR = {"x86_64": 41, "aarch64": 198}
 
 
