@@ -485,9 +485,10 @@ def _open_parquet(path: Path) -> tuple[Any, list[str]]:
     import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(path)
+        src = os.fdopen(F.open_listed(path), "rb")  # (the listed file; pyarrow reads it by its descriptor)
+        schema = pq.read_schema(src)
         texts = [f.name for f in schema if _is_text_type(f.type) or pa.types.is_dictionary(f.type)]
-        pf = pq.ParquetFile(path, read_dictionary=texts)
+        pf = pq.ParquetFile(src, read_dictionary=texts)
     except (pa.ArrowException, OSError) as exc:
         raise IngestError(f"{path}: not a readable parquet file ({str(exc)[:200]})") from None
     columns = [f.name for f in schema if f.name in _TRL_COLUMNS or pa.types.is_integer(f.type)
@@ -545,7 +546,7 @@ def _parquet_records(pf: Any, columns: list[str], n: int, max_bytes: int, cut: d
 
 # --- dispatch ------------------------------------------------------------------------------------------
 def _is_verl_dump(path: Path) -> bool:
-    with open(path, "rb") as f:  # a regular file within the size cap (_read_file checked it)
+    with os.fdopen(F.open_listed(path), "rb") as f:  # a regular file within the size cap (_read_file checked it)
         first = f.readline(1 << 20).decode(errors="replace")
     try:
         rec = json.loads(first)

@@ -45,6 +45,8 @@ import math
 import os
 import re
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -491,13 +493,64 @@ def tree_entries(folder: Path, max_depth: int = MAX_TREE_DEPTH) -> list[Path]:
     return out
 
 
+_LISTED: OrderedDict[str, tuple[int, int]] = OrderedDict()
+"""``(st_dev, st_ino)`` of each file :func:`is_inside` found inside its folder, by the path it was listed as (the
+newest :data:`_LISTED_MAX`): :func:`open_listed` opens only that file under that path."""
+_LISTED_MAX = 200_000
+_LISTED_LOCK = threading.Lock()
+
+
 def is_inside(root: Path, p: Path) -> bool:
-    """True when ``p`` is a regular file (after links) whose real path is at or below ``root`` (resolved)."""
+    """True when ``p`` is a regular file (after links) whose real path is at or below ``root`` (resolved).
+
+    The file is opened (no link followed at its real path) and its place checked on the open descriptor, and its
+    identity recorded for :func:`open_listed`: review 14 (K-R14) swapped ``train.log`` between a file and a link to a
+    host file 1,500 times a second while ``import`` ran, and in 1 of 10 imports the link was checked as the file and
+    then read through (the host file's series stored in the run)."""
     try:
         real = p.resolve(strict=True)
-        return real.is_relative_to(root) and stat.S_ISREG(os.stat(real).st_mode)
-    except (OSError, RuntimeError):  # dangling link, link loop, permission
+        if not real.is_relative_to(root):
+            return False
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            here = Path(os.readlink(f"/proc/self/fd/{fd}")) if os.path.isdir("/proc/self/fd") else real
+        finally:
+            os.close(fd)
+        if not (stat.S_ISREG(st.st_mode) and here.is_relative_to(root)):
+            return False
+    except (OSError, RuntimeError):  # dangling link, link loop (a link swapped in: ELOOP), permission
         return False
+    with _LISTED_LOCK:
+        _LISTED[str(p)] = (st.st_dev, st.st_ino)
+        _LISTED.move_to_end(str(p))
+        while len(_LISTED) > _LISTED_MAX:
+            _LISTED.popitem(last=False)
+    return True
+
+
+def open_listed(path: Path) -> int:
+    """A read-only descriptor of the regular file ``path``, opened without blocking (a FIFO does not hang it); when
+    ``path`` was listed by :func:`files_under`, the file it was then (the same inode), else refused.
+
+    Raises:
+        ValueError: not a regular file, or not the file that was listed under that path (a link or another file
+            swapped in since; names it and the fix).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket); give the log file itself")
+        with _LISTED_LOCK:
+            listed = _LISTED.get(str(path))
+        if listed is not None and listed != (st.st_dev, st.st_ino):
+            raise ValueError(f"{path}: not the file listed under that name (a link or another file was put in its "
+                             "place while the folder was read); read a folder nothing writes to meanwhile")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_capped(path: Path, max_bytes: int, hint: str) -> bytes:
@@ -511,12 +564,9 @@ def read_capped(path: Path, max_bytes: int, hint: str) -> bytes:
     Raises:
         ValueError: not a regular file, or larger than ``max_bytes`` (names the file; ``hint`` says the fix).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_listed(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket); give the log file itself")
-        size = st.st_size
+        size = os.fstat(fd).st_size
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(max_bytes + 1) if size <= max_bytes else b""
         size = max(size, len(data))
@@ -536,7 +586,7 @@ def read_gzip_text(path: Path, max_bytes: int | None = None) -> str:
     """
     max_bytes = MAX_GZIP_BYTES if max_bytes is None else max_bytes
     try:
-        with gzip.open(path, "rb") as f:
+        with os.fdopen(open_listed(path), "rb") as raw, gzip.open(raw, "rb") as f:
             data = f.read(max_bytes + 1)
     except (OSError, EOFError) as exc:
         raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
@@ -558,7 +608,7 @@ def is_mlflow_metrics_dir(folder: Path) -> bool:
     first = files[0] if files else None
     if first is None:
         return False
-    with open(first, "rb") as f:  # a regular file (files_under); one bounded line: a 3 GiB line of NULs has none
+    with os.fdopen(open_listed(first), "rb") as f:  # one bounded line: a 3 GiB line of NULs has none
         parts = f.readline(256).decode(errors="replace").split()
     return len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip("-").isdigit() and to_float(parts[1]) is not None
 
@@ -620,4 +670,5 @@ MAX_RUN_NAME_BYTES = 4096  # an MLflow runName tag file longer than this is no n
 
 def load_json_any(path: Path) -> Any:
     """JSON of a file (``NaN`` / ``Infinity`` accepted, as Python's json does)."""
-    return json.loads(path.read_text(errors="replace"))
+    with os.fdopen(open_listed(path), "rb") as f:
+        return json.loads(f.read().decode(errors="replace"))

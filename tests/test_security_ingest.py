@@ -2520,3 +2520,40 @@ def test_a_console_dict_deeper_than_the_cap_is_skipped_whatever_the_stack():
     assert literal_dict("{'step': 4, 'reward': " + "-" * 100 + "1}") is None
     assert literal_dict("{'step': 4, 'reward': " + "-" * 60 + "1}") == {"step": 4, "reward": 1.0}
     assert literal_dict("{'step': 4, 'reward': tensor(0.5), 'lr': nan}")["reward"] == 0.5
+
+
+def test_a_file_swapped_for_a_link_after_the_listing_is_not_read_through(tmp_path, monkeypatch):
+    """Review 14 K-R14 (escape): a live writer swapped a foreign folder's train.log between a file and a link to a
+    0600 host file ~1,500 times a second while `import` ran; in 1 of 10 imports the link was checked as the file and
+    then read through, and the host file's series were stored in the run. The listing now opens each file (no link
+    followed at its real path), checks its place on the descriptor and records its inode; a reader opens only that
+    inode under that name. Here the swap happens right after the listing, in the product's own ingest."""
+    from evotrainer.harness import ingest_formats as F
+    from evotrainer.harness.ingest import IngestError
+
+    src = tmp_path / "foreign"
+    src.mkdir()
+    log = src / "train.log"
+    log.write_text("".join(f"step:{i} - critic/score/mean:0.5\n" for i in range(1, 6)))
+    (tmp_path / "host").mkdir()
+    secret = tmp_path / "host" / "secret.log"
+    secret.write_text("".join(f"step:{i} - secret/leak:31337\n" for i in range(1, 6)))
+    secret.chmod(0o600)
+    listed = F.files_under
+
+    def files_then_swap(folder):
+        out = listed(folder)
+        if folder == src:
+            log.unlink()
+            log.symlink_to(secret)  # the race, won: the link is in place when the file is read
+        return out
+
+    monkeypatch.setattr(F, "files_under", files_then_swap)
+    with pytest.raises(IngestError, match="train.log: not the file listed under that name \\(a link or another file "
+                                          "was put in its place while the folder was read\\)"):
+        ingest(src)
+    # a swap before the listing is the listing's: the link leaves the folder, so the file is not listed at all
+    monkeypatch.setattr(F, "files_under", listed)
+    assert F.files_under(src) == []
+    fd = F.open_listed(secret)  # a file given by name (never listed) is the caller's choice
+    os.close(fd)
