@@ -187,6 +187,21 @@ class Decision(BaseModel):
 PID_MAX = 1 << 22  # Linux's largest pid_max (kernel/pid.c PID_MAX_LIMIT on 64-bit)
 
 
+JOB_MESSAGE_MAX_CHARS = 4000
+"""Characters of a job's message read (EvoTrainer's are one line; the rest is cut, saying how much)."""
+_JOB_COLUMNS = ("id, version_id, kind, status, progress, steps_done, steps_total, pid, substr(message, 1, ?) AS message, "
+                "length(message) AS message_len, created_at, updated_at")
+
+
+def _row_to_job(r: sqlite3.Row) -> Job:
+    """A :class:`Job` of a row selected with :data:`_JOB_COLUMNS` (its message cut, saying how much)."""
+    d = dict(r)
+    n = d.pop("message_len")
+    if isinstance(n, int) and isinstance(d["message"], str) and n > len(d["message"]):
+        d["message"] += f"... [{n - len(d['message'])} more chars]"
+    return Job(**d)
+
+
 class Job(BaseModel):
     """A train / eval job of a version, with progress."""
 
@@ -271,6 +286,8 @@ FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
 crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
 _SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
+METRIC_NAME_MAX_CHARS = 4096
+"""Characters of a metric name read (the importers cut foreign names to this)."""
 KV_VALUE_MAX_CHARS = 4 << 20
 """Characters of one run-level (kv) value as JSON, written or read (4 MiB): the loop's records are a few KB, the run's
 registered analyzers (their code, one object) the largest. Review 14 B-R14: 150 ``register_analyzer`` calls of
@@ -1400,16 +1417,25 @@ class LineageStore:
         Raises:
             LineageError: no such job.
         """
-        rows = self._q("SELECT * FROM jobs WHERE id=?", (job_id,))
+        rows = self._q(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id=?", (JOB_MESSAGE_MAX_CHARS, job_id))
         if not rows:
             raise LineageError(f"job {job_id!r} not found")
-        return Job(**dict(rows[0]))
+        return _row_to_job(rows[0])
 
-    def jobs(self, version_id: str | None = None) -> list[Job]:
-        """All jobs, oldest first, optionally of one version."""
-        if version_id:
-            return [Job(**dict(r)) for r in self._q("SELECT * FROM jobs WHERE version_id=? ORDER BY created_at", (version_id,))]
-        return [Job(**dict(r)) for r in self._q("SELECT * FROM jobs ORDER BY created_at")]
+    def jobs(self, version_id: str | None = None, last: int | None = None) -> list[Job]:
+        """All jobs (the newest ``last`` when given), oldest first, optionally of one version; each message cut to
+        :data:`JOB_MESSAGE_MAX_CHARS` characters in SQL (review 14 J-R14: 100 crafted jobs of 2 MB messages were a
+        381 MiB list_jobs reply and a 4.6 s stall)."""
+        where, args = ("WHERE version_id=?", (version_id,)) if version_id else ("", ())
+        limit = "" if last is None else f" LIMIT {max(0, int(last))}"
+        rows = self._q(f"SELECT {_JOB_COLUMNS} FROM jobs {where} ORDER BY created_at DESC, id DESC{limit}",
+                       (JOB_MESSAGE_MAX_CHARS, *args))
+        return [_row_to_job(r) for r in reversed(rows)]
+
+    def count_jobs(self, version_id: str | None = None) -> int:
+        """How many jobs the run (or one version) has."""
+        where, args = ("WHERE version_id=?", (version_id,)) if version_id else ("", ())
+        return int(self._q(f"SELECT count(*) FROM jobs {where}", args)[0][0])
 
     # --- metrics ----------------------------------------------------------------------------------
     def log_metrics(self, version_id: str, step: int, metrics: dict[str, float]) -> None:
@@ -1419,10 +1445,14 @@ class LineageStore:
             db.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?)", rows)
 
     def metric_names(self, version_id: str | None = None) -> list[str]:
-        """Names of the metrics logged (for one version or all)."""
+        """Names of the metrics logged (for one version or all); a name longer than :data:`METRIC_NAME_MAX_CHARS` is
+        left out (no writer makes one: imported names are cut to it; review 14 J-R14: 100 crafted names of 1 MB made
+        list_metrics a 381 MiB reply)."""
         if version_id:
-            return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics WHERE version_id=? ORDER BY name", (version_id,))]
-        return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics ORDER BY name")]
+            return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics WHERE version_id=? AND length(name) <= ? "
+                                          "ORDER BY name", (version_id, METRIC_NAME_MAX_CHARS))]
+        return [r[0] for r in self._q("SELECT DISTINCT name FROM metrics WHERE length(name) <= ? ORDER BY name",
+                                      (METRIC_NAME_MAX_CHARS,))]
 
     def metric_series(self, version_id: str, name: str) -> list[tuple[int, float]]:
         """``[(step, value)]`` of one metric of one version, by step."""
@@ -1442,7 +1472,8 @@ class LineageStore:
         name; ``max_points=0``: all), the warning counting the rest.
         """
         out: dict[str, list[tuple[int, float]]] = {}
-        sql = "SELECT name, step, value FROM metrics WHERE version_id=? ORDER BY name, step"
+        sql = (f"SELECT name, step, value FROM metrics WHERE version_id=? AND length(name) <= {METRIC_NAME_MAX_CHARS} "
+               "ORDER BY name, step")  # (a longer name: no writer makes one; review 14 J-R14)
         cap = (points.MAX_METRIC_STEPS if max_points is None else max_points) or 1 << 62
         most = points.MAX_METRIC_SERIES if max_points != 0 else 1 << 62
         read = dropped = left = 0

@@ -130,6 +130,7 @@ class JobList(BaseModel):
     """Jobs, oldest first."""
 
     jobs: list[JobInfo]
+    omitted: int = Field(0, description="Older jobs this reply leaves out (past ``limit``).")
 
 
 REPLY_SUMMARY_MAX = SUMMARY_MAX
@@ -141,6 +142,8 @@ REPLY_DECISIONS_MAX = 50
 reply and a 6.8 s stall of every call); each is cut as :meth:`~evotrainer.lineage.LineageStore.decisions_brief` says,
 to :data:`REPLY_RATIONALE_CHARS` and :data:`REPLY_EVIDENCE_REFS` references of :data:`REPLY_REF_CHARS` characters."""
 REPLY_RATIONALE_CHARS = 4000
+REPLY_JOBS_MAX = 50
+"""Jobs one get_version reply carries, the last ones (review 14 J-R14: 100 crafted jobs of 2 MB messages each)."""
 REPLY_EVIDENCE_REFS = 20
 REPLY_REF_CHARS = 200
 TREE_DECISIONS_MAX = 500
@@ -177,7 +180,9 @@ class VersionDetail(BaseModel):
         "The version's last decisions (at most 50), oldest first, each rationale cut to 4,000 characters and its "
         "evidence to 20 references of 200 characters (saying how much was cut)."))
     decisions_omitted: int = Field(0, description="Earlier decisions this reply leaves out.")
-    jobs: list[JobInfo]
+    jobs: list[JobInfo] = Field(description="The version's last 50 jobs, oldest first (messages cut to 4,000 "
+                                            "characters).")
+    jobs_omitted: int = Field(0, description="Older jobs of the version this reply leaves out.")
     damaged_weights: str | None = Field(None, description="The finding kind for which the version's last decision "
                                                           "(prune / revert) discarded its weights: there is nothing "
                                                           "to continue, its children start from its own start point.")
@@ -251,7 +256,7 @@ def _job_row(ws: Workspace, job_id: str) -> Job:
     try:
         return ws.lineage.job(job_id)
     except LineageError:
-        known = ", ".join(j.id for j in ws.lineage.jobs()[-10:]) or "none"
+        known = ", ".join(j.id for j in ws.lineage.jobs(last=10)) or "none"
         raise ToolError(f"job {job_id!r} not found; recent jobs: {known} (list_jobs shows all)") from None
 
 
@@ -313,6 +318,7 @@ def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
     v = require_version(ws, version_id)
     summary, summary_omitted = capped_summary(v.metrics_summary, REPLY_SUMMARY_MAX)
     decisions, n_decisions = _brief_decisions(ws, v.id, REPLY_DECISIONS_MAX)
+    jobs = ws.lineage.jobs(v.id, last=REPLY_JOBS_MAX)
     return VersionDetail(
         id=v.id, parent_id=v.parent_id, status=v.status, role=v.role,
         children=[c.id for c in ws.lineage.children(v.id)],
@@ -321,7 +327,8 @@ def get_version(ctx: ToolContext, version_id: VersionId) -> VersionDetail:
         eval_summary=v.eval_summary, findings=v.findings[:REPLY_FINDINGS_MAX],
         findings_omitted=max(0, len(v.findings) - REPLY_FINDINGS_MAX), note=v.note, decisions=[_decision(d) for d in decisions],
         decisions_omitted=n_decisions - len(decisions),
-        jobs=[job_info(st, j) for j in ws.lineage.jobs(v.id)], damaged_weights=ws.lineage.damaged(v.id),
+        jobs=[job_info(st, j) for j in jobs], jobs_omitted=ws.lineage.count_jobs(v.id) - len(jobs),
+        damaged_weights=ws.lineage.damaged(v.id),
         created_at=v.created_at, updated_at=v.updated_at)
 
 
@@ -491,13 +498,15 @@ async def job_status(
 def list_jobs(
     ctx: ToolContext,
     version_id: Annotated[str | None, Field(description="Only jobs of this version.")] = None,
+    limit: Annotated[int, Field(description="The newest this many jobs.", ge=1, le=MAX_LIMIT)] = 100,
 ) -> JobList:
-    """All train / evaluate jobs of the run, oldest first."""
+    """The run's newest train / evaluate jobs (``limit``), oldest first; ``omitted`` counts the older ones."""
     st = state_of(ctx)
     ws = st.workspace()
     if version_id is not None:
         require_version(ws, version_id)
-    return JobList(jobs=[job_info(st, j) for j in ws.lineage.jobs(version_id)])
+    jobs = ws.lineage.jobs(version_id, last=limit)
+    return JobList(jobs=[job_info(st, j) for j in jobs], omitted=ws.lineage.count_jobs(version_id) - len(jobs))
 
 
 async def cancel_job(

@@ -2035,3 +2035,39 @@ def test_a_versions_table_past_the_read_cap_is_refused_and_the_tree_cuts_interve
         assert c.ok("get_version", {"version_id": "v1"})["id"] == "v1"  # one version is still read
     finally:
         c.close()
+
+
+def test_jobs_and_metric_names_of_a_crafted_store_are_cut_in_every_reply(tmp_path):
+    """Review 14 J-R14: in a run folder from elsewhere, 100 jobs of v0 with 2,000,000-character messages and 100 metric
+    names of 1,000,000 characters made list_jobs, get_version(v0) and list_metrics 381 MiB replies (a 4.6-5.7 s stall):
+    the length check before a read covered the versions' columns only. Job messages are now cut to 4,000 characters
+    in SQL, list_jobs gives the newest `limit` (100, at most 500) with a count of the rest, get_version the last 50,
+    and a metric name longer than 4,096 characters (no writer makes one) is left out."""
+    import json
+    import sqlite3
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO jobs (id, version_id, kind, status, progress, steps_done, steps_total, pid, message, "
+                   "created_at, updated_at) VALUES (?, 'v0', 'train', 'done', 1.0, 1, 1, NULL, ?, ?, ?)",
+                   [(f"j{i:03d}", f"{i:03d}" + "m" * 2_000_000, 2e9 + i, 2e9 + i) for i in range(120)])
+    db.executemany("INSERT INTO metrics VALUES ('v0', 0, ?, 1.0)", [(f"{i:03d}" + "n" * 1_000_000,) for i in range(100)])
+    db.commit()
+    db.close()
+    c = SyncClient(build_server("all", run))
+    try:
+        t = time.monotonic()
+        jobs = c.ok("list_jobs")
+        v0 = c.ok("get_version", {"version_id": "v0"})
+        names = c.ok("list_metrics")
+        assert time.monotonic() - t < 10
+        assert len(jobs["jobs"]) == 100 and jobs["omitted"] == 20 and jobs["jobs"][0]["id"] == "j020"
+        assert jobs["jobs"][-1]["message"] == "119" + "m" * 3997 + "... [1996003 more chars]"
+        assert len(v0["jobs"]) == 50 and v0["jobs_omitted"] == 70 and v0["jobs"][-1]["id"] == "j119"
+        assert c.ok("list_jobs", {"limit": 3})["omitted"] == 117
+        assert "less than or equal to 500" in c.err("list_jobs", {"limit": 501})
+        assert not any(len(n) > 4096 for n in json.dumps(names).split('"'))
+        assert all(len(json.dumps(x)) < 3_000_000 for x in (jobs, v0, names))
+        assert c.ok("job_status", {"job_id": "j005"})["message"].endswith("... [1996003 more chars]")
+    finally:
+        c.close()
