@@ -133,7 +133,7 @@ def test_decide_stores_the_gates_damaged_weights(client, run):
 def test_job_errors_and_lineage_resource(client):
     assert "job 'nope' not found" in client.err("job_status", {"job_id": "nope"})
     assert "not found" in client.err("cancel_job", {"job_id": "nope"})
-    assert client.ok("list_jobs") == {"jobs": []}
+    assert client.ok("list_jobs") == {"jobs": [], "omitted": 0}
     assert "steps" in client.err("start_training", {"version_id": "v1", "steps": 0})
     tree = client.read("lineage://tree")
     assert tree["tree"]["id"] == "v0" and [c["id"] for c in tree["tree"]["children"]] == ["v1"]
