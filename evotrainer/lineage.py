@@ -322,6 +322,24 @@ def check_evidence(evidence: list[str] | None) -> list[str]:
     return refs
 
 
+def _fitting_columns(what: str, **texts: str) -> dict[str, str]:
+    """``texts`` (column -> its text as stored) when each fits :data:`COLUMN_MAX_CHARS`.
+
+    Review 14 O-R14: ``branch`` (``propose_recipe`` with 46 changes of long text, or a merge of two siblings of
+    ~0.5 MB interventions each) wrote an ``interventions`` column of 1,056,270 characters that every later read refused
+    as "a crafted or damaged file": one call bricked the run. Every writer of ``versions`` now checks first.
+
+    Raises:
+        LineageError: names ``what``, the column, its size and the fix; nothing is written.
+    """
+    for col, text in texts.items():
+        if len(text) > COLUMN_MAX_CHARS:
+            raise LineageError(f"{what}: its {col} would hold {len(text):,} characters, past the {COLUMN_MAX_CHARS:,} "
+                               f"the store reads back; not written. Make the change smaller (fewer interventions, "
+                               "shorter values, hypotheses and notes)")
+    return texts
+
+
 def capped_findings(findings: list[Any], cap: int = FINDINGS_MAX) -> list[Any]:
     """At most ``cap`` of ``findings``, the most severe first (blocking, warn, info, anything else), each severity
     in its given order."""
@@ -962,8 +980,9 @@ class LineageStore:
         """Create the root version ``v0`` (status proposed).
 
         Raises:
-            LineageError: a root exists already.
+            LineageError: a root exists already, or its recipe or note would not fit :data:`COLUMN_MAX_CHARS`.
         """
+        text = _fitting_columns("the root", recipe=json.dumps(recipe.to_dict()), note=note)["recipe"]
         with self.tx() as db:
             if db.execute("SELECT 1 FROM versions WHERE parent_id IS NULL").fetchone():
                 raise LineageError("this run has a root version already; branch from it instead")
@@ -972,7 +991,7 @@ class LineageStore:
             db.execute(
                 "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, created_at, updated_at)"
                 " VALUES (?, NULL, ?, '[]', 'proposed', ?, ?, ?)",
-                (vid, json.dumps(recipe.to_dict()), note, now, now),
+                (vid, text, note, now, now),
             )
         return self.get(vid)
 
@@ -1000,6 +1019,8 @@ class LineageStore:
             check_evidence(merge_decision[1])
         parent = self._deepest_parent(parent_id)
         recipe = apply_all(parent.recipe, ivs)
+        texts = _fitting_columns(f"the new child of {parent_id}", recipe=json.dumps(recipe.to_dict()),
+                                 interventions=json.dumps([iv.model_dump(mode="json") for iv in ivs]), note=note)
         with self.tx() as db:
             vid = self._next_id(db)
             now = time.time()
@@ -1007,8 +1028,7 @@ class LineageStore:
             db.execute(
                 "INSERT INTO versions (id, parent_id, recipe, interventions, status, note, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (vid, parent_id, json.dumps(recipe.to_dict()),
-                 json.dumps([iv.model_dump(mode="json") for iv in ivs]), status, note, now, now),
+                (vid, parent_id, texts["recipe"], texts["interventions"], status, note, now, now),
             )
             if merge_decision is not None:
                 rationale, evidence, author = merge_decision
@@ -1042,6 +1062,7 @@ class LineageStore:
             if c.is_control:
                 return c
         parent = self._deepest_parent(parent_id)
+        _fitting_columns(f"the control of {parent_id}", note=note)
         with self.tx() as db:
             vid = self._next_id(db)
             now = time.time()

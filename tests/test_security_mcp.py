@@ -2071,3 +2071,32 @@ def test_jobs_and_metric_names_of_a_crafted_store_are_cut_in_every_reply(tmp_pat
         assert c.ok("job_status", {"job_id": "j005"})["message"].endswith("... [1996003 more chars]")
     finally:
         c.close()
+
+
+def test_a_child_whose_columns_would_pass_the_read_cap_is_not_written(tmp_path):
+    """Review 14 O-R14: branch wrote its columns unchecked, so one propose_recipe of 46 long changes (or a merge of two
+    siblings of ~0.5 MB interventions each) committed an interventions column of 1,056,270 characters that every later
+    read refused: list_versions, get_version of any version, lineage show and report all failed from then on. Every
+    writer of versions (create_root, branch, branch_control) now checks the columns first and writes nothing."""
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import LineageError
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        n = len(ws.lineage.versions())
+        big = [Intervention(path="data.system_prompt", old=None, new="x" * 600_000, category="data", hypothesis="h"),
+               Intervention(path="name", old="recipe", new="y" * 600_000, category="data", hypothesis="h")]
+        with pytest.raises(LineageError, match=r"the new child of v0: its (recipe|interventions) would hold "
+                                               r"1,2\d\d,\d\d\d characters, past the 1,048,576 the store reads back; "
+                                               "not written"):
+            ws.lineage.branch("v0", big)
+        with pytest.raises(LineageError, match="the control of v1: its note would hold 1,100,000 characters"):
+            ws.lineage.branch_control("v1", note="n" * 1_100_000)
+        assert len(ws.lineage.versions()) == n  # nothing written: the run still reads
+        ok = ws.lineage.branch("v0", big[:1])  # one of them fits
+        assert ws.lineage.get(ok.id).recipe.data.system_prompt == "x" * 600_000
+    c = SyncClient(build_server("all", run))
+    try:
+        assert c.ok("list_versions")["total"] == n + 1
+    finally:
+        c.close()
