@@ -16,8 +16,17 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
 from evotrainer.servers.common import MAX_LIMIT, JsonValue, ToolContext, state_of
-from evotrainer.skills_db.models import FailedCase, SearchTrace, Skill, SkillError, VersionSummary, new_id
+from evotrainer.skills_db.models import (
+    SKILL_NAMES_MAX,
+    FailedCase,
+    SearchTrace,
+    Skill,
+    SkillError,
+    VersionSummary,
+    new_id,
+)
 from evotrainer.skills_db.store import VERSION_SUMMARIES, sql_str
+from evotrainer.terminal import clip_text
 
 SkillKindArg = Literal["intervention", "analyzer", "procedure"]
 
@@ -51,6 +60,8 @@ class SkillSearchResult(BaseModel):
     query: str
     mode: str
     hits: list[SkillHitInfo]
+    omitted: int = Field(0, description="Hits within ``limit`` left out because the reply holds 1 MiB of JSON (each "
+                                        "hit's description is cut to 4,000 characters; get_skill has it whole).")
 
 
 class SkillInfo(BaseModel):
@@ -87,6 +98,8 @@ class VersionSummaryList(BaseModel):
     omitted: int = Field(0, description="Summaries within ``limit`` left out because the reply holds 1 MiB of JSON.")
 
 
+HIT_TEXT_MAX_CHARS = 4000
+"""Characters of a search hit's name and description (get_skill gives the whole skill)."""
 SUMMARY_FINDINGS_MAX = 64
 """Finding kinds one version summary holds, each a name of at most :data:`SUMMARY_NAME_MAX` characters."""
 SUMMARY_NAME_MAX = 64
@@ -127,11 +140,19 @@ def search_skills(
     hit has its track record (tried / helped / hurt)."""
     hits = state_of(ctx).skill_store().search(query, kind=kind, finding_kinds=finding_kinds, tags=tags, mode=mode,
                                              limit=limit)
-    return SkillSearchResult(query=query, mode=mode, hits=[
-        SkillHitInfo(id=h.skill.id, kind=h.skill.kind, name=h.skill.name, description=h.skill.description,
-                     addresses=list(h.skill.addresses), recipe_path=h.skill.recipe_path, value=h.skill.value,
-                     tags=list(h.skill.tags), score=h.score, record=SkillRecord(**h.record.model_dump()))
-        for h in hits])
+    out, size = [], 0
+    for h in hits:  # each hit cut (a skill stored before the write caps, or by other means), the reply at 1 MiB
+        hit = SkillHitInfo(id=h.skill.id, kind=h.skill.kind, name=clip_text(h.skill.name, HIT_TEXT_MAX_CHARS),
+                           description=clip_text(h.skill.description, HIT_TEXT_MAX_CHARS),
+                           addresses=[clip_text(a, 64) for a in h.skill.addresses[:SKILL_NAMES_MAX]],
+                           recipe_path=h.skill.recipe_path, value=h.skill.value,
+                           tags=[clip_text(t, 64) for t in h.skill.tags[:SKILL_NAMES_MAX]], score=h.score,
+                           record=SkillRecord(**h.record.model_dump()))
+        size += len(hit.model_dump_json())
+        if out and size > REPLY_SUMMARIES_MAX_CHARS:
+            break
+        out.append(hit)
+    return SkillSearchResult(query=query, mode=mode, hits=out, omitted=len(hits) - len(out))
 
 
 def get_skill(

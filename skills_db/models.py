@@ -40,6 +40,8 @@ from evotrainer.recipe import (
 SkillKind = Literal["intervention", "analyzer", "procedure"]
 SKILL_KINDS: tuple[str, ...] = ("intervention", "analyzer", "procedure")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,127}$")
+SKILL_NAMES_MAX = 32
+SKILL_NAME_MAX_CHARS = 64
 MAX_COUNT = 2**31 - 1
 """The most a track record count (and a skill's total over domains) may be: the store's int32 columns."""
 _RECORD_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -117,6 +119,17 @@ class Skill(BaseModel):
     track_record: dict[str, TrackRecord] = Field(default_factory=dict, description="Outcomes per domain.")
     created_at: float = Field(default_factory=time.time, description="Unix seconds.")
     updated_at: float = Field(default_factory=time.time, description="Unix seconds.")
+
+    @field_validator("tags", "addresses")
+    @classmethod
+    def _names(cls, v: list[str], info: Any) -> list[str]:
+        """At most :data:`SKILL_NAMES_MAX` tags (finding kinds) of :data:`SKILL_NAME_MAX_CHARS` characters each: review
+        14 (N-R14) stored 110 skills of 460 tags of 1,992 characters, and every search answered them all (177 MiB)."""
+        if len(v) > SKILL_NAMES_MAX or any(len(x) > SKILL_NAME_MAX_CHARS for x in v):
+            raise ValueError(f"{info.field_name}: {len(v):,} entries (the longest {max(map(len, v), default=0):,} "
+                             f"characters); a skill has at most {SKILL_NAMES_MAX} of at most {SKILL_NAME_MAX_CHARS} "
+                             "characters each, short names such as 'exploration' or 'entropy_collapse'")
+        return v
 
     @field_validator("id")
     @classmethod

@@ -142,3 +142,25 @@ def test_version_summaries_are_capped_on_write_and_a_listing_is_bounded():
         assert [s["version_id"] for s in few["summaries"]] == ["v29", "v28", "v27"] and few["omitted"] == 0
     finally:
         c.close()
+
+
+def test_skill_tags_are_capped_on_write_and_search_hits_are_cut():
+    """Review 14 N-R14: 110 add_skill of 460 tags of 1,992 characters each (~940 KB a skill) made every
+    search_skills(limit=100) a 152-177 MiB reply (a 1.7 s stall). A skill now has at most 32 tags (and finding kinds)
+    of at most 64 characters; a hit's description is cut to 4,000 characters and a reply ends at 1 MiB."""
+    c = SyncClient(build_server("skills", None))
+    try:
+        err = c.err("add_skill", {"kind": "procedure", "name": "t", "description": "d",
+                                  "tags": [f"t{i}" for i in range(33)]})
+        assert "tags: 33 entries (the longest 3 characters); a skill has at most 32 of at most 64 characters" in err
+        assert "the longest 65 characters" in c.err("add_skill", {"kind": "procedure", "name": "t", "description": "d",
+                                                                  "tags": ["t" * 65]})
+        for i in range(3):
+            c.ok("add_skill", {"kind": "procedure", "name": f"quokka {i}", "description": "quokka " + "q" * 19_000,
+                               "tags": [f"tag{j}" for j in range(32)]})
+        res = c.ok("search_skills", {"query": "quokka", "mode": "fts", "limit": 100})
+        q = [h for h in res["hits"] if h["name"].startswith("quokka")]
+        assert len(q) == 3 and all(h["description"].endswith("... [15007 more chars]") for h in q)
+        assert res["omitted"] == 0 and len(q[0]["tags"]) == 32
+    finally:
+        c.close()
