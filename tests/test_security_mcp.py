@@ -511,6 +511,12 @@ ENVELOPES = [
     (b'{"jsonrpc": "2.0", "id": 9, "result": 5}', -32600, 9, "Invalid Request: 'result' must be an object"),
     (b'{"jsonrpc": "2.0", "id": 10, "error": {"code": "x", "message": "m"}}', -32600, 10,
      "Invalid Request: 'error' must be an object with an integer 'code' and a string 'message'"),
+    # review 14 M-R14: 1.3 M empty lists cost ~2.7 s of the event loop before the argument-size refusal; now none is
+    # parsed past MAX_JSON_CONTAINERS brackets (the id is not read either)
+    (b'{"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "list_versions", "arguments": {"x": ['
+     + b"[]," * 149_999 + b"[]]}}}", -32600, None,
+     "Invalid Request: the message holds 150,004 '[' and '{' characters, past the 100,000 one message may; send large "
+     "data as text (or a file the server reads), not as nested JSON"),
 ]
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
