@@ -188,11 +188,7 @@ class Orchestrator(LoopBase):
             self.fail_version(vid, self.author)
             self.stage("exploit/done", lambda: True)
             return vid
-        try:
-            self.evaluate(vid)
-        except LoopError as exc:
-            self.log(str(exc), version=vid)
-            self.fail_version(vid, self.author)
+        if not self._evaluate_or_fail(vid):
             self.stage("exploit/done", lambda: True)
             return vid
         self.decide_round(r, vid, [])
@@ -482,6 +478,10 @@ class Orchestrator(LoopBase):
         if (stop := stopped(self, vid)) is not None:
             self._prune_stopped(vid, stop)
             return False
+        return self._evaluate_or_fail(vid)
+
+    def _evaluate_or_fail(self, vid: str) -> bool:
+        """Evaluate ``vid`` on dev; an evaluation that fails prunes it as failed (logged). False when it failed."""
         try:
             self.evaluate(vid)
         except LoopError as exc:
