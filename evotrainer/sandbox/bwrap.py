@@ -116,6 +116,7 @@ _SYSCALLS = {  # numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd
 # of multiprocessing, asyncio's self-pipe).
 BLOCKED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_VSOCK": 40}
 _SOCKET_NR = {"x86_64": 41, "aarch64": 198}
+_SOCKETPAIR_NR = {"x86_64": 53, "aarch64": 199}
 
 
 def seccomp_filter() -> bytes | None:
@@ -140,10 +141,19 @@ def seccomp_filter() -> bytes | None:
     if audit_arch == 0xC000003E:
         prog.append((jge, "eperm", "next", 0x40000000))  # x32 ABI calls -> EPERM
     prog += [(jeq, "eperm", "next", nr) for nr in nrs]
-    prog += [(jeq, "next", "allow", _SOCKET_NR[platform.machine()]),
+    machine = platform.machine()
+    prog += [(jeq, "pair", "next", _SOCKETPAIR_NR[machine]),
+             (jeq, "next", "allow", _SOCKET_NR[machine]),
              (ld_abs, "", "", 16)]                                                # A = low half of args[0]
     prog += [(jeq, "eperm", "next", fam) for fam in families[:-1]] + [(jeq, "eperm", "allow", families[-1])]
-    at = {"allow": len(prog), "eperm": len(prog) + 1, "kill": len(prog) + 2}
+    # socketpair(AF_UNIX, SOCK_DGRAM | flags): its datagram sockets may sendto() / re-connect() any pathname socket
+    # (review 15, S-R15: a host datagram service received the sandbox's messages); stream pairs stay (multiprocessing,
+    # asyncio's self-pipe: connected, so connect / sendto elsewhere is EISCONN)
+    labels = {"pair": len(prog)}
+    prog += [(ld_abs, "", "", 16), (jeq, "next", "allow", 1),                   # A = domain; AF_UNIX?
+             (ld_abs, "", "", 24), (0x54, "", "", 0xF),                         # A = type & 0xF (flags off)
+             (jeq, "eperm", "allow", 2)]                                         # SOCK_DGRAM -> EPERM
+    at = {**labels, "allow": len(prog), "eperm": len(prog) + 1, "kill": len(prog) + 2}
     out = []
     for i, (code, jt, jf, k) in enumerate(prog):
         rel = [0 if lab in ("", "next") else at[lab] - i - 1 for lab in (jt, jf)]
