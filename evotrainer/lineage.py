@@ -986,6 +986,7 @@ class LineageStore:
         with self.tx() as db:
             if db.execute("SELECT 1 FROM versions WHERE parent_id IS NULL").fetchone():
                 raise LineageError("this run has a root version already; branch from it instead")
+            self._check_room(db, "the root", {"recipe": text, "note": note})
             vid = self._next_id(db)
             now = time.time()
             db.execute(
@@ -1022,6 +1023,7 @@ class LineageStore:
         texts = _fitting_columns(f"the new child of {parent_id}", recipe=json.dumps(recipe.to_dict()),
                                  interventions=json.dumps([iv.model_dump(mode="json") for iv in ivs]), note=note)
         with self.tx() as db:
+            self._check_room(db, f"the new child of {parent_id}", {**texts, "note": note})
             vid = self._next_id(db)
             now = time.time()
             status = "proposed" if merge_decision is None else "merged"
@@ -1064,6 +1066,8 @@ class LineageStore:
         parent = self._deepest_parent(parent_id)
         _fitting_columns(f"the control of {parent_id}", note=note)
         with self.tx() as db:
+            self._check_room(db, f"the control of {parent_id}", {"recipe": json.dumps(parent.recipe.to_dict()),
+                                                                 "note": note})
             vid = self._next_id(db)
             now = time.time()
             db.execute(
@@ -1269,6 +1273,33 @@ class LineageStore:
         """Recipe paths that differ between two versions: ``[(path, value_in_a, value_in_b)]``."""
         return diff_recipes(self.get(a).recipe, self.get(b).recipe)
 
+    def _check_room(self, db: sqlite3.Connection, what: str, new: dict[str, str | None],
+                    version_id: str | None = None) -> None:
+        """Refuse a write that would take the versions' capped columns past :data:`VERSIONS_READ_MAX_CHARS` (``new``:
+        column -> its new text; ``version_id``: the row whose columns ``new`` replaces, None for a new row).
+
+        Review 15 O-R15: ~95 ordinary ``propose_recipe`` calls of ~0.8 MB each took the table past the cap every read
+        takes in, and from then on every reader refused the run as "a crafted or damaged file": the product's own
+        writes bricked it. A run that is full says so at the write instead, and stays readable.
+
+        Raises:
+            LineageError: names ``what``, the sizes and the fix; nothing is written.
+        """
+        cols = list(_CAPPED_COLUMNS)
+        total = db.execute(f"SELECT sum({' + '.join(f'coalesce(length({c}), 0)' for c in cols)}) FROM versions"
+                           ).fetchone()[0] or 0
+        if version_id is not None:
+            shown = [c for c in new if c in _CAPPED_COLUMNS]
+            if shown:
+                total -= db.execute(f"SELECT {' + '.join(f'coalesce(length({c}), 0)' for c in shown)} FROM versions "
+                                    "WHERE id=?", (version_id,)).fetchone()[0] or 0
+        grow = sum(len(t) for c, t in new.items() if c in _CAPPED_COLUMNS and isinstance(t, str))
+        if total + grow > VERSIONS_READ_MAX_CHARS:
+            raise LineageError(f"{what}: the run's versions would hold {total + grow:,} characters of recipes, "
+                               f"interventions, summaries, findings and notes, past the {VERSIONS_READ_MAX_CHARS:,} a "
+                               "read takes in; not written (the run stays readable). Make the change smaller, or go on "
+                               "in a new run from this one's best recipe (`evotrainer init --recipe`)")
+
     def update_version(self, version_id: str, **fields: Any) -> Version:
         """Update status, checkpoint, metrics_summary, eval_summary, findings or note of a version.
 
@@ -1297,8 +1328,10 @@ class LineageStore:
                                    f"{COLUMN_MAX_CHARS:,} the store reads back; not written. Write a shorter {k}")
             args.append(value)
         sets.append("updated_at=?")
+        texts = {k: a for k, a in zip(fields, args, strict=True) if isinstance(a, str)}
         args += [time.time(), version_id]
         with self.tx() as db:
+            self._check_room(db, f"version {version_id}", texts, version_id)
             db.execute(f"UPDATE versions SET {', '.join(sets)} WHERE id=?", tuple(args))
         return self.get(version_id)
 

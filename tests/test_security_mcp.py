@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mcp_testlib import FullOnCommit, SyncClient, make_run
 
+from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.servers.app import build_server
 from evotrainer.servers.jobs import JobManager
@@ -207,6 +208,7 @@ def test_evidence_copies_of_dead_servers_are_swept(tmp_path, monkeypatch):
 _KILL_INSIDE_INIT = """
 import os, signal, sys
 from evotrainer.lineage import LineageStore
+from evotrainer.intervention import Intervention
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 real = LineageStore.create_root
@@ -2132,5 +2134,37 @@ def test_a_large_group_is_answered_a_page_at_a_time_with_the_whole_groups_statis
                                                                   "limit": 501})
         small = c.ok("get_group", {"version_id": "v0", "step": 0, "group_id": "g0"})  # the hand-made group
         assert (small["total"], small["reward_mean"], small["reward_std"]) == (2, 0.5, 0.5)
+    finally:
+        c.close()
+
+
+def test_a_run_whose_versions_are_full_refuses_the_write_and_stays_readable(tmp_path, monkeypatch):
+    """Review 15 O-R15: ~95 ordinary propose_recipe calls of ~0.8 MB each took the versions past the 64 MiB a read
+    takes in, and from then on every reader refused the run as "a crafted or damaged file". The writers (create_root,
+    branch, branch_control, update_version) now refuse the write that would pass the cap, and the run stays readable
+    (the cap lowered to 400,000 characters here)."""
+    from evotrainer import lineage
+    from evotrainer.lineage import LineageError
+
+    monkeypatch.setattr(lineage, "VERSIONS_READ_MAX_CHARS", 400_000)
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        made = 0
+        with pytest.raises(LineageError, match=r"the new child of v0: the run's versions would hold 4\d\d,\d\d\d "
+                                               r"characters .* past the 400,000 a read takes in; not written \(the run "
+                                               "stays readable\\)"):
+            while made < 20:
+                ws.lineage.branch_control("v0") if made == 0 else None
+                ws.lineage.branch("v0", Intervention(path="temperature", old=1.0, new=0.5 + made / 100,
+                                                     category="rollout", hypothesis="h"), note="n" * 60_000)
+                made += 1
+        assert 4 <= made < 8
+        n = len(ws.lineage.versions())  # still readable
+        with pytest.raises(LineageError, match="version v1: the run's versions would hold"):
+            ws.lineage.update_version("v1", note="m" * 200_000)
+        assert ws.lineage.get("v1").note == "" and len(ws.lineage.versions()) == n
+    c = SyncClient(build_server("all", run))
+    try:
+        assert c.ok("list_versions")["total"] == n
     finally:
         c.close()
