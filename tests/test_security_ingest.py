@@ -2557,3 +2557,24 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_not_read_through(tmp_pat
     assert F.files_under(src) == []
     fd = F.open_listed(secret)  # a file given by name (never listed) is the caller's choice
     os.close(fd)
+
+
+def test_a_log_of_many_long_records_is_parsed_up_to_the_budget_from_the_newest(tmp_path, monkeypatch):
+    """Review 15 C-R15: 80 run-log lines each just under the 1 MiB line cap (79 MB) made one search_logs take 10.4 s
+    and 2.24 GB. The newest lines are parsed up to MAX_LOG_PARSE_BYTES (16 MiB; 3 lines' worth here), the older count
+    as unread; a skipped over-long line costs nothing of the budget."""
+    from mcp_testlib import make_run
+
+    from evotrainer import workspace
+
+    run = make_run(tmp_path)
+    log = run / "logs" / "run.jsonl"
+    lines = [json.dumps({"time": float(i), "level": "info", "message": f"m{i} " + "x" * 1000}) for i in range(10)]
+    long = json.dumps({"time": 99.0, "level": "info", "message": "y" * 5000})
+    log.write_text("".join(ln + "\n" for ln in lines[:7]) + long + "\n" + "".join(ln + "\n" for ln in lines[7:]))
+    monkeypatch.setattr(workspace, "MAX_LOG_PARSE_BYTES", 3 * (len(lines[0]) + 1))
+    monkeypatch.setattr(workspace, "MAX_LOG_LINE_BYTES", 2000)
+    with Workspace.open(run) as ws:
+        records, unread = ws.read_logs_tail()
+    assert [r["message"].split()[0] for r in records] == ["m7", "m8", "m9"]
+    assert unread == sum(len(ln) + 1 for ln in lines[:7]) + len(long) + 1
