@@ -41,6 +41,7 @@ from evotrainer.agents.modes import MODES
 from evotrainer.agents.runner import run_loop
 from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
+from evotrainer.harness.ingest_formats import read_capped
 from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
 from evotrainer.skills_db.store import SKILLS_DIR_ENV
 from evotrainer.workspace import Workspace
@@ -188,6 +189,10 @@ def _comparable(config: Any) -> dict[str, Any]:
             "test_k": config.test_k, "max_tokens": equal_budget(config).budget.max_tokens}
 
 
+BASELINE_MAX_BYTES = 16 << 20
+"""Bytes of a ``--baseline`` compare.json read (three seeds of five modes store well under 1 MB)."""
+
+
 def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     """The ``compare.json`` at ``path``, checked to pair with ``config``'s runs.
 
@@ -195,8 +200,9 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
         CompareError: the file cannot be read as a comparison with stored runs (one written before the runs were
             kept has none), or it was made on another config name, data split, test k or budget (each named).
     """
-    try:
-        base = json.loads(Path(path).read_text())
+    try:  # a regular file of at most BASELINE_MAX_BYTES, opened without blocking (review 15: a FIFO blocked forever,
+        # /dev/zero grew to 13.8 GB, a 40 MB file took 822 MB)
+        base = json.loads(read_capped(Path(path), BASELINE_MAX_BYTES, "give the compare.json a comparison wrote"))
     except (OSError, ValueError, RecursionError) as exc:
         why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else str(exc)
         raise CompareError(f"--baseline {path}: cannot be read as compare.json ({why})") from None

@@ -213,3 +213,26 @@ def test_a_baseline_whose_runs_are_of_another_shape_is_refused_before_anything_r
     f.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(CompareError, match=r"cannot be read as compare.json \(JSON nested deeper than Python reads\)"):
         load_baseline(f, cfg)
+
+
+def test_a_baseline_that_is_no_regular_file_or_too_large_is_refused_at_once(tmp_path, monkeypatch):
+    """Review 15 (V-R15): --baseline read its file whole with no check: a FIFO blocked the command forever, /dev/zero
+    grew to 13.8 GB before it was killed, a 40 MB file took 822 MB. It is now read as a regular file, without blocking,
+    up to BASELINE_MAX_BYTES (16 MiB; lowered here)."""
+    import os
+
+    from evotrainer.agents import compare as C
+
+    cfg = RunConfig.model_validate(TINY)
+    fifo = tmp_path / "base.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(C.CompareError, match=r"cannot be read as compare.json \(.*base.fifo: not a regular file"):
+        C.load_baseline(fifo, cfg)
+    with pytest.raises(C.CompareError, match="not a regular file"):
+        C.load_baseline("/dev/zero", cfg)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"runs": [], "pad": "x" * 3_000_000}))
+    monkeypatch.setattr(C, "BASELINE_MAX_BYTES", 2 << 20)
+    with pytest.raises(C.CompareError, match="big.json: 2 MiB, larger than the 2 MiB a run file may have; give the "
+                                             "compare.json a comparison wrote"):
+        C.load_baseline(big, cfg)
