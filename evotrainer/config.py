@@ -49,12 +49,12 @@ class Budget(BaseModel):
     """Limits of one autonomous run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_versions: int = Field(6, ge=1, description="Versions trained, the base included (the evotrainer mode's control "
+    max_versions: int = Field(6, ge=1, le=10_000, description="Versions trained, the base included (the evotrainer mode's control "
                               "arms, one per parent, are not counted: the token and wall-clock budgets pay for them).")
-    steps_per_version: int = Field(8, ge=1, description="GRPO steps per version.")
+    steps_per_version: int = Field(8, ge=1, le=1_000_000, description="GRPO steps per version.")
     wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
-    branches_per_round: int = Field(2, ge=1, description="Children trained per round.")
-    probe_steps: int = Field(0, ge=0, description=(
+    branches_per_round: int = Field(2, ge=1, le=64, description="Children trained per round.")
+    probe_steps: int = Field(0, ge=0, le=1_000_000, description=(
         "evotrainer mode: when > 0 and more candidates than branches_per_round are proposed, up to twice as many are "
         "probed first: each trained this many steps from the parent and scored on dev with 1 sample per problem; "
         "the best branches_per_round continue to steps_per_version (successive halving, one rung). 0: off."))
@@ -64,7 +64,7 @@ class Budget(BaseModel):
         "continued alone (a control arm: its recipe from its checkpoint) in segments of steps_per_version until "
         "max_tokens is spent, the static mode's rule, and evaluated on dev once; it becomes the answer when its dev "
         "Avg@k is at least its parent's. 0: off (the rounds spend the whole budget)."))
-    max_tokens: int | None = Field(None, ge=1, description=(
+    max_tokens: int | None = Field(None, ge=1, le=2**53, description=(
         "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
         "work once it is spent (None: the version / step budget alone)."))
 
@@ -89,7 +89,7 @@ class RunConfig(BaseModel):
                               "(Ray tasks side by side, evotrainer.executor).")
     ray_address: str | None = Field(None, description="executor=ray: the cluster to use (host:port, ray://..., "
                                                       "auto); empty: a local cluster started for the run.")
-    max_parallel: int = Field(2, ge=1, description="executor=ray: branches trained at the same time.")
+    max_parallel: int = Field(2, ge=1, le=1024, description="executor=ray: branches trained at the same time.")
     branch_threads: int | None = Field(
         1, ge=1, description="executor=ray: torch CPU threads (and Ray CPUs) per branch. 1: on a loaded 2-core "
                              "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
@@ -99,7 +99,7 @@ class RunConfig(BaseModel):
                            "evidence at half its steps makes a kept synthesised analyzer with a good record fire "
                            "(harness.synthesis.early_stop) stops there and is pruned unevaluated. Off by default: on "
                            "the measured runs no analyzer had earned a record to stop on (docs/evolution.md).")
-    test_k: int | None = Field(None, ge=1, description="Samples per test problem for the final answer's test Avg@k "
+    test_k: int | None = Field(None, ge=1, le=1024, description="Samples per test problem for the final answer's test Avg@k "
                                "(default: recipe eval.k).")
     report_to: list[Tracker] = Field(
         ["tensorboard"],

@@ -54,9 +54,13 @@ REWARD_COMPONENTS: tuple[str, ...] = (
 )
 
 TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
+COUNT_MAX = 10_000_000
+"""Problems a split holds at most (GSM8K has 7,473 train problems, MATH 12,500)."""
 SEED_LIMIT = 2**63
 """Seeds lie in [0, 2**63): torch's generator takes a 64-bit seed (review 14 G-R14: a recipe seed of 2**72 was
-accepted and every training of the run ended with "Overflow when unpacking long long")."""
+accepted and every training of the run ended with "Overflow when unpacking long long"). Every other integer field has
+a finite bound too (review 15 G-R15: eval.k = 2**70 ended its evaluation with the same overflow, generate_max_len =
+2**70 made a 1-step training run on past 48 s and 1.45 GB)."""
 
 def _positive_int(v: Any) -> str | None:
     return None if v >= 1 else "need an integer >= 1"
@@ -157,8 +161,8 @@ class LoraSpec(_Strict):
     """LoRA adapter settings (peft ``LoraConfig``)."""
 
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
-    r: int = Field(16, ge=1, description="LoRA rank.")
-    alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
+    r: int = Field(16, ge=1, le=4096, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, le=65536, description="LoRA alpha (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
     target_modules: list[Text] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -195,9 +199,9 @@ class DataSpec(_Strict):
     path: Text | None = Field(None, description="Dataset file (parquet in verl's schema, or JSONL).")
     level: int = Field(1, ge=1, le=6,
                        description="Arithmetic generator difficulty (1 = a+b with operands 0..19, the easiest).")
-    n_train: int = Field(256, ge=1, description="Number of training problems.")
-    n_heldout: int = Field(64, ge=1, description="Number of dev (held-out) problems: what the gate and the agents see.")
-    n_test: int = Field(0, ge=0, description="Number of test problems, disjoint from train and dev, scored only for a "
+    n_train: int = Field(256, ge=1, le=COUNT_MAX, description="Number of training problems.")
+    n_heldout: int = Field(64, ge=1, le=COUNT_MAX, description="Number of dev (held-out) problems: what the gate and the agents see.")
+    n_test: int = Field(0, ge=0, le=COUNT_MAX, description="Number of test problems, disjoint from train and dev, scored only for a "
                         "run's final answer when it ends (0: no test split).")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seed of the generator and of the train / held-out split.")
     difficulty_band: tuple[float, float] = Field(
@@ -232,8 +236,8 @@ class DataSpec(_Strict):
 class ToolUseSpec(_Strict):
     """Limits for multi-turn tool-use episodes (SWE tasks)."""
 
-    max_turns: int = Field(8, ge=1, description="Maximum policy turns per episode.")
-    tool_budget: int = Field(12, ge=1, description="Maximum tool calls per episode.")
+    max_turns: int = Field(8, ge=1, le=1000, description="Maximum policy turns per episode.")
+    tool_budget: int = Field(12, ge=1, le=10_000, description="Maximum tool calls per episode.")
     per_call_timeout_s: float = Field(20.0, gt=0, description="Seconds allowed per tool call.")
     per_episode_timeout_s: float = Field(180.0, gt=0, description="Seconds allowed per episode.")
 
@@ -241,9 +245,9 @@ class ToolUseSpec(_Strict):
 class EvalSpec(_Strict):
     """Held-out evaluation."""
 
-    k: int = Field(8, ge=1, description="Samples per held-out problem (Avg@k, pass@k).")
+    k: int = Field(8, ge=1, le=1024, description="Samples per held-out problem (Avg@k, pass@k).")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature at evaluation.")
-    max_problems: int | None = Field(None, ge=1, description="Evaluate on at most this many problems.")
+    max_problems: int | None = Field(None, ge=1, le=COUNT_MAX, description="Evaluate on at most this many problems.")
 
 
 class Recipe(_Strict):
@@ -265,7 +269,7 @@ class Recipe(_Strict):
         "r - mean without std scaling (Dr. GRPO, Liu et al. 2025); rloo: leave-one-out baseline; "
         "reinforce_baseline: r - mean, normalised over the batch.",
     )
-    n_samples_per_prompt: int = Field(8, description="Group size G (samples per prompt).")
+    n_samples_per_prompt: int = Field(8, le=1024, description="Group size G (samples per prompt).")
     eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip ε_low (ratio ≥ 1-ε_low).")
     eps_clip_high: float = Field(0.28, gt=0, description="Clip-Higher ε_high (DAPO, Yu et al. 2025).")
     init_kl_coef: float = Field(1e-3, ge=0, description="KL coefficient β (0 disables KL and the reference model).")
@@ -274,21 +278,21 @@ class Recipe(_Strict):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "token-mean", description="Loss aggregation: token-mean (DAPO) or per-sequence means (GRPO)."
     )
-    max_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout batch.")
+    max_epochs: int = Field(1, ge=1, le=100, description="PPO epochs over each rollout batch.")
 
     # --- optimiser ------------------------------------------------------------------------------
     actor_learning_rate: float = Field(1e-6, gt=0, description="AdamW learning rate.")
     lr_warmup_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of steps of linear warm-up.")
     l2: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_norm: float = Field(1.0, gt=0, description="Gradient clipping (L2 norm).")
-    micro_train_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass.")
+    micro_train_batch_size: int = Field(8, ge=1, le=65_536, description="Sequences per forward/backward pass.")
 
     # --- rollout ----------------------------------------------------------------------------------
-    rollout_batch_size: int = Field(4, ge=1, description="Prompts per training step.")
+    rollout_batch_size: int = Field(4, ge=1, le=65_536, description="Prompts per training step.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
-    generate_max_len: int = Field(64, ge=1, description="Max new tokens per completion.")
-    prompt_max_len: int = Field(512, ge=8, description="Max prompt tokens (longer prompts are left-truncated).")
+    generate_max_len: int = Field(64, ge=1, le=131_072, description="Max new tokens per completion.")
+    prompt_max_len: int = Field(512, ge=8, le=1_048_576, description="Max prompt tokens (longer prompts are left-truncated).")
 
     # --- group filtering --------------------------------------------------------------------------
     dynamic_filtering: bool = Field(
@@ -301,7 +305,7 @@ class Recipe(_Strict):
         1.0, gt=0, le=1, description="Keep the top-p fraction of groups by reward std (RAGEN SNR filter)."
     )
     drop_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
-    max_refill_rounds: int = Field(2, ge=0, description="Extra sampling rounds to refill a filtered batch.")
+    max_refill_rounds: int = Field(2, ge=0, le=100, description="Extra sampling rounds to refill a filtered batch.")
 
     reward: dict[str, RewardComponent] = Field(
         default_factory=lambda: {"correctness": RewardComponent(weight=1.0)},

@@ -117,7 +117,7 @@ def test_value_rule_keeps_integer_fields_integers_within_their_bounds():
     assert n == 16 and isinstance(n, int)
     gml = apply_value_rule({"op": "mul", "by": 0.5}, 75, "generate_max_len")
     assert gml == 38 and isinstance(gml, int)  # 37.5 rounds half to even
-    assert field_bounds("generate_max_len") == (1, None) and field_bounds("data.level") == (1, 6)
+    assert field_bounds("generate_max_len") == (1, 131_072) and field_bounds("data.level") == (1, 6)
     assert apply_value_rule({"op": "mul", "by": 0.5}, 1, "generate_max_len") == 1  # 0.5 -> the field's minimum 1
     assert apply_value_rule({"op": "add", "by": 1}, 6, "data.level") == 6  # the field's maximum
     assert apply_value_rule({"op": "add", "by": 2, "max": 8}, 7, "max_refill_rounds") == 8  # the rule's own max
@@ -187,3 +187,22 @@ def test_huge_integers_in_a_recipe_file_are_refused_naming_the_file_or_the_field
     with pytest.raises(RecipeError) as e:
         load_recipe(p)
     assert str(e.value) == error.format(p=p)
+
+
+@pytest.mark.parametrize(("yaml_text", "error"), [
+    ("eval: {k: 1180591620717411303424}", "recipe.eval.k=1180591620717411303424: Input should be less than or equal "
+                                          "to 1024; set a value <= 1024"),
+    ("generate_max_len: 1180591620717411303424", "recipe.generate_max_len=1180591620717411303424: Input should be less "
+                                                 "than or equal to 131072; set a value <= 131072"),
+    ("n_samples_per_prompt: 5000", "recipe.n_samples_per_prompt=5000: Input should be less than or equal to 1024; "
+                                   "set a value <= 1024"),
+])
+def test_every_integer_field_of_a_recipe_has_a_finite_bound(tmp_path, yaml_text, error):
+    """Review 15 G-R15: 2**70 in eval.k made a valid recipe whose evaluation ended in "Overflow when unpacking long
+    long"; generate_max_len = 2**70 a 1-step training still running at 48 s and 1.45 GB. Every integer field now has
+    a finite bound, named in the error."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: r\n{yaml_text}\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == error
