@@ -39,7 +39,8 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
 MAX_JSON_CONTAINERS = 100_000
-"""'[' and '{' characters one message may hold (strings included: a bound on the arrays and objects a parse makes).
+"""'[', '{' and ':' characters one message may hold (strings included: a bound on the arrays, objects and object
+members a parse makes; review 15 M-R15: one object of 390,000 keys has 4 brackets).
 Review 14 (M-R14): a 3.7 MiB ``tools/call`` of 1.3 M empty lists cost ~2.7 s of parsing and validation before the
 argument-size refusal, and the event loop answered nothing meanwhile (over HTTP, 16 such bodies stalled another
 session 5 s). Tool arguments hold tens to a few thousand; 100,000 parse in ~0.2 s."""
@@ -91,10 +92,11 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
     Args:
         raw: one message: a stdio line or an HTTP request body (UTF-8).
     """
-    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    brackets = (raw.count(b"[") + raw.count(b"{") + raw.count(b":") if isinstance(raw, bytes)
+                else raw.count("[") + raw.count("{") + raw.count(":"))
     if brackets > MAX_JSON_CONTAINERS:  # counted before any parse: a cheap bound on the objects it would make
-        return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {brackets:,} '[' and '{{' "
-                                                  f"characters, past the {MAX_JSON_CONTAINERS:,} one message may; send "
+        return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {brackets:,} '[', '{{' and "
+                                                  f"':' characters, past the {MAX_JSON_CONTAINERS:,} one message may; send "
                                                   "large data as text (or a file the server reads), not as nested "
                                                   "JSON")
     try:

@@ -518,8 +518,13 @@ ENVELOPES = [
     # parsed past MAX_JSON_CONTAINERS brackets (the id is not read either)
     (b'{"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "list_versions", "arguments": {"x": ['
      + b"[]," * 149_999 + b"[]]}}}", -32600, None,
-     "Invalid Request: the message holds 150,004 '[' and '{' characters, past the 100,000 one message may; send large "
-     "data as text (or a file the server reads), not as nested JSON"),
+     "Invalid Request: the message holds 150,011 '[', '{' and ':' characters, past the 100,000 one message may; send "
+     "large data as text (or a file the server reads), not as nested JSON"),
+    # review 15 M-R15: one object of 150,000 keys has 4 brackets
+    (b'{"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "list_versions", "arguments": {"x": {'
+     + b",".join(b'"k%d":0' % i for i in range(150_000)) + b"}}}}", -32600, None,
+     "Invalid Request: the message holds 150,011 '[', '{' and ':' characters, past the 100,000 one message may; send "
+     "large data as text (or a file the server reads), not as nested JSON"),
 ]
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
