@@ -286,8 +286,9 @@ FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
 crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
 _SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
-METRIC_NAME_MAX_CHARS = 4096
-"""Characters of a metric name read (the importers cut foreign names to this)."""
+METRIC_NAME_MAX_CHARS = 1024
+"""Characters of a metric name read (real ones are under 100: ``val-core/openai/gsm8k/reward/mean@1``); a longer one
+is left out of every listing (review 15 J-R15: 25,000 names just under an earlier 4,096 cap)."""
 KV_VALUE_MAX_CHARS = 4 << 20
 """Characters of one run-level (kv) value as JSON, written or read (4 MiB): the loop's records are a few KB, the run's
 registered analyzers (their code, one object) the largest. Review 14 B-R14: 150 ``register_analyzer`` calls of

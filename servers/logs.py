@@ -78,14 +78,22 @@ class MetricVersion(BaseModel):
     version_id: str
     n_steps: int
     last_step: int
-    names: list[str]
+    names: list[str] = Field(description="The version's metric names, sorted, at most 1,000.")
+    names_omitted: int = Field(0, description="Names past the first 1,000.")
 
 
 class MetricList(BaseModel):
     """Metric names logged in the run, per version."""
 
-    names: list[str] = Field(description="All metric names (slash namespaces, e.g. reward/mean).")
+    names: list[str] = Field(description="All metric names (slash namespaces, e.g. reward/mean), sorted, at most "
+                                         "1,000.")
+    names_omitted: int = Field(0, description="Names past the first 1,000.")
     versions: list[MetricVersion]
+
+
+REPLY_NAMES_MAX = 1000
+"""Metric names one list carries (review 15 J-R15: 25,000 names of ~4,000 characters were a 156 MiB list_metrics
+reply); metric_summary describes as many when no names are given."""
 
 
 class SeriesPoint(BaseModel):
@@ -294,15 +302,18 @@ def list_metrics(
     """Metric names logged in the run and, per version, the metrics and number of steps."""
     ws = state_of(ctx).workspace()
     vids = [require_version(ws, version_id).id] if version_id else [v.id for v in ws.lineage.versions()]
-    per = []
+    per, every = [], set()
     for vid in vids:
         allm = ws.lineage.all_metrics(vid)
         if not allm and version_id is None:
             continue
         steps = {s for series in allm.values() for s, _ in series}
+        names = sorted(allm)
+        every.update(names)
         per.append(MetricVersion(version_id=vid, n_steps=len(steps), last_step=max(steps, default=-1),
-                                 names=sorted(allm)))
-    return MetricList(names=sorted({n for p in per for n in p.names}), versions=per)
+                                 names=names[:REPLY_NAMES_MAX], names_omitted=max(0, len(names) - REPLY_NAMES_MAX)))
+    names = sorted(every)
+    return MetricList(names=names[:REPLY_NAMES_MAX], names_omitted=max(0, len(names) - REPLY_NAMES_MAX), versions=per)
 
 
 def get_metric_series(
@@ -344,7 +355,7 @@ def metric_summary(
             raise ToolError(f"metrics not logged for {version_id}: {', '.join(missing)}; it has: "
                             f"{', '.join(sorted(allm)) or 'none (train it first)'}")
     return MetricSummary(version_id=version_id, eval_summary=v.eval_summary,
-                         metrics=[stats_of(n, allm[n]) for n in (names or sorted(allm))])
+                         metrics=[stats_of(n, allm[n]) for n in (names or sorted(allm)[:REPLY_NAMES_MAX])])
 
 
 TOOLS = (search_logs, list_metrics, get_metric_series, metric_summary)

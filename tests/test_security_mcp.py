@@ -2056,7 +2056,7 @@ def test_jobs_and_metric_names_of_a_crafted_store_are_cut_in_every_reply(tmp_pat
     names of 1,000,000 characters made list_jobs, get_version(v0) and list_metrics 381 MiB replies (a 4.6-5.7 s stall):
     the length check before a read covered the versions' columns only. Job messages are now cut to 4,000 characters
     in SQL, list_jobs gives the newest `limit` (100, at most 500) with a count of the rest, get_version the last 50,
-    and a metric name longer than 4,096 characters (no writer makes one) is left out."""
+    and a metric name longer than METRIC_NAME_MAX_CHARS (1,024) characters (no writer makes one) is left out."""
     import json
     import sqlite3
 
@@ -2080,7 +2080,7 @@ def test_jobs_and_metric_names_of_a_crafted_store_are_cut_in_every_reply(tmp_pat
         assert len(v0["jobs"]) == 50 and v0["jobs_omitted"] == 70 and v0["jobs"][-1]["id"] == "j119"
         assert c.ok("list_jobs", {"limit": 3})["omitted"] == 117
         assert "less than or equal to 500" in c.err("list_jobs", {"limit": 501})
-        assert not any(len(n) > 4096 for n in json.dumps(names).split('"'))
+        assert not any(len(n) > 1024 for n in json.dumps(names).split('"'))
         assert all(len(json.dumps(x)) < 3_000_000 for x in (jobs, v0, names))
         assert c.ok("job_status", {"job_id": "j005"})["message"].endswith("... [1996003 more chars]")
     finally:
@@ -2172,5 +2172,27 @@ def test_a_run_whose_versions_are_full_refuses_the_write_and_stays_readable(tmp_
     c = SyncClient(build_server("all", run))
     try:
         assert c.ok("list_versions")["total"] == n
+    finally:
+        c.close()
+
+
+def test_list_metrics_and_metric_summary_carry_at_most_a_thousand_names(tmp_path):
+    """Review 15 J-R15: 25,000 metric names just under the read cap (4,096 then) made list_metrics a 156 MiB reply and
+    a 2.2 s stall, metric_summary 81 MiB. A name past METRIC_NAME_MAX_CHARS (1,024) is left out, and each names list
+    carries at most 1,000 names, sorted, with a count of the rest."""
+    import json
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.log_metrics("v1", 0, {f"m{i:05d}/" + "x" * 900: 1.0 for i in range(1500)})
+        ws.lineage.log_metrics("v1", 1, {"z" * 1025: 2.0})
+    c = SyncClient(build_server("all", run))
+    try:
+        res = c.ok("list_metrics", {"version_id": "v1"})
+        (v1,) = res["versions"]
+        assert len(v1["names"]) == 1000 and v1["names_omitted"] == 500 and v1["names"][0].startswith("m00000/")
+        assert len(res["names"]) == 1000 and res["names_omitted"] == 500
+        assert len(json.dumps(res)) < 2_000_000 and not any(n.startswith("zzz") for n in res["names"])
+        assert len(c.ok("metric_summary", {"version_id": "v1"})["metrics"]) == 1000
     finally:
         c.close()
