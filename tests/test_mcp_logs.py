@@ -33,7 +33,8 @@ def test_search_logs(client):
 def test_metrics_tools(client):
     ml = client.ok("list_metrics")
     assert ml["names"] == ["reward/mean"]
-    assert ml["versions"] == [{"version_id": "v0", "n_steps": 4, "last_step": 3, "names": ["reward/mean"]}]
+    assert ml["versions"] == [{"version_id": "v0", "n_steps": 4, "last_step": 3, "names": ["reward/mean"],
+                              "names_omitted": 0}]
     assert client.ok("list_metrics", {"version_id": "v1"})["versions"][0]["n_steps"] == 0
     s = client.ok("get_metric_series", {"version_id": "v0", "name": "reward/mean", "max_points": 2})
     # buckets [0.25, 0.5] -> 0.375 at step 1, [0.5, 0.75] -> 0.625 at step 3
