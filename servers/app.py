@@ -221,15 +221,28 @@ def _lineage_table(state: ServerState) -> str:
         ws = state.workspace()
     except Exception as exc:
         return f"(run not available: {exc})"
-    rows = []
-    for v in ws.lineage.versions():
-        ivs = "; ".join(iv.describe() for iv in v.interventions) or "base"
+    rows, size = [], 0
+    versions = ws.lineage.versions()
+    for i, v in enumerate(versions):
+        # (review 15 E-R15: every intervention of 62 versions of 2,000 was a 54 MiB prompt): 5 interventions a row,
+        # the table at PROMPT_TABLE_MAX_CHARS
+        ivs = "; ".join(iv.describe() for iv in v.interventions[:5]) or "base"
+        if len(v.interventions) > 5:
+            ivs += f"; ... {len(v.interventions) - 5} more"
+        if size > PROMPT_TABLE_MAX_CHARS:
+            rows.append(f"- ... {len(versions) - i} more versions (list_versions pages through them)")
+            break
         ev = v.eval_summary.get("avg@k")
         rew = v.metrics_summary.get("reward/mean")
         rows.append(f"- {v.id} (parent {v.parent_id}) {v.status}: {ivs}"
                     + (f"; Avg@k={ev:.3f}" if isinstance(ev, (int, float)) else "")
                     + (f"; reward/mean={rew:.3f}" if isinstance(rew, (int, float)) else ""))
+        size += len(rows[-1])
     return "\n".join(rows) or "(empty lineage)"
+
+
+PROMPT_TABLE_MAX_CHARS = 64_000
+"""Characters of the lineage table a prompt carries (about 16k tokens of a model's context)."""
 
 
 class ServerInfo(BaseModel):

@@ -2196,3 +2196,25 @@ def test_list_metrics_and_metric_summary_carry_at_most_a_thousand_names(tmp_path
         assert len(c.ok("metric_summary", {"version_id": "v1"})["metrics"]) == 1000
     finally:
         c.close()
+
+
+def test_the_prompts_lineage_table_is_cut_per_row_and_in_all(tmp_path, monkeypatch):
+    """Review 15 E-R15: the diagnose_run and propose_next_intervention prompts listed every intervention of every
+    version: 62 versions of 2,000 interventions were a 54 MiB prompt. A row now describes 5 interventions and counts the
+    rest, and the table ends at PROMPT_TABLE_MAX_CHARS (64,000; lowered here) with a count of the versions left."""
+    from evotrainer.servers import app
+
+    run = make_run(tmp_path)
+    with Workspace(run, writer=True) as ws:
+        for j in range(30):
+            vals = [1.0] + [0.5 + i / 100 + j / 1000 for i in range(8)]  # one path moved 8 times, each from the last
+            ws.lineage.branch("v0", [Intervention(path="temperature", old=vals[i], new=vals[i + 1],
+                                                  category="rollout", hypothesis="h") for i in range(8)])
+    monkeypatch.setattr(app, "PROMPT_TABLE_MAX_CHARS", 2_000)
+    c = SyncClient(build_server("all", run))
+    try:
+        text = c.prompt("propose_next_intervention", {"version_id": "v0"})
+        assert "; ... 3 more" in text and "more versions (list_versions pages through them)" in text
+        assert len(text) < 6_000
+    finally:
+        c.close()
