@@ -635,7 +635,7 @@ def _tree(ws: Workspace) -> str:
                 + (f" &middot; Avg@k {_fmt(ev.get('avg@k'))}" if ev.get("avg@k") is not None else ""))
         decs = "".join(f"<div class='decision'>&#9656; <b>{_e(d.action)}</b> by {_e(d.author)}: {_e(d.rationale)}"
                        f" <span class='muted'>[evidence: {_e(', '.join(d.evidence[:6]))}]</span></div>"
-                       for d in lin.decisions(vid))
+                       for d in lin.decisions_brief(vid, last=20, refs=6)[0])  # (cut: review 15 A-R15)
         sub = "".join(node(c) for c in kids.get(vid, []))
         return f"<li>{head}{decs}" + (f"<ul class='tree'>{sub}</ul>" if sub else "") + "</li>"
 

@@ -126,7 +126,11 @@ def lineage_show(
     ws = Workspace.open(run_opt or run_dir)
     tree = ws.lineage.tree()
     if as_json:
-        print_json({"tree": tree, "decisions": [d.model_dump() for d in ws.lineage.decisions()]})
+        # the run's last 1,000 decisions, each cut as an MCP reply cuts it (review 15 A-R15: 4,000 decisions of ~1 MB
+        # printed 318 MiB); decisions_omitted counts the earlier ones
+        decisions, total = ws.lineage.decisions_brief(None, last=1000)
+        print_json({"tree": tree, "decisions": [d.model_dump() for d in decisions],
+                    "decisions_omitted": total - len(decisions)})
         return
     if not tree:
         console.print("empty lineage")

@@ -2218,3 +2218,33 @@ def test_the_prompts_lineage_table_is_cut_per_row_and_in_all(tmp_path, monkeypat
         assert len(text) < 6_000
     finally:
         c.close()
+
+
+def test_lineage_show_json_and_the_report_carry_cut_decisions(tmp_path):
+    """Review 15 A-R15: `lineage show --json` printed every decision whole (318 MiB for 20 versions of 200 decisions of
+    ~1 MB) and `report` read them all. The JSON now carries the run's last 1,000 decisions cut as an MCP reply cuts
+    them (decisions_omitted: the rest), the report each version's last 20."""
+    import json
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from evotrainer.agents.report import write_report
+    from evotrainer.cli import app
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.executemany("INSERT INTO decisions (version_id, action, rationale, evidence, author, prev_status, created_at) "
+                   "VALUES (?, 'keep', ?, '[]', 'x', 'kept', ?)",
+                   [("v0" if i % 2 else "v1", f"{i:04d}" + "r" * 100_000, 2e9 + i) for i in range(1100)])
+    db.commit()
+    db.close()
+    r = CliRunner().invoke(app, ["lineage", "show", "--run", str(run), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(out["decisions"]) == 1000 and out["decisions_omitted"] == 100
+    assert out["decisions"][-1]["rationale"] == "1099" + "r" * 3996 + "... [96004 more chars]"
+    assert len(r.output) < 10_000_000  # was 110 MB
+    with Workspace.open(run) as ws:
+        html = write_report(ws).read_text()
+    assert html.count("class='decision'") == 40 and len(html) < 2_000_000
