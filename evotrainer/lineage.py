@@ -931,7 +931,8 @@ class LineageStore:
                 self._db.execute("COMMIT")
 
     def recover_jobs(self) -> list[str]:
-        """Mark ``interrupted`` the running / queued jobs whose process is gone; returns their ids.
+        """Mark ``interrupted`` the running / queued jobs whose process is gone (and a version whose training died
+        before its first step ``proposed`` again); returns their ids.
 
         Done on every writable open; a long-lived handle (an executor that saw a worker die) calls it
         again. The process is looked up by pid on this machine, so the jobs' workers must run here
@@ -953,6 +954,11 @@ class LineageStore:
                         "WHERE id=?",
                         (time.time(), jid),
                     )
+                    # a training that died before its first step leaves nothing trained: its version goes back to
+                    # proposed (review 15 D-R15: after a SIGKILL it stayed 'training' with 0 steps for good)
+                    db.execute("UPDATE versions SET status='proposed' WHERE status='training' AND checkpoint IS NULL "
+                               "AND id IN (SELECT version_id FROM jobs WHERE id=? AND kind='train') "
+                               "AND NOT EXISTS (SELECT 1 FROM metrics WHERE metrics.version_id = versions.id)", (jid,))
         return dead
 
     def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:

@@ -311,3 +311,32 @@ def test_merge_child_and_decision_in_one_transaction(tmp_path):
     assert m.status == "merged" and (m.recipe.temperature, m.recipe.data.level) == (0.8, 2)
     (d,) = s.decisions(m.id)
     assert (d.action, d.prev_status, d.evidence, d.author) == ("merge", "proposed", ["v1", "v2"], "orchestrator")
+
+
+def test_a_training_job_that_died_before_its_first_step_leaves_its_version_proposed(tmp_path):
+    """Review 15 D-R15: after a SIGKILL of the server before step 0, the next open marked the job interrupted but
+    left the version 'training' with 0 steps and no checkpoint for good. Recovery now puts such a version back to
+    proposed; one with trained steps stays 'training' (resumable)."""
+    import sqlite3
+
+    from evotrainer.intervention import Intervention
+    from evotrainer.lineage import LineageStore
+    from evotrainer.recipe import Recipe
+
+    path = tmp_path / "lineage.db"
+    s = LineageStore(path)
+    s.create_root(Recipe())
+    s.branch("v0", Intervention(path="temperature", old=1.0, new=0.9, category="rollout", hypothesis="h"))
+    for vid, job in (("v0", "j0"), ("v1", "j1")):
+        s.create_job(job, vid, "train", steps_total=5)
+        s.update_version(vid, status="training")
+    s.log_metrics("v1", 0, {"loss": 1.0})  # v1 trained a step before its process died
+    s.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE jobs SET status='running', pid=999999999")  # a pid no process has
+    db.commit()
+    db.close()
+    s = LineageStore(path)
+    assert [j.status for j in s.jobs()] == ["interrupted"] * 2  # (the open recovered them)
+    assert (s.get("v0").status, s.get("v1").status) == ("proposed", "training")
+    s.close()
