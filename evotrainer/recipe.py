@@ -54,6 +54,9 @@ REWARD_COMPONENTS: tuple[str, ...] = (
 )
 
 TASKS = ("arithmetic", "gsm8k", "math", "jsonl", "humaneval", "swe")
+YAML_MAX_BYTES = 256 << 10
+"""Bytes of a recipe, run-config or skills YAML file read (review 15, Y-R15: a 1 MiB YAML list took 12-24 s and
+440 MB in ``recipe validate`` / ``skills add``; the seed library is 33 KB, a run config 2 KB)."""
 COUNT_MAX = 10_000_000
 """Problems a split holds at most (GSM8K has 7,473 train problems, MATH 12,500)."""
 SEED_LIMIT = 2**63
@@ -577,6 +580,10 @@ def read_yaml(path: str | Path, what: str, label: str | None = None) -> Any:
     name = label or str(p)
     if not p.is_file():
         raise RecipeError(f"{name}: no such {what}")
+    size = p.stat().st_size
+    if size > YAML_MAX_BYTES:
+        raise RecipeError(f"{name}: {size:,} bytes, past the {YAML_MAX_BYTES:,} a {what} may have (YAML reads at ~50 KB/s "
+                          "in Python); a config is a few KB: cut it down")
     try:
         return load_yaml(p.read_text(), name) or {}
     except yaml.YAMLError as exc:

@@ -189,11 +189,14 @@ def load_skill_file(path: Path) -> list[Any]:
     import yaml
     from pydantic import ValidationError
 
-    from evotrainer.recipe import AliasBoundError, load_yaml
+    from evotrainer.recipe import YAML_MAX_BYTES, AliasBoundError, load_yaml
     from evotrainer.skills_db.models import Skill, SkillError, check_recipe_path
 
     if not path.is_file():
         raise SkillError(f"{path}: no such file")
+    if path.stat().st_size > YAML_MAX_BYTES:
+        raise SkillError(f"{path}: {path.stat().st_size:,} bytes, past the {YAML_MAX_BYTES:,} a skills file may have; "
+                         "split it into several files")
     try:  # YAML is a superset of JSON; aliases are bounded (review 8, H-R8: a 655-byte alias bomb)
         data = load_yaml(path.read_text(), str(path))
     except AliasBoundError as exc:

@@ -206,3 +206,20 @@ def test_every_integer_field_of_a_recipe_has_a_finite_bound(tmp_path, yaml_text,
     with pytest.raises(RecipeError) as e:
         load_recipe(p)
     assert str(e.value) == error
+
+
+def test_a_config_file_past_the_yaml_size_cap_is_refused_before_it_is_parsed(tmp_path):
+    """Review 15 Y-R15: a 1 MiB YAML list took 12-24 s and ~440 MB in `recipe validate` and `skills add` before its
+    error. A config or skills file past YAML_MAX_BYTES (256 KiB) is refused by its size, naming it."""
+    import time
+
+    from evotrainer.recipe import YAML_MAX_BYTES
+
+    p = tmp_path / "big.yaml"
+    p.write_text("- 1\n" * 300_000)  # 1.2 MB
+    t = time.monotonic()
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert time.monotonic() - t < 1
+    assert str(e.value) == (f"{p}: 1,200,000 bytes, past the {YAML_MAX_BYTES:,} a recipe file may have (YAML reads at "
+                            "~50 KB/s in Python); a config is a few KB: cut it down")
