@@ -38,6 +38,9 @@ from pydantic import ValidationError
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
+LARGE_BODY_BYTES = 256 << 10
+LARGE_BODIES_AT_ONCE = 2
+"""HTTP bodies past LARGE_BODY_BYTES handled at once (the others wait their turn, their bytes already read)."""
 MAX_JSON_CONTAINERS = 100_000
 """'[', '{' and ':' characters one message may hold (strings included: a bound on the arrays, objects and object
 members a parse makes; review 15 M-R15: one object of 390,000 keys has 4 brackets).
@@ -356,6 +359,10 @@ class EnvelopeGuard:
         # session, 2-6 of them) was never answered, its connection and 4 MiB body held until the client gave up.
         # The value is the request's own token: a request frees only its own entry.
         self._in_flight: dict[tuple[str, str], object] = {}
+        # bodies past LARGE_BODY_BYTES are checked and handled at most LARGE_BODIES_AT_ONCE at a time (review 15 H-R15:
+        # 40 sessions each posting a 3.9 MB body under every cap took the server to 1 GB and stalled another session
+        # 1.85 s: each body is parsed, validated again by the SDK on the event loop and re-serialised)
+        self._large = anyio.Semaphore(LARGE_BODIES_AT_ONCE)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -380,6 +387,15 @@ class EnvelopeGuard:
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if len(body) > LARGE_BODY_BYTES:
+            async with self._large:
+                await self._handle(scope, receive, send, headers, body)
+            return
+        await self._handle(scope, receive, send, headers, body)
+
+    async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, headers: dict[str, str],
+                      body: bytes) -> None:
+        """Check one JSON-RPC body and replay it to the SDK app (or answer its error)."""
         obj, err = await check_envelope_async(body)
         if err is not None:
             await _json(send, 400, err)

@@ -2248,3 +2248,60 @@ def test_lineage_show_json_and_the_report_carry_cut_decisions(tmp_path):
     with Workspace.open(run) as ws:
         html = write_report(ws).read_text()
     assert html.count("class='decision'") == 40 and len(html) < 2_000_000
+
+
+def test_large_http_bodies_are_handled_two_at_a_time(tmp_path):
+    """Review 15 H-R15: 40 sessions each posting a 3.9 MB body under every cap took the server to 1 GB and stalled
+    another session's ping 1.85 s: every body was parsed and validated at once. Bodies past LARGE_BODY_BYTES (256 KiB)
+    are now checked and handled LARGE_BODIES_AT_ONCE (2) at a time; small ones are not held back."""
+    import json
+
+    import anyio
+
+    from evotrainer.servers.envelope import LARGE_BODIES_AT_ONCE, EnvelopeGuard
+
+    assert LARGE_BODIES_AT_ONCE == 2
+    now = {"n": 0, "most": 0, "small_waited": None}
+
+    async def app(scope, receive, send):
+        body = (await receive())["body"]
+        now["n"] += 1
+        now["most"] = max(now["most"], now["n"])
+        await anyio.sleep(0.2 if len(body) > 1000 else 0)
+        now["n"] -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = EnvelopeGuard(app)
+
+    async def post(body: bytes) -> float:
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if sent:
+                await anyio.sleep(10)
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            pass
+
+        t = anyio.current_time()
+        await guard({"type": "http", "method": "POST", "headers": [(b"content-type", b"application/json")]},
+                    receive, send)
+        return anyio.current_time() - t
+
+    big = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "a" * 300_000}}).encode()
+    small = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode()
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(post, big)
+            await anyio.sleep(0.05)
+            now["small_waited"] = await post(small)
+
+    anyio.run(main)
+    assert now["most"] == 3  # two large bodies, and the small one beside them
+    assert now["small_waited"] < 0.15
