@@ -286,6 +286,8 @@ FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
 crafted 400,000 findings were a 66 MB ``get_version`` reply, and nothing but the read cap bounded what a writer stored."""
 _SEVERITY_RANK = {"blocking": 0, "warn": 1, "info": 2}
+KV_ITEMS_MAX_CHARS = 32 << 20
+"""Characters of the kv values one prefix read takes in (the loop's records under ``loop/r`` are KBs a round)."""
 METRIC_NAME_MAX_CHARS = 1024
 """Characters of a metric name read (real ones are under 100: ``val-core/openai/gsm8k/reward/mean@1``); a longer one
 is left out of every listing (review 15 J-R15: 25,000 names just under an earlier 4,096 cap)."""
@@ -1785,6 +1787,12 @@ class LineageStore:
             LineageError: a stored value is not JSON or is longer than :data:`KV_VALUE_MAX_CHARS` (a crafted or
                 damaged file; :meth:`_kv_value`, :meth:`_kv_size_ok`).
         """
+        total = self._q("SELECT count(*), sum(length(value)) FROM kv WHERE substr(key, 1, ?) = ?",
+                        (len(prefix), prefix))[0]
+        if (total[1] or 0) > KV_ITEMS_MAX_CHARS:  # review 15 B-R15: 30 values of 4 MiB under one prefix, read whole
+            raise LineageError(f"{self.path}: the {total[0]:,} kv values under {prefix[:200]!r} hold {total[1]:,} "
+                               f"characters, past the {KV_ITEMS_MAX_CHARS:,} one read takes in (a crafted or damaged "
+                               f"file); not read. {self._kv_fix(prefix + '%')}")
         rows = self._q("SELECT key, length(value), CASE WHEN length(value) <= ? THEN value END FROM kv "
                        "WHERE substr(key, 1, ?) = ? ORDER BY key", (KV_VALUE_MAX_CHARS, len(prefix), prefix))
         out = []

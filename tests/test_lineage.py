@@ -340,3 +340,19 @@ def test_a_training_job_that_died_before_its_first_step_leaves_its_version_propo
     assert [j.status for j in s.jobs()] == ["interrupted"] * 2  # (the open recovered them)
     assert (s.get("v0").status, s.get("v1").status) == ("proposed", "training")
     s.close()
+
+
+def test_kv_items_refuses_a_prefix_whose_values_pass_the_total_cap(tmp_path, monkeypatch):
+    """Review 15 B-R15: `report` read every kv value under `loop/r` whole (30 values of 4 MiB: 452 MB), though each
+    value was under its own cap. A prefix read past KV_ITEMS_MAX_CHARS (32 MiB; lowered here) is refused."""
+    from evotrainer import lineage
+    from evotrainer.lineage import LineageError, LineageStore
+
+    s = LineageStore(tmp_path / "lineage.db")
+    for i in range(5):
+        s.kv_set(f"loop/r{i}/x", "v" * 1000)
+    assert len(s.kv_items("loop/r")) == 5
+    monkeypatch.setattr(lineage, "KV_ITEMS_MAX_CHARS", 4000)
+    with pytest.raises(LineageError, match="the 5 kv values under 'loop/r' hold 5,010 characters, past the 4,000"):
+        s.kv_items("loop/r")
+    s.close()
