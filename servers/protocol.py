@@ -264,6 +264,11 @@ def install(server: MCPServer[ServerState], state: ServerState,
         if missing:
             raise MCPError(code=INVALID_PARAMS, message=f"prompt {params.name!r}: missing required argument "
                            + "; ".join(f"{a.name} ({a.description})" for a in missing))
+        allowed = [a.name for a in prompt.arguments or []]
+        unknown = [str(k)[:80] for k in (params.arguments or {}) if k not in allowed]
+        if unknown:  # (review 15 P-R15: answered a bare -32603 "Error rendering prompt" naming nothing)
+            raise MCPError(code=INVALID_PARAMS, message=f"prompt {params.name!r}: unknown argument "
+                           f"{', '.join(unknown[:5])}; allowed: {', '.join(allowed) or 'none'}")
         try:
             return await server._handle_get_prompt(ctx, params)
         except ValueError as exc:

@@ -105,7 +105,8 @@ def test_prompts_get_errors_are_invalid_params(run, mode):
 
     async def go(c):
         out = []
-        for name, args in (("nope", {}), ("propose_next_intervention", {})):
+        for name, args in (("nope", {}), ("propose_next_intervention", {}),
+                           ("propose_next_intervention", {"version_id": "v0", "z": "1"})):
             with pytest.raises(MCPError) as e:
                 await c.get_prompt(name, args)
             out.append((e.value.error.code, e.value.error.message))
@@ -115,6 +116,8 @@ def test_prompts_get_errors_are_invalid_params(run, mode):
         (-32602, "unknown prompt 'nope'; prompts: diagnose_run, propose_next_intervention"),
         (-32602, "prompt 'propose_next_intervention': missing required argument version_id "
                  "(Parent version of the next child.)"),
+        # review 15 P-R15: an unknown argument was a bare -32603 "Error rendering prompt"
+        (-32602, "prompt 'propose_next_intervention': unknown argument z; allowed: version_id, findings"),
     ]
 
 
