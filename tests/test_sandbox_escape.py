@@ -803,3 +803,60 @@ def test_an_input_or_work_dir_holding_a_socket_or_fifo_is_refused_and_unix_socke
         assert select.select([listener], [], [], 0)[0] == []  # nobody connected
     finally:
         listener.close()
+
+
+def test_a_fifo_made_in_an_input_folder_while_the_run_lasts_cannot_be_written(tmp_path, sandbox_backend):
+    """Review 15 S-R15 (second half): the walk before the run cannot see a FIFO that a host process makes in a granted
+    input folder while the run lasts, and a read-only bind does not stop open(O_WRONLY) of a FIFO: the host reader
+    got the program's 21 bytes. Under bwrap the launcher now restricts writes with Landlock to the work dir, /tmp,
+    /dev/shm, /dev's nodes and /proc: the open is EACCES (13) and the reader gets nothing, while those stay
+    writable (a file in the work dir and /tmp, a FIFO made in /tmp, /dev/null)."""
+    from evotrainer.sandbox.bwrap import landlock_abi
+
+    if sandbox_backend != "bwrap" or landlock_abi() < 1:
+        pytest.skip("Landlock is the bwrap backend's, on kernels that have it (sandbox info: write_paths)")
+    grant = tmp_path / "grant"
+    grant.mkdir()
+    (grant / "a.txt").write_text("hi")
+    fifo, got = grant / "late.fifo", []
+
+    def host_service():
+        time.sleep(1.0)
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        end = time.time() + 5
+        while time.time() < end and not got:
+            try:
+                b = os.read(fd, 100)
+            except BlockingIOError:
+                b = b""
+            if b:
+                got.append(b)
+            time.sleep(0.05)
+        os.close(fd)
+
+    t = threading.Thread(target=host_service)
+    t.start()
+    r = run("""
+        import os, time
+        p = "/evidence/g/late.fifo"
+        for _ in range(200):
+            if os.path.exists(p):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"fifo from the sandbox")
+            print("WROTE")
+        except OSError as e:
+            print("fifo", e.errno)
+        open("/sandbox/work/x", "w").write("ok")
+        open("/tmp/y", "w").write("ok")
+        os.mkfifo("/tmp/own.fifo")
+        open("/dev/null", "w").write("x")
+        print("writable ok")
+    """, inputs={"g": grant}, timeout_s=30)
+    t.join()
+    assert r.exit_code == 0 and r.stdout == "fifo 13\nwritable ok\n", r
+    assert got == []

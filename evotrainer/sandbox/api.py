@@ -68,7 +68,14 @@ from evotrainer.sandbox.base import (
     SandboxResult,
     SandboxUnavailable,
 )
-from evotrainer.sandbox.bwrap import BLOCKED_SYSCALLS, run_bwrap, run_unsafe_local, seccomp_filter
+from evotrainer.sandbox.bwrap import (
+    BLOCKED_SYSCALLS,
+    WRITABLE,
+    landlock_abi,
+    run_bwrap,
+    run_unsafe_local,
+    seccomp_filter,
+)
 from evotrainer.sandbox.docker import daemon_limits, run_docker
 from evotrainer.sandbox.fs import clean_work_dir, shared_hard_links
 
@@ -174,7 +181,8 @@ def limits_report(backend: str | None) -> dict[str, str]:
 
     Keys: ``memory_per_run``, ``procs_per_run``, ``cpu_per_run`` (one cgroup for the whole run),
     ``tmpfs_size``, ``tmpfs_inodes`` (``/tmp``, ``/dev/shm``, the private work dir), ``dev_cap``,
-    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``; with
+    ``wall_clock``, ``cpu_seconds``, ``address_space``, ``file_size``, ``output``, ``workdir_disk``; with bwrap also
+    ``write_paths`` (Landlock); with
     Docker also ``seccomp`` and ``proc_masking`` (:func:`evotrainer.sandbox.docker.daemon_limits`).
     """
     per_process = {"wall_clock": "enforced: the supervisor kills the whole tree at timeout_s",
@@ -214,6 +222,11 @@ def limits_report(backend: str | None) -> dict[str, str]:
                                "and unshare(1); each tmpfs allows the kernel default (half of RAM in pages)")
         dev = f"enforced: /dev is a {lim.DEV_SIZE >> 10} KiB tmpfs (no inode cap), remounted read-only"
     out["dev_cap"] = dev
+    abi = landlock_abi()
+    out["write_paths"] = (f"enforced: Landlock ABI {abi}: files are created, removed or opened for writing only under "
+                          f"{', '.join(WRITABLE)} (a FIFO in an input cannot be written)" if abi else
+                          "NOT enforced: this kernel has no Landlock (5.13+); read-only binds stop writes to files, "
+                          "not to a FIFO a host process makes in an input folder while the run lasts")
     return out | per_process
 
 

@@ -17,6 +17,7 @@ namespace take the whole tree down) and reaps it.
 from __future__ import annotations
 
 import os
+import ctypes
 import platform
 import select
 import signal
@@ -48,6 +49,11 @@ from evotrainer.sandbox.base import (
 # kill(-1, SIGTERM) reaches every process of the namespace but pid 1 and the caller, and the launcher's death
 # tore the namespace down while the program was still running (its output cut, its CPU report lost; a
 # flaky test_13 under load). The host ends a run with SIGKILL only.
+# Before the exec the child restricts its writes with Landlock (kernel >= 5.13) to :data:`WRITABLE` (argv[8]; '-' for
+# none: the unsafe-local backend): see :data:`WRITABLE` for why. Rights handled (<linux/landlock.h>): WRITE_FILE (2),
+# REMOVE_DIR/FILE, MAKE_CHAR/DIR/REG/SOCK/FIFO/BLOCK/SYM (0x1ff0), REFER (0x2000, ABI 2), TRUNCATE (0x4000, ABI 3);
+# under /dev only WRITE_FILE (/dev/null, /dev/zero). A kernel with Landlock that refuses a step ends the run (126)
+# before the program starts; a kernel without it runs the program as before (``sandbox info`` says which).
 _LAUNCHER = r"""
 import os,resource as r,signal as g,sys
 a=sys.argv;fd=int(a[7])
@@ -63,14 +69,47 @@ if pid==0:
  for n,v in zip(('RLIMIT_CPU','RLIMIT_AS','RLIMIT_FSIZE','RLIMIT_NPROC','RLIMIT_CORE','RLIMIT_SIGPENDING'),a[1:7]):
   v=int(v)
   if v>=0:r.setrlimit(getattr(r,n),(v,v+1 if n=='RLIMIT_CPU' else v))
- try:os.execvp(a[8],a[8:])
- except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[8]!r}: {e}\n');os._exit(127)
+ if a[8]!='-':
+  import ctypes as C,struct
+  L=C.CDLL(None,use_errno=True);sc=L.syscall;sc.restype=C.c_long
+  v=sc(444,None,0,1)
+  if v>=1:
+   h=0x1ff2|(0x2000 if v>=2 else 0)|(0x4000 if v>=3 else 0)
+   rs=sc(444,struct.pack('=Q',h),8,0);ok=rs>=0
+   for q in a[8].split(','):
+    m=h if q!='/dev' else 2
+    try:d=os.open(q,os.O_PATH|os.O_CLOEXEC)
+    except OSError:continue
+    ok=ok and sc(445,rs,1,struct.pack('=Qi',m,d),0)==0;os.close(d)
+   ok=ok and L.prctl(38,1,0,0,0)==0 and sc(446,rs,0)==0
+   if not ok:sys.stderr.write(f'sandbox: cannot restrict writes (landlock): {os.strerror(C.get_errno())}\n');os._exit(126)
+ try:os.execvp(a[9],a[9:])
+ except OSError as e:sys.stderr.write(f'sandbox: cannot run {a[9]!r}: {e}\n');os._exit(127)
 _,st,ru=os.wait4(pid,0)
 try:os.write(fd,f'{ru.ru_utime+ru.ru_stime} {ru.ru_maxrss}'.encode())
 except OSError:pass
 c=os.waitstatus_to_exitcode(st)
 os._exit(c if c>=0 else 128-c)
 """
+
+
+# Where a sandboxed program may create, remove or open for writing, enforced by Landlock in the launcher. Review 15
+# (S-R15): a read-only bind stops writes to regular files, not an open(O_WRONLY) of a FIFO (the kernel's EROFS check
+# covers regular files, folders and links only): a FIFO that a host process made in a granted --input folder while
+# the run lasted (after api._refuse_special_files had walked it) carried the program's bytes to the host reader. With
+# Landlock any FIFO outside these trees (the inputs, the system binds) cannot be opened for writing (EACCES).
+WRITABLE = (WORK_DIR, "/tmp", "/dev/shm", "/dev", "/proc")
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of this kernel (``landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)``),
+    0 where the kernel has none (before 5.13, or not in the ``lsm=`` list) or the call is refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        return max(0, int(libc.syscall(444, None, 0, 1)))
+    except (OSError, AttributeError):
+        return 0
 
 
 # Queued signals (sigqueue, POSIX timers) are counted per user up the user-namespace chain, like inotify below, and
@@ -263,7 +302,7 @@ def _bwrap_argv(bwrap: str, argv: list[str], *, inputs: dict[str, Path], workdir
     a += ["--chdir", WORK_DIR, "--remount-ro", "/dev", "--remount-ro", "/", "--"]
     nproc = -1 if os.geteuid() == 0 else limits.max_procs  # as root the pids cgroup does it
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, nproc, 0, SIGPENDING_MAX]
-    return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
+    return a + [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", ",".join(WRITABLE), *argv]
 
 
 def _proc_mask_files(tmp: Path) -> dict[str, Path]:
@@ -500,5 +539,5 @@ def run_unsafe_local(cmd: list[str], *, inputs, workdir, code_file, limits: RunL
            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "EVOTRAINER_SANDBOX_BACKEND": "unsafe-local", **env_extra}
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.max_file_mb << 20, -1, 0, -1]
-    full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", *argv]
+    full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, rl), "{report_fd}", "-", *argv]
     return supervise(full, limits, backend="unsafe-local", env=env, cwd=work)
