@@ -692,7 +692,7 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Ru
         return {None: parse_trainer_state_text(read_run_text(path))}, []
     if name.startswith("events.out.tfevents"):
         try:
-            return {None: parse_tensorboard(path)}, []
+            return {None: parse_tensorboard(path, opener=F.open_listed)}, []
         except ValueError as exc:  # a corrupt record length (names the file)
             raise IngestError(str(exc)) from None
     if path.suffix == ".jsonl":

@@ -2559,6 +2559,38 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_not_read_through(tmp_pat
     os.close(fd)
 
 
+def test_a_tensorboard_file_swapped_for_a_link_after_the_listing_is_not_read_through(tmp_path, monkeypatch):
+    """Review 15 left TensorBoard event files outside K-R14's inode check: the loader opened the path itself, so an
+    event file swapped for a link to a host file after the listing was read through (the host file's series stored
+    as the run's). The event file is now read through the descriptor of the listed inode (/proc/self/fd/N): the
+    swap is refused, naming the file; unswapped, the 4 steps read as written."""
+    src, host = tmp_path / "foreign", tmp_path / "host"
+    src.mkdir()
+    host.mkdir()
+    _tb_scalars(src, 4)
+    _tb_scalars(host, 9)
+    (event,) = src.iterdir()
+    (secret,) = host.iterdir()
+    secret.chmod(0o600)
+    ev = ingest(src)
+    ((version, names),) = ev.metrics.items()
+    (name,) = names
+    steps, values = ev.series(version, name)
+    assert list(steps) == [0, 1, 2, 3] and list(values) == [0.0, 1.0, 2.0, 3.0]
+    listed = F.files_under
+
+    def files_then_swap(folder):
+        out = listed(folder)
+        if folder == src:
+            event.unlink()
+            event.symlink_to(secret)
+        return out
+
+    monkeypatch.setattr(F, "files_under", files_then_swap)
+    with pytest.raises(IngestError, match=f"{event.name}: not the file listed under that name"):
+        ingest(src)
+
+
 def test_a_log_of_many_long_records_is_parsed_up_to_the_budget_from_the_newest(tmp_path, monkeypatch):
     """Review 15 C-R15: 80 run-log lines each just under the 1 MiB line cap (79 MB) made one search_logs take 10.4 s
     and 2.24 GB. The newest lines are parsed up to MAX_LOG_PARSE_BYTES (16 MiB; 3 lines' worth here), the older count
