@@ -47,7 +47,7 @@ from evotrainer.config import RunConfig
 from evotrainer.executor import Task, make_executor
 from evotrainer.harness.gate import round_decisions
 from evotrainer.intervention import change_key
-from evotrainer.lineage import CONTROL, NUM
+from evotrainer.lineage import CONTROL, NUM, LineageError
 from evotrainer.workspace import Workspace
 
 __all__ = ["Orchestrator", "LoopBase", "LoopError", "open_toolbox", "run_summary"]
@@ -152,8 +152,12 @@ class Orchestrator(LoopBase):
         weights damaged, a control of it already trained, or its training failed); the run log says which.
         """
         if self.done("exploit/done"):
-            return self.lineage.kv_get("loop/exploit/arm", expected=str)
+            arm = self.lineage.kv_get("loop/exploit/arm", expected=str)
+            if arm is not None:
+                self._check_exploit_arm(self.lineage.kv_get("loop/exploit/parent", expected=str), arm)
+            return arm
         parent = self.stage("exploit/parent", self.answer, expected=str)
+        self._check_exploit_parent(parent)
         pv = self.version(parent)
         why = None
         if not self.done("exploit/arm") and self.out_of_budget():
@@ -169,6 +173,8 @@ class Orchestrator(LoopBase):
             self.stage("exploit/done", lambda: True)
             return None
         steps = self.config.budget.steps_per_version
+        if self.config.budget.exploit_check_k:
+            return self._exploit_checked(r, parent, pv)
 
         def branch() -> str:
             res = self.tb.call("branch_control", {
@@ -177,6 +183,7 @@ class Orchestrator(LoopBase):
             return str(res["version"]["id"])
 
         vid = self.stage("exploit/arm", branch, expected=str)
+        self._check_exploit_arm(parent, vid)
         self.log(f"exploit: {vid} continues the answer so far, {parent}, until the token budget is spent", version=vid)
         ok, total = True, max(self.lineage.last_step(vid) + 1, 0)
         while ok and self.status(vid) not in (*DECIDED, "failed"):
@@ -204,6 +211,162 @@ class Orchestrator(LoopBase):
                      version=vid)
         self.stage("exploit/done", lambda: True)
         return vid
+
+    def _exploit_checked(self, r: int, parent: str, pv: dict[str, Any]) -> str | None:
+        """The exploit phase with a dev check between segments (``budget.exploit_check_k`` > 0).
+
+        The first arm is the answer's control (its recipe continued, as :meth:`exploit`). After each segment of
+        ``steps_per_version`` steps but the last (the budget not yet spent), the arm is scored on dev with
+        ``exploit_check_k`` samples per problem (eval ``exploit-<steps>``: the same problems and sample seeds each
+        time, so the scores are paired). While a segment raises the best score so far the arm goes on. A segment
+        that does not is a plateau at this step size: the arm ends there (evaluated on dev and decided), and the
+        exploit goes on from its checkpoint as a child with ``actor_learning_rate`` / 3, one intervention, gated
+        against its parent. The run's answer is then the best selectable of the exploited arms and the answer so
+        far by dev Avg@k (the earlier answer on ties).
+
+        Why: docs/compare.md §8, seed 2: the exploit arm trained 40 steps at a learning rate that had stopped
+        paying (+0.021 dev). Cutting the step size when the held-out metric stalls is ReduceLROnPlateau (PyTorch,
+        Keras; factor 0.1-0.5) and the step-decay schedules of supervised training; the factor 1/3 is the loop's
+        own logarithmic step (learning rate x3 / x10). The checks cost dev samples, paid from the budget.
+
+        Returns the last exploit arm, or None when nothing was exploited.
+        """
+        k = self.config.budget.exploit_check_k
+        best = (pv.get("eval_summary") or {}).get("avg@k")
+        best = float(best) if isinstance(best, (int, float)) else 0.0
+
+        def control() -> str:
+            res = self.tb.call("branch_control", {
+                "parent_id": parent, "note": f"exploit: {parent}'s recipe continued, checked on dev each segment"})
+            self.emit("lineage", {})
+            return str(res["version"]["id"])
+
+        arm = self.stage("exploit/arm", control, expected=str)
+        self._check_exploit_arm(parent, arm)
+        arms, n = [arm], 0
+        self.log(f"exploit: {arm} continues the answer so far, {parent}, checked on dev (k={k}) each segment",
+                 version=arm)
+        while (nxt := self.lineage.kv_get(f"loop/exploit/cut{n + 1}", expected=str)) is not None \
+                and self.lineage.kv_get(f"loop/exploit/plateau/{arm}", expected=bool):  # replayed arms
+            best = max([best, *self._exploit_scores(arm)])
+            n, arm = n + 1, nxt
+            arms.append(arm)
+        while True:
+            plateau = self.lineage.kv_get(f"loop/exploit/plateau/{arm}", expected=bool)
+            if plateau is None:
+                plateau, best = self._exploit_segments(arm, best)
+                if plateau is None:  # its training or a check failed: the arm is failed, nothing more to exploit
+                    break
+                if not self._evaluate_or_fail(arm):
+                    break
+                ctrl = arm if self.version_of(arm).is_control else None
+                self.decide_round(r, ctrl, [] if ctrl else [arm])
+                self.lineage.kv_set(f"loop/exploit/plateau/{arm}", plateau)
+            else:  # replayed: the best check score of the arm is what the next arm must beat
+                best = max([best, *self._exploit_scores(arm)])
+            if not plateau or self.out_of_budget():
+                break
+            n += 1
+            cur = self.version_of(arm).recipe.actor_learning_rate
+            cand = Candidate(path="actor_learning_rate", new=float(f"{cur / 3:.4g}"), category="optimizer",
+                             hypothesis=f"exploit: dev stopped rising at lr {cur:g} ({arm}); a smaller step",
+                             addresses=["plateau"], source=self.author)
+            arm = self.stage(f"exploit/cut{n}", lambda a=arm, c=cand: self._branch(a, c), expected=str)
+            arms.append(arm)
+            self.log(f"exploit: {arm} continues {arms[-2]} with actor_learning_rate {cand.new:g}", version=arm)
+        self._exploit_answer(parent, pv, arms)
+        self.stage("exploit/done", lambda: True)
+        return arm
+
+    def _exploit_segments(self, arm: str, best: float) -> tuple[bool | None, float]:
+        """Train ``arm`` segment by segment (to multiples of ``steps_per_version``) with a dev check after each but
+        the last; returns ``(plateau, best)``: True when a check did not raise ``best`` (the arm stops there), False
+        when the budget ended the arm, None when its training or a check failed (the arm is failed)."""
+        steps, k = self.config.budget.steps_per_version, self.config.budget.exploit_check_k
+        total = (max(self.lineage.last_step(arm) + 1, 0) // steps) * steps
+        while True:
+            if total >= steps and self.out_of_budget():
+                return False, best
+            total += steps
+            if not self.train_to(arm, total):
+                self.fail_version(arm, self.author)
+                return None, best
+            if self.out_of_budget():
+                return False, best
+            try:
+                score = float(self.evaluate(arm, f"exploit-{total}", k=k).get("avg@k") or 0.0)
+            except LoopError as exc:
+                self.log(str(exc), version=arm)
+                self.fail_version(arm, self.author)
+                return None, best
+            if score <= best:
+                self.log(f"exploit: {arm} after {total} steps scores {score:.3f} on dev (k={k}), not above the best "
+                         f"{best:.3f}: a plateau at this step size", version=arm)
+                return True, best
+            best = score
+
+    def _exploit_scores(self, arm: str) -> list[float]:
+        """The dev check scores stored for ``arm`` (kv ``loop/eval/<arm>/exploit-<steps>``)."""
+        out = []
+        for _key, rec in self.lineage.kv_items(f"loop/eval/{arm}/exploit-"):
+            if isinstance(rec, dict) and isinstance(rec.get("avg@k"), (int, float)):
+                out.append(float(rec["avg@k"]))
+        return out
+
+    def _exploit_answer(self, parent: str, pv: dict[str, Any], arms: list[str]) -> None:
+        """Make the best selectable exploit arm by dev Avg@k the frontier (so the answer) when it is at least the
+        answer so far's; otherwise the answer stays. Logs which."""
+        before = (pv.get("eval_summary") or {}).get("avg@k")
+        scored = []
+        for a in arms:
+            v, dev = self.version(a), self.dev_summary(a).get("avg@k")
+            if self._selectable(a, v) and isinstance(dev, (int, float)):
+                scored.append((float(dev), a))
+        if scored and isinstance(before, (int, float)) and max(scored)[0] >= before:
+            dev, a = max(scored, key=lambda t: (t[0], -arms.index(t[1])))
+            self.lineage.kv_set("loop/frontier", a)
+            self.log(f"exploit: {a} ({self.lineage.last_step(a) + 1} steps past its parent) is the answer: dev Avg@k "
+                     f"{dev:.3f} against {before:.3f} ({parent})", version=a)
+        else:
+            self.log(f"exploit: no exploited arm is the answer ({', '.join(arms)}); {parent} had dev {before}",
+                     version=parent)
+
+    def _check_exploit_parent(self, parent: str) -> None:
+        """A replayed kv ``loop/exploit/parent`` must name a version of this run (review 15 X-R15: it was checked for
+        shape only, and a crafted value made the log state a lineage the run does not have).
+
+        Raises:
+            LineageError: no such version; names the file, the key and the fix."""
+        if not self._known(parent):
+            raise LineageError(f"{self.lineage.path}: kv.value of key 'loop/exploit/parent' names {parent[:200]!r}, "
+                               "no version of this run (a crafted or damaged file); not read. "
+                               f"{self.lineage.kv_fix('loop/exploit/parent')}")
+
+    def _known(self, vid: str) -> bool:
+        try:
+            self.lineage.get(vid)
+        except LineageError:
+            return False
+        return True
+
+    def _check_exploit_arm(self, parent: str | None, arm: str) -> None:
+        """A replayed kv ``loop/exploit/arm`` must name a control child of ``loop/exploit/parent`` (X-R15: a value
+        naming the pruned root, or the control of another version, was logged as the continuation of the answer).
+
+        Raises:
+            LineageError: the arm is no version of this run, not a control, or not a child of the parent; names the
+                file, the key and the fix."""
+        fix = self.lineage.kv_fix("loop/exploit/arm")
+        if not self._known(arm):
+            why = "no version of this run"
+        else:
+            v = self.lineage.get(arm)
+            why = None if (v.is_control and v.parent_id == parent) else (
+                f"{'a control' if v.is_control else 'no control'} arm with parent {v.parent_id!r}, where the exploit "
+                f"arm is a control of the exploited version {parent!r}")
+        if why is not None:
+            raise LineageError(f"{self.lineage.path}: kv.value of key 'loop/exploit/arm' names {arm[:200]!r}, {why} "
+                               f"(a crafted or damaged file); not read. {fix}")
 
     def frontier(self) -> str:
         """The version the next round branches from: the best selectable arm (dev Avg@k) of the latest round that

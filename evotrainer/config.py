@@ -64,6 +64,12 @@ class Budget(BaseModel):
         "continued alone (a control arm: its recipe from its checkpoint) in segments of steps_per_version until "
         "max_tokens is spent, the static mode's rule, and evaluated on dev once; it becomes the answer when its dev "
         "Avg@k is at least its parent's. 0: off (the rounds spend the whole budget)."))
+    exploit_check_k: int = Field(0, ge=0, le=64, description=(
+        "evotrainer mode with exploit_fraction > 0: when > 0, the exploited arm is scored on dev with this many "
+        "samples per problem after each segment but the last; a segment that does not raise the best score so far "
+        "ends the arm (evaluated and decided), and the exploit goes on from it as a child with actor_learning_rate / "
+        "3 (a plateau: a smaller step, as ReduceLROnPlateau). 0: off (the arm is trained to the budget's end and "
+        "evaluated once)."))
     max_tokens: int | None = Field(None, ge=1, le=2**53, description=(
         "Compute budget in generated tokens: training rollouts plus dev evaluations; every mode stops starting new "
         "work once it is spent (None: the version / step budget alone)."))

@@ -1151,7 +1151,7 @@ class LineageStore:
             return Version(
                 id=r["id"], parent_id=r["parent_id"], recipe=validate_recipe(recipe),
                 interventions=[Intervention.model_validate(d) for d in interventions],
-                status=r["status"], checkpoint=r["checkpoint"],
+                status=r["status"], checkpoint=self._checkpoint_read(r["id"], r["checkpoint"]),
                 metrics_summary=summaries[0], eval_summary=summaries[1],
                 findings=summaries[2], note=r["note"], role=r["role"] if "role" in r.keys() else "",
                 created_at=r["created_at"], updated_at=r["updated_at"],
@@ -1309,6 +1309,38 @@ class LineageStore:
                                "read takes in; not written (the run stays readable). Make the change smaller, or go on "
                                "in a new run from this one's best recipe (`evotrainer init --recipe`)")
 
+    def _checkpoint_written(self, path: str) -> str:
+        """A checkpoint path as stored: relative to the run folder when it lies inside it (``checkpoints/v3``), so a
+        copied or moved run folder reads its own weights; else as given (weights kept elsewhere on purpose)."""
+        run = self.path.parent.resolve()
+        p = Path(path)
+        try:
+            return p.relative_to(run).as_posix() if p.is_absolute() else path
+        except ValueError:
+            try:
+                return p.resolve().relative_to(run).as_posix()
+            except (ValueError, OSError, RuntimeError):
+                return path
+
+    def _checkpoint_read(self, version_id: str, stored: str | None) -> str | None:
+        """A stored checkpoint path as the readers use it: absolute, under this run folder when stored relative.
+
+        Review 15 (X-R15, a note): checkpoint paths were stored absolute, so in a copied run folder every reader
+        (resume, evaluation, the report) named and loaded the ORIGINAL folder's weights. Stored relative since;
+        an absolute path of an older run that ends in ``checkpoints/<version>`` outside this folder is read as this
+        folder's ``checkpoints/<version>`` when that folder exists (a copy of such a run)."""
+        if not stored:
+            return stored
+        run = self.path.parent.resolve()
+        p = Path(stored)
+        if not p.is_absolute():
+            return str(run / p)
+        if p.parts[-2:] == ("checkpoints", version_id) and not p.is_relative_to(run):
+            local = run / "checkpoints" / version_id
+            if local.is_dir():
+                return str(local)
+        return stored
+
     def update_version(self, version_id: str, **fields: Any) -> Version:
         """Update status, checkpoint, metrics_summary, eval_summary, findings or note of a version.
 
@@ -1328,6 +1360,8 @@ class LineageStore:
             fields["metrics_summary"] = capped_summary(fields["metrics_summary"])[0]
         if isinstance(fields.get("findings"), list) and len(fields["findings"]) > FINDINGS_MAX:
             fields["findings"] = capped_findings(fields["findings"])
+        if isinstance(fields.get("checkpoint"), str):
+            fields["checkpoint"] = self._checkpoint_written(fields["checkpoint"])
         sets, args = [], []
         for k, v in fields.items():
             sets.append(f"{k}=?")
@@ -1659,7 +1693,7 @@ class LineageStore:
 
         Raises:
             LineageError: names the file, the key, the field (when inside the value), what it holds, what EvoTrainer
-                writes there and the fix (``fix``, or :meth:`_kv_fix`'s).
+                writes there and the fix (``fix``, or :meth:`kv_fix`'s).
         """
         bad = _shape_mismatch(value, expected, "")
         if bad is None:
@@ -1669,12 +1703,12 @@ class LineageStore:
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} has no field {missing[0]!r} (or it is "
                                f"null), where EvoTrainer writes {_shape_name(expected)} with "
                                f"{', '.join(map(repr, required))} (a crafted or damaged file); not read. "
-                               f"{fix or self._kv_fix(key)}")
+                               f"{fix or self.kv_fix(key)}")
         at, found, want = bad
         where = f" at {at[:200]}" if at else ""
         raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(found)} "
                            f"{_brief(found)}{where}, where EvoTrainer writes {want} (a crafted or damaged file); not "
-                           f"read. {fix or self._kv_fix(key)}")
+                           f"read. {fix or self.kv_fix(key)}")
 
     def kv_model(self, key: str, value: Any, model: type[BaseModel], fix: str | None = None) -> Any:
         """``value`` (read under ``key``) as a ``model`` instance (pydantic validation).
@@ -1685,7 +1719,7 @@ class LineageStore:
 
         Raises:
             LineageError: names the file, the key, the first field that does not validate, what it holds and the
-                fix (``fix``, or :meth:`_kv_fix`'s).
+                fix (``fix``, or :meth:`kv_fix`'s).
         """
         try:
             return model.model_validate(value)
@@ -1697,9 +1731,9 @@ class LineageStore:
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {_json_kind(value)} "
                                f"{_brief(value)} that is no {model.__name__}{where} ({msg[:200]}), where EvoTrainer "
                                f"writes a {model.__name__} (a crafted or damaged file); not read. "
-                               f"{fix or self._kv_fix(key)}") from None
+                               f"{fix or self.kv_fix(key)}") from None
 
-    def _kv_fix(self, key: Any) -> str:
+    def kv_fix(self, key: Any) -> str:
         shown = str(key)[:200].replace("'", "''")
         return (f"Use a run folder EvoTrainer wrote, or remove the value (`sqlite3 {self.path} \"DELETE FROM kv WHERE "
                 f"key = '{shown}'\"`: the run forgets it)")
@@ -1714,7 +1748,7 @@ class LineageStore:
             why = ("JSON nested deeper than Python reads" if isinstance(exc, RecursionError)
                    else f"not JSON ({str(exc)[:200]})")
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {why}, where EvoTrainer writes "
-                               f"JSON (a crafted or damaged file); not read. {fix or self._kv_fix(key)}") from None
+                               f"JSON (a crafted or damaged file); not read. {fix or self.kv_fix(key)}") from None
 
     def _kv_size_ok(self, key: Any, n: Any, fix: str | None = None) -> None:
         """Refuse a stored kv value longer than :data:`KV_VALUE_MAX_CHARS` (``n``: its SQL ``length()``) before it is
@@ -1722,7 +1756,7 @@ class LineageStore:
         if isinstance(n, int) and n > KV_VALUE_MAX_CHARS:
             raise LineageError(f"{self.path}: kv.value of key {str(key)[:200]!r} holds {n:,} characters, past the "
                                f"{KV_VALUE_MAX_CHARS:,} the store reads for one key (a crafted or damaged file, or one "
-                               f"written before that cap); not read. {fix or self._kv_fix(key)}")
+                               f"written before that cap); not read. {fix or self.kv_fix(key)}")
 
     def _kv_encoded(self, key: str, value: Any, fix: str | None) -> str:
         """``value`` as the JSON the store keeps under ``key``.
@@ -1792,7 +1826,7 @@ class LineageStore:
         if (total[1] or 0) > KV_ITEMS_MAX_CHARS:  # review 15 B-R15: 30 values of 4 MiB under one prefix, read whole
             raise LineageError(f"{self.path}: the {total[0]:,} kv values under {prefix[:200]!r} hold {total[1]:,} "
                                f"characters, past the {KV_ITEMS_MAX_CHARS:,} one read takes in (a crafted or damaged "
-                               f"file); not read. {self._kv_fix(prefix + '%')}")
+                               f"file); not read. {self.kv_fix(prefix + '%')}")
         rows = self._q("SELECT key, length(value), CASE WHEN length(value) <= ? THEN value END FROM kv "
                        "WHERE substr(key, 1, ?) = ? ORDER BY key", (KV_VALUE_MAX_CHARS, len(prefix), prefix))
         out = []

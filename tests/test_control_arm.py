@@ -245,3 +245,70 @@ def test_the_exploit_phase_continues_the_answer_alone_until_the_token_budget_is_
              tmp_path / "run", "heuristic", "evotrainer", resume=True)
     with Workspace.open(tmp_path / "run") as ws:
         assert [(v.id, v.status, v.parent_id) for v in ws.lineage.versions()] == sig
+    # review 15 X-R15: replayed exploit records were checked for shape only; a crafted arm (the pruned root, no
+    # version) or parent (no version) logged a lineage the run does not have. Each is now refused, naming the key.
+    import shutil
+    import sqlite3
+
+    from evotrainer.lineage import LineageError
+
+    for key, value, why in (("loop/exploit/arm", "v0", "names 'v0', no control arm with parent None"),
+                            ("loop/exploit/arm", "v999", "names 'v999', no version of this run"),
+                            ("loop/exploit/parent", "v999", "names 'v999', no version of this run")):
+        crafted = tmp_path / f"crafted-{key.rsplit('/', 1)[1]}-{value}"
+        shutil.copytree(tmp_path / "run", crafted)
+        db = sqlite3.connect(crafted / "lineage.db")
+        db.execute("DELETE FROM kv WHERE key IN ('loop/exploit/done', 'loop/answer', 'loop/final_test', "
+                   "'loop/finished')")
+        db.execute("UPDATE kv SET value = ? WHERE key = ?", (f'"{value}"', key))
+        db.commit()
+        db.close()
+        with pytest.raises(LineageError, match=f"kv.value of key '{key}' {why}"):
+            run_loop(cfg.model_copy(update={"budget": b.model_copy(update=dict(max_tokens=cap, exploit_fraction=0.5))}),
+                     crafted, "heuristic", "evotrainer", resume=True)
+
+
+def test_the_checked_exploit_cuts_the_step_size_at_a_plateau_and_replays_on_resume(tmp_path):
+    """``budget.exploit_check_k``: the exploit arm is scored on dev (k samples per problem) after each segment but
+    the last; a segment not above the best score so far ends the arm (evaluated, decided) and the exploit goes on
+    from it as a child with actor_learning_rate / 3. docs/compare.md §8: seed 2's exploit arm trained 40 steps at a
+    learning rate that had stopped paying. The tiny model scores 0 on dev, so every check is a plateau: the chain
+    is control -> lr/3 -> lr/9 ... until the budget is spent; a resume of the finished run changes nothing."""
+    cfg = load_run_config("examples/tiny.yaml")
+    b = cfg.budget.model_copy(update=dict(max_versions=1, steps_per_version=2, branches_per_round=1,
+                                          wall_clock_minutes=600))
+    run_loop(cfg.model_copy(update={"budget": b}), tmp_path / "root", "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "root") as ws:
+        c = ws.lineage.kv_get("loop/compute")
+    root = c["train_tokens"] + c["eval_tokens"]
+    run_cfg = cfg.model_copy(update={"budget": b.model_copy(update=dict(
+        max_tokens=5 * root, exploit_fraction=0.6, exploit_check_k=1))})
+    run_loop(run_cfg, tmp_path / "run", "heuristic", "evotrainer", resume=False)
+    with Workspace.open(tmp_path / "run") as ws:
+        lin = ws.lineage
+        parent, first = lin.kv_get("loop/exploit/parent"), lin.kv_get("loop/exploit/arm")
+        assert parent == "v0" and lin.get(first).is_control and lin.get(first).parent_id == "v0"
+        chain, n = [first], 1
+        while (nxt := lin.kv_get(f"loop/exploit/cut{n}")) is not None:
+            chain.append(nxt)
+            n += 1
+        assert len(chain) >= 2, chain  # at least one plateau cut within 3 root-arms of exploit budget
+        lr0 = lin.get("v0").recipe.actor_learning_rate
+        for i, (a, child) in enumerate(zip(chain, chain[1:], strict=False)):
+            v = lin.get(child)
+            assert v.parent_id == a and len(v.interventions) == 1
+            assert v.interventions[0].path == "actor_learning_rate"
+            assert v.interventions[0].new == pytest.approx(lr0 / 3 ** (i + 1), rel=1e-3)
+            assert lin.kv_get(f"loop/exploit/plateau/{a}") is True  # the arm stopped at a check
+            checks = [k for k, _ in lin.kv_items(f"loop/eval/{a}/exploit-")]
+            assert checks == [f"loop/eval/{a}/exploit-{b.steps_per_version}"]  # one segment, then the plateau
+            assert lin.get(a).status in ("kept", "pruned")  # decided before the exploit went on
+        assert lin.get(chain[-1]).status in ("kept", "pruned", "failed")
+        c = lin.kv_get("loop/compute")
+        assert c["train_tokens"] + c["eval_tokens"] >= 5 * root  # the budget was spent
+        sig = [(v.id, v.status, v.parent_id) for v in lin.versions()]
+        final = lin.kv_get("loop/final")["version"]
+    run_loop(run_cfg, tmp_path / "run", "heuristic", "evotrainer", resume=True)
+    with Workspace.open(tmp_path / "run") as ws:
+        assert [(v.id, v.status, v.parent_id) for v in ws.lineage.versions()] == sig
+        assert ws.lineage.kv_get("loop/final")["version"] == final

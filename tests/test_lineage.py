@@ -356,3 +356,37 @@ def test_kv_items_refuses_a_prefix_whose_values_pass_the_total_cap(tmp_path, mon
     with pytest.raises(LineageError, match="the 5 kv values under 'loop/r' hold 5,010 characters, past the 4,000"):
         s.kv_items("loop/r")
     s.close()
+
+
+def test_checkpoint_paths_are_stored_relative_so_a_copied_run_reads_its_own_weights(tmp_path):
+    """Review 15 (a note of X-R15): checkpoint paths were stored absolute, so a copied run folder named and loaded
+    the original folder's weights. A path inside the run folder is stored relative (``checkpoints/v0``) and read back
+    absolute under the folder it is read from; an older run's absolute ``.../checkpoints/<version>`` is read as the
+    copy's own when the copy has that folder; a path outside the run folder is kept as given."""
+    import shutil
+    import sqlite3
+
+    run = tmp_path / "run"
+    s = LineageStore(run / "lineage.db")
+    v0 = s.create_root(Recipe())
+    (run / "checkpoints" / v0.id).mkdir(parents=True)
+    s.update_version(v0.id, checkpoint=str(run / "checkpoints" / v0.id))
+    s.close()
+    db = sqlite3.connect(run / "lineage.db")
+    assert db.execute("SELECT checkpoint FROM versions WHERE id=?", (v0.id,)).fetchone() == ("checkpoints/v0",)
+    db.close()
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    c = LineageStore(copy / "lineage.db")
+    assert c.get(v0.id).checkpoint == str(copy.resolve() / "checkpoints" / "v0")
+    c.close()
+    db = sqlite3.connect(copy / "lineage.db")  # as an older run stored it: the original folder's absolute path
+    db.execute("UPDATE versions SET checkpoint=? WHERE id=?", (str(run / "checkpoints" / "v0"), v0.id))
+    db.commit()
+    db.close()
+    c = LineageStore(copy / "lineage.db")
+    assert c.get(v0.id).checkpoint == str(copy.resolve() / "checkpoints" / "v0")
+    elsewhere = tmp_path / "disk" / "weights"
+    c.update_version(v0.id, checkpoint=str(elsewhere))
+    assert c.get(v0.id).checkpoint == str(elsewhere)
+    c.close()

@@ -16,8 +16,8 @@ namespace take the whole tree down) and reaps it.
 
 from __future__ import annotations
 
-import os
 import ctypes
+import os
 import platform
 import select
 import signal
