@@ -791,7 +791,8 @@ def test_an_input_or_work_dir_holding_a_socket_or_fifo_is_refused_and_unix_socke
             a, b = socket.socketpair()
             a.sendall(b"hi")
             print("pair", b.recv(2).decode())
-            for kind in (socket.SOCK_DGRAM, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK):
+            for kind in (socket.SOCK_DGRAM, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK,
+                         socket.SOCK_RAW, socket.SOCK_SEQPACKET):  # review 16 S-R16: a raw pair is a datagram pair
                 try:  # review 15 S-R15: a datagram pair may sendto() any pathname datagram socket it sees
                     socket.socketpair(socket.AF_UNIX, kind)
                     print("dgram pair OPENED")
@@ -799,7 +800,7 @@ def test_an_input_or_work_dir_holding_a_socket_or_fifo_is_refused_and_unix_socke
                     print("dgram pair", errno.errorcode.get(e.errno, e.errno))
             print(open("/evidence/g/ok.txt").read())
         """), inputs={"g": grant})
-        assert r.exit_code == 0 and r.stdout == "unix EPERM\npair hi\ndgram pair EPERM\ndgram pair EPERM\nx\n", r
+        assert r.exit_code == 0 and r.stdout == "unix EPERM\npair hi\n" + "dgram pair EPERM\n" * 4 + "x\n", r
         assert select.select([listener], [], [], 0)[0] == []  # nobody connected
     finally:
         listener.close()

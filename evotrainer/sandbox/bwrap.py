@@ -191,7 +191,7 @@ def seccomp_filter() -> bytes | None:
     labels = {"pair": len(prog)}
     prog += [(ld_abs, "", "", 16), (jeq, "next", "allow", 1),                   # A = domain; AF_UNIX?
              (ld_abs, "", "", 24), (0x54, "", "", 0xF),                         # A = type & 0xF (flags off)
-             (jeq, "eperm", "allow", 2)]                                         # SOCK_DGRAM -> EPERM
+             (jeq, "allow", "eperm", 1)]                      # only SOCK_STREAM (review 16 S-R16: SOCK_RAW too)
     at = {**labels, "allow": len(prog), "eperm": len(prog) + 1, "kill": len(prog) + 2}
     out = []
     for i, (code, jt, jf, k) in enumerate(prog):
