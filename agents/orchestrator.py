@@ -176,15 +176,7 @@ class Orchestrator(LoopBase):
         if self.config.budget.exploit_check_k:
             return self._exploit_checked(r, parent, pv)
 
-        def branch() -> str:
-            res = self.tb.call("branch_control", {
-                "parent_id": parent, "note": f"exploit: {parent}'s recipe continued until the token budget is spent"})
-            self.emit("lineage", {})
-            return str(res["version"]["id"])
-
-        vid = self.stage("exploit/arm", branch, expected=str)
-        self._check_exploit_arm(parent, vid)
-        self.log(f"exploit: {vid} continues the answer so far, {parent}, until the token budget is spent", version=vid)
+        vid = self._exploit_first_arm(parent, "until the token budget is spent")
         ok, total = True, max(self.lineage.last_step(vid) + 1, 0)
         while ok and self.status(vid) not in (*DECIDED, "failed"):
             if total >= steps and self.out_of_budget():
@@ -235,17 +227,8 @@ class Orchestrator(LoopBase):
         best = (pv.get("eval_summary") or {}).get("avg@k")
         best = float(best) if isinstance(best, (int, float)) else 0.0
 
-        def control() -> str:
-            res = self.tb.call("branch_control", {
-                "parent_id": parent, "note": f"exploit: {parent}'s recipe continued, checked on dev each segment"})
-            self.emit("lineage", {})
-            return str(res["version"]["id"])
-
-        arm = self.stage("exploit/arm", control, expected=str)
-        self._check_exploit_arm(parent, arm)
+        arm = self._exploit_first_arm(parent, f"checked on dev (k={k}) each segment")
         arms, n = [arm], 0
-        self.log(f"exploit: {arm} continues the answer so far, {parent}, checked on dev (k={k}) each segment",
-                 version=arm)
         while (nxt := self.lineage.kv_get(f"loop/exploit/cut{n + 1}", expected=str)) is not None \
                 and self.lineage.kv_get(f"loop/exploit/plateau/{arm}", expected=bool):  # replayed arms
             best = max([best, *self._exploit_scores(arm)])
@@ -277,6 +260,20 @@ class Orchestrator(LoopBase):
         self._exploit_answer(parent, pv, arms)
         self.stage("exploit/done", lambda: True)
         return arm
+
+    def _exploit_first_arm(self, parent: str, how: str) -> str:
+        """Find-or-create (stage ``exploit/arm``) the exploit's first arm, the control of ``parent``; checked on
+        replay (:meth:`_check_exploit_arm`) and logged as continuing the answer so far ``how``."""
+        def branch() -> str:
+            res = self.tb.call("branch_control", {"parent_id": parent,
+                                                  "note": f"exploit: {parent}'s recipe continued {how}"})
+            self.emit("lineage", {})
+            return str(res["version"]["id"])
+
+        vid = self.stage("exploit/arm", branch, expected=str)
+        self._check_exploit_arm(parent, vid)
+        self.log(f"exploit: {vid} continues the answer so far, {parent}, {how}", version=vid)
+        return vid
 
     def _exploit_segments(self, arm: str, best: float) -> tuple[bool | None, float]:
         """Train ``arm`` segment by segment (to multiples of ``steps_per_version``) with a dev check after each but
