@@ -32,7 +32,7 @@ def test_run_config_budget_errors_fail(tmp_path):
     assert r.stderr.splitlines() == [
         "error: config.budget.max_versions=0: Input should be greater than or equal to 1; set a value >= 1",
         "config.budget.stepz: unknown field; allowed: max_versions, steps_per_version, wall_clock_minutes, "
-        "branches_per_round, probe_steps, exploit_fraction, max_tokens",
+        "branches_per_round, probe_steps, exploit_fraction, exploit_check_k, max_tokens",
     ]
 
 
