@@ -191,16 +191,7 @@ class Orchestrator(LoopBase):
             self.stage("exploit/done", lambda: True)
             return vid
         self.decide_round(r, vid, [])
-        v, dev = self.version(vid), self.dev_summary(vid).get("avg@k")
-        before = (pv.get("eval_summary") or {}).get("avg@k")
-        if (self._selectable(vid, v) and isinstance(dev, (int, float)) and isinstance(before, (int, float))
-                and dev >= before):
-            self.lineage.kv_set("loop/frontier", vid)
-            self.log(f"exploit: {vid} ({self.lineage.last_step(vid) + 1} steps past {parent}) is the answer: dev "
-                     f"Avg@k {dev:.3f} against {before:.3f}", version=vid)
-        else:
-            self.log(f"exploit: {vid} is not the answer (dev Avg@k {dev}, {v['status']}; {parent} had {before})",
-                     version=vid)
+        self._exploit_answer(parent, pv, [vid])
         self.stage("exploit/done", lambda: True)
         return vid
 
@@ -322,8 +313,8 @@ class Orchestrator(LoopBase):
         if scored and isinstance(before, (int, float)) and max(scored)[0] >= before:
             dev, a = max(scored, key=lambda t: (t[0], -arms.index(t[1])))
             self.lineage.kv_set("loop/frontier", a)
-            self.log(f"exploit: {a} ({self.lineage.last_step(a) + 1} steps past its parent) is the answer: dev Avg@k "
-                     f"{dev:.3f} against {before:.3f} ({parent})", version=a)
+            self.log(f"exploit: {a} ({self.lineage.last_step(a) + 1} steps past {self.lineage.get(a).parent_id}) is the "
+                     f"answer: dev Avg@k {dev:.3f} against {before:.3f} ({parent})", version=a)
         else:
             self.log(f"exploit: no exploited arm is the answer ({', '.join(arms)}); {parent} had dev {before}",
                      version=parent)
