@@ -10,7 +10,7 @@ the host does with such a folder goes through this module:
   on any component: ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``
   (Linux >= 5.6, called through ctypes) where the kernel has it, else a walk that opens each
   component with ``O_NOFOLLOW`` relative to the previous one's fd. ``..`` is refused lexically.
-* :func:`read_file` / :func:`write_file`: regular files only. Opened with ``O_NONBLOCK`` (so a FIFO
+* :func:`read_file` / :func:`read_chunks` / :func:`write_file`: regular files only. Opened with ``O_NONBLOCK`` (so a FIFO
   cannot block the open) and checked with ``fstat`` before any byte is read or the file truncated.
 * :func:`walk`: every entry below a folder, iterative (no recursion limit) and fd-based (no path
   string is ever resolved, so no ``PATH_MAX``); it descends with ``O_NOFOLLOW`` and climbs with
@@ -160,17 +160,34 @@ def _open_regular(dir_fd: int, rel: str, flags: int) -> int:
     return fd
 
 
-def read_file(dir_fd: int, rel: str, max_bytes: int | None = None) -> bytes:
-    """The bytes of the regular file ``rel`` under ``dir_fd`` (at most ``max_bytes``); see :func:`open_beneath`."""
+READ_CHUNK_BYTES = 1 << 20  # 1 MiB per read: few syscalls, and a caller hashing a huge file holds one chunk at a time
+
+
+def read_chunks(dir_fd: int, rel: str, max_bytes: int | None = None,
+                chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[bytes]:
+    """The bytes of the regular file ``rel`` under ``dir_fd`` in chunks of at most ``chunk_bytes`` (at most
+    ``max_bytes`` in all; None: to the end), opened as :func:`read_file` opens it (no link followed, no FIFO).
+
+    Memory stays at one chunk whatever the file's size (a digest of a repo a sandboxed run filled with a
+    multi-GB file). The file is opened at the first ``next()`` (its errors are raised there: ``UnsafePathError``,
+    ``FileNotFoundError``...) and closed when the iteration ends or the generator is closed.
+    ``ValueError`` when ``chunk_bytes`` < 1.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes={chunk_bytes}: give a chunk size of at least 1 byte")
     fd = _open_regular(dir_fd, rel, os.O_RDONLY)
     try:
-        chunks, left = [], max_bytes if max_bytes is not None else float("inf")
-        while left > 0 and (chunk := os.read(fd, int(min(left, 1 << 20)))):
-            chunks.append(chunk)
+        left = max_bytes if max_bytes is not None else float("inf")
+        while left > 0 and (chunk := os.read(fd, int(min(left, chunk_bytes)))):
             left -= len(chunk)
-        return b"".join(chunks)
+            yield chunk
     finally:
         os.close(fd)
+
+
+def read_file(dir_fd: int, rel: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``rel`` under ``dir_fd`` (at most ``max_bytes``); see :func:`open_beneath`."""
+    return b"".join(read_chunks(dir_fd, rel, max_bytes))
 
 
 def write_file(dir_fd: int, rel: str, data: bytes, *, create: bool = False, mode: int = 0o644) -> None:

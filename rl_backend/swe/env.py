@@ -119,15 +119,20 @@ def repo_digest(repo: Path) -> str:
 
     Walks without following links (:func:`evotrainer.sandbox.fs.walk`): a link counts by its target
     string, a FIFO or socket by its kind, so a planted one changes the digest without being opened.
+    Files are read in :data:`evotrainer.sandbox.fs.READ_CHUNK_BYTES` chunks (memory stays at one chunk).
     """
     h = hashlib.sha256()
     for fd, name, rel, st in sfs.walk(repo, prune=_no_pycache):
         if stat.S_ISDIR(st.st_mode):
             continue
-        body = (sfs.read_file(fd, name) if stat.S_ISREG(st.st_mode) else
-                b"link:" + os.fsencode(os.readlink(name, dir_fd=fd)) if stat.S_ISLNK(st.st_mode) else
-                f"special:{stat.S_IFMT(st.st_mode)}".encode())
-        h.update(rel.encode(errors="surrogateescape") + b"\0" + body + b"\0")
+        h.update(rel.encode(errors="surrogateescape") + b"\0")
+        if stat.S_ISREG(st.st_mode):  # in chunks: a file the sandboxed run left can be GBs
+            for chunk in sfs.read_chunks(fd, name):
+                h.update(chunk)
+        else:
+            h.update(b"link:" + os.fsencode(os.readlink(name, dir_fd=fd)) if stat.S_ISLNK(st.st_mode) else
+                     f"special:{stat.S_IFMT(st.st_mode)}".encode())
+        h.update(b"\0")
     return h.hexdigest()
 
 
