@@ -31,8 +31,18 @@ def register(app: typer.Typer) -> None:
 
 def _fail(msg: str) -> None:
     from evotrainer.cli import fail
+    from evotrainer.terminal import neutralise
 
-    fail(msg)
+    fail(neutralise(msg))  # messages quote task-set fields: a hostile task set's ESC is shown, not obeyed
+
+
+def _cell(value: Any) -> Any:
+    """A table cell for text from a task set: control characters shown as ``\\xNN``, no rich markup read."""
+    from rich.text import Text
+
+    from evotrainer.terminal import neutralise
+
+    return Text(neutralise(str(value)))
 
 
 def _select(taskset: Path | None, tasks: str | None, limit: int | None) -> list[Any]:
@@ -58,7 +68,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @swe_app.command("tasks")
 def tasks_cmd(taskset: TasksetOpt = None, as_json: JsonOpt = False) -> None:
-    """List the SWE tasks: id, project, bugged file and line, mutation, hidden test counts."""
+    """List the SWE tasks: id, project, bugged file and line, mutation, hidden test counts.
+
+    Text from the task set is printed with control characters shown as ``\\xNN`` (never obeyed by the
+    terminal) and without rich markup; ``--json`` escapes them as JSON does.
+    """
     from rich.table import Table
 
     from evotrainer.cli import console, print_json
@@ -73,10 +87,10 @@ def tasks_cmd(taskset: TasksetOpt = None, as_json: JsonOpt = False) -> None:
                               for t in ts]})
         return
     table = Table("task", "project", "bug at", "mutation", "F2P", "P2P", title=f"{len(ts)} SWE tasks")
-    for t in ts:
+    for t in ts:  # every field comes from the task set, which anyone can write: printed through _cell
         where = f"{t.bug.path}:{t.meta.get('line', '?')}" if t.bug else "-"
-        table.add_row(t.instance_id, t.repo, where, t.bug.operator if t.bug else "-", str(len(t.FAIL_TO_PASS)),
-                      str(len(t.PASS_TO_PASS)))
+        table.add_row(*map(_cell, (t.instance_id, t.repo, where, t.bug.operator if t.bug else "-",
+                                   len(t.FAIL_TO_PASS), len(t.PASS_TO_PASS))))
     console.print(table)
 
 
@@ -171,9 +185,12 @@ def check_cmd(
     console.print(table)
     from rich.markup import escape
 
+    from evotrainer.terminal import neutralise
+
     for r in results:
         for f in r["findings"]:
-            console.print(escape(f"{r['policy']}: {f['kind']} [{f['severity']}] {f['explanation']}"), highlight=False)
+            console.print(escape(neutralise(f"{r['policy']}: {f['kind']} [{f['severity']}] {f['explanation']}")),
+                          highlight=False)
 
 
 @swe_app.command("episodes")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -53,6 +54,7 @@ from evotrainer.rl_backend.swe.tasks import (
     test_file_digests,
 )
 from evotrainer.sandbox import fs as sfs
+from evotrainer.terminal import has_controls
 
 TOOLS: tuple[str, ...] = ("search", "view", "edit", "run_tests", "submit")
 VIEW_MAX_LINES = 80
@@ -65,6 +67,9 @@ SEARCH_MAX_BYTES = 1 << 20  # files larger than 1 MiB are not searched (data, no
 SEARCH_MAX_PROGRAM = 2_000
 SEARCH_SCAN_UNITS = 32_000_000
 OBS_MAX_CHARS = 2500
+TOOL_ERROR_MAX_CHARS = 300  # of an unexpected exception's text in an observation: the type and a path fit
+
+log = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = """You fix bugs in a Python repository by calling tools. Reply with one or more tool calls, each as
 <tool_call>{"name": TOOL, "arguments": {...}}</tool_call>
@@ -304,7 +309,9 @@ class SweEnv:
         """Run the tool calls of one policy reply; returns the observation text (one block per call).
 
         Ends the episode (``self.done``) on submit, when the tool budget would be exceeded, at
-        ``max_turns`` replies, or past ``per_episode_timeout_s``.
+        ``max_turns`` replies, or past ``per_episode_timeout_s``. A tool call that fails (a :class:`ToolError`,
+        or any other ``Exception`` from a tool, which is logged) gives an ``[error] ...`` block: the episode
+        goes on.
 
         Raises:
             RuntimeError: the episode is already done.
@@ -336,6 +343,11 @@ class SweEnv:
             except ToolError as exc:
                 st.invalid_calls += 1
                 out = f"[error] {exc}"
+            except Exception as exc:  # a tool's bug or an input no check foresaw must not end the training run
+                log.warning("SWE tool %s failed on task %s; the episode goes on", call.name, self.task.instance_id,
+                            exc_info=True)
+                out = (f"[error] {call.name} failed ({type(exc).__name__}: {str(exc)[:TOOL_ERROR_MAX_CHARS]}); "
+                       "check the arguments and try another call")
             parts.append(f"[{call.name}] {out}" if not out.startswith("[error]") else out)
             if self.done:
                 break
@@ -360,7 +372,11 @@ class SweEnv:
             os.close(fd)
 
     def _relpath(self, path: str) -> str:
-        """``path`` as a normalised repo-relative path (``""`` = the root); ToolError if absolute or up."""
+        """``path`` as a normalised repo-relative path (``""`` = the root); ToolError if absolute, up, or holding a
+        control character (NUL, newline, ESC...: no repo file has one, and NUL made ``os`` raise ``ValueError``)."""
+        if has_controls(path):
+            raise ToolError(f"path {path[:200]!r} holds a control character; give a plain path relative to the "
+                            "repository root, such as pkg/mod.py")
         raw = path.strip() or "."
         if raw.startswith(("/", "~")):
             raise ToolError(f"path {path!r} is absolute; use a path relative to the repository root ./")
@@ -379,6 +395,8 @@ class SweEnv:
                             "(one could point outside the repository)") from None
         except (FileNotFoundError, NotADirectoryError):
             raise ToolError(f"no such file or folder {path!r}; use search to find files") from None
+        except OSError as exc:  # a name over 255 bytes (ENAMETOOLONG), a folder it cannot enter...
+            raise ToolError(f"cannot open {path[:200]!r}: {exc.strerror}; use search to find files") from None
         if stat.S_ISLNK(st.st_mode):
             raise ToolError(f"{path!r} is a symbolic link; the tools do not follow links (it could point outside "
                             "the repository)")
@@ -482,6 +500,9 @@ class SweEnv:
         targets = [a.tests] if isinstance(a.tests, str) else list(a.tests or self.task.test_files)
         with self._repo_fd() as fd:
             for t in targets:
+                if has_controls(t):
+                    raise ToolError(f"test {t[:200]!r} holds a control character; give test files or node ids "
+                                    "(file.py::test_name) as plain text")
                 if t.startswith("-"):
                     raise ToolError(f"test {t!r}: give test files or node ids (file.py::test_name), not options")
                 self._entry(fd, t.split("::")[0])
