@@ -1,0 +1,361 @@
+"""Security suite, SWE task sets: a task set made by someone else is hostile in every field (review 16).
+
+Each probe failed on the code before its fix (numbers measured there, on a loaded 2-core machine):
+
+- W-R16 (escape): ``bug.path`` ``../outside.py`` or an absolute path made ``apply_bug`` rewrite a host file outside
+  the extracted repo; a link in the repo was written through;
+- W2-R16 (tar bomb): the snapshot was unpacked with no cap: one 1 GiB zero file took 13.6 s, 1 GiB of disk and
+  2.08 GB of memory (``apply_bug`` read it whole); 100,000 empty files 12 s (the review's 6 GB file: 91.5 s,
+  6.39 GB); ``repo_digest`` read each file whole;
+- W3-R16 (crash): a tool-call path holding ``\\x00`` raised ``ValueError`` out of ``SweEnv.step`` (the episode and
+  the training run died), as did a 300-byte path component (``OSError`` ENAMETOOLONG);
+- T-R16 (terminal injection): ``evotrainer swe tasks`` printed task-set fields raw: ESC sequences reached the
+  terminal, and ``[/x]`` in a field was read as rich markup.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+
+from evotrainer.recipe import ToolUseSpec
+from evotrainer.rl_backend.swe.env import SweEnv, repo_digest
+from evotrainer.rl_backend.swe.tasks import (
+    SNAPSHOT_MAX_FILE_BYTES,
+    SNAPSHOT_MAX_FILES,
+    SNAPSHOT_MAX_STREAM_BYTES,
+    SNAPSHOT_MAX_TOTAL_BYTES,
+    BugSpec,
+    SweTaskError,
+    apply_bug,
+    load_taskset,
+    materialize,
+)
+from evotrainer.sandbox import fs as sfs
+from evotrainer.sandbox.base import SANDBOX_ENV
+
+CLEAN = b"A = 1\n"
+TEST = b"from m import A\n\n\ndef test_a():\n    assert A == 1\n"
+TASK = {"instance_id": "evil__000", "repo": "evil", "problem_statement": "fix it", "FAIL_TO_PASS": ["test_m.py::test_a"],
+        "snapshot": "evil.tar.gz", "bug": {"path": "m.py", "old": "A = 1", "new": "A = 2", "operator": "const"}}
+
+
+def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mode, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, 0o644, link
+    return info, data
+
+
+def tar_gz(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+    return gzip.compress(buf.getvalue(), compresslevel=1)
+
+
+def task_set(root: Path, members: list | None = None, raw: bytes | None = None, **fields) -> Path:
+    """A task set in ``root``: one task (``TASK`` updated with ``fields``) and its snapshot tarball."""
+    (root / "repos").mkdir(parents=True)
+    (root / "tasks.jsonl").write_text(json.dumps({**TASK, **fields}) + "\n")
+    if raw is None:
+        raw = tar_gz(members if members is not None else [member("m.py", CLEAN), member("test_m.py", TEST)])
+    (root / "repos" / "evil.tar.gz").write_bytes(raw)
+    return root
+
+
+def build(root: Path, dest: Path) -> Path:
+    return materialize(load_taskset(root)[0], dest, root)
+
+
+# --- W-R16: no path of a task set leaves its folder -------------------------------------------------------------
+@pytest.mark.parametrize("path, why", [
+    ("../outside.py", "goes up with '..'"),
+    ("pkg/../../outside.py", "goes up with '..'"),
+    ("ABSOLUTE", "is absolute"),
+    ("/etc/x", "is absolute"),
+    ("", "is empty"),
+    ("./.", "is empty"),
+    ("m\x00.py", "holds a control character"),
+    ("m\n.py", "holds a control character"),
+])
+def test_a_bug_path_outside_the_repo_is_refused_at_load(tmp_path, path, why):
+    victim = tmp_path / "outside.py"
+    victim.write_bytes(CLEAN)
+    path = str(victim) if path == "ABSOLUTE" else path
+    root = task_set(tmp_path / "ts", bug={"path": path, "old": "A = 1", "new": "PWNED = 1"})
+    with pytest.raises(SweTaskError) as err:
+        build(root, tmp_path / "repo")
+    assert "bug.path" in str(err.value) and why in str(err.value)
+    assert victim.read_bytes() == CLEAN  # the old code wrote "PWNED = 1" here
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("snapshot, why", [("../evil.tar.gz", "goes up with '..'"), ("/tmp/evil.tar.gz", "is absolute"),
+                                           ("repos\x1b[2J.tar.gz", "holds a control character")])
+def test_a_snapshot_name_outside_the_task_set_is_refused(tmp_path, snapshot, why):
+    with pytest.raises(SweTaskError) as err:
+        load_taskset(task_set(tmp_path / "ts", snapshot=snapshot))
+    assert "snapshot" in str(err.value) and why in str(err.value)
+
+
+def test_a_link_in_the_snapshot_is_refused_and_the_host_file_untouched(tmp_path):
+    host = tmp_path / "host_file"
+    host.write_bytes(CLEAN)
+    root = task_set(tmp_path / "ts", members=[member("pkg", kind=tarfile.DIRTYPE),
+                                              member("pkg/mod.py", kind=tarfile.SYMTYPE, link=str(host))],
+                    bug={"path": "pkg/mod.py", "old": "A = 1", "new": "PWNED = 1"})
+    with pytest.raises(SweTaskError, match=r"member 'pkg/mod.py' is not a regular file or a folder \(tar type b'2'"):
+        build(root, tmp_path / "repo")
+    assert host.read_bytes() == CLEAN
+    assert os.listdir(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize("link_at", ["pkg/mod.py", "pkg"])
+def test_apply_bug_follows_no_link_in_the_repo(tmp_path, link_at):
+    """A link planted in the repo (a file link, or a folder link on the way) is never written through."""
+    hostdir = tmp_path / "host"
+    hostdir.mkdir()
+    (hostdir / "mod.py").write_bytes(CLEAN)
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True) if link_at != "pkg" else repo.mkdir()
+    (repo / link_at).symlink_to(hostdir / "mod.py" if link_at.endswith(".py") else hostdir)
+    with pytest.raises(SweTaskError, match=r"bug.path='pkg/mod.py': .*links are not followed"):
+        apply_bug(repo, BugSpec(path="pkg/mod.py", old="A = 1", new="PWNED = 1"))
+    assert (hostdir / "mod.py").read_bytes() == CLEAN  # the old code wrote "PWNED = 1" through the link
+
+
+def test_apply_bug_still_edits_a_plain_file(tmp_path):
+    root = task_set(tmp_path / "ts", members=[member("./", kind=tarfile.DIRTYPE), member("pkg", kind=tarfile.DIRTYPE),
+                                              member("pkg/m.py", b"X = 0\r\nA = 1\r\n")],
+                    bug={"path": "./pkg/m.py", "old": "X = 0\nA = 1", "new": "X = 0\nA = 2"})
+    repo = build(root, tmp_path / "repo")
+    assert (repo / "pkg" / "m.py").read_bytes() == b"X = 0\nA = 2\n"  # universal newlines, as read_text() read it
+
+
+# --- W2-R16: snapshot caps ----------------------------------------------------------------------------------------
+def assert_nothing_written(repo: Path, t0: float, limit_s: float = 10.0) -> None:
+    assert os.listdir(repo) == []
+    assert time.monotonic() - t0 < limit_s
+
+
+def test_a_file_past_the_file_cap_is_refused_before_a_byte_is_written(tmp_path):
+    big = SNAPSHOT_MAX_FILE_BYTES + 1
+    root = task_set(tmp_path / "ts", members=[member("m.py", CLEAN), member("data.bin", bytes(big))])
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError) as err:
+        build(root, tmp_path / "repo")
+    assert str(err.value).startswith(f"evil__000: snapshot evil.tar.gz: member 'data.bin' is over "
+                                     f"SNAPSHOT_MAX_FILE_BYTES = 16 MiB ({big} bytes or more)")
+    assert_nothing_written(tmp_path / "repo", t0)  # not even m.py: the headers are checked in a first pass
+
+
+def test_a_header_claiming_a_huge_file_is_refused_from_the_header(tmp_path):
+    """One header says 6 GB (the review's bomb), followed by nothing: refused at the header, in well under a second."""
+    info = tarfile.TarInfo("bomb.py")
+    info.size = 6 << 30
+    raw = gzip.compress(info.tobuf(tarfile.PAX_FORMAT))
+    root = task_set(tmp_path / "ts", raw=raw)
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError, match=r"member 'bomb.py' is over SNAPSHOT_MAX_FILE_BYTES = 16 MiB \(6442450944 "):
+        build(root, tmp_path / "repo")
+    assert_nothing_written(tmp_path / "repo", t0, 2.0)
+
+
+def test_files_past_the_total_cap_are_refused(tmp_path):
+    each = SNAPSHOT_MAX_FILE_BYTES - 1
+    n = SNAPSHOT_MAX_TOTAL_BYTES // each + 1
+    root = task_set(tmp_path / "ts", members=[member(f"d{i}.bin", bytes(each)) for i in range(n)])
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError) as err:
+        build(root, tmp_path / "repo")
+    assert f"the files up to 'd{n - 1}.bin' are over SNAPSHOT_MAX_TOTAL_BYTES = 64 MiB ({n * each} bytes" in str(err.value)
+    assert_nothing_written(tmp_path / "repo", t0)
+
+
+def test_too_many_entries_are_refused(tmp_path):
+    members = [member(f"d{i // 1000}/f{i}.py") for i in range(SNAPSHOT_MAX_FILES + 1)]
+    root = task_set(tmp_path / "ts", members=members)
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError, match=r"more than SNAPSHOT_MAX_FILES = 20000 entries \(files and folders\)"):
+        build(root, tmp_path / "repo")
+    assert_nothing_written(tmp_path / "repo", t0)  # the old code made 100,000 files in 12 s
+
+
+def test_a_tar_stream_past_the_stream_cap_is_refused(tmp_path):
+    """A PAX header record of 130 MiB (no file at all): the tar stream itself is capped, however well it compresses."""
+    size = SNAPSHOT_MAX_STREAM_BYTES + (2 << 20)
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, size
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+    out = [comp.compress(info.tobuf(tarfile.USTAR_FORMAT))]
+    chunk = b"x" * (1 << 20)
+    out += [comp.compress(chunk) for _ in range(size >> 20)]
+    raw = b"".join([*out, comp.flush()])
+    root = task_set(tmp_path / "ts", raw=raw)
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError, match=r"the unpacked tar stream is over SNAPSHOT_MAX_STREAM_BYTES = 128 MiB"):
+        build(root, tmp_path / "repo")
+    assert_nothing_written(tmp_path / "repo", t0)
+
+
+def test_a_tarball_file_past_the_stream_cap_is_refused_unread(tmp_path):
+    root = task_set(tmp_path / "ts")
+    with open(root / "repos" / "evil.tar.gz", "ab") as f:
+        f.truncate(SNAPSHOT_MAX_STREAM_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(SweTaskError, match=rf"the tarball is {SNAPSHOT_MAX_STREAM_BYTES + 1} bytes, over "
+                                           r"SNAPSHOT_MAX_STREAM_BYTES = 128 MiB"):
+        build(root, tmp_path / "repo")
+
+
+@pytest.mark.parametrize("kind", [tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE,
+                                  tarfile.GNUTYPE_SPARSE])
+def test_only_regular_files_and_folders_are_unpacked(tmp_path, kind):
+    root = task_set(tmp_path / "ts", members=[member("m.py", CLEAN), member("x", kind=kind, link="m.py")])
+    with pytest.raises(SweTaskError, match=rf"member 'x' is not a regular file or a folder \(tar type {kind!r}"):
+        build(root, tmp_path / "repo")
+    assert os.listdir(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize("name, why", [("../x.py", "goes up with '..'"), ("/x.py", "is absolute"),
+                                       ("a\x1b[2J.py", "holds a control character")])
+def test_unsafe_member_names_are_refused(tmp_path, name, why):
+    root = task_set(tmp_path / "ts", members=[member(name, CLEAN)])
+    with pytest.raises(SweTaskError, match=rf"unsafe member name.*{why}"):
+        build(root, tmp_path / "repo")
+    assert not (tmp_path / "x.py").exists() and not Path("/x.py").exists()
+
+
+def test_a_name_given_twice_empties_the_half_built_repo(tmp_path):
+    """Caught while writing (second pass): what the first members wrote is removed before the error."""
+    root = task_set(tmp_path / "ts", members=[member("m.py", CLEAN), member("test_m.py", TEST), member("m.py", b"B")])
+    with pytest.raises(SweTaskError, match="a member's path runs through a file or is given twice"):
+        build(root, tmp_path / "repo")
+    assert os.listdir(tmp_path / "repo") == []
+
+
+def test_a_truncated_tarball_is_refused(tmp_path):
+    raw = tar_gz([member("m.py", CLEAN), member("big.py", bytes(100_000))])
+    root = task_set(tmp_path / "ts", raw=raw[: len(raw) // 2])
+    with pytest.raises(SweTaskError, match=r"evil__000: snapshot evil.tar.gz: not a readable .tar.gz"):
+        build(root, tmp_path / "repo")
+    assert os.listdir(tmp_path / "repo") == []
+
+
+def test_read_chunks_bounds_each_chunk_and_follows_no_link(tmp_path):
+    (tmp_path / "f").write_bytes(b"abcdefghij")
+    (tmp_path / "l").symlink_to(tmp_path / "f")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert list(sfs.read_chunks(fd, "f", chunk_bytes=4)) == [b"abcd", b"efgh", b"ij"]
+        assert list(sfs.read_chunks(fd, "f", max_bytes=6, chunk_bytes=4)) == [b"abcd", b"ef"]
+        with pytest.raises(sfs.UnsafePathError):
+            list(sfs.read_chunks(fd, "l"))
+        with pytest.raises(ValueError, match="chunk_bytes=0"):
+            list(sfs.read_chunks(fd, "f", chunk_bytes=0))
+    finally:
+        os.close(fd)
+
+
+def test_repo_digest_reads_in_bounded_chunks(tmp_path):
+    """The digest is unchanged (rel, NUL, content, NUL per file); a 48 MiB file no longer sits in memory whole."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_bytes(CLEAN)
+    with open(repo / "big.bin", "wb") as f:
+        f.truncate(48 << 20)
+    want = hashlib.sha256(b"a.py\0" + CLEAN + b"\0" + b"big.bin\0" + bytes(48 << 20) + b"\0").hexdigest()
+    tracemalloc.start()
+    try:
+        got = repo_digest(repo)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == want
+    assert peak < 8 << 20, peak  # the old code's peak held the whole 48 MiB file (twice)
+
+
+# --- W3-R16: a tool call never raises out of step() ---------------------------------------------------------------
+def call(name: str, **args) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+
+@pytest.fixture
+def env(tmp_path):
+    task = next(t for t in load_taskset() if t.repo == "cachetools")
+    e = SweEnv(task, tmp_path, ToolUseSpec(max_turns=20, tool_budget=40))
+    e.reset()
+    return e
+
+
+@pytest.mark.parametrize("name, args, want", [
+    ("view", {"path": "src\x00x"}, "[error] path 'src\\x00x' holds a control character"),
+    ("view", {"path": "a\nb"}, "[error] path 'a\\nb' holds a control character"),
+    ("search", {"pattern": "x", "path": "\x00"}, "[error] path '\\x00' holds a control character"),
+    ("edit", {"path": "a\x00", "old": "x", "new": "y"}, "[error] path 'a\\x00' holds a control character"),
+    ("run_tests", {"tests": ["t\x00.py"]}, "[error] test 't\\x00.py' holds a control character"),
+    ("view", {"path": "a" * 300}, "[error] cannot open 'aaaa"),
+])
+def test_a_bad_path_is_an_error_observation(env, name, args, want):
+    out = env.step(call(name, **args))  # the old code raised ValueError (NUL) or OSError (ENAMETOOLONG)
+    assert out.startswith(want), out
+    assert not env.done and env.stats.invalid_calls == 1
+    assert env.step(call("view", path="cachetools/keys.py", start=1, end=1)).startswith(
+        "[view] cachetools/keys.py lines 1-1")
+
+
+def test_an_unexpected_tool_exception_is_an_error_observation(env, monkeypatch, caplog):
+    """Any exception from a tool (here the sandbox misconfigured: SandboxError) leaves the episode going."""
+    monkeypatch.setenv(SANDBOX_ENV, "bogus")
+    out = env.step(call("run_tests"))
+    assert out.startswith("[error] run_tests failed (SandboxError: EVOTRAINER_SANDBOX='bogus': use auto, docker"), out
+    assert not env.done and env.stats.calls == 1
+    assert "SWE tool run_tests failed on task cachetools-5.5.0__" in caplog.text
+    assert env.step(call("submit")) == "[submit] submitted; the hidden tests will grade the repository"
+
+
+# --- T-R16: swe tasks shows, never obeys, terminal controls -------------------------------------------------------
+def swe_tasks(root: Path):
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    return CliRunner().invoke(app, ["swe", "tasks", "--taskset", str(root)])
+
+
+def test_swe_tasks_prints_no_escape_byte(tmp_path):
+    root = task_set(tmp_path / "ts", problem_statement="fix \x1b[2J\x1b]52;c;cHduZWQ=\x07 it",
+                    bug={"path": "m.py", "old": "A = 1", "new": "A = 2", "operator": "op\x1b[2J[/bold]"},
+                    meta={"line": "\x1b]0;title\x07"})
+    r = swe_tasks(root)
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output
+    assert "op\\x1b[2J[/bold]" in r.output  # shown, and not read as rich markup (the old code: MarkupError)
+    assert "m.py:\\x1b]0;title\\x07" in r.output
+
+
+@pytest.mark.parametrize("field", ["instance_id", "repo"])
+def test_a_non_printable_id_is_refused_at_load(tmp_path, field):
+    r = swe_tasks(task_set(tmp_path / "ts", **{field: "evil\x1b[2J"}))
+    assert r.exit_code == 1
+    assert "\x1b" not in r.output
+    assert f"{field}='evil\\x1b[2J' holds a control character (ESC, newline, NUL...); ids and names must be " \
+           "printable text" in r.output
+
+
+def test_the_shipped_set_still_loads_and_unpacks(tmp_path):
+    t = load_taskset()[0]
+    repo = materialize(t, tmp_path / "r")
+    assert t.bug.new in (repo / t.bug.path).read_text()
+    assert not any(stat.S_ISLNK(os.lstat(p).st_mode) for p in repo.rglob("*"))
