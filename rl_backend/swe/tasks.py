@@ -278,7 +278,7 @@ class _CappedReader:
     def __init__(self, raw: Any, cap: int, label: str):
         self.raw, self.cap, self.label, self.read_bytes = raw, cap, label, 0
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1, /) -> bytes:
         room = self.cap + 1 - self.read_bytes  # one byte past the cap tells "over" from "exactly at"
         data = self.raw.read(room if n is None or n < 0 else min(n, room))
         self.read_bytes += len(data)
@@ -286,6 +286,18 @@ class _CappedReader:
             raise SweTaskError(f"{self.label}: the unpacked tar stream is over SNAPSHOT_MAX_STREAM_BYTES = "
                                f"{self.cap >> 20} MiB (file data, headers and padding); {_SNAPSHOT_FIX}")
         return data
+
+    def tell(self) -> int:
+        return self.read_bytes
+
+    def write(self, b: bytes, /) -> int:
+        raise io.UnsupportedOperation("a snapshot stream is read-only")
+
+    def seek(self, pos: int, /) -> int:
+        raise io.UnsupportedOperation("a snapshot stream is read forward only")
+
+    def close(self) -> None:  # the caller closes the file under it
+        pass
 
 
 _SNAPSHOT_FIX = "a snapshot holds the source files of one project (scripts/gen_swe_tasks.py writes them)"
