@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 import typer
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.terminal import neutralise
 
 __all__ = ["DEBUG_ENV", "KNOWN_BASES", "debug_enabled", "error_line", "fail", "is_known", "known_errors", "report",
            "run", "set_debug"]
@@ -42,9 +43,10 @@ def debug_enabled() -> bool:
 
 
 def error_line(message: str) -> None:
-    """Print ``error: MESSAGE`` on stderr: one line, the text as given (no markup), ``error:`` in red on a
-    terminal only."""
-    typer.echo(f"{typer.style('error:', fg='red', bold=True)} {message}", err=True)
+    """Print ``error: MESSAGE`` on stderr: the text as given (no markup) but for terminal controls, shown as
+    ``\\xNN`` (:func:`evotrainer.terminal.neutralise`: a message often repeats a name from a foreign run folder,
+    a config or an MCP client), ``error:`` in red on a terminal only."""
+    typer.echo(f"{typer.style('error:', fg='red', bold=True)} {neutralise(message)}", err=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -137,6 +137,21 @@ def test_fail_prints_one_line_and_exits_with_the_code():
     assert cli_errors.run(app, ["--code", "4"]) == 4  # the console script's path: the code comes back
 
 
+def test_an_error_line_shows_terminal_controls_escaped():
+    """An error that repeats a hostile name (a version label, a key of a foreign run's file) prints its controls as
+    visible escapes: ESC [2J would clear the user's terminal, a bidi override reverse the line."""
+    app = typer.Typer()
+
+    @app.command()
+    def go() -> None:
+        cli_errors.fail("unknown version 'v1\x1b[2J\u202e' (see lineage show)")
+
+    res = CliRunner().invoke(app, [])
+    assert res.exit_code == 1
+    assert res.output == "error: unknown version 'v1\\x1b[2J\\u202e' (see lineage show)\n"
+    assert "\x1b" not in res.output
+
+
 def test_known_errors_are_the_loaded_subclasses():
     import evotrainer.recipe as recipe
 
