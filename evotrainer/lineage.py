@@ -1371,7 +1371,7 @@ class LineageStore:
                                    f"{COLUMN_MAX_CHARS:,} the store reads back; not written. Write a shorter {k}")
             args.append(value)
         sets.append("updated_at=?")
-        texts = {k: a for k, a in zip(fields, args, strict=True) if isinstance(a, str)}
+        texts: dict[str, str | None] = {k: a for k, a in zip(fields, args, strict=True) if isinstance(a, str)}
         args += [time.time(), version_id]
         with self.tx() as db:
             self._check_room(db, f"version {version_id}", texts, version_id)
