@@ -635,7 +635,7 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
         "final_avg_at_k": (final.eval_summary or {}).get("avg@k") if final else None,
         "best_version": best.id if best else None,
         "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
-        "decisions": len(ws.lineage.decisions()), "usage": usage or {},
+        "decisions": ws.lineage.count_decisions(), "usage": usage or {},
         "finished": bool(ws.lineage.kv_get("loop/finished")),
         "compute": ws.lineage.kv_get("loop/compute", expected=dict) or {},
         "compute_by_version": {v.id: version_compute(ws.lineage, v.id) for v in versions},
