@@ -345,7 +345,10 @@ def known_versions_text(wanted: str, ids: Sequence[str], total: int | None = Non
         return ", ".join(cut)
     key = str(wanted)[:VERSION_ID_SHOWN_CHARS]
     pool = cut if total is not None else _id_pool(key, cut)
-    close = difflib.get_close_matches(key, pool, n=VERSION_IDS_LISTED_MAX, cutoff=0.0)
+    # similarity of each id's start (10 characters past the id asked for): a long id that begins like it ranks above
+    # a short one that does not (the whole-id ratio ranked 'v0' above 'v1234-xxx...' for 'v1234-typo')
+    close = heapq.nlargest(VERSION_IDS_LISTED_MAX, dict.fromkeys(pool),
+                           key=lambda i: difflib.SequenceMatcher(None, key, i[:len(key) + 10]).ratio())
     return (f"{', '.join(close)} (the {len(close)} closest of {n:,}; MCP list_versions or `evotrainer lineage show "
             "--json` lists them all)")
 
