@@ -230,8 +230,8 @@ def register(app: typer.Typer) -> None:
         lin = ReportLineage(ws.lineage)  # one read of the versions for the report and the summary (E2-R16)
         path = write_report(ws, lin=lin)
         if as_json:
-            mode = ws.lineage.kv_get("loop/mode", "evotrainer", expected=str)
-            sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode)}, indent=2,
+            mode = lin.kv_get("loop/mode", "evotrainer", expected=str)
+            sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode, lineage=lin)}, indent=2,
                                         default=str) + "\n")
         else:
             console = output_console()

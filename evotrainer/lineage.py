@@ -1296,6 +1296,12 @@ class LineageStore:
         """All versions in creation order."""
         return [self._row_to_version(r) for r in self._version_rows(order="ORDER BY created_at, id")]
 
+    def version_stamps(self) -> dict[str, float]:
+        """``{version id: updated_at}`` of every version, from two columns in SQL: what a watcher of changes needs,
+        without reading (and validating) each version's recipe and interventions as :meth:`versions` does (review
+        16 E2-R16: a crafted store's versions took seconds to read, at every look)."""
+        return {r[0]: r[1] for r in self._q("SELECT id, updated_at FROM versions ORDER BY created_at, id")}
+
     def root(self) -> Version | None:
         """The root version, or None in an empty run."""
         rows = self._version_rows("parent_id IS NULL")

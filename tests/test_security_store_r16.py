@@ -238,3 +238,15 @@ def test_a_version_being_trained_is_left_training(tmp_path):
         ws.lineage.log_metrics("v1", 0, {"loss": 1.0})  # a step trained: resumable, not stale
     with Workspace.open(run) as ws:
         assert ws.lineage.get("v1").status == "training"
+
+
+def test_the_mcp_change_watcher_reads_version_stamps_not_whole_versions(tmp_path):
+    """Review 16 E2-R16 (servers): the change watcher's fingerprint read and validated every version at each look
+    (8.3 s a look on the crafted store of 280 versions x 1,000 interventions); version_stamps() is two columns."""
+    _crafted(tmp_path / "run", 3, 2)
+    with Workspace.open(tmp_path / "run") as ws:
+        seen = _versions_reads(ws)
+        stamps = ws.lineage.version_stamps()
+        ws.lineage._db.set_trace_callback(None)
+        assert stamps == {v.id: v.updated_at for v in ws.lineage.versions()} and list(stamps) == ["v0", "v1", "v2", "v3"]
+    assert seen == ["SELECT id, updated_at FROM versions ORDER BY created_at, id"]
