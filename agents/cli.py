@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON at the end.")] = False,
     ) -> None:
         """Run the autonomous loop: train, diagnose, intervene, gate; then write the HTML report."""
-        from evotrainer.agents.report import answer_line, summary_table, write_report
+        from evotrainer.agents.report import ReportLineage, answer_line, summary_table, write_report
         from evotrainer.agents.runner import run_loop
         from evotrainer.config import load_run_config
         from evotrainer.terminal import output_console
@@ -137,13 +137,14 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             fail(str(exc))
         ws = Workspace.open(rd)
-        path = write_report(ws)
+        lin = ReportLineage(ws.lineage)  # one read of the versions for the report and the summary (E2-R16)
+        path = write_report(ws, lin=lin)
         summary["report"] = str(path)
         if as_json:
             sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         else:
-            console.print(summary_table(ws))
-            if line := answer_line(ws):
+            console.print(summary_table(ws, lin))
+            if line := answer_line(ws, lin):
                 console.print(line, highlight=False)
             c, final = summary.get("compute") or {}, summary.get("final") or {}
             if c:
@@ -214,26 +215,36 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write the run's self-contained HTML report (RUN/reports/report.html) and print a summary table."""
         from evotrainer.agents.loop import run_summary
-        from evotrainer.agents.report import answer_line, score_rows, summary_table, write_report
+        from evotrainer.agents.report import (
+            ReportLineage,
+            answer_line,
+            score_rows,
+            summary_table,
+            write_report,
+        )
+        from evotrainer.lineage import VERSION_IDS_LISTED_MAX
         from evotrainer.terminal import output_console
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)
-        path = write_report(ws)
+        lin = ReportLineage(ws.lineage)  # one read of the versions for the report and the summary (E2-R16)
+        path = write_report(ws, lin=lin)
         if as_json:
-            mode = ws.lineage.kv_get("loop/mode", "evotrainer", expected=str)
-            sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode)}, indent=2,
+            mode = lin.kv_get("loop/mode", "evotrainer", expected=str)
+            sys.stdout.write(json.dumps({"report": str(path), "summary": run_summary(ws, mode, lineage=lin)}, indent=2,
                                         default=str) + "\n")
         else:
             console = output_console()
-            if score_rows(ws):
-                console.print(summary_table(ws))
+            if score_rows(ws, lin):
+                console.print(summary_table(ws, lin))
             else:  # an imported foreign run or a fresh init: a header over no rows said nothing
-                ids = ", ".join(f"{v.id} ({v.status})" for v in ws.lineage.versions()) or "none"
+                vs = lin.versions()
+                ids = (", ".join(f"{v.id} ({v.status})" for v in vs[:VERSION_IDS_LISTED_MAX])
+                       + (f" and {len(vs) - VERSION_IDS_LISTED_MAX:,} more" if len(vs) > VERSION_IDS_LISTED_MAX else "")) or "none"
                 console.print(f"no score table: no version of {run_dir} has a dev (held-out) evaluation yet "
                               f"(versions: {ids}); `evotrainer eval VERSION --run {run_dir}` evaluates one that has "
                               "a checkpoint", highlight=False, soft_wrap=True)
-            if line := answer_line(ws):
+            if line := answer_line(ws, lin):
                 console.print(line, highlight=False)
             console.print(f"report: {path}")
         ws.close()

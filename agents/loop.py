@@ -606,7 +606,7 @@ def final_version(lineage: Any) -> tuple[str | None, str]:
     return (best, "best kept") if best else (None, "")
 
 
-def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None, lineage: Any = None) -> dict[str, Any]:
     """Headline numbers of a run from its lineage: per-version status / Avg@k (dev), the run's answer, best kept,
     the no-RL row, compute spent (``compute``: train / eval / test tokens, CPU-seconds, wall time; per version in
     ``compute_by_version``, :func:`version_compute`) and the final answer's test score (``final``:
@@ -618,13 +618,15 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
     (``final`` | ``frontier`` | ``best kept``) and its dev Avg@k ``final_avg_at_k``. ``best_version`` /
     ``best_avg_at_k`` are the kept version with the highest dev Avg@k (:func:`best_kept`), which can differ from
     it: the frontier follows each round's winner over its control, and the answer may be a control arm (never
-    "kept")."""
-    versions = ws.lineage.versions()
-    no_rl = ws.lineage.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl", expected=EVAL_SHAPE) or {}
-    best_id = best_kept(ws.lineage)
-    best = ws.lineage.get(best_id) if best_id else None
-    final_id, final_source = final_version(ws.lineage)
-    final = ws.lineage.get(final_id) if final_id else None
+    "kept"). ``lineage``: the store to read (None: ``ws.lineage``), e.g. the report's
+    :class:`~evotrainer.agents.report.ReportLineage`, which reads the versions once (review 16 E2-R16)."""
+    lin = ws.lineage if lineage is None else lineage
+    versions = lin.versions()
+    no_rl = lin.kv_get("loop/eval/" + (versions[0].id if versions else "v0") + "/no_rl", expected=EVAL_SHAPE) or {}
+    best_id = best_kept(lin)
+    best = lin.get(best_id) if best_id else None
+    final_id, final_source = final_version(lin)
+    final = lin.get(final_id) if final_id else None
     return {
         "run_dir": str(ws.root), "mode": mode, "n_versions": sum(1 for v in versions if not v.is_control),
         "n_controls": sum(1 for v in versions if v.is_control),
@@ -635,12 +637,12 @@ def run_summary(ws: Workspace, mode: str, usage: dict[str, Any] | None = None) -
         "final_avg_at_k": (final.eval_summary or {}).get("avg@k") if final else None,
         "best_version": best.id if best else None,
         "best_avg_at_k": best.eval_summary["avg@k"] if best else None,
-        "decisions": len(ws.lineage.decisions()), "usage": usage or {},
-        "finished": bool(ws.lineage.kv_get("loop/finished")),
-        "compute": ws.lineage.kv_get("loop/compute", expected=dict) or {},
-        "compute_by_version": {v.id: version_compute(ws.lineage, v.id) for v in versions},
-        "no_rl_compute": eval_compute(ws.lineage, versions[0].id, no_rl=True) if no_rl else {},
-        "final": ws.lineage.kv_get("loop/final", expected=FINAL_SHAPE) or {},
+        "decisions": lin.count_decisions(), "usage": usage or {},
+        "finished": bool(lin.kv_get("loop/finished")),
+        "compute": lin.kv_get("loop/compute", expected=dict) or {},
+        "compute_by_version": {v.id: version_compute(lin, v.id) for v in versions},
+        "no_rl_compute": eval_compute(lin, versions[0].id, no_rl=True) if no_rl else {},
+        "final": lin.kv_get("loop/final", expected=FINAL_SHAPE) or {},
     }
 
 

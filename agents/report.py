@@ -53,7 +53,8 @@ from evotrainer.agents.loop import (
 )
 from evotrainer.harness.plots import MAX_COMPONENTS, PLOT_MAX, plain
 from evotrainer.harness.stats import compare_versions
-from evotrainer.lineage import NUM, Version
+from evotrainer.lineage import DESCRIBE_INTERVENTIONS_MAX, NUM, LineageStore, Version, capped_findings
+from evotrainer.recipe import diff_recipes
 from evotrainer.workspace import Workspace, folder_inside, replace_file
 
 # the shapes of the run-level values read here besides loop.py's (LineageStore.kv_get; review 10 V-R10)
@@ -69,6 +70,15 @@ PLOTS: list[tuple[str, str]] = [
     (M.COMPLETIONS_CLIPPED_RATIO, "truncated fraction"),
 ]
 """Curve panels after correctness and the reward panels: (metric, title)."""
+REPORT_KV_MAX_CHARS = 16 << 20
+"""Characters of run-level (kv) values one report reads in all (16 MiB): a run's own records are KBs a version (its
+evaluations, gate, diagnosis) and the loop's a few MB at the most; a value that would cross the budget is left out
+and the report says so. Review 16 B2-R16: a crafted store whose versions each held ~4 MiB findings records made the
+report 13.7 s, 984 MB and a 198 MiB HTML file."""
+REPORT_FINDINGS_MAX = 50
+"""Findings the report lists a version (the most severe first; "Left out: N" for the rest): the analyzers raise a
+handful; review 16 B2-R16's crafted store held thousands a version."""
+FINDING_TEXT_CHARS = 600  # characters of a finding's explanation in the findings table (kind and evidence: 200)
 N_SAMPLES = 6  # dev problems in the sample table
 SAMPLE_CHARS = 600  # a completion is cut to this many characters in the sample table (prompt: half)
 CSS = """
@@ -87,6 +97,103 @@ ul.tree{list-style:none;padding-left:18px;border-left:1px dashed #ccc} ul.tree l
 pre.comp{white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;max-width:460px}
 td.ok{background:#eaf7ee} td.bad{background:#fdf0f0} .prompt{font-size:12px;color:#444;max-width:300px}
 """
+class ReportLineage:
+    """The lineage store as one report reads it (review 16, E2-R16 / B2-R16).
+
+    The versions are read once (:meth:`LineageStore.versions`; a crafted store's versions can take seconds to
+    read, and the report read them ~10 times); each run-level (kv) value is read at most once, and all of them
+    under :data:`REPORT_KV_MAX_CHARS` characters together, each value's size asked of SQL first
+    (:meth:`LineageStore.kv_size`): a value that would cross the budget is not read, reads as unset, and is listed
+    in :attr:`left_out` (key -> characters) for the report to say so. The loop's readers
+    (:func:`~evotrainer.agents.loop.final_version`, ``version_compute`` ...) take it in place of the store; every
+    other read goes to the store unchanged.
+    """
+
+    def __init__(self, store: LineageStore, kv_budget: int = REPORT_KV_MAX_CHARS):
+        self.store = store
+        self._versions = store.versions()
+        self.by_id = {v.id: v for v in self._versions}
+        self.kv_budget = kv_budget
+        self.kv_chars = 0  # characters of kv values read so far
+        self.left_out: dict[str, int] = {}  # kv key (a prefix read ends in '*') -> its characters, not read
+        self._kv: dict[str, Any] = {}  # key -> value read (_UNSET: none, or left out)
+        self._index: Any = None
+
+    def __getattr__(self, name: str) -> Any:  # metric series, eval matrices, decisions ...: the store's own reads
+        return getattr(self.store, name)
+
+    def versions(self) -> list[Version]:
+        """Every version in creation order, as read when this view was made."""
+        return list(self._versions)
+
+    def root(self) -> Version | None:
+        """The root version, None in an empty run."""
+        return next((v for v in self._versions if v.parent_id is None), None)
+
+    def get(self, version_id: str) -> Version:
+        """One version (the store's error for an unknown id)."""
+        v = self.by_id.get(version_id)
+        return v if v is not None else self.store.get(version_id)
+
+    def lineage_index(self) -> Any:
+        """The store's :class:`~evotrainer.lineage.LineageIndex`, made once."""
+        if self._index is None:
+            self._index = self.store.lineage_index()
+        return self._index
+
+    def path_to_root(self, version_id: str) -> list[Version]:
+        """``[version, parent, ..., root]`` from the versions read."""
+        return [self.get(i) for i in self.lineage_index().ancestors(version_id)]
+
+    def diff(self, a: str, b: str) -> list[tuple[str, Any, Any]]:
+        """Recipe paths that differ between two versions (:meth:`LineageStore.diff`)."""
+        return diff_recipes(self.get(a).recipe, self.get(b).recipe)
+
+    def kv_get(self, key: str, default: Any = None, expected: Any = None, required: tuple[str, ...] = (),
+               fix: str | None = None) -> Any:
+        """:meth:`LineageStore.kv_get` within the budget: ``default`` for a key unset or left out.
+
+        Raises:
+            LineageError: as :meth:`LineageStore.kv_get` (a value not JSON, or not of the ``expected`` shape).
+        """
+        if key not in self._kv:
+            size = self.store.kv_size(key)
+            if size is None:
+                self._kv[key] = _UNSET
+            elif self.kv_chars + size > self.kv_budget:
+                self.left_out[key] = size
+                self._kv[key] = _UNSET
+            else:
+                self.kv_chars += size
+                self._kv[key] = self.store.kv_get(key, _UNSET, fix=fix)
+        value = self._kv[key]
+        if value is _UNSET:
+            return default
+        return value if expected is None else self.store.kv_typed(key, value, expected, required, fix)
+
+    def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
+        """:meth:`LineageStore.kv_items` within the budget: every value under ``prefix``, or none (listed in
+        :attr:`left_out` as ``prefix*``) when they would cross it together."""
+        key = prefix + "*"
+        if key not in self._kv:
+            _, size = self.store.kv_items_size(prefix)
+            if self.kv_chars + size > self.kv_budget:
+                self.left_out[key] = size
+                self._kv[key] = []
+            else:
+                self.kv_chars += size
+                self._kv[key] = self.store.kv_items(prefix)
+        return list(self._kv[key])
+
+
+_UNSET = object()
+
+
+def _view(ws: Workspace, lin: ReportLineage | None) -> ReportLineage:
+    """``lin``, or a new :class:`ReportLineage` of ``ws`` (one per report: pass it down)."""
+    return lin if lin is not None else ReportLineage(ws.lineage)
+
+
 def bootstrap_ci(matrix: dict[str, list[float]], n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
     """95% percentile bootstrap CI of Avg@k over problems (per-problem mean correctness); None if empty."""
     if not matrix:
@@ -129,10 +236,11 @@ def role(v: Version) -> str:
     return "control" if v.is_control else "merge" if len(v.interventions) > 1 else "branch"
 
 
-def score_rows(ws: Workspace) -> list[dict[str, Any]]:
+def score_rows(ws: Workspace, lin: ReportLineage | None = None) -> list[dict[str, Any]]:
     """Rows of the score table: the no-RL row (role ``baseline``), then each evaluated version, control arms
-    included (role, status, Avg@k, 95% CI, pass@k, k, both gains)."""
-    lin = ws.lineage
+    included (role, status, Avg@k, 95% CI, pass@k, k, both gains). ``lin``: the report's view of the store
+    (:class:`ReportLineage`; None: a new one)."""
+    lin = _view(ws, lin)
     versions = lin.versions()
     rows = []
     if versions:
@@ -173,10 +281,10 @@ def _is_real(gain: dict[str, Any] | None) -> bool | None:
     return ci[0] > 0 if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
 
 
-def _paired_gain(ws: Workspace, base: tuple[str, str], mine: tuple[str, str], label: str) -> dict[str, Any] | None:
+def _paired_gain(lin: ReportLineage, base: tuple[str, str], mine: tuple[str, str], label: str) -> dict[str, Any] | None:
     """Paired bootstrap gain of ``mine`` over ``base`` (each ``(version, eval name)``) on their common problems, as a
     gain record ``{version, gain, ci, n_problems}``; None when fewer than 2 problems are shared."""
-    a, b = ws.lineage.eval_matrix(*base), ws.lineage.eval_matrix(*mine)
+    a, b = lin.eval_matrix(*base), lin.eval_matrix(*mine)
     try:
         c = compare_versions(a, b, n_resamples=2000)
     except ValueError:
@@ -184,11 +292,11 @@ def _paired_gain(ws: Workspace, base: tuple[str, str], mine: tuple[str, str], la
     return {"version": label, "gain": c.gain, "ci": list(c.ci), "n_problems": c.n_problems}
 
 
-def _gate_gains(ws: Workspace, v: Version) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _gate_gains(lin: ReportLineage, v: Version) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(vs_parent, vs_control)`` of a version: its eval_summary's gain records, else its gate record's
     (kv ``loop/rgate/<v>``, ``loop/gate/<v>``)."""
     es = v.eval_summary or {}
-    g = ws.lineage.kv_get(f"loop/rgate/{v.id}", expected=dict) or ws.lineage.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
+    g = lin.kv_get(f"loop/rgate/{v.id}", expected=dict) or lin.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
     vs_parent = es.get("vs_parent")
     if vs_parent is None and v.parent_id and g.get("gain_vs_parent") is not None:
         vs_parent = {"version": v.parent_id, "gain": g["gain_vs_parent"], "ci": g.get("ci_vs_parent")}
@@ -206,7 +314,7 @@ def checkpoint_of(ws: Workspace, v: Version) -> str | None:
     return str(d) if d.is_dir() and any(d.iterdir()) else None
 
 
-def best_version(ws: Workspace) -> dict[str, Any]:
+def best_version(ws: Workspace, lin: ReportLineage | None = None) -> dict[str, Any]:
     """The run's answer and what says whether it is real; ``{}`` for a run without one yet.
 
     Keys: ``version``, ``source`` (``final``: chosen after the last decision; ``frontier``: the orchestrator's
@@ -214,25 +322,26 @@ def best_version(ws: Workspace) -> dict[str, Any]:
     ``k``, ``n_problems``), ``dev_ci``, ``vs_parent``, ``vs_control``, ``vs_no_rl`` (gain records: ``version``,
     ``gain``, ``ci``), ``checkpoint``, ``finished``; once the run has finished, ``test`` and ``no_rl_test`` (the
     final answer's test summary and the base model's) and ``test_vs_no_rl``. Before that no test outcome is read.
+    ``lin``: the report's view of the store (:class:`ReportLineage`; None: a new one).
     """
-    lin = ws.lineage
+    lin = _view(ws, lin)
     vid, source = final_version(lin)
     if vid is None:
         return {}
     v, root = lin.get(vid), lin.root()
     es = v.eval_summary or {}
     dev = lin.kv_get(f"loop/eval/{vid}/heldout", expected=EVAL_SHAPE) or (es if es.get("eval_name", "heldout") == "heldout" else {})
-    vs_parent, vs_control = _gate_gains(ws, v)
+    vs_parent, vs_control = _gate_gains(lin, v)
     finished = bool(lin.kv_get("loop/finished"))
     out: dict[str, Any] = {
         "version": vid, "source": source, "role": role(v), "status": v.status, "change": v.describe_change(),
         "dev": dev, "dev_ci": bootstrap_ci(lin.eval_matrix(vid, "heldout")), "vs_parent": vs_parent,
         "vs_control": vs_control, "checkpoint": checkpoint_of(ws, v), "finished": finished,
-        "vs_no_rl": _paired_gain(ws, (root.id, "no_rl"), (vid, "heldout"), "no-RL") if root else None}
+        "vs_no_rl": _paired_gain(lin, (root.id, "no_rl"), (vid, "heldout"), "no-RL") if root else None}
     final = (lin.kv_get("loop/final", expected=FINAL_SHAPE) or {}) if finished else {}  # the test split is sealed until the run ends
     if finished and final.get("version") == vid and root is not None:
         out["test"], out["no_rl_test"] = final.get("test") or {}, final.get("no_rl_test") or {}
-        out["test_vs_no_rl"] = _paired_gain(ws, (root.id, "no_rl_test"), (vid, "test"), "no-RL")
+        out["test_vs_no_rl"] = _paired_gain(lin, (root.id, "no_rl_test"), (vid, "test"), "no-RL")
     return out
 
 
@@ -241,15 +350,15 @@ _SOURCES = {"final": "the run's final answer, chosen after its last decision",
             "best kept": "the best kept version on dev so far"}
 
 
-def _best_block(ws: Workspace) -> str:
-    b = best_version(ws)
+def _best_block(ws: Workspace, lin: ReportLineage) -> str:
+    b = best_version(ws, lin)
     if not b:
         return ('<div id="best-version"><h2>Best version</h2><p class="muted">no version has been kept or chosen yet'
                 "</p></div>")
     vid, dev, k = b["version"], b["dev"], b["dev"].get("k", "k")
     ci = b["dev_ci"]
     dev_s = (f"<b>{_fmt(dev.get('avg@k'))}</b>" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
-             + f" <span class='muted'>95% CI, bootstrap over {_e(dev.get('n_problems') or len(ws.lineage.eval_matrix(vid)))}"
+             + f" <span class='muted'>95% CI, bootstrap over {_e(dev.get('n_problems') or len(lin.eval_matrix(vid)))}"
                " dev problems</span>") if dev.get("avg@k") is not None else "<span class='muted'>not evaluated</span>"
     control_missing = ("it is the round's control arm: continuing the parent's recipe was the decision"
                        if b["role"] == "control" else "no control arm in its round")
@@ -290,13 +399,14 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
+def recipe_rows(ws: Workspace, lin: ReportLineage | None = None) -> list[dict[str, Any]]:
     """Per version (the no-RL row first): parent, role, status, recipe changes against the root (``[(path,
     root value, value)]``), steps, lineage-global step range and what it spent (:func:`~evotrainer.agents.loop.
     version_compute`): train tokens, dev-eval tokens, train seconds (sum of ``perf/step_seconds``), train CPU-seconds
     (sum of ``perf/step_cpu_seconds``; None where the backend did not measure it), dev-eval seconds and CPU-seconds
-    (kv ``loop/eval_walls`` / ``loop/eval_cpu``). Test evaluations are left out."""
-    lin = ws.lineage
+    (kv ``loop/eval_walls`` / ``loop/eval_cpu``). Test evaluations are left out. ``lin``: the report's view of the
+    store (:class:`ReportLineage`; None: a new one)."""
+    lin = _view(ws, lin)
     versions = lin.versions()
     if not versions:
         return []
@@ -311,7 +421,7 @@ def recipe_rows(ws: Workspace) -> list[dict[str, Any]]:
         last = index.last_step(v.id)
         off = index.step_offset(v.id)
         rows.append({"version": v.id, "parent": v.parent_id, "role": role(v), "status": v.status,
-                     "changes": lin.diff(root.id, v.id), "steps": last + 1,
+                     "changes": diff_recipes(root.recipe, v.recipe), "steps": last + 1,
                      "global": (off, off + last) if last >= 0 else None, **version_compute(lin, v.id)})
     return rows
 
@@ -324,8 +434,8 @@ def _val(x: Any) -> str:
     return "unset" if x is None else json.dumps(x) if isinstance(x, (list, dict)) else str(x)
 
 
-def _recipe_table(ws: Workspace) -> str:
-    rows = recipe_rows(ws)
+def _recipe_table(ws: Workspace, lin: ReportLineage) -> str:
+    rows = recipe_rows(ws, lin)
     if not rows:
         return "<p class='muted'>empty lineage</p>"
     changed = sorted({p for r in rows for p, _, _ in r["changes"]})
@@ -356,9 +466,8 @@ def _recipe_table(ws: Workspace) -> str:
             "(all its threads; &ndash;: not measured by the backend). Run totals: Compute and test, below</p>")
 
 
-def _compute_and_test(ws: Workspace) -> str:
+def _compute_and_test(lin: ReportLineage) -> str:
     """Compute spent (tokens, CPU-seconds, wall) and, once the run has finished, the final answer's test score."""
-    lin = ws.lineage
     c = lin.kv_get("loop/compute", expected=dict) or {}
     finished = bool(lin.kv_get("loop/finished"))
     final = (lin.kv_get("loop/final", expected=FINAL_SHAPE) or {}) if finished else {}  # sealed until the run ends
@@ -391,13 +500,14 @@ def _eval_rollouts(ws: Workspace, vid: str, eval_name: str) -> dict[tuple[str, i
     return out
 
 
-def sample_rows(ws: Workspace, best: str, n: int = N_SAMPLES) -> tuple[str, list[dict[str, Any]]]:
+def sample_rows(ws: Workspace, best: str, n: int = N_SAMPLES,
+                lin: ReportLineage | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Dev completions of the base model beside ``best``'s on the same problems and sample index (the sample seeds
     are paired), one sample per problem: ``(label of the base side, rows)``; each row has ``problem_id``,
     ``sample_idx``, ``prompt``, ``answer``, ``base`` and ``best`` (rollout rows). The base side is the root's no-RL
     evaluation (the root's own dev evaluation when there is none). Problems where the two differ in correctness
-    come first, then by problem id."""
-    root = ws.lineage.root()
+    come first, then by problem id. ``lin``: the report's view of the store (None: the store)."""
+    root = (lin or ws.lineage).root()
     if root is None:
         return "", []
     base, label = _eval_rollouts(ws, root.id, "no_rl"), f"{root.id} no-RL (base model)"
@@ -422,11 +532,11 @@ def _cut(text: Any, n: int) -> str:
     return s if len(s) <= n else s[:n] + f" … [{len(s) - n} more characters]"
 
 
-def _samples(ws: Workspace) -> str:
-    best, _ = final_version(ws.lineage)
+def _samples(ws: Workspace, lin: ReportLineage) -> str:
+    best, _ = final_version(lin)
     if best is None:
         return "<p class='muted'>no best version yet</p>"
-    label, rows = sample_rows(ws, best)
+    label, rows = sample_rows(ws, best, lin=lin)
     if not rows:
         return "<p class='muted'>no evaluation rollouts of the best version and the base model on common problems</p>"
 
@@ -472,16 +582,16 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def lineage_curves(ws: Workspace) -> dict[str, dict[str, list[tuple[int, float]]]]:
+def lineage_curves(ws: Workspace, lin: ReportLineage | None = None) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{version: {metric: [(lineage-global step, value)]}}`` of every trained version.
 
     A version's own steps sit at ``LineageStore.step_offset(v) + step``; its curve is led by the last point of
     the version it trains from (``LineageStore.start_version``: the parent, or the nearest undamaged ancestor),
     so a child's curve starts at its parent's last global step and goes on from there, except where the metric
     means something else for the two (the total reward or a reward component under another definition).
-    Non-finite values are left out.
+    Non-finite values are left out. ``lin``: the report's view of the store (:class:`ReportLineage`; None: a new one).
     """
-    lin = ws.lineage
+    lin = _view(ws, lin)
     index = lin.lineage_index()  # every offset and start from one read of the parent links (review 8 M-R8)
     every = {v.id: v for v in lin.versions()}
     versions = [v for v in every.values() if index.last_step(v.id) >= 0]
@@ -534,13 +644,15 @@ def _groups(versions: list[Version], key: Any) -> list[list[Version]]:
     return list(groups.values())
 
 
-def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
+def curve_panels(ws: Workspace, lin: ReportLineage | None = None) -> list[tuple[str, str, list[str]]]:
     """The training-curve panels, ``(title, metric, versions)``: correctness (the verifier: one definition for all),
     the total reward once per reward definition (never overlaid across versions whose rewards differ), each reward
     component once per definition of its parameters (the first :data:`~evotrainer.harness.plots.MAX_COMPONENTS` by
-    name), then :data:`PLOTS`; only versions that logged the metric."""
-    lin = ws.lineage
-    versions = [v for v in lin.versions() if lin.last_step(v.id) >= 0]
+    name), then :data:`PLOTS`; only versions that logged the metric. ``lin``: the report's view of the store
+    (:class:`ReportLineage`; None: a new one)."""
+    lin = _view(ws, lin)
+    index = lin.lineage_index()
+    versions = [v for v in lin.versions() if index.last_step(v.id) >= 0]
     names = {v.id: set(lin.metric_names(v.id)) for v in versions}
 
     def having(metric: str, vs: list[Version]) -> list[str]:
@@ -561,7 +673,7 @@ def curve_panels(ws: Workspace) -> list[tuple[str, str, list[str]]]:
     return [p for p in panels if p[2]]
 
 
-def _metric_plots(ws: Workspace) -> str:
+def _metric_plots(ws: Workspace, lin: ReportLineage) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -569,12 +681,12 @@ def _metric_plots(ws: Workspace) -> str:
 
     # drawable values only: a stored 1e308 and -1e308 on one axis overflowed matplotlib's tick layout (ValueError)
     curves = {v: {n: [p for p in pts if abs(p[1]) <= PLOT_MAX] for n, pts in per.items()}
-              for v, per in lineage_curves(ws).items()}
-    panels = [(t, n, [v for v in vs if curves.get(v, {}).get(n)]) for t, n, vs in curve_panels(ws)]
+              for v, per in lineage_curves(ws, lin).items()}
+    panels = [(t, n, [v for v in vs if curves.get(v, {}).get(n)]) for t, n, vs in curve_panels(ws, lin)]
     panels = [p for p in panels if p[2]]
     if not panels:
         return "<p class='muted'>no training metrics logged yet</p>"
-    versions = {v.id: v for v in ws.lineage.versions()}
+    versions = lin.by_id
     color = {vid: f"C{i % 10}" for i, vid in enumerate(curves)}  # one colour per version in every panel
     cols = 3
     rows = (len(panels) + cols - 1) // cols
@@ -598,8 +710,7 @@ def _metric_plots(ws: Workspace) -> str:
     return _png(fig)
 
 
-def _global_steps(ws: Workspace) -> str:
-    lin = ws.lineage
+def _global_steps(lin: ReportLineage) -> str:
     index = lin.lineage_index()  # every offset and start from one read of the parent links (review 8 M-R8)
     rows = []
     for vid in index.ids():
@@ -620,9 +731,8 @@ def _global_steps(ws: Workspace) -> str:
             "<th>last global step</th></tr>" + "".join(rows) + "</table>")
 
 
-def _tree(ws: Workspace) -> str:
-    lin = ws.lineage
-    versions = {v.id: v for v in lin.versions()}
+def _tree(lin: ReportLineage) -> str:
+    versions = lin.by_id
     kids: dict[str | None, list[str]] = {}
     for v in versions.values():
         kids.setdefault(v.parent_id, []).append(v.id)
@@ -643,39 +753,54 @@ def _tree(ws: Workspace) -> str:
     return "<ul class='tree'>" + "".join(node(r) for r in roots) + "</ul>" if roots else "<p>empty lineage</p>"
 
 
-def _findings(ws: Workspace) -> str:
+def _findings(lin: ReportLineage) -> str:
+    """The findings table: at most :data:`REPORT_FINDINGS_MAX` a version, the most severe first, then a "Left out"
+    row; a finding's text cut (:data:`FINDING_TEXT_CHARS`)."""
     rows = []
-    for v in ws.lineage.versions():
-        d = ws.lineage.kv_get(f"loop/diagnose/{v.id}", expected=DIAGNOSE_SHAPE) or {}
-        items = d.get("findings") or v.findings or []
-        for f in items:
-            sev = f.get("severity", "")
-            rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(f.get('kind'))}</td><td class='{_e(sev)}'>{_e(sev)}</td>"
-                        f"<td class='finding'>{_e(f.get('explanation', ''))[:600]}</td>"
-                        f"<td class='muted'>{_e(', '.join(map(str, f.get('evidence', [])[:4])))}</td></tr>")
+    for v in lin.versions():
+        d = lin.kv_get(f"loop/diagnose/{v.id}", expected=DIAGNOSE_SHAPE) or {}
+        items = [f for f in (d.get("findings") or v.findings or []) if isinstance(f, dict)]
+        shown = capped_findings(items, REPORT_FINDINGS_MAX)
+        for f in shown:
+            sev = str(f.get("severity", ""))[:40]
+            evidence = f.get("evidence") if isinstance(f.get("evidence"), list) else []
+            rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(_cut(f.get('kind'), 200))}</td>"
+                        f"<td class='{_e(sev)}'>{_e(sev)}</td>"
+                        f"<td class='finding'>{_e(_cut(f.get('explanation', ''), FINDING_TEXT_CHARS))}</td>"
+                        f"<td class='muted'>{_e(', '.join(_cut(x, 200) for x in evidence[:4]))}</td></tr>")
+        if len(items) > len(shown):
+            rows.append(f"<tr><td>{_e(v.id)}</td><td colspan='4' class='muted'>Left out: {len(items) - len(shown):,} "
+                        f"more findings of this version (the report lists {REPORT_FINDINGS_MAX} a version, the most "
+                        "severe first; MCP get_version or `evotrainer diagnose` has them all)</td></tr>")
     if not rows:
         return "<p class='muted'>no findings recorded</p>"
     return ("<table><tr><th>version</th><th>kind</th><th>severity</th><th>explanation</th><th>evidence</th></tr>"
             + "".join(rows) + "</table>")
 
 
-def _interventions(ws: Workspace) -> str:
+def _interventions(lin: ReportLineage) -> str:
+    """One row per intervention tried, at most :data:`~evotrainer.lineage.DESCRIBE_INTERVENTIONS_MAX` a version (a
+    child has one, a merge two) and a row saying how many more."""
     rows = []
-    for v in ws.lineage.versions():
+    for v in lin.versions():
         if not v.interventions and not v.is_control:
             continue
-        gate = ws.lineage.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
+        gate = lin.kv_get(f"loop/gate/{v.id}", expected=dict) or {}
         es = v.eval_summary or {}
         vs_parent = es.get("vs_parent") or ({"gain": gate.get("gain"), "ci": gate.get("ci"), "version": v.parent_id}
                                             if gate.get("baseline_id", v.parent_id) == v.parent_id else None)
         vs_p, vs_c = gain_text(vs_parent), gain_text(es.get("vs_control"))
-        ivs = v.interventions or [None]
+        ivs = v.interventions[:DESCRIBE_INTERVENTIONS_MAX] or [None]
         for iv in ivs:
             change = iv.describe() if iv else v.describe_change()
             rows.append(f"<tr><td>{_e(v.id)}</td><td>{_e(v.parent_id)}</td><td><code>{_e(change)}</code></td>"
                         f"<td>{_e(iv.category if iv else 'control')}</td><td>{_e(iv.hypothesis if iv else v.note)[:300]}"
                         f"</td><td>{_e(iv.source if iv else 'loop')}</td>"
                         f"<td class='{_e(v.status)}'>{_e(v.status)}</td><td>{_e(vs_c)}</td><td>{_e(vs_p)}</td></tr>")
+        if len(v.interventions) > DESCRIBE_INTERVENTIONS_MAX:
+            rows.append(f"<tr><td>{_e(v.id)}</td><td colspan='8' class='muted'>and "
+                        f"{len(v.interventions) - DESCRIBE_INTERVENTIONS_MAX:,} more interventions of this version "
+                        "(MCP get_version lists them)</td></tr>")
     if not rows:
         return "<p class='muted'>no interventions tried</p>"
     return ("<table><tr><th>version</th><th>parent</th><th>change</th><th>category</th><th>hypothesis</th>"
@@ -683,14 +808,14 @@ def _interventions(ws: Workspace) -> str:
             + "".join(rows) + "</table>")
 
 
-def _analyzers(ws: Workspace) -> str:
+def _analyzers(lin: ReportLineage) -> str:
     """Harness evolution: rules searched and kept (with their numbers), drafts judged, inherited analyzers
     and how they did on this run's versions, and the branches a trusted analyzer would have stopped early."""
     searched, drafts, inherited, uses, stops, stopped = [], [], [], [], [], []
-    for key, items in ws.lineage.kv_items("loop/r"):
+    for key, items in lin.kv_items("loop/r"):
         if not key.endswith("/evolve"):
             continue
-        items = ws.lineage.kv_typed(key, items, EVOLVE_SHAPE)
+        items = lin.kv_typed(key, items, EVOLVE_SHAPE)
         rnd = key.split("/")[1]
         for a in items or []:
             t = a.get("type", "draft")
@@ -746,15 +871,15 @@ def _analyzers(ws: Workspace) -> str:
     return "".join(parts)
 
 
-def _skills(ws: Workspace) -> str:
+def _skills(lin: ReportLineage) -> str:
     used: dict[str, list[str]] = {}
-    for key, prop in ws.lineage.kv_items("loop/r"):
+    for key, prop in lin.kv_items("loop/r"):
         if key.endswith("/propose"):
-            prop = ws.lineage.kv_typed(key, prop, PROPOSE_SHAPE) or {}
+            prop = lin.kv_typed(key, prop, PROPOSE_SHAPE) or {}
             for sid in prop.get("skills_used", []):
                 used.setdefault(sid, []).append(f"proposed for {prop.get('parent_id')}")
-    for v in ws.lineage.versions():
-        for iv in v.interventions:
+    for v in lin.versions():
+        for iv in v.interventions[:DESCRIBE_INTERVENTIONS_MAX]:  # (E2-R16: a crafted version held 1,000)
             if iv.source.startswith("skill:"):
                 used.setdefault(iv.source.split(":", 1)[1], []).append(f"{v.id} ({v.status}): {iv.describe()}")
     if not used:
@@ -769,13 +894,17 @@ def _budget_text(budget: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in budget.items() if v is not None) or "-"
 
 
-def render_html(ws: Workspace) -> str:
-    """The report as one HTML string (see the module docstring)."""
-    lin = ws.lineage
+def render_html(ws: Workspace, lin: ReportLineage | None = None) -> str:
+    """The report as one HTML string (see the module docstring).
+
+    The store is read through one :class:`ReportLineage` (``lin``; None: a new one): the versions once, the kv values
+    under :data:`REPORT_KV_MAX_CHARS` together; what was left out (kv values past the budget, findings past
+    :data:`REPORT_FINDINGS_MAX` a version) is said at the top of the report."""
+    lin = _view(ws, lin)
     cfg = lin.kv_get("loop/config", expected=CONFIG_SHAPE) or {}
     mode = lin.kv_get("loop/mode", "evotrainer", expected=str)
     usage = lin.kv_get("loop/usage", expected=USAGE_SHAPE) or {}
-    rows = score_rows(ws)
+    rows = score_rows(ws, lin)
     score_tbl = "".join(
         f"<tr><td>{_e(r['name'])}</td><td>{_e(r['role'])}</td><td class='{_e(r['status'])}'>{_e(r['status'])}</td>"
         f"<td>{_fmt(r['avg'])}</td>"
@@ -798,31 +927,51 @@ def render_html(ws: Workspace) -> str:
                f"{_n(usage.get('turns', 0))} model turns, {_n(usage.get('input_tokens', 0))} input + "
                f"{_n(usage.get('output_tokens', 0))} output tokens, ${usage.get('cost_usd', 0):.4f}; "
                f"{_n(usage.get('fallbacks', 0))} fallbacks to the heuristic brain</p>")
+    sections = {"best": _best_block(ws, lin), "recipes": _recipe_table(ws, lin), "compute": _compute_and_test(lin),
+                "samples": _samples(ws, lin), "tree": _tree(lin), "steps": _global_steps(lin) + _metric_plots(ws, lin),
+                "findings": _findings(lin), "interventions": _interventions(lin), "analyzers": _analyzers(lin),
+                "skills": _skills(lin)}
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>EvoTrainer report: {_e(ws.root.name)}</title>
 <style>{CSS}</style></head><body>
-<h1>EvoTrainer run report</h1>{head}
-{_best_block(ws)}
+<h1>EvoTrainer run report</h1>{head}{_left_out(lin)}
+{sections["best"]}
 <h2 id="scores">Held-out (dev) scores</h2>
 <table id="score-table"><tr><th>version</th><th>role</th><th>status</th><th>Avg@k</th><th>95% CI (bootstrap over problems)</th><th>pass@k</th><th>k</th><th>gain vs control [95% CI]</th><th>gain vs parent [95% CI]</th></tr>{score_tbl}</table>
 {_score_plot(rows)}
-<h2 id="recipes">Recipe and compute per version</h2>{_recipe_table(ws)}
-<h2 id="compute">Compute and test</h2>{_compute_and_test(ws)}
-<h2 id="sample-completions">Sample completions: best version beside the base model</h2>{_samples(ws)}
-<h2 id="lineage">Lineage and decisions</h2>{_tree(ws)}
-<h2 id="global-steps">Training curves on the lineage-global step axis</h2>{_global_steps(ws)}{_metric_plots(ws)}
-<h2 id="findings">Findings</h2>{_findings(ws)}
-<h2 id="interventions">Interventions tried</h2>{_interventions(ws)}
-<h2 id="analyzers">Analyzers added</h2>{_analyzers(ws)}
-<h2 id="skills">Skills used</h2>{_skills(ws)}
+<h2 id="recipes">Recipe and compute per version</h2>{sections["recipes"]}
+<h2 id="compute">Compute and test</h2>{sections["compute"]}
+<h2 id="sample-completions">Sample completions: best version beside the base model</h2>{sections["samples"]}
+<h2 id="lineage">Lineage and decisions</h2>{sections["tree"]}
+<h2 id="global-steps">Training curves on the lineage-global step axis</h2>{sections["steps"]}
+<h2 id="findings">Findings</h2>{sections["findings"]}
+<h2 id="interventions">Interventions tried</h2>{sections["interventions"]}
+<h2 id="analyzers">Analyzers added</h2>{sections["analyzers"]}
+<h2 id="skills">Skills used</h2>{sections["skills"]}
 {use}
 <p class="muted">generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by evotrainer report</p>
 </body></html>"""
 
 
-def write_report(ws: Workspace, name: str = "report.html") -> Path:
-    """Write the report to ``RUN/reports/<name>``; returns its path."""
+def _left_out(lin: ReportLineage) -> str:
+    """The report's note of the run-level (kv) values it did not read (past :data:`REPORT_KV_MAX_CHARS`), "" when
+    it read them all."""
+    if not lin.left_out:
+        return ""
+    keys = sorted(lin.left_out)
+    shown = ", ".join(f"<code>{_e(_cut(k, 120))}</code> ({n:,})" for k, n in
+                      ((k, lin.left_out[k]) for k in keys[:10]))
+    more = f" and {len(keys) - 10:,} more" if len(keys) > 10 else ""
+    return (f"<p id='left-out' class='warn'>Left out of this report: {len(keys):,} run-level records of "
+            f"{sum(lin.left_out.values()):,} characters in all (characters in brackets), past the "
+            f"{REPORT_KV_MAX_CHARS:,} one report reads: {shown}{more}. The sections that use them show less (a crafted "
+            "or damaged run folder? EvoTrainer writes a few KB a version)</p>")
+
+
+def write_report(ws: Workspace, name: str = "report.html", lin: ReportLineage | None = None) -> Path:
+    """Write the report to ``RUN/reports/<name>``; returns its path. ``lin``: the report's view of the store
+    (:class:`ReportLineage`; None: a new one)."""
     out = folder_inside(ws.root, "reports") / name  # no link followed: the run folder may come from elsewhere
-    replace_file(out, render_html(ws).encode("utf-8"), root=ws.root)
+    replace_file(out, render_html(ws, lin).encode("utf-8"), root=ws.root)
     return out
 
 
@@ -846,12 +995,14 @@ def _finished_text(lin: Any) -> str:
     return f"finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))}" if ok else "finished"
 
 
-def answer_line(ws: Workspace) -> str:
+def answer_line(ws: Workspace, lin: ReportLineage | None = None) -> str:
     """One line for the terminal under :func:`summary_table`: the run's answer (the version the HTML report's
     best-version block and ``run_summary``'s ``final_version`` name), where it comes from, its dev Avg@k with CI,
     once the run has finished its test Avg@k beside the no-RL model's (what ``evotrainer run`` printed at its end),
-    the best kept version when that is another one, and its checkpoint; "" for a run without an answer yet."""
-    b = best_version(ws)
+    the best kept version when that is another one, and its checkpoint; "" for a run without an answer yet.
+    ``lin``: the report's view of the store (:class:`ReportLineage`; None: a new one)."""
+    lin = _view(ws, lin)
+    b = best_version(ws, lin)
     if not b:
         return ""
     dev, ci = b["dev"], b["dev_ci"]
@@ -863,7 +1014,7 @@ def answer_line(ws: Workspace) -> str:
         t, n = b["test"], b.get("no_rl_test") or {}
         parts.append(f"test Avg@{t.get('k', 'k')} {_fmt(t.get('avg@k'))} on {t.get('n_problems', '?')} problems"
                      + (f" (no-RL {_fmt(n['avg@k'])})" if n.get("avg@k") is not None else ""))
-    kept = best_kept(ws.lineage)
+    kept = best_kept(lin)
     if kept and kept != b["version"]:
         parts.append(f"best kept on dev: {kept}")
     if b["checkpoint"]:
@@ -871,17 +1022,17 @@ def answer_line(ws: Workspace) -> str:
     return "; ".join(parts)
 
 
-def summary_table(ws: Workspace) -> Any:
+def summary_table(ws: Workspace, lin: ReportLineage | None = None) -> Any:
     """A rich table for the terminal, readable at 80 columns: per version status, change, Avg@k with its CI and the
     gains over control and parent with theirs (the no-RL row first). A number and its CI are two lines of one
-    cell that never wrap; only the change folds."""
+    cell that never wrap; only the change folds. ``lin``: the report's view of the store (None: a new one)."""
     from rich import box
     from rich.table import Table
 
     t = Table(title=f"EvoTrainer run {ws.root.name}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     for c in ("version", "status", "change"):  # text folds over lines at 80 columns, never cut
         t.add_column(c, overflow="fold", ratio=1 if c == "change" else None, min_width=12 if c == "change" else None)
-    rows = score_rows(ws)
+    rows = score_rows(ws, lin)
     t.add_column("Avg@k\n[95% CI]", no_wrap=True, justify="right")  # "[0.250, 0.500]" never splits
     gains = [c for c in ("vs_control", "vs_parent") if any(r.get(c) for r in rows)]  # only where a gain exists
     for c in gains:

@@ -109,6 +109,10 @@ def _headline(v: Any) -> str:
     return "  ".join(parts)
 
 
+LINEAGE_SHOW_MAX_CHARS = 64_000
+"""Characters ``lineage show`` prints of its tree (a run of a few dozen versions is a few KB; the rest is said to be
+cut, with the commands that list it all). Review 16 E2-R16: a crafted store of 280 versions of 1,000 interventions
+each printed 34.7 MB in 37 s."""
 STATUS_STYLE = {"kept": "green", "pruned": "red", "reverted": "magenta", "failed": "red bold",
                 "training": "yellow", "trained": "cyan", "proposed": "dim", "merged": "blue"}
 
@@ -124,7 +128,8 @@ def lineage_show(
     from evotrainer.workspace import Workspace
 
     ws = Workspace.open(run_opt or run_dir)
-    tree = ws.lineage.tree()
+    all_versions = ws.lineage.versions()  # read once (E2-R16: a crafted store's versions take seconds to read)
+    tree = ws.lineage.tree(all_versions)
     if as_json:
         # the run's last 1,000 decisions, each cut as an MCP reply cuts it (review 15 A-R15: 4,000 decisions of ~1 MB
         # printed 318 MiB); decisions_omitted counts the earlier ones
@@ -135,21 +140,33 @@ def lineage_show(
     if not tree:
         console.print("empty lineage")
         return
-    versions = {v.id: v for v in ws.lineage.versions()}
+    versions = {v.id: v for v in all_versions}
+    room = [LINEAGE_SHOW_MAX_CHARS]  # characters of labels still to print (the tree's guides are a few more a line)
 
     def label(node: dict[str, Any]) -> Text:  # Text, never markup: values come from any MCP client
         v = versions[node["id"]]
         style = STATUS_STYLE.get(v.status, "")
         iv = v.describe_change()  # the report's words: a control arm reads "continue (control)", not "base"
-        return Text.assemble((v.id, "bold"), " ", (v.status, style), f" {neutralise(iv)}  {_headline(v)}")
+        text = Text.assemble((v.id, "bold"), " ", (v.status, style), f" {neutralise(iv)}  {_headline(v)}")
+        room[0] -= len(text.plain) + 8
+        return text
 
     def add(t: Tree, node: dict[str, Any]) -> None:
         for c in node["children"]:
+            if room[0] <= 0:
+                return
             add(t.add(label(c)), c)
 
     root = Tree(label(tree))
     add(root, tree)
-    console.print(root)
+    with console.capture() as captured:
+        console.print(root)
+    text = captured.get()
+    if len(text) > LINEAGE_SHOW_MAX_CHARS or room[0] <= 0:
+        text = text[:text.rfind("\n", 0, LINEAGE_SHOW_MAX_CHARS) + 1]  # whole lines
+        text += (f"... output cut at {LINEAGE_SHOW_MAX_CHARS:,} characters (the lineage has {len(versions):,} "
+                 "versions); `evotrainer lineage show --json` or the MCP tool list_versions lists them all\n")
+    sys.stdout.write(text)
 
 
 @lineage_app.command("diff")

@@ -45,14 +45,24 @@ def missing_tracker(*names: str) -> str | None:
             "from report_to")
 
 
+WALL_CLOCK_MINUTES_MAX = 525_600
+"""Largest ``budget.wall_clock_minutes``: one year (review 16, G-R16: inf and 1e308 were accepted; a deadline that
+far is no deadline, and 1e308 minutes in seconds overflows a float to inf)."""
+BRANCH_THREADS_MAX = 1024
+"""Largest ``branch_threads``: torch CPU threads of one branch; the largest machines have a few hundred cores (review
+16, G-R16: 10**9 was accepted and handed to ``torch.set_num_threads`` / Ray as CPUs)."""
+
+
 class Budget(BaseModel):
     """Limits of one autonomous run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float field is finite; an inf or NaN is refused naming the field (review 16, G-R16).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     max_versions: int = Field(6, ge=1, le=10_000, description="Versions trained, the base included (the evotrainer mode's control "
                               "arms, one per parent, are not counted: the token and wall-clock budgets pay for them).")
     steps_per_version: int = Field(8, ge=1, le=1_000_000, description="GRPO steps per version.")
-    wall_clock_minutes: float = Field(30.0, gt=0, description="Stop starting new work after this many minutes.")
+    wall_clock_minutes: float = Field(30.0, gt=0, le=WALL_CLOCK_MINUTES_MAX,
+                                      description="Stop starting new work after this many minutes (<= 525,600: a year).")
     branches_per_round: int = Field(2, ge=1, le=64, description="Children trained per round.")
     probe_steps: int = Field(0, ge=0, le=1_000_000, description=(
         "evotrainer mode: when > 0 and more candidates than branches_per_round are proposed, up to twice as many are "
@@ -78,7 +88,7 @@ class Budget(BaseModel):
 class RunConfig(BaseModel):
     """An autonomous run: where, how (mode, brain), how much (budget), from which recipe."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     run_dir: str = Field("runs/default", description="Run folder (workspace); relative to the current directory.")
     mode: Literal["evotrainer", "static", "recipe-search", "greedy", "pbt"] = Field(
         "evotrainer", description="evotrainer (harness + agents), static (base recipe only), recipe-search (Optuna "
@@ -97,8 +107,9 @@ class RunConfig(BaseModel):
                                                       "auto); empty: a local cluster started for the run.")
     max_parallel: int = Field(2, ge=1, le=1024, description="executor=ray: branches trained at the same time.")
     branch_threads: int | None = Field(
-        1, ge=1, description="executor=ray: torch CPU threads (and Ray CPUs) per branch. 1: on a loaded 2-core "
-                             "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
+        1, ge=1, le=BRANCH_THREADS_MAX,
+        description="executor=ray: torch CPU threads (and Ray CPUs) per branch (<= 1,024). 1: on a loaded 2-core "
+                    "machine two 1-thread branches beat one 2-thread branch (benchmarks/ray_round.py).")
     budget: Budget = Field(default_factory=Budget)
     early_stop: bool = Field(
         False, description="Harness evolution's mid-training early stop (agents.evolution.stop_plan): a branch whose "

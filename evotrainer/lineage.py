@@ -11,7 +11,9 @@ Schema migrations are named and ordered (:data:`MIGRATIONS`), applied once each,
 
 from __future__ import annotations
 
+import difflib
 import functools
+import heapq
 import itertools
 import json
 import os
@@ -19,7 +21,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -157,10 +159,16 @@ class Version(BaseModel):
         return self.role == CONTROL
 
     def describe_change(self) -> str:
-        """The change of this version in one line: its interventions, ``continue`` for a control, ``base``."""
+        """The change of this version in one line: its interventions, ``continue`` for a control, ``base``.
+
+        At most :data:`DESCRIBE_INTERVENTIONS_MAX` interventions are spelt out (each value cut to
+        :data:`~evotrainer.intervention.DESCRIBE_VALUE_CHARS` characters), then ``and N more``: a few KB whatever
+        the store holds."""
         if self.is_control:
             return "continue (control)"
-        return "; ".join(iv.describe() for iv in self.interventions) or "base"
+        shown = [iv.describe() for iv in self.interventions[:DESCRIBE_INTERVENTIONS_MAX]]
+        more = len(self.interventions) - len(shown)
+        return "; ".join(shown + ([f"and {more:,} more"] if more > 0 else [])) or "base"
 
     @property
     def intervention(self) -> Intervention | None:
@@ -251,6 +259,7 @@ def _brief(value: Any) -> str:
 
 
 _STORE_SERIALS = itertools.count(1)
+STALE_TRAINING_MAX = 1000  # versions LineageStore.stale_training names per open (a run trains a few at a time)
 BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock (sqlite3's busy handler)
 MAX_LINEAGE_DEPTH = 256  # versions on one path from the root (LineageStore._refuse_parent_cycles, branch)
 # The metric rows read: those log_metrics writes (an integer step, a number or NULL). SQLite keeps any type in any
@@ -281,6 +290,10 @@ INTERVENTIONS_MAX = 64
 """Interventions one version holds (a child has one, a merge two, ``propose_recipe`` a few)."""
 TREE_INTERVENTIONS_MAX = 20
 """Interventions one node of :meth:`LineageStore.tree` describes (review 14 E-R14: 2,000 a version, uncut)."""
+DESCRIBE_INTERVENTIONS_MAX = 5
+"""Interventions :meth:`Version.describe_change` spells out ("...; and N more" for the rest): a child has one, a merge
+two, ``propose_recipe`` a few. Review 16 E2-R16: a crafted store of 280 versions of 1,000 interventions each made
+``lineage show`` print every one (37 s, 707 MB, 34.7 MB of text on a loaded 2-core machine) and the report 89 s."""
 _SUMMARY_FIRST = ("steps", *M.ALL_STEP_METRICS)
 FINDINGS_MAX = 500
 """Findings a version keeps (:func:`capped_findings`): the analyzers raise a handful per version; review 12 G-R12's
@@ -304,6 +317,63 @@ EVIDENCE_MAX = 64
 """Evidence references one decision holds (metric series, rollout ids, finding ids, job ids)."""
 EVIDENCE_REF_MAX_CHARS = 1000
 """Characters of one evidence reference: an id or a series name, not a copy of the evidence."""
+
+
+VERSION_IDS_LISTED_MAX = 20
+"""Version ids an unknown-version error lists: every one up to this many, else the closest to the id asked for
+(review 16 J-R16: the error listed every id; 20,000 crafted ids of 1,000 characters made a 20 MB error line, and an
+MCP reply as long)."""
+VERSION_IDS_MATCHED_MAX = 1000
+"""Ids difflib compares with an unknown one (those nearest to it in length first): difflib's ratio costs the product
+of the two lengths, so the pool is bounded whatever the run holds."""
+VERSION_ID_SHOWN_CHARS = 80
+"""Characters of a version id an error shows (EvoTrainer's ids are ``v<n>``)."""
+
+
+def known_versions_text(wanted: str, ids: Sequence[str], total: int | None = None) -> str:
+    """The known-versions part of an unknown-version error: ``v0, v1, v2`` when there are at most
+    :data:`VERSION_IDS_LISTED_MAX`, else the :data:`VERSION_IDS_LISTED_MAX` closest to ``wanted`` (difflib, over at
+    most :data:`VERSION_IDS_MATCHED_MAX` ids of ``ids``) and how many there are; ``none`` for none. Each id cut to
+    :data:`VERSION_ID_SHOWN_CHARS` characters.
+
+    ``ids``: every id, or a pool of them (:func:`_id_pool`) when ``total`` (the number of versions) is given."""
+    n = len(ids) if total is None else total
+    if n == 0:
+        return "none"
+    cut = [str(i)[:VERSION_ID_SHOWN_CHARS] for i in ids]
+    if n <= VERSION_IDS_LISTED_MAX:
+        return ", ".join(cut)
+    key = str(wanted)[:VERSION_ID_SHOWN_CHARS]
+    pool = cut if total is not None else _id_pool(key, cut)
+    # similarity of each id's start (10 characters past the id asked for): a long id that begins like it ranks above
+    # a short one that does not (the whole-id ratio ranked 'v0' above 'v1234-xxx...' for 'v1234-typo')
+    close = heapq.nlargest(VERSION_IDS_LISTED_MAX, dict.fromkeys(pool),
+                           key=lambda i: difflib.SequenceMatcher(None, key, i[:len(key) + 10]).ratio())
+    return (f"{', '.join(close)} (the {len(close)} closest of {n:,}; MCP list_versions or `evotrainer lineage show "
+            "--json` lists them all)")
+
+
+def _id_prefix(key: str) -> str:
+    """The start an id close to ``key`` likely shares: its first half (``v12`` of ``v123x``)."""
+    return key[:max(1, len(key) // 2)]
+
+
+def _id_pool(key: str, ids: list[str]) -> list[str]:
+    """At most :data:`VERSION_IDS_MATCHED_MAX` of ``ids`` (cut) for difflib: those starting with
+    :func:`_id_prefix` (half the pool at most), then those nearest to ``key`` in length."""
+    half = VERSION_IDS_MATCHED_MAX // 2
+    prefix = _id_prefix(key)
+    pool = list(dict.fromkeys(itertools.islice((i for i in ids if i.startswith(prefix)), half)))
+    seen = set(pool)
+    pool += heapq.nsmallest(VERSION_IDS_MATCHED_MAX - len(pool), (i for i in ids if i not in seen),
+                            key=lambda i: abs(len(i) - len(key)))
+    return pool
+
+
+def unknown_version_error(wanted: str, ids: Sequence[str], total: int | None = None) -> LineageError:
+    """``version 'x' not found; known versions: ...`` (:func:`known_versions_text`)."""
+    return LineageError(f"version {str(wanted)[:VERSION_ID_SHOWN_CHARS]!r} not found; known versions: "
+                        f"{known_versions_text(wanted, ids, total)}")
 
 
 def check_evidence(evidence: list[str] | None) -> list[str]:
@@ -420,7 +490,8 @@ class LineageIndex:
     snapshot: build a new one to see later writes.
 
     Made by :meth:`LineageStore.lineage_index`. Every method raises :class:`LineageError` for a version that is not
-    in the lineage (the message lists the known ids), or that names a parent missing from it.
+    in the lineage (the message lists the known ids, or the 20 closest of many), or that names a parent missing from
+    it.
     """
 
     def __init__(self, store: LineageStore):
@@ -444,7 +515,7 @@ class LineageIndex:
             LineageError: no such version, or its parent is not in the lineage (a crafted or damaged file).
         """
         if version_id not in self._parent:
-            raise LineageError(f"version {version_id!r} not found; known versions: {', '.join(self._parent) or 'none'}")
+            raise unknown_version_error(version_id, list(self._parent))
         p = self._parent[version_id]
         if p is not None and p not in self._parent:
             raise LineageError(f"{self._store.path}: version {version_id!r} names parent {str(p)[:80]!r}, which is "
@@ -963,6 +1034,35 @@ class LineageStore:
                                "AND NOT EXISTS (SELECT 1 FROM metrics WHERE metrics.version_id = versions.id)", (jid,))
         return dead
 
+    _STALE_TRAINING_SQL = ("status='training' AND checkpoint IS NULL "
+                           "AND NOT EXISTS (SELECT 1 FROM metrics WHERE metrics.version_id = versions.id) "
+                           "AND id NOT IN (SELECT version_id FROM jobs WHERE status IN ('running', 'queued') "
+                           "AND version_id IS NOT NULL)")
+
+    def stale_training(self) -> list[str]:
+        """Versions in status ``training`` with nothing trained (no checkpoint, no metric row) and no running or
+        queued job: a training that died before its job row was written (or before its first step, with no job
+        row), or a crafted store. At most :data:`STALE_TRAINING_MAX`, oldest first. Whether one is really stale
+        depends on its locks (a live ``evotrainer train`` without a job row holds its version's lock): the caller
+        that knows them (:class:`~evotrainer.workspace.Workspace`) passes the free ones to
+        :meth:`reset_stale_training`. Run :meth:`recover_jobs` first (a dead job's row is still 'running' before)."""
+        return [r[0] for r in self._q(f"SELECT id FROM versions WHERE {self._STALE_TRAINING_SQL} "
+                                      "ORDER BY created_at, id LIMIT ?", (STALE_TRAINING_MAX,))]
+
+    def reset_stale_training(self, version_ids: list[str]) -> list[str]:
+        """Put back to ``proposed`` each of ``version_ids`` that is still stale (:meth:`stale_training`, checked again
+        in the same write) and return those. Review 16 D-R16: such a version stayed ``training`` for good (the D-R15
+        recovery of :meth:`recover_jobs` needs a job row)."""
+        if not version_ids:
+            return []
+        with self.tx() as db:
+            arg = json.dumps(list(version_ids))
+            done = [r[0] for r in db.execute(f"SELECT id FROM versions WHERE id IN (SELECT value FROM json_each(?)) AND "
+                                             f"{self._STALE_TRAINING_SQL}", (arg,)).fetchall()]
+            db.execute("UPDATE versions SET status='proposed', updated_at=? WHERE id IN (SELECT value FROM json_each(?))",
+                       (time.time(), json.dumps(done)))
+        return done
+
     def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
             if self._schema_pending:  # a read-only open found the file locked (_refuse_foreign_schema_unless_locked)
@@ -1165,17 +1265,42 @@ class LineageStore:
         """One version.
 
         Raises:
-            LineageError: no such version (the message lists the known ids).
+            LineageError: no such version (the message lists the known ids, or the 20 closest of many:
+                :func:`known_versions_text`).
         """
         rows = self._version_rows("id=?", (version_id,))
         if not rows:
-            known = ", ".join(r[0] for r in self._q("SELECT id FROM versions ORDER BY created_at")) or "none"
-            raise LineageError(f"version {version_id!r} not found; known versions: {known}")
+            raise self._unknown_version(version_id)
         return self._row_to_version(rows[0])
+
+    def _unknown_version(self, version_id: str) -> LineageError:
+        """The error for an id not in the lineage (:func:`unknown_version_error`), its pool read in SQL: every id (cut)
+        up to :data:`VERSION_IDS_LISTED_MAX`, else the :data:`VERSION_IDS_MATCHED_MAX` nearest in length."""
+        total = self._q("SELECT count(*) FROM versions")[0][0]
+        cut = VERSION_ID_SHOWN_CHARS
+        if total <= VERSION_IDS_LISTED_MAX:
+            pool = [r[0] for r in self._q(f"SELECT substr(id, 1, {cut}) FROM versions ORDER BY created_at, id")]
+        else:  # _id_pool's in SQL: ids sharing the first half of the one asked for, then those nearest in length
+            key = str(version_id)[:cut]
+            prefix = _id_prefix(key)
+            pool = [r[0] for r in self._q(
+                f"SELECT substr(id, 1, {cut}) FROM versions WHERE substr(id, 1, ?) = ? ORDER BY created_at, id LIMIT ?",
+                (len(prefix), prefix, VERSION_IDS_MATCHED_MAX // 2))]
+            pool += [r[0] for r in self._q(
+                f"SELECT substr(id, 1, {cut}) FROM versions WHERE substr(id, 1, ?) != ? "
+                f"ORDER BY abs(min(length(id), {cut}) - ?), created_at, id LIMIT ?",
+                (len(prefix), prefix, len(key), VERSION_IDS_MATCHED_MAX - len(pool)))]
+        return unknown_version_error(version_id, pool, total)
 
     def versions(self) -> list[Version]:
         """All versions in creation order."""
         return [self._row_to_version(r) for r in self._version_rows(order="ORDER BY created_at, id")]
+
+    def version_stamps(self) -> dict[str, float]:
+        """``{version id: updated_at}`` of every version, from two columns in SQL: what a watcher of changes needs,
+        without reading (and validating) each version's recipe and interventions as :meth:`versions` does (review
+        16 E2-R16: a crafted store's versions took seconds to read, at every look)."""
+        return {r[0]: r[1] for r in self._q("SELECT id, updated_at FROM versions ORDER BY created_at, id")}
 
     def root(self) -> Version | None:
         """The root version, or None in an empty run."""
@@ -1213,10 +1338,14 @@ class LineageStore:
         itself whose kind damages weights): a policy whose entropy collapsed or whose update diverged is
         no start point for a fix (the usual roll-back-to-the-last-good-checkpoint practice after a blow-up).
         """
-        ds = self.decisions(version_id)
-        if not ds or ds[-1].action not in ("prune", "revert"):
+        # the latest decision only, its action and kind read in SQL (review 16 A2-R16: every decision of the
+        # version was read whole, rationale and evidence included, to look at the last one)
+        r = self._q("SELECT action, damaged_weights FROM decisions WHERE version_id=? ORDER BY id DESC LIMIT 1",
+                    (version_id,))
+        if not r or r[0][0] not in ("prune", "revert"):
             return None
-        return ds[-1].damaged_weights
+        kind = r[0][1]
+        return kind if isinstance(kind, str) and kind else None
 
     def start_version(self, version_id: str) -> Version | None:
         """The version whose checkpoint ``version_id`` trains from; None for the base model.
@@ -1258,11 +1387,13 @@ class LineageStore:
 
         return [v for v in versions if v.status == "kept" and not has_kept_descendant(v.id)]
 
-    def tree(self) -> dict[str, Any]:
+    def tree(self, versions: list[Version] | None = None) -> dict[str, Any]:
         """Nested ``{id, status, intervention, eval_summary, children: [...]}`` from the root; each node describes at
         most :data:`TREE_INTERVENTIONS_MAX` interventions (``interventions_omitted``: the rest), each value cut to
-        :data:`~evotrainer.intervention.DESCRIBE_VALUE_CHARS` characters."""
-        versions = self.versions()
+        :data:`~evotrainer.intervention.DESCRIBE_VALUE_CHARS` characters. ``versions``: the caller's
+        :meth:`versions` already read (a crafted store's versions cost seconds to read: read them once); None reads
+        them."""
+        versions = self.versions() if versions is None else versions
         nodes: dict[str, dict[str, Any]] = {
             v.id: {"id": v.id, "parent_id": v.parent_id, "status": v.status,
                    "intervention": [iv.describe() for iv in v.interventions[:TREE_INTERVENTIONS_MAX]],
@@ -1371,7 +1502,7 @@ class LineageStore:
                                    f"{COLUMN_MAX_CHARS:,} the store reads back; not written. Write a shorter {k}")
             args.append(value)
         sets.append("updated_at=?")
-        texts = {k: a for k, a in zip(fields, args, strict=True) if isinstance(a, str)}
+        texts: dict[str, str | None] = {k: a for k, a in zip(fields, args, strict=True) if isinstance(a, str)}
         args += [time.time(), version_id]
         with self.tx() as db:
             self._check_room(db, f"version {version_id}", texts, version_id)
@@ -1433,6 +1564,12 @@ class LineageStore:
             sql, args = sql + " WHERE version_id=?", (version_id,)
         return [self._row_to_decision(r) for r in self._q(sql + " ORDER BY id", args)]
 
+    def count_decisions(self, version_id: str | None = None) -> int:
+        """How many decisions the run (or one version) has, counted in SQL: none is read (review 16 A2-R16: callers
+        that needed the number read every decision whole, each rationale up to 1 MiB)."""
+        where, args = ("WHERE version_id=?", (version_id,)) if version_id is not None else ("", ())
+        return int(self._q(f"SELECT count(*) FROM decisions {where}", args)[0][0])
+
     def decisions_brief(self, version_id: str | None = None, last: int = 50, rationale_chars: int = 4000,
                         refs: int = 20, ref_chars: int = 200) -> tuple[list[Decision], int]:
         """``(the last decisions, how many there are)``, oldest first, of one version (or of the run), each cut to
@@ -1445,7 +1582,7 @@ class LineageStore:
             LineageError: as :meth:`decisions`.
         """
         where, args = ("WHERE version_id=?", (version_id,)) if version_id is not None else ("", ())
-        total = self._q(f"SELECT count(*) FROM decisions {where}", args)[0][0]
+        total = self.count_decisions(version_id)
         rows = self._q(
             "SELECT id, version_id, action, substr(rationale, 1, ?) AS rationale, length(rationale) AS rationale_len, "
             "CASE WHEN length(evidence) <= ? THEN evidence ELSE '[]' END AS evidence, length(evidence) AS evidence_len, "
@@ -1813,6 +1950,18 @@ class LineageStore:
             db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, self._kv_encoded(key, new, fix)))
         return new
 
+    def kv_size(self, key: str) -> int | None:
+        """Characters of the JSON stored under ``key`` (SQL ``length()``: the value is not read), None when unset.
+        A reader with a budget asks this first (review 16 B2-R16: the report read every value whole)."""
+        r = self._q("SELECT length(value) FROM kv WHERE key=?", (key,))
+        return int(r[0][0] or 0) if r else None
+
+    def kv_items_size(self, prefix: str = "") -> tuple[int, int]:
+        """``(values, characters)`` stored under keys that start with ``prefix`` (literally), from SQL alone."""
+        total = self._q("SELECT count(*), sum(length(value)) FROM kv WHERE substr(key, 1, ?) = ?",
+                        (len(prefix), prefix))[0]
+        return int(total[0]), int(total[1] or 0)
+
     def kv_items(self, prefix: str = "") -> list[tuple[str, Any]]:
         """``[(key, value)]`` of every run-level value whose key starts with ``prefix`` (literally: ``_`` and
         ``%`` are no wildcards), in key order.
@@ -1821,9 +1970,8 @@ class LineageStore:
             LineageError: a stored value is not JSON or is longer than :data:`KV_VALUE_MAX_CHARS` (a crafted or
                 damaged file; :meth:`_kv_value`, :meth:`_kv_size_ok`).
         """
-        total = self._q("SELECT count(*), sum(length(value)) FROM kv WHERE substr(key, 1, ?) = ?",
-                        (len(prefix), prefix))[0]
-        if (total[1] or 0) > KV_ITEMS_MAX_CHARS:  # review 15 B-R15: 30 values of 4 MiB under one prefix, read whole
+        total = self.kv_items_size(prefix)
+        if total[1] > KV_ITEMS_MAX_CHARS:  # review 15 B-R15: 30 values of 4 MiB under one prefix, read whole
             raise LineageError(f"{self.path}: the {total[0]:,} kv values under {prefix[:200]!r} hold {total[1]:,} "
                                f"characters, past the {KV_ITEMS_MAX_CHARS:,} one read takes in (a crafted or damaged "
                                f"file); not read. {self.kv_fix(prefix + '%')}")

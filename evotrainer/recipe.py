@@ -65,12 +65,43 @@ accepted and every training of the run ended with "Overflow when unpacking long 
 a finite bound too (review 15 G-R15: eval.k = 2**70 ended its evaluation with the same overflow, generate_max_len =
 2**70 made a 1-step training run on past 48 s and 1.45 GB)."""
 
+# Finite upper bounds of the recipe's float fields (review 16, G-R16: inf and 1e308 were accepted, e.g. a tool timeout
+# of 1e308 s overflows ``threading.Event.wait`` ("timestamp out of range for platform time_t"), a temperature of 1e30
+# flattens sampling to noise). Each bound is far past any value a real recipe uses; NaN / inf are refused by
+# ``allow_inf_nan=False`` on every recipe model.
+TIMEOUT_MAX_S = 86_400
+"""Seconds a tool call or a tool-use episode may be allowed at most: one day (the seed SWE limits are 20 s / 180 s)."""
+TEMPERATURE_MAX = 10
+"""Largest sampling temperature (rollouts and evaluation): past ~2 sampling is already near uniform noise."""
+LEARNING_RATE_MAX = 1
+"""Largest AdamW learning rate: RL fine-tuning uses 1e-7..1e-4; 1 already destroys the weights in one step."""
+EPS_CLIP_HIGH_MAX = 10
+"""Largest Clip-Higher epsilon: DAPO uses 0.28; 10 lets the ratio grow 11x, i.e. clipping is already off."""
+INIT_KL_COEF_MAX = 100
+"""Largest KL coefficient beta: GRPO uses 1e-3..0.1; past 100 the KL term alone drives the update."""
+L2_MAX = 10
+"""Largest AdamW weight decay: 0..0.1 is usual; lr x l2 must stay a small shrink per step."""
+MAX_NORM_MAX = 1_000_000
+"""Largest gradient-clipping norm: 1.0 is usual; 1e6 is "no clipping" while keeping the value finite."""
+REWARD_WEIGHT_MAX = 1000
+"""Largest absolute weight of a reward component: components score in about [-1, 1]; weights are 0.1..10."""
+REWARD_RANGE_MAX = REWARD_WEIGHT_MAX * len(REWARD_COMPONENTS)
+"""Largest absolute bound of ``dynamic_filtering_range`` (a mean reward): every component at its largest weight."""
+REWARD_PARAM_MAX = 1000
+"""Largest float parameter of a reward component (``overlong.penalty_factor``, ``length_penalty.per_token``): the
+seed values are 1.0 and 0.001."""
+
+
 def _positive_int(v: Any) -> str | None:
     return None if v >= 1 else "need an integer >= 1"
 
 
 def _non_negative(v: Any) -> str | None:
     return None if v >= 0 else "need a value >= 0"
+
+
+def _penalty(v: Any) -> str | None:
+    return None if 0 <= v <= REWARD_PARAM_MAX else f"need a value in [0, {REWARD_PARAM_MAX:g}]"
 
 
 class FormatRegex:
@@ -124,8 +155,8 @@ REWARD_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "format": {"pattern": (str, _regex)},
     "format_token": {"token": (str, None)},
     "overlong": {"max_len": (int, _positive_int), "buffer_len": (int, _positive_int),
-                 "penalty_factor": (float, _non_negative)},
-    "length_penalty": {"target_len": (int, _non_negative), "per_token": (float, _non_negative)},
+                 "penalty_factor": (float, _penalty)},
+    "length_penalty": {"target_len": (int, _non_negative), "per_token": (float, _penalty)},
     "repetition": {"n": (int, _positive_int)},
     "swe_tests": {"mode": (str, _swe_mode)},
 }
@@ -189,7 +220,8 @@ class ModelSpec(_Strict):
 class RewardComponent(_Strict):
     """One named reward term; the total reward is the weighted sum of the components."""
 
-    weight: float = Field(1.0, description="Weight of this component in the total reward.")
+    weight: float = Field(1.0, ge=-REWARD_WEIGHT_MAX, le=REWARD_WEIGHT_MAX,
+                          description="Weight of this component in the total reward (within +-1,000).")
     params: dict[str, Any] = Field(default_factory=dict, description="Component parameters.")
 
 
@@ -241,15 +273,16 @@ class ToolUseSpec(_Strict):
 
     max_turns: int = Field(8, ge=1, le=1000, description="Maximum policy turns per episode.")
     tool_budget: int = Field(12, ge=1, le=10_000, description="Maximum tool calls per episode.")
-    per_call_timeout_s: float = Field(20.0, gt=0, description="Seconds allowed per tool call.")
-    per_episode_timeout_s: float = Field(180.0, gt=0, description="Seconds allowed per episode.")
+    per_call_timeout_s: float = Field(20.0, gt=0, le=TIMEOUT_MAX_S, description="Seconds allowed per tool call (<= 86,400).")
+    per_episode_timeout_s: float = Field(180.0, gt=0, le=TIMEOUT_MAX_S,
+                                         description="Seconds allowed per episode (<= 86,400).")
 
 
 class EvalSpec(_Strict):
     """Held-out evaluation."""
 
     k: int = Field(8, ge=1, le=1024, description="Samples per held-out problem (Avg@k, pass@k).")
-    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature at evaluation.")
+    temperature: float = Field(0.7, ge=0.0, le=TEMPERATURE_MAX, description="Sampling temperature at evaluation (<= 10).")
     max_problems: int | None = Field(None, ge=1, le=COUNT_MAX, description="Evaluate on at most this many problems.")
 
 
@@ -274,8 +307,10 @@ class Recipe(_Strict):
     )
     n_samples_per_prompt: int = Field(8, le=1024, description="Group size G (samples per prompt).")
     eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip ε_low (ratio ≥ 1-ε_low).")
-    eps_clip_high: float = Field(0.28, gt=0, description="Clip-Higher ε_high (DAPO, Yu et al. 2025).")
-    init_kl_coef: float = Field(1e-3, ge=0, description="KL coefficient β (0 disables KL and the reference model).")
+    eps_clip_high: float = Field(0.28, gt=0, le=EPS_CLIP_HIGH_MAX,
+                                 description="Clip-Higher ε_high (DAPO, Yu et al. 2025; <= 10).")
+    init_kl_coef: float = Field(1e-3, ge=0, le=INIT_KL_COEF_MAX,
+                                description="KL coefficient β (0 disables KL and the reference model; <= 100).")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman 2020).")
     use_kl_loss: bool = Field(True, description="KL as a loss term (GRPO) rather than in the reward.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
@@ -284,15 +319,15 @@ class Recipe(_Strict):
     max_epochs: int = Field(1, ge=1, le=100, description="PPO epochs over each rollout batch.")
 
     # --- optimiser ------------------------------------------------------------------------------
-    actor_learning_rate: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    actor_learning_rate: float = Field(1e-6, gt=0, le=LEARNING_RATE_MAX, description="AdamW learning rate (<= 1).")
     lr_warmup_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of steps of linear warm-up.")
-    l2: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    max_norm: float = Field(1.0, gt=0, description="Gradient clipping (L2 norm).")
+    l2: float = Field(0.0, ge=0, le=L2_MAX, description="AdamW weight decay (<= 10).")
+    max_norm: float = Field(1.0, gt=0, le=MAX_NORM_MAX, description="Gradient clipping (L2 norm; <= 1e6).")
     micro_train_batch_size: int = Field(8, ge=1, le=65_536, description="Sequences per forward/backward pass.")
 
     # --- rollout ----------------------------------------------------------------------------------
     rollout_batch_size: int = Field(4, ge=1, le=65_536, description="Prompts per training step.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts.")
+    temperature: float = Field(1.0, gt=0, le=TEMPERATURE_MAX, description="Sampling temperature of rollouts (<= 10).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
     generate_max_len: int = Field(64, ge=1, le=131_072, description="Max new tokens per completion.")
     prompt_max_len: int = Field(512, ge=8, le=1_048_576, description="Max prompt tokens (longer prompts are left-truncated).")
@@ -344,6 +379,9 @@ class Recipe(_Strict):
     def _dyn_range(cls, v: tuple[float, float]) -> tuple[float, float]:
         if not v[0] < v[1]:
             raise ValueError("need low < high, e.g. [0.0, 1.0]")
+        if not -REWARD_RANGE_MAX <= v[0] < v[1] <= REWARD_RANGE_MAX:
+            raise ValueError(f"need -{REWARD_RANGE_MAX:g} <= low < high <= {REWARD_RANGE_MAX:g} (a mean reward), "
+                             "e.g. [0.0, 1.0]")
         return v
 
     # --- convenience ------------------------------------------------------------------------------
@@ -431,7 +469,10 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
                          "write it as plain text")
         elif e["type"] in _BOUND_RULES:
             op, key = _BOUND_RULES[e["type"]]
-            lines.append(f"{path}={_shown(e.get('input'))}: {e['msg']}; set a value {op} {ctx.get(key)}")
+            bound = ctx.get(key)
+            if isinstance(bound, float) and bound.is_integer() and abs(bound) < 2**53:
+                bound = int(bound)  # a float field's bound as written (86400, not pydantic's 86400.0)
+            lines.append(f"{path}={_shown(e.get('input'))}: {e['msg']}; set a value {op} {bound}")
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):

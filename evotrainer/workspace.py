@@ -95,6 +95,46 @@ class Workspace:
             raise
         self._rollouts: RolloutStore | None = None
         self._log_lock = threading.Lock()
+        try:
+            self._recover_stale_training()
+        except BaseException:
+            self.close()
+            raise
+
+    def _recover_stale_training(self) -> list[str]:
+        """Put back to ``proposed`` the versions left ``training`` with nothing trained and no live job
+        (:meth:`LineageStore.stale_training`) that no one writes now: the run-wide writer lock is free (or ours) and
+        so is the version's own lock (or it is ours). A live ``evotrainer train`` without a job row holds those
+        locks, so its version is left alone. Review 16 D-R16: a crash between ``status='training'`` and the job row
+        (or a crafted store) left the version ``training`` for good. Returns the ids put back."""
+        stale = self.lineage.stale_training()
+        if not stale:
+            return []
+        run_wide = self.version is None and bool(self._locks)  # we hold .writer.lock exclusively
+        free = [vid for vid in stale if run_wide or self._nobody_writes(vid)]
+        done = self.lineage.reset_stale_training(free)
+        for vid in done:
+            self.log(f"{vid} was left 'training' with nothing trained and no live job or writer (a process that died "
+                     "before its first step); it is 'proposed' again", level="warning", version=vid, source="recovery")
+        return done
+
+    def _nobody_writes(self, version_id: str) -> bool:
+        """Whether no other handle writes ``version_id`` now: ``.writer.lock`` can be taken shared and
+        ``.locks/<version>.lock`` exclusively, each tried once and let go at once (ours count as free)."""
+        try:
+            locks = [] if self._locks else [_Flock(self.root, ".writer.lock", shared=True, timeout_s=0)]
+        except (BlockingIOError, WorkspaceError, OSError):
+            return False  # a run-wide writer (or a lock file we cannot use) is there
+        try:
+            if version_id != self.version and _VERSION_ID.fullmatch(version_id):
+                folder_inside(self.root, ".locks")
+                locks.append(_Flock(self.root, f".locks/{version_id}.lock", shared=False, timeout_s=0))
+            return True
+        except (BlockingIOError, WorkspaceError, OSError):
+            return False
+        finally:
+            for lock in locks:
+                lock.release()
 
     @classmethod
     def init(cls, root: str | Path, recipe: Any, note: str = "base recipe") -> Any:

@@ -144,13 +144,15 @@ def _gate_versions(path: Path, known: list[str], versions: list[str] | None, kep
     lineage (2 stays the gate's own code).
     """
     from evotrainer.cli import fail
+    from evotrainer.lineage import VERSION_ID_SHOWN_CHARS, known_versions_text
 
     if not (versions or kept or best):
         return None
     out = set(versions or [])
     unknown = sorted(out - set(known))
     if unknown:
-        fail(f"--version {unknown[0]}: not in {path}; known versions: {', '.join(known)}")
+        fail(f"--version {unknown[0][:VERSION_ID_SHOWN_CHARS]}: not in {path}; known versions: "
+             f"{known_versions_text(unknown[0], known)}")
     if kept or best:
         if not (path.is_dir() and (path / "lineage.db").exists()):
             fail(f"--kept / --best need an EvoTrainer run folder (lineage.db); {path} has no lineage: use --version")

@@ -223,3 +223,108 @@ def test_a_config_file_past_the_yaml_size_cap_is_refused_before_it_is_parsed(tmp
     assert time.monotonic() - t < 1
     assert str(e.value) == (f"{p}: 1,200,000 bytes, past the {YAML_MAX_BYTES:,} a recipe file may have (YAML reads at "
                             "~50 KB/s in Python); a config is a few KB: cut it down")
+
+
+def _float_fields(model, prefix=""):
+    """Dotted paths of every float field (a float, an optional float or a tuple of floats) under ``model``, with
+    the field; a ``dict[str, Section]`` (the reward) is walked through one key (``correctness``)."""
+    import typing
+
+    out = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = info.annotation
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            out += _float_fields(ann, f"{path}.")
+        elif typing.get_origin(ann) is dict and hasattr(args[-1], "model_fields"):
+            out += _float_fields(args[-1], f"{path}.correctness.")
+        elif ann is float or float in args:
+            out.append((path, info))
+    return out
+
+
+def _yaml_at(path, value):
+    """A run-config YAML text that sets the dotted ``path`` to the YAML ``value`` text."""
+    *parents, leaf = path.split(".")
+    text = f"{leaf}: {value}"
+    for p in reversed(parents):
+        text = f"{p}: {{{text}}}"
+    return text + "\n"
+
+
+def test_every_float_field_of_a_recipe_or_run_config_has_a_finite_bound(tmp_path):
+    """Review 16 G-R16: inf and 1e308 were valid in every float field without an upper bound (a tool timeout of
+    1e308 s overflows threading's wait, a temperature of 1e30 turns sampling to noise, wall_clock_minutes: .inf was
+    accepted). Every float field of RunConfig / Budget / Recipe and its sections now has a finite upper bound and
+    refuses 1e300, .inf and .nan naming the field."""
+    from evotrainer.config import RunConfig, load_run_config
+
+    fields = _float_fields(RunConfig)
+    paths = [p for p, _ in fields]
+    # the list is the whole set: a new float field is checked here too
+    assert paths == [
+        "budget.wall_clock_minutes", "budget.exploit_fraction", "recipe.model.lora.dropout",
+        "recipe.eps_clip_low", "recipe.eps_clip_high", "recipe.init_kl_coef", "recipe.actor_learning_rate",
+        "recipe.lr_warmup_ratio", "recipe.l2", "recipe.max_norm", "recipe.temperature", "recipe.top_p",
+        "recipe.dynamic_filtering_range", "recipe.group_filter_top_p", "recipe.reward.correctness.weight",
+        "recipe.data.difficulty_band", "recipe.tool_use.per_call_timeout_s", "recipe.tool_use.per_episode_timeout_s",
+        "recipe.eval.temperature"]
+    p = tmp_path / "c.yaml"
+    for path, info in fields:
+        tuple_field = "range" in path or "band" in path
+        if not tuple_field:  # a scalar: its bound is a pydantic le / lt
+            assert any(getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None
+                       for m in info.metadata), path
+        for value in ("1e300", ".inf", ".nan", "-.inf"):
+            p.write_text(_yaml_at(path, f"[0.0, {value}]" if tuple_field else value))
+            with pytest.raises(RecipeError) as e:
+                load_run_config(p)
+            assert str(e.value).startswith(f"config.{path}"), (path, value, str(e.value))
+    # the bounds the review asked for
+    lines = {
+        "recipe.tool_use.per_call_timeout_s": ("86401", "set a value <= 86400"),
+        "recipe.tool_use.per_episode_timeout_s": ("1e308", "set a value <= 86400"),
+        "recipe.temperature": ("1e30", "set a value <= 10"),
+        "recipe.eval.temperature": ("10.5", "set a value <= 10"),
+        "recipe.actor_learning_rate": ("2", "set a value <= 1"),
+        "recipe.eps_clip_high": ("11", "set a value <= 10"),
+        "recipe.init_kl_coef": ("101", "set a value <= 100"),
+        "recipe.l2": ("11", "set a value <= 10"),
+        "recipe.max_norm": ("2e6", "set a value <= 1000000"),
+        "recipe.reward.correctness.weight": ("-1001", "set a value >= -1000"),
+        "budget.wall_clock_minutes": ("525601", "set a value <= 525600"),
+        "branch_threads": ("1025", "set a value <= 1024"),
+    }
+    for path, (value, fix) in lines.items():
+        p.write_text(_yaml_at(path, value))
+        with pytest.raises(RecipeError) as e:
+            load_run_config(p)
+        assert str(e.value).startswith(f"config.{path}=") and str(e.value).endswith(fix), str(e.value)
+    p.write_text(_yaml_at("budget.wall_clock_minutes", ".inf"))
+    with pytest.raises(RecipeError) as e:
+        load_run_config(p)
+    assert str(e.value) == ("config.budget.wall_clock_minutes=inf: not a finite number; set a finite number "
+                            "(not .nan or .inf)")
+    # the largest allowed values are still valid
+    cfg = RunConfig.model_validate({"branch_threads": 1024, "budget": {"wall_clock_minutes": 525_600},
+                                    "recipe": {"temperature": 10, "tool_use": {"per_call_timeout_s": 86_400}}})
+    assert cfg.recipe.temperature == 10 and cfg.budget.wall_clock_minutes == 525_600
+
+
+@pytest.mark.parametrize(("yaml_text", "error"), [
+    ("reward: {overlong: {params: {penalty_factor: 1.0e+300}}}",
+     "recipe.reward.overlong.params.penalty_factor=1e+300: need a value in [0, 1000]"),
+    ("reward: {length_penalty: {params: {per_token: 1001}}}",
+     "recipe.reward.length_penalty.params.per_token=1001: need a value in [0, 1000]"),
+    ("dynamic_filtering_range: [-1.0e+308, 1.0e+308]",
+     "recipe.dynamic_filtering_range=[-1e+308, 1e+308]: need -11000 <= low < high <= 11000 (a mean reward), "
+     "e.g. [0.0, 1.0]"),
+])
+def test_float_reward_params_and_the_filtering_range_are_bounded(tmp_path, yaml_text, error):
+    """Review 16 G-R16: a reward's float params and dynamic_filtering_range took any finite float (1e300)."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: r\n{yaml_text}\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == error
