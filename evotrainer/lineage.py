@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from evotrainer import metrics as M
 from evotrainer import points
+from evotrainer.echo import MAX_CLOSE_NAMES, echo, name_list
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
 from evotrainer.points import note_thinned, thin_series
@@ -444,7 +445,7 @@ class LineageIndex:
             LineageError: no such version, or its parent is not in the lineage (a crafted or damaged file).
         """
         if version_id not in self._parent:
-            raise LineageError(f"version {version_id!r} not found; known versions: {', '.join(self._parent) or 'none'}")
+            raise LineageError(f"version {echo(version_id)!r} not found; known versions: {name_list(self._parent)}")
         p = self._parent[version_id]
         if p is not None and p not in self._parent:
             raise LineageError(f"{self._store.path}: version {version_id!r} names parent {str(p)[:80]!r}, which is "
@@ -1169,8 +1170,10 @@ class LineageStore:
         """
         rows = self._version_rows("id=?", (version_id,))
         if not rows:
-            known = ", ".join(r[0] for r in self._q("SELECT id FROM versions ORDER BY created_at")) or "none"
-            raise LineageError(f"version {version_id!r} not found; known versions: {known}")
+            known = name_list(r[0] for r in self._q(f"SELECT id FROM versions ORDER BY created_at LIMIT {MAX_CLOSE_NAMES}"))
+            more = self._q("SELECT count(*) FROM versions")[0][0] - MAX_CLOSE_NAMES
+            more_text = f" and {more:,} more" if more > 0 else ""
+            raise LineageError(f"version {echo(version_id)!r} not found; known versions: {known}{more_text}")
         return self._row_to_version(rows[0])
 
     def versions(self) -> list[Version]:
