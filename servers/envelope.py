@@ -436,7 +436,11 @@ class EnvelopeGuard:
             declared = None  # chunked: the size is known once the body is read
         # a body declared large waits for its turn before it is read: the bodies waiting hold no memory and cost the
         # event loop nothing (review 16, H-R16: 100 sessions posting 4 MB at once made the loop read 400 MB)
-        turn = declared is not None and declared > LARGE_BODY_BYTES and declared <= self.max_body
+        if declared is not None and declared > self.max_body:  # refused unread
+            await _json(send, 413, error_reply(INVALID_REQUEST, f"Invalid Request: body larger than {self.max_body} "
+                                                                "bytes"))
+            return
+        turn = declared is not None and declared > LARGE_BODY_BYTES
         if turn and not await self._take_turn(send):
             return
         try:

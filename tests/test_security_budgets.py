@@ -189,3 +189,11 @@ def test_the_values_parsed_per_read_are_budgeted_from_the_newest(tmp_path, monke
         scan = ws.read_logs_counted()
     assert [r["message"] for r in scan.records] == ["m7", "m8", "m9"]
     assert (scan.unread_bytes, scan.dense_lines) == (sum(len(ln) + 1 for ln in lines[:7]), 0)
+
+
+def test_a_body_declared_over_the_cap_is_refused_unread():
+    _, post, now = _guard_harness(0)
+    status, reply, read = anyio.run(post, b"x" * (4 * 1024 * 1024 + 1))
+    assert (status, reply["error"], read) == (413, {"code": -32600, "message": "Invalid Request: body larger than "
+                                                                               "4194304 bytes"}, False)
+    assert now["most"] == 0
