@@ -375,7 +375,7 @@ MAX_LOG_RECORDS = 500_000  # ... and at most its last 500,000 lines (a run write
 MAX_LOG_LINE_BYTES = 1 << 20  # ... and skips a line longer than 1 MiB (EvoTrainer's own records are under 100 KB)
 MAX_LOG_PARSE_BYTES = 16 << 20  # ... and parses at most the newest 16 MiB of lines (a run writes a few MB)
 MAX_LOG_LINE_VALUES = 20_000  # ... and skips a line of more '[', '{', ':' and ',' (values) than this (a record: dozens)
-MAX_LOG_PARSE_VALUES = 2_000_000  # ... and parses at most the newest lines holding this many values (~0.3 s of json)
+MAX_LOG_PARSE_VALUES = 2_000_000  # ... and parses at most the newest lines holding this many values (~0.4 s of json.loads)
 _LOG_CHUNK_BYTES = 4 << 20  # read_logs_tail reads the log backwards in blocks of 4 MiB until it holds those lines
 
 

@@ -19,7 +19,8 @@ null; ``params`` an object; no batches since MCP 2025-06-18) before the SDK sees
 (:data:`MAX_JSON_CONTAINERS` brackets, :data:`MAX_JSON_VALUES` values); the reply carries the request's ``id`` when
 that id is valid, else ``null``. Over HTTP a large body (:func:`is_large`) is handled in turn, at most
 :data:`LARGE_BODIES_AT_ONCE` at a time; one that gets no turn within :data:`LARGE_BODY_HOLD_S` is answered 503 with
--32000 (server busy); small messages (a ping) never wait for a turn. :func:`serve_stdio` and :class:`EnvelopeGuard` (ASGI) put it in front of the SDK transports.
+-32000 (server busy); small messages (a ping) never wait for a turn. :func:`serve_stdio` and :class:`EnvelopeGuard`
+(ASGI) put it in front of the SDK transports.
 """
 
 from __future__ import annotations
@@ -51,17 +52,18 @@ LARGE_BODY_VALUES = 1_000
 """A body holding more '[', '{', ':' and ',' characters than this is "large" too, whatever its size: a parse makes
 about one object per such character (an ordinary tool call holds a few dozen)."""
 LARGE_BODIES_AT_ONCE = 2
-"""Large HTTP bodies handled at once (the others wait their turn, their bytes already read)."""
+"""Large HTTP bodies handled at once. The others wait their turn: unread when their Content-Length says they are
+large, else read (a chunked body's size, and any body's density, are known only then)."""
 LARGE_BODY_HOLD_S = 1.0
 """Seconds a large HTTP body may wait for its turn; past it the body is answered HTTP 503 with a JSON-RPC error
 that says to retry (it is dropped, its memory freed): 100 sessions of large bodies cannot queue behind each other
-for minutes, holding 4 MiB each. Handled in turn, a large body takes tens of milliseconds (MAX_JSON_VALUES), so an
-honest client's rare large call waits well under it."""
+for minutes, holding 4 MiB each. Handled in turn, a large body takes tens of milliseconds (a 4 MiB one ~0.1 s: its
+values are bounded by MAX_JSON_VALUES), so an honest client's rare large call waits well under it."""
 MAX_JSON_VALUES = 20_000
 """',' characters outside strings one message may hold: a bound on the values a parse makes (review 16, H-R16: a
-flat list of 2 M integers, 4 MiB, has 2 brackets and parsed for ~0.3 s on the event loop; 100 such HTTP bodies at
-once stalled another session's ping 2.90 s). Tool arguments hold a few dozen values (lists are at most 1,000 items:
-``MAX_ITEMS``; analyzer code is one string, whose commas do not count); 20,000 parse in ~2 ms."""
+flat list of 2 M integers, 4 MiB, has 2 brackets and parsed for ~0.4 s; 100 such HTTP bodies at once stalled
+another session's ping 2.90 s). Tool arguments hold a few dozen values (lists are at most 1,000 items: ``MAX_ITEMS``;
+analyzer code is one string, whose commas do not count); 20,000 parse in ~1 ms."""
 MAX_JSON_CONTAINERS = 100_000
 """'[', '{' and ':' characters one message may hold (strings included: a bound on the arrays, objects and object
 members a parse makes; review 15 M-R15: one object of 390,000 keys has 4 brackets).
