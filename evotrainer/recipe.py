@@ -13,7 +13,6 @@ Validation errors are :class:`RecipeError` and name the field path, the bad valu
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import json
 import math
@@ -35,6 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from evotrainer.echo import closest_names, echo
 from evotrainer.errors import EvoTrainerError
 from evotrainer.patterns import PatternError, compile_re2
 
@@ -171,8 +171,9 @@ def _field_error(path: str, value: Any, rule: str) -> PydanticCustomError:
 
 
 def did_you_mean(name: str, choices: Any) -> str | None:
-    """The closest of ``choices`` to a misspelt ``name`` (difflib ratio >= 0.6), or None."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    """The closest of ``choices`` to a misspelt ``name`` (difflib ratio >= 0.6), or None; bounded work whatever
+    the sizes (:func:`~evotrainer.echo.closest_names`: a 64-character prefix of ``name``, the first 200 choices)."""
+    close, _ = closest_names(name, choices, n=1)
     return close[0] if close else None
 
 
@@ -369,7 +370,7 @@ class Recipe(_Strict):
         if unknown:
             close = did_you_mean(unknown[0], REWARD_COMPONENTS)
             hint = f"did you mean {close!r}?" if close else f"allowed: {', '.join(REWARD_COMPONENTS)}"
-            raise ValueError(f"unknown reward component {unknown[0]!r}; {hint}")
+            raise ValueError(f"unknown reward component {echo(unknown[0])!r}; {hint}")
         for name, comp in v.items():
             _check_reward_params(name, comp.params)
         return v
@@ -403,7 +404,7 @@ def _check_reward_params(name: str, params: dict[str, Any]) -> None:
     """
     known = REWARD_PARAMS.get(name, {})
     for key, value in params.items():
-        path = f"reward.{name}.params.{key}"
+        path = f"reward.{name}.params.{echo(key)}"
         if key not in known:
             if not known:
                 raise _field_error(path, value, f"unknown parameter; {name!r} takes no params, remove it")
@@ -445,8 +446,9 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
     value to set.
     """
     lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+    errors = err.errors()
+    for e in errors[:MAX_LISTED_RECIPE_ERRORS]:
+        loc = ".".join(echo(p) for p in e["loc"])
         path = f"{prefix}.{loc}" if loc else prefix
         ctx = e.get("ctx") or {}
         if e["type"] == "recipe_field":
@@ -478,10 +480,13 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             lines.append(f"{path}={_shown(e.get('input'))}: {msg}")
+    if len(errors) > MAX_LISTED_RECIPE_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_LISTED_RECIPE_ERRORS:,} more errors; fix these and validate again")
     return "\n".join(lines)
 
 
 SHOWN_MAX = 200  # characters of a value an error shows
+MAX_LISTED_RECIPE_ERRORS = 20  # lines of one recipe error; the rest are counted (40,000 unknown keys made a 3.4 MB error)
 
 
 def _shown(value: Any) -> str:
@@ -662,12 +667,12 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def _no_such_path(path: str, parts: list[str], i: int, node: Any) -> RecipeError:
     """``recipe.PATH: no such field path`` plus the fix: the closest field at the first wrong segment
     (``parts[i]`` in the section ``node``), or the fields that section has."""
-    msg = f"recipe.{path}: no such field path"
+    msg = f"recipe.{echo(path)}: no such field path"
     if not isinstance(node, dict) or not node:
-        return RecipeError(f"{msg}; {'.'.join(parts[:i])} is not a section")
+        return RecipeError(f"{msg}; {echo('.'.join(parts[:i]))} is not a section")
     section = "recipe." + ".".join(parts[:i]) if i else "recipe"
     if close := did_you_mean(parts[i], node):
-        return RecipeError(f"{msg}; did you mean {'.'.join([*parts[:i], close, *parts[i + 1:]])!r}?")
+        return RecipeError(f"{msg}; did you mean {echo('.'.join([*parts[:i], close, *parts[i + 1:]]))!r}?")
     return RecipeError(f"{msg}; {section} has: {', '.join(sorted(node))}")
 
 
@@ -721,7 +726,7 @@ def set_path(recipe: Recipe, path: str, value: Any) -> Recipe:
                 raise _no_such_path(path, parts, i, node)
         node = node[part]
         if not isinstance(node, dict):
-            raise RecipeError(f"recipe.{path}: {'.'.join(parts[: i + 1])} is not a section")
+            raise RecipeError(f"recipe.{echo(path)}: {echo('.'.join(parts[: i + 1]))} is not a section")
     leaf = parts[-1]
     in_free_dict = parts[0] == "reward" or (len(parts) >= 2 and parts[-2] == "params")
     if leaf not in node and not in_free_dict:

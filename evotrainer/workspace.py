@@ -41,7 +41,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.lineage import LineageStore
@@ -252,17 +252,24 @@ class Workspace:
         return self.read_logs_tail()[0]
 
     def read_logs_tail(self) -> tuple[list[dict[str, Any]], int]:
-        """``(records, unread_bytes)``: :meth:`read_logs`'s records, and the bytes at the start of the log that were
-        not read: 0 unless the log is longer than :data:`MAX_LOG_READ_BYTES` (the cut line counts as unread) or has
-        more than :data:`MAX_LOG_RECORDS` lines (then the older lines count as unread); a line longer than
-        :data:`MAX_LOG_LINE_BYTES` is not parsed and counts as unread too. A line that is not a JSON
-        object (a number, a list, JSON nested past Python's limit) is skipped: review 13 (G-R13) planted ``0`` and
-        a 100,000-deep ``[[...]]`` and every ``search_logs`` ended in AttributeError / RecursionError; 22 M lines of
-        ``{}`` (69 MB) held 3.4 GB in one call."""
+        """``(records, unread_bytes)`` of :meth:`read_logs_counted` (without its count of dense lines)."""
+        scan = self.read_logs_counted()
+        return scan.records, scan.unread_bytes
+
+    def read_logs_counted(self) -> LogScan:
+        """:meth:`read_logs`'s records, and the bytes at the start of the log that were not read: 0 unless the log
+        is longer than :data:`MAX_LOG_READ_BYTES` (the cut line counts as unread) or has more than
+        :data:`MAX_LOG_RECORDS` lines (then the older lines count as unread); a line longer than
+        :data:`MAX_LOG_LINE_BYTES`, or one holding more than :data:`MAX_LOG_LINE_VALUES` values (``dense_lines``),
+        is not parsed and counts as unread too, and so do the older lines past :data:`MAX_LOG_PARSE_BYTES` or
+        :data:`MAX_LOG_PARSE_VALUES` values. A line that is not a JSON object (a number, a list, JSON nested past
+        Python's limit) is skipped: review 13 (G-R13) planted ``0`` and a 100,000-deep ``[[...]]`` and every
+        ``search_logs`` ended in AttributeError / RecursionError; 22 M lines of ``{}`` (69 MB) held 3.4 GB in one
+        call. Values are counted before any parse (:func:`log_line_values`, ~1 ms per MiB)."""
         try:
             fd = _open_log(self.root, os.O_RDONLY)
         except FileNotFoundError:
-            return [], 0
+            return LogScan([], 0, 0)
         with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             floor, pos, newlines, chunks = max(0, size - MAX_LOG_READ_BYTES), size, 0, []
@@ -284,18 +291,28 @@ class Workspace:
             lines = lines[1:]
         # the newest lines up to MAX_LOG_PARSE_BYTES are parsed, the older count as unread (review 15 C-R15: 80 lines
         # each just under the line cap, 79 MB, made one search_logs 10.4 s and 2.24 GB)
-        budget, first = MAX_LOG_PARSE_BYTES, len(lines)
+        # and the newest lines up to MAX_LOG_PARSE_VALUES values (review 16 C-R16: lines of ~200,000 tiny values under
+        # the line cap, 16 MiB of them, made each search_logs parse for seconds: two at once stalled a ping 1.54 s)
+        budget, values_left, first, dense = MAX_LOG_PARSE_BYTES, MAX_LOG_PARSE_VALUES, len(lines), 0
+        counts: list[int] = []  # values of lines[first:], newest first; -1: a line skipped below (too long or dense)
         while first > 0:
-            cost = len(lines[first - 1]) + 1 if len(lines[first - 1]) <= MAX_LOG_LINE_BYTES else 0  # (skipped below)
-            if cost > budget:
+            raw = lines[first - 1]
+            values = log_line_values(raw) if len(raw) <= MAX_LOG_LINE_BYTES else -1
+            if values > MAX_LOG_LINE_VALUES:
+                values = -1
+            cost, value_cost = (len(raw) + 1, values) if values >= 0 else (0, 0)  # (a skipped line costs no parse)
+            if cost > budget or value_cost > values_left:
                 break
-            budget, first = budget - cost, first - 1
+            budget, values_left, first = budget - cost, values_left - value_cost, first - 1
+            counts.append(values)
         unread += sum(len(raw) + 1 for raw in lines[:first])
         lines = lines[first:]
+        counts.reverse()
         out = []
-        for raw in lines:
-            if len(raw) > MAX_LOG_LINE_BYTES:  # not parsed (review 14 C-R14: one 50 MB record of 17.5 M empty lists
-                unread += len(raw) + 1  # took 36 s and 1.5 GB to parse, and every search_logs stalled the server)
+        for raw, values in zip(lines, counts, strict=True):
+            if values < 0:  # not parsed (review 14 C-R14: one 50 MB record of 17.5 M empty lists took 36 s and 1.5 GB
+                unread += len(raw) + 1  # to parse, and every search_logs stalled the server; review 16 C-R16: dense)
+                dense += len(raw) <= MAX_LOG_LINE_BYTES
                 continue
             line = raw.decode("utf-8", errors="replace")
             try:
@@ -307,7 +324,7 @@ class Workspace:
             # a "\ud800" escape decodes to a lone surrogate, which no UTF-8 writer takes (review 10, U-R10: one
             # planted record made every search_logs that matched it fail with no reason): replace it
             out.append(_without_surrogates(rec) if "\\ud" in line.lower() else rec)
-        return out, unread
+        return LogScan(out, unread, dense)
 
     def close(self) -> None:
         """Close stores and release the writer lock."""
@@ -328,6 +345,21 @@ class Workspace:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def log_line_values(raw: bytes) -> int:
+    """'[', '{', ':' and ',' bytes of one log line (strings included): an upper bound on the values its parse makes,
+    counted without parsing (``bytes.count``)."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + raw.count(b":")
+
+
+class LogScan(NamedTuple):
+    """What :meth:`Workspace.read_logs_counted` read: the records, oldest first; the bytes not read; and the lines
+    skipped as too dense (over :data:`MAX_LOG_LINE_VALUES` values; their bytes are in ``unread_bytes``)."""
+
+    records: list[dict[str, Any]]
+    unread_bytes: int
+    dense_lines: int
 
 
 def _without_surrogates(obj: Any) -> Any:
@@ -382,6 +414,8 @@ MAX_LOG_READ_BYTES = 256 << 20  # Workspace.read_logs reads at most the last 256
 MAX_LOG_RECORDS = 500_000  # ... and at most its last 500,000 lines (a run writes a few thousand)
 MAX_LOG_LINE_BYTES = 1 << 20  # ... and skips a line longer than 1 MiB (EvoTrainer's own records are under 100 KB)
 MAX_LOG_PARSE_BYTES = 16 << 20  # ... and parses at most the newest 16 MiB of lines (a run writes a few MB)
+MAX_LOG_LINE_VALUES = 20_000  # ... and skips a line of more '[', '{', ':' and ',' (values) than this (a record: dozens)
+MAX_LOG_PARSE_VALUES = 2_000_000  # ... and parses at most the newest lines holding this many values (~0.4 s of json.loads)
 _LOG_CHUNK_BYTES = 4 << 20  # read_logs_tail reads the log backwards in blocks of 4 MiB until it holds those lines
 
 

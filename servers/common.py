@@ -69,8 +69,10 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import AllowInfNan, BaseModel, Field, create_model
 
+from evotrainer.echo import closest_names, echo
 from evotrainer.intervention import InterventionError
 from evotrainer.lineage import LineageError, Version
+from evotrainer.patterns import compile_re2
 from evotrainer.recipe import RecipeError
 from evotrainer.servers.jobs import JobManager
 from evotrainer.skills_db.store import SkillStore
@@ -311,16 +313,24 @@ def _to_tool_error(name: str, exc: BaseException) -> ToolError:
     return ToolError(f"{name} failed: {type(exc).__name__}: {scrub(str(exc))}")
 
 
-_INTERNAL_PATHS = [
-    (re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/](?:site|dist)-packages[\\/][^\s'\"():,]*"), "<library>"),
-    (re.compile(r"[^\s'\"(),]*\.rs(?::\d+){1,2}"), "<library>"),  # Rust source locations (lance, lancedb)
-    (re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/]lib[\\/]python3\.\d+[\\/][^\s'\"():,]*"), "<library>"),
+MAX_SCRUB_CHARS = 20_000
+"""Characters of an error text :func:`scrub` keeps (the rest is cut, its length said): an error names what is wrong
+in a line or a few; a longer one only repeats caller input (review 16, M-R16: a 3.9 MB tool name in "Unknown tool")."""
+_INTERNAL_PATHS = [  # RE2 (linear time; Python's re backtracked: a 20,000-character "/a/a/..." name took 4.6 s)
+    (compile_re2(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/](?:site|dist)-packages[\\/][^\s'\"():,]*"), "<library>"),
+    (compile_re2(r"[^\s'\"(),]*\.rs(?::\d+){1,2}"), "<library>"),  # Rust source locations (lance, lancedb)
+    (compile_re2(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*?[\\/]lib[\\/]python3\.\d+[\\/][^\s'\"():,]*"), "<library>"),
 ]
 
 
 def scrub(text: str) -> str:
     """``text`` with library-internal paths (site-packages, the Python stdlib, Rust ``*.rs:line``) replaced
-    by ``<library>``; the run folder's own paths stay (the user needs them)."""
+    by ``<library>``; the run folder's own paths stay (the user needs them).
+
+    At most :data:`MAX_SCRUB_CHARS` characters are kept (a longer text ends ``... (cut: N characters)``), and
+    the patterns run with RE2: linear in the text, so a hostile text costs milliseconds, never seconds."""
+    if len(text) > MAX_SCRUB_CHARS:
+        text = f"{text[:MAX_SCRUB_CHARS]}... (cut: {len(text):,} characters)"
     for pat, repl in _INTERNAL_PATHS:
         text = pat.sub(repl, text)
     return text
@@ -723,6 +733,7 @@ def explain_validation_error(text: str, schema: dict[str, Any] | None) -> str | 
             continue
         msg, kind, value = m.groups()
         top = loc.split(".")[0]
+        loc = echo(loc)  # a caller's argument name, shown cut
         desc = props.get(top, {}).get("description")
         hint = f" ({desc})" if desc else ""
         if kind == "missing":
@@ -739,6 +750,25 @@ def explain_validation_error(text: str, schema: dict[str, Any] | None) -> str | 
             + (f"; and {more} more like these" if more > 0 else ""))
 
 
+UNKNOWN_TOOL = "Unknown tool: "  # how the SDK's tool manager begins its error for a name it does not serve
+
+
+def unknown_tool_error(name: object, tools: Iterable[str]) -> str:
+    """The error of a call of a tool this server does not serve: the name as :func:`~evotrainer.echo.echo` shows
+    it (at most 64 characters) and the closest served names (:func:`~evotrainer.echo.closest_names`), else the
+    first served names; a few hundred characters whatever the name's length (the SDK's own text repeated it whole:
+    a 3.9 MB name made a 3.9 MB reply, scrubbed for minutes; review 16, M-R16)."""
+    names = list(tools)
+    close, _ = closest_names(name, names, n=3)
+    if close:
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}?"
+    else:
+        shown = names[:MAX_LISTED_ERRORS]
+        more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
+        hint = f"this server's tools: {', '.join(shown) or 'none'}{more}"
+    return f"Unknown tool {echo(name)!r}; {hint} (tools/list lists them with their arguments)"
+
+
 def argument_error_middleware(tools: Iterable[Tool]) -> Callable[..., Any]:
     """Server middleware for ``tools/call``: arguments over :data:`MAX_ARGUMENTS_BYTES` are refused before
     validation; argument-validation errors get :func:`explain_validation_error` (with the argument schema of
@@ -750,7 +780,7 @@ def argument_error_middleware(tools: Iterable[Tool]) -> Callable[..., Any]:
             size = len(json.dumps(ctx.params.get("arguments") or {}, default=str))
             if size > MAX_ARGUMENTS_BYTES:
                 name = ctx.params.get("name")
-                text = (f"Error executing tool {name}: arguments are {size} bytes of JSON; the limit is "
+                text = (f"Error executing tool {echo(name)}: arguments are {size} bytes of JSON; the limit is "
                         f"{MAX_ARGUMENTS_BYTES} bytes: send less text (cut long fields) or split the call")
                 return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True).model_dump(
                     by_alias=True, mode="json", exclude_none=True)
@@ -762,7 +792,10 @@ def argument_error_middleware(tools: Iterable[Tool]) -> Callable[..., Any]:
             text = content[0].get("text", "") if content and isinstance(content[0], dict) else ""
             name = (ctx.params or {}).get("name")
             schema = schemas.get(name) if isinstance(name, str) else None
-            better = scrub(explain_validation_error(text, schema) or text)
+            if text.startswith(UNKNOWN_TOOL) and name not in schemas:
+                better = unknown_tool_error(name, schemas)
+            else:
+                better = scrub(explain_validation_error(text[:MAX_SCRUB_CHARS], schema) or text)
             if better != text:
                 result = {**result, "content": [{**content[0], "text": better}, *content[1:]]}
         except Exception:  # never let error formatting break a reply

@@ -15,8 +15,12 @@ The MCP SDK (``mcp`` 2.3) drops or mis-answers malformed envelopes:
 :func:`check_envelope` applies JSON-RPC 2.0 §4-§5 and MCP's rules (``id`` a string or an integer, never
 null; ``params`` an object; no batches since MCP 2025-06-18) before the SDK sees a message:
 -32700 (parse error) for invalid JSON, invalid UTF-8 or nesting deeper than :data:`MAX_JSON_DEPTH`;
--32600 (invalid request) for everything else; the reply carries the request's ``id`` when that id is valid,
-else ``null``. :func:`serve_stdio` and :class:`EnvelopeGuard` (ASGI) put it in front of the SDK transports.
+-32600 (invalid request) for everything else, including a message past the parse budgets counted before any parse
+(:data:`MAX_JSON_CONTAINERS` brackets, :data:`MAX_JSON_VALUES` values); the reply carries the request's ``id`` when
+that id is valid, else ``null``. Over HTTP a large body (:func:`is_large`) is handled in turn, at most
+:data:`LARGE_BODIES_AT_ONCE` at a time; one that gets no turn within :data:`LARGE_BODY_HOLD_S` is answered 503 with
+-32000 (server busy); small messages (a ping) never wait for a turn. :func:`serve_stdio` and :class:`EnvelopeGuard`
+(ASGI) put it in front of the SDK transports.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import re2
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
@@ -37,10 +42,28 @@ from pydantic import ValidationError
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+SERVER_BUSY = -32000  # JSON-RPC's range for server errors: a large HTTP body that waited past LARGE_BODY_HOLD_S
 MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
-LARGE_BODY_BYTES = 256 << 10
+LARGE_BODY_BYTES = 64 << 10
+"""An HTTP body past this many bytes is "large": checked in a worker thread and handled LARGE_BODIES_AT_ONCE at a
+time (review 16, H-R16: at 256 KiB, bodies just under it with tens of thousands of values were parsed on the event
+loop, every one at once)."""
+LARGE_BODY_VALUES = 1_000
+"""A body holding more '[', '{', ':' and ',' characters than this is "large" too, whatever its size: a parse makes
+about one object per such character (an ordinary tool call holds a few dozen)."""
 LARGE_BODIES_AT_ONCE = 2
-"""HTTP bodies past LARGE_BODY_BYTES handled at once (the others wait their turn, their bytes already read)."""
+"""Large HTTP bodies handled at once. The others wait their turn: unread when their Content-Length says they are
+large, else read (a chunked body's size, and any body's density, are known only then)."""
+LARGE_BODY_HOLD_S = 1.0
+"""Seconds a large HTTP body may wait for its turn; past it the body is answered HTTP 503 with a JSON-RPC error
+that says to retry (it is dropped, its memory freed): 100 sessions of large bodies cannot queue behind each other
+for minutes, holding 4 MiB each. Handled in turn, a large body takes tens of milliseconds (a 4 MiB one ~0.1 s: its
+values are bounded by MAX_JSON_VALUES), so an honest client's rare large call waits well under it."""
+MAX_JSON_VALUES = 20_000
+"""',' characters outside strings one message may hold: a bound on the values a parse makes (review 16, H-R16: a
+flat list of 2 M integers, 4 MiB, has 2 brackets and parsed for ~0.4 s; 100 such HTTP bodies at once stalled
+another session's ping 2.90 s). Tool arguments hold a few dozen values (lists are at most 1,000 items: ``MAX_ITEMS``;
+analyzer code is one string, whose commas do not count); 20,000 parse in ~1 ms."""
 MAX_JSON_CONTAINERS = 100_000
 """'[', '{' and ':' characters one message may hold (strings included: a bound on the arrays, objects and object
 members a parse makes; review 15 M-R15: one object of 390,000 keys has 4 brackets).
@@ -48,8 +71,40 @@ Review 14 (M-R14): a 3.7 MiB ``tools/call`` of 1.3 M empty lists cost ~2.7 s of 
 argument-size refusal, and the event loop answered nothing meanwhile (over HTTP, 16 such bodies stalled another
 session 5 s). Tool arguments hold tens to a few thousand; 100,000 parse in ~0.2 s."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # one message (stdio line or HTTP body); the SDK's HTTP body cap
-INLINE_CHECK_BYTES = 64 * 1024  # larger messages are checked in a worker thread (~0.1 s for 4 MiB)
 STDIO_EOF_DRAIN_S = 10.0  # s: at stdin EOF, the default wait for the requests already read to be answered
+
+
+_LATIN1 = re2.Options()
+_LATIN1.encoding = re2.Options.Encoding.LATIN1  # any byte is a character: invalid UTF-8 cannot stop a match
+_LATIN1.log_errors = False
+_JSON_STRING = re2.compile(rb'"(?:[^"\\]|\\.)*"', _LATIN1)  # a JSON string literal (RE2: linear time)
+
+
+def _as_bytes(raw: bytes | str) -> bytes:
+    return raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+
+
+def structure_count(raw: bytes | str) -> int:
+    """'[', '{', ':' and ',' characters of ``raw`` (strings included): ~1 ms for 4 MiB, no parse."""
+    b = _as_bytes(raw)
+    return b.count(b"[") + b.count(b"{") + b.count(b":") + b.count(b",")
+
+
+def is_large(raw: bytes | str) -> bool:
+    """Whether a message is checked in a worker thread, and over HTTP handled in turn: over :data:`LARGE_BODY_BYTES`
+    bytes, or over :data:`LARGE_BODY_VALUES` structural characters (:func:`structure_count`)."""
+    return len(raw) > LARGE_BODY_BYTES or structure_count(raw) > LARGE_BODY_VALUES
+
+
+def values_count(raw: bytes | str) -> int:
+    """',' characters of ``raw`` outside JSON strings (the values past the first of each array or object). Counted
+    with ``bytes.count`` first; only a message with more than :data:`MAX_JSON_VALUES` commas in all has its string
+    literals taken out first (RE2, linear: ~75 ms for a 4 MiB string)."""
+    b = _as_bytes(raw)
+    n = b.count(b",")
+    if n <= MAX_JSON_VALUES:
+        return n
+    return _JSON_STRING.sub(b"", b).count(b",")
 
 
 def error_reply(code: int, message: str, request_id: Any = None) -> dict[str, Any]:
@@ -82,9 +137,9 @@ def _valid_id(value: Any) -> bool:
 
 
 async def check_envelope_async(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """:func:`check_envelope`, in a worker thread for messages over :data:`INLINE_CHECK_BYTES` (the event loop
-    keeps serving other requests while a 4 MiB body is parsed)."""
-    if len(raw) <= INLINE_CHECK_BYTES:
+    """:func:`check_envelope`, in a worker thread for a large message (:func:`is_large`: over
+    :data:`LARGE_BODY_BYTES`, or dense), so the event loop keeps serving other requests while it is parsed."""
+    if not is_large(raw):
         return check_envelope(raw)
     return await anyio.to_thread.run_sync(check_envelope, raw)
 
@@ -102,6 +157,11 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
                                                   f"':' characters, past the {MAX_JSON_CONTAINERS:,} one message may; send "
                                                   "large data as text (or a file the server reads), not as nested "
                                                   "JSON")
+    values = values_count(raw)
+    if values > MAX_JSON_VALUES:  # counted before any parse: a bound on the values it would make
+        return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {values:,} ',' characters "
+                                                  f"outside strings (values), past the {MAX_JSON_VALUES:,} one message "
+                                                  "may; send large data as text (one string), or split the call")
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         obj = json.loads(text, parse_constant=_no_constant)
@@ -372,26 +432,60 @@ class EnvelopeGuard:
         if not headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
             await self.app(scope, receive, send)  # the SDK answers 415
             return
+        try:
+            declared = int(headers.get("content-length", ""))
+        except ValueError:
+            declared = None  # chunked: the size is known once the body is read
+        # a body declared large waits for its turn before it is read: the bodies waiting hold no memory and cost the
+        # event loop nothing (review 16, H-R16: 100 sessions posting 4 MB at once made the loop read 400 MB)
+        if declared is not None and declared > self.max_body:  # refused unread
+            await _json(send, 413, error_reply(INVALID_REQUEST, f"Invalid Request: body larger than {self.max_body} "
+                                                                "bytes"))
+            return
+        turn = declared is not None and declared > LARGE_BODY_BYTES
+        if turn and not await self._take_turn(send):
+            return
+        try:
+            body = await self._read_body(receive, send)
+            if body is None:
+                return
+            if not turn and is_large(body):
+                if not await self._take_turn(send):
+                    return
+                turn = True
+            await self._handle(scope, receive, send, headers, body)
+        finally:
+            if turn:
+                self._large.release()
+
+    async def _take_turn(self, send: Any) -> bool:
+        """Wait up to :data:`LARGE_BODY_HOLD_S` for one of the :data:`LARGE_BODIES_AT_ONCE` turns of large bodies;
+        False (and the request answered 503 "server busy") when none came."""
+        with anyio.move_on_after(LARGE_BODY_HOLD_S):
+            await self._large.acquire()
+            return True
+        await _json(send, 503, error_reply(SERVER_BUSY, f"Server busy: other large messages (over "
+                                                        f"{LARGE_BODY_BYTES >> 10} KiB, or over {LARGE_BODY_VALUES:,} "
+                                                        f"values) were being handled for {LARGE_BODY_HOLD_S:g} s; retry "
+                                                        "this one in a moment"))
+        return False
+
+    async def _read_body(self, receive: Any, send: Any) -> bytes | None:
+        """The request body, or None when the client left or the body is over ``max_body`` (answered 413)."""
         chunks, size = [], 0
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
-                return
+                return None
             chunk = msg.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
                 await _json(send, 413, error_reply(INVALID_REQUEST, f"Invalid Request: body larger than "
                                                                     f"{self.max_body} bytes"))
-                return
+                return None
             chunks.append(chunk)
             if not msg.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if len(body) > LARGE_BODY_BYTES:
-            async with self._large:
-                await self._handle(scope, receive, send, headers, body)
-            return
-        await self._handle(scope, receive, send, headers, body)
+                return b"".join(chunks)
 
     async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, headers: dict[str, str],
                       body: bytes) -> None:

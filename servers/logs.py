@@ -68,8 +68,12 @@ class LogList(Page):
     partly_scanned: int = Field(0, description="Records whose message was longer than a regex scan reads (the "
                                                "first 32,000,000 / program-size characters, see MAX_SCAN_UNITS): "
                                                "matched on that prefix only. 0 for substring search.")
-    unread_bytes: int = Field(0, description="Bytes at the start of a run log longer than 256 MiB that were not "
-                                             "searched (its oldest records); 0 when the whole log was read.")
+    unread_bytes: int = Field(0, description="Bytes of the run log that were not searched: its oldest records past "
+                                             "256 MiB / 500,000 lines / the parse budget (16 MiB, 2,000,000 values), "
+                                             "and the lines skipped (over 1 MiB, or dense); 0 when all was read.")
+    dense_lines: int = Field(0, description="Lines skipped unparsed as too dense: over 20,000 JSON values "
+                                            "(MAX_LOG_LINE_VALUES; EvoTrainer's own records hold dozens); their bytes "
+                                            "are in unread_bytes.")
 
 
 class MetricVersion(BaseModel):
@@ -238,7 +242,7 @@ def search_logs(
     pattern = compile_regex(query) if query and regex else None
     needle = query.lower() if query and not regex else None
     min_level = LEVELS.index(level) if level else 0
-    all_records, unread = ws.read_logs_tail()
+    all_records, unread, dense = ws.read_logs_counted()
     deadline = time.monotonic() + SEARCH_DEADLINE_S
     scan = MAX_SCAN_UNITS // max(1, pattern.programsize) if pattern is not None else 0
     out, partly = [], 0
@@ -268,7 +272,7 @@ def search_logs(
                          level=str(r.get("level", "info")), version=r.get("version"),
                          source=str(r.get("source", "")), message=clip_text(str(r.get("message", "")), max_chars),
                          extra=_extra(r, skip)) for r in page]
-    return LogList(records=records, partly_scanned=partly, unread_bytes=unread,
+    return LogList(records=records, partly_scanned=partly, unread_bytes=unread, dense_lines=dense,
                    **page_fields(len(out), offset, len(page)))
 
 

@@ -58,6 +58,7 @@ from mcp_types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
+from evotrainer.echo import closest_names, echo
 from evotrainer.lineage import LineageError
 from evotrainer.servers.common import ServerState, ToolContext, loop_limiter, state_of
 
@@ -72,6 +73,9 @@ DEFAULT_LEVEL = "warning"
 _PY_LEVEL = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING,
              "error": logging.ERROR, "critical": logging.CRITICAL, "alert": logging.CRITICAL,
              "emergency": logging.CRITICAL}
+MAX_LOG_RECORD_CHARS = 2_000
+"""Characters of a log record's message (and of its exception's text) on stderr and in ``notifications/message``:
+the SDK logs an unknown tool's name whole (``Tool '<name>' not listed``): a 3.9 MB name made a 3.9 MB line."""
 _captured: contextvars.ContextVar[list[logging.LogRecord] | None] = contextvars.ContextVar("mcp_log_capture",
                                                                                             default=None)
 
@@ -81,10 +85,10 @@ class OneLineFormatter(logging.Formatter):
     """``LEVEL logger: message (ExcType: text)``: an exception's type and text, not its traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{record.levelname} {record.name}: {record.getMessage()}"
+        line = f"{record.levelname} {record.name}: {echo(record.getMessage(), MAX_LOG_RECORD_CHARS)}"
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            line += f" ({type(exc).__name__}: {exc})"
+            line += f" ({type(exc).__name__}: {echo(exc, MAX_LOG_RECORD_CHARS)})"
         return line.replace("\n", " ")
 
 
@@ -259,20 +263,22 @@ def install(server: MCPServer[ServerState], state: ServerState,
         prompt = prompts.get(params.name)
         if prompt is None:
             known = ", ".join(prompts)
-            raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {params.name!r}; prompts: {known}")
+            close, _ = closest_names(params.name, prompts, n=3)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {echo(params.name)!r}; {hint}prompts: {known}")
         missing = [a for a in prompt.arguments or [] if a.required and a.name not in (params.arguments or {})]
         if missing:
-            raise MCPError(code=INVALID_PARAMS, message=f"prompt {params.name!r}: missing required argument "
+            raise MCPError(code=INVALID_PARAMS, message=f"prompt {echo(params.name)!r}: missing required argument "
                            + "; ".join(f"{a.name} ({a.description})" for a in missing))
         allowed = [a.name for a in prompt.arguments or []]
-        unknown = [str(k)[:80] for k in (params.arguments or {}) if k not in allowed]
+        unknown = [echo(k) for k in (params.arguments or {}) if k not in allowed]
         if unknown:  # (review 15 P-R15: answered a bare -32603 "Error rendering prompt" naming nothing)
-            raise MCPError(code=INVALID_PARAMS, message=f"prompt {params.name!r}: unknown argument "
+            raise MCPError(code=INVALID_PARAMS, message=f"prompt {echo(params.name)!r}: unknown argument "
                            f"{', '.join(unknown[:5])}; allowed: {', '.join(allowed) or 'none'}")
         try:
             return await server._handle_get_prompt(ctx, params)
         except ValueError as exc:
-            raise MCPError(code=INTERNAL_ERROR, message=f"prompt {params.name!r} failed: {exc}") from None
+            raise MCPError(code=INTERNAL_ERROR, message=f"prompt {echo(params.name)!r} failed: {exc}") from None
 
     async def set_level(ctx: Any, params: SetLevelRequestParams) -> dict[str, Any]:
         levels[_connection(ctx)] = params.level

@@ -2407,7 +2407,9 @@ def test_planted_run_log_lines_that_are_no_record_are_skipped_and_the_lines_read
         got = c.ok("search_logs")
     finally:
         c.close()
-    assert (got["total"], got["unread_bytes"]) == (3, 0)  # make_run's three records
+    # make_run's three records; since review 16 (C-R16) the 100,000-bracket line is skipped unparsed as dense
+    # (over MAX_LOG_LINE_VALUES), its bytes counted as unread (it was parsed to a RecursionError before)
+    assert (got["total"], got["unread_bytes"], got["dense_lines"]) == (3, 200_001, 1)
     assert workspace.MAX_LOG_RECORDS == 500_000
     monkeypatch.setattr(workspace, "MAX_LOG_RECORDS", 10)
     lines = [json.dumps({"time": float(i), "level": "info", "message": f"m{i}"}) for i in range(25)]

@@ -525,6 +525,11 @@ ENVELOPES = [
      + b",".join(b'"k%d":0' % i for i in range(150_000)) + b"}}}}", -32600, None,
      "Invalid Request: the message holds 150,011 '[', '{' and ':' characters, past the 100,000 one message may; send "
      "large data as text (or a file the server reads), not as nested JSON"),
+    # review 16 H-R16: a flat list of small values has 2 brackets (2 M integers parsed ~0.3 s on the event loop)
+    (b'{"jsonrpc": "2.0", "id": 13, "method": "tools/call", "params": {"name": "list_versions", "arguments": {"x": ['
+     + b",".join([b"1"] * 30_000) + b"]}}}", -32600, None,
+     "Invalid Request: the message holds 30,003 ',' characters outside strings (values), past the 20,000 one message "
+     "may; send large data as text (one string), or split the call"),
 ]
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
@@ -2252,8 +2257,8 @@ def test_lineage_show_json_and_the_report_carry_cut_decisions(tmp_path):
 
 def test_large_http_bodies_are_handled_two_at_a_time(tmp_path):
     """Review 15 H-R15: 40 sessions each posting a 3.9 MB body under every cap took the server to 1 GB and stalled
-    another session's ping 1.85 s: every body was parsed and validated at once. Bodies past LARGE_BODY_BYTES (256 KiB)
-    are now checked and handled LARGE_BODIES_AT_ONCE (2) at a time; small ones are not held back."""
+    another session's ping 1.85 s: every body was parsed and validated at once. Bodies past LARGE_BODY_BYTES (64 KiB since
+    review 16) are now checked and handled LARGE_BODIES_AT_ONCE (2) at a time; small ones are not held back."""
     import json
 
     import anyio
