@@ -2,6 +2,8 @@
 
 * V-R16: ``compare --baseline``: a compare.json under 16 MiB of millions of tiny values (each one wrong: a validation
   error each, 64.9 s / 7.32 GB), runs of millions of problems or outcomes, and 16 MiB strings echoed in the error.
+* Y-R16: a recipe / run config / skills / findings file under the 256 KiB YAML cap whose error was every pydantic error
+  restated (25,000 unknown keys: 25,000 lines, 12 MB, each listing the allowed fields) or a 200 KB key echoed whole.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import pytest
 from test_compare import TINY
 
 from evotrainer.agents import compare as C
-from evotrainer.config import RunConfig
+from evotrainer.config import RunConfig, load_run_config
+from evotrainer.harness.findings import parse_findings
+from evotrainer.recipe import RecipeError, load_recipe
+from evotrainer.skills_db.cli import load_skill_file
+from evotrainer.skills_db.models import SkillError
+from evotrainer.terminal import MAX_ERRORS_SHOWN
 
 
 @pytest.fixture
@@ -85,3 +92,69 @@ def test_values_from_a_baseline_are_echoed_cut_to_max_echo_chars(tmp_path, cfg):
     msg = str(err.value)
     assert len(msg) < 500 and f"runs[0]['test']['{'k' * 199}... [999802 more chars]][0]: Input should be a valid " \
                               "number (1 problem(s) in runs[0])" in msg
+
+
+RECIPE_FIELDS = "name, seed, model, advantage_estimator"  # how the allowed field names of a recipe begin
+
+
+def test_a_recipe_of_thousands_of_unknown_keys_lists_twenty_and_the_allowed_names_once(tmp_path):
+    """Y-R16: every unknown key was a line listing all the recipe's fields (25,000 keys in 239 KB: 12 MB printed).
+    At most MAX_ERRORS_SHOWN lines, the allowed names once per section, the rest counted."""
+    f = tmp_path / "r.yaml"
+    f.write_text("".join(f"z{i}: 1\n" for i in range(3000)))
+    with pytest.raises(RecipeError) as err:
+        load_recipe(f)
+    lines = str(err.value).splitlines()
+    assert MAX_ERRORS_SHOWN == 20 and len(lines) == 21 and len(str(err.value)) < 2000
+    assert lines[0].startswith(f"recipe.z0: unknown field; allowed: {RECIPE_FIELDS}")
+    assert lines[1:20] == [f"recipe.z{i}: unknown field; allowed: as above" for i in range(1, 20)]
+    assert lines[20] == "... and 2,980 more errors (fix these and validate again to see them)"
+
+
+def test_a_run_config_list_of_thousands_of_bad_items_shows_twenty(tmp_path):
+    """Y-R16: a list field of 60,000 wrong items printed 60,000 lines (5 MB); a run config's budget of 22,000 unknown
+    keys 3.9 MB."""
+    f = tmp_path / "c.yaml"
+    f.write_text("mode: static\nrecipe:\n  model:\n    lora:\n      target_modules: [" + ",".join(["1"] * 5000) + "]\n")
+    with pytest.raises(RecipeError) as err:
+        load_run_config(f)
+    lines = str(err.value).splitlines()
+    assert lines[:2] == ["config.recipe.model.lora.target_modules.0=1: not a string (int); write it as plain text",
+                         "config.recipe.model.lora.target_modules.1=1: not a string (int); write it as plain text"]
+    assert len(lines) == 21 and lines[20] == "... and 4,980 more errors (fix these and validate again to see them)"
+    f.write_text("mode: static\nbudget:\n" + "".join(f"  q{i}: 1\n" for i in range(500)))
+    with pytest.raises(RecipeError) as err:
+        load_run_config(f)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("config.budget.q0: unknown field; allowed: max_versions, steps_per_version")
+    assert lines[1] == "config.budget.q1: unknown field; allowed: as above" and len(lines) == 21
+
+
+def test_a_long_key_or_id_is_echoed_cut(tmp_path):
+    """Y-R16: a 200,000-character key came back whole in the error (200 KB), a skill's 200,000-character id twice
+    (400 KB)."""
+    f = tmp_path / "r.yaml"
+    f.write_text("? " + "k" * 200_000 + "\n: 1\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(f)
+    assert str(err.value).startswith("recipe." + "k" * 64 + "... [199936 more chars]: unknown field; allowed: "
+                                     + RECIPE_FIELDS) and len(str(err.value)) < 1000
+    s = tmp_path / "s.yaml"
+    s.write_text("id: " + "s" * 200_000 + "\nkind: 12\n")
+    with pytest.raises(SkillError) as err:
+        load_skill_file(s)
+    assert str(err.value).startswith(f"{s}: entry 0 ({'s' * 200}... [199800 more chars]): id: ")
+    assert len(str(err.value)) < 1000
+
+
+def test_findings_errors_are_capped_and_their_values_cut():
+    """Y-R16: a finding from analyzer code (sandboxed, hostile) was restated error by error with each value whole."""
+    with pytest.raises(ValueError) as err:
+        parse_findings([{"kind": "x", "severity": "warn", **{f"e{i}": 1 for i in range(1000)}}], "a")
+    parts = str(err.value).split("; ")
+    assert len(str(err.value)) < 6000 and parts[-1].startswith("... and ") and parts[-1].endswith(
+        " more errors (fix these and validate again to see them)")
+    with pytest.raises(ValueError) as err:
+        parse_findings([{"kind": "x", "severity": "x" * 100_000}], "a")
+    assert "findings[0].severity='" + "x" * 199 + "... (100,002 characters)" in str(err.value)
+    assert len(str(err.value)) < 2000
