@@ -2,6 +2,8 @@
 
 * V-R16: ``compare --baseline``: a compare.json under 16 MiB of millions of tiny values (each one wrong: a validation
   error each, 64.9 s / 7.32 GB), runs of millions of problems or outcomes, and 16 MiB strings echoed in the error.
+* Z-R16: a .log.gz of a foreign run folder expanding ~1000x to just under MAX_GZIP_BYTES (254 KB -> 255 MiB: 142 s,
+  4.4 GB to parse).
 * Y-R16: a recipe / run config / skills / findings file under the 256 KiB YAML cap whose error was every pydantic error
   restated (25,000 unknown keys: 25,000 lines, 12 MB, each listing the allowed fields) or a 200 KB key echoed whole.
 """
@@ -158,3 +160,36 @@ def test_findings_errors_are_capped_and_their_values_cut():
         parse_findings([{"kind": "x", "severity": "x" * 100_000}], "a")
     assert "findings[0].severity='" + "x" * 199 + "... (100,002 characters)" in str(err.value)
     assert len(str(err.value)) < 2000
+
+
+def test_a_gzip_bomb_under_the_decompressed_cap_is_refused_by_its_ratio(tmp_path):
+    """Z-R16: a 254 KB .log.gz of newlines decompressed to 255 MiB, under MAX_GZIP_BYTES (256 MiB), and its parse took
+    142 s / 4.4 GB. Past GZIP_FREE_BYTES a .gz may expand at most MAX_GZIP_RATIO times its size; the read stops
+    there. An ordinary log.gz (6.6x) reads as before."""
+    import gzip
+    import zlib
+
+    from evotrainer.harness import ingest_formats as F
+    from evotrainer.harness.ingest import IngestError, ingest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    bomb = run / "train.log.gz"
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(bomb, "wb") as out:  # 40 MiB of newlines, about 40 KB
+        for _ in range(40):
+            out.write(co.compress(b"\n" * (1 << 20)))
+        out.write(co.flush())
+    size = bomb.stat().st_size
+    assert size * F.MAX_GZIP_RATIO < 40 << 20 < F.MAX_GZIP_BYTES and F.GZIP_FREE_BYTES == 16 << 20
+    t = time.monotonic()
+    with pytest.raises(IngestError) as err:
+        ingest(run)
+    assert time.monotonic() - t < 10
+    assert str(err.value) == (f"{bomb}: {size:,} bytes that decompress to more than {F.GZIP_FREE_BYTES:,} (over 100 "
+                              "times its size: a gzip bomb, or a log of little but progress bars); gunzip it yourself "
+                              "and pass the .log")
+    bomb.write_bytes(gzip.compress(b"".join(f"step:{s} - a:{s * 0.5} - b:{s % 7}\n".encode() for s in range(1, 2001))))
+    ev = ingest(run)
+    steps, values = ev.metrics[next(iter(ev.metrics))]["a"]
+    assert list(steps[:2]) == [1, 2] and list(values[:2]) == [0.5, 1.0] and len(steps) == 2000
