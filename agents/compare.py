@@ -44,6 +44,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.ingest_formats import read_capped
 from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
 from evotrainer.skills_db.store import SKILLS_DIR_ENV
+from evotrainer.terminal import clip_text
 from evotrainer.workspace import Workspace
 
 NO_RL = "no-RL"
@@ -192,19 +193,88 @@ def _comparable(config: Any) -> dict[str, Any]:
 BASELINE_MAX_BYTES = 16 << 20
 """Bytes of a ``--baseline`` compare.json read (three seeds of five modes store well under 1 MB)."""
 
+MAX_BASELINE_VALUES = 1 << 21
+"""JSON values a ``--baseline`` file may hold, counted as its commas before it is parsed. compare.json is written with
+``indent=2``, eight bytes or more a value, so a 16 MiB file EvoTrainer wrote holds at most about 2 million; review 16
+(V-R16): 16 MiB of ``1,`` parsed into 5.6 million runs whose 5.6 million validation errors took 64.9 s and 7.32 GB."""
+
+MAX_BASELINE_RUNS = 1000
+"""Stored runs a ``--baseline`` may hold: five modes x 200 seeds (a comparison stores modes x seeds, 15 for three)."""
+
+MAX_BASELINE_K = 1024
+"""Outcomes stored per test problem: the largest ``test_k`` / ``eval.k`` a config accepts (one per sample)."""
+
+MAX_BASELINE_COMPUTE_KEYS = 64
+"""Counters in a stored run's ``compute`` (EvoTrainer writes six: tokens, CPU-seconds, wall)."""
+
+MAX_ECHO_CHARS = 200
+"""Characters of a value from the baseline file echoed in an error (a 16 MiB key or config name was printed whole)."""
+
+
+def _echo(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to :data:`MAX_ECHO_CHARS` (the cut says how much)."""
+    return clip_text(repr(value), MAX_ECHO_CHARS)
+
+
+def _not_ours(path: str | Path, where: str, what: str) -> CompareError:
+    return CompareError(f"--baseline {path}: {where}: {what}; not a compare.json EvoTrainer wrote: run those modes "
+                        "again instead")
+
+
+def _check_counts(path: str | Path, runs: list[Any], n_test: int) -> None:
+    """Refuse stored runs past the caps by their lengths alone, before any is validated (a validation error is
+    built for every bad value: millions of them took gigabytes). Shapes are left to :class:`_StoredRun`.
+
+    Raises:
+        CompareError: more than :data:`MAX_BASELINE_RUNS` runs, a test / no-RL outcome matrix of more problems than
+            ``n_test`` (the config's test split, which the baseline's must equal), a problem of more than
+            :data:`MAX_BASELINE_K` outcomes, or more than :data:`MAX_BASELINE_COMPUTE_KEYS` compute counters.
+    """
+    if len(runs) > MAX_BASELINE_RUNS:
+        raise _not_ours(path, "runs", f"{len(runs)} stored runs, more than the {MAX_BASELINE_RUNS} (modes x seeds) "
+                                      "a comparison stores")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            continue
+        for key in ("test", "no_rl_test"):
+            matrix = run.get(key)
+            if not isinstance(matrix, dict):
+                continue
+            if len(matrix) > n_test:
+                raise _not_ours(path, f"runs[{i}][{key!r}]", f"{len(matrix)} problems, more than the {n_test} of "
+                                                             "recipe.data.n_test")
+            for pid, outcomes in matrix.items():
+                if isinstance(outcomes, list) and len(outcomes) > MAX_BASELINE_K:
+                    raise _not_ours(path, f"runs[{i}][{key!r}][{_echo(pid)}]", f"{len(outcomes)} outcomes, more "
+                                    f"than the {MAX_BASELINE_K} samples (test k) a problem can have")
+        compute = run.get("compute")
+        if isinstance(compute, dict) and len(compute) > MAX_BASELINE_COMPUTE_KEYS:
+            raise _not_ours(path, f"runs[{i}]['compute']", f"{len(compute)} counters, more than "
+                                                           f"{MAX_BASELINE_COMPUTE_KEYS}")
+
 
 def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     """The ``compare.json`` at ``path``, checked to pair with ``config``'s runs.
 
+    The file is read up to :data:`BASELINE_MAX_BYTES` and :data:`MAX_BASELINE_VALUES` JSON values (counted before
+    parsing); its runs are counted against :func:`_check_counts`'s caps, then validated one by one (the first bad run
+    is reported; values echoed are cut to :data:`MAX_ECHO_CHARS`).
+
     Raises:
         CompareError: the file cannot be read as a comparison with stored runs (one written before the runs were
-            kept has none), or it was made on another config name, data split, test k or budget (each named).
+            kept has none), it is past a cap (the field and the cap named), or it was made on another config name,
+            data split, test k or budget (each named).
     """
     try:  # a regular file of at most BASELINE_MAX_BYTES, opened without blocking (review 15: a FIFO blocked forever,
         # /dev/zero grew to 13.8 GB, a 40 MB file took 822 MB)
-        base = json.loads(read_capped(Path(path), BASELINE_MAX_BYTES, "give the compare.json a comparison wrote"))
+        data = read_capped(Path(path), BASELINE_MAX_BYTES, "give the compare.json a comparison wrote")
+        if data.count(b",") >= MAX_BASELINE_VALUES:  # counted before parsing builds the objects (V-R16)
+            raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON values (commas), more than a compare.json "
+                             "EvoTrainer writes in 16 MiB")
+        base = json.loads(data)
     except (OSError, ValueError, RecursionError) as exc:
-        why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else str(exc)
+        why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else clip_text(
+            str(exc), MAX_ECHO_CHARS)
         raise CompareError(f"--baseline {path}: cannot be read as compare.json ({why})") from None
     if not isinstance(base, dict) or not isinstance(base.get("runs"), list) or not isinstance(base.get("comparable"),
                                                                                               dict):
@@ -214,17 +284,24 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     differ = [k for k in want if want[k] != got.get(k)]
     if differ:
         raise CompareError(f"--baseline {path}: made on another " + ", ".join(
-            f"{k} ({got.get(k)!r}, here {want[k]!r})" for k in differ) + "; its runs do not pair with these")
+            f"{k} ({_echo(got.get(k))}, here {want[k]!r})" for k in differ) + "; its runs do not pair with these")
     # every stored run is checked here, before any run trains: build_table reads them after the runs (review 13,
-    # B-R13: a run of another shape ended the command at its end in a raw TypeError / KeyError / OverflowError)
-    try:
-        runs = _STORED_RUNS.validate_python(base["runs"])
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = "runs" + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in err["loc"])
-        raise CompareError(f"--baseline {path}: {where}: {err['msg']} ({exc.error_count()} problem(s) in its "
-                           "runs); not a compare.json EvoTrainer wrote: run those modes again instead") from None
+    # B-R13: a run of another shape ended the command at its end in a raw TypeError / KeyError / OverflowError);
+    # counted first, then validated one run at a time, so one bad run gives a bounded number of errors (V-R16)
+    _check_counts(path, base["runs"], int(config.recipe.data.n_test))
+    runs = []
+    for i, raw in enumerate(base["runs"]):
+        try:
+            runs.append(_STORED_RUN.validate_python(raw))
+        except ValidationError as exc:
+            err = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+            where = f"runs[{i}]" + "".join(f"[{_echo(p)}]" if isinstance(p, str) else f"[{p}]" for p in err["loc"])
+            raise _not_ours(path, where, f"{clip_text(err['msg'], MAX_ECHO_CHARS)} ({exc.error_count()} problem(s) "
+                                         f"in runs[{i}])") from None
     return {**base, "runs": [r.model_dump() for r in runs]}
+
+
+_Outcomes = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(fail_fast=True)]
 
 
 class _StoredRun(BaseModel):
@@ -234,13 +311,13 @@ class _StoredRun(BaseModel):
     mode: Literal[MODES_LITERAL]  # type: ignore[valid-type]
     seed: int = Field(ge=0, le=2**31)
     version: str | None = None
-    test: dict[str, list[Annotated[float, Field(allow_inf_nan=False)]]] = Field(default_factory=dict)
-    no_rl_test: dict[str, list[Annotated[float, Field(allow_inf_nan=False)]]] = Field(default_factory=dict)
+    test: dict[str, _Outcomes] = Field(default_factory=dict)
+    no_rl_test: dict[str, _Outcomes] = Field(default_factory=dict)
     compute: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict)
     k: int | None = None
 
 
-_STORED_RUNS = TypeAdapter(list[_StoredRun])
+_STORED_RUN = TypeAdapter(_StoredRun)
 
 
 def finished_runs(out: str | Path) -> list[tuple[str, int]]:

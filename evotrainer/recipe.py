@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 from evotrainer.echo import closest_names, echo
 from evotrainer.errors import EvoTrainerError
 from evotrainer.patterns import PatternError, compile_re2
+from evotrainer.terminal import MAX_ERRORS_SHOWN, capped_errors, clip_key, clip_text
 
 # Reward components the backends implement (rl_backend.rewards registers one function per name).
 REWARD_COMPONENTS: tuple[str, ...] = (
@@ -439,27 +440,37 @@ _BOUND_RULES = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
 
 
 def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None) -> str:
-    """One line per pydantic error: ``<prefix>.<path>=<value>: <rule>; <fix>``.
+    """One line per pydantic error: ``<prefix>.<path>=<value>: <rule>; <fix>``, at most
+    :data:`~evotrainer.terminal.MAX_ERRORS_SHOWN` lines and a last one counting the rest; values are shown cut to
+    :data:`SHOWN_MAX` characters, keys to :data:`~evotrainer.terminal.MAX_KEY_CHARS`, messages to
+    :data:`MAX_MESSAGE_CHARS`.
 
     An unknown field suggests the closest allowed name (``did you mean 'actor_learning_rate'?``,
     difflib ratio >= 0.6) or, when none is close, lists the allowed ones. A bound (``ge=1``) says the
     value to set.
     """
-    lines = []
-    errors = err.errors()
-    for e in errors[:MAX_LISTED_RECIPE_ERRORS]:
-        loc = ".".join(echo(p) for p in e["loc"])
+    lines: list[str] = []
+    listed_at: set[tuple[Any, ...]] = set()  # sections whose allowed field names a line has listed
+    for e in err.errors(include_url=False):
+        if len(lines) == MAX_ERRORS_SHOWN:  # the rest counted, not formatted (Y-R16: 25,000 lines, 12 MB)
+            break
+        loc = ".".join(clip_key(p) for p in e["loc"])
         path = f"{prefix}.{loc}" if loc else prefix
         ctx = e.get("ctx") or {}
         if e["type"] == "recipe_field":
-            lines.append(f"{prefix}.{ctx['path']}={_shown(ctx['value'])}: {ctx['rule']}")
+            lines.append(f"{prefix}.{clip_text(str(ctx['path']), SHOWN_MAX)}={_shown(ctx['value'])}: "
+                         f"{clip_text(str(ctx['rule']), MAX_MESSAGE_CHARS)}")
         elif e["type"] == "extra_forbidden":
             parent_fields = _fields_at(root or Recipe, e["loc"][:-1])
-            close = did_you_mean(cast(str, e["loc"][-1]), parent_fields)
+            close = did_you_mean(clip_key(e["loc"][-1]), parent_fields)
             if close:
                 lines.append(f"{path}: unknown field; did you mean {close!r}?")
             else:
-                allowed = f"; allowed: {', '.join(parent_fields)}" if parent_fields else ""
+                # the allowed names once per section: the next unknown key of the section points back to them
+                listed = tuple(e["loc"][:-1]) in listed_at
+                allowed = "" if not parent_fields else "; allowed: as above" if listed else \
+                    f"; allowed: {', '.join(parent_fields)}"
+                listed_at.add(tuple(e["loc"][:-1]))
                 lines.append(f"{path}: unknown field{allowed}")
         elif e["type"] == "literal_error":
             expected = ctx.get("expected", "")
@@ -476,17 +487,13 @@ def _format_error(err: ValidationError, prefix: str = "recipe", root: Any = None
                 bound = int(bound)  # a float field's bound as written (86400, not pydantic's 86400.0)
             lines.append(f"{path}={_shown(e.get('input'))}: {e['msg']}; set a value {op} {bound}")
         else:
-            msg = e["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+            msg = clip_text(e["msg"].removeprefix("Value error, "), MAX_MESSAGE_CHARS)
             lines.append(f"{path}={_shown(e.get('input'))}: {msg}")
-    if len(errors) > MAX_LISTED_RECIPE_ERRORS:
-        lines.append(f"... and {len(errors) - MAX_LISTED_RECIPE_ERRORS:,} more errors; fix these and validate again")
-    return "\n".join(lines)
+    return "\n".join(capped_errors(lines, err.error_count()))
 
 
 SHOWN_MAX = 200  # characters of a value an error shows
-MAX_LISTED_RECIPE_ERRORS = 20  # lines of one recipe error; the rest are counted (40,000 unknown keys made a 3.4 MB error)
+MAX_MESSAGE_CHARS = 400  # characters of a validator's message an error shows (ours are under 300; a value may be in it)
 
 
 def _shown(value: Any) -> str:

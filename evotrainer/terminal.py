@@ -35,6 +35,30 @@ def clip_text(text: str | None, max_chars: int) -> str:
     return text[:max_chars] + f"... [{len(text) - max_chars} more chars]"
 
 
+MAX_ERRORS_SHOWN = 20
+"""Errors one message lists; the rest are counted. Review 16 (Y-R16): a 239 KB recipe of 25,000 unknown keys printed
+25,000 lines, 12 MB, each listing the allowed fields. Twenty cover a config written by hand; fixing them and
+validating again shows the next ones."""
+
+MAX_KEY_CHARS = 64
+"""Characters of a field name (a config key, a location part) an error echoes: real ones are under 40."""
+
+
+def capped_errors(lines: list[str], total: int | None = None, max_shown: int = MAX_ERRORS_SHOWN) -> list[str]:
+    """The first ``max_shown`` of ``lines`` and, when there are more (``total``: how many in all, default
+    ``len(lines)``), a last line ``... and N more errors (fix these and validate again to see them)``."""
+    total = len(lines) if total is None else total
+    shown = lines[:max_shown]
+    if total > len(shown):
+        shown.append(f"... and {total - len(shown):,} more errors (fix these and validate again to see them)")
+    return shown
+
+
+def clip_key(key: object) -> str:
+    """A field name or location part as an error echoes it: ``str(key)`` cut to :data:`MAX_KEY_CHARS`."""
+    return clip_text(str(key), MAX_KEY_CHARS)
+
+
 def has_controls(text: str) -> bool:
     """Whether ``text`` holds a character :func:`neutralise` would show escaped (a terminal control but newline
     and tab, or a bidi control), or a newline or tab (in a path or a name, they are no layout)."""

@@ -20,6 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evotrainer.recipe import MAX_MESSAGE_CHARS, _shown
+from evotrainer.terminal import MAX_ERRORS_SHOWN, capped_errors, clip_key, clip_text
+
 Severity = Literal["info", "warn", "blocking"]
 Judged = Literal["level", "change", "trend"]
 SEVERITY_RANK = {"info": 0, "warn": 1, "blocking": 2}
@@ -138,15 +141,20 @@ def parse_findings(payload: Any, analyzer: str = "") -> list[Finding]:
 
 
 def _field_errors(err: ValidationError, prefix: str) -> str:
-    """``prefix.field=value: rule`` per error, ``; ``-joined; a missing field names the ones a finding needs."""
-    parts = []
-    for e in err.errors():
-        path = ".".join([prefix, *(str(p) for p in e["loc"])])
-        msg = e["msg"].removeprefix("Value error, ")
+    """``prefix.field=value: rule`` per error, ``; ``-joined; a missing field names the ones a finding needs. At
+    most :data:`~evotrainer.terminal.MAX_ERRORS_SHOWN` errors, the rest counted; values cut to
+    :data:`~evotrainer.recipe.SHOWN_MAX` characters (Y-R16: a finding of 50,000 bad keys or a 1 MB value was
+    restated whole)."""
+    parts: list[str] = []
+    for e in err.errors(include_url=False):
+        if len(parts) == MAX_ERRORS_SHOWN:
+            break
+        path = ".".join([prefix, *(clip_key(p) for p in e["loc"])])
+        msg = clip_text(e["msg"].removeprefix("Value error, "), MAX_MESSAGE_CHARS)
         if e["type"] == "missing":
             parts.append(f"{path}: required (a finding has kind, severity, versions, steps, evidence, explanation)")
         elif e["type"] == "extra_forbidden":
             parts.append(f"{path}: unknown field; allowed: {', '.join(Finding.model_fields)}")
         else:
-            parts.append(f"{path}={e.get('input')!r}: {msg}")
-    return "; ".join(parts)
+            parts.append(f"{path}={_shown(e.get('input'))}: {msg}")
+    return "; ".join(capped_errors(parts, err.error_count()))

@@ -449,6 +449,12 @@ def parse_wandb_history(data: Any) -> Records:
 
 # --- reading a foreign folder ------------------------------------------------------------------------
 MAX_GZIP_BYTES = 256 << 20  # a .log.gz decompresses to at most this (a 4 MiB gzip of zeros is 4 GiB)
+# ... and to at most MAX_GZIP_RATIO times its own size, past GZIP_FREE_BYTES. Review 16 (Z-R16): a 254 KB .log.gz of
+# newlines decompressed to 255 MiB, under MAX_GZIP_BYTES, and parsing it took 142 s / 4.4 GB (a plain log that costs
+# this takes 255 MB of disk, the bomb a quarter of a MB). Console logs compress 5-20x (verl's lines 6.6x, TRL's dicts
+# 9.8x, measured); a log of nothing but tqdm bars reaches ~160x, a bomb ~1000x.
+MAX_GZIP_RATIO = 100
+GZIP_FREE_BYTES = 16 << 20  # a .gz expanding to this much is read whatever its ratio (its parse costs seconds)
 
 
 def files_under(folder: Path) -> list[Path]:
@@ -579,20 +585,30 @@ def read_capped(path: Path, max_bytes: int, hint: str) -> bytes:
 
 
 def read_gzip_text(path: Path, max_bytes: int | None = None) -> str:
-    """The text of a gzip file, decompressed as a stream and refused past ``max_bytes`` (default :data:`MAX_GZIP_BYTES`).
+    """The text of a gzip file, decompressed as a stream and refused, with no more decompressed, past ``max_bytes``
+    (default :data:`MAX_GZIP_BYTES`) or past :data:`MAX_GZIP_RATIO` times the file's size when that is more than
+    :data:`GZIP_FREE_BYTES` (a bomb of a quarter MB expanding to 255 MiB is refused after 25 MB).
 
     Raises:
-        ValueError: it decompresses to more than ``max_bytes`` bytes, or is not gzip (names the file and the fix).
+        ValueError: it decompresses to more than ``max_bytes`` bytes or than the ratio allows, or is not gzip (names
+            the file, the sizes and the fix).
     """
     max_bytes = MAX_GZIP_BYTES if max_bytes is None else max_bytes
     try:
-        with os.fdopen(open_listed(path), "rb") as raw, gzip.open(raw, "rb") as f:
-            data = f.read(max_bytes + 1)
+        with os.fdopen(open_listed(path), "rb") as raw:
+            size = os.fstat(raw.fileno()).st_size
+            by_ratio = max(GZIP_FREE_BYTES, MAX_GZIP_RATIO * size)
+            with gzip.open(raw, "rb") as f:
+                data = f.read(min(max_bytes, by_ratio) + 1)
     except (OSError, EOFError) as exc:
         raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
     if len(data) > max_bytes:
         raise ValueError(f"{path}: decompresses to more than {max_bytes >> 20} MiB (a gzip bomb, or a very large "
                          f"log); gunzip it yourself and pass the .log, or cut it")
+    if len(data) > by_ratio:
+        raise ValueError(f"{path}: {size:,} bytes that decompress to more than {by_ratio:,} (over {MAX_GZIP_RATIO} "
+                         "times its size: a gzip bomb, or a log of little but progress bars); gunzip it yourself and "
+                         "pass the .log")
     return data.decode(errors="replace")
 
 

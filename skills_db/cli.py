@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from evotrainer.cli_errors import fail
-from evotrainer.terminal import neutralise
+from evotrainer.terminal import clip_key, clip_text, neutralise
 
 skills_app = typer.Typer(help="The skills memory: interventions, analyzers and procedures that worked.",
                          no_args_is_help=True)
@@ -189,7 +189,14 @@ def load_skill_file(path: Path) -> list[Any]:
     import yaml
     from pydantic import ValidationError
 
-    from evotrainer.recipe import YAML_MAX_BYTES, AliasBoundError, load_yaml
+    from evotrainer.recipe import (
+        MAX_MESSAGE_CHARS,
+        SHOWN_MAX,
+        YAML_MAX_BYTES,
+        AliasBoundError,
+        _shown,
+        load_yaml,
+    )
     from evotrainer.skills_db.models import Skill, SkillError, check_recipe_path
 
     if not path.is_file():
@@ -216,14 +223,17 @@ def load_skill_file(path: Path) -> list[Any]:
         try:
             out.append(Skill.model_validate(entry))
         except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "skill"
-            msg = first["msg"].removeprefix("Value error, ")
-            raise SkillError(f"{path}: entry {i} ({entry.get('id', '?')}): {loc}: {msg}") from None
+            # the first error only, the id and the message cut (Y-R16: a 200 KB id was echoed twice, 400 KB)
+            first = err.errors(include_url=False)[0]
+            loc = ".".join(clip_key(p) for p in first["loc"]) or "skill"
+            msg = clip_text(first["msg"].removeprefix("Value error, "), MAX_MESSAGE_CHARS)
+            sid = entry.get("id", "?")
+            sid = clip_text(sid, SHOWN_MAX) if isinstance(sid, str) else _shown(sid)
+            raise SkillError(f"{path}: entry {i} ({sid}): {loc}: {msg}") from None
         try:
             check_recipe_path(out[-1])
         except SkillError as err:
-            raise SkillError(f"{path}: entry {i} ({out[-1].id}): {err}") from None
+            raise SkillError(f"{path}: entry {i} ({clip_text(out[-1].id, SHOWN_MAX)}): {err}") from None
     return out
 
 

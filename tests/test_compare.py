@@ -208,7 +208,7 @@ def test_a_baseline_whose_runs_are_of_another_shape_is_refused_before_anything_r
     f.write_text(json.dumps({"runs": runs, "comparable": _comparable(cfg)}))
     with pytest.raises(CompareError) as err:
         load_baseline(f, cfg)
-    assert str(err.value).startswith(f"--baseline {f}: {where}: {msg} (1 problem(s) in its runs); not a compare.json "
+    assert str(err.value).startswith(f"--baseline {f}: {where}: {msg} (1 problem(s) in runs[0]); not a compare.json "
                                      "EvoTrainer wrote: run those modes again instead"), str(err.value)
     f.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(CompareError, match=r"cannot be read as compare.json \(JSON nested deeper than Python reads\)"):
