@@ -1193,7 +1193,7 @@ def test_report_reads_the_parent_links_once_however_deep_the_lineage(tmp_path):
     children of v0, and the depths, ancestors, starts and offsets are the hand-counted ones."""
     import sqlite3
 
-    from evotrainer.agents.report import _global_steps, lineage_curves, recipe_rows
+    from evotrainer.agents.report import ReportLineage, _global_steps, lineage_curves, recipe_rows
 
     deep = _chains_run(tmp_path / "deep", 4, 250)
     flat = _chains_run(tmp_path / "flat", 1000, 1)
@@ -1215,7 +1215,8 @@ def test_report_reads_the_parent_links_once_however_deep_the_lineage(tmp_path):
     counts = {}
     for name, run in (("deep", deep), ("flat", flat)):
         with Workspace.open(run) as ws:
-            counts[name] = [queries(ws, lambda f=f: f(ws))[0] for f in (lineage_curves, _global_steps, recipe_rows)]
+            counts[name] = [queries(ws, lambda f=f: f(ws))[0] for f in (lineage_curves, recipe_rows)]
+            counts[name].append(queries(ws, lambda: _global_steps(ReportLineage(ws.lineage)))[0])
     assert counts["deep"] == counts["flat"], counts
     with Workspace.open(deep) as ws:
         lin = ws.lineage

@@ -70,8 +70,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 def tasks_cmd(taskset: TasksetOpt = None, as_json: JsonOpt = False) -> None:
     """List the SWE tasks: id, project, bugged file and line, mutation, hidden test counts.
 
-    Text from the task set is printed with control characters shown as ``\\xNN`` (never obeyed by the
-    terminal) and without rich markup; ``--json`` escapes them as JSON does.
+    Text from the task set is printed with control characters shown as \\xNN (never obeyed by the
+    terminal) and without rich markup; --json escapes them as JSON does.
     """
     from rich.table import Table
 
