@@ -1241,7 +1241,7 @@ def test_report_reads_the_parent_links_once_however_deep_the_lineage(tmp_path):
         assert curves["v351"]["reward/mean"] == [(197, 0.2), (198, 0.1), (199, 0.2)]
         assert curves["v1"]["reward/mean"] == [(0, 0.1), (1, 0.2)]  # v0 trained no step: no lead point
         assert ("<tr><td>v351</td><td>v349 (its last step 197)</td><td class='num'>198</td><td class='num'>199</td>"
-                "</tr>") in _global_steps(ws)
+                "</tr>") in _global_steps(ReportLineage(ws.lineage))
 
 
 def test_a_version_folder_under_tb_or_checkpoints_that_is_a_link_is_refused(tmp_path, host):
