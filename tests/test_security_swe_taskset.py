@@ -359,3 +359,21 @@ def test_the_shipped_set_still_loads_and_unpacks(tmp_path):
     repo = materialize(t, tmp_path / "r")
     assert t.bug.new in (repo / t.bug.path).read_text()
     assert not any(stat.S_ISLNK(os.lstat(p).st_mode) for p in repo.rglob("*"))
+
+
+# --- the scripted policies' snapshot reader keeps the same caps ---------------------------------------------------
+def test_snapshot_file_reads_within_the_snapshot_caps(tmp_path):
+    from evotrainer.rl_backend.swe.policies import snapshot_file
+
+    big = SNAPSHOT_MAX_FILE_BYTES + 1
+    root = task_set(tmp_path / "ts", members=[member("m.py", CLEAN), member("data.bin", bytes(big)),
+                                              member("lnk.py", kind=tarfile.SYMTYPE, link="/etc/passwd")])
+    task = load_taskset(root)[0]
+    assert snapshot_file(task, "m.py", root) == "A = 1\n"
+    assert snapshot_file(task, "./m.py", root) == "A = 1\n"
+    with pytest.raises(SweTaskError, match="data.bin is over SNAPSHOT_MAX_FILE_BYTES = 16 MiB"):
+        snapshot_file(task, "data.bin", root)  # was read whole (16 MiB + 1 into memory, then decoded)
+    with pytest.raises(ValueError, match="lnk.py is not in snapshot evil.tar.gz"):
+        snapshot_file(task, "lnk.py", root)  # a link is no file of the snapshot
+    with pytest.raises(ValueError, match="nope.py is not in snapshot"):
+        snapshot_file(task, "nope.py", root)

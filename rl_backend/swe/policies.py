@@ -18,7 +18,7 @@ padded, KV-cached ``generate``) and returns the sampled token ids for the trajec
 
 from __future__ import annotations
 
-import io
+import gzip
 import json
 import tarfile
 from collections.abc import Sequence
@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.rl_backend.swe.episode import Action
-from evotrainer.rl_backend.swe.tasks import TASKSET_DIR, SweTask
+from evotrainer.rl_backend.swe.tasks import (
+    SNAPSHOT_MAX_FILE_BYTES,
+    SNAPSHOT_MAX_STREAM_BYTES,
+    TASKSET_DIR,
+    CappedReader,
+    SweTask,
+    SweTaskError,
+)
 
 SCRIPTED = ("oracle", "noop", "cheat", "loop")
 
@@ -36,21 +43,33 @@ def _call(name: str, **arguments: Any) -> str:
 
 
 def snapshot_file(task: SweTask, path: str, taskset_root: str | Path = TASKSET_DIR) -> str:
-    """Clean text of one file of a generated task's snapshot (before the bug).
+    """Clean text of one file of a generated task's snapshot (before the bug), read within the snapshot caps of
+    :mod:`evotrainer.rl_backend.swe.tasks` (the tarball, the unpacked stream and the file each under their
+    ``SNAPSHOT_MAX_*`` bound; a task set may be someone else's).
 
     Raises:
-        ValueError: the task has no snapshot or the file is not in it.
+        ValueError: the task has no snapshot, the file is not in it (or is not a regular file).
+        SweTaskError: the tarball, its stream or the file is over its cap.
     """
     if not task.snapshot:
         raise ValueError(f"{task.instance_id}: scripted policies need a generated task (with a snapshot)")
-    with tarfile.open(Path(taskset_root) / "repos" / task.snapshot, "r:gz") as tar:
-        try:
-            member = tar.extractfile(path)
-        except KeyError:
-            member = None
-        if member is None:
-            raise ValueError(f"{task.instance_id}: {path} is not in snapshot {task.snapshot}")
-        return io.TextIOWrapper(member, encoding="utf-8").read()
+    tar_path = Path(taskset_root) / "repos" / task.snapshot
+    label = f"{task.instance_id}: snapshot {task.snapshot}"
+    if tar_path.stat().st_size > SNAPSHOT_MAX_STREAM_BYTES:
+        raise SweTaskError(f"{label}: the tarball is over SNAPSHOT_MAX_STREAM_BYTES = {SNAPSHOT_MAX_STREAM_BYTES >> 20} MiB")
+    with open(tar_path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz, \
+            tarfile.open(fileobj=CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|") as tar:
+        for member in tar:
+            if member.name.removeprefix("./") != path.removeprefix("./"):
+                continue
+            if not member.isreg():
+                break
+            if member.size > SNAPSHOT_MAX_FILE_BYTES:
+                raise SweTaskError(f"{label}: {path} is over SNAPSHOT_MAX_FILE_BYTES = {SNAPSHOT_MAX_FILE_BYTES >> 20} MiB")
+            f = tar.extractfile(member)
+            if f is not None:
+                return f.read(SNAPSHOT_MAX_FILE_BYTES).decode("utf-8")
+    raise ValueError(f"{task.instance_id}: {path} is not in snapshot {task.snapshot}")
 
 
 class ScriptedPolicy:

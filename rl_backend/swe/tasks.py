@@ -273,7 +273,7 @@ def write_snapshot(src: Path, tar_path: Path) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-class _CappedReader:
+class CappedReader:
     """A read-only stream over ``raw`` that raises :class:`SweTaskError` once more than ``cap`` bytes came out."""
 
     def __init__(self, raw: Any, cap: int, label: str):
@@ -344,7 +344,7 @@ def _snapshot_members(tar_path: Path, label: str, dest_fd: int | None) -> int:
     FIFO, sparse or contiguous file), a safe relative name (:func:`check_relative_path`), at most
     :data:`SNAPSHOT_MAX_FILES` entries, the size at most :data:`SNAPSHOT_MAX_FILE_BYTES` and all sizes together
     at most :data:`SNAPSHOT_MAX_TOTAL_BYTES`. While writing, the bytes that arrive are counted against the same
-    caps (a header can lie), and the whole stream is read through :class:`_CappedReader`
+    caps (a header can lie), and the whole stream is read through :class:`CappedReader`
     (:data:`SNAPSHOT_MAX_STREAM_BYTES`). Files are created beneath ``dest_fd`` following no link
     (:func:`evotrainer.sandbox.fs.open_beneath`), with ``O_EXCL``: a name given twice is refused. Modes: 0o644,
     or 0o755 when the owner's execute bit is set; owners, times, setuid bits are not restored.
@@ -360,7 +360,7 @@ def _snapshot_members(tar_path: Path, label: str, dest_fd: int | None) -> int:
     entries = total = 0
     try:
         with open(tar_path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz, \
-                tarfile.open(fileobj=_CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|") as tar:
+                tarfile.open(fileobj=CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|") as tar:
             for m in tar:
                 entries += 1
                 if entries > SNAPSHOT_MAX_FILES:
