@@ -271,6 +271,10 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
         if data.count(b",") >= MAX_BASELINE_VALUES:  # counted before parsing builds the objects (V-R16)
             raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON values (commas), more than a compare.json "
                              "EvoTrainer writes in 16 MiB")
+        if data.count(b"[") + data.count(b"{") + data.count(b":") >= MAX_BASELINE_VALUES:  # review 17 V-R17: nested
+            # empty lists carry no comma (16 MiB of [[[[[[[[]]]]]]]] made 7.9 M lists: 4.49 s, 859 MB)
+            raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON containers and keys ('[', '{{', ':'), more than "
+                             "a compare.json EvoTrainer writes in 16 MiB")
         base = json.loads(data)
     except (OSError, ValueError, RecursionError) as exc:
         why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else clip_text(

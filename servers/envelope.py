@@ -60,6 +60,11 @@ that says to retry (it is dropped, its memory freed): 100 sessions of large bodi
 for minutes, holding 4 MiB each. Handled in turn, a large body takes tens of milliseconds (a 4 MiB one ~0.1 s: its
 values are bounded by MAX_JSON_VALUES), so an honest client's rare large call waits well under it."""
 MAX_JSON_VALUES = 20_000
+MAX_JSON_QUOTES = 200_000
+"""'"' characters one message may hold (escaped ones included), counted before the string literals are stripped to
+count values: review 17 H-R17, 4 MiB of ``["","",...]`` (1.4 M strings) took 3.95 s and 323 MB to strip and refuse
+(~1 us a string). A message under :data:`MAX_JSON_VALUES` values holds at most ~2 x (20,000 + 100,000 containers)
+strings; a tool's code argument of 200 KB holds at most 100,000 escaped quotes."""
 """',' characters outside strings one message may hold: a bound on the values a parse makes (review 16, H-R16: a
 flat list of 2 M integers, 4 MiB, has 2 brackets and parsed for ~0.4 s; 100 such HTTP bodies at once stalled
 another session's ping 2.90 s). Tool arguments hold a few dozen values (lists are at most 1,000 items: ``MAX_ITEMS``;
@@ -157,6 +162,11 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
                                                   f"':' characters, past the {MAX_JSON_CONTAINERS:,} one message may; send "
                                                   "large data as text (or a file the server reads), not as nested "
                                                   "JSON")
+    quotes = raw.count(b'"') if isinstance(raw, bytes) else raw.count('"')
+    if quotes > MAX_JSON_QUOTES:  # before values_count strips the strings (its cost grows with their number)
+        return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {quotes:,} '\"' characters, "
+                                                  f"past the {MAX_JSON_QUOTES:,} one message may; send large data as "
+                                                  "text (one string), or split the call")
     values = values_count(raw)
     if values > MAX_JSON_VALUES:  # counted before any parse: a bound on the values it would make
         return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {values:,} ',' characters "

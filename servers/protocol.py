@@ -61,6 +61,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from evotrainer.echo import closest_names, echo
 from evotrainer.lineage import LineageError
 from evotrainer.servers.common import ServerState, ToolContext, loop_limiter, state_of
+from evotrainer.terminal import clip_text
 
 VERSION_URI = "lineage://version/{version_id}"
 VERSION_ARGS = ("version_id", "parent_id", "version_a", "version_b")  # arguments that take a version id
@@ -239,6 +240,9 @@ def _capabilities() -> ServerCapabilities:
                               completions=CompletionsCapability())
 
 
+MAX_ERROR_MESSAGE_CHARS = 2_000  # characters of a protocol error's message (ours are under 1,000; the rest is echo)
+
+
 def install(server: MCPServer[ServerState], state: ServerState,
             read_only_tools: Iterable[str] = ()) -> VersionWatcher:
     """Install the handlers of the module docstring on ``server``; returns its version watcher.
@@ -327,6 +331,11 @@ def install(server: MCPServer[ServerState], state: ServerState,
         token = _captured.set(buf)
         try:
             return await call_next(ctx)
+        except MCPError as exc:  # an SDK error may repeat the caller's input whole (review 17: an unknown resource
+            # URI of 3 MB came back as a 3,000,041-character error)
+            if len(exc.message) <= MAX_ERROR_MESSAGE_CHARS:
+                raise
+            raise MCPError(code=exc.code, message=clip_text(exc.message, MAX_ERROR_MESSAGE_CHARS)) from None
         finally:
             _captured.reset(token)
             await _forward_logs(ctx, buf, levels)

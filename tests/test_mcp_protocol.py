@@ -200,6 +200,22 @@ def test_per_version_resource_and_its_errors(run):
     assert err.code == -32602 and err.message.startswith("version 'v9' not found; known versions: v0, v1")
 
 
+def test_an_unknown_resource_of_a_huge_uri_gets_a_cut_error(run):
+    # review 17: a 3 MB URI to resources/read came back whole in the error (3,000,041 characters)
+    from evotrainer.servers.protocol import MAX_ERROR_MESSAGE_CHARS
+
+    server = build_server("all", run)
+
+    async def go(c):
+        with pytest.raises(MCPError) as e:
+            await c.read_resource("lineage://" + "x" * 3_000_000)
+        return e.value.error
+
+    err = _with_client(server, go, mode="legacy")
+    assert len(err.message) < MAX_ERROR_MESSAGE_CHARS + 40
+    assert err.message.endswith(" more chars]") and "x" * 1_000 in err.message  # terminal.clip_text's marker
+
+
 def test_subscribed_version_gets_update_notifications(tmp_path):
     from mcp_types import ResourceUpdatedNotification
 

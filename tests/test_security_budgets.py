@@ -12,6 +12,7 @@ import anyio
 from evotrainer.servers.envelope import (
     LARGE_BODIES_AT_ONCE,
     LARGE_BODY_HOLD_S,
+    MAX_JSON_QUOTES,
     MAX_JSON_VALUES,
     EnvelopeGuard,
     check_envelope,
@@ -51,6 +52,24 @@ def test_commas_inside_strings_are_no_values():
     # an escaped quote does not end the string; invalid UTF-8 does not stop the count (it is refused as a parse error)
     assert values_count(b'{"a": "x\\\\\\", ' + b"," * 30_000 + b'", "b": 1}') == 1
     assert values_count(b'["\\xff' + b"," * 30_000 + b'"]') == 0
+
+
+def test_a_body_of_a_million_tiny_strings_is_refused_before_they_are_stripped():
+    # review 17 H-R17: 4 MiB of ["","",...] passed the comma test only after RE2 stripped 1.4 M strings: 3.95 s, 323 MB
+    raw = _call('{"x": [' + ",".join(['""'] * 1_400_000) + "]}")
+    assert raw.count(b"\"") == 2_800_000 + 20  # the envelope's 10 keys and strings
+    t = time.perf_counter()
+    msg, err = check_envelope(raw)
+    assert time.perf_counter() - t < 0.5
+    assert msg is None and err["error"] == {"code": -32600, "message": (
+        "Invalid Request: the message holds 2,800,020 '\"' characters, past the 200,000 one message may; send large "
+        "data as text (one string), or split the call")}
+    # analyzer code of 99,000 escaped quotes (200 KB) is still a message
+    code = '\\"' * 99_000
+    raw = _call('{"name": "x", "code": "' + code + '", "kinds": ["a"]}')
+    assert raw.count(b'"') < MAX_JSON_QUOTES
+    msg, err = check_envelope(raw)
+    assert err is None and msg["params"]["arguments"]["code"] == '"' * 99_000
 
 
 def test_dense_small_bodies_are_large():

@@ -49,6 +49,20 @@ def test_a_baseline_of_millions_of_values_is_refused_before_it_is_parsed(tmp_pat
                               "(commas), more than a compare.json EvoTrainer writes in 16 MiB)")
 
 
+def test_a_baseline_of_millions_of_nested_lists_is_refused_before_it_is_parsed(tmp_path):
+    """Review 17 V-R17: 16 MiB of ``[[[[[[[[]]]]]]]]`` groups held 987 k commas (under the cap) and 7.9 M lists:
+    4.49 s, 859 MB. Brackets and colons are counted too."""
+    f = tmp_path / "compare.json"
+    f.write_bytes(b"[" + b",".join([b"[[[[[[[[]]]]]]]]"] * 300_000) + b"]")
+    assert f.stat().st_size < C.BASELINE_MAX_BYTES
+    t = time.monotonic()
+    with pytest.raises(C.CompareError) as err:
+        C.load_baseline(f, None)
+    assert time.monotonic() - t < 1
+    assert str(err.value) == (f"--baseline {f}: cannot be read as compare.json (more than 2097152 JSON containers "
+                              "and keys ('[', '{', ':'), more than a compare.json EvoTrainer writes in 16 MiB)")
+
+
 @pytest.mark.parametrize("runs, where, what", [
     ([{}] * 1001, "runs", "1001 stored runs, more than the 1000 (modes x seeds) a comparison stores"),
     ([{"mode": "static", "seed": 0, "test": {f"p{i}": [1.0] for i in range(7)}}], "runs[0]['test']",
