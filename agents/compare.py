@@ -43,6 +43,7 @@ from evotrainer.config import RunConfig
 from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.ingest_formats import read_capped
 from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
+from evotrainer.json_counts import comma_count, container_count
 from evotrainer.skills_db.store import SKILLS_DIR_ENV
 from evotrainer.terminal import clip_text
 from evotrainer.workspace import Workspace
@@ -268,10 +269,10 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
     try:  # a regular file of at most BASELINE_MAX_BYTES, opened without blocking (review 15: a FIFO blocked forever,
         # /dev/zero grew to 13.8 GB, a 40 MB file took 822 MB)
         data = read_capped(Path(path), BASELINE_MAX_BYTES, "give the compare.json a comparison wrote")
-        if data.count(b",") >= MAX_BASELINE_VALUES:  # counted before parsing builds the objects (V-R16)
+        if comma_count(data) >= MAX_BASELINE_VALUES:  # counted before parsing builds the objects (V-R16)
             raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON values (commas), more than a compare.json "
                              "EvoTrainer writes in 16 MiB")
-        if data.count(b"[") + data.count(b"{") + data.count(b":") >= MAX_BASELINE_VALUES:  # review 17 V-R17: nested
+        if container_count(data) >= MAX_BASELINE_VALUES:  # review 17 V-R17: nested
             # empty lists carry no comma (16 MiB of [[[[[[[[]]]]]]]] made 7.9 M lists: 4.49 s, 859 MB)
             raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON containers and keys ('[', '{{', ':'), more than "
                              "a compare.json EvoTrainer writes in 16 MiB")

@@ -40,6 +40,8 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
+from evotrainer.json_counts import as_bytes, comma_count, container_count, quote_count
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 SERVER_BUSY = -32000  # JSON-RPC's range for server errors: a large HTTP body that waited past LARGE_BODY_HOLD_S
@@ -85,14 +87,9 @@ _LATIN1.log_errors = False
 _JSON_STRING = re2.compile(rb'"(?:[^"\\]|\\.)*"', _LATIN1)  # a JSON string literal (RE2: linear time)
 
 
-def _as_bytes(raw: bytes | str) -> bytes:
-    return raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
-
-
 def structure_count(raw: bytes | str) -> int:
     """'[', '{', ':' and ',' characters of ``raw`` (strings included): ~1 ms for 4 MiB, no parse."""
-    b = _as_bytes(raw)
-    return b.count(b"[") + b.count(b"{") + b.count(b":") + b.count(b",")
+    return container_count(raw) + comma_count(raw)
 
 
 def is_large(raw: bytes | str) -> bool:
@@ -105,11 +102,10 @@ def values_count(raw: bytes | str) -> int:
     """',' characters of ``raw`` outside JSON strings (the values past the first of each array or object). Counted
     with ``bytes.count`` first; only a message with more than :data:`MAX_JSON_VALUES` commas in all has its string
     literals taken out first (RE2, linear: ~75 ms for a 4 MiB string)."""
-    b = _as_bytes(raw)
-    n = b.count(b",")
+    n = comma_count(raw)
     if n <= MAX_JSON_VALUES:
         return n
-    return _JSON_STRING.sub(b"", b).count(b",")
+    return _JSON_STRING.sub(b"", as_bytes(raw)).count(b",")
 
 
 def error_reply(code: int, message: str, request_id: Any = None) -> dict[str, Any]:
@@ -155,14 +151,13 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
     Args:
         raw: one message: a stdio line or an HTTP request body (UTF-8).
     """
-    brackets = (raw.count(b"[") + raw.count(b"{") + raw.count(b":") if isinstance(raw, bytes)
-                else raw.count("[") + raw.count("{") + raw.count(":"))
+    brackets = container_count(raw)
     if brackets > MAX_JSON_CONTAINERS:  # counted before any parse: a cheap bound on the objects it would make
         return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {brackets:,} '[', '{{' and "
                                                   f"':' characters, past the {MAX_JSON_CONTAINERS:,} one message may; send "
                                                   "large data as text (or a file the server reads), not as nested "
                                                   "JSON")
-    quotes = raw.count(b'"') if isinstance(raw, bytes) else raw.count('"')
+    quotes = quote_count(raw)
     if quotes > MAX_JSON_QUOTES:  # before values_count strips the strings (its cost grows with their number)
         return None, error_reply(INVALID_REQUEST, f"Invalid Request: the message holds {quotes:,} '\"' characters, "
                                                   f"past the {MAX_JSON_QUOTES:,} one message may; send large data as "
