@@ -292,7 +292,8 @@ def diagnose_run(
 def propose_next_intervention(
     ctx: ToolContext,
     version_id: Annotated[str, Field(description="Parent version of the next child.")],
-    findings: Annotated[str, Field(description="Findings of the diagnosis (text or JSON).")] = "",
+    findings: Annotated[str, Field(description="Findings of the diagnosis (text or JSON, at most "
+                                             f"{protocol.MAX_PROMPT_ARGUMENT_CHARS:,} characters).")] = "",
 ) -> str:
     """Propose the next single-factor intervention on a version from its findings and the skill memory."""
     return (

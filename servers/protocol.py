@@ -1,7 +1,8 @@
 """MCP protocol details every EvoTrainer server shares (installed by :func:`install` from ``build_server``).
 
-- ``prompts/get``: an unknown prompt or a missing argument is JSON-RPC ``-32602`` (invalid params)
-  with a message naming the fix, not ``0`` / ``-32603`` with a traceback in the server's stderr.
+- ``prompts/get``: an unknown prompt, a missing or unknown argument, or an argument longer than
+  :data:`MAX_PROMPT_ARGUMENT_CHARS` is JSON-RPC ``-32602`` (invalid params) with a message naming the fix, not
+  ``0`` / ``-32603`` with a traceback in the server's stderr.
 - Logging (spec 2025-11-25 "Logging"): the ``logging`` capability and ``logging/setLevel``; log
   records the server emits while it handles a request (tool failures, job messages) go to that
   client as ``notifications/message`` at or above its level (default ``warning``). Under 2026-07-28
@@ -241,6 +242,11 @@ def _capabilities() -> ServerCapabilities:
 
 
 MAX_ERROR_MESSAGE_CHARS = 2_000  # characters of a protocol error's message (ours are under 1,000; the rest is echo)
+MAX_PROMPT_ARGUMENT_CHARS = 64_000
+"""Characters of one ``prompts/get`` argument: a version id is under 100, a diagnosis's findings (the longest real
+argument: analyzer findings as text or JSON) fit in the budget of the lineage table a prompt carries
+(``PROMPT_TABLE_MAX_CHARS``, about 16k tokens). Longer is refused with ``-32602`` naming the argument and this limit
+(review 17: a 3 MB argument was copied into the prompt text whole, a 3 MB reply per request)."""
 
 
 def install(server: MCPServer[ServerState], state: ServerState,
@@ -279,6 +285,12 @@ def install(server: MCPServer[ServerState], state: ServerState,
         if unknown:  # (review 15 P-R15: answered a bare -32603 "Error rendering prompt" naming nothing)
             raise MCPError(code=INVALID_PARAMS, message=f"prompt {echo(params.name)!r}: unknown argument "
                            f"{', '.join(unknown[:5])}; allowed: {', '.join(allowed) or 'none'}")
+        long = [(k, v) for k, v in (params.arguments or {}).items() if len(v) > MAX_PROMPT_ARGUMENT_CHARS]
+        if long:
+            k, v = long[0]
+            raise MCPError(code=INVALID_PARAMS, message=f"prompt {echo(params.name)!r}: argument {k} is {len(v):,} "
+                           f"characters, over the limit of {MAX_PROMPT_ARGUMENT_CHARS:,}; shorten it (findings: "
+                           "their kinds, steps and evidence refs, not whole rollouts)")
         try:
             return await server._handle_get_prompt(ctx, params)
         except ValueError as exc:

@@ -34,6 +34,8 @@ from evotrainer.rl_backend.swe.env import SweEnv, repo_digest
 from evotrainer.rl_backend.swe.tasks import (
     SNAPSHOT_MAX_FILE_BYTES,
     SNAPSHOT_MAX_FILES,
+    SNAPSHOT_MAX_HEADER_BYTES,
+    SNAPSHOT_MAX_HEADER_CHAIN,
     SNAPSHOT_MAX_STREAM_BYTES,
     SNAPSHOT_MAX_TOTAL_BYTES,
     BugSpec,
@@ -193,21 +195,102 @@ def test_too_many_entries_are_refused(tmp_path):
     assert_nothing_written(tmp_path / "repo", t0)  # the old code made 100,000 files in 12 s
 
 
-def test_a_tar_stream_past_the_stream_cap_is_refused(tmp_path):
-    """A PAX header record of 130 MiB (no file at all): the tar stream itself is capped, however well it compresses."""
-    size = SNAPSHOT_MAX_STREAM_BYTES + (2 << 20)
+def pax_header(size: int) -> bytes:
+    """A pax ``x`` header of ``size`` bytes (one ``comment`` record) with its record, padded to whole blocks."""
+    head = f"{size} comment=".encode()
     info = tarfile.TarInfo("././@PaxHeader")
     info.type, info.size = tarfile.XHDTYPE, size
+    return info.tobuf(tarfile.USTAR_FORMAT) + head + b"x" * (size - len(head) - 1) + b"\n" + bytes(-size % 512)
+
+
+def test_a_tar_stream_past_the_stream_cap_is_refused(tmp_path):
+    """130 MiB of PAX header records, each at SNAPSHOT_MAX_HEADER_BYTES, before 2,000 empty files: the tar stream
+    itself is capped, however well it compresses."""
+    one = pax_header(SNAPSHOT_MAX_HEADER_BYTES) + member("f.py")[0].tobuf(tarfile.USTAR_FORMAT)
     comp = zlib.compressobj(1, zlib.DEFLATED, 31)
-    out = [comp.compress(info.tobuf(tarfile.USTAR_FORMAT))]
-    chunk = b"x" * (1 << 20)
-    out += [comp.compress(chunk) for _ in range(size >> 20)]
+    out = [comp.compress(one) for _ in range((SNAPSHOT_MAX_STREAM_BYTES + (2 << 20)) // len(one))]
     raw = b"".join([*out, comp.flush()])
     root = task_set(tmp_path / "ts", raw=raw)
     t0 = time.monotonic()
     with pytest.raises(SweTaskError, match=r"the unpacked tar stream is over SNAPSHOT_MAX_STREAM_BYTES = 128 MiB"):
         build(root, tmp_path / "repo")
     assert_nothing_written(tmp_path / "repo", t0)
+
+
+def big_extended_header(kind: bytes, size: int) -> bytes:
+    """A .tar.gz whose first header is an extended one of ``kind`` declaring ``size`` bytes (all there: 'x' * size),
+    then a file m.py."""
+    info = tarfile.TarInfo("././@PaxHeader" if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE) else "././@LongLink")
+    info.type, info.size = kind, size
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+    out = [comp.compress(info.tobuf(tarfile.USTAR_FORMAT))]
+    head = f"{size} comment=".encode() if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE) else b""
+    out.append(comp.compress(head))
+    left = size - len(head)
+    while left > 0:
+        out.append(comp.compress(b"x" * min(left, 1 << 20)))
+        left -= 1 << 20
+    out.append(comp.compress(member("m.py", CLEAN)[0].tobuf(tarfile.USTAR_FORMAT) + CLEAN.ljust(512, b"\0")))
+    return b"".join([*out, comp.flush()])
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME,
+                                  tarfile.GNUTYPE_LONGLINK])
+def test_an_extended_header_past_the_header_cap_is_refused_unread(tmp_path, kind):
+    """Review 17: tarfile read an extended header whole before its member was seen; one pax header of 100 MiB held
+    ~400 MB for 2.2 s and then unpacked (a GNU long name of 100 MiB too). Refused from its 512-byte block now."""
+    root = task_set(tmp_path / "ts", raw=big_extended_header(kind, 100 << 20))
+    t0 = time.monotonic()
+    tracemalloc.start()
+    try:
+        with pytest.raises(SweTaskError) as err:
+            build(root, tmp_path / "repo")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(err.value) == (f"evil__000: snapshot evil.tar.gz: an extended tar header (type {kind.decode()!r}) of "
+                              "104857600 bytes, over SNAPSHOT_MAX_HEADER_BYTES = 64 KiB; a snapshot holds the source "
+                              "files of one project (scripts/gen_swe_tasks.py writes them)")
+    assert peak < 8 << 20, peak  # not the 100 MiB header
+    assert_nothing_written(tmp_path / "repo", t0, 2.0)
+
+
+def test_a_header_at_the_cap_still_unpacks_and_a_long_chain_is_refused(tmp_path):
+    """A pax header of exactly SNAPSHOT_MAX_HEADER_BYTES is read; more than SNAPSHOT_MAX_HEADER_CHAIN extended headers
+    in a row (tarfile reads each chained one recursively: 3,000 were an uncaught RecursionError) are refused."""
+    m_info, m_data = member("m.py", CLEAN)
+    body = m_info.tobuf(tarfile.USTAR_FORMAT) + m_data.ljust(512, b"\0")
+    ok = task_set(tmp_path / "ok", raw=gzip.compress(pax_header(SNAPSHOT_MAX_HEADER_BYTES) + body + bytes(1024)))
+    assert (build(ok, tmp_path / "repo_ok") / "m.py").read_bytes() == b"A = 2\n"  # the bug applied
+    for n, refused in ((SNAPSHOT_MAX_HEADER_CHAIN, False), (3_000, True)):
+        root = task_set(tmp_path / f"chain{n}", raw=gzip.compress(pax_header(12) * n + body + bytes(1024)))
+        (tmp_path / f"repo{n}").mkdir()
+        if not refused:
+            assert (build(root, tmp_path / f"repo{n}") / "m.py").read_bytes() == b"A = 2\n"  # the bug applied
+            continue
+        with pytest.raises(SweTaskError, match=r"more than SNAPSHOT_MAX_HEADER_CHAIN = 8 extended tar headers in a row"):
+            build(root, tmp_path / f"repo{n}")
+
+
+def test_a_gnu_sparse_header_is_refused_before_its_extension_blocks(tmp_path):
+    """A GNU sparse header ('S') announcing 120 MiB of extension blocks: tarfile read them all into a list (7.5 s,
+    430 MB) and then failed with an uncaught IndexError; refused from its first block now."""
+    info = tarfile.TarInfo("s.py")
+    info.type = tarfile.GNUTYPE_SPARSE
+    block = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    block[482] = 1  # isextended: more sparse blocks follow
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block[:512])
+    ext = bytearray(512)
+    ext[504] = 1
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+    out = [comp.compress(bytes(block))] + [comp.compress(bytes(ext)) for _ in range(120 << 11)]
+    root = task_set(tmp_path / "ts", raw=b"".join([*out, comp.flush()]))
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError, match=r"evil.tar.gz: member 's.py' is not a regular file or a folder \(tar type b'S': "
+                                           r"a GNU sparse file, refused before its sparse map\)"):
+        build(root, tmp_path / "repo")
+    assert_nothing_written(tmp_path / "repo", t0, 2.0)
 
 
 def test_a_tarball_file_past_the_stream_cap_is_refused_unread(tmp_path):
@@ -377,3 +460,9 @@ def test_snapshot_file_reads_within_the_snapshot_caps(tmp_path):
         snapshot_file(task, "lnk.py", root)  # a link is no file of the snapshot
     with pytest.raises(ValueError, match="nope.py is not in snapshot"):
         snapshot_file(task, "nope.py", root)
+    (root / "repos" / "evil.tar.gz").write_bytes(big_extended_header(tarfile.XHDTYPE, 100 << 20))
+    t0 = time.monotonic()
+    with pytest.raises(SweTaskError, match=r"evil.tar.gz: an extended tar header \(type 'x'\) of 104857600 bytes, "
+                                           r"over SNAPSHOT_MAX_HEADER_BYTES = 64 KiB"):
+        snapshot_file(task, "m.py", root)  # review 17: read the 100 MiB header, then returned m.py
+    assert time.monotonic() - t0 < 2.0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,9 @@ from evotrainer.rl_backend.swe.tasks import (
     SNAPSHOT_MAX_FILE_BYTES,
     SNAPSHOT_MAX_STREAM_BYTES,
     TASKSET_DIR,
-    CappedReader,
     SweTask,
     SweTaskError,
+    open_snapshot_stream,
 )
 
 SCRIPTED = ("oracle", "noop", "cheat", "loop")
@@ -44,12 +43,13 @@ def _call(name: str, **arguments: Any) -> str:
 
 def snapshot_file(task: SweTask, path: str, taskset_root: str | Path = TASKSET_DIR) -> str:
     """Clean text of one file of a generated task's snapshot (before the bug), read within the snapshot caps of
-    :mod:`evotrainer.rl_backend.swe.tasks` (the tarball, the unpacked stream and the file each under their
-    ``SNAPSHOT_MAX_*`` bound; a task set may be someone else's).
+    :mod:`evotrainer.rl_backend.swe.tasks` (the tarball, the unpacked stream, each extended tar header and the file
+    each under their ``SNAPSHOT_MAX_*`` bound: :func:`~evotrainer.rl_backend.swe.tasks.open_snapshot_stream`; a task
+    set may be someone else's).
 
     Raises:
         ValueError: the task has no snapshot, the file is not in it (or is not a regular file).
-        SweTaskError: the tarball, its stream or the file is over its cap.
+        SweTaskError: the tarball, its stream, a tar header or the file is over its cap.
     """
     if not task.snapshot:
         raise ValueError(f"{task.instance_id}: scripted policies need a generated task (with a snapshot)")
@@ -58,7 +58,7 @@ def snapshot_file(task: SweTask, path: str, taskset_root: str | Path = TASKSET_D
     if tar_path.stat().st_size > SNAPSHOT_MAX_STREAM_BYTES:
         raise SweTaskError(f"{label}: the tarball is over SNAPSHOT_MAX_STREAM_BYTES = {SNAPSHOT_MAX_STREAM_BYTES >> 20} MiB")
     with open(tar_path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz, \
-            tarfile.open(fileobj=CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|") as tar:
+            open_snapshot_stream(gz, label) as tar:
         for member in tar:
             if member.name.removeprefix("./") != path.removeprefix("./"):
                 continue

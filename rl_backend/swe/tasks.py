@@ -37,7 +37,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -79,6 +79,13 @@ SNAPSHOT_MAX_FILES = 20_000  # entries (files and folders); each costs an inode 
 # stops here however well it compresses) and the size of the .tar.gz file itself (empty gzip members cost
 # reading without output). Twice the total cap: headers and padding of SNAPSHOT_MAX_FILES small files fit.
 SNAPSHOT_MAX_STREAM_BYTES = 128 << 20
+# A tar extended header (pax 'x' / 'g' records, GNU 'L' / 'K' long names) is read whole into memory by tarfile before
+# its member is seen: one declaring 100 MiB held ~400 MB for 2.2 s before the first check (review 17). Real ones carry
+# a path and a few times (a path is at most PATH_MAX = 4 KiB); 64 KiB is 16 such paths.
+SNAPSHOT_MAX_HEADER_BYTES = 64 << 10
+# Extended headers before one member: tarfile reads each chained one recursively (3,000 small pax headers were a
+# RecursionError, uncaught). A real member has at most four ('g', 'x', 'L', 'K'); 8 leaves room.
+SNAPSHOT_MAX_HEADER_CHAIN = 8
 
 
 def check_relative_path(value: str, field: str) -> str:
@@ -302,6 +309,56 @@ class CappedReader:
 
 
 _SNAPSHOT_FIX = "a snapshot holds the source files of one project (scripts/gen_swe_tasks.py writes them)"
+_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                   tarfile.GNUTYPE_LONGLINK)
+
+
+_Info = TypeVar("_Info", bound="SnapshotTarInfo")
+
+
+class SnapshotTarInfo(tarfile.TarInfo):
+    """A tar header of a snapshot, refused as it is parsed, before :mod:`tarfile` reads what it announces.
+
+    Refused with :class:`SweTaskError` naming ``label`` (the task and tarball): an extended header (pax ``x`` / ``g``,
+    GNU ``L`` / ``K``) declaring more than :data:`SNAPSHOT_MAX_HEADER_BYTES`, more than
+    :data:`SNAPSHOT_MAX_HEADER_CHAIN` of them in a row, and a GNU sparse header (``S``: tarfile reads its extension
+    blocks one by one into a list; a snapshot has no sparse file). :func:`open_snapshot_stream` makes one subclass per
+    stream (``label``; ``chain``: extended headers seen since the last member).
+    """
+
+    label = "snapshot"
+    chain = 0
+
+    @classmethod
+    def frombuf(cls: type[_Info], buf: bytes | bytearray, encoding: str, errors: str) -> _Info:
+        obj = super().frombuf(buf, encoding, errors)
+        if obj.type == tarfile.GNUTYPE_SPARSE:
+            raise SweTaskError(f"{cls.label}: member {obj.name!r} is not a regular file or a folder (tar type "
+                               f"{obj.type!r}: a GNU sparse file, refused before its sparse map); {_SNAPSHOT_FIX}")
+        if obj.type not in _EXTENDED_TYPES:
+            cls.chain = 0
+            return obj
+        if obj.size > SNAPSHOT_MAX_HEADER_BYTES:
+            raise SweTaskError(f"{cls.label}: an extended tar header (type {obj.type.decode('latin-1')!r}) of "
+                               f"{obj.size} bytes, over SNAPSHOT_MAX_HEADER_BYTES = {SNAPSHOT_MAX_HEADER_BYTES >> 10}"
+                               f" KiB; {_SNAPSHOT_FIX}")
+        cls.chain += 1
+        if cls.chain > SNAPSHOT_MAX_HEADER_CHAIN:
+            raise SweTaskError(f"{cls.label}: more than SNAPSHOT_MAX_HEADER_CHAIN = {SNAPSHOT_MAX_HEADER_CHAIN} "
+                               f"extended tar headers in a row; {_SNAPSHOT_FIX}")
+        return obj
+
+
+def open_snapshot_stream(gz: Any, label: str) -> tarfile.TarFile:
+    """The snapshot tar stream of the unpacked gzip stream ``gz``, read forward (``r|``) through :class:`CappedReader`
+    (:data:`SNAPSHOT_MAX_STREAM_BYTES`) with each header checked by :class:`SnapshotTarInfo`; errors name ``label``.
+
+    Raises:
+        SweTaskError: a header or the stream past a cap (also while iterating the members).
+        tarfile.TarError: not a tar stream.
+    """
+    info = type("SnapshotTarInfo", (SnapshotTarInfo,), {"label": label})
+    return tarfile.open(fileobj=CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|", tarinfo=info)
 
 
 def _check_sizes(label: str, name: str, size: int, total: int) -> None:
@@ -344,8 +401,8 @@ def _snapshot_members(tar_path: Path, label: str, dest_fd: int | None) -> int:
     FIFO, sparse or contiguous file), a safe relative name (:func:`check_relative_path`), at most
     :data:`SNAPSHOT_MAX_FILES` entries, the size at most :data:`SNAPSHOT_MAX_FILE_BYTES` and all sizes together
     at most :data:`SNAPSHOT_MAX_TOTAL_BYTES`. While writing, the bytes that arrive are counted against the same
-    caps (a header can lie), and the whole stream is read through :class:`CappedReader`
-    (:data:`SNAPSHOT_MAX_STREAM_BYTES`). Files are created beneath ``dest_fd`` following no link
+    caps (a header can lie), and the whole stream is read through :func:`open_snapshot_stream`
+    (:data:`SNAPSHOT_MAX_STREAM_BYTES`; extended headers under :data:`SNAPSHOT_MAX_HEADER_BYTES`). Files are created beneath ``dest_fd`` following no link
     (:func:`evotrainer.sandbox.fs.open_beneath`), with ``O_EXCL``: a name given twice is refused. Modes: 0o644,
     or 0o755 when the owner's execute bit is set; owners, times, setuid bits are not restored.
     Returns the number of entries.
@@ -360,7 +417,7 @@ def _snapshot_members(tar_path: Path, label: str, dest_fd: int | None) -> int:
     entries = total = 0
     try:
         with open(tar_path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz, \
-                tarfile.open(fileobj=CappedReader(gz, SNAPSHOT_MAX_STREAM_BYTES, label), mode="r|") as tar:
+                open_snapshot_stream(gz, label) as tar:
             for m in tar:
                 entries += 1
                 if entries > SNAPSHOT_MAX_FILES:
