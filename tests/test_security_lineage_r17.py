@@ -107,3 +107,54 @@ def test_show_json_of_a_normal_run_is_whole_and_says_nothing_was_cut(tmp_path):
         decisions = [json.loads(json.dumps(d.model_dump(), default=str)) for d in ws.lineage.decisions()]
     assert json.loads(_show_json(run)) == {"tree": tree, "decisions": decisions, "decisions_omitted": 0,
                                            "truncated": False, "cut": []}
+
+
+# --- review 16's residue: the report's eval matrices and metric series under a total budget ---------------------
+def _measured_run(run, n: int, samples: int, steps: int) -> None:
+    """v0 and n kept children, each with ``samples`` heldout eval samples and 5 metric series of ``steps`` points."""
+    Workspace.init(run, Recipe())
+    with Workspace.open(run, writer=True) as ws:
+        for i in range(n):
+            v = ws.lineage.branch("v0", Intervention(path="actor_learning_rate", old=1e-6, new=1e-6 * (i + 2),
+                                                     category="optimizer"))
+            ws.lineage.log_eval_samples(v.id, "heldout", [(f"p{j // 4}", j % 4, float(j % 2), "")
+                                                          for j in range(samples)])
+            with ws.lineage.tx() as db:  # one transaction (log_metrics makes one a step)
+                db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
+                               [(v.id, s, f"reward/c{k}", 0.5) for s in range(steps) for k in range(5)])
+            ws.lineage.update_version(v.id, status="kept", eval_summary={"avg@k": 0.5, "k": 4})
+
+
+def test_the_report_reads_eval_matrices_and_metric_points_within_its_budgets_and_says_so(tmp_path):
+    from evotrainer.agents.report import REPORT_SERIES_POINTS_MAX, ReportLineage, render_html
+
+    run = tmp_path / "run"
+    _measured_run(run, 4, samples=400, steps=6_000)
+    with Workspace.open(run) as ws:
+        lin = ReportLineage(ws.lineage, eval_budget=1_000, points_budget=60_000)
+        html = render_html(ws, lin)
+    assert lin.eval_samples <= 1_000 and len(lin.evals_left_out) == 2  # two matrices of 400 fit, two do not
+    assert all(n == 400 for n in lin.evals_left_out.values())
+    assert "Left out of this report: 2 eval matrices of 800 samples in all" in html
+    # 4 versions x 5 series x 6,000 points: each version's share of 60,000 is 15,000: 3,000 a series
+    assert lin.metric_points <= 60_000 and sorted(lin.metrics_cut) == ["v1", "v2", "v3", "v4"]
+    assert all(rows == 30_000 and 0 < kept <= 15_000 for rows, kept in lin.metrics_cut.values())
+    assert "Thinned in this report: the metric series of 4 versions" in html
+    with Workspace.open(run) as ws:  # the default budgets: each series thinned to REPORT_SERIES_POINTS_MAX
+        lin = ReportLineage(ws.lineage)
+        series = lin.all_metrics("v1")
+    assert len(series) == 5 and all(len(p) <= REPORT_SERIES_POINTS_MAX < 6_000 for p in series.values())
+
+
+def test_the_report_of_a_normal_run_reads_everything_and_says_nothing_is_left_out(tmp_path):
+    from evotrainer.agents.report import ReportLineage, render_html
+
+    run = tmp_path / "run"
+    _measured_run(run, 2, samples=40, steps=50)
+    with Workspace.open(run) as ws:
+        lin = ReportLineage(ws.lineage)
+        html = render_html(ws, lin)
+        assert lin.eval_matrix("v1") == ws.lineage.eval_matrix("v1") and len(lin.eval_matrix("v1")) == 10
+        assert lin.all_metrics("v2") == ws.lineage.all_metrics("v2")
+    assert lin.eval_samples == 80 and lin.metric_points == 500 and not lin.evals_left_out and not lin.metrics_cut
+    assert "evals-left-out" not in html and "metrics-left-out" not in html
