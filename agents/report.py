@@ -37,6 +37,7 @@ import json
 import math
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from evotrainer.agents.loop import (
 from evotrainer.harness.plots import MAX_COMPONENTS, PLOT_MAX, plain
 from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import DESCRIBE_INTERVENTIONS_MAX, NUM, LineageStore, Version, capped_findings
+from evotrainer.points import MAX_METRIC_SERIES, MetricsThinnedWarning
 from evotrainer.recipe import diff_recipes
 from evotrainer.workspace import Workspace, folder_inside, replace_file
 
@@ -78,6 +80,21 @@ report 13.7 s, 984 MB and a 198 MiB HTML file."""
 REPORT_FINDINGS_MAX = 50
 """Findings the report lists a version (the most severe first; "Left out: N" for the rest): the analyzers raise a
 handful; review 16 B2-R16's crafted store held thousands a version."""
+REPORT_EVAL_SAMPLES_MAX = 2_000_000
+"""Eval samples (one outcome each) the report reads in all, across every version's eval matrices: a real heldout eval
+is a few hundred problems x k (500 x 8 = 4,000 a version), so a run of 256 versions reads whole. A matrix that would
+cross the budget is left out whole (no CI is drawn from part of one) and the report says so. Review 16's residue: the
+report read every matrix whole, several times each."""
+REPORT_SERIES_POINTS_MAX = 5_000
+"""Points of one metric series of one version the report reads (thinned evenly from the first step to the last past
+it, :func:`evotrainer.points.thin_series`): a plot is ~1,000 pixels wide, a real version trains hundreds to a few
+thousand steps."""
+REPORT_METRIC_POINTS_MAX = 2_000_000
+"""Metric points the report reads in all (~200 MB as Python tuples at the most): each version in turn gets an even
+share of what is left (its series thinned to fit, at least :data:`REPORT_SERIES_POINTS_MIN` points each, else left
+out) and the report says which versions it thinned or left out. Review 16's residue: every series of every version
+was read to :data:`~evotrainer.points.MAX_METRIC_STEPS` (100,000) points each."""
+REPORT_SERIES_POINTS_MIN = 10  # fewer points a series than this draws no useful curve: the version is left out
 FINDING_TEXT_CHARS = 600  # characters of a finding's explanation in the findings table (kind and evidence: 200)
 N_SAMPLES = 6  # dev problems in the sample table
 SAMPLE_CHARS = 600  # a completion is cut to this many characters in the sample table (prompt: half)
@@ -109,7 +126,8 @@ class ReportLineage:
     other read goes to the store unchanged.
     """
 
-    def __init__(self, store: LineageStore, kv_budget: int = REPORT_KV_MAX_CHARS):
+    def __init__(self, store: LineageStore, kv_budget: int = REPORT_KV_MAX_CHARS,
+                 eval_budget: int = REPORT_EVAL_SAMPLES_MAX, points_budget: int = REPORT_METRIC_POINTS_MAX):
         self.store = store
         self._versions = store.versions()
         self.by_id = {v.id: v for v in self._versions}
@@ -118,6 +136,57 @@ class ReportLineage:
         self.left_out: dict[str, int] = {}  # kv key (a prefix read ends in '*') -> its characters, not read
         self._kv: dict[str, Any] = {}  # key -> value read (_UNSET: none, or left out)
         self._index: Any = None
+        self.eval_budget, self.points_budget = eval_budget, points_budget  # samples, points (the two MAXes)
+        self.eval_samples = 0  # eval samples read so far (REPORT_EVAL_SAMPLES_MAX)
+        self.evals_left_out: dict[tuple[str, str], int] = {}  # (version, eval name) -> samples, not read
+        self._evals: dict[tuple[str, str], dict[str, list[float]]] = {}
+        self.metric_points = 0  # metric points read so far (REPORT_METRIC_POINTS_MAX)
+        self.metrics_cut: dict[str, tuple[int, int]] = {}  # version -> (points stored, points read): thinned
+        self._metrics: dict[str, dict[str, list[tuple[int, float]]]] = {}
+
+    def eval_matrix(self, version_id: str, eval_name: str = "heldout") -> dict[str, list[float]]:
+        """:meth:`LineageStore.eval_matrix`, read once, within :data:`REPORT_EVAL_SAMPLES_MAX` samples in all (counted
+        in SQL first): a matrix that would cross it reads as empty (no CI) and is listed in :attr:`evals_left_out`.
+
+        Raises:
+            LineageError: as :meth:`LineageStore.eval_matrix`.
+        """
+        key = (version_id, eval_name)
+        if key not in self._evals:
+            n = self.store.eval_sample_count(version_id, eval_name)
+            if self.eval_samples + n > self.eval_budget:
+                self.evals_left_out[key] = n
+                self._evals[key] = {}
+            else:
+                self.eval_samples += n
+                self._evals[key] = self.store.eval_matrix(version_id, eval_name)
+        return self._evals[key]
+
+    def all_metrics(self, version_id: str) -> dict[str, list[tuple[int, float]]]:
+        """:meth:`LineageStore.all_metrics`, read once, each series thinned to :data:`REPORT_SERIES_POINTS_MAX` points
+        and to the version's share of what is left of :data:`REPORT_METRIC_POINTS_MAX`; a version whose series would
+        get fewer than :data:`REPORT_SERIES_POINTS_MIN` points each reads as none. Either is listed in
+        :attr:`metrics_cut` (the report says so; the store's own thinning warning is not shown)."""
+        if version_id not in self._metrics:
+            rows, series = self.store.metric_counts(version_id)
+            series = min(series, MAX_METRIC_SERIES)
+            unread = max(1, sum(1 for v in self._versions if v.id not in self._metrics))
+            share = max(0, self.points_budget - self.metric_points) // unread
+            per = min(REPORT_SERIES_POINTS_MAX, share // max(1, series))
+            if rows and per < REPORT_SERIES_POINTS_MIN:
+                out: dict[str, list[tuple[int, float]]] = {}
+            elif rows:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", MetricsThinnedWarning)
+                    out = self.store.all_metrics(version_id, max_points=per)
+            else:
+                out = {}
+            kept = sum(len(p) for p in out.values())
+            self.metric_points += kept
+            if kept < rows:
+                self.metrics_cut[version_id] = (rows, kept)
+            self._metrics[version_id] = out
+        return self._metrics[version_id]
 
     def __getattr__(self, name: str) -> Any:  # metric series, eval matrices, decisions ...: the store's own reads
         return getattr(self.store, name)
@@ -955,8 +1024,9 @@ def render_html(ws: Workspace, lin: ReportLineage | None = None) -> str:
 def _left_out(lin: ReportLineage) -> str:
     """The report's note of the run-level (kv) values it did not read (past :data:`REPORT_KV_MAX_CHARS`), "" when
     it read them all."""
+    notes = _data_left_out(lin)
     if not lin.left_out:
-        return ""
+        return notes
     keys = sorted(lin.left_out)
     shown = ", ".join(f"<code>{_e(_cut(k, 120))}</code> ({n:,})" for k, n in
                       ((k, lin.left_out[k]) for k in keys[:10]))
@@ -964,7 +1034,31 @@ def _left_out(lin: ReportLineage) -> str:
     return (f"<p id='left-out' class='warn'>Left out of this report: {len(keys):,} run-level records of "
             f"{sum(lin.left_out.values()):,} characters in all (characters in brackets), past the "
             f"{REPORT_KV_MAX_CHARS:,} one report reads: {shown}{more}. The sections that use them show less (a crafted "
-            "or damaged run folder? EvoTrainer writes a few KB a version)</p>")
+            "or damaged run folder? EvoTrainer writes a few KB a version)</p>" + notes)
+
+
+def _data_left_out(lin: ReportLineage) -> str:
+    """The report's note of the eval matrices it left out (past :data:`REPORT_EVAL_SAMPLES_MAX`) and the versions
+    whose metric series it thinned or left out (:data:`REPORT_METRIC_POINTS_MAX`), "" when it read them whole."""
+    out = ""
+    if lin.evals_left_out:
+        items = sorted(lin.evals_left_out.items())
+        shown = ", ".join(f"<code>{_e(_cut(v, 80))}</code> {_e(_cut(name, 80))} ({n:,})" for (v, name), n in items[:10])
+        more = f" and {len(items) - 10:,} more" if len(items) > 10 else ""
+        out += (f"<p id='evals-left-out' class='warn'>Left out of this report: {len(items):,} eval matrices of "
+                f"{sum(lin.evals_left_out.values()):,} samples in all (samples in brackets), past the "
+                f"{lin.eval_budget:,} one report reads: {shown}{more}. Their versions show no confidence "
+                "interval or paired gain here</p>")
+    if lin.metrics_cut:
+        items2 = sorted(lin.metrics_cut.items())
+        gone = [v for v, (_, kept) in items2 if kept == 0]
+        shown = ", ".join(f"<code>{_e(_cut(v, 80))}</code> ({rows:,} -> {kept:,})" for v, (rows, kept) in items2[:10])
+        more = f" and {len(items2) - 10:,} more" if len(items2) > 10 else ""
+        out += (f"<p id='metrics-left-out' class='warn'>Thinned in this report: the metric series of "
+                f"{len(items2):,} versions (points stored -> read; {len(gone):,} left out whole), past "
+                f"{REPORT_SERIES_POINTS_MAX:,} points a series or the {lin.points_budget:,} one report reads: "
+                f"{shown}{more}. Their curves are drawn from fewer points</p>")
+    return out
 
 
 def write_report(ws: Workspace, name: str = "report.html", lin: ReportLineage | None = None) -> Path:

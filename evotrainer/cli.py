@@ -117,6 +117,158 @@ STATUS_STYLE = {"kept": "green", "pruned": "red", "reverted": "magenta", "failed
                 "training": "yellow", "trained": "cyan", "proposed": "dim", "merged": "blue"}
 
 
+MAX_JSON_SHOW_CHARS = 16 << 20
+"""Characters ``lineage show --json`` prints in all (16 MiB). A real run's version is some 2-20 KB of JSON here (a
+``metrics_summary`` of at most :data:`~evotrainer.lineage.SUMMARY_MAX` entries, an ``eval_summary`` of a few evals),
+so a run of :data:`~evotrainer.lineage.MAX_LINEAGE_DEPTH` (256) versions and its last 1,000 decisions print whole
+(measured: 256 versions deep, 256-entry summaries, 1,000 decisions: 6.5 MB, was 47 MB at indent=2). Past it the tree is cut (the
+versions after the budget, in the order ``lineage show`` lists them, are left out), then the oldest decisions; the
+JSON says so (``truncated``, ``cut``). Review 17 E2-R17: 30 versions of two 1 MB summaries printed 428 MB."""
+JSON_SHOW_FIELD_MAX_CHARS = 64_000
+"""Characters of JSON one version's ``eval_summary`` / ``metrics_summary`` / ``intervention`` prints in ``lineage show
+--json`` (a real summary is at most ~20 KB: 256 metric means). A longer one keeps its first entries that fit (an entry
+too long on its own is left out) and the cut is listed in ``cut``."""
+JSON_SHOW_CUTS_LISTED_MAX = 100
+"""Entries of ``cut`` listed (``cuts_omitted`` counts the rest): one per cut field, so a crafted run of thousands of
+versions would list thousands."""
+JSON_SHOW_KEYS_NAMED_MAX = 10
+"""Names of left-out summary entries a ``cut`` entry gives (each cut to 80 characters)."""
+_NODE_FIELDS = ("intervention", "eval_summary", "metrics_summary")
+"""The fields of a tree node that can be large: each prints on one line (compact) and within
+:data:`JSON_SHOW_FIELD_MAX_CHARS`. Printed with ``indent=2`` as before, a version ``d`` deep spent ``2 * (2d + 3)``
+spaces on every entry of a list in its summary: E2-R17's 62 MB store printed 428 MB (760 MB for a chain of 30)."""
+
+
+def _fit_field(value: Any, cap: int) -> tuple[Any, dict[str, Any] | None]:
+    """``(value kept, what was cut or None)``: ``value`` when its JSON fits ``cap`` characters, else its first entries
+    (a dict's items, a list's items) that fit, an entry too long on its own left out; any other value that does not
+    fit is cut to text of ``cap`` characters saying how much more there was."""
+    text = json.dumps(value, default=str)
+    if len(text) <= cap:
+        return value, None
+    room, left_out = cap, []
+    if isinstance(value, dict):
+        kept: Any = {}
+        for k, x in value.items():
+            n = len(json.dumps(k)) + len(json.dumps(x, default=str)) + 4
+            if n <= room:
+                kept[k], room = x, room - n
+            else:
+                left_out.append(str(k))
+    elif isinstance(value, list):
+        kept = []
+        for i, x in enumerate(value):
+            n = len(json.dumps(x, default=str)) + 2
+            if n > room:
+                left_out = [f"[{i}:]"]
+                break
+            kept.append(x)
+            room -= n
+    else:
+        kept = text[:cap] + f"... [{len(text) - cap:,} more chars]"
+    note: dict[str, Any] = {"chars": len(text), "kept_chars": len(json.dumps(kept, default=str)),
+                            "left_out": len(left_out) if isinstance(value, dict) else len(value) - len(kept)
+                            if isinstance(value, list) else 0}
+    if left_out:
+        note["left_out_keys"] = [k[:80] for k in left_out[:JSON_SHOW_KEYS_NAMED_MAX]]
+    return kept, note
+
+
+def _node_text(node: dict[str, Any], level: int, out: list[str]) -> None:
+    """``node`` (a :meth:`~evotrainer.lineage.LineageStore.tree` node) as JSON indented as ``json.dumps(indent=2)``
+    indents it ``level`` spaces in, its :data:`_NODE_FIELDS` compact on one line each, appended to ``out``.
+    Recursion: one frame a level (at most :data:`~evotrainer.lineage.MAX_LINEAGE_DEPTH`)."""
+    pad = " " * (level + 2)
+    items = []
+    for k, v in node.items():
+        if k == "children":
+            continue
+        items.append(f"{pad}{json.dumps(k)}: {json.dumps(v, default=str)}")
+    out.append("{\n" + ",\n".join(items))
+    kids = node.get("children") or []
+    if not kids:
+        out.append(f",\n{pad}\"children\": []\n{' ' * level}}}")
+        return
+    out.append(f",\n{pad}\"children\": [\n")
+    for i, c in enumerate(kids):
+        out.append(" " * (level + 4))
+        _node_text(c, level + 4, out)
+        out.append(",\n" if i < len(kids) - 1 else "\n")
+    out.append(f"{pad}]\n{' ' * level}}}")
+
+
+def _node_cost(node: dict[str, Any], depth: int) -> int:
+    """Characters ``node`` (without its children) takes in :func:`_node_text` at tree depth ``depth``, or a few more
+    (each field's line indented at most ``4 * depth + 6`` spaces, its separators counted generously)."""
+    return sum(len(json.dumps(k)) + len(json.dumps(v, default=str)) + 4 * depth + 12
+               for k, v in node.items() if k != "children") + 4 * depth + 40
+
+
+def show_json_text(tree: dict[str, Any], decisions: list[dict[str, Any]], decisions_omitted: int,
+                   budget: int = MAX_JSON_SHOW_CHARS, field_cap: int = JSON_SHOW_FIELD_MAX_CHARS) -> str:
+    """``lineage show --json``'s text: ``{"tree", "decisions", "decisions_omitted", "truncated", "cut"}`` as JSON of
+    at most about ``budget`` characters (:data:`MAX_JSON_SHOW_CHARS`; the small ``cut`` list is on top). Each node's
+    large fields are cut to ``field_cap`` characters (:func:`_fit_field`); then the nodes past the budget, in
+    pre-order, are left out with their subtrees (``cut``: ``{"field": "tree", "versions_left_out": n}``); then the
+    oldest decisions (counted in ``decisions_omitted``). ``truncated`` is true when anything was cut; ``cut`` lists
+    what (at most :data:`JSON_SHOW_CUTS_LISTED_MAX` entries, ``cuts_omitted`` the rest). ``tree``/``decisions`` are
+    changed in place."""
+    cuts: list[dict[str, Any]] = []
+    room = budget - 200
+    order: list[tuple[dict[str, Any], dict[str, Any] | None, int]] = []  # (node, parent, depth), pre-order
+    stack: list[tuple[dict[str, Any], dict[str, Any] | None, int]] = [(tree, None, 0)] if tree else []
+    while stack:
+        node, parent, depth = stack.pop()
+        order.append((node, parent, depth))
+        stack.extend((c, node, depth + 1) for c in reversed(node.get("children") or []))
+    kept_nodes, left = 0, 0
+    for node, parent, depth in order:
+        if left or (parent is not None and parent.get("_dropped")):
+            node["_dropped"] = True
+            left += 1
+            continue
+        for f in _NODE_FIELDS:
+            if f in node:
+                node[f], note = _fit_field(node[f], field_cap)
+                if note:
+                    cuts.append({"version": str(node.get("id"))[:80], "field": f, **note})
+        cost = _node_cost(node, depth)
+        if cost > room and kept_nodes:
+            node["_dropped"] = True
+            left += 1
+            continue
+        room -= cost
+        kept_nodes += 1
+    if left:
+        for node, _, _ in order:
+            if node.get("children"):
+                node["children"] = [c for c in node["children"] if not c.get("_dropped")]
+        cuts.append({"field": "tree", "versions_left_out": left})
+    texts = [json.dumps(d, default=str) for d in decisions]
+    first = 0
+    while first < len(texts) and sum(len(t) + 6 for t in texts[first:]) > max(room, 0):
+        first += max(1, (len(texts) - first) // 8)  # the oldest first, in eighths: a few sums, not one per decision
+    first = min(first, len(texts))
+    if first:
+        cuts.append({"field": "decisions", "left_out": first})
+        decisions_omitted += first
+    out = ['{\n  "tree": ']
+    if tree:
+        _node_text(tree, 2, out)
+    else:
+        out.append("{}")
+    kept = texts[first:]
+    out.append(',\n  "decisions": ' + ("[\n    " + ",\n    ".join(kept) + "\n  ]" if kept else "[]"))
+    listed = cuts[:JSON_SHOW_CUTS_LISTED_MAX]
+    out.append(f',\n  "decisions_omitted": {int(decisions_omitted)},\n  "truncated": {json.dumps(bool(cuts))}'
+               f',\n  "cut": ' + ("[\n    " + ",\n    ".join(json.dumps(c) for c in listed) + "\n  ]" if listed
+                                  else "[]"))
+    if len(cuts) > len(listed):
+        out.append(f',\n  "cuts_omitted": {len(cuts) - len(listed)}')
+    out.append("\n}\n")
+    return "".join(out)
+
+
 @lineage_app.command("show")
 def lineage_show(
     run_dir: Path = typer.Argument(Path("runs/default"), help="Run folder."),
@@ -134,8 +286,7 @@ def lineage_show(
         # the run's last 1,000 decisions, each cut as an MCP reply cuts it (review 15 A-R15: 4,000 decisions of ~1 MB
         # printed 318 MiB); decisions_omitted counts the earlier ones
         decisions, total = ws.lineage.decisions_brief(None, last=1000)
-        print_json({"tree": tree, "decisions": [d.model_dump() for d in decisions],
-                    "decisions_omitted": total - len(decisions)})
+        sys.stdout.write(show_json_text(tree, [d.model_dump() for d in decisions], total - len(decisions)))
         return
     if not tree:
         console.print("empty lineage")

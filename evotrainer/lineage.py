@@ -1770,6 +1770,17 @@ class LineageStore:
                 [(version_id, eval_name, str(p), int(i), float(c), comp) for p, i, c, comp in samples],
             )
 
+    def eval_sample_count(self, version_id: str, eval_name: str = "heldout") -> int:
+        """Eval samples :meth:`eval_matrix` would read for ``(version_id, eval_name)``, counted in SQL (none read)."""
+        return int(self._q("SELECT count(*) FROM eval_samples WHERE version_id=? AND eval_name=?",
+                           (version_id, eval_name))[0][0])
+
+    def metric_counts(self, version_id: str) -> tuple[int, int]:
+        """``(metric rows, series)`` :meth:`all_metrics` would read for ``version_id``, counted in SQL (none read)."""
+        r = self._q(f"SELECT count(*), count(DISTINCT name) FROM metrics WHERE version_id=? AND "
+                    f"length(name) <= {METRIC_NAME_MAX_CHARS}", (version_id,))[0]
+        return int(r[0]), int(r[1])
+
     def eval_matrix(self, version_id: str, eval_name: str = "heldout") -> dict[str, list[float]]:
         """``{problem_id: [correct of sample 0..k-1]}`` for paired comparisons.
 
