@@ -69,6 +69,7 @@ RawSeries = dict[str, list[tuple[int, float]]]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
 _STEP = re.compile(r"(?:^|[\s)])step:(\d+)\s+-\s+(.*)$")
 _VALIDATION = re.compile(r"(Initial|Final) validation metrics: (\{.*\})")
+_VERL_LINE = re.compile(r"^.*(?:step:|validation metrics: ).*$", re.M)  # the lines _STEP or _VALIDATION may match
 
 
 class IngestError(EvoTrainerError, ValueError):
@@ -98,8 +99,7 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring)."""
     out = StepRecords()
     final: dict[str, float] = {}
-    for line in text.splitlines():
-        line = _ANSI.sub("", line)
+    for line in F.candidate_lines(_ANSI.sub("", text), _VERL_LINE):  # (an escape never spans a line)
         m = _STEP.search(line)
         if m:
             step = int(m.group(1))
@@ -579,11 +579,16 @@ def unreadable(path: Path, tried: str) -> IngestError:
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts.
 
-    The first reader that finds any record wins; ``("", {})`` when none does.
+    The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
+    its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
+    (a dict wrapped over lines by a paste spans at most so many of them).
     """
-    for name, reader in (("verl 'step:N - k:v' lines", parse_verl_log), ("AReaL tables", F.parse_areal_log),
-                         ("console dicts", F.parse_dict_log), ("'Step | ...' tables", F.parse_table_log)):
-        records = reader(text)
+    squeezed = F.squeeze_blank_lines(text)
+    for name, reader, given in (("verl 'step:N - k:v' lines", parse_verl_log, squeezed),
+                                ("AReaL tables", F.parse_areal_log, squeezed),
+                                ("console dicts", F.parse_dict_log, text),
+                                ("'Step | ...' tables", F.parse_table_log, squeezed)):
+        records = reader(given)
         if records:
             return records, name
     return {}, ""
@@ -644,9 +649,11 @@ def read_run_text(path: Path) -> str:
         raise IngestError(str(exc)) from None
 
 
-def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file(path: Path, version: str, max_rows: int | None = None, budget: F.ReadBudget | None = None
+               ) -> tuple[Runs, list[dict[str, Any]]]:
     """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content
-    (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`).
+    (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`; a .gz within ``budget``, the folder
+    read's :class:`~evotrainer.harness.ingest_formats.ReadBudget`, when given).
 
     Raises:
         IngestError: the file is malformed; the message names it (JSON nested past the recursion limit, a step
@@ -654,7 +661,7 @@ def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[R
     """
     try:
         _check_size(path)
-        runs, rows = _read_file_as_is(path, version, max_rows)
+        runs, rows = _read_file_as_is(path, version, max_rows, budget)
         for recs in runs.values():
             _thinned(path, recs)
         _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
@@ -686,7 +693,8 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
         raise IngestError(f"{path}: step {shown} does not fit a 64-bit integer; is it really a training log?")
 
 
-def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.ReadBudget | None = None
+                     ) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
         return {None: parse_trainer_state_text(read_run_text(path))}, []
@@ -722,7 +730,10 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Ru
         return {None: records}, []
     if path.suffix == ".gz":
         try:
-            text = F.read_gzip_text(path)
+            text = F.read_gzip_text(path, budget=budget)
+        except F.BudgetSpent as exc:  # said, not only listed with the errors (which are shown when nothing reads)
+            _note(str(exc))
+            raise IngestError(str(exc)) from None
         except ValueError as exc:
             raise IngestError(str(exc)) from None
     else:
@@ -780,12 +791,16 @@ def series_to_evidence(series: dict[str, RawSeries], rollouts: list[dict[str, An
     return ev
 
 
-def ingest(path: str | Path, version: str | None = None) -> Evidence:
+def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | None = None) -> Evidence:
     """Evidence of a run folder or file (see module docstring).
 
     Args:
         path: an EvoTrainer run folder (has ``lineage.db``), a foreign run folder, or one file.
         version: version id for a foreign run (default: the folder or file stem).
+        budget: the decompressed bytes its .gz files may take together (default: a fresh
+            :class:`~evotrainer.harness.ingest_formats.ReadBudget` of
+            :data:`~evotrainer.harness.ingest_formats.MAX_IMPORT_DECOMPRESSED_BYTES`); a .gz past it is skipped
+            with an :class:`IngestWarning` naming it and the cap. ``import`` passes one it also reads the logs with.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -808,6 +823,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         vid = p.parent.name or "run"
     else:
         vid = p.name.split(".log")[0] if ".log" in p.name else p.stem
+    budget = F.ReadBudget() if budget is None else budget
     vid = F.as_text(vid)  # a name's undecodable bytes (lone surrogates) do not go on into the stores
     mlflow = _mlflow_dirs(p)
     files = [f for f in _run_files(p) if not any(d in f.parents for d in mlflow)] if p.is_dir() else [p]
@@ -832,7 +848,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
         for f in run_files:
             try:
-                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows))  # the cap is per run read, all files
+                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows), budget)  # caps per run read, all files
             except IngestError as exc:
                 if len(files) == 1 and not mlflow:
                     raise
