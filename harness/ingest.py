@@ -420,6 +420,13 @@ def _head(lines: Iterable[str], n: int, more: list[bool]) -> Iterator[str]:
 
 
 _PARQUET_BATCH_ROWS = 1024  # rows of a completions parquet decoded at a time
+# The text a completions parquet decodes to is at most MAX_PARQUET_RATIO times the file's size, past
+# PARQUET_FREE_BYTES (and never past max_file_bytes()). Review 17 (Z-R17b): a 1.2 MB zstd file of 5 M rows sharing
+# one dictionary-encoded 2 KB string decoded its first 200,000 rows (MAX_ROLLOUT_ROWS) to 800 MB of text, under the
+# 1 GiB cap: 10.7 s / 2.56 GB. Real completions compress ~3-5x (zstd on text), a group's repeated prompt ~8x more:
+# far under 100x; PARQUET_FREE_BYTES of rows decode in ~1 s.
+MAX_PARQUET_RATIO = 100
+PARQUET_FREE_BYTES = 64 << 20
 _TRL_COLUMNS = ("step", "prompt", "completion", "advantage", "mode")  # read with the numeric (reward) columns
 
 
@@ -427,7 +434,8 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
     """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``).
 
     Its first rows, a batch at a time, up to ``max_rows`` (default :data:`MAX_ROLLOUT_ROWS`) and to
-    :func:`max_file_bytes` of decoded text, with an :class:`IngestWarning` when rows were left out; the footer's
+    :func:`max_file_bytes` of decoded text, and to :data:`MAX_PARQUET_RATIO` times the file's size past
+    :data:`PARQUET_FREE_BYTES` (review 17, Z-R17b), with an :class:`IngestWarning` when rows were left out; the footer's
     uncompressed size is checked against the same cap first. Review 10 (Q-R10) read a 256 KB file of 2,000,000
     rows sharing one dictionary-encoded 1,000-character completion with ``read_table(...).to_pylist()``: 2.7 GB,
     then MemoryError (~10,000x the file). Text columns are read dictionary-encoded (one long dictionary value
@@ -445,6 +453,11 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
     if raw > limit:  # one long string repeated compresses to almost nothing
         raise IngestError(f"{path}: {raw >> 20} MiB of data once decompressed, more than the {limit >> 20} MiB a "
                           f"run file may have; {_SIZE_HINT}")
+    by_ratio = max(PARQUET_FREE_BYTES, MAX_PARQUET_RATIO * path.stat().st_size)
+    why = (f"the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})" if limit <= by_ratio else
+           f"{by_ratio:,} bytes of text, {MAX_PARQUET_RATIO} times its size (MAX_PARQUET_RATIO, past "
+           f"PARQUET_FREE_BYTES: one string repeated by a dictionary, or a crafted file)")
+    limit = min(limit, by_ratio)
     rows: list[dict[str, Any]] = []
     seen: dict[tuple[int, str], int] = {}
     fixed = {"step", "prompt", "completion", "advantage", "mode", "image"}
@@ -469,7 +482,7 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
                                 length=len(_text(rec.get("completion")).split())))
     if cut:
         _note(f"{path}: read the first {n_read:,} rollout rows of {md.num_rows:,}, the rest are left out: the next "
-              f"ones decode to more than the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})")
+              f"ones decode to more than {why}")
     elif md.num_rows > n_read:
         _rows_cut(path, n_read, md.num_rows)
     _components_cut(path, many)

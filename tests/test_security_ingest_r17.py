@@ -7,8 +7,11 @@ import time
 import warnings
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from evotrainer.harness import ingest as I
 from evotrainer.harness import ingest_formats as F
 from evotrainer.harness.importer import import_run, read_lines
 from evotrainer.harness.ingest import IngestError, IngestWarning, ingest, parse_text_log
@@ -97,3 +100,29 @@ def test_a_lone_bomb_past_the_ratio_is_refused_as_before(tmp_path):
     (p,) = _gz_folder(tmp_path / "run", 1, b"\n" * (20 << 20))
     with pytest.raises(IngestError, match="over 100 times its size"):
         ingest(p)
+
+
+def _dict_parquet(path: Path, n: int, width: int) -> None:
+    """``n`` rows whose prompt and completion are one dictionary-encoded string of ``width`` characters."""
+    one = pa.DictionaryArray.from_arrays(pa.array([0] * n, type=pa.int32()), pa.array(["x" * width]))
+    pq.write_table(pa.table({"step": pa.array([0] * n, type=pa.int64()), "prompt": one, "completion": one}), path,
+                   compression="zstd")
+
+
+def test_parquet_decoded_text_is_capped_by_its_ratio(tmp_path):
+    """Z-R17b: a 1.2 MB parquet of 5 M rows of one dictionary-encoded 2 KB string decoded 200,000 rows (800 MB of
+    text, under the 1 GiB cap): 10.7 s / 2.56 GB. Its text is capped at 100x its size past 64 MiB now."""
+    assert (I.MAX_PARQUET_RATIO, I.PARQUET_FREE_BYTES, I.MAX_ROLLOUT_ROWS) == (100, 64 << 20, 200_000)
+    run = tmp_path / "run"
+    run.mkdir()
+    f = run / "completions.parquet"
+    _dict_parquet(f, 40_000, 2048)  # 160 MB of text, ~50 KB on disk
+    assert f.stat().st_size * I.MAX_PARQUET_RATIO < I.PARQUET_FREE_BYTES
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IngestWarning)
+        ev = ingest(run)
+    per_row = 2 * 2048 + 8 * 3  # the two strings, and 8 bytes counted for each of the 3 columns
+    n = ev.rollouts.num_rows
+    assert n == I.PARQUET_FREE_BYTES // per_row == 16_288
+    notes = [str(w.message) for w in caught if issubclass(w.category, IngestWarning)]
+    assert any(f"read the first {n:,} rollout rows of 40,000" in m and "MAX_PARQUET_RATIO" in m for m in notes), notes
