@@ -69,6 +69,7 @@ RawSeries = dict[str, list[tuple[int, float]]]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
 _STEP = re.compile(r"(?:^|[\s)])step:(\d+)\s+-\s+(.*)$")
 _VALIDATION = re.compile(r"(Initial|Final) validation metrics: (\{.*\})")
+_VERL_LINE = re.compile(r"^.*(?:step:|validation metrics: ).*$", re.M)  # the lines _STEP or _VALIDATION may match
 
 
 class IngestError(EvoTrainerError, ValueError):
@@ -98,8 +99,7 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring)."""
     out = StepRecords()
     final: dict[str, float] = {}
-    for line in text.splitlines():
-        line = _ANSI.sub("", line)
+    for line in F.candidate_lines(_ANSI.sub("", text), _VERL_LINE):  # (an escape never spans a line)
         m = _STEP.search(line)
         if m:
             step = int(m.group(1))
@@ -420,6 +420,13 @@ def _head(lines: Iterable[str], n: int, more: list[bool]) -> Iterator[str]:
 
 
 _PARQUET_BATCH_ROWS = 1024  # rows of a completions parquet decoded at a time
+# The text a completions parquet decodes to is at most MAX_PARQUET_RATIO times the file's size, past
+# PARQUET_FREE_BYTES (and never past max_file_bytes()). Review 17 (Z-R17b): a 1.2 MB zstd file of 5 M rows sharing
+# one dictionary-encoded 2 KB string decoded its first 200,000 rows (MAX_ROLLOUT_ROWS) to 800 MB of text, under the
+# 1 GiB cap: 10.7 s / 2.56 GB. Real completions compress ~3-5x (zstd on text), a group's repeated prompt ~8x more:
+# far under 100x; PARQUET_FREE_BYTES of rows decode in ~1 s.
+MAX_PARQUET_RATIO = 100
+PARQUET_FREE_BYTES = 64 << 20
 _TRL_COLUMNS = ("step", "prompt", "completion", "advantage", "mode")  # read with the numeric (reward) columns
 
 
@@ -427,7 +434,8 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
     """Rollout rows of a TRL completions parquet (``step``, ``prompt``, ``completion``, rewards, ``advantage``).
 
     Its first rows, a batch at a time, up to ``max_rows`` (default :data:`MAX_ROLLOUT_ROWS`) and to
-    :func:`max_file_bytes` of decoded text, with an :class:`IngestWarning` when rows were left out; the footer's
+    :func:`max_file_bytes` of decoded text, and to :data:`MAX_PARQUET_RATIO` times the file's size past
+    :data:`PARQUET_FREE_BYTES` (review 17, Z-R17b), with an :class:`IngestWarning` when rows were left out; the footer's
     uncompressed size is checked against the same cap first. Review 10 (Q-R10) read a 256 KB file of 2,000,000
     rows sharing one dictionary-encoded 1,000-character completion with ``read_table(...).to_pylist()``: 2.7 GB,
     then MemoryError (~10,000x the file). Text columns are read dictionary-encoded (one long dictionary value
@@ -445,6 +453,11 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
     if raw > limit:  # one long string repeated compresses to almost nothing
         raise IngestError(f"{path}: {raw >> 20} MiB of data once decompressed, more than the {limit >> 20} MiB a "
                           f"run file may have; {_SIZE_HINT}")
+    by_ratio = max(PARQUET_FREE_BYTES, MAX_PARQUET_RATIO * path.stat().st_size)
+    why = (f"the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})" if limit <= by_ratio else
+           f"{by_ratio:,} bytes of text, {MAX_PARQUET_RATIO} times its size (MAX_PARQUET_RATIO, past "
+           f"PARQUET_FREE_BYTES: one string repeated by a dictionary, or a crafted file)")
+    limit = min(limit, by_ratio)
     rows: list[dict[str, Any]] = []
     seen: dict[tuple[int, str], int] = {}
     fixed = {"step", "prompt", "completion", "advantage", "mode", "image"}
@@ -469,7 +482,7 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
                                 length=len(_text(rec.get("completion")).split())))
     if cut:
         _note(f"{path}: read the first {n_read:,} rollout rows of {md.num_rows:,}, the rest are left out: the next "
-              f"ones decode to more than the {limit >> 20} MiB of text a run file may have ({_SIZE_HINT})")
+              f"ones decode to more than {why}")
     elif md.num_rows > n_read:
         _rows_cut(path, n_read, md.num_rows)
     _components_cut(path, many)
@@ -579,11 +592,16 @@ def unreadable(path: Path, tried: str) -> IngestError:
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts.
 
-    The first reader that finds any record wins; ``("", {})`` when none does.
+    The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
+    its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
+    (a dict wrapped over lines by a paste spans at most so many of them).
     """
-    for name, reader in (("verl 'step:N - k:v' lines", parse_verl_log), ("AReaL tables", F.parse_areal_log),
-                         ("console dicts", F.parse_dict_log), ("'Step | ...' tables", F.parse_table_log)):
-        records = reader(text)
+    squeezed = F.squeeze_blank_lines(text)
+    for name, reader, given in (("verl 'step:N - k:v' lines", parse_verl_log, squeezed),
+                                ("AReaL tables", F.parse_areal_log, squeezed),
+                                ("console dicts", F.parse_dict_log, text),
+                                ("'Step | ...' tables", F.parse_table_log, squeezed)):
+        records = reader(given)
         if records:
             return records, name
     return {}, ""
@@ -644,9 +662,11 @@ def read_run_text(path: Path) -> str:
         raise IngestError(str(exc)) from None
 
 
-def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file(path: Path, version: str, max_rows: int | None = None, budget: F.ReadBudget | None = None
+               ) -> tuple[Runs, list[dict[str, Any]]]:
     """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content
-    (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`).
+    (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`; a .gz within ``budget``, the folder
+    read's :class:`~evotrainer.harness.ingest_formats.ReadBudget`, when given).
 
     Raises:
         IngestError: the file is malformed; the message names it (JSON nested past the recursion limit, a step
@@ -654,7 +674,7 @@ def _read_file(path: Path, version: str, max_rows: int | None = None) -> tuple[R
     """
     try:
         _check_size(path)
-        runs, rows = _read_file_as_is(path, version, max_rows)
+        runs, rows = _read_file_as_is(path, version, max_rows, budget)
         for recs in runs.values():
             _thinned(path, recs)
         _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
@@ -686,7 +706,8 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
         raise IngestError(f"{path}: step {shown} does not fit a 64-bit integer; is it really a training log?")
 
 
-def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.ReadBudget | None = None
+                     ) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
         return {None: parse_trainer_state_text(read_run_text(path))}, []
@@ -722,7 +743,10 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None) -> tuple[Ru
         return {None: records}, []
     if path.suffix == ".gz":
         try:
-            text = F.read_gzip_text(path)
+            text = F.read_gzip_text(path, budget=budget)
+        except F.BudgetSpent as exc:  # said, not only listed with the errors (which are shown when nothing reads)
+            _note(str(exc))
+            raise IngestError(str(exc)) from None
         except ValueError as exc:
             raise IngestError(str(exc)) from None
     else:
@@ -780,12 +804,16 @@ def series_to_evidence(series: dict[str, RawSeries], rollouts: list[dict[str, An
     return ev
 
 
-def ingest(path: str | Path, version: str | None = None) -> Evidence:
+def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | None = None) -> Evidence:
     """Evidence of a run folder or file (see module docstring).
 
     Args:
         path: an EvoTrainer run folder (has ``lineage.db``), a foreign run folder, or one file.
         version: version id for a foreign run (default: the folder or file stem).
+        budget: the decompressed bytes its .gz files may take together (default: a fresh
+            :class:`~evotrainer.harness.ingest_formats.ReadBudget` of
+            :data:`~evotrainer.harness.ingest_formats.MAX_IMPORT_DECOMPRESSED_BYTES`); a .gz past it is skipped
+            with an :class:`IngestWarning` naming it and the cap. ``import`` passes one it also reads the logs with.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -808,6 +836,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         vid = p.parent.name or "run"
     else:
         vid = p.name.split(".log")[0] if ".log" in p.name else p.stem
+    budget = F.ReadBudget() if budget is None else budget
     vid = F.as_text(vid)  # a name's undecodable bytes (lone surrogates) do not go on into the stores
     mlflow = _mlflow_dirs(p)
     files = [f for f in _run_files(p) if not any(d in f.parents for d in mlflow)] if p.is_dir() else [p]
@@ -832,7 +861,7 @@ def ingest(path: str | Path, version: str | None = None) -> Evidence:
         merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
         for f in run_files:
             try:
-                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows))  # the cap is per run read, all files
+                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows), budget)  # caps per run read, all files
             except IngestError as exc:
                 if len(files) == 1 and not mlflow:
                     raise
