@@ -634,8 +634,10 @@ def _score_plot(rows: list[dict[str, Any]]) -> str:
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(rows) + 2), 3))
     xs = np.arange(len(rows))
     avgs = [r["avg"] or 0.0 for r in rows]
-    lo = [r["avg"] - r["ci"][0] if r["ci"] else 0 for r in rows]
-    hi = [r["ci"][1] - r["avg"] if r["ci"] else 0 for r in rows]
+    # A stored Avg@k outside its own CI (a crafted or damaged store) draws no bar end below it: matplotlib refuses a
+    # negative error (review 17 follow-up: `report` ended in "'yerr' must not contain negative values").
+    lo = [max(0.0, a - r["ci"][0]) if r["ci"] else 0.0 for a, r in zip(avgs, rows, strict=True)]
+    hi = [max(0.0, r["ci"][1] - a) if r["ci"] else 0.0 for a, r in zip(avgs, rows, strict=True)]
     colors = ["#888" if r["status"] == "" else {"kept": "#1a7f37", "pruned": "#cf222e"}.get(r["status"], "#0969da")
               for r in rows]
     bars = ax.bar(xs, avgs, yerr=[lo, hi], color=colors, capsize=4,

@@ -158,3 +158,19 @@ def test_the_report_of_a_normal_run_reads_everything_and_says_nothing_is_left_ou
         assert lin.all_metrics("v2") == ws.lineage.all_metrics("v2")
     assert lin.eval_samples == 80 and lin.metric_points == 500 and not lin.evals_left_out and not lin.metrics_cut
     assert "evals-left-out" not in html and "metrics-left-out" not in html
+
+
+def test_the_report_draws_a_stored_score_outside_its_own_ci(tmp_path):
+    """A crafted store whose stored Avg@k (0.95) lies above the CI of its own samples (all wrong: [0, 0]) ended the
+    report in matplotlib's "'yerr' must not contain negative values"; the bar is drawn with no upper whisker."""
+    from evotrainer.agents.report import ReportLineage, render_html
+
+    run = tmp_path / "run"
+    Workspace.init(run, Recipe())
+    with Workspace.open(run, writer=True) as ws:
+        v = ws.lineage.branch("v0", Intervention(path="actor_learning_rate", old=1e-6, new=3e-6, category="optimizer"))
+        ws.lineage.log_eval_samples(v.id, "heldout", [(f"p{j // 4}", j % 4, 0.0, "") for j in range(40)])
+        ws.lineage.update_version(v.id, status="kept", eval_summary={"avg@k": 0.95, "k": 4})
+    with Workspace.open(run) as ws:
+        html = render_html(ws, ReportLineage(ws.lineage))
+    assert "0.950" in html and "data:image/png;base64," in html
