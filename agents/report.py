@@ -1057,7 +1057,7 @@ def _data_left_out(lin: ReportLineage) -> str:
         shown = ", ".join(f"<code>{_e(_cut(v, 80))}</code> ({rows:,} -> {kept:,})" for v, (rows, kept) in items2[:10])
         more = f" and {len(items2) - 10:,} more" if len(items2) > 10 else ""
         out += (f"<p id='metrics-left-out' class='warn'>Thinned in this report: the metric series of "
-                f"{len(items2):,} versions (points stored -> read; {len(gone):,} left out whole), past "
+                f"{len(items2):,} version{'' if len(items2) == 1 else 's'} (points stored -> read; {len(gone):,} left out whole), past "
                 f"{REPORT_SERIES_POINTS_MAX:,} points a series or the {lin.points_budget:,} one report reads: "
                 f"{shown}{more}. Their curves are drawn from fewer points</p>")
     return out

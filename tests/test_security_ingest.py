@@ -2165,9 +2165,9 @@ def test_a_run_store_series_past_the_cap_is_thinned_evenly_and_said(tmp_path, mo
             assert list(ws.lineage.all_metrics("v0")) == ["train/loss"]
         assert len(ws.lineage.all_metrics("v0", max_points=0)) == 2
     monkeypatch.setattr(points, "MAX_METRIC_SERIES", 10_000)
-    with pytest.warns(MetricsThinnedWarning):
-        r = CliRunner().invoke(app, ["report", str(run)])
-    assert r.exit_code == 0, (r.exception, r.output)
+    r = CliRunner().invoke(app, ["report", str(run)])  # the report reads within its own budgets (agents/report.py:
+    assert r.exit_code == 0, (r.exception, r.output)  # 5,000 points a series), so these 6,000 points are read whole
+    assert "metrics-left-out" not in (run / "reports" / "report.html").read_text()
 
 
 def test_a_trainer_state_log_history_is_decoded_an_entry_at_a_time(tmp_path):
