@@ -181,8 +181,16 @@ class LoopBase:
         return spent / 60.0 > self.config.budget.wall_clock_minutes
 
     def test_reserve_s(self) -> float:
-        """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row) at the wall time
-        per sample of this run's dev evaluations so far (0 before the first one, or without a test split).
+        """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row), estimated from the
+        wall time of this run's dev evaluations so far (0 before the first one, or without a test split).
+
+        Estimate: ``2 x mean dev wall / (P_dev x sqrt(k_dev)) x n_test x sqrt(k_test)``, P_dev the dev problems
+        evaluated. An evaluation generates the k samples of a batch of prompts together, and on CPU a decode step of
+        more rows costs less than proportionally more (docs/performance.md §7: the small matmuls run at ~40 GFLOP/s
+        at 16 rows, ~100 at 1024), so the cost per sample falls with k. Measured on two `make run`s of the default
+        (dev 48 problems x k 2, test 100 x 8): idle, dev 30 s -> 125 s a test evaluation estimated, 100-129 s
+        measured; loaded, dev 50 s -> 210 s estimated, 96-115 s measured. The per-sample rule it replaces reserved
+        2-4x the measured time (838 s against 211 s on the loaded run), which stopped that run after one round.
 
         Raises:
             LineageError: kv ``loop/eval_walls`` is no object of numbers (a crafted or damaged run folder).
@@ -191,9 +199,42 @@ class LoopBase:
         walls = self.lineage.kv_get("loop/eval_walls", expected=PER_EVAL_SHAPE) or {}
         if not data.n_test or not walls:
             return 0.0
-        per_sample = sum(walls.values()) / len(walls) / max(1, min(ev.max_problems or data.n_heldout,
-                                                                   data.n_heldout) * ev.k)
-        return 2 * per_sample * data.n_test * (self.config.test_k or ev.k)
+        per_problem = sum(walls.values()) / len(walls) / max(1, min(ev.max_problems or data.n_heldout,
+                                                                    data.n_heldout)) / math.sqrt(ev.k)
+        return 2 * per_problem * data.n_test * math.sqrt(self.config.test_k or ev.k)
+
+    def arms_in_time(self) -> int | None:
+        """How many more arms (``steps_per_version`` steps and one dev evaluation each) end before the wall clock
+        (``budget.wall_clock_minutes``, less :meth:`test_reserve_s`); None before a version has trained.
+
+        Estimate: an arm's wall time is the run's wall time so far (summed over resumes, :meth:`compute`) less its
+        no-RL evaluation, over the versions trained, so model loads, checkpoints and the harness's work are in it.
+        Unlike the token budget's rule (:meth:`affordable_arms`, which may overshoot by less than one arm so that
+        every mode spends the same), an arm starts only if it is expected to end in time: ``floor``.
+
+        Raises:
+            LineageError: as :meth:`compute`.
+        """
+        trained = sum(1 for v in self.lineage.versions() if self.lineage.last_step(v.id) >= 0)
+        if not trained:
+            return None
+        walls = self.lineage.kv_get("loop/eval_walls", expected=PER_EVAL_SHAPE) or {}
+        no_rl = sum(float(w) for k, w in walls.items() if k.endswith("/no_rl"))
+        arm = max(1.0, (self.compute()["wall_s"] - no_rl) / trained)
+        left = 60.0 * self.config.budget.wall_clock_minutes - (time.time() - self.started_at()) - self.test_reserve_s()
+        return max(0, math.floor(left / arm))
+
+    def budget_note(self, cap: int | None = None) -> str:
+        """What of the budget is spent, for the log line of a stop: the wall clock (minutes spent, minutes kept for
+        the test evaluations, the budget) and, with a token budget (``cap`` in its place when given), the tokens."""
+        b = self.config.budget
+        note = (f"wall clock {(time.time() - self.started_at()) / 60:.1f} min spent + "
+                f"{self.test_reserve_s() / 60:.1f} min kept for the test evaluations, of {b.wall_clock_minutes:g}")
+        cap = b.max_tokens if cap is None else cap
+        if cap is not None:
+            c = self.compute()
+            note += f"; tokens {c['train_tokens'] + c['eval_tokens']:,} of {cap:,}"
+        return note
 
     def out_of_budget(self, cap: int | None = None) -> bool:
         """True once the wall clock or the token budget (``budget.max_tokens``: train + dev-eval tokens; ``cap``

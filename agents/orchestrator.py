@@ -104,8 +104,11 @@ class Orchestrator(LoopBase):
         r = int(self.lineage.kv_get("loop/round", 1, expected=int))
         while True:
             in_progress = self.done(f"r{r}/parent") and not self.done(f"r{r}/done")
-            if not in_progress and (self.n_versions() >= self.config.budget.max_versions
-                                    or self.out_of_budget(self.explore_cap())):
+            if not in_progress and self.n_versions() >= self.config.budget.max_versions:
+                self.log(f"round {r}: stopping: {self.n_versions()} versions, the budget's max_versions")
+                break
+            if not in_progress and self.out_of_budget(self.explore_cap()):
+                self.log(f"round {r}: stopping: the budget is spent ({self.budget_note(self.explore_cap())})")
                 break
             if not self.round(r):
                 self.log(f"round {r}: no untried intervention left; stopping")
@@ -123,6 +126,12 @@ class Orchestrator(LoopBase):
         self.save_compute()
         self.mark_finished()
         return self.summary()
+
+    def _arms_left(self) -> int | None:
+        """Arms the next round may start: the fewer of what the token budget pays for (:meth:`affordable_arms` of
+        :meth:`explore_cap`) and what ends before the wall clock (:meth:`arms_in_time`); None when neither says."""
+        known = [n for n in (self.affordable_arms(self.explore_cap()), self.arms_in_time()) if n is not None]
+        return min(known) if known else None
 
     def explore_cap(self) -> int | None:
         """Tokens the rounds may spend: ``(1 - budget.exploit_fraction) x budget.max_tokens``; None without a token
@@ -462,12 +471,14 @@ class Orchestrator(LoopBase):
         damaged = self.version(parent)["damaged_weights"]
         # never start more arms than the token budget pays for (the control first); a round already ranked (a resume)
         # goes on as it was planned
+        # and never more than end before the wall clock (less the test evaluations' reserve)
         arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
-            self.stage(f"r{r}/arms", lambda: self.affordable_arms(self.explore_cap()), expected=int)
+            self.stage(f"r{r}/arms", lambda: self._arms_left(), expected=int)
         if arms is not None:
             n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
             if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)
-                self.log(f"round {r}: the token budget pays for no further arm; stopping")
+                self.log(f"round {r}: the budget pays for no further arm ({self.budget_note(self.explore_cap())}); "
+                         "stopping")
                 self.stage(f"r{r}/done", lambda: True)
                 return False
         ranking = self.stage(f"r{r}/rank", lambda: self.backtester.rank(parent, proposal, diag, n_choose)

@@ -158,8 +158,8 @@ def test_resume_state_evotrainer_writes_still_reads(tmp_path):
         assert (c["eval_tokens"], c["no_rl_tokens"], c["test_tokens"]) == (100, 64, 7)
         assert c["cpu_s"] >= 4.0 and c["wall_s"] >= 10.0
         data, ev = cfg.recipe.data, cfg.recipe.eval
-        assert loop.test_reserve_s() == pytest.approx(2 * 4.0 / (min(ev.max_problems, data.n_heldout) * ev.k)
-                                                      * data.n_test * (cfg.test_k or ev.k))
+        assert loop.test_reserve_s() == pytest.approx(2 * 4.0 / (min(ev.max_problems, data.n_heldout) * ev.k ** 0.5)
+                                                      * data.n_test * (cfg.test_k or ev.k) ** 0.5)
         assert loop.stored("diagnose/v0", Diagnosis) == Diagnosis.model_validate(DIAGNOSIS)
         assert loop.stage("r1/parent", lambda: "not run", expected=str) == "v0"
         assert loop.stored("r2/parent", expected=str) is None
