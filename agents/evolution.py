@@ -48,6 +48,7 @@ from evotrainer.harness import synthesis as S
 from evotrainer.harness.evidence import Evidence
 from evotrainer.lineage import NUM, KvMap, LineageStore
 from evotrainer.servers.common import MAX_LIMIT
+from evotrainer.skills_db.models import SUMMARY_METRICS_MAX
 from evotrainer.workspace import Workspace
 
 TAG = "synthesised"
@@ -278,10 +279,14 @@ def remember(loop: EvolvingLoop, examples: list[S.Example], domain: str) -> int:
         if done.get(ex.version) == status:
             continue
         feats = S.example_features(ex)
+        n_all = len(feats)
+        if n_all > SUMMARY_METRICS_MAX:  # the first by name (a summary holds no more); the rest unremembered
+            feats = dict(sorted(feats.items())[:SUMMARY_METRICS_MAX])
         if _call(loop, "add_version_summary", {
                 "version_id": ex.version, "status": status, "domain": domain, "metrics": feats, "run": str(loop.ws.root),
                 "intervention": "; ".join(iv.describe() for iv in loop.lineage.get(ex.version).interventions),
-                "summary": f"labelled {'bad' if ex.bad else 'good'} for analyzer synthesis ({len(feats)} features)"}):
+                "summary": f"labelled {'bad' if ex.bad else 'good'} for analyzer synthesis ({len(feats)} features"
+                           + (f" of {n_all}, the first by name" if n_all > len(feats) else "") + ")"}):
             done[ex.version] = status
             n += 1
     loop.lineage.kv_set(REMEMBERED_KEY, done)

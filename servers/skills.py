@@ -18,6 +18,10 @@ from pydantic import BaseModel, Field, ValidationError
 from evotrainer.servers.common import MAX_LIMIT, JsonValue, ToolContext, state_of
 from evotrainer.skills_db.models import (
     SKILL_NAMES_MAX,
+    SUMMARY_FINDINGS_MAX,
+    SUMMARY_METRIC_NAME_MAX,
+    SUMMARY_METRICS_MAX,
+    SUMMARY_NAME_MAX,
     FailedCase,
     SearchTrace,
     Skill,
@@ -100,11 +104,6 @@ class VersionSummaryList(BaseModel):
 
 HIT_TEXT_MAX_CHARS = 4000
 """Characters of a search hit's name and description (get_skill gives the whole skill)."""
-SUMMARY_FINDINGS_MAX = 64
-"""Finding kinds one version summary holds, each a name of at most :data:`SUMMARY_NAME_MAX` characters."""
-SUMMARY_NAME_MAX = 64
-SUMMARY_METRICS_MAX = 256
-"""Metrics one version summary holds (the run store keeps as many per version)."""
 REPLY_SUMMARIES_MAX_CHARS = 1 << 20
 """JSON characters of one list_version_summaries reply (review 14 F-R14: 150 summaries of ~950 KB each were a 273 MiB
 reply and a 3.6 s stall; limit went to 10,000 where every other list tool stops at MAX_LIMIT)."""
@@ -263,9 +262,9 @@ def add_version_summary(
         raise ToolError(f"findings: {len(findings):,} kinds (the longest {max(map(len, findings)):,} characters); a "
                         f"summary holds at most {SUMMARY_FINDINGS_MAX} finding kinds of at most {SUMMARY_NAME_MAX} "
                         "characters each, names such as 'truncation'")
-    if len(metrics) > SUMMARY_METRICS_MAX or any(len(k) > 200 for k in metrics):
+    if len(metrics) > SUMMARY_METRICS_MAX or any(len(k) > SUMMARY_METRIC_NAME_MAX for k in metrics):
         raise ToolError(f"metrics: {len(metrics):,} entries; a summary holds at most {SUMMARY_METRICS_MAX} metrics "
-                        "with names of at most 200 characters: give the headline ones")
+                        f"with names of at most {SUMMARY_METRIC_NAME_MAX} characters: give the headline ones")
     vs = VersionSummary(id=f"{run}/{version_id}", run=run, version_id=version_id, domain=domain, status=status,
                         intervention=intervention, metrics=metrics, findings=findings, summary=summary)
     return RecordId(id=st.skill_store().add_version_summary(vs))

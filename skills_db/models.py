@@ -244,6 +244,18 @@ class SearchTrace(BaseModel):
         return v
 
 
+SUMMARY_FINDINGS_MAX = 64
+"""Finding kinds one version summary holds, each a name of at most :data:`SUMMARY_NAME_MAX` characters."""
+SUMMARY_NAME_MAX = 64
+SUMMARY_METRICS_MAX = 1024
+"""Metrics one version summary holds, each a name of at most :data:`SUMMARY_METRIC_NAME_MAX` characters: at most
+~210 KB a summary, five in a 1 MiB ``list_version_summaries`` reply. The loop remembers a version's analyzer-synthesis
+features here (every base statistic of every candidate series: 505-567 on the default run); the cap was 256 from
+review 14 (F-R14) to 2026-12-06, and every such summary was refused ("harness evolution: add_version_summary
+failed" in each run's log), so later runs remembered none."""
+SUMMARY_METRIC_NAME_MAX = 200
+
+
 class VersionSummary(BaseModel):
     """A version in a few lines, for later runs: recipe change, scores, findings, decision."""
 

@@ -112,7 +112,7 @@ def test_add_skill_names_a_bad_argument_in_one_line_without_a_dump():
 def test_version_summaries_are_capped_on_write_and_a_listing_is_bounded():
     """Review 14 F-R14: 150 add_version_summary of ~950 KB each (47 findings of 19,900 characters) made
     list_version_summaries a 273 MiB reply (3.6 s, a 3.0 s stall; its limit went to 10,000) and even limit=10 read the
-    178 MB table whole. Now a summary holds at most 64 finding kinds of 64 characters and 256 metrics, the limit stops
+    178 MB table whole. Now a summary holds at most 64 finding kinds of 64 characters and 1,024 metrics (256 until 2026-12-06), the limit stops
     at MAX_LIMIT (500), a reply ends once it holds 1 MiB of JSON (omitted: the rest), and only the chosen rows are
     read whole."""
     import json
@@ -125,9 +125,9 @@ def test_version_summaries_are_capped_on_write_and_a_listing_is_bounded():
             "add_version_summary", {"version_id": "v1", "status": "kept", "findings": [f"f{i:02d}" for i in range(65)]})
         assert "findings: 1 kinds (the longest 65 characters)" in c.err(
             "add_version_summary", {"version_id": "v1", "status": "kept", "findings": ["f" * 65]})
-        assert "metrics: 257 entries; a summary holds at most 256 metrics" in c.err(
+        assert "metrics: 1,025 entries; a summary holds at most 1024 metrics" in c.err(
             "add_version_summary", {"version_id": "v1", "status": "kept",
-                                    "metrics": {f"m{i}": 1.0 for i in range(257)}})
+                                    "metrics": {f"m{i}": 1.0 for i in range(1025)}})
         for i in range(30):
             c.ok("add_version_summary", {"version_id": f"v{i:02d}", "status": "kept", "domain": "hostile",
                                          "summary": f"{i:02d}" + "s" * 19_000, "intervention": "i" * 19_000,

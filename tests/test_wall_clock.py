@@ -70,3 +70,29 @@ def test_a_round_starts_only_the_arms_that_end_before_the_wall_clock(tmp_path, m
         note = loop.budget_note()
         assert note.startswith("wall clock 10.0 min spent + 25.0 min kept for the test evaluations, of ")
         assert note.endswith(f"of {minutes:g}") and "tokens" not in note
+
+
+def test_a_version_of_more_synthesis_features_than_a_summary_holds_is_remembered(tmp_path):
+    """Every `make run` since review 14 logged "harness evolution: add_version_summary failed: metrics: 505 entries;
+    a summary holds at most 256 metrics": the loop remembers a labelled version's synthesis features (16 base
+    statistics a candidate series) as a version summary, and the cap refused them all, so later runs remembered
+    nothing. The cap is 1,024 now, and a version of more (80 series: 1,280 features) is remembered with the first
+    1,024 by name."""
+    from evotrainer.agents.evolution import remember
+    from evotrainer.harness import synthesis as S
+    from evotrainer.skills_db.models import SUMMARY_METRICS_MAX
+
+    assert SUMMARY_METRICS_MAX == 1024
+    cfg = _config(600)
+    run = _run(tmp_path, cfg)
+    names = [f"reward/c{i:02d}/mean" for i in range(80)]
+    feats = {S.feature_key(b): float(i) for i, b in enumerate(S._bases(names))}
+    assert len(feats) == 1280 and len(S.example_features(S.Example(None, "v0", False, features=feats))) == 1280
+    with Workspace(run, writer=True) as ws, open_toolbox(run) as tb:
+        loop = Orchestrator(cfg, tb, ws, HeuristicBrain())
+        assert remember(loop, [S.Example(None, "v0", False, features=feats)], "arithmetic") == 1
+        got = tb.call("list_version_summaries", {"domain": "arithmetic", "limit": 10})["summaries"]
+    mine = [s for s in got if s["run"] == str(run)]
+    assert len(mine) == 1 and len(mine[0]["metrics"]) == 1024
+    assert mine[0]["metrics"] == dict(sorted(feats.items())[:1024])
+    assert mine[0]["summary"] == "labelled good for analyzer synthesis (1024 features of 1280, the first by name)"
