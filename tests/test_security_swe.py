@@ -200,6 +200,10 @@ def test_a_search_with_millions_of_matches_keeps_forty_and_stops_at_its_budget(s
         "size; not searched: a0.txt from line 100000 on, and the files after it; give a path to search one folder or "
         "file)"]
     assert (SEARCH_MAX_HITS, SEARCH_MAX_LINES) == (40, 100_000)
+    out = swe.step(call("search", pattern="a", path="a3.txt"))  # one file: the same cut, no other files named
+    assert out.startswith("[search] 99999 matches in the part searched:\na3.txt:1: a\n") and out.endswith(
+        "(99959 more matches not shown)\n(search stopped at its budget of 100,000 lines or 500,000,000 characters x "
+        "pattern size; not searched: a3.txt from line 100000 on; view reads the rest)"), out
     # a path narrows it: one file, whole, no note
     assert swe.step(call("search", pattern="return a", path="calc.py")) == (
         "[search] 2 matches:\ncalc.py:2: return a - b\ncalc.py:6: return a + b")

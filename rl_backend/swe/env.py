@@ -10,7 +10,9 @@ A bare JSON object with ``name`` / ``arguments`` (or a fenced ```json block) is 
 reply with no parsable call, an unknown tool or bad arguments gets an error observation that says
 what to fix (never an exception): it counts as an invalid call and against the tool budget.
 
-Tools (arguments in braces): ``search {pattern, path?}`` regex grep over the repo; ``view {path,
+Tools (arguments in braces): ``search {pattern, path?}`` regex (RE2) grep over the repo, the first
+:data:`SEARCH_MAX_HITS` matches shown and the rest counted, one call stopping after :data:`SEARCH_MAX_LINES`
+lines or :data:`SEARCH_CALL_UNITS` characters x pattern size with a note naming where; ``view {path,
 start?, end?}`` numbered lines (at most :data:`VIEW_MAX_LINES`); ``edit {path, old, new}`` exact
 string replacement (``old`` must occur exactly once); ``run_tests {tests?}`` pytest on a chosen
 subset (node ids or files; default: the test files of the hidden tests) in the sandbox; ``submit {}``
@@ -459,7 +461,7 @@ class SweEnv:
                     for n, line in enumerate(lines, 1):
                         cost = min(len(line), scan) * size
                         if lines_read >= SEARCH_MAX_LINES or units + cost > SEARCH_CALL_UNITS:
-                            cut = f"{rel} from line {n} on, and the files after it"
+                            cut = f"{rel} from line {n} on" + (", and the files after it" if dfd is not None else "")
                             break
                         lines_read += 1
                         units += cost
@@ -474,7 +476,8 @@ class SweEnv:
                     os.close(dfd)
         if cut:
             cut = (f"\n(search stopped at its budget of {SEARCH_MAX_LINES:,} lines or {SEARCH_CALL_UNITS:,} characters x "
-                   f"pattern size; not searched: {cut}; give a path to search one folder or file)")
+                   f"pattern size; not searched: {cut}; "
+                   f"{'give a path to search one folder or file' if dfd is not None else 'view reads the rest'})")
         if not count:
             return f"no match for {a.pattern!r}{note}" + (" in the part searched" + cut if cut else "")
         more = f"\n({count - SEARCH_MAX_HITS} more matches not shown)" if count > SEARCH_MAX_HITS else ""
