@@ -2,7 +2,8 @@
 
 ``evotrainer diagnose PATH [--json] [--out DIR]``: ingest a run folder (EvoTrainer workspace or a
 run of verl / TRL / OpenRLHF) or a log file, run every analyzer, print the findings (rich table,
-or JSON with ``--json``) and write plots of the key series. For each warn / blocking finding it
+or JSON with ``--json``) and write plots of the key series (of at most
+:data:`~evotrainer.harness.plots.MAX_PLOTTED_VERSIONS` versions, the rest said). For each warn / blocking finding it
 prints what was judged (level, change or trend), the evidence (each series' values at the
 finding's steps) and the interventions that address it from the skills memory (``skills_db``:
 a hybrid search of the finding's explanation among the interventions for its kind), so a user
@@ -60,7 +61,7 @@ def diagnose(
     from evotrainer.harness.analyzers import run_analyzers
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.ingest import ingest
-    from evotrainer.harness.plots import plot_evidence
+    from evotrainer.harness.plots import MAX_PLOTTED_VERSIONS, plot_evidence
     from evotrainer.workspace import folder_inside
 
     if fail_on not in ("none", "warn", "blocking"):
@@ -73,6 +74,7 @@ def diagnose(
     gated = _gate_versions(path, list(ev.summary()["versions"]), gate_version, gate_kept, gate_best)
     findings = run_analyzers(ev, names=analyzer or None)
     plots: list[str] = []
+    plots_note = ""
     if not no_plots:
         is_ws = path.is_dir() and (path / "lineage.db").exists()
         # an --out inside the folder read (a run folder or any foreign folder) is made, and written, through no link
@@ -87,6 +89,10 @@ def diagnose(
                               else Path("diagnose") / (_bare_name(path) or "run"))
         root = path.resolve() if rel is not None else path if is_ws and out is None else None
         plots = [str(p) for p in plot_evidence(ev, findings, out_dir, root=root)]
+        if len(ev.versions) > MAX_PLOTTED_VERSIONS:
+            plots_note = (f"plots of {MAX_PLOTTED_VERSIONS} of {len(ev.versions)} versions (MAX_PLOTTED_VERSIONS; those "
+                          f"with warn / blocking findings first): {len(ev.versions) - MAX_PLOTTED_VERSIONS} not "
+                          "plotted; diagnose a folder of fewer runs to plot them")
     evid = [_evidence_of(ev, f) for f in findings]
     agentic = any(n.startswith("tools/") for v in ev.versions for n in ev.metric_names(v))
     fixes, note = ([[] for _ in findings], "") if no_skills else _interventions(findings, skills_dir,
@@ -95,7 +101,7 @@ def diagnose(
         rows = [{**f.model_dump(mode="json"), "evidence_values": e, "interventions": x}
                 for f, e, x in zip(findings, evid, fixes, strict=True)]
         payload = {"source": str(path), "summary": ev.summary(), "findings": rows, "plots": plots,
-                   **({"skills_note": note} if note else {})}
+                   **({"skills_note": note} if note else {}), **({"plots_note": plots_note} if plots_note else {})}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         console = output_console()
@@ -121,6 +127,8 @@ def diagnose(
             console.print(f"[dim]{note}[/]")
         for p in plots:
             console.print(f"plot: {p}")
+        if plots_note:
+            console.print(f"[dim]{plots_note}[/]")
     judged = [f for f in findings if gated is None or not f.versions or gated & set(f.versions)]
     hit = [f for f in judged if fail_on != "none" and SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on]]
     if hit:  # exit 2 names what stands behind it, on stderr (stdout stays the report or the JSON)

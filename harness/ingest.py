@@ -34,7 +34,9 @@ the points read, kept and dropped.
 :func:`ingest` takes a run folder (an EvoTrainer workspace, or any folder holding the files
 above) or a single file, and returns one Evidence with one version per run: the version id is
 the file or folder name (the folder of a ``trainer_state.json``), and a folder holding several
-TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder. A file no
+TensorBoard runs (``<tb_dir>/<run_name>/events.*``) gives one version per run folder; one call reads at most
+:data:`MAX_IMPORT_RUNS` runs (W&B export runs, TensorBoard run folders, MLflow runs together; the first ones, with an
+:class:`IngestWarning` naming the cap and the runs left out). A file no
 reader understands raises :class:`IngestError` naming what was tried and what each format looks
 like (:data:`FORMATS`).
 """
@@ -300,6 +302,47 @@ def _note(msg: str) -> None:
 
 
 _NOTED: dict[Any, Any] = {}  # the warnings registry of :func:`_note`
+
+
+# Runs (versions) one ingest reads, from one file or one folder, the first ones (review 18, C-R18b: a 784 KB W&B chart
+# export of 1,000 runs x 3 metrics became 1,000 versions, each analyzed and plotted: `diagnose --no-plots` took 146 s
+# and 462 MB, with plots it was killed at 300 s). 64: a W&B chart shows 10 runs by default and a sweep's export is
+# a few dozen; TensorBoard and MLflow folders of more runs are read a part at a time (point at a sub-folder).
+MAX_IMPORT_RUNS = 64
+
+
+class _RunCap:
+    """The versions one :func:`ingest` call admits: the first :data:`MAX_IMPORT_RUNS` by arrival (a version already
+    admitted always is); the names left out are kept for one note (:meth:`say`)."""
+
+    def __init__(self, limit: int = MAX_IMPORT_RUNS):
+        self.limit = limit
+        self.kept: dict[str, None] = {}
+        self.left_out: dict[str, None] = {}
+
+    def full(self) -> bool:
+        return len(self.kept) >= self.limit
+
+    def admit(self, name: str) -> bool:
+        if name in self.kept:
+            return True
+        if len(self.kept) < self.limit:
+            self.kept[name] = None
+            return True
+        self.left_out[name] = None
+        return False
+
+    def leave_out(self, name: str) -> None:
+        """Count ``name`` as left out (a reader did not read it; nothing if it was admitted)."""
+        if name not in self.kept:
+            self.left_out[name] = None
+
+    def say(self, path: Path) -> None:
+        if self.left_out:
+            names = list(self.left_out)
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            _note(f"{path}: {len(names):,} runs left out ({shown}): the first {self.limit} runs are read (the cap "
+                  f"per file or folder read, MAX_IMPORT_RUNS); to read the others, export or point at fewer runs")
 
 
 def _rows_cut(path: Path, cap: int, total: int | None = None) -> None:
@@ -662,11 +705,12 @@ def read_run_text(path: Path) -> str:
         raise IngestError(str(exc)) from None
 
 
-def _read_file(path: Path, version: str, max_rows: int | None = None, budget: F.ReadBudget | None = None
-               ) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file(path: Path, version: str, max_rows: int | None = None, budget: F.ReadBudget | None = None,
+               left_out: list[str] | None = None) -> tuple[Runs, list[dict[str, Any]]]:
     """Records (per run; ``None`` is the file's own version) and rollout rows of one file, by name and content
     (at most ``max_rows`` rollout rows, default :data:`MAX_ROLLOUT_ROWS`; a .gz within ``budget``, the folder
-    read's :class:`~evotrainer.harness.ingest_formats.ReadBudget`, when given).
+    read's :class:`~evotrainer.harness.ingest_formats.ReadBudget`, when given; the first :data:`MAX_IMPORT_RUNS`
+    runs of a W&B export, the names of the others appended to ``left_out`` when given).
 
     Raises:
         IngestError: the file is malformed; the message names it (JSON nested past the recursion limit, a step
@@ -674,7 +718,7 @@ def _read_file(path: Path, version: str, max_rows: int | None = None, budget: F.
     """
     try:
         _check_size(path)
-        runs, rows = _read_file_as_is(path, version, max_rows, budget)
+        runs, rows = _read_file_as_is(path, version, max_rows, budget, left_out)
         for recs in runs.values():
             _thinned(path, recs)
         _check_steps(path, [s for recs in runs.values() for s in recs] + [r.get("step", 0) for r in rows])
@@ -706,8 +750,8 @@ def _check_steps(path: Path, steps: list[Any]) -> None:
         raise IngestError(f"{path}: step {shown} does not fit a 64-bit integer; is it really a training log?")
 
 
-def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.ReadBudget | None = None
-                     ) -> tuple[Runs, list[dict[str, Any]]]:
+def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.ReadBudget | None = None,
+                     left_out: list[str] | None = None) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
         return {None: parse_trainer_state_text(read_run_text(path))}, []
@@ -724,7 +768,7 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
         return {}, read_trl_completions(path, version, max_rows)
     if path.suffix == ".csv":
         try:
-            runs = F.parse_wandb_csv(read_run_text(path), str(path))
+            runs = F.parse_wandb_csv(read_run_text(path), str(path), MAX_IMPORT_RUNS, left_out)
         except ValueError as exc:
             raise IngestError(str(exc)) from None
         if not runs:
@@ -815,6 +859,9 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
             :data:`~evotrainer.harness.ingest_formats.MAX_IMPORT_DECOMPRESSED_BYTES`); a .gz past it is skipped
             with an :class:`IngestWarning` naming it and the cap. ``import`` passes one it also reads the logs with.
 
+    At most :data:`MAX_IMPORT_RUNS` versions (the first runs read; an :class:`IngestWarning` names the cap and the
+    count left out).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IngestError: nothing readable there.
@@ -846,8 +893,11 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
     series: dict[str, RawSeries] = {}
     rows: list[dict[str, Any]] = []
     errors = []
+    cap = _RunCap()
     for d in mlflow:
         run = vid if len(mlflow) == 1 and not files else F.mlflow_run_name(d)
+        if not cap.admit(run):
+            continue
         try:
             recs = F.parse_mlflow_metrics(d, max_file_bytes(), _SIZE_HINT)
             _check_steps(d, list(recs))
@@ -857,11 +907,15 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
             raise
         except ValueError as exc:
             errors.append(str(exc))
-    for run, run_files in _split_runs(p, files, vid).items():
+    split = _split_runs(p, files, vid)
+    for run, run_files in split.items():
+        if run != vid and not cap.admit(run):  # a TensorBoard run folder past the cap: its files are not read
+            continue
         merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
         for f in run_files:
+            left_out: list[str] = []  # the runs of a W&B export past MAX_IMPORT_RUNS
             try:
-                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows), budget)  # caps per run read, all files
+                runs, rws = _read_file(f, run, MAX_ROLLOUT_ROWS - len(rows), budget, left_out)  # caps per run read
             except IngestError as exc:
                 if len(files) == 1 and not mlflow:
                     raise
@@ -869,10 +923,15 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
                 continue
             for name, recs in runs.items():  # a W&B chart export may hold several runs
                 key = run if name is None or len(runs) == 1 else name
+                if not cap.admit(key):
+                    continue
                 into = merged[key] if key in merged else merged.setdefault(key, StepRecords())
                 for step, rec in recs.items():
                     into.add_all(step, rec)
-            rows += rws
+            if rws and cap.admit(run):
+                rows += rws
+            for name in left_out:
+                cap.leave_out(name)
         for key, recs in merged.items():
             if len(run_files) > 1:
                 _thinned(f"{p} (run {key}, its {len(run_files)} files together)", recs)
@@ -880,6 +939,7 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
                 series[key] = records_to_series(recs)
     if not series and not rows:
         raise IngestError(f"{p}: nothing readable; " + "; ".join(errors[:3]))
+    cap.say(p)
     return series_to_evidence(series, rows, str(p))
 
 

@@ -417,8 +417,18 @@ def _csv_rows(text: str, source: str) -> Iterator[list[str]]:
                          "column names); remove that column or row, or the file from the folder") from None
 
 
-def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
+def parse_wandb_csv(text: str, source: str = "", max_runs: int | None = None,
+                    left_out: list[str] | None = None) -> dict[str | None, Records]:
     """Records of a W&B CSV export, per run (``None``: columns without a ``<run> - `` prefix).
+
+    Args:
+        text: the CSV.
+        source: its name, for the errors.
+        max_runs: the named runs read, the first ones in column order (default: all; review 18, C-R18b: a chart
+            export of 1,000 runs became 1,000 versions that ``diagnose`` took 146 s to analyze); ``None``'s columns
+            are always read. A positive whole number.
+        left_out: when given, the names of the runs past ``max_runs`` are appended to it (column order), so the
+            caller can say what was left out.
 
     Raises:
         ValueError: no step column (names ``source`` and the columns found), or a cell past csv's field limit
@@ -434,12 +444,24 @@ def parse_wandb_csv(text: str, source: str = "") -> dict[str | None, Records]:
     if step_col is None:
         raise ValueError(f"{source}: a CSV without a step column; a W&B export has 'Step' or '_step' "
                          f"(columns found: {', '.join(header[:6])}{', ...' if len(header) > 6 else ''})")
+    if max_runs is not None and max_runs < 1:
+        raise ValueError(f"max_runs={max_runs}: give a positive whole number of runs, or None for all")
     cols: list[tuple[int, str | None, str]] = []
+    named: dict[str, bool] = {}  # run name -> read (the first max_runs names, in column order)
+    kept = 0
     for i, h in enumerate(header):
         if i == step_col or h.endswith(("__MIN", "__MAX")) or h in _WANDB_DROP:
             continue
         run, sep, metric = h.partition(" - ")
-        cols.append((i, run, metric) if sep else (i, None, h))
+        if sep and run not in named:
+            named[run] = max_runs is None or kept < max_runs
+            kept += named[run]
+            if not named[run] and left_out is not None:
+                left_out.append(run)
+        if not sep:
+            cols.append((i, None, h))
+        elif named[run]:
+            cols.append((i, run, metric))
     out: dict[str | None, Records] = {}
     for row in rows:
         if len(row) <= step_col or (s := to_float(row[step_col])) is None or not math.isfinite(s):

@@ -120,6 +120,36 @@ def plot_version(ev: Evidence, version: str, findings: list[Finding], out_dir: s
     return path
 
 
-def plot_evidence(ev: Evidence, findings: list[Finding], out_dir: str | Path, root: Path | None = None) -> list[Path]:
-    """One PNG per version with metric series; returns the files written (``root``: see :func:`plot_version`)."""
-    return [p for v in ev.versions if (p := plot_version(ev, v, findings, out_dir, root=root)) is not None]
+# Versions one diagnosis plots (review 18, C-R18b: a W&B export of 1,000 runs had `diagnose` write a PNG per run, about
+# 0.5 s each on a loaded machine, and it was killed at 300 s after 584). 16: a sweep's runs side by side in a folder
+# one looks through; more are read better as the findings table, which names every version.
+MAX_PLOTTED_VERSIONS = 16
+
+
+def versions_to_plot(ev: Evidence, findings: list[Finding], max_versions: int = MAX_PLOTTED_VERSIONS) -> list[str]:
+    """The versions :func:`plot_evidence` draws: at most ``max_versions`` (default :data:`MAX_PLOTTED_VERSIONS`),
+    those a warn / blocking finding names first, then the others, each group in the evidence's order; returned in the
+    evidence's order.
+
+    Raises:
+        ValueError: ``max_versions`` below 1 (names it and the fix).
+    """
+    if max_versions < 1:
+        raise ValueError(f"max_versions={max_versions}: give a positive whole number of versions to plot")
+    flagged = {v for f in findings if f.is_failure for v in f.versions}
+    ranked = [v for v in ev.versions if v in flagged] + [v for v in ev.versions if v not in flagged]
+    chosen = set(ranked[:max_versions])
+    return [v for v in ev.versions if v in chosen]
+
+
+def plot_evidence(ev: Evidence, findings: list[Finding], out_dir: str | Path, root: Path | None = None,
+                  max_versions: int = MAX_PLOTTED_VERSIONS) -> list[Path]:
+    """One PNG per version with metric series, for the versions of :func:`versions_to_plot` (at most
+    ``max_versions``, default :data:`MAX_PLOTTED_VERSIONS`); returns the files written (``root``: see
+    :func:`plot_version`).
+
+    Raises:
+        ValueError: ``max_versions`` below 1.
+    """
+    return [p for v in versions_to_plot(ev, findings, max_versions)
+            if (p := plot_version(ev, v, findings, out_dir, root=root)) is not None]
