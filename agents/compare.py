@@ -44,6 +44,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.harness.ingest_formats import read_capped
 from evotrainer.harness.stats import avg_at_k, pooled_paired_bootstrap
 from evotrainer.json_counts import comma_count, container_count
+from evotrainer.jsonl import NumberTooLong, loads
 from evotrainer.skills_db.store import SKILLS_DIR_ENV
 from evotrainer.terminal import clip_text
 from evotrainer.workspace import Workspace
@@ -276,7 +277,10 @@ def load_baseline(path: str | Path, config: Any) -> dict[str, Any]:
             # empty lists carry no comma (16 MiB of [[[[[[[[]]]]]]]] made 7.9 M lists: 4.49 s, 859 MB)
             raise ValueError(f"more than {MAX_BASELINE_VALUES} JSON containers and keys ('[', '{{', ':'), more than "
                              "a compare.json EvoTrainer writes in 16 MiB")
-        base = json.loads(data)
+        base = loads(data)
+    except NumberTooLong as exc:  # review 18 (M-R18): echoed Python's "Exceeds the limit (4300 digits)" advice
+        raise CompareError(f"--baseline {path}: cannot be read as compare.json (line "
+                           f"{exc.line_in(data.decode(errors='replace'))}: {exc})") from None
     except (OSError, ValueError, RecursionError) as exc:
         why = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else clip_text(
             str(exc), MAX_ECHO_CHARS)

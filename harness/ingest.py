@@ -60,7 +60,7 @@ from evotrainer.aliases import map_record
 from evotrainer.errors import EvoTrainerError
 from evotrainer.harness import ingest_formats as F
 from evotrainer.harness.evidence import Evidence
-from evotrainer.jsonl import iter_jsonl
+from evotrainer.jsonl import NumberTooLong, bounded_int, iter_jsonl, loads
 from evotrainer.points import StepRecords
 from evotrainer.rollouts import SCHEMA, make_record
 from evotrainer.tb_events import parse_tensorboard
@@ -132,7 +132,7 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
 
 
 _WS = re.compile(r"[ \t\n\r]*")
-_JSON = json.JSONDecoder()
+_JSON = json.JSONDecoder(parse_int=bounded_int)  # integers of at most MAX_JSON_INT_DIGITS digits (review 18)
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -151,6 +151,8 @@ def iter_log_history(text: str) -> Iterator[Any] | None:
 
     Raises:
         json.JSONDecodeError: the text is not JSON (an entry or the list around it).
+        NumberTooLong: an integer of more than :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits (its
+            :meth:`~evotrainer.jsonl.NumberTooLong.line_in` the text names the line).
     """
     i = _skip_ws(text, 0)
     if not text.startswith("{", i):
@@ -177,8 +179,14 @@ def _list_items(text: str, i: int) -> Iterator[Any]:
     i = _skip_ws(text, i + 1)
     if text.startswith("]", i):
         return
+    k = 0
     while True:
-        item, i = _JSON.raw_decode(text, i)
+        try:
+            item, i = _JSON.raw_decode(text, i)
+        except NumberTooLong as exc:
+            exc.where = f"log_history entry {k}"
+            raise
+        k += 1
         yield item
         i = _skip_ws(text, i)
         if text.startswith("]", i):
@@ -195,9 +203,10 @@ def parse_trainer_state_text(text: str) -> dict[int, dict[str, float]]:
     Raises:
         IngestError: no ``log_history`` list.
         json.JSONDecodeError: not JSON.
+        NumberTooLong: an integer of more than :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits.
     """
     hist = iter_log_history(text)
-    return parse_trainer_state(json.loads(text)) if hist is None else _log_history_records(hist)
+    return parse_trainer_state(loads(text)) if hist is None else _log_history_records(hist)
 
 
 def parse_trainer_state(data: dict[str, Any]) -> dict[int, dict[str, float]]:
@@ -605,8 +614,8 @@ def _is_verl_dump(path: Path) -> bool:
     with os.fdopen(F.open_listed(path), "rb") as f:  # a regular file within the size cap (_read_file checked it)
         first = f.readline(1 << 20).decode(errors="replace")
     try:
-        rec = json.loads(first)
-    except json.JSONDecodeError:
+        rec = loads(first)
+    except (json.JSONDecodeError, NumberTooLong):  # not a dump's line: the JSONL metrics reader names the problem
         return False
     return isinstance(rec, dict) and "output" in rec and ("input" in rec or "score" in rec)
 
@@ -754,7 +763,11 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
                      left_out: list[str] | None = None) -> tuple[Runs, list[dict[str, Any]]]:
     name = path.name
     if name == "trainer_state.json":
-        return {None: parse_trainer_state_text(read_run_text(path))}, []
+        text = read_run_text(path)
+        try:
+            return {None: parse_trainer_state_text(text)}, []
+        except NumberTooLong as exc:  # review 18 (I-R18): was Python's own "Exceeds the limit (4300 digits)"
+            raise IngestError(exc.located(str(path), text)) from None
     if name.startswith("events.out.tfevents"):
         try:
             return {None: parse_tensorboard(path, opener=F.open_listed)}, []
@@ -775,10 +788,13 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
             raise unreadable(path, "W&B CSV export (no numeric cells)")
         return dict(runs), []
     if path.suffix == ".json":
+        text = read_run_text(path)
         try:
-            data = json.loads(read_run_text(path))
+            data = loads(text)
         except json.JSONDecodeError as exc:
             raise IngestError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        except NumberTooLong as exc:
+            raise IngestError(exc.located(str(path), text)) from None
         if isinstance(data, dict) and "log_history" in data:
             return {None: parse_trainer_state(data)}, []
         records = F.parse_wandb_history(data) if isinstance(data, (list, dict)) else {}
@@ -830,7 +846,7 @@ def _history_length(path: Path) -> int:
         hist = iter_log_history(text)
         if hist is not None:
             return sum(1 for _ in hist)
-        data = json.loads(text)
+        data = loads(text)
         return len(data.get("log_history", [])) if isinstance(data, dict) else -1
     except (IngestError, OSError, ValueError, TypeError, RecursionError):
         return -1

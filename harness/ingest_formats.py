@@ -40,7 +40,6 @@ from __future__ import annotations
 import ast
 import csv
 import gzip
-import json
 import math
 import os
 import re
@@ -51,6 +50,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from evotrainer.jsonl import loads
 from evotrainer.points import StepRecords
 
 Records = dict[int, dict[str, float]]
@@ -826,6 +826,11 @@ MAX_RUN_NAME_BYTES = 4096  # an MLflow runName tag file longer than this is no n
 
 
 def load_json_any(path: Path) -> Any:
-    """JSON of a file (``NaN`` / ``Infinity`` accepted, as Python's json does)."""
+    """JSON of a file (``NaN`` / ``Infinity`` accepted, as Python's json does).
+
+    Raises:
+        json.JSONDecodeError: not JSON.
+        NumberTooLong: an integer of more than :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits.
+    """
     with os.fdopen(open_listed(path), "rb") as f:
-        return json.loads(f.read().decode(errors="replace"))
+        return loads(f.read().decode(errors="replace"))

@@ -15,7 +15,9 @@ The MCP SDK (``mcp`` 2.3) drops or mis-answers malformed envelopes:
 :func:`check_envelope` applies JSON-RPC 2.0 §4-§5 and MCP's rules (``id`` a string or an integer, never
 null; ``params`` an object; no batches since MCP 2025-06-18) before the SDK sees a message:
 -32700 (parse error) for invalid JSON, invalid UTF-8 or nesting deeper than :data:`MAX_JSON_DEPTH`;
--32600 (invalid request) for everything else, including a message past the parse budgets counted before any parse
+-32602 (invalid params) for an integer in ``params`` of more than
+:data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits (the field named, the number never echoed);
+-32600 (invalid request) for everything else (such an integer as the ``id`` or elsewhere included), including a message past the parse budgets counted before any parse
 (:data:`MAX_JSON_CONTAINERS` brackets, :data:`MAX_JSON_VALUES` values); the reply carries the request's ``id`` when
 that id is valid, else ``null``. Over HTTP a large body (:func:`is_large`) is handled in turn, at most
 :data:`LARGE_BODIES_AT_ONCE` at a time; one that gets no turn within :data:`LARGE_BODY_HOLD_S` is answered 503 with
@@ -41,9 +43,11 @@ from mcp_types import JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from evotrainer.json_counts import as_bytes, comma_count, container_count, quote_count
+from evotrainer.jsonl import MAX_JSON_INT_DIGITS, NumberTooLong, loads
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
 SERVER_BUSY = -32000  # JSON-RPC's range for server errors: a large HTTP body that waited past LARGE_BODY_HOLD_S
 MAX_JSON_DEPTH = 64  # nesting levels of arrays / objects in one message (tool arguments need a handful)
 LARGE_BODY_BYTES = 64 << 10
@@ -133,6 +137,56 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_LONG = object()  # what _number_too_long's second parse puts in place of an integer past MAX_JSON_INT_DIGITS
+MAX_FIELD_ECHO = 80  # characters of a field's path echoed in an error (keys are the sender's, of any length)
+
+
+def _int_or_long(text: str) -> Any:
+    return _LONG if len(text) - text.startswith("-") > MAX_JSON_INT_DIGITS else int(text)
+
+
+def _long_number_path(obj: Any) -> str | None:
+    """The path (``params.arguments.limit``, ``params.items[2]``) of the first :data:`_LONG` in ``obj`` (in document
+    order, the one the first parse stopped at); ``None`` when there is none. Iterative: the message was parsed
+    within the counts of :func:`check_envelope`, so the walk is bounded."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is _LONG:
+            return path or "message"
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else k) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+def _number_too_long(text: str, digits: int) -> dict[str, Any]:
+    """The error reply to a message holding an integer of more than :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS`
+    digits: parsed again with each such integer replaced by a marker, so the field is named and the request's
+    ``id`` answered when it is readable (-32602 for a field of ``params``, else -32600; never the number itself);
+    -32700 when the rest of the text is not JSON either."""
+    try:  # the first parse stopped at the number: the text after it may still not be JSON
+        obj = json.loads(text, parse_int=_int_or_long, parse_constant=_no_constant)
+    except RecursionError:
+        return error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    except ValueError as exc:  # JSONDecodeError: a position, never the number (no integer past the bound is made)
+        return error_reply(PARSE_ERROR, f"Parse error: {exc}"[:300])
+    if _depth_exceeds(obj, MAX_JSON_DEPTH):
+        return error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    reply_id = rid if _valid_id(rid) else None
+    field = _long_number_path(obj) or "message"
+    shown = json.dumps(field)[1:-1]  # control characters of a key escaped
+    if len(shown) > MAX_FIELD_ECHO:
+        shown = shown[:MAX_FIELD_ECHO] + "..."
+    code, kind = (INVALID_PARAMS, "Invalid params") if field.startswith("params.") else (INVALID_REQUEST,
+                                                                                         "Invalid Request")
+    return error_reply(code, f"{kind}: '{shown}' is an integer of {digits:,} digits, past the {MAX_JSON_INT_DIGITS} "
+                             "a message may hold (no id, count or limit needs more); send a smaller number, or a "
+                             "string", reply_id)
+
+
 def _valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -169,9 +223,11 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
                                                   "may; send large data as text (one string), or split the call")
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = loads(text, parse_constant=_no_constant)
     except RecursionError:
         return None, error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    except NumberTooLong as exc:  # review 18 (M-R18): was -32700, id null, Python's "Exceeds the limit (4300 digits)"
+        return None, _number_too_long(text, exc.digits)
     except (UnicodeDecodeError, ValueError) as exc:
         return None, error_reply(PARSE_ERROR, f"Parse error: {exc}"[:300])
     if _depth_exceeds(obj, MAX_JSON_DEPTH):
