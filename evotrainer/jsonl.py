@@ -14,13 +14,15 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
+
 MAX_JSON_INT_DIGITS = 64
 """Digits (the sign not counted) of one JSON integer the readers accept. No metric, step, count or request id needs
 more: a 64-bit integer has at most 19 digits, a 128-bit one 39; 64 leaves room for an id written as a big integer,
 and keeps each conversion well under a microsecond (Python's own limit, 4,300, is what review 18 hit)."""
 
 
-class NumberTooLong(ValueError):
+class NumberTooLong(EvoTrainerError, ValueError):
     """A JSON integer of more than :data:`MAX_JSON_INT_DIGITS` digits (raised by :func:`bounded_int`).
 
     ``digits`` is its number of digits; :meth:`line_in` finds the line it is on; ``where`` (may be empty) names the

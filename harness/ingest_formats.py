@@ -50,6 +50,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from evotrainer.errors import EvoTrainerError
 from evotrainer.jsonl import loads
 from evotrainer.points import StepRecords
 
@@ -501,7 +502,7 @@ GZIP_FREE_BYTES = 16 << 20  # a .gz expanding to this much is read whatever its 
 MAX_IMPORT_DECOMPRESSED_BYTES = MAX_GZIP_BYTES
 
 
-class BudgetSpent(ValueError):
+class BudgetSpent(EvoTrainerError, ValueError):
     """A .gz was refused because its folder's :class:`ReadBudget` was spent (the message names it and the cap)."""
 
 

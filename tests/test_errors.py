@@ -57,6 +57,8 @@ def test_every_error_class_derives_from_the_base():
     ("evotrainer.rl_backend.base", "BackendError", RuntimeError),
     ("evotrainer.skills_db.models", "SkillError", ValueError),
     ("evotrainer.harness.ingest", "IngestError", ValueError),
+    ("evotrainer.jsonl", "NumberTooLong", ValueError),
+    ("evotrainer.harness.ingest_formats", "BudgetSpent", ValueError),
     ("evotrainer.agents.mcp_client", "ToolCallError", RuntimeError),
 ])
 def test_error_classes_keep_their_builtin_base(module, name, builtin):
