@@ -117,20 +117,77 @@ def error_reply(code: int, message: str, request_id: Any = None) -> dict[str, An
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
 
-def _depth_exceeds(obj: Any, limit: int) -> bool:
-    stack = [(obj, 1)]
+def _too_deep_path(obj: Any, limit: int) -> str | None:
+    """The path (``params.arguments.filters.a``) of the first array / object nested deeper than ``limit`` levels in
+    ``obj``, or None when there is none. Iterative: the message was parsed within the counts of :func:`check_envelope`."""
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
     while stack:
-        node, d = stack.pop()
+        node, d, path = stack.pop()
         if isinstance(node, dict):
-            children = node.values()
+            children: list[tuple[Any, str]] = [(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()]
         elif isinstance(node, list):
-            children = node
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(node)]
         else:
             continue
         if d > limit:
-            return True
-        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
-    return False
+            return path or "message"
+        stack.extend((c, d + 1, p) for c, p in reversed(children) if isinstance(c, (dict, list)))
+    return None
+
+
+_TOKEN = re2.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # a string literal or a bracket (RE2: linear time)
+
+
+def _top_level_id(text: str) -> Any:
+    """The ``id`` member of the top-level object of ``text`` when it is a valid id (a string or an integer), else
+    None: read by walking string literals and brackets, never nesting, so a message too deep for Python's parser
+    (RecursionError) still gets its reply to the id it sent (review 19, N4-R19). The walk is bounded by the
+    quote and bracket counts :func:`check_envelope` checked first."""
+    depth, found = 0, None
+    dec = json.JSONDecoder(parse_constant=_no_constant)
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+        elif tok in "]}":
+            depth -= 1
+        elif depth == 1 and tok == '"id"':
+            rest = text[m.end():m.end() + MAX_JSON_INT_DIGITS + 64].lstrip()
+            if not rest.startswith(":"):
+                continue
+            try:
+                value, _ = dec.raw_decode(rest[1:].lstrip())
+            except ValueError:  # a long number, a nested value cut off, anything else: no readable id
+                value = None
+            found = value if _valid_id(value) else None
+    return found
+
+
+def _too_deep(obj: Any, text: str | None = None) -> dict[str, Any] | None:
+    """The error reply to a message nested deeper than :data:`MAX_JSON_DEPTH` levels, or None when it is not.
+
+    ``obj`` is the parsed message, or None with ``text`` when the parse itself gave up (RecursionError). With a
+    readable, valid ``id`` the reply carries it (review 19, N4-R19: -32700 with id null left the client waiting
+    forever): -32602 naming the field for a part of ``params``, else -32600; without one it is -32700, id null."""
+    if text is not None:
+        rid, field = _top_level_id(text), None
+    else:
+        field = _too_deep_path(obj, MAX_JSON_DEPTH)
+        if field is None:
+            return None
+        rid = obj.get("id") if isinstance(obj, dict) else None
+    if not _valid_id(rid):
+        return error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if field is None:
+        return error_reply(INVALID_REQUEST, f"Invalid Request: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
+                                            "send flatter arguments", rid)
+    shown = json.dumps(field)[1:-1]  # control characters of a key escaped
+    if len(shown) > MAX_FIELD_ECHO:
+        shown = shown[:MAX_FIELD_ECHO] + "..."
+    code, kind = (INVALID_PARAMS, "Invalid params") if field.startswith("params.") else (INVALID_REQUEST,
+                                                                                         "Invalid Request")
+    return error_reply(code, f"{kind}: '{shown}' is nested deeper than {MAX_JSON_DEPTH} levels of arrays and "
+                             "objects, the most a message may hold; send flatter arguments", rid)
 
 
 def _no_constant(name: str) -> Any:
@@ -169,11 +226,12 @@ def _number_too_long(text: str, digits: int) -> dict[str, Any]:
     try:  # the first parse stopped at the number: the text after it may still not be JSON
         obj = json.loads(text, parse_int=_int_or_long, parse_constant=_no_constant)
     except RecursionError:
-        return error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return _too_deep(None, text) or {}
     except ValueError as exc:  # JSONDecodeError: a position, never the number (no integer past the bound is made)
         return error_reply(PARSE_ERROR, f"Parse error: {exc}"[:300])
-    if _depth_exceeds(obj, MAX_JSON_DEPTH):
-        return error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    deep = _too_deep(obj)
+    if deep:
+        return deep
     rid = obj.get("id") if isinstance(obj, dict) else None
     reply_id = rid if _valid_id(rid) else None
     field = _long_number_path(obj) or "message"
@@ -225,13 +283,14 @@ def check_envelope(raw: bytes | str) -> tuple[dict[str, Any] | None, dict[str, A
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         obj = loads(text, parse_constant=_no_constant)
     except RecursionError:
-        return None, error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return None, _too_deep(None, text)
     except NumberTooLong as exc:  # review 18 (M-R18): was -32700, id null, Python's "Exceeds the limit (4300 digits)"
         return None, _number_too_long(text, exc.digits)
     except (UnicodeDecodeError, ValueError) as exc:
         return None, error_reply(PARSE_ERROR, f"Parse error: {exc}"[:300])
-    if _depth_exceeds(obj, MAX_JSON_DEPTH):
-        return None, error_reply(PARSE_ERROR, f"Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    deep = _too_deep(obj)
+    if deep:
+        return None, deep
     if isinstance(obj, list):
         return None, error_reply(INVALID_REQUEST, "Invalid Request: batches are not supported (MCP removed JSON-RPC "
                                                   "batching in 2025-06-18); send one message at a time")

@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from evotrainer.servers.common import MAX_LIMIT, JsonValue, ToolContext, state_of
 from evotrainer.skills_db.models import (
+    DOMAIN_MAX_CHARS,
+    MAX_TRACK_DOMAINS,
     SKILL_NAMES_MAX,
     SUMMARY_FINDINGS_MAX,
     SUMMARY_METRIC_NAME_MAX,
@@ -199,9 +201,14 @@ def record_skill_outcome(
     skill_id: Annotated[str, Field(description="Skill the intervention came from.", min_length=1)],
     outcome: Annotated[Literal["helped", "hurt", "neutral"], Field(
         description="helped (version kept), hurt (held-out drop or blocking finding), neutral.")],
-    domain: Annotated[str, Field(description="Task domain: math, code, swe, ...")] = "general",
+    domain: Annotated[str, Field(description=f"Task domain: math, code, swe, ... (at most {DOMAIN_MAX_CHARS} "
+                                             f"characters; a skill keeps at most {MAX_TRACK_DOMAINS} domains).")
+                      ] = "general",
 ) -> OutcomeResult:
-    """Count one trial of a skill in a domain (tried += 1, and helped or hurt += 1)."""
+    """Count one trial of a skill in a domain (tried += 1, and helped or hurt += 1).
+
+    Refused, with nothing recorded, for a domain over ``DOMAIN_MAX_CHARS`` (64) characters or a new domain past the
+    skill's ``MAX_TRACK_DOMAINS`` (64): every outcome rewrites the skill's row with all its domains (review 19)."""
     rec = state_of(ctx).skill_store().record_outcome(skill_id, domain, outcome)
     return OutcomeResult(skill_id=skill_id, domain=domain or "general", record=SkillRecord(**rec.model_dump()))
 

@@ -44,6 +44,12 @@ SKILL_NAMES_MAX = 32
 SKILL_NAME_MAX_CHARS = 64
 MAX_COUNT = 2**31 - 1
 """The most a track record count (and a skill's total over domains) may be: the store's int32 columns."""
+DOMAIN_MAX_CHARS = 64
+"""Characters in one track record domain name ('math', 'code', 'swe', ...), as in a tag (:data:`SKILL_NAME_MAX_CHARS`).
+Review 19 (N1-R19): 800 outcomes of 2,000-character domains grew the store to 637 MB and ``get_skill`` to 3.3 MB."""
+MAX_TRACK_DOMAINS = 64
+"""Domains one skill's track record holds: each outcome rewrites the skill's row with all its domains and the store
+keeps every version, so the row must stay small (64 short names: a few KB); real runs use a handful of domains."""
 _RECORD_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 

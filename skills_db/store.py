@@ -49,7 +49,9 @@ from evotrainer.skills_db.embeddings import (
     register_embedding_function,
 )
 from evotrainer.skills_db.models import (
+    DOMAIN_MAX_CHARS,
     MAX_COUNT,
+    MAX_TRACK_DOMAINS,
     FailedCase,
     SearchTrace,
     Skill,
@@ -675,16 +677,27 @@ class SkillStore:
 
         Returns the skill's updated track record in that domain.
 
+        ``domain`` ("" means ``general``) is at most :data:`DOMAIN_MAX_CHARS` characters, and a skill's track record
+        holds at most :data:`MAX_TRACK_DOMAINS` domains (review 19: every outcome rewrites the row with all of them).
+
         Raises:
-            SkillError: no such skill, or an unknown outcome.
+            SkillError: no such skill, an unknown outcome, a domain name over :data:`DOMAIN_MAX_CHARS` characters, or
+                a new domain past the skill's :data:`MAX_TRACK_DOMAINS`; nothing is recorded then.
         """
         if outcome not in ("helped", "hurt", "neutral"):
             raise SkillError(f"outcome={outcome!r}: allowed: helped, hurt, neutral")
         domain = domain or "general"
+        if len(domain) > DOMAIN_MAX_CHARS:
+            raise SkillError(f"domain: {len(domain):,} characters; a domain is a short name of at most "
+                             f"{DOMAIN_MAX_CHARS} characters such as 'math', 'code' or 'swe'")
         # A read-modify-write of the skill's row (review 7: two processes recording 40 outcomes each on one skill
         # stored tried=40, not 80: every other trial lost, no error)
         with self._lock, self._rows_lock():
             skill = self.get(skill_id)
+            if domain not in skill.track_record and len(skill.track_record) >= MAX_TRACK_DOMAINS:
+                raise SkillError(f"domain: skill {skill_id} already has {len(skill.track_record):,} domains in its "
+                                 f"track record, the most one skill keeps ({MAX_TRACK_DOMAINS}); record this outcome "
+                                 "under one of its domains (get_skill lists them), e.g. 'general'; nothing was recorded")
             rec = skill.track_record.setdefault(domain, TrackRecord())
             rec.tried += 1
             if outcome != "neutral":

@@ -55,6 +55,31 @@ def test_add_skill_and_record_outcomes(client):
     assert hits[0]["id"] == "test.cooler_sampling" and hits[0]["record"]["tried"] == 3
 
 
+def test_record_outcome_caps_domain_length_and_count(client):
+    """N1-R19: 800 outcomes with new 2,000-character domains grew the store to 637 MB (every outcome rewrites the
+    row holding all domains); a domain is at most DOMAIN_MAX_CHARS characters, a skill keeps MAX_TRACK_DOMAINS."""
+    from evotrainer.skills_db.models import DOMAIN_MAX_CHARS, MAX_TRACK_DOMAINS
+
+    client.ok("add_skill", {"skill_id": "test.domains", "kind": "procedure", "name": "d", "description": "domains"})
+    err = client.err("record_skill_outcome", {"skill_id": "test.domains", "outcome": "helped",
+                                              "domain": "d" * 2000})
+    assert "domain: 2,000 characters" in err and f"at most {DOMAIN_MAX_CHARS} characters" in err
+    # a name of exactly the cap is fine
+    r = client.ok("record_skill_outcome", {"skill_id": "test.domains", "outcome": "helped",
+                                           "domain": "e" * DOMAIN_MAX_CHARS})
+    assert r["domain"] == "e" * DOMAIN_MAX_CHARS and r["record"] == {"tried": 1, "helped": 1, "hurt": 0}
+    for i in range(MAX_TRACK_DOMAINS - 1):
+        client.ok("record_skill_outcome", {"skill_id": "test.domains", "outcome": "neutral", "domain": f"dom{i}"})
+    err = client.err("record_skill_outcome", {"skill_id": "test.domains", "outcome": "hurt", "domain": "one_more"})
+    assert f"already has {MAX_TRACK_DOMAINS} domains" in err and "nothing was recorded" in err
+    # a domain it already has still counts
+    r = client.ok("record_skill_outcome", {"skill_id": "test.domains", "outcome": "hurt", "domain": "dom0"})
+    assert r["record"] == {"tried": 2, "helped": 0, "hurt": 1}
+    got = client.ok("get_skill", {"skill_id": "test.domains"})
+    assert len(got["track_record"]) == MAX_TRACK_DOMAINS and "one_more" not in got["track_record"]
+    assert got["record"] == {"tried": MAX_TRACK_DOMAINS + 1, "helped": 1, "hurt": 1}
+
+
 def test_failed_cases_and_traces(client):
     case = client.ok("add_failed_case", {"version_id": "v3", "outcome": "pruned: held-out -0.04",
                                          "intervention": "eps_clip_high: 0.28 -> 0.5", "findings": ["kl_blowup"]})

@@ -514,6 +514,14 @@ ENVELOPES = [
     (b'{"jsonrpc": "2.0", "id": 9, "result": 5}', -32600, 9, "Invalid Request: 'result' must be an object"),
     (b'{"jsonrpc": "2.0", "id": 10, "error": {"code": "x", "message": "m"}}', -32600, 10,
      "Invalid Request: 'error' must be an object with an integer 'code' and a string 'message'"),
+    # review 19 N4-R19: nesting past 64 levels got -32700 with id null though the id is readable (the client waited
+    # forever); now the reply carries the id: -32602 naming the field inside params, -32600 when too deep to parse
+    (b'{"jsonrpc": "2.0", "id": 14, "method": "tools/call", "params": {"name": "add_search_trace", "arguments": '
+     b'{"filters": ' + b'{"a": ' * 70 + b"{}" + b"}" * 70 + b"}}}", -32602, 14,
+     "Invalid params: 'params.arguments.filters.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a...' is nested "
+     "deeper than 64 levels of arrays and objects, the most a message may hold; send flatter arguments"),
+    (b'{"jsonrpc": "2.0", "id": "s15", "method": "get_skill", "params": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+     -32600, "s15", "Invalid Request: JSON nested deeper than 64 levels; send flatter arguments"),
     # review 14 M-R14: 1.3 M empty lists cost ~2.7 s of the event loop before the argument-size refusal; now none is
     # parsed past MAX_JSON_CONTAINERS brackets (the id is not read either)
     (b'{"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "list_versions", "arguments": {"x": ['
@@ -591,6 +599,30 @@ def test_check_envelope_passes_well_formed_messages():
                 b'{"jsonrpc": "2.0", "id": null, "error": {"code": -1, "message": "m"}}', deepest):
         msg, err = check_envelope(raw)
         assert err is None and msg["jsonrpc"] == "2.0", raw[:80]
+
+
+def test_too_deep_messages_are_answered_with_their_id():
+    """N4-R19: a message nested past MAX_JSON_DEPTH was answered -32700 with id null, so its sender waited forever;
+    the id is read (from the parse, or by walking strings and brackets when Python's parser gives up)."""
+    from evotrainer.servers.envelope import MAX_JSON_DEPTH, check_envelope
+
+    def nested(rid: bytes, n: int) -> bytes:
+        return (b'{"jsonrpc": "2.0", "id": ' + rid + b', "method": "tools/call", "params": {"name": "t", '
+                b'"arguments": {"s": "{\\"id\\": 9 [", "f": ' + b'{"a":' * n + b"{}" + b"}" * n + b"}}}")
+
+    msg, err = check_envelope(nested(b"1", 60))  # 64 levels in all: fine
+    assert err is None and msg["id"] == 1
+    _, err = check_envelope(nested(b"2", MAX_JSON_DEPTH))
+    assert err["id"] == 2 and err["error"]["code"] == -32602 and "'params.arguments.f.a.a" in err["error"]["message"]
+    _, err = check_envelope(nested(b'"q3"', 20_000))  # past Python's recursion limit: the id is still read
+    assert err == {"jsonrpc": "2.0", "id": "q3", "error": {
+        "code": -32600, "message": "Invalid Request: JSON nested deeper than 64 levels; send flatter arguments"}}
+    # no valid id to answer: a parse error, id null, as before
+    for rid in (b"1.5", b"null", b"[1]"):
+        for n in (MAX_JSON_DEPTH, 20_000):
+            _, err = check_envelope(nested(rid, n))
+            assert err == {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32700, "message": "Parse error: JSON nested deeper than 64 levels"}}, (rid, n)
 
 
 # --- over HTTP: envelopes, ReDoS, session expiry, session cap, memory per session -------------------------
