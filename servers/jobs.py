@@ -187,13 +187,16 @@ class JobManager:
         """Ask a running job to stop after its current step.
 
         Raises:
-            ToolError: the job is not running in this process.
+            ToolError: the job is not running in this process, or is an ``eval`` job (it cannot be stopped).
         """
         job = self.get(job_id)
         if job is None:
             raise ToolError(f"job {job_id!r} was not started by this server process; cancel it where it runs")
         if job.done.is_set():
             raise ToolError(f"job {job_id!r} has finished already; nothing to cancel")
+        if job.kind == "eval":  # review 19 (P3-R19): the backend's evaluate takes no should_stop; the job ran on
+            raise ToolError(f"job {job_id!r} is an evaluation, which cannot be cancelled: it ends by itself when "
+                            "its problems are scored (wait for it with job_status)")
         job.cancel.set()
         return job
 

@@ -128,3 +128,24 @@ def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(
     assert len(turned_away) == n_calls - MAX_JOB_WAITERS and len(notes) == n_calls
     assert turned_away[0].startswith(f"not waited: {MAX_JOB_WAITERS} calls already wait on jobs in this server")
     assert job.done.wait(10) and jm._waiters == 0 and job.result == {"ok": True}
+
+
+def test_cancel_of_an_eval_job_is_refused_saying_it_ends_by_itself(tmp_path):
+    # review 19 (P3-R19): cancel_job on an eval job answered as if stopping it; the job stayed running
+    import threading
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from evotrainer.servers.jobs import JobManager
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+    release = threading.Event()
+    jm = JobManager(run)
+    job = jm.start("eval", "v0", 0, lambda ws, progress, should_stop: release.wait(30) and {"ok": True})
+    with pytest.raises(ToolError, match="is an evaluation, which cannot be cancelled: it ends by itself"):
+        jm.cancel(job.id)
+    assert not job.cancel.is_set()
+    release.set()
+    assert job.done.wait(10) and job.result == {"ok": True}
