@@ -104,7 +104,7 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     for line in F.candidate_lines(_ANSI.sub("", text), _VERL_LINE):  # (an escape never spans a line)
         m = _STEP.search(line)
         if m:
-            step = int(m.group(1))
+            step = F.step_int(m.group(1))
             for part in m.group(2).split(" - "):
                 key, sep, val = part.rpartition(":")
                 x = _num(val) if sep else None
@@ -227,7 +227,7 @@ def _log_history_records(hist: Iterable[Any]) -> StepRecords:
     for rec in hist:
         if not isinstance(rec, dict) or "step" not in rec:
             continue
-        step = int(rec["step"])
+        step = F.step_int(rec["step"])
         for k, x in rec.items():
             if k in ("step", "epoch", "total_flos") or isinstance(x, bool) or not F.is_text(k):
                 continue
@@ -440,7 +440,7 @@ def read_verl_dump(path: Path, version: str, max_rows: int | None = None) -> lis
         if not isinstance(rec, dict):
             raise IngestError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; a verl dump has one "
                               "rollout object per line")
-        step = int(rec.get("step", stem_step))
+        step = F.step_int(rec.get("step", stem_step))
         prompt = _text(rec.get("input", ""))
         pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
@@ -520,7 +520,7 @@ def read_trl_completions(path: Path, version: str, max_rows: int | None = None) 
         n_read += 1
         if rec.get("mode", "train") not in ("train", None):
             continue
-        step = int(rec.get("step", 0))
+        step = F.step_int(rec.get("step", 0))
         prompt = _text(rec.get("prompt"))
         pid = _prompt_id(prompt)
         k = seen.get((step, pid), 0)
@@ -811,7 +811,10 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
             raise IngestError(str(exc)) from None
     else:
         text = read_run_text(path)
-    records, _ = parse_text_log(text)
+    try:
+        records, _ = parse_text_log(text)
+    except NumberTooLong as exc:  # review 19 (I-R19): was Python's own "Exceeds the limit (4300 digits)", no line
+        raise IngestError(exc.located(str(path), text)) from None
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
                                "'Step | ...' tables")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.errors import EvoTrainerError
-from evotrainer.jsonl import loads
+from evotrainer.jsonl import NumberTooLong, bounded_int, loads
 from evotrainer.points import StepRecords
 
 Records = dict[int, dict[str, float]]
@@ -80,6 +80,18 @@ def to_float(x: Any) -> float | None:
     return None
 
 
+def step_int(x: Any) -> int:
+    """``int(x)`` of a step or count read from a file: text (digits a regex or a split found, a JSON string) has at
+    most :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits (review 19, I-R19: a 5,000-digit ``step:`` in a verl log
+    or an MLflow metrics line ended the read with Python's own "Exceeds the limit (4300 digits)", no line named).
+
+    Raises:
+        NumberTooLong: text of more digits (:meth:`~evotrainer.jsonl.NumberTooLong.line_in` finds its line).
+        ValueError: text that is no integer. OverflowError: an infinite float.
+    """
+    return bounded_int(x.strip()) if isinstance(x, str) else int(x)
+
+
 def record_step(rec: dict[str, Any]) -> int | None:
     """The step a record names itself: a step key (:data:`STEP_KEYS`) or ms-swift's ``"N/M"``; else None."""
     for k in STEP_KEYS:
@@ -89,7 +101,7 @@ def record_step(rec: dict[str, Any]) -> int | None:
     if isinstance(s, str) and "/" in s:
         head = s.split("/", 1)[0].strip()
         if head.isdigit():
-            return int(head)
+            return step_int(head)
     return None
 
 
@@ -297,7 +309,7 @@ def parse_dict_log(text: str) -> Records:
         if not vals or _SUMMARY_KEYS & set(d):
             continue
         m = _PREFIX.search(text[text.rfind("\n", 0, start) + 1:start])
-        step = int(m.group(1)) if m else record_step(d)
+        step = step_int(m.group(1)) if m else record_step(d)
         if step is None:
             is_eval = all(k.startswith("eval_") or k == "epoch" for k in vals)
             if not is_eval:
@@ -362,7 +374,7 @@ def parse_table_log(text: str) -> Records:
                 cells = line.split()
             if len(cells) != len(header) or not cells[0].isdigit():
                 continue
-            step = int(cells[0])
+            step = step_int(cells[0])
             for name, cell in zip(header[1:], cells[1:], strict=True):
                 if (x := to_float(cell)) is not None:
                     out.add(step, name, x)
@@ -385,7 +397,7 @@ def parse_areal_log(text: str) -> Records:
     step: int | None = None if has_marker else 0
     for line in lines:
         if m := _AREAL_STEP.search(line):
-            step = int(m.group(1) or m.group(2))
+            step = step_int(m.group(1) or m.group(2))
             continue
         if step is None:
             continue
@@ -792,7 +804,8 @@ def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Record
     of 1,000,000 lines as 0.5 GB.
 
     Raises:
-        ValueError: a line is not ``<timestamp> <value> <step>`` (names the file and line), or a metric file is
+        ValueError: a line is not ``<timestamp> <value> <step>``, or its step has more than
+            :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits (names the file and line), or a metric file is
             larger than ``max_bytes`` (``hint`` says the fix).
     """
     out = StepRecords()
@@ -805,7 +818,10 @@ def parse_mlflow_metrics(folder: Path, max_bytes: int, hint: str = "") -> Record
             x = to_float(parts[1]) if len(parts) >= 2 else None
             if len(parts) not in (2, 3) or x is None:
                 raise ValueError(f"{p}:{n}: not an MLflow metric line; each line is '<timestamp ms> <value> <step>'")
-            step = int(parts[2]) if len(parts) == 3 else 0  # MLflow < 1.0 wrote no step
+            try:
+                step = step_int(parts[2]) if len(parts) == 3 else 0  # MLflow < 1.0 wrote no step
+            except NumberTooLong as exc:  # review 19 (I-R19): was Python's own "Exceeds the limit (4300 digits)"
+                raise ValueError(f"{p}:{n}: step: {exc}") from None
             out.add(step, key, x)
     return out
 

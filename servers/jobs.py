@@ -31,6 +31,12 @@ StopFn = Callable[[], bool]
 RunFn = Callable[[Workspace, ProgressFn, StopFn], Any]
 """``run(ws, progress, should_stop)``: the backend call of a job, on the job's own writer handle."""
 SHUTDOWN_WAIT_S = 60.0  # at the server's exit, how long its running jobs get to finish their current step
+MAX_JOB_WAITERS = 64
+"""Tool calls of one server that may wait on jobs at once (``wait_s`` > 0). Each polls every
+:data:`WAIT_POLL_S`; review 19 (P1-R19) sent 2,000 ``job_status(wait_s=600)`` over stdio and the server's ping took
+16.2 s (6,000: no answer in 100 s) vs 2.1 s without waits. 64 is far more than an agent's loop needs (one per job);
+a call past it answers at once with the current status and a note saying to poll again."""
+WAIT_POLL_S = 0.05  # how often a waiting call looks at its job (progress notifications, done)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -78,6 +84,7 @@ class JobManager:
         self.run_dir = run_dir
         self._jobs: dict[str, RunningJob] = {}
         self._lock = threading.Lock()
+        self._waiters = 0  # calls inside wait() now (at most MAX_JOB_WAITERS)
 
     def running(self) -> list[RunningJob]:
         """Jobs of this process that have not finished."""
@@ -180,34 +187,51 @@ class JobManager:
         """Ask a running job to stop after its current step.
 
         Raises:
-            ToolError: the job is not running in this process.
+            ToolError: the job is not running in this process, or is an ``eval`` job (it cannot be stopped).
         """
         job = self.get(job_id)
         if job is None:
             raise ToolError(f"job {job_id!r} was not started by this server process; cancel it where it runs")
         if job.done.is_set():
             raise ToolError(f"job {job_id!r} has finished already; nothing to cancel")
+        if job.kind == "eval":  # review 19 (P3-R19): the backend's evaluate takes no should_stop; the job ran on
+            raise ToolError(f"job {job_id!r} is an evaluation, which cannot be cancelled: it ends by itself when "
+                            "its problems are scored (wait for it with job_status)")
         job.cancel.set()
         return job
 
-    async def wait(self, ctx: Context[Any, Any] | None, job_id: str, wait_s: float) -> None:
-        """Wait up to ``wait_s`` seconds for a job to finish, sending MCP progress notifications per step."""
+    async def wait(self, ctx: Context[Any, Any] | None, job_id: str, wait_s: float) -> str | None:
+        """Wait up to ``wait_s`` seconds for a job to finish, sending MCP progress notifications per step.
+
+        Returns None, or a note when the call did not wait because :data:`MAX_JOB_WAITERS` calls of this server
+        already wait (the caller adds it to its reply; the job is untouched).
+        """
         job = self.get(job_id)
         if job is None or wait_s <= 0:
-            return
-        deadline = time.monotonic() + wait_s
-        reported = -1
-        while time.monotonic() < deadline:
-            if job.steps_done != reported and ctx is not None:
-                reported = job.steps_done
-                try:
-                    await ctx.report_progress(job.steps_done, job.steps_total or None,
-                                              f"{job.kind} {job.version_id}: {_progress_message(job.last)}")
-                except Exception:
-                    pass  # a client that cannot take notifications still gets the result
-            if job.done.is_set():
-                return
-            await anyio.sleep(0.05)
+            return None
+        with self._lock:
+            if self._waiters >= MAX_JOB_WAITERS:
+                return (f"not waited: {MAX_JOB_WAITERS} calls already wait on jobs in this server (the most it "
+                        "serves at once); call job_status again, or wait in fewer calls")
+            self._waiters += 1
+        try:
+            deadline = time.monotonic() + wait_s
+            reported = -1
+            while time.monotonic() < deadline:
+                if job.steps_done != reported and ctx is not None:
+                    reported = job.steps_done
+                    try:
+                        await ctx.report_progress(job.steps_done, job.steps_total or None,
+                                                  f"{job.kind} {job.version_id}: {_progress_message(job.last)}")
+                    except Exception:
+                        pass  # a client that cannot take notifications still gets the result
+                if job.done.is_set():
+                    return None
+                await anyio.sleep(WAIT_POLL_S)
+            return None
+        finally:
+            with self._lock:
+                self._waiters -= 1
 
 
 def _progress_message(info: dict[str, Any]) -> str:

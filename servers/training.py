@@ -264,6 +264,13 @@ def _backend(state: ServerState) -> Backend:
     return get_backend(state.backend_name)
 
 
+def _noted(info: JobInfo, note: str | None) -> JobInfo:
+    """``info`` with ``note`` (from :meth:`~evotrainer.servers.jobs.JobManager.wait`) appended to its message."""
+    if note:
+        info.message = f"{info.message} ({note})" if info.message else note
+    return info
+
+
 async def _job_info_off_loop(name: str, state: ServerState, ws: Workspace, job_id: str) -> JobInfo:
     """The :class:`JobInfo` of ``job_id``, read from the lineage in a tool thread (an async tool's last read)."""
     return await run_in_slot(name, lambda: job_info(state, ws.lineage.job(job_id)))
@@ -440,8 +447,8 @@ async def start_training(
 
     # off the event loop: start() may wait for the previous job to release the writer lock
     job = await in_tool_worker(functools.partial(st.jobs.start, "train", version_id, steps, run))
-    await st.jobs.wait(ctx, job.id, wait_s)
-    return await _job_info_off_loop("start_training", st, ws, job.id)
+    note = await st.jobs.wait(ctx, job.id, wait_s)
+    return _noted(await _job_info_off_loop("start_training", st, ws, job.id), note)
 
 
 async def evaluate_version(
@@ -473,8 +480,8 @@ async def evaluate_version(
         return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
 
     job = await in_tool_worker(functools.partial(st.jobs.start, "eval", version_id, 0, run))
-    await st.jobs.wait(ctx, job.id, wait_s)
-    return await _job_info_off_loop("evaluate_version", st, ws, job.id)
+    note = await st.jobs.wait(ctx, job.id, wait_s)
+    return _noted(await _job_info_off_loop("evaluate_version", st, ws, job.id), note)
 
 
 async def job_status(
@@ -491,8 +498,8 @@ async def job_status(
         return ws
 
     ws = await run_in_slot("job_status", prelude)  # lineage reads: not on the event loop (M-R10)
-    await st.jobs.wait(ctx, job_id, wait_s)
-    return await _job_info_off_loop("job_status", st, ws, job_id)
+    note = await st.jobs.wait(ctx, job_id, wait_s)
+    return _noted(await _job_info_off_loop("job_status", st, ws, job_id), note)
 
 
 def list_jobs(
@@ -525,8 +532,8 @@ async def cancel_job(
         return ws
 
     ws = await run_in_slot("cancel_job", prelude)  # lineage reads: not on the event loop (M-R10)
-    await st.jobs.wait(None, job_id, wait_s)
-    return await _job_info_off_loop("cancel_job", st, ws, job_id)
+    note = await st.jobs.wait(None, job_id, wait_s)
+    return _noted(await _job_info_off_loop("cancel_job", st, ws, job_id), note)
 
 
 def decide(

@@ -86,3 +86,66 @@ def test_untrained_parent_fails_fast(client):
     client.ok("propose_intervention", {"parent_id": "v0", "path": "temperature", "new_value": 0.7})
     err = client.err("start_training", {"version_id": "v1", "steps": 1})
     assert "parent v0 of v1 has no checkpoint" in err and "train v0 first" in err
+
+
+def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(tmp_path):
+    # review 19 (P1-R19): 2,000 job_status(wait_s=600) calls each polled every 50 ms; the server's ping took 16.2 s
+    import threading
+    import time
+
+    import anyio
+
+    from evotrainer.servers.jobs import MAX_JOB_WAITERS, JobManager
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+    release = threading.Event()
+    jm = JobManager(run)
+    job = jm.start("eval", "v0", 0, lambda ws, progress, should_stop: release.wait(30) and {"ok": True})
+    n_calls = 2000
+    notes: list[str | None] = []
+    lag: list[float] = []
+
+    async def waiter() -> None:
+        notes.append(await jm.wait(None, job.id, 600))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(n_calls):
+                tg.start_soon(waiter)
+            await anyio.sleep(0.5)
+            for _ in range(5):  # the "ping": the event loop answers a short sleep promptly while they wait
+                t0 = time.monotonic()
+                await anyio.sleep(0.01)
+                lag.append(time.monotonic() - t0)
+            assert jm._waiters == MAX_JOB_WAITERS  # the rest answered at once
+            release.set()
+
+    anyio.run(main)
+    assert max(lag) < 1.0
+    turned_away = [n for n in notes if n]
+    assert len(turned_away) == n_calls - MAX_JOB_WAITERS and len(notes) == n_calls
+    assert turned_away[0].startswith(f"not waited: {MAX_JOB_WAITERS} calls already wait on jobs in this server")
+    assert job.done.wait(10) and jm._waiters == 0 and job.result == {"ok": True}
+
+
+def test_cancel_of_an_eval_job_is_refused_saying_it_ends_by_itself(tmp_path):
+    # review 19 (P3-R19): cancel_job on an eval job answered as if stopping it; the job stayed running
+    import threading
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from evotrainer.servers.jobs import JobManager
+
+    run = tmp_path / "run"
+    with Workspace(run, writer=True) as ws:
+        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
+    release = threading.Event()
+    jm = JobManager(run)
+    job = jm.start("eval", "v0", 0, lambda ws, progress, should_stop: release.wait(30) and {"ok": True})
+    with pytest.raises(ToolError, match="is an evaluation, which cannot be cancelled: it ends by itself"):
+        jm.cancel(job.id)
+    assert not job.cancel.is_set()
+    release.set()
+    assert job.done.wait(10) and job.result == {"ok": True}

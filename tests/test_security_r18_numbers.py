@@ -167,3 +167,40 @@ def test_a_baseline_with_a_5000_digit_integer_is_refused_naming_the_line(tmp_pat
     line = f.read_text().count("\n")
     assert str(err.value) == f"--baseline {f}: cannot be read as compare.json (line {line}: {TOO_LONG})"
     assert RAW_ADVICE not in str(err.value)
+
+
+# --- review 19 (I-R19): the text readers (a verl console log, MLflow metrics, console dicts, AReaL, tables) ------
+@pytest.mark.parametrize("fmt", ["step:{} - reward:{} - entropy:1.0",  # verl console lines
+                                 "step {} {{'loss': 0.5, 'reward': {}}}"])  # console dicts with a step prefix
+def test_a_console_log_with_a_5000_digit_step_is_named_by_its_line(tmp_path, fmt):
+    run = tmp_path / "big_log"
+    run.mkdir()
+    lines = [fmt.format(s, s / 10) for s in range(1, 50)]
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    steps, values = ingest(run).metrics["big_log"]["reward/mean"]  # the file without the number reads
+    assert steps.tolist()[:3] == [1, 2, 3] and values[:2].tolist() == [0.1, 0.2]
+    (run / "train.log").write_text("\n".join(lines + [fmt.format(BIG, 0.5)]) + "\n")
+    with pytest.raises(IngestError) as err:
+        ingest(run)
+    assert str(err.value) == f"{run / 'train.log'}:50: {TOO_LONG}"  # was Python's raw 4,300-digit advice
+    assert RAW_ADVICE not in str(err.value)
+
+
+def test_an_mlflow_metrics_line_with_a_5000_digit_step_is_named_by_its_file_and_line(tmp_path):
+    run = tmp_path / "mlruns" / "0" / "abc"
+    (run / "metrics").mkdir(parents=True)
+    lines = [f"1700000000 {s / 10} {s}" for s in range(1, 50)]
+    (run / "metrics" / "reward").write_text("\n".join(lines) + "\n")
+    assert ingest(run).metrics["abc"]["reward/mean"][0].tolist()[:3] == [1, 2, 3]
+    (run / "metrics" / "reward").write_text("\n".join(lines + [f"1700000000 0.5 {BIG}"]) + "\n")
+    with pytest.raises(IngestError) as err:
+        ingest(run)
+    assert f"{run / 'metrics' / 'reward'}:50: step: {TOO_LONG}" in str(err.value)
+    assert RAW_ADVICE not in str(err.value)
+
+
+def test_step_int_bounds_text_and_passes_numbers_through():
+    from evotrainer.harness.ingest_formats import step_int
+    assert step_int(" 42 ") == 42 and step_int(7.0) == 7 and step_int("9" * MAX_JSON_INT_DIGITS) == int("9" * 64)
+    with pytest.raises(NumberTooLong):
+        step_int(BIG)
