@@ -57,6 +57,7 @@ from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import DESCRIBE_INTERVENTIONS_MAX, NUM, LineageStore, Version, capped_findings
 from evotrainer.points import MAX_METRIC_SERIES, MetricsThinnedWarning
 from evotrainer.recipe import diff_recipes
+from evotrainer.terminal import neutralise
 from evotrainer.workspace import Workspace, folder_inside, replace_file
 
 # the shapes of the run-level values read here besides loop.py's (LineageStore.kv_get; review 10 V-R10)
@@ -1125,8 +1126,6 @@ def summary_table(ws: Workspace, lin: ReportLineage | None = None) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
-
-    from evotrainer.terminal import neutralise
 
     # store text (names, statuses, change descriptions) as Text, neutralised: never markup, never raw controls
     # (T1-R19: a crafted version id's ESC]0;... ESC[2J reached the terminal; a "[/x]" in one raised MarkupError)
