@@ -223,7 +223,7 @@ def register(app: typer.Typer) -> None:
             write_report,
         )
         from evotrainer.lineage import VERSION_IDS_LISTED_MAX
-        from evotrainer.terminal import output_console
+        from evotrainer.terminal import neutralise, output_console
         from evotrainer.workspace import Workspace
 
         ws = Workspace.open(run_dir)
@@ -239,12 +239,14 @@ def register(app: typer.Typer) -> None:
                 console.print(summary_table(ws, lin))
             else:  # an imported foreign run or a fresh init: a header over no rows said nothing
                 vs = lin.versions()
-                ids = (", ".join(f"{v.id} ({v.status})" for v in vs[:VERSION_IDS_LISTED_MAX])
+                # store text neutralised and printed as no markup (T1-R19: a crafted version id's ESC]0;...ESC\\
+                # ESC[2J reached the terminal raw; a "[/x]" in one ended the command with a MarkupError)
+                ids = (", ".join(f"{neutralise(v.id)} ({neutralise(v.status)})" for v in vs[:VERSION_IDS_LISTED_MAX])
                        + (f" and {len(vs) - VERSION_IDS_LISTED_MAX:,} more" if len(vs) > VERSION_IDS_LISTED_MAX else "")) or "none"
-                console.print(f"no score table: no version of {run_dir} has a dev (held-out) evaluation yet "
+                console.print(f"no score table: no version of {neutralise(str(run_dir))} has a dev (held-out) evaluation yet "
                               f"(versions: {ids}); `evotrainer eval VERSION --run {run_dir}` evaluates one that has "
-                              "a checkpoint", highlight=False, soft_wrap=True)
+                              "a checkpoint", highlight=False, soft_wrap=True, markup=False)
             if line := answer_line(ws, lin):
-                console.print(line, highlight=False)
-            console.print(f"report: {path}")
+                console.print(neutralise(line), highlight=False, markup=False)
+            console.print(f"report: {neutralise(str(path))}", markup=False)
         ws.close()

@@ -57,6 +57,7 @@ from evotrainer.harness.stats import compare_versions
 from evotrainer.lineage import DESCRIBE_INTERVENTIONS_MAX, NUM, LineageStore, Version, capped_findings
 from evotrainer.points import MAX_METRIC_SERIES, MetricsThinnedWarning
 from evotrainer.recipe import diff_recipes
+from evotrainer.terminal import neutralise
 from evotrainer.workspace import Workspace, folder_inside, replace_file
 
 # the shapes of the run-level values read here besides loop.py's (LineageStore.kv_get; review 10 V-R10)
@@ -1124,8 +1125,12 @@ def summary_table(ws: Workspace, lin: ReportLineage | None = None) -> Any:
     cell that never wrap; only the change folds. ``lin``: the report's view of the store (None: a new one)."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"EvoTrainer run {ws.root.name}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
+    # store text (names, statuses, change descriptions) as Text, neutralised: never markup, never raw controls
+    # (T1-R19: a crafted version id's ESC]0;... ESC[2J reached the terminal; a "[/x]" in one raised MarkupError)
+    t = Table(title=Text(f"EvoTrainer run {neutralise(ws.root.name)}"), box=box.SIMPLE_HEAD, show_edge=False,
+              padding=(0, 0))
     for c in ("version", "status", "change"):  # text folds over lines at 80 columns, never cut
         t.add_column(c, overflow="fold", ratio=1 if c == "change" else None, min_width=12 if c == "change" else None)
     rows = score_rows(ws, lin)
@@ -1136,6 +1141,7 @@ def summary_table(ws: Workspace, lin: ReportLineage | None = None) -> Any:
     for r in rows:
         name = "no-RL" if r["role"] == "baseline" else r["name"]
         change = "base model, no RL" if r["role"] == "baseline" else r.get("change", "")
-        t.add_row(name, r["status"], change, _two_lines(_fmt(r["avg"]), r["ci"], ".3f"),
-                  *(_gain_cell_text(r.get(c)) for c in gains))
+        t.add_row(Text(neutralise(str(name))), Text(neutralise(str(r["status"]))), Text(neutralise(str(change))),
+                  _two_lines(_fmt(r["avg"]), r["ci"], ".3f"),
+                  *(Text(neutralise(_gain_cell_text(r.get(c)))) for c in gains))
     return t

@@ -298,7 +298,10 @@ def lineage_show(
         v = versions[node["id"]]
         style = STATUS_STYLE.get(v.status, "")
         iv = v.describe_change()  # the report's words: a control arm reads "continue (control)", not "base"
-        text = Text.assemble((v.id, "bold"), " ", (v.status, style), f" {neutralise(iv)}  {_headline(v)}")
+        # every part neutralised (T1-R19: a crafted lineage.db's version id ESC]0;..ESC\\ ESC[2J set the title and
+        # cleared a terminal): ids, statuses and summaries come from the store, which any MCP client or file writes
+        text = Text.assemble((neutralise(v.id), "bold"), " ", (neutralise(v.status), style),
+                             f" {neutralise(iv)}  {neutralise(_headline(v))}")
         room[0] -= len(text.plain) + 8
         return text
 

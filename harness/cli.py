@@ -106,8 +106,11 @@ def diagnose(
     else:
         console = output_console()
         summ = ev.summary()["versions"]
-        console.print(f"[bold]{path}[/]: {len(summ)} version(s), "
-                      + ", ".join(f"{v} ({s['n_metrics']} metrics to step {s['last_step']}, {s['n_rollouts']} rollouts)"
+        # names from the run (MLflow runName, folder names) are shown, never obeyed: controls neutralised, markup
+        # escaped (D-R19: a runName with ESC / ST / U+202E reached the terminal raw; "[/x]" ended diagnose with a
+        # MarkupError)
+        console.print(f"[bold]{_name(path)}[/]: {len(summ)} version(s), "
+                      + ", ".join(f"{_name(v)} ({s['n_metrics']} metrics to step {s['last_step']}, {s['n_rollouts']} rollouts)"
                                   for v, s in summ.items()))
         if findings:
             t = Table(show_lines=True)
@@ -118,15 +121,16 @@ def diagnose(
             t.add_column("explanation, evidence and what to change", ratio=1)
             for f, e, x in zip(findings, evid, fixes, strict=True):
                 steps = f"{f.steps[0]}..{f.steps[-1]}" if f.steps else ""
-                t.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.kind, ", ".join(f.versions), steps,
+                t.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", _name(f.kind), _name(", ".join(f.versions)),
+                          steps,
                           _cell(f, e, x))
             console.print(t)
         else:
             console.print("no findings")
         if note:
-            console.print(f"[dim]{note}[/]")
+            console.print(f"[dim]{_shown(note)}[/]")
         for p in plots:
-            console.print(f"plot: {p}")
+            console.print(f"plot: {_name(p)}")
         if plots_note:
             console.print(f"[dim]{plots_note}[/]")
     judged = [f for f in findings if gated is None or not f.versions or gated & set(f.versions)]
@@ -135,6 +139,20 @@ def diagnose(
         sys.stderr.write(f"diagnose --fail-on {fail_on}: exit 2: {len(hit)} finding(s) at {fail_on} or worse: "
                          + "; ".join(_finding_label(f) for f in hit) + "\n")
         raise typer.Exit(2)
+
+
+def _shown(text: object) -> str:
+    """``str(text)`` for rich markup: terminal controls neutralised (:func:`~evotrainer.terminal.neutralise`) and
+    markup escaped, so a name a foreign run chose prints as written and is never obeyed."""
+    from rich.markup import escape
+
+    return escape(neutralise(str(text)))
+
+
+def _name(text: object) -> str:
+    """:func:`_shown` for a name or a path that stands on one line: a newline or tab in it is shown as ``\\n`` /
+    ``\\t`` too."""
+    return _shown(str(text).replace("\n", "\\n").replace("\t", "\\t"))
 
 
 def _finding_label(f: Finding) -> str:
@@ -212,7 +230,7 @@ def watch(
                                              "for this many seconds; 0 watches until interrupted.")] = 0.0,
 ) -> None:
     """Follow a training run: re-run the analyzers as steps arrive and print findings when they appear."""
-    from rich.markup import escape
+    escape = _shown  # names from the run: controls neutralised, markup escaped
 
     from evotrainer.harness.findings import SEVERITY_RANK
     from evotrainer.harness.watch import Watcher
@@ -320,11 +338,11 @@ def _value_text(value) -> str:
 
 def _cell(f, evid: list[dict], fixes: list[dict]) -> str:
     """The explanation cell: explanation, what was judged, the evidence values, the interventions."""
-    from rich.markup import escape
+    escape = _shown  # every value here may hold a foreign run's names
 
     lines = [escape(f.explanation)]
     if f.judged:
-        lines.append(f"[dim]judged: {f.judged}[/]")
+        lines.append(f"[dim]judged: {escape(f.judged)}[/]")
     for e in evid[:4]:
         pairs = ", ".join(f"{s}: {'nan' if x is None else f'{x:.4g}'}" for s, x in zip(e["steps"], e["values"],
                                                                                       strict=True))

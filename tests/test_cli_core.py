@@ -80,3 +80,40 @@ def test_exit_code_of_a_command_reaches_the_shell(tmp_path):
     script.write_text("import sys; sys.exit(3)\n")
     r = cli("sandbox", "run", str(script), "--json")
     assert r.returncode == 3, (r.stdout, r.stderr)
+
+
+# T1-R19: store text a crafted lineage.db holds reaches the terminal neutralised, never as controls or markup
+CRAFTED_ID = "v1\x1b]0;PWNED\x1b\\\x1b[2J[/x]"
+
+
+def _crafted_run(tmp_path):
+    import sqlite3
+
+    from mcp_testlib import make_run
+
+    run = make_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    db.execute("UPDATE versions SET id = ? WHERE id = 'v1'", (CRAFTED_ID,))
+    db.commit()
+    db.close()
+    return run
+
+
+def test_lineage_show_neutralises_a_crafted_version_id(tmp_path):
+    run = _crafted_run(tmp_path)
+    r = cli("lineage", "show", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout
+    assert "v1\\x1b]0;PWNED\\x1b\\\\x1b[2J[/x] proposed" in r.stdout
+
+
+def test_report_neutralises_a_crafted_version_id(tmp_path):
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    run = _crafted_run(tmp_path)
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "\x1b" not in r.stdout
+    assert "v1\\x1b]0;PWNED\\x1b\\\\x1b[2J[/x]" in r.stdout.replace("\n", "")

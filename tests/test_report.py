@@ -137,7 +137,7 @@ def test_summary_table_folds_long_changes_on_a_narrow_terminal(tmp_path):
         t = summary_table(ws)
         change = t.columns[2]
         assert change.overflow == "fold"
-        assert list(change.cells)[-1] == "reward.overlong.weight: None -> 1.0; generate_max_len: 64 -> 128"
+        assert str(list(change.cells)[-1]) == "reward.overlong.weight: None -> 1.0; generate_max_len: 64 -> 128"
         console = Console(width=80, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
         console.print(t)
         assert "…" not in console.export_text()  # folded over lines, never cut with an ellipsis

@@ -2613,3 +2613,28 @@ def test_a_log_of_many_long_records_is_parsed_up_to_the_budget_from_the_newest(t
         records, unread = ws.read_logs_tail()
     assert [r["message"].split()[0] for r in records] == ["m7", "m8", "m9"]
     assert unread == sum(len(ln) + 1 for ln in lines[:7]) + len(long) + 1
+
+
+@pytest.mark.parametrize("name, shown", [
+    ("r\x1b]0;PWNED\x1b\\\x1b[2J[/x]", "r\\x1b]0;PWNED\\x1b\\\\x1b[2J[/x]"),
+    ("[bold red]x[/][/x]", "[bold red]x[/][/x]"),
+    ("r\u202eevil\x9c", "r\\u202eevil\\x9c"),
+])
+def test_diagnose_prints_a_crafted_mlflow_run_name_shown_not_obeyed(tmp_path, name, shown):
+    """Review 19 (D-R19): an MLflow ``tags/mlflow.runName`` with ESC / ST / U+202E went to the terminal raw from
+    ``diagnose``'s text summary, and ``[/x]`` in one ended diagnose with "error: MarkupError", rc 1. Now the name
+    is printed neutralised and markup-escaped: exit 0, no control byte, the name as written."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+
+    for run_id, run_name in (("run0", name), ("run1", "plain")):  # two runs: each is a version named by its tag
+        run = tmp_path / "exp" / run_id
+        (run / "metrics").mkdir(parents=True)
+        (run / "tags").mkdir()
+        (run / "metrics" / "reward").write_text("".join(f"{1700000000 + i} {i / 30} {i}\n" for i in range(30)))
+        (run / "tags" / "mlflow.runName").write_text(run_name)
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path / "exp"), "--no-plots", "--no-skills"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert not re.search("[\x1b\x9c\u202e]", r.stdout)
+    assert f"{shown} (1 metrics to step 29" in r.stdout.replace("\n", ""), r.stdout

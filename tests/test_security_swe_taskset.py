@@ -32,6 +32,9 @@ import pytest
 from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.env import SweEnv, repo_digest
 from evotrainer.rl_backend.swe.tasks import (
+    DEFAULT_TEST_PATTERNS,
+    MAX_TEST_PATTERN_CHARS,
+    MAX_TEST_PATTERNS,
     SNAPSHOT_MAX_FILE_BYTES,
     SNAPSHOT_MAX_FILES,
     SNAPSHOT_MAX_HEADER_BYTES,
@@ -39,10 +42,15 @@ from evotrainer.rl_backend.swe.tasks import (
     SNAPSHOT_MAX_STREAM_BYTES,
     SNAPSHOT_MAX_TOTAL_BYTES,
     BugSpec,
+    SweTask,
     SweTaskError,
     apply_bug,
+    is_test_file,
     load_taskset,
     materialize,
+)
+from evotrainer.rl_backend.swe.tasks import (
+    test_file_digests as digests_of_test_files,
 )
 from evotrainer.sandbox import fs as sfs
 from evotrainer.sandbox.base import SANDBOX_ENV
@@ -466,3 +474,49 @@ def test_snapshot_file_reads_within_the_snapshot_caps(tmp_path):
                                            r"over SNAPSHOT_MAX_HEADER_BYTES = 64 KiB"):
         snapshot_file(task, "m.py", root)  # review 17: read the 100 MiB header, then returned m.py
     assert time.monotonic() - t0 < 2.0
+
+
+# --- W2-R19: test_patterns capped and compiled once ---------------------------------------------------
+def _task_fields(**extra) -> dict:
+    return {"instance_id": "a", "repo": "r", "problem_statement": "p", "FAIL_TO_PASS": ["tests/test_a.py::t"], **extra}
+
+
+def test_too_many_test_patterns_are_refused_naming_the_field_and_cap():
+    pats = [f"*x{i}*y*z*test*.py" for i in range(40_000)]
+    with pytest.raises(ValueError) as e:
+        SweTask.model_validate(_task_fields(test_patterns=pats))
+    assert "test_patterns" in str(e.value) and "40,000" in str(e.value) and str(MAX_TEST_PATTERNS) in str(e.value)
+    ok = SweTask.model_validate(_task_fields(test_patterns=pats[:MAX_TEST_PATTERNS]))
+    assert len(ok.test_patterns) == MAX_TEST_PATTERNS
+
+
+def test_an_overlong_test_pattern_is_refused():
+    with pytest.raises(ValueError, match=r"test_patterns\[1\] is 201 characters; at most 200"):
+        SweTask.model_validate(_task_fields(test_patterns=["tests/*", "a" * (MAX_TEST_PATTERN_CHARS + 1)]))
+
+
+def test_test_file_digests_refuses_an_uncapped_pattern_list_and_is_fast_at_the_cap(tmp_path):
+    for i in range(20):
+        (tmp_path / f"mod{i}.py").write_text("x=1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test(): pass\n")
+    with pytest.raises(ValueError, match="test_patterns holds 40,000 globs"):
+        digests_of_test_files(tmp_path, [f"*x{i}*y*z*test*.py" for i in range(40_000)])
+    pats = [f"*x{i}*y*z*test*.py" for i in range(MAX_TEST_PATTERNS - 1)] + ["tests/*"]
+    t0 = time.monotonic()
+    out = digests_of_test_files(tmp_path, pats)
+    assert time.monotonic() - t0 < 2.0
+    assert out == {"tests/test_a.py": hashlib.sha256(b"def test(): pass\n").hexdigest()}
+
+
+def test_combined_pattern_regex_matches_as_fnmatch_does():
+    import fnmatch
+
+    pats = list(DEFAULT_TEST_PATTERNS) + ["docs/*.rst", "[ab]?.cfg"]
+    paths = ["tests/x.py", "pkg/test_y.py", "pkg/y_test.py", "conftest.py", "src/a.py", "docs/i.rst",
+             "docs/sub/i.rst", "a1.cfg", "c1.cfg", "setup.cfg", "pkg/mod.py", "testing/z.txt"]
+    for p in paths:
+        name = p.rsplit("/", 1)[-1]
+        want = any(fnmatch.fnmatch(p, g) or fnmatch.fnmatch(name, g) for g in pats)
+        assert is_test_file(p, pats) is want, p
+    assert is_test_file("tests/x.py", []) is False

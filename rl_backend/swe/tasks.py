@@ -23,6 +23,7 @@ outcomes come from pytest's ``-rA`` summary, one ``OUTCOME node_id`` line per te
 from __future__ import annotations
 
 import fnmatch
+import functools
 import gzip
 import hashlib
 import io
@@ -62,6 +63,14 @@ TASKSET_DIR = Path(__file__).parents[1] / "data" / "swe_tasks"
 DEFAULT_TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "tests/*", "test/*",
                                           "testing/*", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 """Paths (fnmatch on the repo-relative path, and on its file name) that count as test files or test config."""
+
+MAX_TEST_PATTERNS = 64
+"""Globs one task's ``test_patterns`` may hold. Review 19 (W2-R19): 40,000 globs (a 949 KB task line) made
+:func:`test_file_digests` take 77 s on a 21-file repo, on the host, at every reset and grading. Real task sets use
+the ten defaults or a few more; 64 leaves room for a project's odd layout."""
+
+MAX_TEST_PATTERN_CHARS = 200
+"""Characters of one ``test_patterns`` glob: a repo-relative path glob is well under 100; 200 leaves room."""
 
 
 class SweTaskError(EvoTrainerError, ValueError):
@@ -176,6 +185,12 @@ class SweTask(BaseModel):
                                  ) from None
         return v
 
+    @field_validator("test_patterns")
+    @classmethod
+    def _patterns_capped(cls, v: list[str]) -> list[str]:
+        check_test_patterns(v)
+        return v
+
     @field_validator("snapshot")
     @classmethod
     def _snapshot_relative(cls, v: str | None) -> str | None:
@@ -195,11 +210,37 @@ class SweTask(BaseModel):
         return sorted({t.split("::")[0] for t in self.FAIL_TO_PASS + self.PASS_TO_PASS})
 
 
+def check_test_patterns(patterns: list[str] | tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming ``test_patterns`` when it holds more than :data:`MAX_TEST_PATTERNS` globs, or a
+    glob over :data:`MAX_TEST_PATTERN_CHARS` characters (the message says the cap and how to fit)."""
+    if len(patterns) > MAX_TEST_PATTERNS:
+        raise ValueError(f"test_patterns holds {len(patterns):,} globs; at most {MAX_TEST_PATTERNS} are allowed: "
+                         "use wider globs (e.g. 'tests/*', 'test_*.py')")
+    for i, p in enumerate(patterns):
+        if len(p) > MAX_TEST_PATTERN_CHARS:
+            raise ValueError(f"test_patterns[{i}] is {len(p):,} characters; at most {MAX_TEST_PATTERN_CHARS} are "
+                             "allowed per glob: shorten it")
+
+
+@functools.lru_cache(maxsize=64)
+def _test_pattern_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """All of ``patterns`` as one compiled regex (``fnmatch.translate`` of each, joined by ``|``)."""
+    check_test_patterns(patterns)
+    if not patterns:
+        return re.compile(r"(?!)")  # matches nothing
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
 def is_test_file(relpath: str, patterns: list[str] | tuple[str, ...] = DEFAULT_TEST_PATTERNS) -> bool:
-    """True when a repo-relative path matches a test-file pattern (on the full path or the file name)."""
+    """True when a repo-relative path matches a test-file pattern (on the full path or the file name).
+
+    The patterns are compiled once into one regex (cached per pattern tuple); more than :data:`MAX_TEST_PATTERNS`
+    or a glob over :data:`MAX_TEST_PATTERN_CHARS` characters raises ``ValueError``.
+    """
     rel = relpath.replace(os.sep, "/").lstrip("./")
     name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in patterns)
+    rx = _test_pattern_regex(tuple(patterns))
+    return bool(rx.match(rel) or rx.match(name))
 
 
 # --- loading ----------------------------------------------------------------------------------------
@@ -549,6 +590,7 @@ def test_file_digests(repo: str | Path, patterns: list[str] | tuple[str, ...] = 
     The repo may hold what sandboxed code left: the walk follows no link (:func:`evotrainer.sandbox.fs.walk`).
     A link or a special file at a test path gets a digest of its kind and target (``link:<target>``,
     ``fifo`` ...), so it never equals a real file's digest and counts as a test-file edit.
+    ``patterns`` are capped as :func:`check_test_patterns` says (``ValueError`` past the caps) and compiled once.
     """
     out = {}
     for fd, name, rel, st in walk(repo, prune=lambda r, _st: r.rsplit("/", 1)[-1] == "__pycache__"):
