@@ -338,10 +338,13 @@ def lineage_diff(
     if as_json:
         print_json([{"path": p, a: va, b: vb} for p, va, vb in diff])
         return
-    t = Table("path", a, b)
+    # plain text, never markup: a stored recipe value such as "[/x]" is no rich tag (review 19, T1-R19's kin)
+    t = Table()
+    for header in ("path", a, b):
+        t.add_column(Text(neutralise(header)))
     for p, va, vb in diff:
-        t.add_row(p, repr(va), repr(vb))
-    console.print(t if diff else f"{a} and {b} have the same recipe")
+        t.add_row(Text(neutralise(p)), Text(neutralise(repr(va))), Text(neutralise(repr(vb))))
+    console.print(t if diff else Text(f"{neutralise(a)} and {neutralise(b)} have the same recipe"))
 
 
 @recipe_app.command("validate")

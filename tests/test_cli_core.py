@@ -117,3 +117,22 @@ def test_report_neutralises_a_crafted_version_id(tmp_path):
     assert r.exit_code == 0, (r.output, r.exception)
     assert "\x1b" not in r.stdout
     assert "v1\\x1b]0;PWNED\\x1b\\\\x1b[2J[/x]" in r.stdout.replace("\n", "")
+
+
+def test_lineage_diff_prints_crafted_ids_and_recipe_values_as_text(tmp_path):
+    """`lineage diff` built its table from markup strings: a crafted version id or a stored recipe value holding
+    '[/x]' ended it in rich's MarkupError, and ESC reached the terminal."""
+    import sqlite3
+
+    run = _crafted_run(tmp_path)
+    db = sqlite3.connect(run / "lineage.db")
+    (recipe,) = db.execute("SELECT recipe FROM versions WHERE id = ?", (CRAFTED_ID,)).fetchone()
+    data = json.loads(recipe)
+    data["name"] = "x[/x]\x1b[2J"
+    db.execute("UPDATE versions SET recipe = ? WHERE id = ?", (json.dumps(data), CRAFTED_ID))
+    db.commit()
+    db.close()
+    r = cli("lineage", "diff", "v0", CRAFTED_ID, "--run", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout
+    assert "'x[/x]\\x1b[2J'" in r.stdout and "[/x]" in r.stdout.splitlines()[1]
