@@ -290,9 +290,9 @@ def _validate(rows: list[dict[str, Any]], where: Path) -> list[SweTask]:
         try:
             t = SweTask.model_validate(row)
         except ValidationError as err:  # the first error as "field: message", without pydantic's input dump
-            first = err.errors(include_url=False)[0]
-            loc = ".".join(str(p)[:80] for p in first["loc"]) or "task"
-            msg = str(first["msg"]).removeprefix("Value error, ")[:500]
+            detail = err.errors(include_url=False)[0]
+            loc = ".".join(str(p)[:80] for p in detail["loc"]) or "task"
+            msg = str(detail["msg"]).removeprefix("Value error, ")[:500]
             raise SweTaskError(f"{where}: task {n} ({str(row.get('instance_id', '?'))[:200]!r}): {loc}: {msg}"
                                ) from None
         except Exception as exc:
