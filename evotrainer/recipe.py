@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from evotrainer.echo import closest_names, echo
 from evotrainer.errors import EvoTrainerError
+from evotrainer.jsonl import MAX_JSON_INT_DIGITS
 from evotrainer.patterns import PatternError, compile_re2
 from evotrainer.terminal import MAX_ERRORS_SHOWN, capped_errors, clip_key, clip_text
 
@@ -562,6 +563,19 @@ class AliasBoundError(EvoTrainerError, yaml.composer.ComposerError):
     """A YAML document's aliases cross :class:`BoundedSafeLoader`'s bound, or one is recursive."""
 
 
+class IntTooLongError(EvoTrainerError, yaml.YAMLError):
+    """A YAML integer of more than :data:`~evotrainer.jsonl.MAX_JSON_INT_DIGITS` digits (review 20, O3-R20: a
+    5,000-digit one ended ``recipe validate`` with Python's ``sys.set_int_max_str_digits()`` advice). The message
+    names the file, the line and the fix, and never echoes the number."""
+
+    def __init__(self, name: str, digits: int, line: int):
+        self.digits = digits
+        self.line = line
+        super().__init__(f"{name}: an integer of {digits:,} digits at line {line}, past the {MAX_JSON_INT_DIGITS} "
+                         "a YAML integer may have here (a seed, step or count has at most 20); write it as a "
+                         "quoted string, or fix the value")
+
+
 class BoundedSafeLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a document whose aliases would expand it past :data:`MAX_ALIAS_EXPANSION`
     characters, or that holds a recursive alias (a value that contains itself), as a ``yaml.YAMLError`` naming the
@@ -602,6 +616,18 @@ class BoundedSafeLoader(yaml.SafeLoader):
         self._expanded[id(node)] = size
         return node
 
+    def construct_bounded_int(self, node: Any) -> Any:
+        """``yaml.SafeLoader``'s int, refusing more than :data:`MAX_JSON_INT_DIGITS` digits before converting
+        (the conversion is quadratic in the digits; Python's own limit is 4,300, and its message names no file)."""
+        text = str(node.value)
+        digits = sum(ch.isdigit() for ch in text) if len(text) > MAX_JSON_INT_DIGITS else 0
+        if digits > MAX_JSON_INT_DIGITS:
+            raise IntTooLongError(str(self.name), digits, node.start_mark.line + 1)
+        return self.construct_yaml_int(node)
+
+
+BoundedSafeLoader.add_constructor("tag:yaml.org,2002:int", BoundedSafeLoader.construct_bounded_int)
+
 
 def load_yaml(text: str, name: str = "<string>") -> Any:
     """``yaml.safe_load`` of ``text`` through :class:`BoundedSafeLoader` (alias expansion bounded); ``name``
@@ -639,6 +665,8 @@ def read_yaml(path: str | Path, what: str, label: str | None = None) -> Any:
                           "in Python); a config is a few KB: cut it down")
     try:
         return load_yaml(p.read_text(), name) or {}
+    except IntTooLongError as exc:
+        raise RecipeError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{name}: not valid YAML: {exc}") from None
     except (ValueError, OverflowError, RecursionError) as exc:

@@ -194,6 +194,7 @@ def load_skill_file(path: Path) -> list[Any]:
         SHOWN_MAX,
         YAML_MAX_BYTES,
         AliasBoundError,
+        IntTooLongError,
         _shown,
         load_yaml,
     )
@@ -208,6 +209,8 @@ def load_skill_file(path: Path) -> list[Any]:
         data = load_yaml(path.read_text(), str(path))
     except AliasBoundError as exc:
         raise SkillError(f"{path}: refused: {exc}") from None
+    except IntTooLongError as exc:
+        raise SkillError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise SkillError(f"{path}: not valid YAML/JSON: {exc}") from None
     except (ValueError, OverflowError, RecursionError) as exc:  # review 14 G-R14: a 5,000-digit integer

@@ -137,6 +137,19 @@ class Skill(BaseModel):
                              "characters each, short names such as 'exploration' or 'entropy_collapse'")
         return v
 
+    @field_validator("track_record")
+    @classmethod
+    def _domains(cls, v: dict[str, TrackRecord]) -> dict[str, TrackRecord]:
+        """At most :data:`MAX_TRACK_DOMAINS` domains of at most :data:`DOMAIN_MAX_CHARS` characters each, on every
+        write path (review 20, O2-R20: a skills file of 2,500 domains was accepted by ``skills add``, and 300
+        outcomes then grew the store to 81 MB; review 19 capped only ``record_outcome``)."""
+        longest = max(map(len, v), default=0)
+        if len(v) > MAX_TRACK_DOMAINS or longest > DOMAIN_MAX_CHARS:
+            raise ValueError(f"{len(v):,} domains (the longest name {longest:,} characters); a skill "
+                             f"keeps at most {MAX_TRACK_DOMAINS} domains of at most {DOMAIN_MAX_CHARS} characters "
+                             "each, short names such as 'math', 'code' or 'swe'")
+        return v
+
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:

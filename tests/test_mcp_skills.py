@@ -189,3 +189,29 @@ def test_skill_tags_are_capped_on_write_and_search_hits_are_cut():
         assert res["omitted"] == 0 and len(q[0]["tags"]) == 32
     finally:
         c.close()
+
+
+def test_a_skills_file_past_the_domain_caps_is_refused_on_add(tmp_path):
+    """Review 20 O2-R20: a skills file with 2,500 track_record domains was accepted by `skills add` (review 19 capped
+    domains only in record_outcome), and 300 outcomes grew the store to 81 MB. The Skill model now caps the domains
+    (MAX_TRACK_DOMAINS) and their names (DOMAIN_MAX_CHARS) on every write path; the caps themselves still load."""
+    from evotrainer.skills_db.cli import load_skill_file
+    from evotrainer.skills_db.models import DOMAIN_MAX_CHARS, MAX_TRACK_DOMAINS, SkillError
+
+    def write(domains):
+        lines = ["skills:", "- id: bigtrack", "  kind: procedure", "  name: p", "  description: a procedure",
+                 "  track_record:"]
+        lines += [f"    {d}: {{tried: 1, helped: 1}}" for d in domains]
+        f = tmp_path / "sk.yaml"
+        f.write_text("\n".join(lines) + "\n")
+        return f
+
+    with pytest.raises(SkillError) as err:
+        load_skill_file(write([f"d{i:04d}" for i in range(2500)]))
+    assert str(err.value) == (f"{tmp_path / 'sk.yaml'}: entry 0 (bigtrack): track_record: 2,500 domains (the longest "
+                              f"name 5 characters); a skill keeps at most {MAX_TRACK_DOMAINS} domains of at most "
+                              f"{DOMAIN_MAX_CHARS} characters each, short names such as 'math', 'code' or 'swe'")
+    with pytest.raises(SkillError, match=r"track_record: 1 domains \(the longest name 1,000 characters\)"):
+        load_skill_file(write(["d" * 1000]))  # (a YAML key is at most 1,024 characters)
+    ok = load_skill_file(write([f"x{i:0{DOMAIN_MAX_CHARS - 1}d}" for i in range(MAX_TRACK_DOMAINS)]))
+    assert len(ok[0].track_record) == MAX_TRACK_DOMAINS and ok[0].totals().tried == MAX_TRACK_DOMAINS

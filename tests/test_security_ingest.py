@@ -1315,6 +1315,26 @@ def test_an_alias_bomb_value_in_a_recipe_is_shown_briefly_and_fast(tmp_path):
            "bound of 1,000,000 (an alias bomb?)" in " ".join(text.split()) and len(text) < 2000, text
 
 
+
+def test_a_recipe_integer_of_thousands_of_digits_is_refused_naming_file_and_line(tmp_path):
+    """Review 20 O3-R20: a recipe whose seed had 5,000 digits ended `recipe validate` with Python's "use
+    sys.set_int_max_str_digits()" advice. The loader refuses an integer past MAX_JSON_INT_DIGITS (64) digits, naming
+    the file, the line and the fix; 64 digits still load."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import app
+    from evotrainer.recipe import load_yaml
+
+    f = tmp_path / "big.yaml"
+    f.write_text("algo: grpo\nseed: " + "9" * 5000 + "\n")
+    r = CliRunner().invoke(app, ["recipe", "validate", str(f)])
+    text = " ".join((r.output + str(r.exception or "")).split())
+    assert r.exit_code == 1, text
+    assert "big.yaml: an integer of 5,000 digits at line 2, past the 64 a YAML integer may have here" in text, text
+    assert "set_int_max_str_digits" not in text and len(text) < 1000, text
+    assert load_yaml("x: " + "9" * 64) == {"x": int("9" * 64)}
+    assert load_yaml("x: -1_000") == {"x": -1000}
+
 # --- review 10: parser limits, rollout-row caps, text that does not encode (P-R10, Q-R10, R-R10, U-R10) ------------
 @pytest.mark.parametrize("rel, body, steps", [
     ("train.log", "{'step': 1, 'reward': 0.5}\n{'step': 2, 'reward': " + "-" * 100_000 + "1}\n"

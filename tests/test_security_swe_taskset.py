@@ -33,6 +33,9 @@ from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.env import SweEnv, repo_digest
 from evotrainer.rl_backend.swe.tasks import (
     DEFAULT_TEST_PATTERNS,
+    MAX_TEST_ID_CHARS,
+    MAX_TEST_IDS,
+    MAX_TEST_IDS_CHARS,
     MAX_TEST_PATTERN_CHARS,
     MAX_TEST_PATTERNS,
     SNAPSHOT_MAX_FILE_BYTES,
@@ -489,6 +492,25 @@ def test_too_many_test_patterns_are_refused_naming_the_field_and_cap():
     ok = SweTask.model_validate(_task_fields(test_patterns=pats[:MAX_TEST_PATTERNS]))
     assert len(ok.test_patterns) == MAX_TEST_PATTERNS
 
+
+def test_test_id_lists_past_the_argv_caps_are_refused_naming_the_field(tmp_path):
+    """Review 20 O1-R20: a task of 90,000 FAIL_TO_PASS ids (3.8 MB) ended `swe check` with "bwrap sandbox failed to
+    start (/usr/bin/unshare): [Errno 7] Argument list too long", naming no field: the ids go on pytest's argv. Each
+    list holds at most MAX_TEST_IDS ids of MAX_TEST_ID_CHARS characters, MAX_TEST_IDS_CHARS in all."""
+    ids = [f"tests/test_a.py::test_{i:06d}" for i in range(90_000)]
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(_task_fields(FAIL_TO_PASS=ids, instance_id="big")) + "\n")
+    with pytest.raises(SweTaskError) as e:
+        load_taskset(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'tasks.jsonl'}: task 1 ('big'): FAIL_TO_PASS: 90,000 test ids; at most "
+                            f"{MAX_TEST_IDS:,} are allowed (they go on pytest's command line): keep the ids that "
+                            "check the fix, or split the task")
+    with pytest.raises(ValueError, match=rf"(?s)PASS_TO_PASS.*test id 1 is 501 characters; at most {MAX_TEST_ID_CHARS}"):
+        SweTask.model_validate(_task_fields(PASS_TO_PASS=["tests/test_a.py::t", "t" * (MAX_TEST_ID_CHARS + 1)]))
+    near = ["t" * MAX_TEST_ID_CHARS] * (MAX_TEST_IDS_CHARS // MAX_TEST_ID_CHARS + 1)
+    with pytest.raises(ValueError, match=rf"(?s)PASS_TO_PASS.*{len(near) * MAX_TEST_ID_CHARS:,} characters of test ids"):
+        SweTask.model_validate(_task_fields(PASS_TO_PASS=near))
+    ok = SweTask.model_validate(_task_fields(FAIL_TO_PASS=ids[:MAX_TEST_IDS], PASS_TO_PASS=near[:-1]))
+    assert len(ok.FAIL_TO_PASS) == MAX_TEST_IDS and len(ok.PASS_TO_PASS) == len(near) - 1
 
 def test_an_overlong_test_pattern_is_refused():
     with pytest.raises(ValueError, match=r"test_patterns\[1\] is 201 characters; at most 200"):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.jsonl import iter_jsonl
@@ -71,6 +71,20 @@ the ten defaults or a few more; 64 leaves room for a project's odd layout."""
 
 MAX_TEST_PATTERN_CHARS = 200
 """Characters of one ``test_patterns`` glob: a repo-relative path glob is well under 100; 200 leaves room."""
+
+MAX_TEST_IDS = 2_000
+"""Test ids one of ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` may hold. The ids go on pytest's command line inside the
+sandbox, and the kernel bounds a command line (ARG_MAX, 2 MiB with the usual 8 MiB stack; review 20, O1-R20: 90,000
+ids, 3.8 MB, ended ``swe check`` with "Argument list too long", naming no field). SWE-bench's largest lists hold a
+few hundred to ~1,500 ids."""
+
+MAX_TEST_ID_CHARS = 500
+"""Characters of one test id (``path::Class::test[param]``; each is one argv string, which the kernel caps at
+MAX_ARG_STRLEN, 128 KiB); real ids are well under 200, 500 leaves room for long parametrizations."""
+
+MAX_TEST_IDS_CHARS = 512 << 10
+"""Characters of all ids of one list together: both lists at the cap (1 MiB) stay under ARG_MAX (2 MiB) with room
+for the environment and the rest of the command line."""
 
 
 class SweTaskError(EvoTrainerError, ValueError):
@@ -185,6 +199,25 @@ class SweTask(BaseModel):
                                  ) from None
         return v
 
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS")
+    @classmethod
+    def _ids_capped(cls, v: list[str]) -> list[str]:
+        """At most :data:`MAX_TEST_IDS` ids of :data:`MAX_TEST_ID_CHARS` characters, :data:`MAX_TEST_IDS_CHARS` in
+        all: they go on pytest's command line (the message names the field, the cap and the fix)."""
+        if len(v) > MAX_TEST_IDS:
+            raise ValueError(f"{len(v):,} test ids; at most {MAX_TEST_IDS:,} are allowed (they go on "
+                             "pytest's command line): keep the ids that check the fix, or split the task")
+        longest = max(map(len, v), default=0)
+        if longest > MAX_TEST_ID_CHARS:
+            at = next(i for i, t in enumerate(v) if len(t) == longest)
+            raise ValueError(f"test id {at} is {longest:,} characters; at most {MAX_TEST_ID_CHARS} are allowed per "
+                             "test id (path::test[param]): shorten it")
+        total = sum(map(len, v))
+        if total > MAX_TEST_IDS_CHARS:
+            raise ValueError(f"{total:,} characters of test ids; at most {MAX_TEST_IDS_CHARS:,} are "
+                             "allowed in all (they go on pytest's command line): keep fewer ids")
+        return v
+
     @field_validator("test_patterns")
     @classmethod
     def _patterns_capped(cls, v: list[str]) -> list[str]:
@@ -256,6 +289,12 @@ def _validate(rows: list[dict[str, Any]], where: Path) -> list[SweTask]:
     for n, row in enumerate(rows, 1):
         try:
             t = SweTask.model_validate(row)
+        except ValidationError as err:  # the first error as "field: message", without pydantic's input dump
+            detail = err.errors(include_url=False)[0]
+            loc = ".".join(str(p)[:80] for p in detail["loc"]) or "task"
+            msg = str(detail["msg"]).removeprefix("Value error, ")[:500]
+            raise SweTaskError(f"{where}: task {n} ({str(row.get('instance_id', '?'))[:200]!r}): {loc}: {msg}"
+                               ) from None
         except Exception as exc:
             first = str(exc).splitlines()
             raise SweTaskError(f"{where}: task {n} ({str(row.get('instance_id', '?'))[:200]!r}): "
