@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -328,6 +329,10 @@ class _StoredRun(BaseModel):
 
 _STORED_RUN = TypeAdapter(_StoredRun)
 
+# a run folder's seed: ASCII digits only (str.isdigit() also takes '²', which int() refuses: review 20 C2-R20),
+# at most 9 of them (a seed EvoTrainer writes is small; a longer run of digits is no folder it made)
+_SEED_RE = re.compile(r"[0-9]{1,9}")
+
 
 def finished_runs(out: str | Path) -> list[tuple[str, int]]:
     """``(mode, seed)`` of every finished run under ``out/runs`` (folders ``<mode>-s<seed>``, kv
@@ -335,7 +340,7 @@ def finished_runs(out: str | Path) -> list[tuple[str, int]]:
     found = []
     for d in sorted((Path(out) / "runs").glob("*-s*")):
         mode, _, seed = d.name.rpartition("-s")
-        if mode in MODES and seed.isdigit() and _finished(d):
+        if mode in MODES and _SEED_RE.fullmatch(seed) and _finished(d):
             found.append((mode, int(seed)))
     return sorted(found)
 

@@ -64,7 +64,9 @@ from evotrainer.workspace import Workspace, folder_inside, replace_file
 CONFIG_SHAPE = {"budget": dict, "recipe": {"model": dict, "data": dict}, "report_to": [str]}
 USAGE_SHAPE = {"cost_usd": NUM}
 DIAGNOSE_SHAPE = {"findings": [{"evidence": list}]}
-EVOLVE_SHAPE = [{"loo": dict}]
+# "type" picks the section an item lists under (a dict key): a list there ended `report` with a bare TypeError
+# (review 20 C1-R20)
+EVOLVE_SHAPE = [{"loo": dict, "type": str}]
 PROPOSE_SHAPE = {"skills_used": [str]}
 
 PLOTS: list[tuple[str, str]] = [

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evotrainer.agents.compare import NO_RL, compare, equal_budget, run_config
+from evotrainer.agents.compare import NO_RL, compare, equal_budget, finished_runs, run_config
 from evotrainer.config import RunConfig
 from evotrainer.harness.stats import pooled_paired_bootstrap
 from evotrainer.workspace import Workspace
@@ -236,3 +236,13 @@ def test_a_baseline_that_is_no_regular_file_or_too_large_is_refused_at_once(tmp_
     with pytest.raises(C.CompareError, match="big.json: 2 MiB, larger than the 2 MiB a run file may have; give the "
                                              "compare.json a comparison wrote"):
         C.load_baseline(big, cfg)
+
+
+def test_finished_runs_take_only_ascii_digit_seeds_of_at_most_nine_digits(tmp_path):
+    """Review 20 C2-R20: a finished run folder named ``static-s²`` (``'²'.isdigit()`` is True, ``int('²')`` fails)
+    ended ``compare`` with a bare ValueError; such folders (and over-long seeds) are now ignored."""
+    for name in ("static-s0", "static-s\u00b2", "static-s\u0663", "static-s1234567890", "static-s123456789"):
+        ws = Workspace(tmp_path / "runs" / name)
+        ws.lineage.kv_set("loop/finished", True)
+        ws.close()
+    assert finished_runs(tmp_path) == [("static", 0), ("static", 123456789)]

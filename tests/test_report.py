@@ -10,6 +10,7 @@ import pytest
 from evotrainer import metrics as M
 from evotrainer.agents.report import bootstrap_ci, render_html, score_rows, write_report
 from evotrainer.intervention import Intervention
+from evotrainer.lineage import LineageError
 from evotrainer.recipe import Recipe
 from evotrainer.workspace import Workspace
 
@@ -160,3 +161,16 @@ def test_stored_counts_of_a_foreign_run_cannot_inject_markup(tmp_path):
     assert "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "0 candidate rules tried" in page
+
+
+def test_an_evolve_item_whose_type_is_not_text_is_named_not_a_bare_type_error(tmp_path):
+    """Review 20 C1-R20: an item of ``loop/r<n>/evolve`` with ``"type": ["x"]`` (a crafted run) ended ``report``
+    with "TypeError: unhashable type: 'list'"; the shape check now names the file, the key, the field and the fix."""
+    ws = _run(tmp_path)
+    ws.lineage.kv_set("loop/r1/evolve", [{"type": ["x"], "loo": {}}])
+    with pytest.raises(LineageError) as e:
+        render_html(ws)
+    msg = str(e.value)
+    assert "lineage.db" in msg and "'loop/r1/evolve'" in msg and "[0].type" in msg
+    assert "DELETE FROM kv WHERE key = 'loop/r1/evolve'" in msg
+    ws.close()

@@ -33,6 +33,7 @@ from evotrainer.recipe import ToolUseSpec
 from evotrainer.rl_backend.swe.env import SweEnv, repo_digest
 from evotrainer.rl_backend.swe.tasks import (
     DEFAULT_TEST_PATTERNS,
+    MANIFEST_MAX_BYTES,
     MAX_TEST_ID_CHARS,
     MAX_TEST_IDS,
     MAX_TEST_IDS_CHARS,
@@ -49,6 +50,7 @@ from evotrainer.rl_backend.swe.tasks import (
     SweTaskError,
     apply_bug,
     is_test_file,
+    load_manifest,
     load_taskset,
     materialize,
 )
@@ -542,3 +544,28 @@ def test_combined_pattern_regex_matches_as_fnmatch_does():
         want = any(fnmatch.fnmatch(p, g) or fnmatch.fnmatch(name, g) for g in pats)
         assert is_test_file(p, pats) is want, p
     assert is_test_file("tests/x.py", []) is False
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2]", "holds a JSON list, where the generator writes an object"),
+    ("[" * 200_000 + "]" * 200_000, "not JSON (nested too deeply)"),
+    ('{"seed": ' + "9" * 5000 + "}", "a number of 5,000 digits"),
+    ('{"seed": ', "not JSON (Expecting value"),
+])
+def test_a_hostile_manifest_is_refused_naming_the_file(tmp_path, text, says):
+    """Review 20 C3-R20: a manifest.json that is a list, 200,000 brackets deep or holds a 5,000-digit integer ended
+    ``swe tasks`` with a bare AttributeError / RecursionError / Python's int-digits advice naming no file."""
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(SweTaskError) as e:
+        load_manifest(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'manifest.json'}: ") and says in str(e.value)
+
+
+def test_a_manifest_over_the_cap_is_refused_unread_and_a_good_one_is_read(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"seed": 3, "n_tasks": 2}')
+    assert load_manifest(tmp_path) == {"seed": 3, "n_tasks": 2}
+    assert load_manifest(tmp_path / "none") == {}
+    with open(tmp_path / "manifest.json", "r+b") as f:
+        f.truncate(MANIFEST_MAX_BYTES + 1)  # sparse: no disk, but a whole read would allocate it
+    with pytest.raises(SweTaskError, match=r"manifest\.json: over MANIFEST_MAX_BYTES = 4 MiB"):
+        load_manifest(tmp_path)

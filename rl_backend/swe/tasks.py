@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from evotrainer.errors import EvoTrainerError
-from evotrainer.jsonl import iter_jsonl
+from evotrainer.jsonl import NumberTooLong, iter_jsonl, loads
 from evotrainer.sandbox import run_in_sandbox
 from evotrainer.sandbox.fs import (
     READ_CHUNK_BYTES,
@@ -109,6 +109,9 @@ SNAPSHOT_MAX_HEADER_BYTES = 64 << 10
 # Extended headers before one member: tarfile reads each chained one recursively (3,000 small pax headers were a
 # RecursionError, uncaught). A real member has at most four ('g', 'x', 'L', 'K'); 8 leaves room.
 SNAPSHOT_MAX_HEADER_CHAIN = 8
+# A task set's manifest.json: the generator's record (seed, counts, one source entry per sdist). The shipped one
+# is 4 KB; 4 MiB holds thousands of sources and stops a huge or endless file before it is read whole (review 20).
+MANIFEST_MAX_BYTES = 4 << 20
 
 
 def check_relative_path(value: str, field: str) -> str:
@@ -322,9 +325,39 @@ def load_taskset(root: str | Path = TASKSET_DIR) -> list[SweTask]:
 
 
 def load_manifest(root: str | Path = TASKSET_DIR) -> dict[str, Any]:
-    """The generator's record (seed, sources with sdist sha256 and licence, counts) of a task set."""
+    """The generator's record (seed, sources with sdist sha256 and licence, counts) of a task set ({} without one).
+
+    Raises:
+        SweTaskError: ``manifest.json`` unreadable, over :data:`MANIFEST_MAX_BYTES`, not JSON, nested too deeply,
+            holding an over-long integer, or not an object (names the file and the fix).
+    """
     p = Path(root) / "manifest.json"
-    return json.loads(p.read_text()) if p.is_file() else {}
+    if not p.is_file():
+        return {}
+    fix = "regenerate the task set with scripts/gen_swe_tasks.py, or remove manifest.json"
+    try:
+        dir_fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            data = read_file(dir_fd, p.name, MANIFEST_MAX_BYTES + 1)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise SweTaskError(f"{p}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise SweTaskError(f"{p}: over MANIFEST_MAX_BYTES = {MANIFEST_MAX_BYTES >> 20} MiB; {fix}")
+    # Review 20 C3-R20: a JSON list, 200,000 nested brackets or a 5,000-digit integer ended `swe tasks` with a bare
+    # AttributeError, RecursionError or Python's int-digits advice that named no file.
+    try:
+        man = loads(data.decode("utf-8"))
+    except NumberTooLong as exc:
+        raise SweTaskError(f"{p}: {exc}") from None
+    except (RecursionError, ValueError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:200]
+        raise SweTaskError(f"{p}: not JSON ({why}); {fix}") from None
+    if not isinstance(man, dict):
+        raise SweTaskError(f"{p}: holds a JSON {type(man).__name__}, where the generator writes an object "
+                           f"(seed, sources, counts); {fix}")
+    return man
 
 
 def load_swebench_jsonl(path: str | Path) -> list[SweTask]:
