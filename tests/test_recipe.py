@@ -168,9 +168,9 @@ def test_value_rule_numbers_are_finite(rule, error):
 
 
 @pytest.mark.parametrize(("yaml_text", "error"), [
-    ("seed: " + "9" * 5000, "{p}: a value YAML cannot read (ValueError: Exceeds the limit (4300 digits) for integer "
-                            "string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the "
-                            "limit); numbers in a config are at most 64-bit integers or floats"),
+    # review 20 (Y1-R20): without Python's set_int_max_str_digits() advice, with the line
+    ("seed: " + "9" * 5000, "{p}: an integer of 5,000 digits at line 2, past the 64 a YAML integer may have here (a "
+                            "seed, step or count has at most 20); write it as a quoted string, or fix the value"),
     ("seed: 0x" + "f" * 5000, "recipe.seed=an integer of 20,000 bits: Input should be less than 9223372036854775808; "
                               "set a value < 9223372036854775808"),
     ("seed: 0x1000000000000000000", "recipe.seed=4722366482869645213696: Input should be less than "
