@@ -181,13 +181,19 @@ def _too_deep(obj: Any, text: str | None = None) -> dict[str, Any] | None:
     if field is None:
         return error_reply(INVALID_REQUEST, f"Invalid Request: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
                                             "send flatter arguments", rid)
+    return _field_error(field, f"is nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects, the most a "
+                               "message may hold; send flatter arguments", rid)
+
+
+def _field_error(field: str, what: str, rid: Any) -> dict[str, Any]:
+    """The error reply naming one field of a message (its path cut at :data:`MAX_FIELD_ECHO` characters, control
+    characters escaped): -32602 for a field of ``params``, else -32600."""
     shown = json.dumps(field)[1:-1]  # control characters of a key escaped
     if len(shown) > MAX_FIELD_ECHO:
         shown = shown[:MAX_FIELD_ECHO] + "..."
     code, kind = (INVALID_PARAMS, "Invalid params") if field.startswith("params.") else (INVALID_REQUEST,
                                                                                          "Invalid Request")
-    return error_reply(code, f"{kind}: '{shown}' is nested deeper than {MAX_JSON_DEPTH} levels of arrays and "
-                             "objects, the most a message may hold; send flatter arguments", rid)
+    return error_reply(code, f"{kind}: '{shown}' {what}", rid)
 
 
 def _no_constant(name: str) -> Any:
@@ -234,15 +240,9 @@ def _number_too_long(text: str, digits: int) -> dict[str, Any]:
         return deep
     rid = obj.get("id") if isinstance(obj, dict) else None
     reply_id = rid if _valid_id(rid) else None
-    field = _long_number_path(obj) or "message"
-    shown = json.dumps(field)[1:-1]  # control characters of a key escaped
-    if len(shown) > MAX_FIELD_ECHO:
-        shown = shown[:MAX_FIELD_ECHO] + "..."
-    code, kind = (INVALID_PARAMS, "Invalid params") if field.startswith("params.") else (INVALID_REQUEST,
-                                                                                         "Invalid Request")
-    return error_reply(code, f"{kind}: '{shown}' is an integer of {digits:,} digits, past the {MAX_JSON_INT_DIGITS} "
-                             "a message may hold (no id, count or limit needs more); send a smaller number, or a "
-                             "string", reply_id)
+    return _field_error(_long_number_path(obj) or "message", f"is an integer of {digits:,} digits, past the "
+                        f"{MAX_JSON_INT_DIGITS} a message may hold (no id, count or limit needs more); send a smaller "
+                        "number, or a string", reply_id)
 
 
 def _valid_id(value: Any) -> bool:

@@ -88,14 +88,11 @@ def test_untrained_parent_fails_fast(client):
     assert "parent v0 of v1 has no checkpoint" in err and "train v0 first" in err
 
 
-def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(tmp_path):
-    # review 19 (P1-R19): 2,000 job_status(wait_s=600) calls each polled every 50 ms; the server's ping took 16.2 s
+def _held_eval_job(tmp_path):
+    """A JobManager on a new run and an eval job of v0 that runs until the returned event is set (at most 30 s)."""
     import threading
-    import time
 
-    import anyio
-
-    from evotrainer.servers.jobs import MAX_JOB_WAITERS, JobManager
+    from evotrainer.servers.jobs import JobManager
 
     run = tmp_path / "run"
     with Workspace(run, writer=True) as ws:
@@ -103,6 +100,18 @@ def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(
     release = threading.Event()
     jm = JobManager(run)
     job = jm.start("eval", "v0", 0, lambda ws, progress, should_stop: release.wait(30) and {"ok": True})
+    return jm, job, release
+
+
+def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(tmp_path):
+    # review 19 (P1-R19): 2,000 job_status(wait_s=600) calls each polled every 50 ms; the server's ping took 16.2 s
+    import time
+
+    import anyio
+
+    from evotrainer.servers.jobs import MAX_JOB_WAITERS
+
+    jm, job, release = _held_eval_job(tmp_path)
     n_calls = 2000
     notes: list[str | None] = []
     lag: list[float] = []
@@ -132,18 +141,11 @@ def test_many_waiting_job_status_calls_are_capped_and_the_loop_stays_responsive(
 
 def test_cancel_of_an_eval_job_is_refused_saying_it_ends_by_itself(tmp_path):
     # review 19 (P3-R19): cancel_job on an eval job answered as if stopping it; the job stayed running
-    import threading
 
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from evotrainer.servers.jobs import JobManager
 
-    run = tmp_path / "run"
-    with Workspace(run, writer=True) as ws:
-        ws.lineage.create_root(Recipe(model={"name_or_path": "tiny-random"}))
-    release = threading.Event()
-    jm = JobManager(run)
-    job = jm.start("eval", "v0", 0, lambda ws, progress, should_stop: release.wait(30) and {"ok": True})
+    jm, job, release = _held_eval_job(tmp_path)
     with pytest.raises(ToolError, match="is an evaluation, which cannot be cancelled: it ends by itself"):
         jm.cancel(job.id)
     assert not job.cancel.is_set()
