@@ -177,8 +177,12 @@ class LoopBase:
     def out_of_time(self) -> bool:
         """True once the wall-clock budget, less the time the final test evaluation will take
         (:meth:`test_reserve_s`), is spent (no new version is started after that)."""
-        spent = time.time() - self.started_at() + self.test_reserve_s()
-        return spent / 60.0 > self.config.budget.wall_clock_minutes
+        return self.time_left_s() < 0
+
+    def time_left_s(self) -> float:
+        """Seconds of the wall-clock budget left for new work: ``budget.wall_clock_minutes`` less the time since the
+        run started (kept across resumes) and :meth:`test_reserve_s`; negative once spent."""
+        return 60.0 * self.config.budget.wall_clock_minutes - (time.time() - self.started_at()) - self.test_reserve_s()
 
     def test_reserve_s(self) -> float:
         """Seconds to keep for :meth:`final_test`: its two evaluations (final answer, no-RL row), estimated from the
@@ -221,8 +225,7 @@ class LoopBase:
         walls = self.lineage.kv_get("loop/eval_walls", expected=PER_EVAL_SHAPE) or {}
         no_rl = sum(float(w) for k, w in walls.items() if k.endswith("/no_rl"))
         arm = max(1.0, (self.compute()["wall_s"] - no_rl) / trained)
-        left = 60.0 * self.config.budget.wall_clock_minutes - (time.time() - self.started_at()) - self.test_reserve_s()
-        return max(0, math.floor(left / arm))
+        return max(0, math.floor(self.time_left_s() / arm))
 
     def budget_note(self, cap: int | None = None) -> str:
         """What of the budget is spent, for the log line of a stop: the wall clock (minutes spent, minutes kept for
