@@ -559,6 +559,9 @@ class LocalBackend:
         keep = grpo.group_filter_keep(r_all, G, **_filters(recipe), group_filter_top_p=recipe.group_filter_top_p)
         rows = [g * G + j for g in keep.nonzero().squeeze(-1).tolist() for j in range(G)]
         train_stats = self._update(bundle, opt, recipe, rb.select(rows), r_all[rows]) if rows else {}
+        # the gradients are not read again before the next update's zero_grad: freed now, they are not held under
+        # the next step's rollouts and reference forward (docs/performance.md §11)
+        opt.zero_grad(set_to_none=True)
         adv_all = torch.zeros(len(rewards))
         if rows:
             adv_all[rows] = train_stats.pop("_advantages")

@@ -28,17 +28,30 @@ the RSS between versions is back at the baseline and the peak stays at one versi
 Reference model (KL): only when the recipe's ``init_kl_coef > 0``. It is the base model of the
 run (``name_or_path``), as OpenRLHF's ``--pretrain`` reference: with LoRA the policy itself with its
 adapters disabled; with full fine-tuning a frozen copy of the base weights.
+
+Offloaded reference (CPU, full fine-tuning; OpenRLHF's ``--ref_reward_offload`` does the same for GPU memory):
+the reference's weights are needed only for its no-grad forward at the start of each update, yet a resident
+copy sat under the update's backward, where the policy's weights, gradients and two AdamW moments already
+peak (5 x 4 B x 134.5 M = 2.69 GB for SmolLM2 fp32; docs/performance.md §2). With ``offload_reference`` the
+reference's state dict is written once per process and model (``torch.save``, a file under
+:func:`cache_dir`) and its parameters are replaced by ``meta`` tensors; :meth:`PolicyBundle.reference`
+maps the file (``torch.load(mmap=True)``: page-cache pages, no copy, ~0.02 s for SmolLM2) for the forward
+and unmaps it after. The weights are the same bytes, so log-probs are bit-identical to a resident
+reference (tests/test_models.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import ctypes
 import gc
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,10 +225,16 @@ class PolicyBundle:
     lora: bool
     kl: bool
     ref_model: Any = None
+    ref_file: Path | None = None
 
     @contextmanager
     def reference(self):
         """Context yielding the reference model (adapters disabled with LoRA).
+
+        With an offloaded reference (``ref_file`` set, see the module docstring) the weights are mapped from
+        ``ref_file`` for the context and dropped (back to ``meta``) when it ends; before mapping them, the
+        freed heap (the previous step's gradients) is returned to the OS, so the mapped pages do not come on
+        top of it.
 
         Raises:
             ModelError: KL is off, so no reference was loaded.
@@ -225,8 +244,19 @@ class PolicyBundle:
         if self.lora:
             with self.model.disable_adapter():
                 yield self.model
-        else:
+            return
+        if self.ref_file is None:
             yield self.ref_model
+            return
+        trim_heap()
+        state = torch.load(self.ref_file, map_location="cpu", mmap=True, weights_only=True)
+        self.ref_model.load_state_dict(state, assign=True)
+        self.ref_model.tie_weights()
+        del state
+        try:
+            yield self.ref_model
+        finally:
+            _drop_weights(self.ref_model)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters that receive gradients."""
@@ -236,6 +266,60 @@ class PolicyBundle:
 def _read_meta(ckpt: Path) -> dict[str, Any]:
     p = ckpt / CKPT_META
     return json.loads(p.read_text()) if p.exists() else {}
+
+
+def trim_heap() -> bool:
+    """glibc's ``malloc_trim(0)``: return the heap's free pages to the OS. False where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def _drop_weights(model: Any) -> None:
+    """Replace every parameter and persistent buffer of ``model`` by a ``meta`` tensor (frees their memory)."""
+    model.load_state_dict({k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+                           for k, v in model.state_dict().items()}, assign=True)
+    model.tie_weights()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_REF_FILES: dict[str, Path] = {}
+_REF_DIR: list[tempfile.TemporaryDirectory] = []
+
+
+def _ref_file(key: str, model: Any) -> Path:
+    """The offload file of the reference ``key`` (name and dtype), written once per process under
+    :func:`cache_dir` (on disk, not a tmpfs: the point is to keep the bytes out of memory) and removed at exit."""
+    if key in _REF_FILES and _REF_FILES[key].exists():
+        return _REF_FILES[key]
+    if not _REF_DIR:
+        root = cache_dir() / "ref-offload"
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.glob("*-*"):  # left by a process that was killed before its atexit ran
+            pid = old.name.split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        _REF_DIR.append(tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=root, ignore_cleanup_errors=True))
+        atexit.register(_REF_DIR[0].cleanup)
+    path = Path(_REF_DIR[0].name) / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".pt")
+    torch.save(model.state_dict(), path)
+    _REF_FILES[key] = path
+    return path
 
 
 def release_memory() -> bool:
@@ -248,19 +332,11 @@ def release_memory() -> bool:
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is None:
-        return False
-    trim(0)
-    return True
+    return trim_heap()
 
 
 def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool = False,
-                device: torch.device | None = None) -> PolicyBundle:
+                device: torch.device | None = None, offload_reference: bool | None = None) -> PolicyBundle:
     """Load the policy for training or sampling.
 
     Args:
@@ -269,6 +345,9 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
             weights or LoRA adapter); None starts from the base model.
         kl: load the reference model (KL on).
         device: default :func:`pick_device`.
+        offload_reference: keep the reference's weights in a mapped file between its forwards (module
+            docstring); None: on for CPU, off on an accelerator (its weights stay in device memory). Only full
+            fine-tuning has a separate reference (LoRA's is the policy with adapters off).
 
     Raises:
         ModelError: model or checkpoint cannot be loaded, or the checkpoint's LoRA setting differs
@@ -315,7 +394,11 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
             model.enable_input_require_grads()
     model.config.pad_token_id = tok.pad_token_id
     model.to(device)
-    return PolicyBundle(model=model, tokenizer=tok, device=device, lora=lora, kl=kl, ref_model=ref)
+    ref_file = None
+    if ref is not None and (offload_reference if offload_reference is not None else device.type == "cpu"):
+        ref_file = _ref_file(f"{name}|{model_spec.dtype}", ref)
+        _drop_weights(ref)
+    return PolicyBundle(model=model, tokenizer=tok, device=device, lora=lora, kl=kl, ref_model=ref, ref_file=ref_file)
 
 
 def _frozen_copy(model: Any) -> Any:

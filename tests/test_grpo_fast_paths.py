@@ -72,7 +72,7 @@ def batch():
 def _update(state, rb, recipe, trim, pack=True):
     """One ``_update`` from the same weights: (metrics, flat gradient of the last epoch, flat weights after)."""
     torch.manual_seed(0)
-    bundle = load_policy(recipe.model, kl=recipe.kl_enabled)
+    bundle = load_policy(recipe.model, kl=recipe.kl_enabled, offload_reference=False)
     bundle.model.load_state_dict(state)
     if bundle.ref_model is not None:
         # a reference that differs from the policy, so the KL terms are not 0
@@ -237,3 +237,32 @@ def test_later_epochs_use_epoch_zero_logprobs_as_old(batch):
     assert m1[M.POLICY_CLIP_RATIO_LOW] == 0 and m1[M.POLICY_CLIP_RATIO_HIGH] == 0
     assert m2[M.POLICY_RATIO_MAX] > 1 > m2[M.POLICY_RATIO_MIN]
     assert m2[M.POLICY_UPDATE_NORM] > m1[M.POLICY_UPDATE_NORM]
+
+
+def test_steps_with_an_offloaded_reference_equal_a_resident_one():
+    """Two GRPO steps with KL on (k3 in the loss): the offloaded reference (CPU default) and a resident one give
+    the same metrics and weights, bit for bit, and the step leaves no gradient behind (freed before the next
+    step's rollouts, docs/performance.md §11)."""
+    from evotrainer.rl_backend.local import make_optimizer
+    from evotrainer.rl_backend.tasks import load_problems
+
+    recipe = _recipe(init_kl_coef=0.05, use_kl_loss=True, data={"task": "arithmetic", "level": 1},
+                     reward={"format_token": {"weight": 1.0, "params": {"token": "ing"}}})
+    train, _ = load_problems(recipe.data)
+    runs = []
+    for offload in (False, True):
+        torch.manual_seed(0)
+        bundle = load_policy(recipe.model, kl=True, offload_reference=offload)
+        assert (bundle.ref_file is not None) is offload
+        bundle.model.train()
+        opt = make_optimizer(bundle, 1e-3, 0.0)
+        be = LocalBackend(device="cpu", num_threads=1)
+        ms = []
+        for step in range(2):
+            m, _ = be._step(bundle, opt, recipe, train, "v", step)
+            assert all(p.grad is None for p in bundle.trainable_parameters())
+            ms.append(m)
+        runs.append((ms, torch.cat([p.detach().flatten() for p in bundle.trainable_parameters()])))
+    (m_res, w_res), (m_off, w_off) = runs
+    assert m_res[1][M.POLICY_KL] > 0 and m_res == m_off
+    assert torch.equal(w_res, w_off)

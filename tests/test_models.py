@@ -62,6 +62,32 @@ def test_full_finetune_policy_reference_and_checkpoint_roundtrip(tmp_path):
             assert not torch.allclose(ref(x).logits, before)
 
 
+def test_offloaded_reference_is_bit_identical_and_not_resident(tmp_path, monkeypatch):
+    """The offloaded reference (the CPU default) maps the same bytes for its forward and holds none between."""
+    monkeypatch.setenv("EVOTRAINER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(models, "_REF_FILES", {})
+    monkeypatch.setattr(models, "_REF_DIR", [])
+    stale = tmp_path / "ref-offload" / "999999999-dead"  # a killed process's folder: pid 999999999 is not alive
+    stale.mkdir(parents=True)
+    (stale / "x.pt").write_bytes(b"0" * 10)
+    resident = models.load_policy(_spec(), kl=True, device=torch.device("cpu"), offload_reference=False)
+    off = models.load_policy(_spec(), kl=True, device=torch.device("cpu"))
+    assert resident.ref_file is None and off.ref_file is not None and off.ref_file.parent.parent == tmp_path / "ref-offload"
+    assert not stale.exists()
+    assert all(p.device.type == "meta" for p in off.ref_model.parameters())  # nothing resident between forwards
+    x = torch.randint(0, 1000, (2, 7))
+    with torch.no_grad(), resident.reference() as r1:
+        want = r1(x).logits
+    for _ in range(2):  # mapped, used, dropped, and again
+        with torch.no_grad(), off.reference() as r2:
+            assert r2.lm_head.weight is r2.model.embed_tokens.weight  # tied again after the mapping
+            assert not any(p.requires_grad for p in r2.parameters())
+            assert torch.equal(r2(x).logits, want)
+        assert all(p.device.type == "meta" for p in off.ref_model.parameters())
+    # the file is written once per process and model: a second load reuses it
+    assert models.load_policy(_spec(), kl=True, device=torch.device("cpu")).ref_file == off.ref_file
+
+
 def test_lora_policy_reference_disables_adapters_and_adapter_roundtrip(tmp_path):
     spec = _spec(lora={"enabled": True, "r": 4, "alpha": 8})
     b = models.load_policy(spec, kl=True, device=torch.device("cpu"))
