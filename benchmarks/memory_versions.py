@@ -7,7 +7,8 @@ Python heap (tracemalloc, MiB; only with ``--tracemalloc``), and the number of l
 ``torch.nn.Module`` / ``torch.optim.Optimizer`` objects (gc), which must be 0 between versions.
 
 Usage: ``python benchmarks/memory_versions.py [--model tiny-random|smollm2-135m-instruct]
-[--versions 4] [--steps 2] [--kl] [--eval] [--no-release] [--json]`` (``--no-release``: the peer,
+[--versions 4] [--steps 2] [--kl] [--eval] [--no-release] [--resident-reference] [--json]`` (``--resident-reference``:
+the peer of the offloaded KL reference, docs/performance.md §11; ``--no-release``: the peer,
 without :func:`~evotrainer.rl_backend.models.release_memory`; run both, one after the other). SmolLM2 with 1 step per version and short
 lengths takes ~1-2 minutes of CPU here.
 """
@@ -66,9 +67,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--trim", action="store_true", help="also report RSS after glibc malloc_trim(0)")
     ap.add_argument("--no-release", action="store_true",
                     help="the peer: turn models.release_memory off (the behaviour before issue 21)")
+    ap.add_argument("--resident-reference", action="store_true",
+                    help="the peer: keep the KL reference's weights resident (offload_reference=False, before §11)")
     a = ap.parse_args(argv)
 
     from evotrainer.rl_backend.local import LocalBackend
+
+    if a.resident_reference:
+        import functools
+
+        from evotrainer.rl_backend import local, models
+
+        local.load_policy = functools.partial(models.load_policy, offload_reference=False)
 
     if a.no_release:
         from evotrainer.rl_backend import local, models
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
                 v = ws.lineage.branch(v.id, Intervention(path="temperature", old=temp, new=new, category="rollout"))
                 temp = new
         ws.close()
-    out = {"model": a.model, "release_memory": not a.no_release, "kl": a.kl, "eval": a.eval, "steps_per_version": a.steps, "versions": rows,
+    out = {"model": a.model, "release_memory": not a.no_release, "offload_reference": not a.resident_reference,
+           "kl": a.kl, "eval": a.eval, "steps_per_version": a.steps, "versions": rows,
            "growth_after_v2_mib": round(rows[-1]["rss_after_gc_mib"] - rows[min(1, len(rows) - 1)]["rss_after_gc_mib"], 1),
            "load_avg_1m": os.getloadavg()[0]}
     if a.json:
