@@ -36,8 +36,10 @@ OLD_IMPORTS = ("import evotrainer.recipe, evotrainer.intervention, evotrainer.li
 OLD_SERVE_IMPORTS = "import torch, lancedb, evotrainer.rl_backend.local, evotrainer.skills_db.embeddings; "
 MAKE_RUN = ("import sys; from evotrainer.recipe import Recipe; from evotrainer.workspace import Workspace; "
             "ws = Workspace(sys.argv[1], writer=True); ws.lineage.create_root(Recipe()); ws.close()")
-ST_QUERY = ("from evotrainer.skills_db import embeddings as E; "
-            "E.embed_query = lambda text: E.embed([text])[0]; ")
+ST_QUERY = ("import functools; from evotrainer.skills_db import embeddings as E; "
+            "st = functools.cache(lambda: __import__('sentence_transformers').SentenceTransformer("
+            "str(E.model_dir()), device='cpu')); "
+            "E.embed_query = lambda text: st().encode([text], normalize_embeddings=True)[0]; ")
 
 
 def run(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float, float]:

@@ -16,7 +16,7 @@ interventions, about 60 words each, embedded on add by all-MiniLM-L6-v2 on CPU),
   ``vector_warm`` / ``fts_warm`` are the searches of one mode alone (LanceDB's), and ``vector_leg_exact`` /
   ``vector_leg_lancedb`` a hybrid query's vector leg alone, the exact scan of the vectors held in memory (the
   store's path up to ``_EXACT_SCAN_MAX_ROWS`` rows) against LanceDB's vector query;
-- the query embedding alone: the numpy MiniLM forward searches use, beside sentence-transformers.
+- the query embedding alone: the numpy MiniLM forward shell searches use, beside the torch MiniLM.
 
 ``--embedded M`` (default: all N) sends only the first M skills through the embedding model (timed
 for the add throughput); the other N - M rows are written with stand-in vectors (their base seed
@@ -259,12 +259,13 @@ def main() -> dict:
         res["vector_index"] = getattr(tbl.index_stats("vector_idx"), "index_type", "none (flat)")
         res["vector_recall_at_10"] = round(hits / (10 * len(qs[:50])), 3)
         QUERY_CACHE.clear()
-        from evotrainer.skills_db.embeddings import embed, embed_query
+        from evotrainer.skills_db.embeddings import embed
 
-        # the query embedding alone: the numpy MiniLM search uses (fast and reference forward), and
-        # sentence-transformers, interleaved query by query
-        embedders = {"query_embed_p50_ms": embed_query, "query_embed_reference_p50_ms": embed_query,
-                     "query_embed_st_p50_ms": lambda q: embed([q])}
+        # the query embedding alone: the numpy MiniLM a shell search uses (fast and reference forward), and the
+        # torch MiniLM (TorchMiniLM: a process with torch loaded, the loop), interleaved query by query
+        embedders = {"query_embed_p50_ms": lambda q: model.encode([q]),
+                     "query_embed_reference_p50_ms": lambda q: model.encode([q]),
+                     "query_embed_torch_p50_ms": lambda q: embed([q])}
         lats: dict[str, list[float]] = {key: [] for key in embedders}
         for q in qs[:100]:
             for key, fn in embedders.items():

