@@ -33,6 +33,7 @@ from evotrainer import points
 from evotrainer.errors import EvoTrainerError
 from evotrainer.intervention import Intervention, apply_all
 from evotrainer.points import note_thinned, thin_series
+from evotrainer.processes import PID_MAX, pid_alive
 from evotrainer.recipe import Recipe, diff_recipes, validate_recipe
 from evotrainer.terminal import clip_text
 
@@ -192,7 +193,6 @@ class Decision(BaseModel):
                                                           "from its own start point.")
 
 
-PID_MAX = 1 << 22  # Linux's largest pid_max (kernel/pid.c PID_MAX_LIMIT on 64-bit)
 
 
 JOB_MESSAGE_MAX_CHARS = 4000
@@ -233,23 +233,7 @@ class Job(BaseModel):
         return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < PID_MAX else None
 
 
-def _pid_alive(pid: Any) -> bool:
-    """Whether the job's process ``pid`` still runs. A pid that is not an integer in 1..PID_MAX is none: review 8's
-    foreign lineage.db with a running job whose pid was 'abc', 1e21 or 2**63 - 1 ended every command that opened
-    the run (and every MCP tool) with a bare TypeError / OverflowError, and pid -1 (kill(-1, 0): every process)
-    kept its job running for good."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_MAX:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed process its parent has not reaped yet (a zombie) answers kill(0) but runs no more
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
+_pid_alive = pid_alive  # looked up here at each call (tests wrap it)
 
 
 def _brief(value: Any) -> str:

@@ -62,6 +62,7 @@ import torch
 from filelock import FileLock
 
 from evotrainer.errors import EvoTrainerError
+from evotrainer.processes import pid_alive
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -288,16 +289,6 @@ def _drop_weights(model: Any) -> None:
     model.tie_weights()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _REF_FILES: dict[str, Path] = {}
 _REF_DIR: list[tempfile.TemporaryDirectory] = []
 
@@ -312,7 +303,7 @@ def _ref_file(key: str, model: Any) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         for old in root.glob("*-*"):  # left by a process that was killed before its atexit ran
             pid = old.name.split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
         _REF_DIR.append(tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=root, ignore_cleanup_errors=True))
         atexit.register(_REF_DIR[0].cleanup)
