@@ -95,6 +95,14 @@ def _tokenizer(path: Path, max_len: int) -> Any:
     return tok
 
 
+def _checkpoint(path: Path | None) -> tuple[Path, int, Any]:
+    """The checkpoint folder (``path``, default :func:`model_dir`), its ``max_seq_length``
+    (``sentence_bert_config.json``) and its tokenizer (:func:`_tokenizer`), as both forwards read them."""
+    path = Path(path) if path else model_dir()
+    max_len = int(json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"])
+    return path, max_len, _tokenizer(path, max_len)
+
+
 class TorchMiniLM:
     """all-MiniLM-L6-v2 as a transformers ``BertModel`` (float32, eval mode, CPU) with the sentence-transformers
     head: the operations of sentence-transformers' ``encode(..., normalize_embeddings=True)`` (its ``Transformer``
@@ -113,10 +121,7 @@ class TorchMiniLM:
         from transformers import BertModel
         from transformers.utils import logging as hf_logging
 
-        path = Path(path) if path else model_dir()
-        st_cfg = json.loads((path / "sentence_bert_config.json").read_text())
-        self.max_len = int(st_cfg["max_seq_length"])
-        self.tok = _tokenizer(path, self.max_len)
+        path, self.max_len, self.tok = _checkpoint(path)
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # no "Loading weights" bar on the CLI's stderr
         try:
@@ -215,12 +220,10 @@ class NumpyMiniLM:
     def __init__(self, path: Path | None = None):
         from safetensors.numpy import load_file
 
-        path = Path(path) if path else model_dir()
+        path, self.max_len, self.tok = _checkpoint(path)
         cfg = json.loads((path / "config.json").read_text())
-        st_cfg = json.loads((path / "sentence_bert_config.json").read_text())
         self.n_layers, self.n_heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
         self.eps = float(cfg["layer_norm_eps"])
-        self.max_len = int(st_cfg["max_seq_length"])
         self.w = load_file(str(path / "model.safetensors"))
         # The encoder's linear layers as (in, out) C-contiguous matrices, query/key/value side by side in one
         # (384, 1152) matrix: x @ W runs as a plain (not transposed) GEMM and the three projections as one call.
@@ -242,7 +245,6 @@ class NumpyMiniLM:
                 del self.w[n + ".weight"], self.w[n + ".bias"]  # held once, in self._linear (~42 MB)
         self._reference_w: dict[str, np.ndarray] | None = None
         self.use_reference = False  # True: encode() runs forward_reference (the benchmark's peer)
-        self.tok = _tokenizer(path, self.max_len)
         # A query's matmuls are tiny ((T <= ~30, 384) x (384, 1536)): numpy's OpenBLAS splitting them over
         # its default threads cost 60-73 ms per 12-token query here against 9 ms on one thread (2 shared
         # cores, load 2). threadpoolctl scopes the limit to encode().
