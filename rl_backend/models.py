@@ -327,7 +327,8 @@ def release_memory() -> bool:
 
 
 def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool = False,
-                device: torch.device | None = None, offload_reference: bool | None = None) -> PolicyBundle:
+                device: torch.device | None = None, offload_reference: bool | None = None,
+                inplace_embedding_grad: bool = True) -> PolicyBundle:
     """Load the policy for training or sampling.
 
     Args:
@@ -339,6 +340,9 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
         offload_reference: keep the reference's weights in a mapped file between its forwards (module
             docstring); None: on for CPU, off on an accelerator (its weights stay in device memory). Only full
             fine-tuning has a separate reference (LoRA's is the policy with adapters off).
+        inplace_embedding_grad: full fine-tuning: the input embedding's backward adds into ``weight.grad`` in
+            place (:class:`InPlaceGradEmbedding`; no (V, d) temporaries); False keeps torch's module (the peer
+            of ``benchmarks/memory_versions.py --dense-embedding-grad``).
 
     Raises:
         ModelError: model or checkpoint cannot be loaded, or the checkpoint's LoRA setting differs
@@ -385,11 +389,76 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
             model.enable_input_require_grads()
     model.config.pad_token_id = tok.pad_token_id
     model.to(device)
+    if not lora and inplace_embedding_grad:
+        use_inplace_embedding_grad(model)  # after the reference's copy: the reference keeps the plain module
     ref_file = None
     if ref is not None and (offload_reference if offload_reference is not None else device.type == "cpu"):
         ref_file = _ref_file(f"{name}|{model_spec.dtype}", ref)
         _drop_weights(ref)
     return PolicyBundle(model=model, tokenizer=tok, device=device, lora=lora, kl=kl, ref_model=ref, ref_file=ref_file)
+
+
+class InPlaceGradEmbedding(torch.nn.Embedding):
+    """``nn.Embedding`` whose backward adds the looked-up rows' gradients into ``weight.grad`` in place.
+
+    torch's embedding backward (``embedding_dense_backward``) returns a dense (V, d) gradient, zeros but for
+    the looked-up rows, which autograd then accumulates into ``weight.grad``; with tied input and output
+    embeddings (SmolLM2, Qwen2.5-0.5B, ``tie_word_embeddings``) the engine first sums it with the LM head's
+    (V, d) weight gradient into a third (V, d) buffer. For SmolLM2-135M (V 49,152, d 576, fp32) that is
+    three 113 MB tensors alive at once at the end of each micro-batch's backward, the top of the training
+    step's memory (measured: +334 MiB over the backward's entry in a bare forward/backward;
+    docs/performance.md §12). Here the backward does ``weight.grad.index_add_(0, ids, grad_rows)`` (the CPU
+    kernel's own ``index_add_``, started from the accumulated gradient instead of from zeros) and returns no
+    gradient for ``weight``, so no (V, d) temporary is made; the LM head's gradient, if any, accumulates
+    into the same ``weight.grad`` as before. Same gradient up to float summation order (the rows are added
+    to the LM head's gradient one by one instead of summed first): tests/test_grpo_fast_paths.py compares
+    it with the plain module over two accumulated micro-batches.
+
+    Used only for a trainable full fine-tune with no ``max_norm``, ``scale_grad_by_freq`` or ``sparse``
+    (:func:`use_inplace_embedding_grad`); without gradient (sampling, the reference, evaluation) it is
+    ``nn.Embedding.forward``. ``padding_idx`` rows get no gradient, as torch's.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Embedding's name
+        if not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(input)
+        return _EmbeddingRowsGrad.apply(input, self.weight, self.padding_idx)
+
+
+class _EmbeddingRowsGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        return torch.nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[None, None, None]:
+        (ids,) = ctx.saved_tensors
+        w: torch.Tensor = ctx.weight
+        rows, idx = grad_out.reshape(-1, grad_out.shape[-1]), ids.reshape(-1)
+        if ctx.padding_idx is not None:
+            keep = idx != ctx.padding_idx
+            rows, idx = rows[keep], idx[keep]
+        with torch.no_grad():
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
+            w.grad.index_add_(0, idx, rows.to(w.grad.dtype))
+        return None, None, None
+
+
+def use_inplace_embedding_grad(model: Any) -> bool:
+    """Make ``model``'s input embedding an :class:`InPlaceGradEmbedding` (class swap, same parameters and state
+    dict) when it is a plain trainable ``nn.Embedding``; False (unchanged) otherwise (LoRA-frozen, sparse,
+    ``max_norm``, ``scale_grad_by_freq``, or another module)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(emb, torch.nn.Embedding) or type(emb) is InPlaceGradEmbedding:
+        return type(emb) is InPlaceGradEmbedding
+    if type(emb) is not torch.nn.Embedding or not emb.weight.requires_grad or emb.sparse or emb.max_norm is not None \
+            or emb.scale_grad_by_freq:
+        return False
+    emb.__class__ = InPlaceGradEmbedding
+    return True
 
 
 def _frozen_copy(model: Any) -> Any:

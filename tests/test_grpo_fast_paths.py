@@ -11,6 +11,9 @@
 - Old log-probs: epoch 0's own log-probs, detached, give the loss and gradients of an explicit no-grad
   old-log-prob forward (ratio exactly 1); in epoch 1 the ratio moves off 1 (the weights moved).
 - ``_split_sorted``: the dynamic programme's cuts, by hand.
+- The input embedding's in-place backward (``models.InPlaceGradEmbedding``, the default of full fine-tuning):
+  the update's gradients equal torch's ``nn.Embedding``'s (tied weights, two micro-batches); alone, with
+  ``padding_idx``, repeated ids and untied weights, over two accumulated backwards.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from evotrainer.rl_backend.local import (
     _split_sorted,
     pack_attention_cost,
 )
-from evotrainer.rl_backend.models import load_policy
+from evotrainer.rl_backend.models import InPlaceGradEmbedding, load_policy, use_inplace_embedding_grad
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
     chat_prompts,
@@ -69,10 +72,12 @@ def batch():
     return copy.deepcopy(b.model.state_dict()), rb
 
 
-def _update(state, rb, recipe, trim, pack=True):
+def _update(state, rb, recipe, trim, pack=True, inplace_embedding_grad=True):
     """One ``_update`` from the same weights: (metrics, flat gradient of the last epoch, flat weights after)."""
     torch.manual_seed(0)
-    bundle = load_policy(recipe.model, kl=recipe.kl_enabled, offload_reference=False)
+    bundle = load_policy(recipe.model, kl=recipe.kl_enabled, offload_reference=False,
+                         inplace_embedding_grad=inplace_embedding_grad)
+    assert isinstance(bundle.model.get_input_embeddings(), InPlaceGradEmbedding) is inplace_embedding_grad
     bundle.model.load_state_dict(state)
     if bundle.ref_model is not None:
         # a reference that differs from the policy, so the KL terms are not 0
@@ -266,3 +271,68 @@ def test_steps_with_an_offloaded_reference_equal_a_resident_one():
     (m_res, w_res), (m_off, w_off) = runs
     assert m_res[1][M.POLICY_KL] > 0 and m_res == m_off
     assert torch.equal(w_res, w_off)
+
+
+def test_inplace_embedding_grad_equals_torch_embedding_in_the_update(batch):
+    """Tied input / output embeddings (the tiny Llama ties them, as SmolLM2), 2 micro-batches: the gradient
+    accumulated into the shared weight by the in-place embedding backward equals torch's dense one (up to the
+    order of the float sums: 1e-6 of the largest gradient), so do the metrics and the stepped weights."""
+    state, rb = batch
+    recipe = _recipe(micro_train_batch_size=4)
+    m_dense, g_dense, w_dense = _update(state, rb, recipe, trim=True, inplace_embedding_grad=False)
+    m_in, g_in, w_in = _update(state, rb, recipe, trim=True, inplace_embedding_grad=True)
+    m_in.pop("_advantages"), m_dense.pop("_advantages")
+    for k, v in m_dense.items():
+        assert m_in[k] == pytest.approx(v, rel=1e-5, abs=1e-8), k
+    b = load_policy(recipe.model, kl=False)
+    assert b.model.get_input_embeddings().weight is b.model.get_output_embeddings().weight  # tied: the case it is for
+    n_emb = b.model.get_input_embeddings().weight.numel()
+    # the embedding block of the flat gradient moved by the looked-up rows (not only the LM head's part)
+    assert float(g_dense[:n_emb].abs().sum()) > 0
+    torch.testing.assert_close(g_in, g_dense, atol=1e-6 * float(g_dense.abs().max()), rtol=1e-5)
+    real = g_dense.abs() > 1e-3 * float(g_dense.abs().max())  # AdamW's first step: as in the test above
+    assert int(real.sum()) > 1000
+    torch.testing.assert_close(w_in[real], w_dense[real], atol=1e-6, rtol=1e-5)
+
+
+def test_inplace_embedding_grad_alone_padding_and_repeats():
+    """Untied, with ``padding_idx`` 0 and repeated ids, two backwards accumulated: ``weight.grad`` equals
+    ``nn.Embedding``'s, the padding row gets none, the rows never looked up stay 0; without gradient (no_grad)
+    the forward is the plain lookup and builds no graph."""
+    torch.manual_seed(0)
+    plain = torch.nn.Embedding(11, 5, padding_idx=0).double()
+    fast = copy.deepcopy(plain)
+    fast.__class__ = InPlaceGradEmbedding
+    ids = [torch.tensor([[3, 3, 0, 7], [7, 1, 3, 0]]), torch.tensor([[2, 0, 3]])]
+    for emb in (plain, fast):
+        for i, x in enumerate(ids):
+            (emb(x) * torch.arange(1.0, 6.0, dtype=torch.float64) * (i + 1)).sum().backward()
+    # by hand: d/dW[r, j] = (j + 1) x (sum over micro-batches i of (i + 1) x count of r in ids[i])
+    counts = {3: 2 + 1 + 2, 7: 2, 1: 1, 2: 2}
+    want = torch.zeros(11, 5, dtype=torch.float64)
+    for r, c in counts.items():
+        want[r] = c * torch.arange(1.0, 6.0, dtype=torch.float64)
+    torch.testing.assert_close(plain.weight.grad, want)
+    torch.testing.assert_close(fast.weight.grad, want)
+    with torch.no_grad():
+        assert fast(ids[0]).grad_fn is None
+        torch.testing.assert_close(fast(ids[0]), plain(ids[0]))
+
+
+def test_use_inplace_embedding_grad_only_for_a_plain_trainable_embedding():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def model(**emb_kw):
+        m = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+        if emb_kw:
+            m.set_input_embeddings(torch.nn.Embedding(32, 8, **emb_kw))
+        return m
+
+    assert use_inplace_embedding_grad(model()) is True
+    assert use_inplace_embedding_grad(model(sparse=True)) is False
+    assert use_inplace_embedding_grad(model(max_norm=1.0)) is False
+    frozen = model()
+    frozen.get_input_embeddings().weight.requires_grad_(False)
+    assert use_inplace_embedding_grad(frozen) is False
+    assert type(frozen.get_input_embeddings()) is torch.nn.Embedding
