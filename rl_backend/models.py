@@ -452,10 +452,10 @@ def use_inplace_embedding_grad(model: Any) -> bool:
     dict) when it is a plain trainable ``nn.Embedding``; False (unchanged) otherwise (LoRA-frozen, sparse,
     ``max_norm``, ``scale_grad_by_freq``, or another module)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if not isinstance(emb, torch.nn.Embedding) or type(emb) is InPlaceGradEmbedding:
-        return type(emb) is InPlaceGradEmbedding
-    if type(emb) is not torch.nn.Embedding or not emb.weight.requires_grad or emb.sparse or emb.max_norm is not None \
-            or emb.scale_grad_by_freq:
+    if type(emb) is InPlaceGradEmbedding:
+        return True
+    if not isinstance(emb, torch.nn.Embedding) or type(emb) is not torch.nn.Embedding or not emb.weight.requires_grad \
+            or emb.sparse or emb.max_norm is not None or emb.scale_grad_by_freq:
         return False
     emb.__class__ = InPlaceGradEmbedding
     return True
