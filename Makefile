@@ -85,8 +85,13 @@ mcp-conformance:
 	    npm install -s --no-audit --no-fund --save-exact $(CONFORMANCE_PKGS); \
 	  else echo "npm not found: tests/test_mcp_conformance.py will be skipped"; fi; }
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; default: the CPU count, at most 4, since each worker may
+# hold a real model), one test file at a time per worker, so a module fixture (a trained run, a Ray cluster) is
+# built once; the workers share one Docker daemon (tests/sandbox_backends.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
+
 test: install sandbox-deps docker-deps report-deps mcp-inspector mcp-conformance
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile tests
 
 test-slow: install sandbox-deps
 	$(PY) -m pytest -q -m slow tests

@@ -13,6 +13,11 @@ from sandbox_backends import docker_sandbox_env, sandbox_backend  # noqa: F401 -
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No terminal size from the caller: the CLI's consoles are made when evotrainer.cli is imported (at collection) and
+# fix their width then, from COLUMNS when set, else 160 columns for piped output (terminal.output_console). COLUMNS=80,
+# exported in a shell or set by pytest-xdist in its workers, squeezed the tables that tests read and failed two of them.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 # The skills memory of the whole session, set before any fixture (module- and session-scoped ones run before the
 # function-scoped _isolated_user_dirs below, and subprocesses inherit it): a module fixture that ran the loop wrote
@@ -40,3 +45,4 @@ def _analyzer_registry_restored():
     before = analyzers.registry_snapshot()
     yield
     analyzers.restore_registry(before)
+

@@ -21,9 +21,11 @@ Where docker.io, root or debootstrap is missing, the Docker half of each test sk
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,38 +98,68 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def docker_sandbox_env():
     """Environment that sends :func:`run_in_sandbox` to a real Docker daemon with the images built; skips
-    (the reason in the message) where none can be had. See the module doc."""
+    (the reason in the message) where none can be had. See the module doc.
+
+    Under pytest-xdist each worker process has its own session: a lock lets one worker at a time find or start
+    the daemon and build the images, and each worker holds a shared lock while it may use the daemon, so the
+    worker that started it stops it only when no other worker's session uses it."""
     try:
         import docker  # noqa: F401 - the backend's SDK
     except ImportError:
         pytest.skip("Docker backend: the python docker SDK is not installed")
-    host, proc = _answering_host(), None
-    if host is None:
-        proc, host = _start_private_dockerd(), PRIVATE_SOCK
+    users = open(_LOCKS / "users.lock", "a")  # noqa: SIM115 - held for the session, closed in _release
+    proc = None
     try:
-        base = os.environ.get("EVOTRAINER_SANDBOX_BASE", "").strip()
-        env = {"DOCKER_HOST": host, "EVOTRAINER_SANDBOX": "docker"}
-        if base:
-            if _client(host).images.list(name=base) == []:
-                pytest.skip(f"Docker backend: EVOTRAINER_SANDBOX_BASE={base} is not an image of the daemon at {host}")
-            env["EVOTRAINER_SANDBOX_BASE"] = base
-            if os.environ.get("EVOTRAINER_SANDBOX_PIP"):
-                env["EVOTRAINER_SANDBOX_PIP"] = os.environ["EVOTRAINER_SANDBOX_PIP"]
-        else:
-            if not shutil.which("docker"):
-                pytest.skip("Docker backend: the docker client is missing (apt-get install -y docker.io)")
-            if not shutil.which("debootstrap") and _client(host).images.list(name=BASE_IMAGE) == []:
-                pytest.skip(f"Docker backend: no base image {BASE_IMAGE} and no debootstrap to make one "
-                            "(apt-get install -y debootstrap; or set EVOTRAINER_SANDBOX_BASE)")
-            r = subprocess.run(["sh", str(REPO / "scripts" / "docker_base.sh")], env={**os.environ, "DOCKER_HOST": host},
-                               capture_output=True, text=True, timeout=900)
-            if r.returncode != 0:
-                pytest.skip(f"Docker backend: scripts/docker_base.sh failed: {(r.stdout + r.stderr)[-600:]}")
-            env |= {"EVOTRAINER_SANDBOX_BASE": BASE_IMAGE, "EVOTRAINER_SANDBOX_PIP": "0"}
+        with open(_LOCKS / "start.lock", "a") as start:
+            fcntl.flock(start, fcntl.LOCK_EX)
+            # a user before looking: a daemon that answers now is not stopped while this session may use it
+            fcntl.flock(users, fcntl.LOCK_SH)
+            host = _answering_host()
+            if host is None:
+                proc, host = _start_private_dockerd(), PRIVATE_SOCK
+            env = _images_env(host)
+    except BaseException:
+        _release(users, proc)
+        raise
+    try:
         yield env
     finally:
-        if proc is not None:
-            _stop(proc)
+        _release(users, proc)
+
+
+_LOCKS = Path(tempfile.gettempdir()) / "evotrainer-test-docker"
+_LOCKS.mkdir(exist_ok=True)
+
+
+def _release(users, proc: subprocess.Popen | None) -> None:
+    """This session is done with the daemon; the one that started it waits until no other session uses it."""
+    fcntl.flock(users, fcntl.LOCK_UN)
+    if proc is not None:
+        fcntl.flock(users, fcntl.LOCK_EX)
+        _stop(proc)
+    users.close()
+
+
+def _images_env(host: str) -> dict[str, str]:
+    base = os.environ.get("EVOTRAINER_SANDBOX_BASE", "").strip()
+    env = {"DOCKER_HOST": host, "EVOTRAINER_SANDBOX": "docker"}
+    if base:
+        if _client(host).images.list(name=base) == []:
+            pytest.skip(f"Docker backend: EVOTRAINER_SANDBOX_BASE={base} is not an image of the daemon at {host}")
+        env["EVOTRAINER_SANDBOX_BASE"] = base
+        if os.environ.get("EVOTRAINER_SANDBOX_PIP"):
+            env["EVOTRAINER_SANDBOX_PIP"] = os.environ["EVOTRAINER_SANDBOX_PIP"]
+        return env
+    if not shutil.which("docker"):
+        pytest.skip("Docker backend: the docker client is missing (apt-get install -y docker.io)")
+    if not shutil.which("debootstrap") and _client(host).images.list(name=BASE_IMAGE) == []:
+        pytest.skip(f"Docker backend: no base image {BASE_IMAGE} and no debootstrap to make one "
+                    "(apt-get install -y debootstrap; or set EVOTRAINER_SANDBOX_BASE)")
+    r = subprocess.run(["sh", str(REPO / "scripts" / "docker_base.sh")], env={**os.environ, "DOCKER_HOST": host},
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.skip(f"Docker backend: scripts/docker_base.sh failed: {(r.stdout + r.stderr)[-600:]}")
+    return env | {"EVOTRAINER_SANDBOX_BASE": BASE_IMAGE, "EVOTRAINER_SANDBOX_PIP": "0"}
 
 
 @pytest.fixture(params=SANDBOX_BACKENDS)
