@@ -469,11 +469,11 @@ class Orchestrator(LoopBase):
         room = max(0, budget.max_versions - self.n_versions())
         n_choose = min(budget.branches_per_round, room, len(proposal.candidates))
         damaged = self.version(parent)["damaged_weights"]
-        # never start more arms than the token budget pays for (the control first); a round already ranked (a resume)
-        # goes on as it was planned
-        # and never more than end before the wall clock (less the test evaluations' reserve)
-        arms = None if self.done(f"r{r}/rank") and not self.done(f"r{r}/arms") else \
-            self.stage(f"r{r}/arms", lambda: self._arms_left(), expected=int)
+        # never start more arms than the token budget pays for (the control first), and never more than end before
+        # the wall clock (less the test evaluations' reserve); a round already ranked (a resume) goes on as it was
+        # planned: its arms are versions already, so `room` no longer counts them, and the check stopped a resumed
+        # round before it trained the arms it had branched (tests/test_orchestrator_crash.py)
+        arms = None if self.done(f"r{r}/rank") else self.stage(f"r{r}/arms", lambda: self._arms_left(), expected=int)
         if arms is not None:
             n_choose = min(n_choose, max(0, arms - (0 if damaged else 1)))
             if n_choose == 0 and (damaged or arms < 1 or has_control):  # (an existing control would train nothing)

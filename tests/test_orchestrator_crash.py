@@ -99,3 +99,18 @@ def test_sigkill_at_several_points_then_resume_gives_the_same_lineage(tmp_path):
     # no decision lost or repeated: exactly one keep/prune per version
     per_version = [d[0] for d in b["decisions"] if d[1] in ("keep", "prune")]
     assert sorted(per_version) == sorted(set(per_version)) == sorted(v[0] for v in b["versions"])
+
+
+def test_a_run_killed_after_its_round_is_branched_trains_and_decides_those_arms_on_resume(tmp_path):
+    """A bug the slow test above found: killed after round 1 had branched its arms (two changes and a control of v0,
+    with examples/tiny.yaml's max_versions 3), the resumed run re-checked the round's room, counted the arms already
+    branched as versions, found none left and stopped with v1-v3 never trained or decided."""
+    run = tmp_path / "crashed"
+    assert _run_until(run, dict(KILL_POINTS)["after round-1 branch"])
+    final = subprocess.run(_cmd(run), cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env(run))
+    assert final.returncode == 0, final.stderr[-2000:]
+    sig = lineage_signature(run)
+    assert [v[0] for v in sig["versions"]] == ["v0", "v1", "v2", "v3"]
+    assert all(v[3] != "proposed" for v in sig["versions"]), sig["versions"]  # every arm trained and decided
+    per_version = sorted(d[0] for d in sig["decisions"] if d[1] in ("keep", "prune"))
+    assert per_version == ["v0", "v1", "v2", "v3"]  # one decision each, none lost or repeated
