@@ -45,4 +45,3 @@ def _analyzer_registry_restored():
     before = analyzers.registry_snapshot()
     yield
     analyzers.restore_registry(before)
-

@@ -37,6 +37,7 @@ PRIVATE_SOCK = f"unix://{PRIVATE_DIR}/docker.sock"
 DATA_ROOT = Path(os.environ.get("EVOTRAINER_TEST_DOCKER_ROOT", "/var/lib/evotrainer-docker"))
 BASE_IMAGE = "evotrainer-base:bookworm"
 SANDBOX_BACKENDS = ("bwrap", "docker")
+_LOCKS = Path(tempfile.gettempdir()) / "evotrainer-test-docker"  # docker_sandbox_env's locks, shared by xdist workers
 
 
 def _client(host: str):
@@ -107,6 +108,7 @@ def docker_sandbox_env():
         import docker  # noqa: F401 - the backend's SDK
     except ImportError:
         pytest.skip("Docker backend: the python docker SDK is not installed")
+    _LOCKS.mkdir(exist_ok=True)
     users = open(_LOCKS / "users.lock", "a")  # noqa: SIM115 - held for the session, closed in _release
     proc = None
     try:
@@ -125,10 +127,6 @@ def docker_sandbox_env():
         yield env
     finally:
         _release(users, proc)
-
-
-_LOCKS = Path(tempfile.gettempdir()) / "evotrainer-test-docker"
-_LOCKS.mkdir(exist_ok=True)
 
 
 def _release(users, proc: subprocess.Popen | None) -> None:
