@@ -183,6 +183,8 @@ class HeuristicBrain:
                                       hypothesis=f"{sk['description'][:300]} ({name})"))
                 elif sk["kind"] == "intervention":
                     add_skill(sk, kind)
+            for c in _lr_to_target(recipe, diagnosis, kind):
+                add(c)
         if not failures:
             by_id = {sk["id"]: sk for sk in library}
             for sid in EXPLORE_SKILLS:
@@ -260,7 +262,9 @@ class HeuristicBrain:
                 chosen.append(s.index)
                 paths.add(c.path)
                 covered |= set(c.addresses)
-        bracket = _bracket_step_size(order, chosen, step_bonus, n_choose)
+        lrs = {i: float(c.new) for i, c in enumerate(proposal.candidates)
+               if c.path == "actor_learning_rate" and isinstance(c.new, (int, float)) and c.new > 0}
+        bracket = _bracket_step_size(order, chosen, step_bonus, n_choose, lrs)
         return Ranking(scores=scores, chosen=bracket or chosen,
                        rationale="ranked by finding severity, skill record and backtests: "
                        + ", ".join(f"#{s.index} {proposal.candidates[s.index].path}={s.score:.2f}" for s in order[:5])
@@ -366,10 +370,12 @@ STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGE
 
 
 def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[int, float],
-                       n_choose: int) -> list[int] | None:
+                       n_choose: int, lrs: dict[int, float] | None = None) -> list[int] | None:
     """When the top choice is a learning-rate step a progress finding asks for, the round's second branch is the
-    other proposed magnitude in the same direction (x3 and x10, or /3 and /10) instead of a weaker fix for another
-    finding; None when that does not apply (fewer than two branches, no second magnitude, top is no step).
+    other proposed magnitude in the same direction (x3 and x10, or /3 and /10; of three or more, the one nearest
+    the top choice in log scale, ``lrs`` giving each candidate's learning rate: x10 beside a x42 from
+    :func:`_lr_to_target`) instead of a weaker fix for another finding; None when that does not apply (fewer than
+    two branches, no second magnitude, top is no step).
 
     Why: the finding's ``lr_factor_to_target`` (√(KL_target / update KL), KL ∝ lr²) is a small-step estimate
     of the step that reaches PPO's trust-region target, not of the step that learns fastest, and both are
@@ -383,10 +389,13 @@ def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[i
     picked = [i for i in chosen if i in step_bonus]
     if len(picked) > 1:
         return None
-    other = next((s.index for s in order if s.index in step_bonus and s.index not in chosen
-                  and s.method != "inert"), None)
-    if other is None:
+    others = [s.index for s in order if s.index in step_bonus and s.index not in chosen and s.method != "inert"]
+    if not others:
         return None
+    other = others[0]
+    top_lr = (lrs or {}).get(chosen[0])
+    if top_lr and all(i in (lrs or {}) for i in others):
+        other = min(others, key=lambda i: abs(math.log10(lrs[i] / top_lr)))  # ties: rank order (min is stable)
     out = list(chosen)
     if len(out) < n_choose:
         out.append(other)
@@ -401,7 +410,8 @@ def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagno
     ``update_too_small`` / ``plateau`` want a larger step, ``update_too_large`` a smaller one. Among the
     proposed learning rates in that direction (multipliers of the finding's ``data["lr"]``), the one
     nearest in log scale to the finding's ``lr_factor_to_target`` (√(KL_target / update KL): the multiplier
-    that would bring the update to PPO's target, KL ∝ lr²; one step at most x10 or /10) gets
+    that would bring the update to PPO's target, KL ∝ lr²; one step at most x100 or /100, the range of
+    :func:`_lr_to_target`) gets
     STEP_FIRST_BONUS (TARGET_BONUS for a plateau, which is about progress, not step size), the others in
     that direction half of it; 0 for anything else.
     """
@@ -427,10 +437,55 @@ def _progress_bonus(c: Candidate, candidates: list[Candidate], diagnosis: Diagno
         if not isinstance(factor, (int, float)) or not factor > 0:
             best = max(best, full / 2)
             continue
-        want = math.log10(min(10.0, max(0.1, factor)))
+        want = math.log10(min(LR_TO_TARGET_MAX, max(1 / LR_TO_TARGET_MAX, factor)))
         dists = [abs(m - want) for x in candidates if (m := log_mult(x)) is not None]
         best = max(best, full if abs(mine - want) <= min(dists) + 1e-12 else full / 2)
     return best
+
+
+LR_TO_TARGET_MIN = 10.0
+"""A progress finding's ``lr_factor_to_target`` beyond x10 (or under /10) gets its own candidate: the seed skills'
+steps (x3, x10, /3, /10) cover the range up to there."""
+LR_TO_TARGET_MAX = 100.0
+"""The largest learning-rate step of one candidate (x100 or /100): KL ∝ lr² holds for small steps only, and two
+orders of magnitude already span what the round's bracket can tell apart."""
+LR_MAX = 1e-3  # the seed skills' learning-rate cap (lr_up_x3, lr_up_x10: ``max: 0.001``)
+
+
+def _lr_to_target(recipe: Recipe, diagnosis: Diagnosis, kind: str) -> list[Candidate]:
+    """A learning-rate candidate at the finding's own ``lr_factor_to_target`` when it lies beyond the seed skills' x10
+    (``update_too_small``) or /10 (``update_too_large``), at most x100 / 100, two significant digits, capped at
+    :data:`LR_MAX`; [] otherwise (a factor within x10, an infinite or missing one, an info finding).
+
+    Why: √(KL_TARGET / update KL) is the multiplier that brings the update to PPO's target (KL ∝ lr² for small
+    steps; harness/analyzers/progress.py). A base learning rate 10x under the default's (2e-7 on SmolLM2) moved
+    the update KL two orders under the target, and the loop's largest step, x10, still left it 4x short: the round
+    after it paid only for its control (docs/compare.md §10-§11), while a blind proposal of x45 learnt most.
+    """
+    if kind not in ("update_too_small", "update_too_large"):
+        return []
+    lr = recipe.actor_learning_rate
+    out: list[Candidate] = []
+    for f in diagnosis.findings:
+        factor = f.data.get("lr_factor_to_target")
+        if f.kind != kind or f.severity == "info" or not isinstance(factor, (int, float)) \
+                or not math.isfinite(factor) or factor <= 0 or lr <= 0:
+            continue
+        if kind == "update_too_small" and factor > LR_TO_TARGET_MIN:
+            mult = min(factor, LR_TO_TARGET_MAX)
+        elif kind == "update_too_large" and factor < 1 / LR_TO_TARGET_MIN:
+            mult = max(factor, 1 / LR_TO_TARGET_MAX)
+        else:
+            continue
+        new = min(float(f"{lr * mult:.2g}"), LR_MAX)
+        if new == lr:
+            continue
+        out.append(Candidate(
+            path="actor_learning_rate", new=new, category="optimizer", addresses=[kind],
+            source=f"finding:{kind}",
+            hypothesis=f"{f.explanation[:200]} The learning rate x{mult:.3g} (√(KL target / update KL), "
+                       f"beyond the seed skills' x10 and /10) brings the update to PPO's KL target."))
+    return out
 
 
 def _suspect_components(recipe: Recipe, diagnosis: Diagnosis) -> list[str]:

@@ -76,6 +76,60 @@ def test_update_too_small_v0_proposes_a_multiplicative_lr_raise_first(run_with):
     assert [prop.candidates[i].new for i in one.chosen] == [pytest.approx(6e-6)]  # one branch: the nearest only
 
 
+def _scaled_kl(factor):
+    """RUN's series with every update KL multiplied by ``factor`` (the learning rate stays 2e-6)."""
+    out = dict(RUN["metrics"])
+    out[M.POLICY_UPDATE_KL] = [[s, x * factor] for s, x in RUN["metrics"][M.POLICY_UPDATE_KL]]
+    return out
+
+
+def test_an_update_two_orders_under_target_gets_its_own_factor_beside_x10(run_with):
+    # a base learning rate 10x too low moves the KL ~100x less: median 3.57e-6, factor √(0.01 / 3.57e-6) = 52.9;
+    # the seed skills stop at x10, so the finding's own factor is proposed (2e-6 x 52.9 = 1.06e-4 -> 1.1e-4, two
+    # significant digits), ranked first as the nearest to the factor, and bracketed by x10 (nearest to it in log
+    # scale: |log 10 - log 52.9| = 0.72 < |log 3 - log 52.9| = 1.25), not x3
+    tb, recipe = run_with(_scaled_kl(0.01))
+    with tb:
+        diag, prop, rank = _top(tb, recipe)
+    small = [f for f in diag.findings if f.kind == "update_too_small"]
+    assert small and small[0].data["lr_factor_to_target"] == pytest.approx(52.9, abs=0.05)
+    lrs = sorted(c.new for c in prop.candidates if c.path == "actor_learning_rate")
+    assert lrs == pytest.approx([6e-6, 2e-5, 1.1e-4])
+    mine = next(c for c in prop.candidates if c.new == pytest.approx(1.1e-4))
+    assert mine.source == "finding:update_too_small" and mine.addresses == ["update_too_small"]
+    assert [prop.candidates[i].new for i in rank.chosen] == [pytest.approx(1.1e-4), pytest.approx(2e-5)], \
+        rank.rationale
+
+
+def test_the_factor_candidate_stops_at_x100_and_at_the_skills_cap(run_with):
+    # KL 1e-5 of RUN's: factor 529 -> x100 (2e-4); with a base of 2e-5 the same x100 would be 2e-3, capped at 1e-3
+    tb, recipe = run_with(_scaled_kl(1e-5))
+    with tb:
+        _, prop, rank = _top(tb, recipe)
+    assert prop.candidates[rank.chosen[0]].new == pytest.approx(2e-4), rank.rationale
+    from evotrainer.agents.heuristic import _lr_to_target
+
+    diag = Diagnosis(version_id="v0", findings=[FindingRef(kind="update_too_small", severity="warn",
+                                                           data={"lr_factor_to_target": 529.0})])
+    assert [c.new for c in _lr_to_target(recipe.model_copy(update={"actor_learning_rate": 2e-5}), diag,
+                                         "update_too_small")] == [1e-3]
+    # within x10, infinite (no KL logged as moving at all), or an info finding: the seed skills' steps only
+    for factor, sev in ((5.29, "warn"), (float("inf"), "warn"), (52.9, "info")):
+        d = Diagnosis(version_id="v0", findings=[FindingRef(kind="update_too_small", severity=sev,
+                                                            data={"lr_factor_to_target": factor})])
+        assert _lr_to_target(recipe, d, "update_too_small") == []
+
+
+def test_an_update_far_over_target_gets_its_own_cut_beside_div10(run_with):
+    # KL 2.0 nats/token: factor √(0.01 / 2) = 0.0707 -> 2e-6 x 0.0707 = 1.4e-7, nearest the factor; /10 beside it
+    tb, recipe = run_with({**TOO_LARGE, M.POLICY_UPDATE_KL: [[i, 2.0] for i in range(8)]})
+    with tb:
+        diag, prop, rank = _top(tb, recipe)
+    assert [f.kind for f in diag.findings if f.severity == "warn"] == ["update_too_large"]
+    assert [prop.candidates[i].new for i in rank.chosen] == [pytest.approx(1.4e-7), pytest.approx(2e-7)], \
+        rank.rationale
+
+
 def test_update_too_large_v0_proposes_a_cut_first(run_with):
     tb, recipe = run_with(TOO_LARGE)
     with tb:
