@@ -115,6 +115,11 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
                                         versions=[version_id], explanation=str(stored)[:500], analyzer="stored"))
     evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
     evidence += [m for f in blocking for m in f.evidence[:3]]
+    if eval_name == "heldout" and (f := eval_collapse(ws, v, n_resamples, confidence, seed)) is not None:
+        blocking.append(f)
+        seen.add(f.kind)
+        evidence.append(f"finding:{f.kind}:{version_id}")
+        evidence += f.evidence
     damaged = next((f.kind for f in blocking if f.damages_weights and f.versions == [version_id]), None)
     verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
                           blocking=blocking, damaged_weights=damaged, evidence=evidence, is_control=v.is_control)
@@ -166,6 +171,51 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
                               + ", ".join(f"{sid} {score:.3f}" for sid, score in below)
                               + f" (the single-factor changes do not compose); {stats}")
     return verdict
+
+
+COLLAPSE_RATIO = 0.5
+"""A version whose dev Avg@k is at most this fraction of its start point's, with the paired CI of the difference
+below 0, has damaged weights (:func:`eval_collapse`). Ours, not a literature value: half of what the weights could
+do before this version's training is lost, well beyond the sampling noise the CI already excludes; the case it was
+written for fell from 0.240 to 0.000 (docs/compare.md §12)."""
+
+
+def eval_collapse(ws: Any, v: Any, n_resamples: int = 10_000, confidence: float = 0.95,
+                  seed: int = 0) -> Finding | None:
+    """A blocking ``eval_collapse`` finding (damaged weights) when ``v``'s dev Avg@k collapsed against the weights it
+    trained from, else None.
+
+    The start point's dev outcomes: the parent's dev evaluation, or for the root the base model's (eval ``no_rl``,
+    the same dev problems and sample seeds); none stored, or no common problem: None. Collapsed: the paired CI's
+    upper bound of (version - start) is below 0 **and** the version scores at most :data:`COLLAPSE_RATIO` of the
+    start. Why it matters: a version pruned for a blocking finding that damages weights is no start point, so its
+    children train from its own start point (``LineageStore.start_version``: the base model for the root) instead
+    of inheriting the collapse. The SmolLM2 default at lr 2e-4 (100x) fell from the base model's dev 0.240 to
+    0.000 in the root's 8 steps (update KL 3.0 nats/token at step 0) with no entropy collapse, so no other analyzer
+    marked it: its children continued from the broken weights.
+    """
+    start, name = (v.parent_id, "heldout") if v.parent_id else (v.id, "no_rl")
+    a, b = ws.lineage.eval_matrix(start, name), ws.lineage.eval_matrix(v.id, "heldout")
+    if not a or not b:
+        return None
+    try:
+        cmp = compare_versions(a, b, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    except ValueError:
+        return None
+    if not (cmp.ci[1] < 0 and cmp.score_b <= COLLAPSE_RATIO * cmp.score_a):
+        return None
+    what = f"its parent {start}" if v.parent_id else "the base model (no-RL)"
+    pct = int(round(100 * confidence))
+    return Finding(
+        kind="eval_collapse", severity="blocking", versions=[v.id], analyzer="gate", judged="change",
+        evidence=[f"eval:heldout:{v.id}", f"eval:{name}:{start}"],
+        data={"start": start, "start_eval": name, "start_score": cmp.score_a, "score": cmp.score_b,
+              "diff": cmp.gain, "ci": list(cmp.ci), "n_problems": cmp.n_problems},
+        explanation=f"{v.id}: dev Avg@k fell from {cmp.score_a:.3f} ({what}) to {cmp.score_b:.3f} on "
+                    f"{cmp.n_problems} paired problems ({cmp.gain:+.3f}, {pct}% CI [{cmp.ci[0]:+.3f}, "
+                    f"{cmp.ci[1]:+.3f}]): at most {COLLAPSE_RATIO:g}x what the weights it trained from scored. "
+                    "Its training broke the policy (typically a step size far too large): its weights are no "
+                    "start point, so its children train from where it started.")
 
 
 def inherited_leaks(v: Any, findings: list[Finding]) -> list[Finding]:

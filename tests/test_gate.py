@@ -144,11 +144,43 @@ def test_gate_blocks_a_version_that_still_pays_a_leaky_term_an_ancestor_was_foun
         assert gate(ws, leaky.id, n_resamples=2000, findings=[other]).promote
 
 
+def test_a_dev_score_collapsed_against_its_start_point_damages_the_weights(tmp_path):
+    # the lr 2e-4 variant's root: the base model scored 0.240 on dev (no_rl), the root 0.000 after its 8 steps, and
+    # no analyzer had a finding for it (docs/compare.md §12): its children trained on from the broken weights
+    with Workspace(tmp_path / "run", writer=True) as ws:
+        root = ws.lineage.create_root(Recipe())
+        ws.lineage.log_eval_samples(root.id, "no_rl", [(f"p{i:02d}", j, float(j < 1), "") for i in range(20)
+                                                       for j in range(4)])  # the base model: Avg@4 0.25
+        _evals(ws, root.id, [0] * 20)
+        g = gate(ws, root.id, n_resamples=500, findings=[])
+        assert not g.promote and g.damaged_weights == "eval_collapse", g.reason
+        f = g.blocking[0]
+        assert (f.kind, f.severity, f.versions, f.data["start"], f.data["start_eval"]) == \
+            ("eval_collapse", "blocking", [root.id], root.id, "no_rl")
+        assert f.data["start_score"] == pytest.approx(0.25) and f.data["score"] == 0.0
+        assert f.data["ci"] == pytest.approx([-0.25, -0.25])  # every problem lost its one correct sample of 4
+        assert "fell from 0.250 (the base model (no-RL)) to 0.000 on 20 paired problems" in f.explanation
+        # a child against its parent: 0.75 -> 0.25 (-0.5 on every problem, ratio 1/3) is a collapse; 0.75 -> 0.5
+        # (ratio 2/3) is a significant loss but no collapse; a drop within noise is none either
+        _evals(ws, root.id, [3] * 20)  # (the same problem ids: the root now reads 0.75)
+        for k_correct, damaged in (([1] * 20, "eval_collapse"), ([2] * 20, None), ([3, 2] * 10, None)):
+            child = _child(ws, root.id, 2e-6)
+            _evals(ws, child.id, k_correct)
+            g = gate(ws, child.id, n_resamples=500, findings=[])
+            assert g.damaged_weights == damaged and not g.promote, (k_correct, g.reason)
+        # no stored start point (a root without a no-RL evaluation): nothing to compare, no finding
+        other = Workspace(tmp_path / "run2", writer=True)
+        r2 = other.lineage.create_root(Recipe())
+        _evals(other, r2.id, [0] * 20)
+        assert gate(other, r2.id, n_resamples=500, findings=[]).promote
+        other.close()
+
+
 def test_gate_names_the_damaged_weights_finding_of_the_version_itself(tmp_path):
     # the typed flag the decision stores (Finding.damages_weights, by kind from findings.DAMAGES_WEIGHTS): set
     # for a blocking entropy_collapse / nan_blowup / kl_blowup on this version alone, not for truncation, not
     # for a finding that covers the parent too
-    assert DAMAGES_WEIGHTS == ("entropy_collapse", "nan_blowup", "kl_blowup")
+    assert DAMAGES_WEIGHTS == ("entropy_collapse", "nan_blowup", "kl_blowup", "eval_collapse")
     with Workspace(tmp_path / "run", writer=True) as ws:
         root = ws.lineage.create_root(Recipe())
         child = _child(ws, root.id, 2e-6)
