@@ -40,11 +40,11 @@ KINDS: tuple[str, ...] = (
     "reward_hacking",
     "train_eval_divergence",
     "grad_spike",
-    "eval_collapse",
 )
 
 DAMAGES_WEIGHTS: tuple[str, ...] = ("entropy_collapse", "nan_blowup", "kl_blowup", "eval_collapse")
-"""Finding kinds that mean the version's weights themselves are damaged (a collapsed or diverged policy):
+"""Finding kinds that mean the version's weights themselves are damaged (a collapsed or diverged policy;
+``eval_collapse`` is the gate's own, :func:`evotrainer.harness.gate.eval_collapse`, not an analyzer's kind):
 a version pruned or reverted for a blocking one is no start point, so its children restart from its own
 start point (``LineageStore.start_version``). The default of ``Finding.damages_weights``."""
 
