@@ -370,7 +370,7 @@ STEP_FIRST_BONUS = SEVERITY_WEIGHT["blocking"] - SEVERITY_WEIGHT["warn"] + TARGE
 
 
 def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[int, float],
-                       n_choose: int, lrs: dict[int, float] | None = None) -> list[int] | None:
+                       n_choose: int, lrs: dict[int, float]) -> list[int] | None:
     """When the top choice is a learning-rate step a progress finding asks for, the round's second branch is the
     other proposed magnitude in the same direction (x3 and x10, or /3 and /10; of three or more, the one nearest
     the top choice in log scale, ``lrs`` giving each candidate's learning rate: x10 beside a x42 from
@@ -389,13 +389,11 @@ def _bracket_step_size(order: list[Score], chosen: list[int], step_bonus: dict[i
     picked = [i for i in chosen if i in step_bonus]
     if len(picked) > 1:
         return None
+    # every index with a step bonus is a positive learning-rate candidate (_progress_bonus), so in ``lrs``
     others = [s.index for s in order if s.index in step_bonus and s.index not in chosen and s.method != "inert"]
     if not others:
         return None
-    other = others[0]
-    top_lr = (lrs or {}).get(chosen[0])
-    if top_lr and all(i in (lrs or {}) for i in others):
-        other = min(others, key=lambda i: abs(math.log10(lrs[i] / top_lr)))  # ties: rank order (min is stable)
+    other = min(others, key=lambda i: abs(math.log10(lrs[i] / lrs[chosen[0]])))  # ties: rank order (min is stable)
     out = list(chosen)
     if len(out) < n_choose:
         out.append(other)

@@ -113,13 +113,11 @@ def gate(ws: Any, version_id: str, eval_name: str = "heldout", confidence: float
             except Exception:  # a malformed stored finding still blocks, with what we know
                 blocking.append(Finding(kind=str(stored.get("kind") or "stored_finding"), severity="blocking",
                                         versions=[version_id], explanation=str(stored)[:500], analyzer="stored"))
-    evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
-    evidence += [m for f in blocking for m in f.evidence[:3]]
     if eval_name == "heldout" and (f := eval_collapse(ws, v, n_resamples, confidence, seed)) is not None:
         blocking.append(f)
         seen.add(f.kind)
-        evidence.append(f"finding:{f.kind}:{version_id}")
-        evidence += f.evidence
+    evidence = [f"finding:{f.kind}:{','.join(f.versions)}" for f in blocking]
+    evidence += [m for f in blocking for m in f.evidence[:3]]
     damaged = next((f.kind for f in blocking if f.damages_weights and f.versions == [version_id]), None)
     verdict = GateVerdict(version_id=version_id, parent_id=parent, promote=False, confidence=confidence,
                           blocking=blocking, damaged_weights=damaged, evidence=evidence, is_control=v.is_control)
