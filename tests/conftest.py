@@ -27,6 +27,23 @@ os.environ["EVOTRAINER_SKILLS_DIR"] = _SESSION_SKILLS
 atexit.register(shutil.rmtree, _SESSION_SKILLS, True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_temp_dirs_removed(request, tmp_path_factory):
+    """The temp dirs a test module made (``tmp_path_factory.mktemp`` in its fixtures: checkpoints, run folders,
+    skills stores) are removed when the module ends with no failure; a failed module keeps them to be read.
+
+    ``tmp_path_retention_policy = "failed"`` (pyproject) removes a passing test's own ``tmp_path`` but not the
+    ``mktemp`` folders, and the suite's model checkpoints and run folders grew past 5 GB of /tmp in one session:
+    the CI machine's disk filled and 230 tests errored at setup ("No space left on device")."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed_before:
+        for path in set(base.iterdir()) - before:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     """Skills memory and caches of one test never touch the user's real folders."""
