@@ -289,3 +289,28 @@ def test_evidence_excerpt_at_a_findings_steps():
     x = ev.excerpt("v1", M.POLICY_GRAD_NORM, [2, 6], k=3)
     assert (x["steps"], x["values"]) == ([2, 4, 6], [30.0, None, 1.2])
     assert ev.excerpt("v1", "policy/nope") is None
+
+
+def test_nan_never_computed_from_the_first_step_is_info_not_a_blowup():
+    # TRL GRPO with beta=0.0 prints kl as nan from step 1 (trl#4040: "intentional behavior, not a bug"). Steps 1-4:
+    # kl nan 4/4 from step 1 while the loss (-0.2836, -0.1491, -0.1105, -0.0145) and reward are finite at all 4 ->
+    # never computed: one info note, no warn / blocking
+    steps = {n: np.arange(1, 5) for n in (M.POLICY_KL, M.LOSS_TOTAL, M.REWARD_MEAN)}
+    ev = ev_of({M.POLICY_KL: [np.nan] * 4, M.LOSS_TOTAL: [-0.2836, -0.1491, -0.1105, -0.0145],
+                M.REWARD_MEAN: [13.44, 6.93, 6.25, 6.42]}, steps)
+    f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
+    assert (f.severity, f.steps, f.data["never_computed"]) == ("info", [1, 4], {M.POLICY_KL: 4})
+    assert not f.damages_weights  # a metric never computed says nothing about the weights
+    # the same nan kl from step 3 on (finite on steps 1-2): it became nan mid-run -> 2 steps, the last one: blocking
+    ev = ev_of({M.POLICY_KL: [0.01, 0.02, np.nan, np.nan], M.LOSS_TOTAL: [0.1] * 4}, steps)
+    assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
+    # nan from step 1 but the loss is nan too: nothing finite to vouch for the weights -> blocking
+    ev = ev_of({M.POLICY_KL: [np.nan] * 4, M.LOSS_TOTAL: [np.nan] * 4}, steps)
+    assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
+    # one step only (ms-swift's kl NaN at step 1 of its only record): one step cannot say "never" -> blocking
+    ev = ev_of({M.POLICY_KL: [np.nan], M.LOSS_TOTAL: [0.1]}, {M.POLICY_KL: np.array([1]), M.LOSS_TOTAL: np.array([1])})
+    assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
+    # an excerpt from step 300 on, kl nan at every step: not the run's start, so no claim that it was never computed
+    late = {n: np.arange(300, 304) for n in (M.POLICY_KL, M.LOSS_TOTAL)}
+    ev = ev_of({M.POLICY_KL: [np.nan] * 4, M.LOSS_TOTAL: [0.1] * 4}, late)
+    assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"

@@ -63,6 +63,13 @@ GRAD_DAMAGE_WINDOW = 5  # logged steps before / after a spike compared for damag
 REWARD_DROP_RANGE = 0.1  # a reward drop after a spike counts when >= this share of the run's p5-p95 range (and 3 noise sds)
 NAN_CORE = (M.LOSS_POLICY, M.LOSS_KL, M.LOSS_TOTAL, M.POLICY_KL, M.POLICY_GRAD_NORM, M.POLICY_ENTROPY,
             M.REWARD_MEAN, M.REWARD_STD, M.COMPLETIONS_MEAN_LENGTH)
+NAN_SIGNAL = (M.LOSS_POLICY, M.LOSS_TOTAL, M.REWARD_MEAN, M.POLICY_GRAD_NORM)
+"""Series that move with the weights: while one of them is finite at every step, a series that is NaN at every step
+from the run's first logged step on was never computed (TRL GRPO with ``beta=0.0`` loads no reference model and
+prints ``kl`` as ``nan`` from step 1: "This is intentional behavior, not a bug", the maintainer in
+https://github.com/huggingface/trl/issues/4040), not a divergence: corrupt weights make the loss and the
+gradient non-finite too."""
+NAN_UNCOMPUTED_MIN_STEPS = 2  # steps, all non-finite from the first: one step cannot tell "never" from "now"
 # foreign series kept under their own names are core too when they are a loss or a gradient norm
 # (verl critic/vf_loss, critic/grad_norm; ms-swift loss) -- never timing or throughput
 _NAN_FOREIGN = ("loss", "grad_norm")
@@ -109,7 +116,9 @@ def _nan_series(ev: Evidence, v: str) -> list[str]:
 @ANALYZERS.analyzer("nan_blowup", description="NaN / inf in losses, KL, grad norm, reward or entropy")
 def nan_blowup(ev: Evidence) -> list[Finding]:
     """Non-finite (or > 1e8 in magnitude, grad norms excepted) values of core series (a level: one step is enough);
-    blocking when they persist (two or more, or on the last step), warn for one that recovered."""
+    blocking when they persist (two or more, or on the last step), warn for one that recovered. A series non-finite
+    at every step from the run's first while a :data:`NAN_SIGNAL` series stays finite was never computed: an ``info``
+    note, not a blow-up (:func:`_never_computed`)."""
     out = []
     for v in ev.versions:
         hits = []
@@ -120,7 +129,11 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
                 bad |= np.abs(np.nan_to_num(values, nan=0.0)) > 1e8
             if bad.any():
                 hits.append((name, steps[bad], int(bad.sum()), len(values), bool(bad[-1])))
+        never = _never_computed(ev, v, hits)
+        hits = [h for h in hits if h[0] not in never]
         if not hits:
+            if never:
+                out.append(_never_computed_note(v, never, ev))
             continue
         first = min(int(h[1][0]) for h in hits)
         last = max(int(h[1][-1]) for h in hits)
@@ -139,6 +152,37 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
             explanation=f"{v}: non-finite values from step {first} ({'; '.join(parts)})"
                         f"{kl_before}. {'They persist: the weights are corrupt from here on.' if persistent else 'An isolated value that recovered.'}"))
     return out
+
+
+def _never_computed(ev: Evidence, v: str, hits: list[tuple[Any, ...]]) -> dict[str, int]:
+    """The hit series (name -> steps) that are non-finite at every logged step, at least
+    :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first step (0 or 1), while a :data:`NAN_SIGNAL` series that
+    is not itself hit is finite at every one of those steps: a metric the trainer does not compute, not a blow-up."""
+    hit = {h[0] for h in hits}
+    out: dict[str, int] = {}
+    for name, bad_steps, k, total, _ in hits:
+        if k != total or total < NAN_UNCOMPUTED_MIN_STEPS or int(bad_steps[0]) > 1:
+            continue
+        for sig in NAN_SIGNAL:
+            if sig in hit or not ev.has(v, sig):
+                continue
+            steps, values = ev.series(v, sig)
+            at = np.isin(steps, bad_steps)
+            if int(at.sum()) == total and np.isfinite(values[at]).all():
+                out[name] = total
+                break
+    return out
+
+
+def _never_computed_note(v: str, never: dict[str, int], ev: Evidence) -> Finding:
+    names = ", ".join(f"{n} ({k}/{k} steps)" for n, k in never.items())
+    steps = np.concatenate([ev.series(v, n)[0] for n in never])
+    return Finding(kind="nan_blowup", severity="info", versions=[v], steps=[int(steps.min()), int(steps.max())],
+                   evidence=list(never), judged="level", damages_weights=False,
+                   data={"never_computed": never},
+                   explanation=f"{v}: {names} non-finite at every logged step from the first, while the loss / reward / "
+                               "grad norm stay finite: a metric the trainer does not compute (e.g. TRL's kl with "
+                               "beta=0.0), not corrupt weights.")
 
 
 @ANALYZERS.analyzer("truncation", description="completions cut at the length cap")
