@@ -78,8 +78,16 @@ class IngestError(EvoTrainerError, ValueError):
     """A path holds nothing we can read, or a file is malformed (the message names the file and line)."""
 
 
+_WRAPPED = re.compile(r"(?:np\.|numpy\.|torch\.)?(?:float(?:16|32|64)?|int(?:32|64)?|tensor)\(\s*([^,()]+?)\s*(?:,[^()]*)?\)")
+"""A number printed inside its type: verl's ``concat_dict_to_str`` writes each value with ``pprint.pformat``, which
+under numpy >= 2 prints a numpy scalar as ``np.float64(0.323)`` (numpy NEP 51); a torch scalar prints as
+``tensor(0.5, device='cuda:0')``."""
+
+
 def _num(text: str) -> float | None:
     t = text.strip().rstrip(",")
+    if t.endswith(")") and (m := _WRAPPED.fullmatch(t)):
+        t = m.group(1)
     low = t.lower()
     if low in ("nan", "-nan"):
         return math.nan

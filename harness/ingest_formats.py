@@ -254,8 +254,11 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
 
 
 def _complete_pairs(body: str) -> str:
-    """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``."""
-    quote, last, escaped = "", -1, False
+    """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``.
+
+    Only a comma of the dict itself ends a pair: one inside a value's brackets (``tensor(0.5, device='cuda:0')``) does
+    not, or the cut fell inside that value and the dict read as nothing."""
+    quote, last, escaped, depth = "", -1, False, 0
     for k, c in enumerate(body):
         if quote:  # inside a string a backslash escapes the next character (``'it\\'s'``), as in _dict_spans
             if escaped:
@@ -266,7 +269,11 @@ def _complete_pairs(body: str) -> str:
                 quote = ""
         elif c in "'\"":
             quote = c
-        elif c == ",":
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth <= 1:
             last = k
     return body[:last] + "}" if last > 0 else ""
 

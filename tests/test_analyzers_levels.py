@@ -314,3 +314,28 @@ def test_nan_never_computed_from_the_first_step_is_info_not_a_blowup():
     late = {n: np.arange(300, 304) for n in (M.POLICY_KL, M.LOSS_TOTAL)}
     ev = ev_of({M.POLICY_KL: [np.nan] * 4, M.LOSS_TOTAL: [0.1] * 4}, late)
     assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
+
+
+def test_nan_never_computed_logged_every_n_steps_starts_at_step_n():
+    # the same beta=0 run logged every 10 steps (logging_steps=10): steps 10, 20, 30, 40, kl nan at all 4, the loss
+    # finite. The smallest gap between logged steps is 10 and the first step 10 <= 10: the run's first logging step,
+    # so never computed (an info note), as with steps 1-4
+    every10 = {n: np.array([10, 20, 30, 40]) for n in (M.POLICY_KL, M.LOSS_TOTAL)}
+    ev = ev_of({M.POLICY_KL: [np.nan] * 4, M.LOSS_TOTAL: [-0.2836, -0.1491, -0.1105, -0.0145]}, every10)
+    f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
+    assert (f.severity, f.steps, f.data["never_computed"]) == ("info", [10, 40], {M.POLICY_KL: 4})
+    # steps 20, 30, 40 (gap 10, first 20 > 10): a step was logged before, which the excerpt left out -> blocking
+    late = {n: np.array([20, 30, 40]) for n in (M.POLICY_KL, M.LOSS_TOTAL)}
+    ev = ev_of({M.POLICY_KL: [np.nan] * 3, M.LOSS_TOTAL: [0.1] * 3}, late)
+    assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
+
+
+def test_truncation_from_a_mean_length_that_is_one_whole_number():
+    # TRL < 0.16 logs completion_length only (no clipped ratio, no max length): 256.0 at each of the last 3 steps
+    # (TRUNC_UNIFORM_STEPS) is the cap every completion reached -> blocking, the cap 256
+    f = only(run_analyzers(ev_of({M.COMPLETIONS_MEAN_LENGTH: [240.5, 256.0, 256.0, 256.0]}), names=["truncation"]),
+             "truncation")
+    assert (f.severity, f.data["cap"], f.data["cap_from"]) == ("blocking", 256.0, "uniform_mean_length")
+    # two steps only, or a mean that varies (255.5 among them), or one that is not a whole number: no cap known
+    for x in ([256.0, 256.0], [256.0, 255.5, 256.0], [232.825, 232.825, 232.825]):
+        assert run_analyzers(ev_of({M.COMPLETIONS_MEAN_LENGTH: x}), names=["truncation"]) == [], x

@@ -60,6 +60,15 @@ def test_parse_verl_log_lines():
     assert math.isinf(recs[1]["actor/grad_norm"])
 
 
+def test_parse_verl_log_numpy_scalars():
+    # verl's concat_dict_to_str prints each value with pprint.pformat: under numpy >= 2 a numpy scalar prints as
+    # np.float64(0.323) (NEP 51), and these values were dropped (a log of them read as nothing)
+    recs = parse_verl_log("(TaskRunner pid=7) step:3 - actor/entropy:np.float64(0.323) - actor/kl_loss:np.float64(nan)"
+                          " - batch/solve_none:np.int64(128) - actor/lr:np.float32(1e-06) - x:np.float64(oops)\n")
+    assert recs[3]["actor/entropy"] == 0.323 and math.isnan(recs[3]["actor/kl_loss"])
+    assert recs[3]["batch/solve_none"] == 128.0 and recs[3]["actor/lr"] == 1e-06 and "x" not in recs[3]
+
+
 def test_ingest_real_verl_log():
     ev = ingest(DATA / "verl_logs" / "Qwen2.5-0.5B-bsz256_2-prompt512-resp256-0.538.log.gz")
     v = ev.versions[0]

@@ -267,3 +267,13 @@ def test_a_cut_dict_with_an_escaped_quote_keeps_its_whole_pairs():
     assert _complete_pairs(cut) == "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25}"
     assert parse_dict_log(cut) == {1: {"loss": 0.5, "reward": 0.25}}
     assert _complete_pairs("{'a': 'x\\\\', 'b': 2, 'c") == "{'a': 'x\\\\', 'b': 2}"  # an escaped backslash ends nothing
+
+
+def test_a_cut_dict_of_tensor_values_keeps_its_whole_pairs():
+    # the comma inside tensor(0.86, device='cuda:0') is the value's, not the dict's: a dict cut inside the next
+    # value keeps 'loss' and 'format' (it read as nothing: the cut fell after "tensor(0.86")
+    from evotrainer.harness.ingest_formats import _complete_pairs, parse_dict_log
+
+    cut = "{'loss': 0.0045, 'format': tensor(0.86, device='cuda:0'), 'accuracy': tensor(0.064"
+    assert _complete_pairs(cut) == "{'loss': 0.0045, 'format': tensor(0.86, device='cuda:0')}"
+    assert parse_dict_log(cut) == {1: {"loss": 0.0045, "format": 0.86}}

@@ -70,6 +70,19 @@ prints ``kl`` as ``nan`` from step 1: "This is intentional behavior, not a bug",
 https://github.com/huggingface/trl/issues/4040), not a divergence: corrupt weights make the loss and the
 gradient non-finite too."""
 NAN_UNCOMPUTED_MIN_STEPS = 2  # steps, all non-finite from the first: one step cannot tell "never" from "now"
+
+
+def _logs_from_start(steps: np.ndarray) -> bool:
+    """Whether logged ``steps`` (sorted) start at the run's first logging step: step 0 or 1, or no later than one
+    logging interval (the smallest gap between logged steps): the HF Trainer logs first at step ``logging_steps``
+    (``TrainingArguments`` default 500, TRL's configs 10 or 1: a beta=0 run logged every 10 steps shows ``kl`` nan from
+    step 10), and a log read every n-th line starts at step n. An excerpt from step 300 of steps 300, 301, ... does
+    not: a metric non-finite there may have been finite before it (ms-swift#4465's kl turned NaN at step 300)."""
+    if len(steps) == 0:
+        return False
+    gaps = np.diff(steps)
+    gap = int(gaps[gaps > 0].min()) if (gaps > 0).any() else 1
+    return int(steps[0]) <= max(1, gap)
 # foreign series kept under their own names are core too when they are a loss or a gradient norm
 # (verl critic/vf_loss, critic/grad_norm; ms-swift loss) -- never timing or throughput
 _NAN_FOREIGN = ("loss", "grad_norm")
@@ -156,12 +169,12 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
 
 def _never_computed(ev: Evidence, v: str, hits: list[tuple[Any, ...]]) -> dict[str, int]:
     """The hit series (name -> steps) that are non-finite at every logged step, at least
-    :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first step (0 or 1), while a :data:`NAN_SIGNAL` series that
+    :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first logging step (:func:`_logs_from_start`), while a :data:`NAN_SIGNAL` series that
     is not itself hit is finite at every one of those steps: a metric the trainer does not compute, not a blow-up."""
     hit = {h[0] for h in hits}
     out: dict[str, int] = {}
     for name, bad_steps, k, total, _ in hits:
-        if k != total or total < NAN_UNCOMPUTED_MIN_STEPS or int(bad_steps[0]) > 1:
+        if k != total or total < NAN_UNCOMPUTED_MIN_STEPS or not _logs_from_start(bad_steps):
             continue
         for sig in NAN_SIGNAL:
             if sig in hit or not ev.has(v, sig):
@@ -185,10 +198,29 @@ def _never_computed_note(v: str, never: dict[str, int], ev: Evidence) -> Finding
                                "beta=0.0), not corrupt weights.")
 
 
+TRUNC_UNIFORM_STEPS = 3
+"""Logged steps whose mean completion length is one and the same whole number that make it the length cap when no
+clipped ratio or max length is logged (TRL < 0.16 logs only ``completion_length``, the batch mean of the completion
+masks' sums: a run whose every completion hits ``max_completion_length=256`` logs 256.0 at every step). The same whole
+number repeated exactly over several batches of sampled completions practically needs every completion to have that
+length; 3 is the fewest steps the analyzers judge a change on (``behaviour._hacking_from_few_points``)."""
+
+
+def _uniform_length(ev: Evidence, v: str) -> float | None:
+    """The mean completion length of ``v`` when its last :data:`TRUNC_UNIFORM_STEPS` finite values (or more) are one
+    and the same positive whole number (the cap every completion reached), else None."""
+    _, x = ev.series(v, M.COMPLETIONS_MEAN_LENGTH)
+    x = x[np.isfinite(x)][-TRUNC_UNIFORM_STEPS:]
+    if len(x) < TRUNC_UNIFORM_STEPS or x[-1] < 1 or x[-1] != np.round(x[-1]) or not (x == x[-1]).all():
+        return None
+    return float(x[-1])
+
+
 @ANALYZERS.analyzer("truncation", description="completions cut at the length cap")
 def truncation(ev: Evidence) -> list[Finding]:
     """Recent clipped ratio high (a level: the median of the last 20% of steps, one step when only one
-    is logged), or mean length pinned at the cap when no clipped ratio is logged."""
+    is logged), or mean length pinned at the cap when no clipped ratio is logged (the cap: the recipe's, a constant
+    max length, or a mean length that is one whole number at the last :data:`TRUNC_UNIFORM_STEPS` steps)."""
     out = []
     for v in ev.versions:
         lv = level_of(ev, v, M.COMPLETIONS_CLIPPED_RATIO)
@@ -211,12 +243,18 @@ def truncation(ev: Evidence) -> list[Finding]:
             continue
         mx = trend_of(ev, v, M.COMPLETIONS_MAX_LENGTH)  # a max length constant over >= MIN_POINTS steps is the cap
         cap = cap or (mx.late if mx is not None and np.isclose(mx.early, mx.late) else None)
+        uniform = None if cap else _uniform_length(ev, v)
+        cap = cap or uniform
         if cap and ll.recent >= 0.98 * cap:
+            how = (f"; the same whole number at each of the last {TRUNC_UNIFORM_STEPS} logged steps or more: every "
+                   "completion had that length, which only a length cap gives (no clipped ratio or max length is "
+                   "logged)" if uniform else "")
             out.append(Finding(kind="truncation", severity="blocking", versions=[v], steps=span(ll),
-                               evidence=[M.COMPLETIONS_MEAN_LENGTH, M.COMPLETIONS_MAX_LENGTH], judged="level",
-                               data={**level_data(ll), "cap": float(cap)},
+                               evidence=[M.COMPLETIONS_MEAN_LENGTH] + ([] if uniform else [M.COMPLETIONS_MAX_LENGTH]),
+                               judged="level", data={**level_data(ll), "cap": float(cap),
+                                                     **({"cap_from": "uniform_mean_length"} if uniform else {})},
                                explanation=f"{v}: mean completion length {fmt(ll.recent)} tokens sits at the cap "
-                                           f"{fmt(cap)} in the last steps: nearly every completion is truncated."))
+                                           f"{fmt(cap)} in the last steps{how}: nearly every completion is truncated."))
     return out
 
 
