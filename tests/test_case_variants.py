@@ -18,11 +18,11 @@ import re
 from pathlib import Path
 
 import pytest
+from test_cases import CASES
 from typer.testing import CliRunner
 
 from evotrainer.cli import app
 
-CASES = sorted(p for p in (Path(__file__).parent / "data" / "cases").iterdir() if (p / "expected.json").exists())
 _VERL_NUMBER = re.compile(r"(?<=:)(-?\d+\.\d+(?:e-?\d+)?|nan)(?= - |\s*$)", re.M)
 _DICT_NUMBER = re.compile(r"(?<=: )(-?\d+\.\d+(?:e-?\d+)?|nan)")
 
@@ -36,8 +36,7 @@ def _raised(folder: Path, out: Path) -> set[str]:
     """The finding kinds ``evotrainer diagnose folder`` raises with severity warn or blocking."""
     res = CliRunner().invoke(app, ["diagnose", str(folder), "--json", "--no-plots", "--no-skills", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    raised = {f["kind"] for f in json.loads(res.stdout)["findings"] if f["severity"] in ("warn", "blocking")}
-    return raised
+    return {f["kind"] for f in json.loads(res.stdout)["findings"] if f["severity"] in ("warn", "blocking")}
 
 
 def _variants(case: Path) -> list[tuple[str, str]]:

@@ -70,19 +70,6 @@ prints ``kl`` as ``nan`` from step 1: "This is intentional behavior, not a bug",
 https://github.com/huggingface/trl/issues/4040), not a divergence: corrupt weights make the loss and the
 gradient non-finite too."""
 NAN_UNCOMPUTED_MIN_STEPS = 2  # steps, all non-finite from the first: one step cannot tell "never" from "now"
-
-
-def _logs_from_start(steps: np.ndarray) -> bool:
-    """Whether logged ``steps`` (sorted) start at the run's first logging step: step 0 or 1, or no later than one
-    logging interval (the smallest gap between logged steps): the HF Trainer logs first at step ``logging_steps``
-    (``TrainingArguments`` default 500, TRL's configs 10 or 1: a beta=0 run logged every 10 steps shows ``kl`` nan from
-    step 10), and a log read every n-th line starts at step n. An excerpt from step 300 of steps 300, 301, ... does
-    not: a metric non-finite there may have been finite before it (ms-swift#4465's kl turned NaN at step 300)."""
-    if len(steps) == 0:
-        return False
-    gaps = np.diff(steps)
-    gap = int(gaps[gaps > 0].min()) if (gaps > 0).any() else 1
-    return int(steps[0]) <= max(1, gap)
 # foreign series kept under their own names are core too when they are a loss or a gradient norm
 # (verl critic/vf_loss, critic/grad_norm; ms-swift loss) -- never timing or throughput
 _NAN_FOREIGN = ("loss", "grad_norm")
@@ -167,10 +154,24 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
     return out
 
 
+def _logs_from_start(steps: np.ndarray) -> bool:
+    """Whether logged ``steps`` (sorted) start at the run's first logging step: step 0 or 1, or no later than one
+    logging interval (the smallest gap between logged steps): the HF Trainer logs first at step ``logging_steps``
+    (``TrainingArguments`` default 500, TRL's configs 10 or 1: a beta=0 run logged every 10 steps shows ``kl`` nan from
+    step 10), and a log read every n-th line starts at step n. An excerpt from step 300 of steps 300, 301, ... does
+    not: a metric non-finite there may have been finite before it (ms-swift#4465's kl turned NaN at step 300)."""
+    if len(steps) == 0:
+        return False
+    gaps = np.diff(steps)
+    gap = int(gaps[gaps > 0].min()) if (gaps > 0).any() else 1
+    return int(steps[0]) <= max(1, gap)
+
+
 def _never_computed(ev: Evidence, v: str, hits: list[tuple[Any, ...]]) -> dict[str, int]:
     """The hit series (name -> steps) that are non-finite at every logged step, at least
-    :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first logging step (:func:`_logs_from_start`), while a :data:`NAN_SIGNAL` series that
-    is not itself hit is finite at every one of those steps: a metric the trainer does not compute, not a blow-up."""
+    :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first logging step (:func:`_logs_from_start`), while a
+    :data:`NAN_SIGNAL` series that is not itself hit is finite at every one of those steps: a metric the trainer does
+    not compute, not a blow-up."""
     hit = {h[0] for h in hits}
     out: dict[str, int] = {}
     for name, bad_steps, k, total, _ in hits:
