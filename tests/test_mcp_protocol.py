@@ -238,7 +238,7 @@ def test_subscribed_version_gets_update_notifications(tmp_path):
         no_more = list(updates)
         with Workspace(run) as ws:  # another process (the loop, a job) changes v1: the poll finds it
             ws.lineage.update_version("v1", note="changed elsewhere")
-        with anyio.fail_after(protocol.POLL_S * 3):
+        with anyio.fail_after(protocol.POLL_S * 15):  # a poll every POLL_S; 15 of them for a loaded machine
             while len(updates) < 2:
                 await anyio.sleep(0.1)
         return after_decide, no_more

@@ -211,7 +211,7 @@ def test_reward_file_imported_as_openrlhf_does(tmp_path):
     torch.testing.assert_close(out["rewards"], torch.tensor([1.0, 0.0, 1.0]))
 
 
-def _wait_until(done, timeout_s: float = 10.0) -> None:
+def _wait_until(done, timeout_s: float = 60.0) -> None:
     """Poll ``done()`` every 0.1 s for up to ``timeout_s``; the caller asserts the final state."""
     deadline = time.monotonic() + timeout_s
     while not done() and time.monotonic() < deadline:
@@ -231,7 +231,7 @@ def test_local_runner_status_logs_cancel(tmp_path):
     j, ref = run("import sys; sys.exit(3)")
     _wait_until(lambda: job_status(j, ref) != "running")
     assert job_status(j, ref) == "failed"
-    j, ref = run("import time; print('started', flush=True); time.sleep(60)")
+    j, ref = run("import time; print('started', flush=True); time.sleep(600)")
     _wait_until(lambda: "started" in job_logs(j, ref))
     assert job_status(j, ref) == "running"
     cancel_job(j, ref)

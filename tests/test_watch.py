@@ -114,7 +114,7 @@ def test_append_reaches_a_subscribed_mcp_client(tmp_path):
             before = (await c.call_tool("get_version", {"version_id": "v0"})).structured_content
             _append(log, lines[NAN_STEP + 1] + "\n")  # the NaN step
             await anyio.to_thread.run_sync(w.poll)
-            with anyio.fail_after(protocol.POLL_S * 3):
+            with anyio.fail_after(protocol.POLL_S * 15):  # a poll every POLL_S; 15 of them for a loaded machine
                 while not updates:
                     await anyio.sleep(0.1)
             after = (await c.call_tool("get_version", {"version_id": "v0"})).structured_content
