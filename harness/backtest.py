@@ -36,7 +36,7 @@ from evotrainer.harness.findings import SEVERITY_RANK, Finding
 from evotrainer.recipe import current_value, set_path
 from evotrainer.rl_backend import grpo
 from evotrainer.rl_backend.rewards import RewardError, compute_rewards
-from evotrainer.rl_backend.tasks import Problem
+from evotrainer.rl_backend.tasks import Problem, TaskError, load_splits
 
 
 def _groups(table: pa.Table) -> list[tuple[str, int, str, np.ndarray]]:
@@ -332,6 +332,9 @@ COEF_INERT = 0.01  # relative change of the per-token update below this: inert. 
 # a relative standard error of at least 1/sqrt(B) (0.03 for B = 1024 samples, 0.2 for the default's 24), so a
 # 1% change of the update's direction is below the noise of any batch size in use.
 ADV_TOL = 1e-9  # advantages equal within this: the reward change does not reach the policy gradient
+ADV_REL_TOL = 1e-6  # ... or within this share of the largest advantage: a reward scaled by c under group_norm moves
+# each advantage by A·eps·(1 - 1/c)/σ with OpenRLHF's eps = 1e-9 (2.5e-9 on the default run's rollouts, weight 1 -> 2),
+# a millionth of the float32 rounding of one update's sums
 
 
 @dataclass
@@ -385,9 +388,13 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
     * **no_behaviour** (``generate_max_len`` raised): no completion of the parent's last 4 steps reached the old
       limit and no reward term reads it (:func:`_inert_longer_budget`).
     * **no_behaviour** (``reward.<name>.*``): the parent's stored train rollouts re-scored under the change
-      (:func:`rescore_rollouts`) give the same group advantages (within :data:`ADV_TOL`) and the same
-      group-filter decisions: the component is constant within every group (e.g. a repetition penalty
-      where nothing repeats), so the policy gradient does not change.
+      (:func:`rescore_rollouts`) give the same group advantages (within :data:`ADV_TOL` plus :data:`ADV_REL_TOL`
+      of the largest) and the same group-filter decisions: the component is constant within every group (e.g. a
+      repetition penalty where nothing repeats), or the change only scales the reward under a std-normalised
+      advantage (the weight of the only component), so the policy gradient does not change.
+    * **structural** (``data.n_train`` raised): the task has no more problems to give, so the training split is
+      the same list (:func:`_inert_more_train`; the level-1 arithmetic pool holds 400 problems, 148 held out, so
+      256 and 512 both train on the same 252).
 
     Args:
         recipe: the parent's :class:`~evotrainer.recipe.Recipe`.
@@ -444,7 +451,28 @@ def inert_change(recipe: Any, path: str, new: Any, evidence: Evidence | None = N
         return _inert_longer_budget(r, int(old), int(new), evidence, version, verdict)
     if path.startswith("reward."):
         return _inert_reward(r, changed, path, old, new, evidence, version, verdict)
+    if path == "data.n_train" and new is not None and old is not None and int(new) > int(old):
+        return _inert_more_train(r, changed, int(old), int(new), verdict)
     return verdict(False, "none", f"no inert-change rule for {path}")
+
+
+def _inert_more_train(r: Any, changed: Any, old: int, new: int, verdict: Callable) -> InertCheck:
+    """``data.n_train`` raised where the task has no more distinct problems: both recipes' training splits are the
+    same problems in the same order (:func:`~evotrainer.rl_backend.tasks.load_splits`, deterministic per data
+    spec; dev and test never move with ``n_train``), so the child samples the same prompts as its control.
+    Repository tasks (``swe``) are not judged (their split loads the projects)."""
+    if r.data.task == "swe":
+        return verdict(False, "none", "data.n_train of a repository task: not judged")
+    try:
+        before, after = load_splits(r.data).train, load_splits(changed.data).train
+    except TaskError as exc:
+        return verdict(False, "none", f"cannot load the splits: {exc}"[:300])
+    if [p.id for p in before] == [p.id for p in after]:
+        return verdict(True, "structural", f"data.n_train {old} -> {new}: the {r.data.task} task has no more "
+                       f"problems to give (after the dev and test splits): both train on the same {len(before)}",
+                       n_train_effective=len(before))
+    return verdict(False, "none", f"data.n_train {old} -> {new}: {len(before)} -> {len(after)} training problems",
+                   n_train_effective=len(after))
 
 
 LENGTH_READERS = ("overlong", "length_penalty")  # reward terms whose value depends on generate_max_len
@@ -540,9 +568,11 @@ def _inert_reward(r: Any, changed: Any, path: str, old: Any, new: Any, ev: Evide
     comp = res.new_components.get(name)
     vals = f"{name} takes values {sorted({round(float(x), 6) for x in comp})[:5]} on {len(comp)} rollouts" \
         if comp is not None and len(comp) else f"{name} is removed"
-    inert = d_adv <= ADV_TOL and same_keep
+    scale = float(np.max(np.abs(old_adv))) if len(rows) else 0.0
+    inert = d_adv <= ADV_TOL + ADV_REL_TOL * scale and same_keep
     return verdict(inert, "no_behaviour" if inert else "none",
                    f"{path} {old} -> {new}: on {res.summary['n_rollouts']} stored rollouts of {v} ({len(rows)} groups) "
                    f"{vals}; max |Δadvantage| = {fmt_num(d_adv)}, group filter {'unchanged' if same_keep else 'changed'}"
-                   + (": the behaviour it prices never varies within a group, the gradient is the same" if inert else ""),
+                   + ((": the advantages are the same (the behaviour it prices never varies within a group, or the "
+                       "change only rescales a std-normalised reward), so is the gradient") if inert else ""),
                    max_abs_advantage_change=d_adv, same_filter=same_keep, n_rollouts=res.summary["n_rollouts"])

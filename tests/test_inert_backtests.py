@@ -127,6 +127,32 @@ def test_a_constant_shift_within_every_group_is_inert_under_group_norm():
     assert r.inert and r.data["max_abs_advantage_change"] < 1e-9
 
 
+def test_scaling_the_only_reward_component_is_inert_under_group_norm_not_under_dr_grpo():
+    # the default make run's round-3 candidate reward.correctness.weight 1 -> 2 (the only component): group_norm's
+    # (r - mean) / (std + 1e-9) moves by A·eps/(2·std), 2.5e-9 on that run's rollouts, past the old absolute 1e-9
+    # tolerance; now within 1e-6 of the largest advantage. Groups here: correctness (1, 0, 1) and (1, 0, 0).
+    ev = Evidence(rollouts=_rollouts(PLAIN))
+    r = inert_change(Recipe(), "reward.correctness.weight", 2.0, ev, "v0")
+    assert (r.inert, r.check) == (True, "no_behaviour") and 0 < r.data["max_abs_advantage_change"] < 1e-8
+    assert "only rescales a std-normalised reward" in r.reason
+    # Dr. GRPO's advantage is r - mean, not normalised: doubling the reward doubles it, |Δ| = max |r - mean| = 2/3
+    dr = inert_change(Recipe(advantage_estimator="dr_grpo"), "reward.correctness.weight", 2.0, ev, "v0")
+    assert not dr.inert and dr.data["max_abs_advantage_change"] == pytest.approx(2 / 3)
+
+
+def test_more_training_problems_than_the_task_has_are_inert():
+    # the default make run's round-3 arm v7, data.n_train 256 -> 512, trained bit-identically to its control: level-1
+    # arithmetic (a + b, operands 0..19) has 400 problems; 48 dev and 100 test leave 252 to train on either way
+    data = {"task": "arithmetic", "level": 1, "n_train": 256, "n_heldout": 48, "n_test": 100, "seed": 0}
+    r = inert_change(Recipe(data=data), "data.n_train", 512)
+    assert (r.inert, r.check, r.data["n_train_effective"]) == (True, "structural", 252)
+    assert r.reason == ("data.n_train 256 -> 512: the arithmetic task has no more problems to give (after the dev "
+                        "and test splits): both train on the same 252")
+    smaller = inert_change(Recipe(data={**data, "n_train": 100}), "data.n_train", 200)
+    assert not smaller.inert and smaller.reason == "data.n_train 100 -> 200: 100 -> 200 training problems"
+    assert not inert_change(Recipe(data=data), "data.n_train", 128).inert  # fewer: no rule, it changes the data
+
+
 def test_check_inert_tool_and_the_heuristic_skips_inert_candidates(tmp_path):
     from evotrainer.agents.decisions import Candidate, Diagnosis, FindingRef, Proposal
     from evotrainer.agents.heuristic import INERT_SCORE, HeuristicBrain
