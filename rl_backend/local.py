@@ -74,7 +74,6 @@ from evotrainer.rl_backend.tasks import (
     NO_RL_TEST_EVAL,
     build_messages,
     is_test_eval,
-    load_problems,
     load_splits,
     split_manifest,
 )
@@ -330,6 +329,13 @@ def _scatter(pieces: list[Piece], values: list[torch.Tensor], shape: tuple[int, 
     return full
 
 
+def _run_data(ws: Any) -> Any:
+    """The run's root data spec, whose dev and test splits every version of the run is trained around and judged
+    on (:func:`~evotrainer.rl_backend.tasks.load_splits` ``pinned``); None in a run without a root."""
+    root = ws.lineage.root()
+    return root.recipe.data if root is not None else None
+
+
 class LocalBackend:
     """Embedded GRPO trainer and evaluator (the ``local`` backend of docs/interfaces.md).
 
@@ -436,7 +442,8 @@ class LocalBackend:
         _drop_rollouts_after(ws, vid, first_step - 1)
         if resumed is not None:
             ws.log(f"resuming {vid} after step {resumed}", version=vid, source="local")
-        train_set, _ = load_problems(recipe.data)
+        pinned = _run_data(ws)
+        train_set = load_splits(recipe.data, pinned=pinned).train
         kl_on = recipe.kl_enabled
         bundle = load_policy(recipe.model, checkpoint=load_from, kl=kl_on, device=self.device)
         bundle.model.train()
@@ -492,7 +499,7 @@ class LocalBackend:
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary: dict[str, Any] = {name: float(np.nanmean([x for _, x in series if x is not None] or [math.nan]))
                                    for name, series in ws.lineage.all_metrics(vid).items()}
-        summary.update(steps=step + 1, data_split=split_manifest(*load_splits(recipe.data))["digest"])
+        summary.update(steps=step + 1, data_split=split_manifest(*load_splits(recipe.data, pinned=pinned))["digest"])
         ws.lineage.update_version(vid, status="trained", checkpoint=str(ckpt), metrics_summary=summary)
         ws.log(f"trained {vid}: {step + 1} steps, reward/mean {summary.get(M.REWARD_MEAN, math.nan):.3f}",
                version=vid, source="local")
@@ -755,7 +762,7 @@ class LocalBackend:
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
                                                          version_id=version_id,
                                                          step=max(0, ws.lineage.last_step(version_id)),
-                                                         split="test" if test else "dev")
+                                                         split="test" if test else "dev", pinned=_run_data(ws))
         ws.lineage.log_eval_samples(version_id, eval_name, samples)
         if not test:
             ws.rollouts.add(records)
@@ -772,10 +779,11 @@ class LocalBackend:
 
     def evaluate_checkpoint(self, recipe: Any, checkpoint: str | None, k: int | None = None,
                             eval_name: str = "heldout", progress: ProgressFn | None = None, version_id: str = "",
-                            step: int = 0, split: str = "dev",
+                            step: int = 0, split: str = "dev", pinned: Any = None,
                             ) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
         """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the dev split
-        (the first ``eval.max_problems`` dev problems) or, with ``split="test"``, on the whole test split.
+        (the first ``eval.max_problems`` dev problems) or, with ``split="test"``, on the whole test split; with
+        ``pinned`` (the run's root data spec), the splits of that spec (``tasks.load_splits``).
 
         Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward; for
         ``data.task: swe`` each sample is an episode graded by the hidden tests (``swe_train.evaluate_episodes``).
@@ -793,7 +801,7 @@ class LocalBackend:
         k = k or recipe.eval.k
         if split not in ("dev", "test"):
             raise BackendError(f"split={split!r}: allowed: dev, test")
-        sp = load_splits(recipe.data)
+        sp = load_splits(recipe.data, pinned=pinned)
         if split == "test":
             held = sp.test
             if not held:

@@ -416,12 +416,25 @@ def load_problems(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
     return sp.train, sp.dev
 
 
-def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -> Splits:
+SPLIT_FIELDS = ("task", "path", "level", "seed", "n_heldout", "n_test", "dedupe")
+"""Data fields the dev and test splits are drawn from (``n_train``, the band and the prompt text never move them)."""
+
+
+def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
+                pinned: DataSpec | None = None) -> Splits:
     """Deterministic, disjoint train, dev and test problems for a data spec.
+
+    With ``pinned`` (a run's root data spec) whose :data:`SPLIT_FIELDS` differ from ``data``'s (a version that
+    changed the level, task, file or seed), dev and test are the pinned spec's, and training keeps ``data``'s
+    train problems less every one whose question key or id is in the pinned dev or test split: so a version on
+    harder data is still judged on the run's dev problems, paired with its control, and never trains on them
+    (level-2 arithmetic holds 100 questions of level 1's pool, ``10..19 + 0..9``). Repository tasks (``swe``)
+    are not pinned.
 
     Args:
         data: the recipe's data section (task, path, level, n_train, n_heldout (dev), n_test, seed, dedupe, band).
         pass_rates: measured pass rates by problem id for the difficulty-band filter (optional).
+        pinned: the data spec whose dev and test splits to use (None: ``data``'s own).
 
     Returns:
         :class:`Splits` of at most ``n_train`` / ``n_heldout`` / ``n_test`` problems (fewer when the task has
@@ -432,6 +445,21 @@ def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None) -
     Raises:
         TaskError: missing file, bad schema, unknown task or too few problems.
     """
+    own = _splits_of(data, pass_rates)
+    if (pinned is None or data.task == "swe" or pinned.task == "swe"
+            or all(getattr(pinned, f) == getattr(data, f) for f in SPLIT_FIELDS)):
+        return own
+    ref = _splits_of(pinned, None)
+    keys, ids = {_key(p.prompt) for p in [*ref.dev, *ref.test]}, {p.id for p in [*ref.dev, *ref.test]}
+    train = [p for p in own.train if _key(p.prompt) not in keys and p.id not in ids]
+    if not train:
+        raise TaskError(f"data: every training problem of this data spec is in the run's dev or test split "
+                        f"({len(own.train)} before); change data.level / data.task / data.path back or raise n_train")
+    return Splits(train, ref.dev, ref.test)
+
+
+def _splits_of(data: DataSpec, pass_rates: Mapping[str, float] | None) -> Splits:
+    """:func:`load_splits` of one data spec, unpinned."""
     if data.task == "swe":  # repository tasks: split by project (load_swe_problems)
         train, heldout = load_swe_problems(data)
         train = filter_by_pass_rate(train, data.difficulty_band, pass_rates)

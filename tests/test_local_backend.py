@@ -231,3 +231,30 @@ def test_a_training_stopped_before_its_first_step_leaves_the_version_untrained(t
     res = be.train(ws, vid, 1)
     assert res.steps_done == 1 and ws.lineage.get(vid).status == "trained" and ws.lineage.last_step(vid) == 0
     ws.close()
+
+
+def test_a_child_on_another_level_is_judged_on_the_runs_dev_problems(tmp_path):
+    # before: a data.level 1 -> 2 child was evaluated on level 2's dev problems (arith-L2-...), none of them its
+    # parent's or control's, so the gate could not pair them ("cannot compare") and pruned it whatever it learned
+    from evotrainer.harness.gate import gate
+
+    ws, vid = _run(tmp_path, "level", data={"task": "arithmetic", "level": 1, "n_train": 16, "n_heldout": 6,
+                                             "n_test": 4, "seed": 0})
+    be = LocalBackend(checkpoint_every=100, num_threads=1)
+    be.train(ws, vid, 1)
+    child = ws.lineage.branch(vid, Intervention(path="data.level", old=1, new=2, category="data"))
+    be.train(ws, child.id, 1)
+    for v in (vid, child.id):
+        be.evaluate(ws, v, k=2)
+    dev = ws.lineage.eval_matrix(vid)
+    assert sorted(ws.lineage.eval_matrix(child.id)) == sorted(dev) and len(dev) == 3  # eval.max_problems
+    assert all(p.startswith("arith-L1-") for p in dev)
+    trained_on = {r["prompt_id"] for r in ws.rollouts.query(f"version_id = '{child.id}' AND split = 'train'",
+                                                            limit=1000, columns=["prompt_id"])}
+    assert trained_on and all(p.startswith("arith-L2-") for p in trained_on)
+    verdict = gate(ws, child.id, findings=[])
+    assert verdict.n_problems == 3 and "cannot compare" not in verdict.reason
+    be.evaluate(ws, child.id, k=2, eval_name="test")  # the test split is the run's too: its 4 level-1 problems
+    test = ws.lineage.eval_matrix(child.id, "test")
+    assert len(test) == 4 and all(p.startswith("arith-L1-") for p in test)
+    ws.close()

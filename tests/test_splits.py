@@ -34,6 +34,24 @@ def test_default_task_gives_each_split_enough_distinct_problems():
     assert split_manifest(sp.train, sp.dev)["digest"] == split_manifest(sp.train, sp.dev, [])["digest"] != m["digest"]
 
 
+def test_a_version_on_another_level_keeps_the_runs_dev_and_test_and_never_trains_on_them():
+    # a data.level 1 -> 2 child was judged on level 2's dev problems (ids arith-L2-...), which share none with its
+    # control's: the gate could not compare them and pruned it, and 7 of its 256 training questions were in the
+    # run's dev or test split (level 2 is 10..99 + 0..9; level 1 holds 10..19 + 0..9 too)
+    root = load_run_config("examples/default.yaml").recipe.data
+    l2 = root.model_copy(update={"level": 2})
+    base, own, pinned = load_splits(root), load_splits(l2), load_splits(l2, pinned=root)
+    held = {p.prompt for p in [*base.dev, *base.test]}
+    assert not {p.id for p in own.dev} & {p.id for p in base.dev}
+    assert len({p.prompt for p in own.train} & held) == 7 and len(own.train) == 256
+    assert [p.id for p in pinned.dev] == [p.id for p in base.dev] and [p.id for p in pinned.test] == [p.id for p in base.test]
+    assert not {p.prompt for p in pinned.train} & held and len(pinned.train) == 256 - 7
+    assert all(p.id.startswith("arith-L2-") and p.meta["split"] == "train" for p in pinned.train)
+    # the same split fields: the spec's own splits (n_train, the band and the prompt never move dev / test)
+    assert load_splits(root, pinned=root) == base
+    assert load_splits(root.model_copy(update={"n_train": 100}), pinned=root).dev == base.dev
+
+
 def test_small_pool_shrinks_held_out_splits_and_too_small_is_an_error(tmp_path):
     # 400 < 2 x (150 + 100): a fifth (80) for each held-out split, train min(256, 400 - 160) = 240
     sp = load_splits(DataSpec(level=1, n_heldout=150, n_test=100))

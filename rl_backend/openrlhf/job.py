@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.errors import EvoTrainerError
 from evotrainer.recipe import Recipe
-from evotrainer.rl_backend.tasks import build_messages, load_problems
+from evotrainer.rl_backend.tasks import build_messages, load_splits
 
 PINNED_VERSION = "0.11.2"
 """The OpenRLHF version of the ``openrlhf`` extra; the previous minor (0.10.x) is supported too."""
@@ -236,11 +236,14 @@ def write_reward_file(path: str | Path, recipe: Recipe, tokenizer: str | None) -
 
 
 def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", steps: int = 8,
-              cluster: ClusterSpec | None = None, model_path: str | None = None) -> OpenRLHFJob:
+              cluster: ClusterSpec | None = None, model_path: str | None = None,
+              pinned: Any = None) -> OpenRLHFJob:
     """Turn a recipe into an OpenRLHF GRPO job and write its input files.
 
     Args:
         recipe: the version's recipe.
+        pinned: the run's root data spec: its dev and test splits are held out of the job's training prompts and
+            its dev split is the job's held-out file (``tasks.load_splits``); None: the recipe's own.
         run_dir: the run folder; files go to ``run_dir/openrlhf/<version_id>/``.
         version_id: the version this job trains.
         steps: training steps (rollout batches of ``recipe.rollout_batch_size`` prompts).
@@ -277,7 +280,7 @@ def build_job(recipe: Recipe, run_dir: str | Path, *, version_id: str = "v0", st
     job_dir = (Path(run_dir) / "openrlhf" / version_id).resolve()
     job_dir.mkdir(parents=True, exist_ok=True)
     out_dir = Path(cluster.output_dir).resolve() / version_id if cluster.output_dir else job_dir
-    train, heldout = load_problems(recipe.data)
+    train, heldout, _ = load_splits(recipe.data, pinned=pinned)
     rng = random.Random(recipe.seed)
     order: list = []
     while len(order) < steps * recipe.rollout_batch_size:  # epochs over the train set, reshuffled each time
