@@ -131,7 +131,9 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
         modes: run modes (:data:`evotrainer.agents.modes.MODES`).
         seeds: seeds, e.g. ``[0, 1, 2]``.
         out: output folder (runs under ``out/runs``).
-        parallel: runs at a time, as separate processes (1: in this process).
+        parallel: runs at a time, as separate processes (1: in this process). With more than one, a config's
+            ``executor: auto`` becomes ``inline``: the runs already share the CPUs, and each loop's Ray branches would
+            multiply the processes (and the memory) by ``max_parallel``.
         brain: the evotrainer mode's brain.
         on_progress: ``(run_name, done, total)`` after each run (the CLI's progress bar).
         baseline: a ``compare.json`` of an earlier comparison whose stored runs fill the (mode, seed) pairs this
@@ -153,6 +155,8 @@ def compare(config: Any, modes: list[str], seeds: list[int], out: str | Path, pa
                            "set data.n_test (e.g. 100)")
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    if parallel > 1 and getattr(config, "executor", None) == "auto":
+        config = config.model_copy(update={"executor": "inline"})
     jobs = [(m, s) for s in seeds for m in modes]
     todo = [(m, s) for m, s in jobs if not _finished(Path(run_config(config, m, s, out).run_dir))]
     done = len(jobs) - len(todo)

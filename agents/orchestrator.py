@@ -24,6 +24,7 @@ the same seed (the heuristic brain and the backend are deterministic).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from evotrainer.agents.backtester import Backtester
@@ -44,7 +45,7 @@ from evotrainer.agents.loop import (
 )
 from evotrainer.agents.mcp_client import ToolBox, ToolCallError
 from evotrainer.config import RunConfig
-from evotrainer.executor import Task, make_executor
+from evotrainer.executor import Task, choose_executor, make_executor
 from evotrainer.harness.gate import round_decisions
 from evotrainer.intervention import change_key
 from evotrainer.lineage import CONTROL, NUM, LineageError
@@ -78,6 +79,7 @@ class Orchestrator(LoopBase):
         self.backtester = Backtester(brain, toolbox)
         self.author = f"orchestrator/{brain.name}"
         self._executor: Any = None  # evotrainer.executor, made at the first round with executor: ray
+        self._executor_kind: str | None = None  # executor: auto resolved (:meth:`executor_kind`)
 
     # --- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -583,6 +585,65 @@ class Orchestrator(LoopBase):
         self.log(f"round {r}: nothing kept or selectable; the frontier stays at {cur}")
         return cur
 
+    def executor_kind(self) -> str:
+        """``inline`` or ``ray``: the config's ``executor``, ``auto`` resolved once per process by
+        :func:`~evotrainer.executor.choose_executor` from the root checkpoint's weight size (logged with why)."""
+        if self._executor_kind is None:
+            weights = None
+            ckpt = (self.version(self.root_id()).get("checkpoint") or "") if self.config.executor == "auto" else ""
+            if ckpt and Path(ckpt).is_dir():
+                weights = sum(f.stat().st_size for f in Path(ckpt).iterdir()
+                              if f.suffix in (".safetensors", ".bin", ".pt") and f.is_file())
+            kind, why = choose_executor(self.config.executor, backend=self.config.backend,
+                                        max_parallel=self.config.max_parallel, threads=self.config.branch_threads,
+                                        weights_bytes=weights)
+            if self.config.executor == "auto":
+                self.log(why)
+            self._executor_kind = kind
+        return self._executor_kind
+
+    def _ray(self) -> Any:
+        """The Ray executor of this run (started on first use, closed at the end of :meth:`run`)."""
+        if self._executor is None:
+            self._executor = make_executor("ray", ray_address=self.config.ray_address,
+                                           max_parallel=self.config.max_parallel,
+                                           threads=self.config.branch_threads, backend=self.config.backend)
+        return self._executor
+
+    def _store_eval(self, vid: str, eval_name: str, e: dict[str, Any]) -> None:
+        """An executor's evaluation stored as the loop's eval stage (kv ``loop/eval/<v>/<name>``), which
+        :meth:`~evotrainer.agents.loop.LoopBase.evaluate` then finds done."""
+        self.lineage.kv_set(f"loop/eval/{vid}/{eval_name}", {
+            "k": e.get("k"), "avg@k": e["avg_at_k"], "pass@k": e.get("pass_at_k"), "pass@1": e.get("pass_at_1"),
+            "n_problems": e.get("n_problems"), "eval_name": eval_name, "gen_tokens": int(e.get("gen_tokens") or 0),
+            "wall_s": e.get("wall_s")})
+
+    def _worker_cpu(self, results: list[Any]) -> None:
+        """The workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own."""
+        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s", expected=NUM) or 0.0)
+                            + sum(res.cpu_s for res in results))
+
+    def final_test(self, final: str | None) -> dict[str, Any]:
+        """:meth:`~evotrainer.agents.loop.LoopBase.final_test`; with Ray's executor the two test evaluations (the
+        no-RL row and the answer) run side by side first, as two tasks, and are then read as done (one that failed
+        runs again in this process)."""
+        if self.executor_kind() == "ray" and final is not None and self.config.recipe.data.n_test:
+            root, k = self.root_id(), self.config.test_k or self.config.recipe.eval.k
+            todo = [Task(version_id=v, evaluate=True, k=k, eval_name=name)
+                    for v, name in ((root, "no_rl_test"), (final, "test")) if not self.done(f"eval/{v}/{name}")]
+            if todo:
+                self.lineage.kv_set("loop/test_unsealed", True)
+                self.log(f"evaluating {root} (no_rl_test) and {final} (test) side by side on Ray")
+                results = self._ray().run(self.ws.root, todo)
+                self._worker_cpu(results)
+                for task, res in zip(todo, results, strict=True):
+                    if res.status == "done" and res.eval and res.eval.get("avg_at_k") is not None:
+                        self._store_eval(task.version_id, task.eval_name, res.eval)
+                    else:
+                        self.log(f"{task.version_id} ({task.eval_name}) on Ray: {res.status} ({res.error[:300]}); "
+                                 "evaluated again in this process", version=task.version_id)
+        return super().final_test(final)
+
     def train_side_by_side(self, vids: list[str]) -> None:
         """``executor: ray``: train and evaluate (dev) the round's versions side by side, at most ``max_parallel``
         at once, through :mod:`evotrainer.executor` (a Ray task per version running our CLI on that version).
@@ -596,34 +657,25 @@ class Orchestrator(LoopBase):
         Raises:
             LineageError: kv ``loop/worker_cpu_s`` is no number (a crafted or damaged run folder).
         """
-        if self.config.executor != "ray":
+        if self.executor_kind() != "ray":
             return
         todo = [v for v in vids if self.status(v) not in (*DECIDED, "failed")
                 and not self.done(f"eval/{v}/heldout")]
         if not todo:
             return
-        if self._executor is None:
-            self._executor = make_executor("ray", ray_address=self.config.ray_address,
-                                           max_parallel=self.config.max_parallel,
-                                           threads=self.config.branch_threads, backend=self.config.backend)
+        executor = self._ray()
         steps = self.config.budget.steps_per_version
-        self.log(f"training {', '.join(todo)} side by side on Ray (at most {self._executor.max_parallel} at once)")
+        self.log(f"training {', '.join(todo)} side by side on Ray (at most {executor.max_parallel} at once)")
 
         def progress(vid: str, kind: str, done: int, total: int) -> None:
             self.emit("progress", {"version": vid, "what": kind, "done": done, "total": total})
 
-        results = self._executor.run(self.ws.root, [Task(version_id=v, steps=steps, evaluate=True) for v in todo],
-                                     progress=progress)
-        # the workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own
-        self.lineage.kv_set("loop/worker_cpu_s", float(self.lineage.kv_get("loop/worker_cpu_s", expected=NUM) or 0.0)
-                            + sum(res.cpu_s for res in results))
+        results = executor.run(self.ws.root, [Task(version_id=v, steps=steps, evaluate=True) for v in todo],
+                               progress=progress)
+        self._worker_cpu(results)
         for res in results:  # (the progress calls ended at each branch's last step: its bars are full)
             if res.status == "done" and res.eval and res.eval.get("avg_at_k") is not None:
-                e = res.eval
-                self.lineage.kv_set(f"loop/eval/{res.version_id}/heldout", {
-                    "k": e.get("k"), "avg@k": e["avg_at_k"], "pass@k": e.get("pass_at_k"),
-                    "pass@1": e.get("pass_at_1"), "n_problems": e.get("n_problems"), "eval_name": "heldout",
-                    "gen_tokens": int(e.get("gen_tokens") or 0), "wall_s": e.get("wall_s")})
+                self._store_eval(res.version_id, "heldout", res.eval)
             elif res.status != "done":
                 self.log(f"{res.version_id} on Ray: {res.status} ({res.error[:300]}); it is trained again "
                          "through MCP", version=res.version_id)

@@ -100,12 +100,14 @@ class RunConfig(BaseModel):
     claude_model: str = Field("claude-sonnet-5-5", description="Anthropic model id for the Claude brain.")
     backend: Literal["local", "openrlhf"] = Field("local", description="Training backend.")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seed of the loop's own choices.")
-    executor: Literal["inline", "ray"] = Field(
-        "inline", description="Where a round's branches train: inline (one after another, this process) or ray "
-                              "(Ray tasks side by side, evotrainer.executor).")
+    executor: Literal["auto", "inline", "ray"] = Field(
+        "inline", description="Where a round's branches train: inline (one after another, this process), ray "
+                              "(Ray tasks side by side, evotrainer.executor), or auto (ray where Ray is installed and "
+                              "2 branches fit the CPUs and the available memory, else inline; "
+                              "evotrainer.executor.choose_executor).")
     ray_address: str | None = Field(None, description="executor=ray: the cluster to use (host:port, ray://..., "
                                                       "auto); empty: a local cluster started for the run.")
-    max_parallel: int = Field(2, ge=1, le=1024, description="executor=ray: branches trained at the same time.")
+    max_parallel: int = Field(2, ge=1, le=1024, description="executor=ray (or auto): branches trained at the same time.")
     branch_threads: int | None = Field(
         1, ge=1, le=BRANCH_THREADS_MAX,
         description="executor=ray: torch CPU threads (and Ray CPUs) per branch (<= 1,024). 1: on a loaded 2-core "

@@ -451,6 +451,79 @@ def _mark_interrupted(root: Path, job_ids: list[str], wait_s: float = 10.0) -> l
         store.close()
 
 
+BRANCH_OVERHEAD_BYTES = 1 << 30
+"""``executor: auto``'s estimate of one branch process's memory beyond its fp32 AdamW state: the libraries (torch,
+transformers: ~0.4 GiB), a micro-batch's activations and the allocator's slack (SmolLM2-135M's worker: ~0.6 GiB
+over its 2.1 GiB of weights, gradients and moments, docs/performance.md §14)."""
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, as a container's cpuset sees it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (the kernel's estimate of what can be allocated without
+    swapping); None where there is no such file (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def choose_executor(kind: str, *, backend: str = "local", max_parallel: int = 2, threads: int | None = 1,
+                    weights_bytes: int | None = None) -> tuple[str, str]:
+    """The executor a run uses, and why: ``executor: inline`` / ``ray`` as given; ``auto`` picks Ray's branches
+    side by side where they pay and fit, else inline.
+
+    ``auto`` is ``ray`` when all hold: the local backend (an OpenRLHF job is a cluster's own business: name
+    ``ray`` for it); Ray importable; at least 2 branches of ``threads`` CPUs each fit in this process's CPUs; and
+    ``MemAvailable`` holds the branches side by side: ``min(max_parallel, CPUs // threads)`` x (4 x
+    ``weights_bytes`` + :data:`BRANCH_OVERHEAD_BYTES`), i.e. fp32 weights, their gradients and AdamW's two moments
+    per branch (``weights_bytes``: the root checkpoint's weight files; unknown: 0, the overhead alone). Measured on
+    the default config, 2 cores: inline 1 branch at a time against 2 side by side, docs/performance.md §14.
+
+    Args:
+        kind: ``inline`` | ``ray`` | ``auto``.
+        weights_bytes: size of the policy's saved weights in bytes (fp32 as the local backend saves them).
+
+    Returns:
+        ``(kind, reason)``: ``"inline"`` or ``"ray"``, and one sentence for the run's log.
+
+    Raises:
+        ExecutorError: unknown kind.
+    """
+    if kind in ("inline", "ray"):
+        return kind, f"executor: {kind} (the config's)"
+    if kind != "auto":
+        raise ExecutorError(f"executor={kind!r}: allowed: auto, inline, ray")
+    if backend != "local":
+        return "inline", f"executor auto: inline (the {backend} backend: set executor: ray to run its jobs on Ray)"
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "inline", "executor auto: inline (Ray is not installed: pip install 'ray>=2.40' to train branches " \
+                         "side by side)"
+    cpus, per = _cpus(), max(1, threads or 1)
+    n = min(max_parallel, cpus // per)
+    if n < 2:
+        return "inline", (f"executor auto: inline ({cpus} CPU(s) for branches of {per} thread(s): fewer than 2 "
+                          "side by side)")
+    need = n * (4 * max(0, weights_bytes or 0) + BRANCH_OVERHEAD_BYTES)
+    avail = _mem_available()
+    if avail is not None and avail < need:
+        return "inline", (f"executor auto: inline ({n} branches side by side need ~{need / 2**30:.1f} GiB, "
+                          f"{avail / 2**30:.1f} GiB available)")
+    return "ray", (f"executor auto: ray, {n} branches of {per} thread(s) side by side (~{need / 2**30:.1f} GiB of "
+                   f"{'an unknown' if avail is None else f'{avail / 2**30:.1f} GiB'} available)")
+
+
 def make_executor(kind: str = "inline", *, ray_address: str | None = None, max_parallel: int = 2,
                   threads: int | None = None, backend: str = "local", **kwargs: Any) -> Executor:
     """An executor by name (``executor:`` of the run config).

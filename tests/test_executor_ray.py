@@ -252,9 +252,11 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
     from evotrainer.config import load_run_config
 
     base = load_run_config(ROOT / "examples/tiny.yaml")
+    data = base.recipe.data.model_copy(update={"n_test": 8})  # a test split: the final test evaluations run too
     base = base.model_copy(update={"budget": base.budget.model_copy(update={"max_versions": 2,
                                                                           "steps_per_version": 2,
-                                                                          "branches_per_round": 1})})
+                                                                          "branches_per_round": 1}),
+                                   "recipe": base.recipe.model_copy(update={"data": data}), "test_k": 2})
     runs = {}
     for name, update in (("inline", {}), ("ray", {"executor": "ray", "max_parallel": 2, "branch_threads": 1})):
         # each run its own skill memory: a run's recorded outcomes steer the next run's choices
@@ -275,8 +277,29 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
         # their CPU-seconds are part of the run's compute (loop/compute cpu_s = this process + the workers)
         workers = s.kv_get("loop/worker_cpu_s")
         assert workers > 0 and s.kv_get("loop/compute")["cpu_s"] >= workers
+        # the two test evaluations ran side by side on Ray workers, with the inline run's outcomes
+        tests = [j for j in s.jobs() if j.kind == "eval" and j.pid != os.getpid()]
+        assert len(tests) == 2 + len(jobs)  # the arms' dev evaluations and the two test ones
     finally:
         s.close()
+
+    def final(root: Path) -> tuple[dict, list]:
+        import sqlite3
+
+        s = LineageStore(root / "lineage.db", readonly=True)
+        try:
+            out = {k: ({f: v for f, v in e.items() if f not in ("wall_s", "cpu_s")} if isinstance(e, dict) else e)
+                   for k, e in s.kv_get("loop/final").items()}
+        finally:
+            s.close()
+        with sqlite3.connect(root / "lineage.db") as db:
+            rows = db.execute("SELECT version_id, eval_name, problem_id, sample_idx, correct, completion FROM "
+                              "eval_samples WHERE eval_name IN ('test', 'no_rl_test') ORDER BY 1, 2, 3, 4").fetchall()
+        return out, rows
+
+    (f_inline, rows_inline), (f_ray, rows_ray) = final(runs["inline"]), final(runs["ray"])
+    assert f_inline == f_ray and f_ray["test"]["n_problems"] == 8 and f_ray["test"]["k"] == 2
+    assert rows_inline == rows_ray and len(rows_ray) == 2 * 8 * 2
 
 
 def test_executor_joins_a_cluster_started_with_ray_start(base_run, tmp_path):
