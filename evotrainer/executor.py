@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -505,8 +506,6 @@ def choose_executor(kind: str, *, backend: str = "local", max_parallel: int = 2,
         raise ExecutorError(f"executor={kind!r}: allowed: auto, inline, ray")
     if backend != "local":
         return "inline", f"executor auto: inline (the {backend} backend: set executor: ray to run its jobs on Ray)"
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         return "inline", "executor auto: inline (Ray is not installed: pip install 'ray>=2.40' to train branches " \
                          "side by side)"
