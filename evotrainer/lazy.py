@@ -28,6 +28,7 @@ import importlib.util
 import re
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -151,12 +152,22 @@ def defer_package_init(name: str) -> bool:
     return True
 
 
+LANCEDB_FORK_WARNING = "lancedb fork support is experimental"
+"""The start of the RuntimeWarning LanceDB's after-fork hook (``lancedb.background_loop``) prints in a forked child.
+Our processes fork only to exec (``subprocess`` with a ``preexec_fn``: the sandbox's limits, Ray's workers), and the
+hook runs before the child's stderr is redirected, so the warning reached the user's terminal once per such start
+(15 times over the three runs of an ``evotrainer compare``) about a deadlock risk of children that never run
+LanceDB. :func:`import_lancedb` silences that one message."""
+
+
 def import_lancedb() -> ModuleType:
     """``lancedb``, imported with the :data:`DEFERRED_INITS` deferred (:func:`defer_package_init`): ~0.6 s less per
-    process on this machine (docs/performance.md §1), what ``evotrainer skills search`` from the shell pays.
+    process on this machine (docs/performance.md §1), what ``evotrainer skills search`` from the shell pays, and
+    its after-fork warning filtered (:data:`LANCEDB_FORK_WARNING`).
     Call it instead of ``import lancedb`` where a process may import LanceDB first."""
     with _DEFER_LOCK:  # one deferral per package, whichever thread gets here first
         if "lancedb" not in sys.modules:
             for name in DEFERRED_INITS:
                 defer_package_init(name)
+            warnings.filterwarnings("ignore", message=LANCEDB_FORK_WARNING, category=RuntimeWarning)
     return importlib.import_module("lancedb")

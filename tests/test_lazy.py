@@ -94,3 +94,19 @@ def test_import_lancedb_leaves_the_rest_namespace_apis_unimported_until_read():
             "import lance_namespace; print(lance_namespace.LanceNamespace.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["False", "True", "True", "LanceNamespace"]
+
+
+def test_a_process_that_loaded_lancedb_starts_subprocesses_without_its_fork_warning():
+    """A subprocess started with a ``preexec_fn`` (the sandbox's limits, Ray's workers) ran LanceDB's after-fork hook,
+    whose RuntimeWarning reached the parent's terminal (the hook runs before the child's stderr is redirected): 15
+    times over the three runs of an ``evotrainer compare``. The same start after ``import lancedb`` alone still
+    warns (so the test can see the warning at all)."""
+    start = ("import subprocess, sys; r = subprocess.run(['true'], preexec_fn=lambda: None, capture_output=True); "
+             "print(r.returncode)")
+    plain = subprocess.run([sys.executable, "-c", "import lancedb; " + start], capture_output=True, text=True,
+                           timeout=300, check=True)
+    ours = subprocess.run([sys.executable, "-c", "from evotrainer.lazy import import_lancedb; import_lancedb(); "
+                           + start], capture_output=True, text=True, timeout=300, check=True)
+    assert plain.stdout.split() == ours.stdout.split() == ["0"]
+    assert "lancedb fork support is experimental" in plain.stderr
+    assert "fork support" not in ours.stderr and ours.stderr == ""
