@@ -20,7 +20,7 @@ from evotrainer.errors import EvoTrainerError
 from evotrainer.rl_backend.tasks import NO_RL_TEST_EVAL, TEST_EVAL, TEST_EVALS, is_test_eval
 
 __all__ = ["NO_RL_TEST_EVAL", "TEST_EVAL", "TEST_EVALS", "Backend", "BackendError", "EvalResult", "ProgressFn",
-           "AfterStepFn", "StopFn", "TrainResult", "is_test_eval"]
+           "AfterStepFn", "StopFn", "TrainResult", "is_test_eval", "run_data"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
 StopFn = Callable[[], bool]
@@ -28,6 +28,13 @@ AfterStepFn = Callable[[int], dict[str, Any] | None]
 """``after_step(steps_done)``: called once a step's metrics and rollouts are stored (``steps_done`` 1-based, resumed
 steps included); a dict return stops training there (the trainer saves the checkpoint at that step as usual) and is
 returned as :attr:`TrainResult.early_stop`; None goes on. E.g. a mid-training early stop by an analyzer's verdict."""
+
+
+def run_data(ws: Any) -> Any:
+    """The run's root data spec, whose dev and test splits every version of the run is trained around and judged
+    on (:func:`~evotrainer.rl_backend.tasks.load_splits` ``pinned``, both backends); None in a run without a root."""
+    root = ws.lineage.root()
+    return root.recipe.data if root is not None else None
 
 
 class TrainResult(BaseModel):

@@ -51,7 +51,15 @@ from evotrainer.estimators import avg_at_k, mean_pass_at_k
 from evotrainer.lineage import import_source
 from evotrainer.recipe import RewardComponent
 from evotrainer.rl_backend import grpo
-from evotrainer.rl_backend.base import AfterStepFn, BackendError, EvalResult, ProgressFn, StopFn, TrainResult
+from evotrainer.rl_backend.base import (
+    AfterStepFn,
+    BackendError,
+    EvalResult,
+    ProgressFn,
+    StopFn,
+    TrainResult,
+    run_data,
+)
 from evotrainer.rl_backend.models import (
     PolicyBundle,
     configure_threads,
@@ -329,13 +337,6 @@ def _scatter(pieces: list[Piece], values: list[torch.Tensor], shape: tuple[int, 
     return full
 
 
-def _run_data(ws: Any) -> Any:
-    """The run's root data spec, whose dev and test splits every version of the run is trained around and judged
-    on (:func:`~evotrainer.rl_backend.tasks.load_splits` ``pinned``); None in a run without a root."""
-    root = ws.lineage.root()
-    return root.recipe.data if root is not None else None
-
-
 class LocalBackend:
     """Embedded GRPO trainer and evaluator (the ``local`` backend of docs/interfaces.md).
 
@@ -442,7 +443,7 @@ class LocalBackend:
         _drop_rollouts_after(ws, vid, first_step - 1)
         if resumed is not None:
             ws.log(f"resuming {vid} after step {resumed}", version=vid, source="local")
-        pinned = _run_data(ws)
+        pinned = run_data(ws)
         train_set = load_splits(recipe.data, pinned=pinned).train
         kl_on = recipe.kl_enabled
         bundle = load_policy(recipe.model, checkpoint=load_from, kl=kl_on, device=self.device)
@@ -762,7 +763,7 @@ class LocalBackend:
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
                                                          version_id=version_id,
                                                          step=max(0, ws.lineage.last_step(version_id)),
-                                                         split="test" if test else "dev", pinned=_run_data(ws))
+                                                         split="test" if test else "dev", pinned=run_data(ws))
         ws.lineage.log_eval_samples(version_id, eval_name, samples)
         if not test:
             ws.rollouts.add(records)

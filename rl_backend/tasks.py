@@ -450,12 +450,17 @@ def load_splits(data: DataSpec, pass_rates: Mapping[str, float] | None = None,
             or all(getattr(pinned, f) == getattr(data, f) for f in SPLIT_FIELDS)):
         return own
     ref = _splits_of(pinned, None)
-    keys, ids = {_key(p.prompt) for p in [*ref.dev, *ref.test]}, {p.id for p in [*ref.dev, *ref.test]}
-    train = [p for p in own.train if _key(p.prompt) not in keys and p.id not in ids]
+    train = _not_held(own.train, [*ref.dev, *ref.test])
     if not train:
         raise TaskError(f"data: every training problem of this data spec is in the run's dev or test split "
                         f"({len(own.train)} before); change data.level / data.task / data.path back or raise n_train")
     return Splits(train, ref.dev, ref.test)
+
+
+def _not_held(problems: list[Problem], held: list[Problem]) -> list[Problem]:
+    """``problems`` less every one whose question key (normalised prompt) or id is among ``held``, in order."""
+    keys, ids = {_key(p.prompt) for p in held}, {p.id for p in held}
+    return [p for p in problems if _key(p.prompt) not in keys and p.id not in ids]
 
 
 def _splits_of(data: DataSpec, pass_rates: Mapping[str, float] | None) -> Splits:
@@ -488,9 +493,7 @@ def _splits_of(data: DataSpec, pass_rates: Mapping[str, float] | None) -> Splits
         rest = list(pool)
         rng.shuffle(rest)
         n_train = data.n_train
-    held_keys = {_key(p.prompt) for p in [*heldout, *test]}
-    held_ids = {p.id for p in [*heldout, *test]}
-    train = [p for p in rest if _key(p.prompt) not in held_keys and p.id not in held_ids][:n_train]
+    train = _not_held(rest, [*heldout, *test])[:n_train]
     if not train or not heldout or len(test) < min(1, data.n_test):
         raise TaskError(f"data: got {len(train)} train / {len(heldout)} dev / {len(test)} test problems; "
                         "point data.path at a bigger file or lower n_train / n_heldout / n_test")

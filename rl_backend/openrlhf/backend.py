@@ -16,7 +16,7 @@ from typing import Any
 
 from evotrainer import metrics as M
 from evotrainer.recipe import Recipe, load_recipe
-from evotrainer.rl_backend.base import EvalResult, TrainResult
+from evotrainer.rl_backend.base import EvalResult, TrainResult, run_data
 from evotrainer.rl_backend.openrlhf.ingest import ingest_run, summarize
 from evotrainer.rl_backend.openrlhf.job import (
     PINNED_VERSION,
@@ -72,9 +72,8 @@ class OpenRLHFBackend:
         v = ws.lineage.get(version_id)
         start = ws.lineage.start_version(version_id)  # the parent, or earlier when its weights are damaged
         parent_ckpt = start.checkpoint if start is not None else None
-        root = ws.lineage.root()
         job = build_job(v.recipe, ws.root, version_id=version_id, steps=steps, cluster=self.cluster,
-                        model_path=_hf_folder(parent_ckpt), pinned=root.recipe.data if root is not None else None)
+                        model_path=_hf_folder(parent_ckpt), pinned=run_data(ws))
         ws.lineage.update_version(version_id, status="training")
         ref = submit(job)
         ws.lineage.kv_set(f"openrlhf/{version_id}", {"ref": ref, "job": job.model_dump()})
