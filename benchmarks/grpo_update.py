@@ -8,7 +8,9 @@ same weights, cycling through the paths ``--repeat`` times (peers interleaved, s
 load): ``packed`` (``trim_padding=True, pack_completions=True``: each group one sequence of real tokens),
 ``trimmed`` (``pack_completions=False``: length-sorted runs, each padded to its longest row) and ``plain``
 (``trim_padding=False``), and, with ``--paths ...,packed-dense``, the packed path with torch's ``nn.Embedding``
-backward instead of the in-place one (``models.InPlaceGradEmbedding``, the default; docs/performance.md §12). Reports the median wall and CPU seconds of each, the ratios to ``plain``, the
+backward instead of the in-place one (``models.InPlaceGradEmbedding``, the default; docs/performance.md §12), with
+``packed-dense-head`` the packed path with torch's ``nn.Linear`` LM head instead of the in-place weight gradient
+(``models.InPlaceGradLinear``, the default; §15). Reports the median wall and CPU seconds of each, the ratios to ``plain``, the
 tokens each path feeds (packed: prompt once per piece + completion tokens; padded paths: rows x width, plus
 the prompt once per piece) and the largest relative difference of each path's metrics from ``plain``'s (they
 must agree: the correctness test is tests/test_grpo_fast_paths.py).
@@ -66,9 +68,11 @@ def main(argv: list[str] | None = None) -> dict:
     rewards = torch.tensor(rw.total, dtype=torch.float64)
     state = copy.deepcopy(bundle.model.state_dict())
     settings = {"packed": (True, True), "trimmed": (True, False), "plain": (False, False),
-                "packed-dense": (True, True)}
+                "packed-dense": (True, True), "packed-dense-head": (True, True)}
     emb = bundle.model.get_input_embeddings()
     fast_cls = type(emb)
+    head = bundle.model.get_output_embeddings()
+    fast_head_cls = type(head)
     paths = [p for p in a.paths.split(",") if p]
     secs: dict[str, list[float]] = {p: [] for p in paths}
     cpu: dict[str, list[float]] = {p: [] for p in paths}
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
             bundle.model.load_state_dict(state)
             bundle.model.train()
             emb.__class__ = torch.nn.Embedding if path == "packed-dense" else fast_cls
+            head.__class__ = torch.nn.Linear if path == "packed-dense-head" else fast_head_cls
             opt = make_optimizer(bundle, 1e-6, 0.0)  # the trainer's (fused) AdamW
             backend = LocalBackend(device="cpu", num_threads=a.threads, trim_padding=trim, pack_completions=pack)
             t0, c0 = time.perf_counter(), time.process_time()
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         res[f"{p}_tokens_fed"] = fed(p)
         res[f"{p}_forwards"] = len(_pieces(recipe, rb, *settings[p][:1],
                                            pack_attention_cost(bundle.model) if settings[p][1] else None))
-        base = "packed" if p == "packed-dense" else "plain"
+        base = "packed" if p.startswith("packed-dense") else "plain"
         if base in metrics and p != base:
             ref = metrics[base]
             res[f"{p}_cpu_speed-up"] = round(cmed[base] / cmed[p], 2)

@@ -7,9 +7,11 @@ Python heap (tracemalloc, MiB; only with ``--tracemalloc``), and the number of l
 ``torch.nn.Module`` / ``torch.optim.Optimizer`` objects (gc), which must be 0 between versions.
 
 Usage: ``python benchmarks/memory_versions.py [--model tiny-random|smollm2-135m-instruct]
-[--versions 4] [--steps 2] [--kl] [--eval] [--no-release] [--resident-reference] [--dense-embedding-grad] [--json]``
+[--versions 4] [--steps 2] [--kl] [--eval] [--no-release] [--resident-reference] [--dense-embedding-grad]
+[--dense-head-grad] [--json]``
 (``--resident-reference``: the peer of the offloaded KL reference, docs/performance.md §11; ``--dense-embedding-grad``:
-the peer of the in-place embedding backward, torch's ``nn.Embedding``, §12; ``--no-release``: the peer,
+the peer of the in-place embedding backward, torch's ``nn.Embedding``, §12; ``--dense-head-grad``: the peer of the
+LM head's in-place weight gradient, torch's ``nn.Linear``, §15; ``--no-release``: the peer,
 without :func:`~evotrainer.rl_backend.models.release_memory`; run both, one after the other). SmolLM2 with 1 step per version and short
 lengths takes ~1-2 minutes of CPU here.
 """
@@ -72,11 +74,13 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the peer: keep the KL reference's weights resident (offload_reference=False, before §11)")
     ap.add_argument("--dense-embedding-grad", action="store_true",
                     help="the peer: torch's nn.Embedding backward (inplace_embedding_grad=False, before §12)")
+    ap.add_argument("--dense-head-grad", action="store_true",
+                    help="the peer: torch's nn.Linear LM head backward (inplace_head_grad=False, before §15)")
     a = ap.parse_args(argv)
 
     from evotrainer.rl_backend.local import LocalBackend
 
-    if a.resident_reference or a.dense_embedding_grad:
+    if a.resident_reference or a.dense_embedding_grad or a.dense_head_grad:
         import functools
 
         from evotrainer.rl_backend import local, models
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
             peer["offload_reference"] = False
         if a.dense_embedding_grad:
             peer["inplace_embedding_grad"] = False
+        if a.dense_head_grad:
+            peer["inplace_head_grad"] = False
         local.load_policy = functools.partial(models.load_policy, **peer)
 
     if a.no_release:
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
                 temp = new
         ws.close()
     out = {"model": a.model, "release_memory": not a.no_release, "offload_reference": not a.resident_reference,
-           "inplace_embedding_grad": not a.dense_embedding_grad,
+           "inplace_embedding_grad": not a.dense_embedding_grad, "inplace_head_grad": not a.dense_head_grad,
            "kl": a.kl, "eval": a.eval, "steps_per_version": a.steps, "versions": rows,
            "growth_after_v2_mib": round(rows[-1]["rss_after_gc_mib"] - rows[min(1, len(rows) - 1)]["rss_after_gc_mib"], 1),
            "load_avg_1m": os.getloadavg()[0]}

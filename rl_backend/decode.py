@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from evotrainer.rl_backend.grpo import selective_log_softmax
+from evotrainer.rl_backend.models import InPlaceGradLinear
 
 
 @functools.cache
@@ -115,7 +116,8 @@ def unsupported_reason(model: Any) -> str | None:
     linear = [model.lm_head] + [m for layer in inner.layers for m in (
         layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
-    if any(type(m) is not torch.nn.Linear for m in linear):
+    # InPlaceGradLinear: the training LM head, a plain Linear without gradient (models.py)
+    if any(type(m) not in (torch.nn.Linear, InPlaceGradLinear) for m in linear):
         return "a projection is not a plain nn.Linear (LoRA or quantised layer)"
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
         return "forward hooks registered"

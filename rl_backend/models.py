@@ -328,7 +328,7 @@ def release_memory() -> bool:
 
 def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool = False,
                 device: torch.device | None = None, offload_reference: bool | None = None,
-                inplace_embedding_grad: bool = True) -> PolicyBundle:
+                inplace_embedding_grad: bool = True, inplace_head_grad: bool = True) -> PolicyBundle:
     """Load the policy for training or sampling.
 
     Args:
@@ -343,6 +343,9 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
         inplace_embedding_grad: full fine-tuning: the input embedding's backward adds into ``weight.grad`` in
             place (:class:`InPlaceGradEmbedding`; no (V, d) temporaries); False keeps torch's module (the peer
             of ``benchmarks/memory_versions.py --dense-embedding-grad``).
+        inplace_head_grad: full fine-tuning: the LM head's backward adds its weight gradient into ``weight.grad``
+            in place (:class:`InPlaceGradLinear`; no (V, d) temporary); False keeps torch's module (the peer of
+            ``benchmarks/memory_versions.py --dense-head-grad``).
 
     Raises:
         ModelError: model or checkpoint cannot be loaded, or the checkpoint's LoRA setting differs
@@ -390,7 +393,9 @@ def load_policy(model_spec: Any, checkpoint: str | Path | None = None, kl: bool 
     model.config.pad_token_id = tok.pad_token_id
     model.to(device)
     if not lora and inplace_embedding_grad:
-        use_inplace_embedding_grad(model)  # after the reference's copy: the reference keeps the plain module
+        use_inplace_embedding_grad(model)  # after the reference's copy: the reference keeps the plain modules
+    if not lora and inplace_head_grad:
+        use_inplace_head_grad(model)
     ref_file = None
     if ref is not None and (offload_reference if offload_reference is not None else device.type == "cpu"):
         ref_file = _ref_file(f"{name}|{model_spec.dtype}", ref)
@@ -458,6 +463,69 @@ def use_inplace_embedding_grad(model: Any) -> bool:
             or emb.sparse or emb.max_norm is not None or emb.scale_grad_by_freq:
         return False
     emb.__class__ = InPlaceGradEmbedding
+    return True
+
+
+class InPlaceGradLinear(torch.nn.Linear):
+    """``nn.Linear`` (no bias; the LM head) whose backward adds its weight gradient into ``weight.grad`` in place.
+
+    torch's linear backward computes the weight gradient ``grad_outᵀ · x`` as a new (V, d) tensor, which the
+    engine's ``AccumulateGrad`` then adds into ``weight.grad``: for SmolLM2-135M's LM head (V 49,152, d 576,
+    fp32) a 113 MB temporary made at the very start of each micro-batch's backward, while every saved
+    activation of the forward is still alive: the top of the training step's memory after
+    :class:`InPlaceGradEmbedding` (docs/performance.md §15). Here the backward runs
+    ``weight.grad.addmm_(grad_outᵀ, x)`` (BLAS ``gemm`` with beta 1: the product is accumulated straight into
+    the gradient; on the first micro-batch of a step, when ``weight.grad`` is None, the product becomes the
+    gradient, as ``AccumulateGrad`` would make it) and returns no gradient for ``weight``. The input's gradient
+    ``grad_out · W`` is torch's. Same gradient up to float summation order (the first micro-batch's is the same
+    product; later ones are added by ``gemm`` instead of by a separate add), so the stepped weights match
+    torch's module within float rounding: tests/test_grpo_fast_paths.py compares the update's gradients,
+    metrics and weights with the plain modules (tied weights, two micro-batches) and, by hand, two accumulated
+    backwards of the module alone.
+
+    With tied input and output embeddings the in-place embedding backward adds its rows into the same
+    ``weight.grad`` afterwards. Used only for a trainable full fine-tune's output embedding without bias
+    (:func:`use_inplace_head_grad`); without gradient (sampling, the reference, evaluation) it is
+    ``nn.Linear.forward``. Parameter hooks (``register_post_accumulate_grad_hook``) do not fire for the weight;
+    nothing here uses them.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's name
+        if not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(input)
+        return _LinearWeightGradInPlace.apply(input, self.weight)
+
+
+class _LinearWeightGradInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)  # the same two tensors torch's linear saves (no copy)
+        return torch.nn.functional.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        x, w = ctx.saved_tensors
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (N, V)
+        x2 = x.reshape(-1, x.shape[-1]).to(g2.dtype)  # (N, d)
+        grad_x = (g2 @ w.to(g2.dtype)).view(x.shape).to(x.dtype) if ctx.needs_input_grad[0] else None
+        with torch.no_grad():
+            if w.grad is None:
+                w.grad = (g2.t() @ x2).to(w.dtype)
+            else:
+                w.grad.addmm_(g2.t().to(w.grad.dtype), x2.to(w.grad.dtype))
+        return grad_x, None
+
+
+def use_inplace_head_grad(model: Any) -> bool:
+    """Make ``model``'s output embedding (LM head) an :class:`InPlaceGradLinear` (class swap, same parameters and
+    state dict) when it is a plain trainable ``nn.Linear`` without bias; False (unchanged) otherwise (LoRA-frozen,
+    with a bias, or another module)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is InPlaceGradLinear:
+        return True
+    if type(head) is not torch.nn.Linear or head.bias is not None or not head.weight.requires_grad:
+        return False
+    head.__class__ = InPlaceGradLinear
     return True
 
 

@@ -14,6 +14,10 @@
 - The input embedding's in-place backward (``models.InPlaceGradEmbedding``, the default of full fine-tuning):
   the update's gradients equal torch's ``nn.Embedding``'s (tied weights, two micro-batches); alone, with
   ``padding_idx``, repeated ids and untied weights, over two accumulated backwards.
+- The LM head's in-place weight gradient (``models.InPlaceGradLinear``, the default of full fine-tuning): the
+  update's gradients, metrics and stepped weights equal torch's ``nn.Linear``'s (tied weights, two
+  micro-batches); alone, by hand, over two accumulated backwards (the first makes ``weight.grad``, the second
+  adds into it in place), with the input's gradient equal to torch's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,13 @@ from evotrainer.rl_backend.local import (
     _split_sorted,
     pack_attention_cost,
 )
-from evotrainer.rl_backend.models import InPlaceGradEmbedding, load_policy, use_inplace_embedding_grad
+from evotrainer.rl_backend.models import (
+    InPlaceGradEmbedding,
+    InPlaceGradLinear,
+    load_policy,
+    use_inplace_embedding_grad,
+    use_inplace_head_grad,
+)
 from evotrainer.rl_backend.sampling import (
     RolloutBatch,
     chat_prompts,
@@ -72,12 +82,13 @@ def batch():
     return copy.deepcopy(b.model.state_dict()), rb
 
 
-def _update(state, rb, recipe, trim, pack=True, inplace_embedding_grad=True):
+def _update(state, rb, recipe, trim, pack=True, inplace_embedding_grad=True, inplace_head_grad=True):
     """One ``_update`` from the same weights: (metrics, flat gradient of the last epoch, flat weights after)."""
     torch.manual_seed(0)
     bundle = load_policy(recipe.model, kl=recipe.kl_enabled, offload_reference=False,
-                         inplace_embedding_grad=inplace_embedding_grad)
+                         inplace_embedding_grad=inplace_embedding_grad, inplace_head_grad=inplace_head_grad)
     assert isinstance(bundle.model.get_input_embeddings(), InPlaceGradEmbedding) is inplace_embedding_grad
+    assert isinstance(bundle.model.get_output_embeddings(), InPlaceGradLinear) is inplace_head_grad
     bundle.model.load_state_dict(state)
     if bundle.ref_model is not None:
         # a reference that differs from the policy, so the KL terms are not 0
@@ -273,14 +284,18 @@ def test_steps_with_an_offloaded_reference_equal_a_resident_one():
     assert torch.equal(w_res, w_off)
 
 
-def test_inplace_embedding_grad_equals_torch_embedding_in_the_update(batch):
+@pytest.mark.parametrize("fast", [(True, False), (False, True), (True, True)], ids=["embedding", "head", "both"])
+def test_inplace_embedding_and_head_grads_equal_torch_modules_in_the_update(batch, fast):
     """Tied input / output embeddings (the tiny Llama ties them, as SmolLM2), 2 micro-batches: the gradient
-    accumulated into the shared weight by the in-place embedding backward equals torch's dense one (up to the
-    order of the float sums: 1e-6 of the largest gradient), so do the metrics and the stepped weights."""
+    accumulated into the shared weight by the in-place embedding backward and / or the LM head's in-place weight
+    gradient equals torch's modules' (up to the order of the float sums: 1e-6 of the largest gradient), so do
+    the metrics and the stepped weights."""
     state, rb = batch
     recipe = _recipe(micro_train_batch_size=4)
-    m_dense, g_dense, w_dense = _update(state, rb, recipe, trim=True, inplace_embedding_grad=False)
-    m_in, g_in, w_in = _update(state, rb, recipe, trim=True, inplace_embedding_grad=True)
+    m_dense, g_dense, w_dense = _update(state, rb, recipe, trim=True, inplace_embedding_grad=False,
+                                        inplace_head_grad=False)
+    m_in, g_in, w_in = _update(state, rb, recipe, trim=True, inplace_embedding_grad=fast[0],
+                               inplace_head_grad=fast[1])
     m_in.pop("_advantages"), m_dense.pop("_advantages")
     for k, v in m_dense.items():
         assert m_in[k] == pytest.approx(v, rel=1e-5, abs=1e-8), k
@@ -317,6 +332,56 @@ def test_inplace_embedding_grad_alone_padding_and_repeats():
     with torch.no_grad():
         assert fast(ids[0]).grad_fn is None
         torch.testing.assert_close(fast(ids[0]), plain(ids[0]))
+
+
+def test_inplace_head_grad_alone_two_accumulated_backwards():
+    """``y = x Wᵀ``, loss ``Σ y ⊙ c``: dL/dW = cᵀ x (summed over rows), dL/dx = c W. Two backwards with
+    different x and c: the first makes ``weight.grad``, the second adds into that same tensor (no new one);
+    both equal the hand values and torch's ``nn.Linear``; without gradient the forward builds no graph."""
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(5, 7, bias=False).double()
+    fast = copy.deepcopy(plain)
+    fast.__class__ = InPlaceGradLinear
+    xs = [torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)]
+    cs = [torch.randn(2, 3, 7, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64)]
+    want_w = sum(c.reshape(-1, 7).t() @ x.reshape(-1, 5) for x, c in zip(xs, cs, strict=True))
+    grads_x: dict[str, list[torch.Tensor]] = {"plain": [], "fast": []}
+    for name, lin in (("plain", plain), ("fast", fast)):
+        first = None
+        for x, c in zip(xs, cs, strict=True):
+            x = x.clone().requires_grad_(True)
+            (lin(x) * c).sum().backward()
+            grads_x[name].append(x.grad)
+            first = lin.weight.grad if first is None else first
+        if name == "fast":
+            assert lin.weight.grad is first  # accumulated in place into the first backward's tensor
+    torch.testing.assert_close(plain.weight.grad, want_w)
+    torch.testing.assert_close(fast.weight.grad, want_w)
+    for c, gp, gf in zip(cs, grads_x["plain"], grads_x["fast"], strict=True):
+        torch.testing.assert_close(gf, c @ plain.weight.detach())
+        torch.testing.assert_close(gf, gp)
+    with torch.no_grad():
+        assert fast(xs[0]).grad_fn is None
+        torch.testing.assert_close(fast(xs[0]), plain(xs[0]))
+
+
+def test_use_inplace_head_grad_only_for_a_plain_trainable_head_without_bias():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def model():
+        return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+
+    m = model()
+    assert use_inplace_head_grad(m) is True and type(m.get_output_embeddings()) is InPlaceGradLinear
+    assert m.get_output_embeddings().weight is m.get_input_embeddings().weight  # the class swap keeps the tie
+    biased = model()
+    biased.set_output_embeddings(torch.nn.Linear(8, 32, bias=True))
+    assert use_inplace_head_grad(biased) is False
+    frozen = model()
+    frozen.get_output_embeddings().weight.requires_grad_(False)
+    assert use_inplace_head_grad(frozen) is False
+    assert type(frozen.get_output_embeddings()) is torch.nn.Linear
 
 
 def test_use_inplace_embedding_grad_only_for_a_plain_trainable_embedding():
