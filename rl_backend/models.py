@@ -523,7 +523,8 @@ def use_inplace_head_grad(model: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if type(head) is InPlaceGradLinear:
         return True
-    if type(head) is not torch.nn.Linear or head.bias is not None or not head.weight.requires_grad:
+    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear or head.bias is not None \
+            or not head.weight.requires_grad:
         return False
     head.__class__ = InPlaceGradLinear
     return True
