@@ -480,10 +480,7 @@ class LoopBase:
                 raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
             res = job.get("result") or {}
             if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
-                return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"),
-                        "pass@1": res.get("pass_at_1"), "n_problems": res.get("n_problems"), "eval_name": eval_name,
-                        "gen_tokens": int(res.get("gen_tokens") or 0), "wall_s": res.get("wall_s"),
-                        "cpu_s": res.get("cpu_s")}
+                return eval_record(res, eval_name)
             return res if res.get("avg@k") is not None else self.version(vid)["eval_summary"]
 
         out = self.stage(key, run, expected=EVAL_RECORD_SHAPE)
@@ -565,6 +562,16 @@ def train_tokens(lineage: Any, version_id: str) -> int:
     secs = dict(lineage.metric_series(version_id, M.PERF_STEP_SECONDS))
     return int(round(sum(float(tps[s]) * float(secs[s]) for s in tps
                          if s in secs and tps[s] is not None and secs[s] is not None)))
+
+
+def eval_record(res: dict[str, Any], eval_name: str) -> dict[str, Any]:
+    """The evaluate stage's record (kv ``loop/eval/<v>/<name>``, :data:`EVAL_RECORD_SHAPE`) of an ``EvalResult`` as
+    JSON (``rl_backend.base.EvalResult``: from the MCP evaluation job, or from an executor's worker): scores, problem
+    count, generated tokens, and the evaluation's wall seconds and process CPU-seconds (None where the backend did not
+    measure them), which :meth:`LoopBase.evaluate` adds to kv ``loop/eval_walls`` / ``loop/eval_cpu``."""
+    return {"k": res.get("k"), "avg@k": res["avg_at_k"], "pass@k": res.get("pass_at_k"), "pass@1": res.get("pass_at_1"),
+            "n_problems": res.get("n_problems"), "eval_name": eval_name, "gen_tokens": int(res.get("gen_tokens") or 0),
+            "wall_s": res.get("wall_s"), "cpu_s": res.get("cpu_s")}
 
 
 def version_compute(lineage: Any, version_id: str) -> dict[str, Any]:

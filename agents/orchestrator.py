@@ -39,6 +39,7 @@ from evotrainer.agents.loop import (
     Event,
     LoopBase,
     LoopError,
+    eval_record,
     first_not_reverted,
     open_toolbox,
     run_summary,
@@ -612,11 +613,10 @@ class Orchestrator(LoopBase):
 
     def _store_eval(self, vid: str, eval_name: str, e: dict[str, Any]) -> None:
         """An executor's evaluation stored as the loop's eval stage (kv ``loop/eval/<v>/<name>``), which
-        :meth:`~evotrainer.agents.loop.LoopBase.evaluate` then finds done."""
-        self.lineage.kv_set(f"loop/eval/{vid}/{eval_name}", {
-            "k": e.get("k"), "avg@k": e["avg_at_k"], "pass@k": e.get("pass_at_k"), "pass@1": e.get("pass_at_1"),
-            "n_problems": e.get("n_problems"), "eval_name": eval_name, "gen_tokens": int(e.get("gen_tokens") or 0),
-            "wall_s": e.get("wall_s")})
+        :meth:`~evotrainer.agents.loop.LoopBase.evaluate` then finds done (the record an inline evaluation makes,
+        :func:`~evotrainer.agents.loop.eval_record`: its CPU-seconds included, which the report's dev-eval CPU-s
+        column and the run's compute read; they were left out here before)."""
+        self.lineage.kv_set(f"loop/eval/{vid}/{eval_name}", eval_record(e, eval_name))
 
     def _worker_cpu(self, results: list[Any]) -> None:
         """The workers' CPU counts in the run's compute (agents.loop.LoopBase.compute) like this process's own."""

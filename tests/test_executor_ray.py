@@ -277,6 +277,11 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
         # their CPU-seconds are part of the run's compute (loop/compute cpu_s = this process + the workers)
         workers = s.kv_get("loop/worker_cpu_s")
         assert workers > 0 and s.kv_get("loop/compute")["cpu_s"] >= workers
+        # the arms' dev evaluations on the workers count their CPU-seconds, as inline ones do (the report's
+        # dev-eval CPU-s column read "-" for every Ray-evaluated version before)
+        from evotrainer.agents.loop import version_compute
+
+        assert all((version_compute(s, v.id)["eval_cpu_s"] or 0) > 0 for v in round1)
         # the two test evaluations ran side by side on Ray workers, with the inline run's outcomes
         tests = [j for j in s.jobs() if j.kind == "eval" and j.pid != os.getpid()]
         assert len(tests) == 2 + len(jobs)  # the arms' dev evaluations and the two test ones
@@ -300,6 +305,31 @@ def test_orchestrator_on_ray_decides_as_inline(ray_executor, tmp_path, monkeypat
     (f_inline, rows_inline), (f_ray, rows_ray) = final(runs["inline"]), final(runs["ray"])
     assert f_inline == f_ray and f_ray["test"]["n_problems"] == 8 and f_ray["test"]["k"] == 2
     assert rows_inline == rows_ray and len(rows_ray) == 2 * 8 * 2
+
+
+def test_an_evaluation_from_a_worker_is_stored_as_an_inline_one(tmp_path):
+    """The record an executor's evaluation is stored as (``Orchestrator._store_eval``) is the inline evaluate
+    stage's (``loop.eval_record``), CPU-seconds included: before, the Ray path dropped ``cpu_s``, so the run's
+    report showed no dev-eval CPU-s for any version a worker evaluated."""
+    from types import SimpleNamespace
+
+    from evotrainer.agents.loop import EVAL_RECORD_SHAPE, eval_record, version_compute
+    from evotrainer.agents.orchestrator import Orchestrator
+
+    res = {"version_id": "v1", "avg_at_k": 0.5, "pass_at_k": 0.75, "pass_at_1": 0.5, "k": 2, "n_problems": 4,
+           "gen_tokens": 37, "wall_s": 3.25, "cpu_s": 2.5, "split": "dev"}
+    want = {"k": 2, "avg@k": 0.5, "pass@k": 0.75, "pass@1": 0.5, "n_problems": 4, "eval_name": "heldout",
+            "gen_tokens": 37, "wall_s": 3.25, "cpu_s": 2.5}
+    assert eval_record(res, "heldout") == want
+    store = LineageStore(tmp_path / "lineage.db")
+    try:
+        Orchestrator._store_eval(SimpleNamespace(lineage=store), "v1", "heldout", res)  # type: ignore[arg-type]
+        assert store.kv_get("loop/eval/v1/heldout", expected=EVAL_RECORD_SHAPE) == want
+        # what LoopBase.evaluate then adds to the run's per-evaluation CPU, read back as the report does
+        store.kv_set("loop/eval_cpu", {"eval/v1/heldout": want["cpu_s"]})
+        assert version_compute(store, "v1")["eval_cpu_s"] == 2.5
+    finally:
+        store.close()
 
 
 def test_executor_joins_a_cluster_started_with_ray_start(base_run, tmp_path):
