@@ -168,9 +168,12 @@ def test_train_eval_divergence_series_and_versus_parent():
     child = {f"p{i}": [1, 0, 0, 0] for i in range(30)}
     ev = Evidence(metrics={"v0": {M.REWARD_MEAN: (STEPS, noisy(0.3, 0.3))}, "v1": {M.REWARD_MEAN: (STEPS, noisy(0.6, 0.6))}},
                   evals={"v0": parent, "v1": child}, parents={"v0": None, "v1": "v0"})
-    found = [x for x in run_analyzers(ev, names=["train_eval_divergence"]) if x.versions == ["v1", "v0"]]
+    found = [x for x in run_analyzers(ev, names=["train_eval_divergence"]) if x.data.get("parent") == "v0"]
     assert found and found[0].severity == "blocking"
     assert found[0].data["heldout_gain"] == pytest.approx(-0.25)  # 0.25 - 0.5 on every problem
+    # the child's finding alone: the parent is its reference, not a version it covers (it counted against the
+    # parent in the gate, `diagnose --best` and the brain's view of the parent: a new user's report)
+    assert found[0].versions == ["v1"] and "its parent v0" in found[0].explanation
 
 
 # --- rollout-based ----------------------------------------------------------------------------------------

@@ -422,10 +422,13 @@ def _versus_parent(ev: Evidence, v: str, parent: str) -> list[Finding]:
     if train_gain < DIVERGE_RISE or cmp.ci[0] > 0:
         return []
     sev = "blocking" if cmp.ci[1] < 0 else "warn"
-    return [Finding(kind="train_eval_divergence", severity=sev, versions=[v, parent], judged="change",
+    # the child's finding alone: its parent is the reference (data["parent"], the explanation), not a version the
+    # finding covers; listing it made the parent's gate (harness/gate.py), `diagnose --best` / `--version` and the
+    # brain's view of the parent count a child's divergence as the parent's own
+    return [Finding(kind="train_eval_divergence", severity=sev, versions=[v], judged="change",
                     evidence=[M.REWARD_MEAN, "eval/heldout"],
-                    data={"train_gain": train_gain, "heldout_gain": cmp.gain, "ci": list(cmp.ci), "p_value": cmp.p_value,
-                          "n_problems": cmp.n_problems},
+                    data={"parent": parent, "train_gain": train_gain, "heldout_gain": cmp.gain, "ci": list(cmp.ci),
+                          "p_value": cmp.p_value, "n_problems": cmp.n_problems},
                     explanation=f"{v} vs its parent {parent}: train reward up by {fmt(train_gain)} but the held-out "
                                 f"Avg@k gain is {fmt(cmp.gain)} (95% CI [{fmt(cmp.ci[0])}, {fmt(cmp.ci[1])}], "
                                 f"p={fmt(cmp.p_value)}, {cmp.n_problems} problems): the train score misleads.")]
