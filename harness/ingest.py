@@ -939,6 +939,7 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
         if run != vid and not cap.admit(run):  # a TensorBoard run folder past the cap: its files are not read
             continue
         merged: dict[str, StepRecords] = {}  # the run's files together: thinned past the same caps
+        first_file: dict[str, Path] = {}  # the file each merged version's first records came from
         for f in run_files:
             left_out: list[str] = []  # the runs of a W&B export past MAX_IMPORT_RUNS
             try:
@@ -953,6 +954,9 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
                 if not cap.admit(key):
                     continue
                 into = merged[key] if key in merged else merged.setdefault(key, StepRecords())
+                first_file.setdefault(key, f)
+                if first_file[key] != f:
+                    _say_clash(p, key, first_file[key], f, into, recs)
                 for step, rec in recs.items():
                     into.add_all(step, rec)
             if rws and cap.admit(run):
@@ -968,6 +972,38 @@ def ingest(path: str | Path, version: str | None = None, budget: F.ReadBudget | 
         raise IngestError(f"{p}: nothing readable; " + "; ".join(errors[:3]))
     cap.say(p)
     return series_to_evidence(series, rows, str(p))
+
+
+CLASH_MIN_STEPS = 3
+"""Steps at which two files of one folder must log one metric with different values before :func:`ingest` says they
+look like separate runs (one or two such steps are what a resumed run re-logging its last steps gives)."""
+
+
+def _say_clash(root: Path, version: str, first: Path, other: Path, held: dict[int, dict[str, float]],
+               recs: dict[int, dict[str, float]]) -> None:
+    """An :class:`IngestWarning` when ``other``'s records disagree with those already read for ``version`` (from
+    ``first`` on) at :data:`CLASH_MIN_STEPS` or more steps of one metric: a folder of separate runs (e.g. several
+    verl console logs side by side) is read as one version, where a later file's values replace an earlier one's
+    at the same step, so trends and findings mix the runs (a new user's report: ``diagnose`` of a folder of three
+    verl logs found a train / held-out divergence that none of them has alone)."""
+    clash: dict[str, list[int]] = {}
+    for step, rec in recs.items():
+        old = held.get(step)
+        if not old:
+            continue
+        for k, x in rec.items():
+            y = old.get(k)
+            if y is not None and x == x and y == y and x != y:
+                clash.setdefault(k, []).append(step)
+    worst = max(clash.items(), key=lambda kv: len(kv[1]), default=None)
+    if worst is None or len(worst[1]) < CLASH_MIN_STEPS:
+        return
+    name, steps = worst
+    _note(f"{root}: {F.as_text(other.name)} logs {F.as_text(name)} at {len(steps)} steps ({min(steps)}..{max(steps)}) "
+          f"that the files read before it (from {F.as_text(first.name)} on) logged with other values: they look like "
+          f"separate runs, read here as one version {F.as_text(version)} (the later file's values kept where steps "
+          "meet), so its trends and findings mix them; diagnose each file on its own, or put each run in a folder of "
+          "its own and diagnose that")
 
 
 def _mlflow_dirs(p: Path) -> list[Path]:

@@ -219,3 +219,39 @@ def test_evidence_round_trip_through_files(tmp_path):
     s, x = back.series("dump", M.POLICY_KL)
     assert s.tolist() == [3, 4] and x[0] == 0.1 and np.isnan(x[1])
     assert back.rollouts.num_rows == 8
+
+
+def test_a_folder_of_separate_runs_read_as_one_version_is_said(tmp_path):
+    """Two verl console logs side by side that log the same metric at the same steps with other values (separate
+    runs) are read as one version, the later file's values kept: an IngestWarning names the file, the metric and
+    the steps (a new user's report: a folder of three verl logs gave a divergence none of them has alone). A run
+    resumed in a second file that re-logs two steps, and files with disjoint steps, say nothing."""
+    import warnings
+
+    from evotrainer.harness.ingest import CLASH_MIN_STEPS, IngestWarning
+
+    def log(path: Path, steps: range, reward: float) -> None:
+        path.write_text("".join(f"step:{s} - critic/score/mean:{reward + s / 100:.3f} - response_length/mean:10.0\n"
+                                for s in steps))
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    log(runs / "a.log", range(1, 9), 0.1)
+    log(runs / "b.log", range(1, 9), 0.5)  # same steps, other rewards: another run
+    with pytest.warns(IngestWarning, match=r"b\.log logs critic/score/mean at 8 steps \(1\.\.8\) that the files "
+                                           r"read before it \(from a\.log on\) logged with other values"):
+        ev = ingest(runs)
+    assert list(ev.metrics) == ["runs"]  # still one version, as before; the warning says so
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    log(resumed / "a.log", range(1, 9), 0.1)
+    log(resumed / "b.log", range(9 - (CLASH_MIN_STEPS - 1), 15), 0.3)  # re-logs 2 steps, then goes on
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    log(apart / "a.log", range(1, 9), 0.1)
+    log(apart / "b.log", range(9, 15), 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IngestWarning)
+        for folder in (resumed, apart):
+            ev = ingest(folder)
+            assert len(ev.series(folder.name, M.REWARD_MEAN)[0]) == 14
