@@ -73,7 +73,8 @@ class Workspace:
     def __init__(self, root: str | Path, writer: bool = False, create: bool = True, version: str | None = None):
         self.root = check_run_path(Path(root).expanduser().resolve())
         if not create and not (self.root / "lineage.db").exists():
-            raise WorkspaceError(f"{self.root}: not a run folder (no lineage.db); create one with `evotrainer init`")
+            raise WorkspaceError(f"{self.root}: not a run folder (no lineage.db); create one with `evotrainer init`, "
+                                 "or, for a run trained elsewhere, `evotrainer import PATH --run RUN`")
         self.root.mkdir(parents=True, exist_ok=True)
         for d in SUBDIRS:
             try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import hmac
 import ipaddress
 import json
@@ -36,6 +37,7 @@ import os
 import resource
 import secrets
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -92,6 +94,29 @@ def check_bind(host: str, allow_public: bool) -> None:
     if not is_loopback(host) and not allow_public:
         raise ServeError(f"--host {host} exposes the MCP server (training control, code execution) beyond this "
                          "machine; pass --allow-public to do it deliberately (the bearer token stays required)")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port outside 1-65535, or one another process already listens on at ``host``, before anything is
+    announced: before, ``--port 99999`` printed the URL and the bearer token and then uvicorn's traceback, and a busy
+    port printed them and then uvicorn's "address already in use" (a new user's report).
+
+    The check binds a socket as uvicorn will (``SO_REUSEADDR``) and closes it at once; a process that takes the port
+    in the moment between is still reported by uvicorn.
+
+    Raises:
+        ServeError: the port is out of range, in use, or cannot be bound at ``host`` (the message says which).
+    """
+    if not 1 <= port <= 65535:
+        raise ServeError(f"--port {port}: a TCP port is 1-65535; choose one (default 8765)")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            why = "already in use (another server on it?)" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+            raise ServeError(f"--port {port} on {host}: cannot listen there: {why}; choose another --port") from None
 
 
 def resolve_token(token: str | None = None) -> tuple[str, bool]:
@@ -429,9 +454,10 @@ def serve_http(server: MCPServer[Any], *, host: str = "127.0.0.1", port: int = 8
         announce: called with ``(url, token, generated)`` before serving (the CLI prints them).
 
     Raises:
-        ServeError: public bind without ``allow_public``, or a too-short token.
+        ServeError: public bind without ``allow_public``, a port out of range or in use, or a too-short token.
     """
     check_bind(host, allow_public)
+    check_port(host, port)
     tok, generated = resolve_token(token)
     app = http_app(server, tok, host, allowed_origins)
     protocol = guarded_protocol()

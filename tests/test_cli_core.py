@@ -69,7 +69,8 @@ def test_missing_run_folder_is_one_clear_line(tmp_path):
     r = cli("lineage", "show", str(tmp_path / "nope"))
     assert r.returncode == 1
     assert r.stderr.strip() == (
-        f"error: {tmp_path / 'nope'}: not a run folder (no lineage.db); create one with `evotrainer init`"
+        f"error: {tmp_path / 'nope'}: not a run folder (no lineage.db); create one with `evotrainer init`, or, for a "
+        "run trained elsewhere, `evotrainer import PATH --run RUN`"
     )
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mcp_testlib import SyncClient, make_run
 
-from evotrainer.servers.http import check_bind, origin_allowed, resolve_token
+from evotrainer.servers.http import check_bind, check_port, origin_allowed, resolve_token
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -107,6 +107,29 @@ def test_http_client_with_token(http_server):
         assert c.ok("diff_versions", {"a": "v0", "b": "v1"})["changes"][0]["path"] == "eps_clip_high"
     finally:
         c.close()
+
+
+def test_port_out_of_range_or_in_use_is_refused_before_the_url_and_token_are_printed(tmp_path):
+    """A new user's report: ``serve --transport http --port 99999`` printed the URL and bearer token, then uvicorn's
+    traceback; a busy port printed them, then uvicorn's error. Now both are one error line, and nothing is announced."""
+    import socket
+    import subprocess
+    import sys
+
+    for bad in (0, 65536, 99999, -1):
+        with pytest.raises(ValueError, match=rf"--port {bad}: a TCP port is 1-65535"):
+            check_port("127.0.0.1", bad)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"--port {port} on 127.0.0.1: cannot listen there: already in use"):
+            check_port("127.0.0.1", port)
+        r = subprocess.run([sys.executable, "-m", "evotrainer.cli", "serve", "logs", "--transport", "http", "--port",
+                            str(port), "--run", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "already in use" in r.stderr
+        assert "bearer token" not in r.stderr and "http://" not in r.stderr  # refused before the announcement
+    check_port("127.0.0.1", port)  # free again once closed
 
 
 def test_bind_and_token_rules(monkeypatch):
