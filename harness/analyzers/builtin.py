@@ -81,7 +81,10 @@ def _how(basis: str, t: Trend, unit: str) -> str:
         return (f"first segment {fmt(t.start)} {unit} (steps {t.first_step}-{t.start_until}), last segment "
                 f"{fmt(t.end)} (steps {t.end_from}-{t.last_step}); {t.n_segments} segments by binary segmentation; "
                 f"medians of the first / last 20% of steps {fmt(t.early)} / {fmt(t.late)}")
-    return (f"medians of the first and last 20% of steps; {fmt(t.head)} at the start, {fmt(t.tail)} at the end; "
+    # the numbers before this are the 20% windows' medians (at least 3 points each, harness/trends.py); head / tail
+    # are the first / last 5 points' (a new user read "0.263 at the start" as the 20% window's median)
+    return (f"medians of the first and last 20% of steps, at least 3 points each; medians of the first / last 5 "
+            f"points {fmt(t.head)} / {fmt(t.tail)}; "
             f"Mann-Kendall tau {fmt(t.tau)}, p={fmt(t.p_value)}"
             + (f", level shift at step {t.change_step}" if t.change_step is not None else ""))
 
