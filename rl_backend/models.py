@@ -520,11 +520,10 @@ def use_inplace_head_grad(model: Any) -> bool:
     """Make ``model``'s output embedding (LM head) an :class:`InPlaceGradLinear` (class swap, same parameters and
     state dict) when it is a plain trainable ``nn.Linear`` without bias; False (unchanged) otherwise (LoRA-frozen,
     with a bias, or another module)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head: Any = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if type(head) is InPlaceGradLinear:
         return True
-    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear or head.bias is not None \
-            or not head.weight.requires_grad:
+    if type(head) is not torch.nn.Linear or head.bias is not None or not head.weight.requires_grad:
         return False
     head.__class__ = InPlaceGradLinear
     return True
