@@ -147,6 +147,30 @@ class Evidence:
         """Add (or replace) one metric series of a version."""
         self.metrics.setdefault(version, {})[name] = to_arrays(series)
 
+    def before(self, cuts: dict[str, int]) -> Evidence:
+        """A copy in which each version ``v`` of ``cuts`` keeps only its steps ``< cuts[v]`` (metric series and
+        rollouts); other versions, evals, recipes and lineage are shared with this one (not copied).
+
+        For judging a run on the steps before an event (the first non-finite step of a blow-up:
+        ``registry.run_analyzers``). A version left with no metric steps keeps empty series.
+        """
+        metrics = dict(self.metrics)
+        for v, cut in cuts.items():
+            if v in metrics:
+                metrics[v] = {k: (s[s < cut], x[s < cut]) for k, (s, x) in metrics[v].items()}
+        rollouts = self.rollouts
+        if rollouts is not None and rollouts.num_rows and cuts:
+            import pyarrow.compute as pc
+
+            drop = None
+            for v, cut in cuts.items():
+                m = pc.and_(pc.equal(rollouts.column("version_id"), v), pc.greater_equal(rollouts.column("step"), cut))
+                drop = m if drop is None else pc.or_(drop, m)
+            rollouts = rollouts.filter(pc.invert(pc.fill_null(drop, False)))
+        return Evidence(metrics=metrics, rollouts=rollouts, evals=self.evals, recipes=self.recipes,
+                        parents=self.parents, statuses=self.statuses, eval_summaries=self.eval_summaries,
+                        source=self.source)
+
     def rollouts_of(self, version: str, split: str | None = "train") -> pa.Table | None:
         """Rollouts of one version (and split), or None when there are none."""
         if self.rollouts is None or not self.rollouts.num_rows:

@@ -158,6 +158,79 @@ def run_analyzers(evidence: Evidence, names: list[str] | None = None) -> list[Fi
         AnalyzerError: an unknown name.
     """
     specs = [get_analyzer(n) for n in names] if names else list_analyzers()
+    out = _run_specs(specs, evidence)
+    return sort_findings(_judge_before_blowup(evidence, out, specs))
+
+
+BLOWUP_MIN_BEFORE = 2
+"""Logged steps a version needs before its first non-finite step for its other findings to be judged again on those
+steps alone (:func:`_judge_before_blowup`); with fewer, its findings stand as the whole run gave them."""
+
+
+def _judge_before_blowup(ev: Evidence, found: list[Finding], specs: list[AnalyzerSpec]) -> list[Finding]:
+    """Findings of a version whose values turn non-finite and stay so (a blocking ``nan_blowup`` from step ``s``)
+    judged again on its steps before ``s``: after a blow-up the logged losses, entropy, lengths and rewards are
+    those of corrupt weights, and the analyzers reading them would name as separate failures (entropy collapse,
+    length blow-up, truncation, plateau) what is one event (a new user's report on the ``nan_after_kl_overflow``
+    case: four such findings beside the NaN). For each such version, with at least :data:`BLOWUP_MIN_BEFORE` logged
+    steps before ``s``, the analyzers (but ``nan_blowup``) run on :meth:`Evidence.before` ``s``; then every
+    warn / blocking finding of that version alone that reaches step ``s``
+
+    * is replaced by the finding of the same kind on the steps before ``s``, where there is one (its numbers are the
+      run's own, not the wreck's; it says so), else
+    * stays, as ``info``, saying it is not seen before ``s``: a consequence of the blow-up, not a separate cause;
+
+    and a warn / blocking finding the steps before ``s`` raise that the whole run did not (a KL rise that the NaN
+    steps hide from a start-against-end comparison) is added, saying so. Findings of other versions, of several
+    versions, without steps, or ending before ``s`` are unchanged. The rows logged at step ``s`` itself go with the
+    wreck, although a trainer logs that step's rollouts from the weights before its update: a cause seen only at
+    ``s`` shows as a consequence, with its numbers."""
+    cuts: dict[str, int] = {}
+    for f in found:
+        first = f.data.get("first_step") if f.kind == "nan_blowup" and f.severity == "blocking" else None
+        if isinstance(first, int) and len(f.versions) == 1:
+            v = f.versions[0]
+            logged = {int(x) for s, _ in ev.metrics.get(v, {}).values() for x in s[s < first]}
+            if len(logged) >= BLOWUP_MIN_BEFORE:
+                cuts[v] = min(first, cuts.get(v, first))
+    if not cuts:
+        return found
+    before = _run_specs([s for s in specs if s.name != "nan_blowup"], ev.before(cuts))
+
+    def own(f: Finding) -> str | None:
+        return f.versions[0] if len(f.versions) == 1 and f.versions[0] in cuts and f.kind != "nan_blowup" else None
+
+    again = {(f.kind, own(f)): f for f in before if own(f) and f.is_failure}
+    out: list[Finding] = []
+    for f in found:
+        v = own(f)
+        if v is None or not f.is_failure or not f.steps or max(f.steps) < cuts[v]:
+            out.append(f)
+            continue
+        cut = cuts[v]
+        prior = again.get((f.kind, v))
+        if prior is not None:
+            out.append(prior.model_copy(update={
+                "data": {**prior.data, "before_blowup": cut},
+                "explanation": f"{prior.explanation} (Judged on the steps before {cut}, where the values turn "
+                               f"non-finite: nan_blowup.)"}))
+        else:
+            out.append(f.model_copy(update={
+                "severity": "info", "data": {**f.data, "after_blowup": cut},
+                "explanation": f"{f.explanation} Not seen on the steps before {cut}, where the values turn non-finite "
+                               f"(nan_blowup): a consequence of the blow-up, not a separate cause."}))
+    shown = {(f.kind, own(f)) for f in found if own(f)}
+    for key, f in again.items():
+        if key not in shown:
+            out.append(f.model_copy(update={
+                "data": {**f.data, "before_blowup": cuts[key[1]]},
+                "explanation": f"{f.explanation} (Seen on the steps before {cuts[key[1]]}, where the values turn "
+                               f"non-finite: nan_blowup; the whole run's steps hide it.)"}))
+    return out
+
+
+def _run_specs(specs: list[AnalyzerSpec], evidence: Evidence) -> list[Finding]:
+    """Each spec's findings on ``evidence`` (a runtime analyzer's failure as an ``analyzer_error`` info finding)."""
     out: list[Finding] = []
     for spec in specs:
         if spec.builtin:
@@ -172,7 +245,7 @@ def run_analyzers(evidence: Evidence, names: list[str] | None = None) -> list[Fi
             if not f.analyzer:
                 f.analyzer = spec.name
         out.extend(found)
-    return sort_findings(out)
+    return out
 
 
 def run_analyzer_code(code: str, evidence: Evidence, name: str = "sandboxed", timeout_s: float = 60.0,
