@@ -633,6 +633,8 @@ FORMATS = (
     "console dicts (TRL GRPOTrainer, slime): one dict per step, \"{'loss': 0.0, 'reward': 0.5, 'epoch': 0.01}\" "
     "or 'step 3: {...}' / 'rollout 3: {...}'",
     "AReaL StatsLogger: 'Train step 3/100 done.' then a table of '│ ppo_actor/task_reward/avg │ 5.0000e-01 │'",
+    "OpenRLHF console: tqdm bars with numbers, 'Episode [1/1]:  10%|█| 5/50 [01:00<09:00, 12.0s/it, "
+    "policy_loss=0.0123, kl=0.00102, reward=0.5, ...]' (or the 'Train epoch' bars' 'pg=..., rm=..., glen=...')",
     "JSONL metrics (ms-swift logging.jsonl, W&B history): one object a line with 'step', 'global_step', '_step' "
     "or 'global_step/max_steps': \"300/1296\"",
     "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
@@ -650,7 +652,8 @@ def unreadable(path: Path, tried: str) -> IngestError:
 
 
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
-    """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts.
+    """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
+    numbers (OpenRLHF), 'Step | ...' tables.
 
     The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
@@ -660,6 +663,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     for name, reader, given in (("verl 'step:N - k:v' lines", parse_verl_log, squeezed),
                                 ("AReaL tables", F.parse_areal_log, squeezed),
                                 ("console dicts", F.parse_dict_log, text),
+                                ("tqdm bars with numbers (OpenRLHF)", F.parse_tqdm_postfix_log, text),
                                 ("'Step | ...' tables", F.parse_table_log, squeezed)):
         records = reader(given)
         if records:
@@ -825,7 +829,7 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
         raise IngestError(exc.located(str(path), text)) from None
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
-                               "'Step | ...' tables")
+                               "tqdm bars with numbers (OpenRLHF), 'Step | ...' tables")
     return {None: records}, []
 
 

@@ -25,6 +25,10 @@ Formats (each was checked against a real sample under ``tests/data/ingest``, see
   done.`` then the step's stats as a tabulate ``fancy_grid`` table of ``│ key │ value │`` cells
   (``areal/utils/stats_logger.py``, ``areal/utils/printing.py``: four key/value pairs a row, values
   ``.4e``). Cells after a marker, until its table closes (``╘``), belong to step ``n``.
+* **tqdm bars with numbers** (:func:`parse_tqdm_postfix_log`): OpenRLHF's console, ``Episode [1/1]:  10%|█ | 5/50
+  [01:00<09:00, 12.0s/it, policy_loss=0.0123, kl=0.00102, reward=0.5, ...]`` (the status dict as the bar's postfix)
+  and its ``Train epoch`` bars (``pg=..., rm=..., glen=...``); written here by tqdm itself in OpenRLHF's loop
+  structure (tests/test_ingest_openrlhf_console.py), no pasted sample yet.
 * **W&B exports** (:func:`parse_wandb_csv`, :func:`parse_wandb_history`): a chart's CSV from the
   web UI (``"Step","<run> - <metric>","<run> - <metric>__MIN","<run> - <metric>__MAX"``; one run
   per ``<run>`` prefix; ``__MIN`` / ``__MAX`` are the sampling envelope and are dropped), a
@@ -324,6 +328,94 @@ def parse_dict_log(text: str) -> Records:
             step = ordinal
         out.add_all(step, vals)
     return out
+
+
+# --- tqdm progress bars with a postfix (OpenRLHF console) ---------------------------------------------
+# tqdm's bar with ``set_postfix``: '{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}, k=v, k=v]'. Every
+# quantifier is bounded and no two tries scan the same bytes (a bar ends at its '|', a postfix at the next '[' or ']'),
+# so a hostile log costs time linear in its size; the description is read back from the match to its line's start.
+_TQDM_BAR = re.compile(r"(?<!\d)\d{1,3}%\|[^|\n]{0,512}\|[ \t]{0,16}(?P<n>\d{1,15})/(?:\d{1,15}|\?)[ \t]{0,16}"
+                       r"\[(?P<inner>[^\[\]\n]{0,8192})\]")
+_TQDM_KEY = re.compile(r"[A-Za-z_][\w/.@-]{0,200}")
+_TQDM_OUTER = re.compile(r"\bEpisode\s*\[", re.I)
+# OpenRLHF's short postfix keys (ppo_trainer.py / ppo_actor.py ``short_status``) under the long names its status dict,
+# TensorBoard and wandb use (``evotrainer.aliases`` maps those)
+_OPENRLHF_SHORT = {"pg": "policy_loss", "act_loss": "policy_loss", "rm": "reward", "ret": "return",
+                   "glen": "response_length", "gen_len": "response_length", "tlen": "total_length",
+                   "tot_len": "total_length", "act_lr": "actor_lr", "ent_loss": "entropy_loss", "cri": "critic_loss",
+                   "vals": "values", "cri_lr": "critic_lr", "ptx": "ptx_loss"}
+
+
+def _postfix_numbers(inner: str) -> dict[str, float]:
+    """The ``k=v`` pairs of a tqdm bar's bracket whose value is a number (OpenRLHF's short names renamed)."""
+    out = {}
+    for part in inner.split(","):
+        k, eq, v = part.strip().partition("=")
+        if eq and _TQDM_KEY.fullmatch(k) and (x := to_float(v)) is not None:
+            out[_OPENRLHF_SHORT.get(k, k)] = x
+    return out
+
+
+def parse_tqdm_postfix_log(text: str) -> Records:
+    """Per-step records of tqdm progress bars whose postfix holds the step's numbers (OpenRLHF's console).
+
+    OpenRLHF draws two bars (``openrlhf/trainer/ppo_trainer.py``, ``trainer/ray/ppo_actor.py``): the outer
+    ``Episode [e/E]`` bar, one tick per rollout batch, whose postfix is the whole status dict of the last PPO update
+    (``policy_loss``, ``kl``, ``reward``, ``response_length``, ``actor_lr``, ...), and an inner ``Train epoch [e/E]``
+    bar, one tick per micro-batch of the update, with short names (``pg`` / ``act_loss``, ``rm`` / ``reward``,
+    ``glen`` / ``gen_len``, ``kl``, ``act_lr``, ...: renamed to the long ones here). tqdm writes ``k=v`` pairs
+    (numbers in ``.3g``) inside the bar's brackets after the rate, and redraws a bar with ``\r``.
+
+    A postfix is drawn at the count before the tick it belongs to (``set_postfix`` redraws, then ``update`` ticks), so
+    each run of drawings with the same numbers is one record, at the highest count it was drawn with. Steps: the outer
+    bar's records where an ``Episode`` bar with numbers is drawn (a later episode's bar, counting from 0 again, goes on
+    from the last count of the one before; a Ray actor's ``(pid=...)`` prefix is allowed); else each inner bar is one step, numbered by the order
+    the bars start (a count lower than the one before starts a new bar), its record the mean of its micro-batches'
+    records, as OpenRLHF's ``status_mean``. Pairs whose value is no number (``1.2s/it``) are left out.
+    """
+    outer, inner = StepRecords(), StepRecords()
+    bar: list[dict[str, float]] = []  # the records of the inner bar being drawn
+    run: dict[str, Any] = {"pairs": None, "n": -1, "outer": False}  # the run of equal drawings being read
+    n_bars, last_n = 0, -1
+    offset, outer_last = 0, -1  # an Episode bar counts from 0 again in each episode: its steps go on from the last
+
+    def end_run() -> None:
+        if run["pairs"] is not None:
+            if run["outer"]:
+                outer.add_all(run["n"], run["pairs"])
+            else:
+                bar.append(run["pairs"])
+        run["pairs"] = None
+
+    def end_bar() -> None:
+        end_run()
+        if bar:
+            names = {k for rec in bar for k in rec}
+            inner.add_all(n_bars, {k: math.fsum(r[k] for r in bar if k in r) / sum(k in r for r in bar) for k in names})
+        bar.clear()
+
+    text = text.replace("\r", "\n")
+    for m in _TQDM_BAR.finditer(text):
+        pairs = _postfix_numbers(m.group("inner"))
+        if not pairs:
+            continue
+        line = max(text.rfind("\n", 0, m.start()) + 1, m.start() - 512)
+        n, is_outer = step_int(m.group("n")), bool(_TQDM_OUTER.search(text, line, m.start()))
+        if is_outer:
+            if n < outer_last:
+                offset += outer_last
+            outer_last, n = n, n + offset
+        if not is_outer and (n < last_n or not n_bars):
+            end_bar()
+            n_bars += 1
+        if pairs != run["pairs"] or is_outer != run["outer"]:
+            end_run()
+            run.update(pairs=pairs, n=n, outer=is_outer)
+        run["n"] = max(run["n"], n)
+        if not is_outer:
+            last_n = n
+    end_bar()
+    return outer if outer else inner
 
 
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
