@@ -15,7 +15,7 @@ Sources of the foreign names:
   ``completions/*``, ``clip_ratio/low_mean`` ...;
 * OpenRLHF TensorBoard (``TensorboardLogger.log_train`` writes ``train/<key>``; keys from
   ``ppo_actor.py`` / ``ppo_trainer.py``): ``policy_loss``, ``kl``, ``reward``, ``response_length``,
-  ``actor_grad_norm``, ``actor_lr``, ``entropy_loss``, ``rollout/truncated_rate``,
+  ``actor_grad_norm``, ``actor_lr``, ``entropy_loss``, ``ppo_clip_ratio``, ``rollout/truncated_rate``,
   ``dynamic_filtering_pass_rate``; eval ``eval_<dataset>_pass1`` / ``eval_<dataset>_pass<n>``;
   and the ``extra_logs`` of EvoTrainer's own OpenRLHF reward file, ``train/<reward component>`` and
   ``train/correct``. OpenRLHF's ``score`` (the reward function's filter score) is kept as is;
@@ -106,6 +106,7 @@ ALIASES: dict[str, str] = {
     # --- OpenRLHF (TensorBoard tags without the train/ prefix) ----------------------------------
     "policy_loss": M.LOSS_POLICY,
     "actor_grad_norm": M.POLICY_GRAD_NORM,
+    "ppo_clip_ratio": M.POLICY_CLIP_FRAC,  # experience.info["ppo_clip_ratio"]: the PolicyLoss's clipped-token fraction
     "actor_lr": M.POLICY_LR,
     "entropy_loss": M.POLICY_ENTROPY,  # OpenRLHF logs the entropy term's value (subtracted x coef)
     "response_length": M.COMPLETIONS_MEAN_LENGTH,

@@ -103,7 +103,8 @@ def test_ingest_openrlhf_tensorboard():
     assert _s(ev, M.REWARD_KEPT_GROUP_FRAC)[0] == (1, 0.75)
     assert _s(ev, M.EVAL_PASS_AT_1) == [(2, pytest.approx(0.4))]
     assert _s(ev, M.EVAL_PASS_AT_K) == [(2, pytest.approx(0.7))]
-    assert "train/ppo_clip_ratio" in ev.metrics[ev.versions[0]]  # kept under its own name
+    # OpenRLHF's PolicyLoss clip_ratio, the clipped-token fraction (verl's pg_clipfrac)
+    assert _s(ev, M.POLICY_CLIP_FRAC)[0] == (1, pytest.approx(0.02))
 
 
 def test_diagnose_openrlhf_run_with_our_reward_file_tags():
