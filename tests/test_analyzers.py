@@ -270,10 +270,34 @@ def test_reward_hacking_leaked_answer_in_prompt():
     t = _run_rows(10, lambda s, p, k: answers[p], lambda s, p, k: 1.0, answer_of=lambda p: answers[p],
                   prompt_of=lambda p: f"Compute it. (hint: the result is {answers[p]})")
     f = failures(run_analyzers(Evidence(rollouts=t), names=["reward_hacking"]))["reward_hacking"]
-    assert f.severity == "blocking" and f.data == {"leaked_frac": 1.0, "n_prompts": 2}
+    assert f.severity == "blocking" and f.data == {"leaked_frac": 1.0, "chance_frac": 0.0, "n_prompts": 2}
     # the same answers not in the prompts: nothing
     t2 = _run_rows(10, lambda s, p, k: answers[p], lambda s, p, k: 1.0, answer_of=lambda p: answers[p])
     assert failures(run_analyzers(Evidence(rollouts=t2), names=["reward_hacking"])) == {}
+
+
+def _arithmetic_rows(template: str) -> pa.Table:
+    """One step of the 400 level-1 problems a + b (a, b in 0..19), one sample each, prompts from ``template``."""
+    rows = [make_record(version_id="v1", step=0, prompt_id=f"{a}+{b}", group_id=f"{a}+{b}", sample_idx=0,
+                        prompt=template.format(a=a, b=b, c=a + b), completion=str(a + b), reward=1.0,
+                        answer=str(a + b), length=3) for a in range(20) for b in range(20)]
+    return rollouts(rows)
+
+
+def test_leaked_answer_is_judged_against_chance():
+    """'a + 0' holds its answer: of the 345 problems whose answer has >= 2 characters (400 less the 55 with
+    a + b <= 9), 20 do (a or b is 0, the other 10..19): 5.8%, over the old 5% warning; another problem's answer
+    is in a prompt by chance often enough that the excess is under 5%: no finding (a new user's report on the
+    default run). A template that prints the answer leaks it in every prompt: blocking."""
+    ev = Evidence(rollouts=_arithmetic_rows("What is {a} + {b}?"))
+    assert failures(run_analyzers(ev, names=["reward_hacking"])) == {}
+    f = failures(run_analyzers(Evidence(rollouts=_arithmetic_rows("What is {a} + {b}? (It is {c}.)")),
+                               names=["reward_hacking"]))["reward_hacking"]
+    assert f.severity == "blocking" and f.data["n_prompts"] == 345 and f.data["leaked_frac"] == 1.0
+    assert f.data["chance_frac"] < 0.1 and "by chance" in f.explanation
+    # inside a decimal is not the answer ("12" is not in "12.5" or "0.12")
+    ev = Evidence(rollouts=_arithmetic_rows("What is {a} + {b}? Not {c}.5, not 0.{c}."))
+    assert failures(run_analyzers(ev, names=["reward_hacking"])) == {}
 
 
 def _leaky_rows(pay_right, pay_wrong) -> pa.Table:

@@ -249,10 +249,22 @@ def _leaky_component(ev: Evidence, v: str) -> list[Finding]:
                     explanation=f"{v}: a reward term rises ({'; '.join(why)}; Mann-Kendall p < {ALPHA}) {tail}")]
 
 
-def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
-    """Prompts that contain their own ground-truth answer (word-bounded, answers of >= 2 characters).
+LEAK_CHANCE_SHIFTS = 5  # other prompts' answers (seeded random pairings) tried per prompt: _leaked_answers' chance
 
-    Checks every distinct prompt up to :data:`LEAK_SAMPLE`, an evenly spaced sample of them beyond.
+
+def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
+    """Prompts that contain their own ground-truth answer (word-bounded, answers of >= 2 characters), beyond chance.
+
+    Word-bounded: not inside a longer word or number ("12" is not in "0.125" or "312"), but at a sentence's end ("The
+    answer is 12." holds it; the old bound, no '.' on either side, missed that).
+
+    A number of the question can be its answer without any leak ("78 + 0", a GSM8K answer that restates a given
+    quantity): the rate that matters is the excess over chance, the share of prompts holding their own answer less
+    the share holding *another* prompt's answer (each prompt against the answers of :data:`LEAK_CHANCE_SHIFTS` other
+    prompts drawn by seeded random permutations, not its neighbours, which share its numbers in ordered data: how
+    often this data's answers appear in its prompts by coincidence). Warn at an excess of :data:`LEAK_WARN`, blocking at 0.2 (a template that prints the answer puts it
+    in every prompt: excess ~1). Checks every distinct prompt up to :data:`LEAK_SAMPLE`, an evenly spaced sample of
+    them beyond.
     """
     t = ev.rollouts_of(v, split=None)
     if t is None or "answer" not in t.column_names:
@@ -262,22 +274,29 @@ def _leaked_answers(ev: Evidence, v: str) -> list[Finding]:
     if len(rows) > LEAK_SAMPLE:  # a seeded, evenly spaced sample estimates the fraction to +-0.4% (sd)
         rows = rows[np.linspace(0, len(rows) - 1, LEAK_SAMPLE).astype(np.int64)]
     sub = t.take(rows).select(["prompt_id", "prompt", "answer", "reward"]).to_pydict()
-    leaked, n = [], 0
-    for pid, prompt, ans in zip(sub["prompt_id"], sub["prompt"], sub["answer"], strict=True):
-        a = (ans or "").strip()
-        if len(a) < 2:
-            continue
-        n += 1
-        if re.search(r"(?<![\w.])" + re.escape(a) + r"(?![\w.])", prompt or ""):
-            leaked.append(pid)
-    if not n or len(leaked) / n < LEAK_WARN:
+    items = [(pid, prompt or "", re.compile(r"(?<!\w)(?<!\d\.)" + re.escape(a) + r"(?!\w)(?!\.\d)"))
+             for pid, prompt, ans in zip(sub["prompt_id"], sub["prompt"], sub["answer"], strict=True)
+             if len(a := (ans or "").strip()) >= 2]
+    n = len(items)
+    if not n:
         return []
+    leaked = [pid for pid, prompt, pat in items if pat.search(prompt)]
     frac = len(leaked) / n
-    return [Finding(kind="reward_hacking", severity="blocking" if frac >= 0.2 else "warn", versions=[v], judged="level",
-                    evidence=[f"prompt:{p}" for p in leaked[:10]], data={"leaked_frac": frac, "n_prompts": n},
-                    explanation=f"{v}: {len(leaked)} of {n} prompts ({fmt(100 * frac)}%) contain their own answer; "
-                                f"the policy can copy it instead of solving the problem, so train reward and "
-                                f"correctness overstate skill.")]
+    if frac < LEAK_WARN:
+        return []
+    rng = np.random.default_rng(0)  # seeded: the same evidence gives the same finding
+    pairs = [(i, j) for _ in range(LEAK_CHANCE_SHIFTS) for i, j in enumerate(rng.permutation(n).tolist()) if i != j]
+    chance = sum(bool(items[j][2].search(items[i][1])) for i, j in pairs) / len(pairs) if pairs else 0.0
+    excess = frac - chance
+    if excess < LEAK_WARN:
+        return []
+    return [Finding(kind="reward_hacking", severity="blocking" if excess >= 0.2 else "warn", versions=[v],
+                    judged="level", evidence=[f"prompt:{p}" for p in leaked[:10]],
+                    data={"leaked_frac": frac, "chance_frac": chance, "n_prompts": n},
+                    explanation=f"{v}: {len(leaked)} of {n} prompts ({fmt(100 * frac)}%) contain their own answer, "
+                                f"against {fmt(100 * chance)}% that contain another prompt's answer by chance; the "
+                                f"policy can copy it instead of solving the problem, so train reward and correctness "
+                                f"overstate skill.")]
 
 
 def _test_file_edits(ev: Evidence, v: str) -> list[Finding]:
