@@ -122,6 +122,10 @@ def test_plateau_after_a_rise():
     # .1 .075 .05) = 0.1 per step x 4 steps = 0.4; second half (steps 4-8): slope 0, gain 0
     assert fs[0].data["gain_first_half"] == pytest.approx(0.4)
     assert fs[0].data["gain_second_half"] == pytest.approx(0.0)
+    # the default run's v7 (8 steps): 0.375 over steps 0-4, then four points whose slope CI is about +-0.5 per step:
+    # as likely still rising at the first half's pace (0.094 per step) as flat: no plateau
+    noisy = [0.25, 0.375, 0.5, 0.5, 0.625, 0.5, 0.75, 0.5]
+    assert [f.kind for f in run_analyzers(_ev(noisy, 3e-3), NAMES)] == []
 
 
 def test_saturated_training_data_is_headroom_info_not_update_too_small():

@@ -272,7 +272,10 @@ def update_size(ev: Evidence) -> list[Finding]:
 
 @ANALYZERS.analyzer("plateau", kinds=("plateau",), description="the reward rose, then stopped, with headroom left")
 def plateau(ev: Evidence) -> list[Finding]:
-    """First-half gain >= PLATEAU_RISE, second-half gain < PLATEAU_KEEP of it with its slope CI containing 0."""
+    """First-half gain >= PLATEAU_RISE, second-half gain < PLATEAU_KEEP of it with its slope CI containing 0 and
+    lying below the first half's slope (the slow-down is shown, not just possible: four noisy points of a second half
+    give a CI like [-0.5, +0.5] per step, which holds 0 and the first half's pace alike; the default run's v7 was called
+    a plateau on such a CI)."""
     out = []
     for v in ev.versions:
         n = progress_numbers(ev, v)
@@ -288,7 +291,7 @@ def plateau(ev: Evidence) -> list[Finding]:
         gain1 = first[0] * float(x[h] - x[0])
         gain2 = second[0] * float(x[-1] - x[h])
         train = n["train_pass_late"]
-        if not (gain1 >= PLATEAU_RISE and gain2 < PLATEAU_KEEP * gain1 and second[1] <= 0 <= second[2]
+        if not (gain1 >= PLATEAU_RISE and gain2 < PLATEAU_KEEP * gain1 and second[1] <= 0 <= second[2] < first[0]
                 and math.isfinite(train) and train < 1 - HEADROOM_MIN):
             continue
         n = {**n, "gain_first_half": gain1, "gain_second_half": gain2, "slope_second_half": second[0],
