@@ -253,14 +253,37 @@ def _jsonl(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
     return iter_jsonl(lines, source, IngestError)
 
 
+def _held_last(lines: Iterable[str], last: list[tuple[int, str]]) -> Iterator[str]:
+    """``lines`` but the last non-blank one (blank lines in its place, so line numbers hold), which goes to ``last``
+    as ``(line number from 1, text)``."""
+    held: tuple[int, str] | None = None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            yield line
+            continue
+        if held is not None:
+            yield held[1]
+            for _ in range(n - held[0] - 1):
+                yield ""
+        held = (n, line)
+    if held is not None:
+        last.append(held)
+
+
 def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dict[str, float]]:
     """Per-step records of a JSONL metrics file (one object per line with a step key).
 
+    The last line may be cut off (a paste's excerpt ends mid-record: ms-swift#5890's ``logging.jsonl``, refused whole
+    before): its whole ``"key": value`` pairs are read (:func:`~evotrainer.harness.ingest_formats.complete_pairs`), with
+    an :class:`IngestWarning` naming the line. A last line whose whole pairs name no step is an error as any other.
+
     Raises:
-        IngestError: a line is not JSON or has no ``step`` / ``global_step`` / ``_step``.
+        IngestError: a line is not JSON (the last one: and no whole pairs with a step), or a line has no ``step`` /
+            ``global_step`` / ``_step``.
     """
     out = StepRecords()
-    for i, rec in _jsonl(lines, source):
+    last: list[tuple[int, str]] = []
+    for i, rec in _records_then_last(_held_last(lines, last), last, source):
         if not isinstance(rec, dict):
             raise IngestError(f"{source}:{i}: a JSON {type(rec).__name__}, not an object; one metrics object per line")
         step = F.record_step(rec)
@@ -270,6 +293,31 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
         for k, x in F.numeric_items(rec).items():
             _add(out, step, k, x)
     return out
+
+
+def _records_then_last(lines: Iterable[str], last: list[tuple[int, str]], source: str) -> Iterator[tuple[int, Any]]:
+    """The JSON records of ``lines`` (:func:`_jsonl`), then the held last line's: whole, or the whole pairs of a cut
+    one (see :func:`parse_jsonl_metrics`)."""
+    yield from _jsonl(lines, source)
+    if not last:
+        return
+    n, line = last[0]
+    try:
+        yield n, loads(line)
+        return
+    except NumberTooLong as exc:
+        raise IngestError(f"{source}:{n}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        error = IngestError(f"{source}:{n}: not JSON ({exc.msg})")  # iter_jsonl's words
+    body = F.complete_pairs(line.strip())
+    try:
+        rec = loads(body) if body else None
+    except (json.JSONDecodeError, NumberTooLong):
+        rec = None
+    if not (isinstance(rec, dict) and F.record_step(rec) is not None):
+        raise error
+    _note(f"{source}:{n}: the last line is cut off (not JSON): read its {len(rec)} whole pairs")
+    yield n, rec
 
 
 def records_to_series(records: dict[int, dict[str, float]]) -> RawSeries:

@@ -214,8 +214,9 @@ _MAX_WRAPPED_LINES = 20  # a dict wrapped by the paste (issue threads) may span 
 def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
     """``(start, end, closed)`` of each ``{...}`` that starts with a quoted key.
 
-    A span may cross line breaks (a wrapped paste) but not a nested ``{`` (these logs never nest: a
-    new ``{`` means the previous dict was cut off), a line break inside a quoted string, or more than
+    A span may cross line breaks (a wrapped paste, also inside a string: :func:`_wrapped_string`) but not a nested
+    ``{`` (these logs never nest: a new ``{`` means the previous dict was cut off), a line break inside a quoted string
+    that the next line does not close, or more than
     :data:`_MAX_WRAPPED_LINES` lines; such a span (and one cut by the end of the text) is yielded with
     ``closed=False`` up to where it stopped, and the scan restarts there.
     """
@@ -232,7 +233,7 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
             c = text[j]
             if c == "\n":
                 lines += 1
-                if quote or lines > _MAX_WRAPPED_LINES:
+                if (quote and not _wrapped_string(text, j, quote)) or lines > _MAX_WRAPPED_LINES:
                     stop = j
                     break
             elif quote:
@@ -257,7 +258,18 @@ def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
             i = stop
 
 
-def _complete_pairs(body: str) -> str:
+def _wrapped_string(text: str, j: int, quote: str) -> bool:
+    """Whether the line break at ``text[j]``, inside a string opened by ``quote``, is a paste's wrap of that string (a
+    key cut at the terminal's width: ``'rewards/strict_format_re`` / ``ward_func': 0.0``, CPPO#3): the next line closes
+    the string, with no ``{`` before it (a cut dict followed by the next dict's line is no wrap)."""
+    end = text.find(quote, j + 1, j + 1 + _MAX_WRAPPED_KEY)
+    return end > 0 and text.find("\n", j + 1, end) < 0 and text.find("{", j + 1, end) < 0
+
+
+_MAX_WRAPPED_KEY = 400  # characters of a wrapped string on its next line (a key or a short value)
+
+
+def complete_pairs(body: str) -> str:
     """A cut-off dict's text up to its last whole ``key: value`` pair, closed: ``{'a': 1, 'b`` -> ``{'a': 1}``.
 
     Only a comma of the dict itself ends a pair: one inside a value's brackets (``tensor(0.5, device='cuda:0')``) does
@@ -301,19 +313,31 @@ def _next_open(s: str, i: int) -> int:
     return m.start() if m else -1
 
 
+_BARE_DICT = re.compile(r"""^([ \t]*)(?=(?:'[^'\n{]{1,200}'|"[^"\n{]{1,200}")[ \t]*:[^{\n]*\}[ \t]*$)""", re.M)
+
+
 def parse_dict_log(text: str) -> Records:
     """Per-step records of console dict lines (see module docstring for the step rule).
 
     ``\\r`` (tqdm redraws) counts as a line break; a dict wrapped over several lines by a paste is joined;
     a dict cut off (by the end of a pasted excerpt, or by the next dict) keeps its whole pairs (the pair
-    that was cut is dropped).
+    that was cut is dropped). Where no dict is found, lines that are a dict without its opening brace (``'loss':
+    -0.0, 'grad_norm': 0.0, ...}``: a paste that missed the first character, ms-swift#5571) are read with it.
     """
+    out = _parse_dicts(text)
+    if not out and "}" in text:
+        out = _parse_dicts(_BARE_DICT.sub(r"\1{", text.replace("\r", "\n")))
+    return out
+
+
+def _parse_dicts(text: str) -> Records:
+    """:func:`parse_dict_log`'s reading of the dicts as they are."""
     text = text.replace("\r", "\n")
     out = StepRecords()
     ordinal = 0
     for start, end, closed in _dict_spans(text):
         body = text[start:end].replace("\n", "")
-        d = literal_dict(body if closed else _complete_pairs(body))
+        d = literal_dict(body if closed else complete_pairs(body))
         if not d:
             continue
         vals = numeric_items(d)

@@ -316,6 +316,18 @@ def test_nan_never_computed_from_the_first_step_is_info_not_a_blowup():
     assert only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup").severity == "blocking"
 
 
+def test_a_grad_norm_nan_from_the_first_step_is_never_excused():
+    """CPPO#3 (a V100, fp16): grad_norm nan at every logged step from the first while the loss (0.0) and the reward
+    stay finite. A grad norm is always computed: the rule for a never-computed metric (kl with beta=0) does not apply
+    to the loss, reward or grad norm; this is a blow-up (blocking), not an info note."""
+    steps = {n: np.arange(1, 5) for n in (M.POLICY_GRAD_NORM, M.LOSS_TOTAL, M.REWARD_MEAN)}
+    ev = ev_of({M.POLICY_GRAD_NORM: [np.nan] * 4, M.LOSS_TOTAL: [0.0] * 4, M.REWARD_MEAN: [0.216, 0.2, 0.25, 0.22]},
+               steps)
+    f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
+    assert (f.severity, f.steps, f.data["series"]) == ("blocking", [1, 4], {M.POLICY_GRAD_NORM: 4})
+    assert "never_computed" not in f.data
+
+
 def test_nan_never_computed_logged_every_n_steps_starts_at_step_n():
     # the same beta=0 run logged every 10 steps (logging_steps=10): steps 10, 20, 30, 40, kl nan at all 4, the loss
     # finite. The smallest gap between logged steps is 10 and the first step 10 <= 10: the run's first logging step,

@@ -15,7 +15,7 @@ import pytest
 from evotrainer import metrics as M
 from evotrainer.aliases import canonical, map_record, solve_fractions
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import IngestError, ingest
+from evotrainer.harness.ingest import IngestError, IngestWarning, ingest
 from evotrainer.harness.ingest_formats import literal_dict, parse_areal_log, parse_dict_log
 
 ING = Path(__file__).parent / "data" / "ingest"
@@ -261,19 +261,59 @@ def test_pasted_tables_real_samples():
 def test_a_cut_dict_with_an_escaped_quote_keeps_its_whole_pairs():
     """Known since the redesign: the cut-dict completion ignored backslash escapes, so after ``'it\\'s, fine'`` it
     thought the string ended at ``\\'``, read the comma inside it as a separator and dropped 'reward'."""
-    from evotrainer.harness.ingest_formats import _complete_pairs, parse_dict_log
+    from evotrainer.harness.ingest_formats import complete_pairs, parse_dict_log
 
     cut = "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25, 'kl"
-    assert _complete_pairs(cut) == "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25}"
+    assert complete_pairs(cut) == "{'loss': 0.5, 'note': 'it\\'s, fine', 'reward': 0.25}"
     assert parse_dict_log(cut) == {1: {"loss": 0.5, "reward": 0.25}}
-    assert _complete_pairs("{'a': 'x\\\\', 'b': 2, 'c") == "{'a': 'x\\\\', 'b': 2}"  # an escaped backslash ends nothing
+    assert complete_pairs("{'a': 'x\\\\', 'b': 2, 'c") == "{'a': 'x\\\\', 'b': 2}"  # an escaped backslash ends nothing
 
 
 def test_a_cut_dict_of_tensor_values_keeps_its_whole_pairs():
     # the comma inside tensor(0.86, device='cuda:0') is the value's, not the dict's: a dict cut inside the next
     # value keeps 'loss' and 'format' (it read as nothing: the cut fell after "tensor(0.86")
-    from evotrainer.harness.ingest_formats import _complete_pairs, parse_dict_log
+    from evotrainer.harness.ingest_formats import complete_pairs, parse_dict_log
 
     cut = "{'loss': 0.0045, 'format': tensor(0.86, device='cuda:0'), 'accuracy': tensor(0.064"
-    assert _complete_pairs(cut) == "{'loss': 0.0045, 'format': tensor(0.86, device='cuda:0')}"
+    assert complete_pairs(cut) == "{'loss': 0.0045, 'format': tensor(0.86, device='cuda:0')}"
     assert parse_dict_log(cut) == {1: {"loss": 0.0045, "format": 0.86}}
+
+
+def test_a_key_wrapped_by_the_paste_is_joined():
+    """CPPO#3's console, pasted at a fixed width: the wrap falls inside a key ('rewards/strict_format_re' / 'ward_func').
+    The dict goes on: its 6 pairs after the wrap were dropped before (the span stopped at a line break inside a
+    string). A cut dict followed by the next dict's line is still no wrap."""
+    text = ("{'loss': 0.0, 'grad_norm': nan, 'rewards/strict_format_re\nward_func': 0.0, 'reward': 0.216, "
+            "'reward_std': nan, 'kl': 0.0, 'epoch': 2.12}\n")
+    rec = parse_dict_log(text)
+    assert list(rec) == [1] and rec[1]["rewards/strict_format_reward_func"] == 0.0 and rec[1]["reward"] == 0.216
+    assert math.isnan(rec[1]["reward_std"]) and rec[1]["kl"] == 0.0 and len(rec[1]) == 7
+    cut = "{'loss': 0.5, 'rewa\n{'loss': 0.25, 'reward': 1.0}\n"
+    assert parse_dict_log(cut) == {1: {"loss": 0.5}, 2: {"loss": 0.25, "reward": 1.0}}
+
+
+def test_a_dict_pasted_without_its_opening_brace():
+    """ms-swift#5571's one line, pasted without its leading '{' (as stored): read as the dict it is; its step from
+    'global_step/max_steps' ('5/3766')."""
+    line = ("'loss': -0.0, 'grad_norm': 0.0, 'reward': 0.34375, 'reward_std': 0.4397946, 'frac_reward_zero_std': 0.0, "
+            "'kl': 0.0, 'global_step/max_steps': '5/3766', 'percentage': '0.13%'}\n")
+    assert parse_dict_log(line) == {5: {"loss": -0.0, "grad_norm": 0.0, "reward": 0.34375, "reward_std": 0.4397946,
+                                        "frac_reward_zero_std": 0.0, "kl": 0.0}}
+    # a text with whole dicts is read as before: the brace is added only where no dict is found
+    assert parse_dict_log("{'loss': 0.5}\n'noise': 1}\n") == {1: {"loss": 0.5}}
+
+
+def test_jsonl_metrics_with_a_cut_last_line(tmp_path):
+    """ms-swift#5890's logging.jsonl excerpt ends mid-record: its last line's whole pairs are read (step 10), with a
+    warning; before, the whole file was refused ('logging.jsonl:2: not JSON')."""
+    p = tmp_path / "logging.jsonl"
+    p.write_text('{"loss": -0.0, "grad_norm": 0.0, "reward": 0.643, "global_step/max_steps": "9/547"}\n'
+                 '{"loss": -0.0, "grad_norm": 0.0, "reward": 0.690, "global_step/max_steps": "10/547", "elapsed_ti\n',
+                 encoding="utf-8")
+    with pytest.warns(IngestWarning, match=r"logging.jsonl:2: the last line is cut off \(not JSON\): read its 4 whole"):
+        ev = ingest(p)
+    assert _s(ev, M.REWARD_MEAN) == [(9, 0.643), (10, 0.690)]
+    # a cut line before the last is still an error naming it
+    p.write_text('{"loss": 0.1, "step": 1, "rew\n{"loss": 0.2, "step": 2}\n', encoding="utf-8")
+    with pytest.raises(IngestError, match=r"logging.jsonl:1: not JSON"):
+        ingest(p)

@@ -180,3 +180,41 @@ def test_tiny_model_run_end_to_end(tmp_path, lr, expected):
     ws.close()
     assert [(f.kind, f.severity) for f in fs] == expected, [f.explanation for f in fs]
     assert fs[0].data["reward_metric"] == M.REWARD_MEAN and fs[0].data["pass_metric"] == M.CORRECT_MEAN
+
+
+def _grad_ev(grad, zero_std=None, reward_std=None, clipped=None, kl=None):
+    n = len(grad)
+
+    def ser(x):
+        return list(zip(range(1, n + 1), x, strict=True))
+
+    m = {M.POLICY_GRAD_NORM: ser(grad)}
+    for name, x in ((M.REWARD_FRAC_ZERO_STD, zero_std), (M.REWARD_STD, reward_std),
+                    (M.COMPLETIONS_CLIPPED_RATIO, clipped), (M.POLICY_KL, kl)):
+        if x is not None:
+            m[name] = ser(x)
+    return Evidence(metrics={"v0": m})
+
+
+def test_a_zero_gradient_while_groups_carry_signal_is_no_update():
+    """ms-swift#5890 (its logging.jsonl, steps 9-10): grad_norm 0.0 and kl 0.0 while 61% / 50% of groups had reward
+    spread (frac_reward_zero_std 0.39 / 0.5): no gradient reaches the weights: blocking from two such steps."""
+    fs = run_analyzers(_grad_ev([0.0, 0.0], zero_std=[0.390625, 0.5], kl=[0.0, 0.0]), ["no_gradient"])
+    assert [(f.kind, f.severity) for f in fs] == [("update_too_small", "blocking")]
+    assert fs[0].data == {"zero_grad_steps": 2, "judged_steps": 2, "no_gradient": True} and fs[0].steps == [1, 2]
+    assert "55.5% of groups carry reward variance" in fs[0].explanation  # median of 0.609375 and 0.5
+    assert "KL to the reference stays 0" in fs[0].explanation
+    # one step (ms-swift#5571: every group spread, frac 0.0), judged by the batch reward std where no fraction is
+    # logged: warn
+    fs = run_analyzers(_grad_ev([0.0], reward_std=[0.44]), ["no_gradient"])
+    assert [(f.kind, f.severity) for f in fs] == [("update_too_small", "warn")]
+
+
+def test_zero_gradients_with_no_signal_or_all_truncated_are_not_judged():
+    # every group constant: a zero gradient is expected (zero_variance_groups names it)
+    assert run_analyzers(_grad_ev([0.0, 0.0], zero_std=[1.0, 1.0]), ["no_gradient"]) == []
+    # every completion cut at the cap (a trainer masking truncated completions has no token to learn from)
+    assert run_analyzers(_grad_ev([0.0, 0.0], zero_std=[0.3, 0.3], clipped=[1.0, 1.0]), ["no_gradient"]) == []
+    # a gradient on most steps (3 of 4 non-zero): no finding; nor without any signal series
+    assert run_analyzers(_grad_ev([0.0, 0.2, 0.3, 0.1], zero_std=[0.3] * 4), ["no_gradient"]) == []
+    assert run_analyzers(_grad_ev([0.0, 0.0]), ["no_gradient"]) == []

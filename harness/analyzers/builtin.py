@@ -171,14 +171,17 @@ def _logs_from_start(steps: np.ndarray) -> bool:
 
 
 def _never_computed(ev: Evidence, v: str, hits: list[tuple[Any, ...]]) -> dict[str, int]:
-    """The hit series (name -> steps) that are non-finite at every logged step, at least
+    """The hit series (name -> steps), other than the :data:`NAN_SIGNAL` ones, that are non-finite at every logged
+    step (CPPO#3: ``grad_norm`` NaN at every step on a V100 was excused as "never computed" because the loss, 0.0, stayed
+    finite; every trainer computes its loss, reward and grad norm), at least
     :data:`NAN_UNCOMPUTED_MIN_STEPS` of them, from the run's first logging step (:func:`_logs_from_start`), while a
     :data:`NAN_SIGNAL` series that is not itself hit is finite at every one of those steps: a metric the trainer does
     not compute, not a blow-up."""
     hit = {h[0] for h in hits}
     out: dict[str, int] = {}
     for name, bad_steps, k, total, _ in hits:
-        if k != total or total < NAN_UNCOMPUTED_MIN_STEPS or not _logs_from_start(bad_steps):
+        if (k != total or total < NAN_UNCOMPUTED_MIN_STEPS or not _logs_from_start(bad_steps)
+                or name in NAN_SIGNAL):  # a loss, reward or grad norm is always computed: never excused
             continue
         for sig in NAN_SIGNAL:
             if sig in hit or not ev.has(v, sig):

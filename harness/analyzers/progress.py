@@ -20,6 +20,8 @@ reward still moves, and raise:
   ``info`` while the reward still rises significantly (SmolLM2 on 1-digit addition at lr 2e-5 moved
   KL ~0.04 nats/token per step, 4x the target, and learned fastest: large steps that pay off are not
   a failure in themselves, but are what precedes a collapse).
+* ``update_too_small`` (blocking; analyzer ``no_gradient``): the gradient norm is exactly 0 while the groups carry
+  reward variance: no gradient reaches the weights at all (:func:`no_gradient`).
 * ``plateau`` (warn): the reward rose in the first half of the steps and stopped in the second
   (its slope CI contains 0, its gain under a quarter of the first half's) with headroom left.
 * ``headroom`` (info): the train pass rate is at or above ``1 - HEADROOM_MIN``: the data is
@@ -44,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from evotrainer import metrics as M
-from evotrainer.harness.analyzers.rules import CORRECTNESS, AnalyzerTable
+from evotrainer.harness.analyzers.rules import CORRECTNESS, ZERO_STD_TOL, AnalyzerTable
 from evotrainer.harness.evidence import Evidence
 from evotrainer.harness.findings import Finding
 from evotrainer.harness.trends import MIN_POINTS, downsample, fmt
@@ -267,6 +269,53 @@ def update_size(ev: Evidence) -> list[Finding]:
                   f"({n['pass_metric']}) is {fmt(train)}"
                 + (f" (dev {fmt(dev)})" if dev is not None else "") + f"{_signal_text(n)}. The policy barely "
                 f"moves: a learning rate x{fmt(n['lr_factor_to_target'])} would reach the target (KL ∝ lr²)."))
+    return out
+
+
+@ANALYZERS.analyzer("no_gradient", kinds=("update_too_small",),
+                    description="a gradient norm of exactly 0 while the groups carry reward variance: no update at all")
+def no_gradient(ev: Evidence) -> list[Finding]:
+    """``update_too_small`` (a level, one step shows it) where the logged gradient norm is exactly 0 on at least
+    :data:`MOST` of the steps whose groups carry signal (``reward/frac_zero_std`` < 1, else the batch ``reward/std`` >
+    :data:`~evotrainer.harness.analyzers.rules.ZERO_STD_TOL`) and whose completions are not all cut at the cap (a
+    trainer that masks truncated completions, TRL's ``mask_truncated_completions``, has no token to learn from there:
+    ``truncation``'s finding). A group-relative advantage that is not 0 gives a gradient that is not 0, so a zero
+    norm means no gradient reaches the trained weights: adapters not attached or frozen, a wrong optimiser group, a
+    distributed-engine bug (ms-swift#5890: grad_norm 0.0 with reward_std 0.16 on an NPU, fixed by a DeepSpeed upgrade;
+    ms-swift#5571: 0.0 with every group's rewards spread, LoRA). Blocking from 2 such steps, warn on one."""
+    out = []
+    for v in ev.versions:
+        gs, g = ev.series(v, M.POLICY_GRAD_NORM)
+        ok = np.isfinite(g)
+        gs, g = gs[ok], g[ok]
+        if not len(g):
+            continue
+        z = _aligned(ev, v, M.REWARD_FRAC_ZERO_STD, gs)
+        sd = _aligned(ev, v, M.REWARD_STD, gs)
+        clipped = _aligned(ev, v, M.COMPLETIONS_CLIPPED_RATIO, gs)
+        signal = np.where(np.isfinite(z), z < 1.0 - 1e-9, np.nan_to_num(sd, nan=0.0) > ZERO_STD_TOL)
+        judged = signal & ~(np.nan_to_num(clipped, nan=0.0) >= 0.99)
+        n = int(judged.sum())
+        zero = judged & (g == 0.0)
+        if not n or zero.sum() < MOST * n:
+            continue
+        steps = gs[zero]
+        sig = (f"{fmt(100 * float(np.nanmedian(1.0 - z[zero])))}% of groups carry reward variance (1 - "
+               f"reward/frac_zero_std, median)" if np.isfinite(z[zero]).any() else
+               f"the batch reward std is {fmt(float(np.nanmedian(sd[zero])))} (median)")
+        _, kl = ev.series(v, M.POLICY_KL)
+        kl_text = (" and the KL to the reference stays 0" if len(kl) and np.isfinite(kl).any()
+                   and np.all(kl[np.isfinite(kl)] == 0.0) else "")
+        out.append(Finding(
+            kind="update_too_small", severity="blocking" if zero.sum() >= 2 else "warn", versions=[v],
+            steps=[int(steps[0]), int(steps[-1])], evidence=[M.POLICY_GRAD_NORM, M.REWARD_FRAC_ZERO_STD, M.REWARD_STD],
+            judged="level", data={"zero_grad_steps": int(zero.sum()), "judged_steps": n, "no_gradient": True},
+            explanation=f"{v}: no update at all: the gradient norm is exactly 0 on {int(zero.sum())} of the {n} logged "
+                        f"step(s) whose groups carry signal (steps {', '.join(map(str, steps[:8].tolist()))}), while "
+                        f"{sig}{kl_text}. A non-zero advantage gives a non-zero gradient, so none reaches the trained "
+                        f"weights: check that the trainable parameters (LoRA adapters) are attached and require "
+                        f"gradients and are in the optimiser, and the distributed engine's version (a learning-rate "
+                        f"change cannot help)."))
     return out
 
 
