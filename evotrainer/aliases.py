@@ -117,6 +117,13 @@ ALIASES: dict[str, str] = {
     "truncated": M.COMPLETIONS_CLIPPED_RATIO,
     "dynamic_filtering_pass_rate": M.REWARD_KEPT_GROUP_FRAC,
     "timing/step_total": M.PERF_STEP_SECONDS,
+    # --- TRL PPOTrainer (trl/trainer/ppo_trainer.py; per-token means only: its objective/kl and objective/entropy are
+    # sums over a response's tokens and keep their own names) ----------------------------------------------------
+    "objective/scores": M.REWARD_MEAN,  # the reward model's score (objective/rlhf_reward subtracts the KL penalty)
+    "policy/entropy_avg": M.POLICY_ENTROPY,
+    "policy/approxkl_avg": M.POLICY_PPO_KL,
+    "policy/clipfrac_avg": M.POLICY_CLIP_FRAC,
+    "loss/policy_avg": M.LOSS_POLICY,
     # --- AReaL (stats under the actor's scope) --------------------------------------------------
     **{f"{scope}/{k}": name for scope in ("ppo_actor", "grpo_actor") for k, name in {
         "task_reward/avg": M.REWARD_MEAN, "task_reward/min": M.REWARD_MIN, "task_reward/max": M.REWARD_MAX,
@@ -253,7 +260,10 @@ def solve_fractions(record: dict[str, float]) -> dict[str, float]:
 def map_record(record: dict[str, float]) -> dict[str, float]:
     """Rename one step's ``{foreign name: value}`` to our names; collisions keep the higher-priority key.
 
-    A foreign key whose name is taken keeps its own name (``critic/kl`` beside ``actor/kl_loss``).
+    A foreign key whose name is taken keeps its own name (``critic/kl`` beside ``actor/kl_loss``). Derived: the solve
+    fractions (:func:`solve_fractions`); a clipped ratio of 1 where TRL's PPOTrainer logs ``val/num_eos_tokens`` 0 (no
+    response of the batch ended: every one was cut at ``response_length``; a count above 0 gives no ratio, the batch
+    size not being logged).
     """
     out: dict[str, float] = {}
     for key in sorted(record, key=_priority):
@@ -263,4 +273,6 @@ def map_record(record: dict[str, float]) -> dict[str, float]:
         out[name if name not in out else raw] = value
     for name, value in solve_fractions(record).items():
         out.setdefault(name, value)
+    if record.get("val/num_eos_tokens") == 0:  # TRL PPOTrainer: no response of the batch ended with EOS: all cut
+        out.setdefault(M.COMPLETIONS_CLIPPED_RATIO, 1.0)
     return out

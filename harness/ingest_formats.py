@@ -442,6 +442,52 @@ def parse_tqdm_postfix_log(text: str) -> Records:
     return outer if outer else inner
 
 
+# --- mlx-lm ('Iter N: Name value, Name value, ...') ------------------------------------------------------
+_MLX_LINE = re.compile(r"^[^\S\n]*Iter[^\S\n]+(\d{1,15}):[^\S\n]*(.{1,20000})$", re.M)
+_MLX_PAIR = re.compile(r"([A-Za-z_][\w ./()-]{0,200}?)\s+([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
+                       r"(?:\s*[A-Za-z%/]{0,8})?")
+# mlx-lm's names (mlx_lm/tuner/grpo_trainer.py, trainer.py) under the names TRL's GRPOTrainer logs the same numbers with
+_MLX_NAMES = {"train loss": "loss", "total rewards mean": "reward", "total rewards std": "reward/batch_std",
+              "grouped rewards mean": "reward/group_mean", "grouped rewards std": "reward_std", "kl": "kl",
+              "learning rate": "learning_rate", "clip fraction": "pg_clipfrac",
+              "avg length": "completions/mean_length", "average generated tokens": "completions/mean_length",
+              "val loss": "eval_loss"}
+
+
+def parse_mlx_log(text: str) -> Records:
+    """Per-step records of mlx-lm's training report lines: ``Iter 20: Train loss 0.000, Total rewards mean 0.000,
+    Total rewards std 0.000, Grouped rewards mean 0.000, Grouped rewards std 0.000, KL 0.000, <reward func> mean 0.000,
+    <reward func> std 0.000, Learning Rate 1.000e-05, It/sec 0.025, Tokens/sec 49.688, Peak mem 34.745 GB``
+    (``mlx_lm/tuner/grpo_trainer.py``; SFT's ``trainer.py`` prints ``Train loss`` / ``Val loss`` the same way).
+
+    The step is ``Iter``'s number. Names go to the ones TRL's GRPOTrainer logs for the same numbers (``Grouped rewards
+    std``, the mean of the groups' reward stds, is TRL's ``reward_std``; ``<func> mean`` is ``rewards/<func>/mean``);
+    others are lower-cased with ``_`` for spaces (``It/sec`` -> ``it/sec``). A value's unit (``GB``, ``s``) is
+    dropped; a part without a number is left out.
+    """
+    out = StepRecords()
+    for m in _MLX_LINE.finditer(text.replace("\r", "\n")):
+        step = step_int(m.group(1))
+        rec: dict[str, float] = {}
+        for part in m.group(2).split(","):
+            pm = _MLX_PAIR.fullmatch(part.strip())
+            if pm is None or (x := to_float(pm.group(2))) is None:
+                continue
+            name = pm.group(1).strip()
+            low = name.lower()
+            if low in _MLX_NAMES:
+                key = _MLX_NAMES[low]
+            elif low.endswith((" mean", " std")) and " " in name:
+                head, stat_ = name.rsplit(" ", 1)
+                key = f"rewards/{head}/{stat_.lower()}"
+            else:
+                key = low.replace(" ", "_")
+            rec[key] = x
+        if rec:
+            out.add_all(step, rec)
+    return out
+
+
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
 _TABLE_STEP = {"step", "steps", "global step", "global_step"}
 _TABLE_NAMES = {"training loss": "loss", "validation loss": "eval_loss"}

@@ -317,3 +317,36 @@ def test_jsonl_metrics_with_a_cut_last_line(tmp_path):
     p.write_text('{"loss": 0.1, "step": 1, "rew\n{"loss": 0.2, "step": 2}\n', encoding="utf-8")
     with pytest.raises(IngestError, match=r"logging.jsonl:1: not JSON"):
         ingest(p)
+
+
+def test_mlx_lm_iter_lines():
+    """mlx-lm's GRPO report (mlx_lm/tuner/grpo_trainer.py's print, as pasted in mlx-examples#1233): the step is Iter's
+    number; names go to TRL's (Grouped rewards std -> reward_std, <func> mean -> rewards/<func>/mean); units dropped."""
+    from evotrainer.harness.ingest_formats import parse_mlx_log
+
+    text = ("Iter 20: Train loss 0.000, Total rewards mean 0.125, Total rewards std 0.250, Grouped rewards mean 0.125, "
+            "Grouped rewards std 0.062, KL 0.001, r1_count_xml mean 0.125, r1_count_xml std 0.125, Learning Rate "
+            "1.000e-05, It/sec 0.025, Tokens/sec 49.688, Peak mem 34.745 GB\n"
+            "Iter 0: Val loss 2.345, Val took 3.2s\n")
+    rec = parse_mlx_log(text)
+    assert rec[20] == {"loss": 0.0, "reward": 0.125, "reward/batch_std": 0.25, "reward/group_mean": 0.125,
+                       "reward_std": 0.062, "kl": 0.001, "rewards/r1_count_xml/mean": 0.125,
+                       "rewards/r1_count_xml/std": 0.125, "learning_rate": 1e-05, "it/sec": 0.025,
+                       "tokens/sec": 49.688, "peak_mem": 34.745}
+    assert rec[0] == {"eval_loss": 2.345, "val_took": 3.2}
+
+
+def test_trl_ppo_trainer_names(tmp_path):
+    """TRL PPOTrainer's console dicts (hongbomiao.com#37684): per-token means mapped; objective/kl (a sum over a
+    response's tokens) keeps its name, not policy/kl; val/num_eos_tokens 0 means every response was cut."""
+    p = tmp_path / "console.log"
+    p.write_text("{'eps': 1, 'objective/kl': 6.81, 'objective/entropy': 114.4, 'objective/scores': 2.36, "
+                 "'policy/approxkl_avg': 0.0027, 'policy/clipfrac_avg': 0.0093, 'loss/policy_avg': -0.0032, "
+                 "'policy/entropy_avg': 1.111, 'val/num_eos_tokens': 0, 'lr': 9.2e-06, 'episode': 96, 'epoch': 0.11}\n"
+                 "{'eps': 1, 'objective/kl': 6.95, 'objective/scores': 1.52, 'val/num_eos_tokens': 3, 'episode': 112}\n",
+                 encoding="utf-8")
+    ev = ingest(p)
+    assert _s(ev, M.REWARD_MEAN) == [(1, 2.36), (2, 1.52)] and _s(ev, M.POLICY_ENTROPY) == [(1, 1.111)]
+    assert _s(ev, M.POLICY_PPO_KL) == [(1, 0.0027)] and _s(ev, M.POLICY_CLIP_FRAC) == [(1, 0.0093)]
+    assert _s(ev, M.LOSS_POLICY) == [(1, -0.0032)] and _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0)]
+    assert not ev.has(ev.versions[0], M.POLICY_KL) and _s(ev, "objective/kl") == [(1, 6.81), (2, 6.95)]
