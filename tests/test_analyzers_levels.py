@@ -351,3 +351,19 @@ def test_truncation_from_a_mean_length_that_is_one_whole_number():
     # two steps only, or a mean that varies (255.5 among them), or one that is not a whole number: no cap known
     for x in ([256.0, 256.0], [256.0, 255.5, 256.0], [232.825, 232.825, 232.825]):
         assert run_analyzers(ev_of({M.COMPLETIONS_MEAN_LENGTH: x}), names=["truncation"]) == [], x
+
+
+def test_nan_on_the_last_step_only_and_a_critic_nan_say_what_the_log_shows():
+    """A NaN on the log's only step is blocking, but the text does not claim it persists (the log ends there); a NaN of
+    the critic's series alone (verl#498: critic/vf_loss and critic/grad_norm nan at step 1, the actor finite) names
+    the critic's weights, not the policy's."""
+    one = {n: np.array([1]) for n in ("critic/vf_loss", "critic/grad_norm", M.LOSS_POLICY)}
+    ev = ev_of({"critic/vf_loss": [np.nan], "critic/grad_norm": [np.nan], M.LOSS_POLICY: [-0.013]}, one)
+    f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
+    assert f.severity == "blocking" and f.data["critic_only"] is True
+    assert "the critic's (value model's) weights are corrupt from there unless the next steps recover" in f.explanation
+    assert "They persist" not in f.explanation
+    steps = {n: np.arange(1, 5) for n in (M.LOSS_POLICY, M.REWARD_MEAN)}
+    ev = ev_of({M.LOSS_POLICY: [0.1, 0.2, np.nan, np.nan], M.REWARD_MEAN: [0.5] * 4}, steps)
+    f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
+    assert f.data["critic_only"] is False and "They persist: the weights are corrupt from here on." in f.explanation

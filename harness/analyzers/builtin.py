@@ -23,6 +23,7 @@ gradient spikes that nothing suffers from are ``info``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ NAN_UNCOMPUTED_MIN_STEPS = 2  # steps, all non-finite from the first: one step c
 # foreign series kept under their own names are core too when they are a loss or a gradient norm
 # (verl critic/vf_loss, critic/grad_norm; ms-swift loss) -- never timing or throughput
 _NAN_FOREIGN = ("loss", "grad_norm")
+_CRITIC = re.compile(r"(?:^|/)(?:critic|value|vf)[/_]|/vf_|vpred", re.I)  # a critic's series (verl critic/vf_loss)
 
 
 def _how(basis: str, t: Trend, unit: str) -> str:
@@ -147,13 +149,23 @@ def nan_blowup(ev: Evidence) -> list[Finding]:
         pre = kl[(steps < first) & np.isfinite(kl)]
         if len(pre) >= 6:
             kl_before = f"; KL before the blow-up rose from {fmt(np.median(pre[:3]))} to {fmt(np.median(pre[-3:]))}"
+        critic_only = all(_CRITIC.search(h[0]) for h in hits)
+        whose = "the critic's (value model's)" if critic_only else "the"
+        if not persistent:
+            tail = "An isolated value that recovered."
+        elif len({int(x) for h in hits for x in h[1]}) == 1 and not any(h[2] >= 2 for h in hits):
+            tail = (f"On the log's last step, the only one that shows it: {whose} weights are corrupt from there unless "
+                    f"the next steps recover (the log does not show them).")
+        else:
+            tail = f"They persist: {whose} weights are corrupt from here on."
+        if critic_only and persistent:
+            tail += " The policy's own series are finite so far; the advantages come from the critic, so it is next."
         out.append(Finding(
             kind="nan_blowup", severity="blocking" if persistent else "warn", versions=[v], steps=[first, last],
             evidence=[h[0] for h in hits], judged="level",
             data={"first_step": first, "series": {h[0]: h[2] for h in hits},
-                  "bad_steps": {h[0]: h[1][:20].tolist() for h in hits}},
-            explanation=f"{v}: non-finite values from step {first} ({'; '.join(parts)})"
-                        f"{kl_before}. {'They persist: the weights are corrupt from here on.' if persistent else 'An isolated value that recovered.'}"))
+                  "bad_steps": {h[0]: h[1][:20].tolist() for h in hits}, "critic_only": critic_only},
+            explanation=f"{v}: non-finite values from step {first} ({'; '.join(parts)}){kl_before}. {tail}"))
     return out
 
 
