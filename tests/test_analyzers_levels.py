@@ -367,3 +367,18 @@ def test_nan_on_the_last_step_only_and_a_critic_nan_say_what_the_log_shows():
     ev = ev_of({M.LOSS_POLICY: [0.1, 0.2, np.nan, np.nan], M.REWARD_MEAN: [0.5] * 4}, steps)
     f = only(run_analyzers(ev, names=["nan_blowup"]), "nan_blowup")
     assert f.data["critic_only"] is False and "They persist: the weights are corrupt from here on." in f.explanation
+
+
+def test_a_constant_penalty_with_near_empty_completions_reads_all_wrong():
+    """unsloth#2451 (a LoRA reloaded wrong): reward -1.0 (the wrong answer's score) with reward_std 0 at every step,
+    completions of 1.44 / 1.38 / 1.38 tokens. Every group is constant at the lowest mean the run shows and at a
+    penalty: all wrong (it read 'cause unknown'); the near-empty completions are named (median 1.38)."""
+    ev = ev_of({M.REWARD_MEAN: [-1.0] * 3, M.REWARD_STD: [0.0] * 3, M.COMPLETIONS_MEAN_LENGTH: [1.4375, 1.375, 1.375]})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["cause"], f.data["lowest"]) == ("blocking", "all_wrong", True)
+    assert f.data["completion_tokens"] == 1.375 and "near-empty (1.38 tokens on average)" in f.explanation
+    # the same -1.0 after a step whose mean was lower (-1.5) is not the run's floor: the cause stays unknown
+    ev = ev_of({M.REWARD_MEAN: [-1.5, -1.0, -1.0, -1.0], M.REWARD_STD: [0.3, 0.0, 0.0, 0.0],
+                M.COMPLETIONS_MEAN_LENGTH: [40.0] * 4})
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert f.data["cause"] == "unknown" and "completion_tokens" not in f.data

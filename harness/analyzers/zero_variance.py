@@ -64,6 +64,7 @@ ANALYZERS = AnalyzerTable()
 """This module's built-in analyzer (registered by ``analyzers/registry.py``)."""
 
 CAUSE_SHARE = 0.8  # all-wrong (or all-right) groups making up this share of the zero-variance groups name the cause
+NEAR_EMPTY_TOKENS = 3.0  # mean completion length (tokens) at or under which the completions are near-empty
 
 
 def _aligned(ev: Evidence, v: str, a: str, b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -173,6 +174,10 @@ def _cause(ev: Evidence, v: str, z: float, const_vals: np.ndarray) -> tuple[str,
             if r is not None and abs(r) <= ZERO_STD_TOL and z >= ZV_BLOCK and fin.min() >= -ZERO_STD_TOL:
                 # every group constant, mean reward 0 and the reward never negative: every reward is 0
                 return "all_wrong", {"reward_mean": r, "from": M.REWARD_MEAN}
+            if r is not None and r < -ZERO_STD_TOL and z >= ZV_BLOCK and r <= fin.min() + ZERO_STD_TOL:
+                # every group constant at a penalty, the lowest mean the run shows (unsloth#2451: -1.0, the wrong
+                # answer's score, on every step): as a constant reward <= 0 is read (all wrong)
+                return "all_wrong", {"reward_mean": r, "from": M.REWARD_MEAN, "lowest": True}
             return "unknown", how
         m = 1.0 - z
         right, wrong = max(0.0, c - m), max(0.0, z - c)
@@ -260,8 +265,17 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
                      f"{fmt(how['run_reward_min'])}..{fmt(how['run_reward_max'])})")
         elif "correct_mean" in how:
             what += f"; correctness {fmt(how['correct_mean'])}"
+        elif "reward_mean" in how and how.get("lowest"):
+            what += f"; mean reward {fmt(how['reward_mean'])}, a penalty and the lowest the run shows"
         elif "reward_mean" in how:
             what += f"; mean reward {fmt(how['reward_mean'])}, never negative: every rollout scored 0"
+        ls, lens = ev.series(v, M.COMPLETIONS_MEAN_LENGTH)
+        short = _recent(ls, lens)
+        if cause != "all_right" and short is not None and short <= NEAR_EMPTY_TOKENS:
+            data["completion_tokens"] = short
+            reading += (f"; the completions are near-empty ({fmt(short)} tokens on average): the policy emits almost "
+                        f"nothing, so no answer can be right: look for weights that did not load (an adapter or "
+                        f"checkpoint), a wrong chat template or stop token before the data or the reward")
         out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=steps, judged="level",
                            evidence=[n for n in (frac[0].split(" + ") if by_frac else csrc)], data=data,
                            explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
