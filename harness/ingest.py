@@ -684,6 +684,7 @@ FORMATS = (
     "OpenRLHF console: tqdm bars with numbers, 'Episode [1/1]:  10%|█| 5/50 [01:00<09:00, 12.0s/it, "
     "policy_loss=0.0123, kl=0.00102, reward=0.5, ...]' (or the 'Train epoch' bars' 'pg=..., rm=..., glen=...')",
     "mlx-lm: 'Iter 20: Train loss 0.000, Total rewards mean 0.000, ..., KL 0.000, Learning Rate 1.000e-05, ...'",
+    "W&B's console summary at a run's end: 'wandb: Run summary:' then 'wandb: <key> <value>' lines (one step)",
     "JSONL metrics (ms-swift logging.jsonl, W&B history): one object a line with 'step', 'global_step', '_step' "
     "or 'global_step/max_steps': \"300/1296\"",
     "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
@@ -702,7 +703,7 @@ def unreadable(path: Path, tried: str) -> IngestError:
 
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
-    numbers (OpenRLHF), mlx-lm 'Iter N' lines, 'Step | ...' tables.
+    numbers (OpenRLHF), mlx-lm 'Iter N' lines, W&B's run summary, 'Step | ...' tables.
 
     The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
@@ -714,6 +715,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
                                 ("console dicts", F.parse_dict_log, text),
                                 ("tqdm bars with numbers (OpenRLHF)", F.parse_tqdm_postfix_log, text),
                                 ("mlx-lm 'Iter N: ...' lines", F.parse_mlx_log, squeezed),
+                                ("W&B's 'Run summary:'", F.parse_wandb_summary, squeezed),
                                 ("'Step | ...' tables", F.parse_table_log, squeezed)):
         records = reader(given)
         if records:
@@ -879,7 +881,8 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
         raise IngestError(exc.located(str(path), text)) from None
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
-                               "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, 'Step | ...' tables")
+                               "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, W&B's 'Run summary:', "
+                               "'Step | ...' tables")
     return {None: records}, []
 
 

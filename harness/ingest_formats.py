@@ -488,6 +488,46 @@ def parse_mlx_log(text: str) -> Records:
     return out
 
 
+# --- W&B's end-of-run console summary ('wandb: Run summary:' then 'wandb: <key> <value>' lines) ------------
+_WANDB_LINE = re.compile(r"^[^\n]{0,200}?wandb:[ \t]*(?P<body>[^\n]{0,2000})$", re.M)
+_WANDB_PAIR = re.compile(r"(?P<k>[A-Za-z_][\w/.@()-]{0,300})[ \t]+(?P<v>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)")
+_WANDB_STEP_KEYS = ("_step", "global_step", "training/global_step", "train/global_step", "step", "trainer/global_step")
+
+
+def parse_wandb_summary(text: str) -> Records:
+    """The one record of W&B's console summary at the end of a run (``wandb.finish``): after a ``wandb: Run summary:``
+    line, each ``wandb: <key> <number>`` line (a Ray actor's ``(main_task pid=...)`` prefix allowed; text values such as
+    the run's name skipped) until the blank ``wandb:`` line that ends the block; the record's step is its ``_step`` / ``global_step`` / ``training/global_step`` value, else 1.
+
+    The ``Run history:`` block before it draws each series as an 8-level sparkline (``▁▂▃▄▅▆▇█``) without its scale:
+    no values to read, so it is not read. A pasted end of a verl or TRL console often holds only these blocks: the
+    summary gives the last step's numbers (a clipped ratio of 1, a NaN loss), a level the analyzers judge.
+    """
+    out = StepRecords()
+    rec: dict[str, float] | None = None
+    for m in _WANDB_LINE.finditer(text.replace("\r", "\n")):
+        body = m.group("body").strip()
+        if body.startswith("Run summary:"):
+            rec = {}
+            continue
+        if rec is None:
+            continue
+        if not body and rec:  # the blank 'wandb:' line that ends the block
+            break
+        pm = _WANDB_PAIR.fullmatch(body)
+        if pm is None:  # a text value (a run name), or a key of spaces
+            continue
+        x = to_float(pm.group("v"))
+        if x is not None:
+            rec[pm.group("k")] = x
+    if rec:
+        step = next((int(rec.pop(k)) for k in _WANDB_STEP_KEYS if k in rec and math.isfinite(rec[k])), 1)
+        for k in _WANDB_STEP_KEYS:
+            rec.pop(k, None)
+        out.add_all(step, rec)
+    return out
+
+
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
 _TABLE_STEP = {"step", "steps", "global step", "global_step"}
 _TABLE_NAMES = {"training loss": "loss", "validation loss": "eval_loss"}

@@ -350,3 +350,24 @@ def test_trl_ppo_trainer_names(tmp_path):
     assert _s(ev, M.POLICY_PPO_KL) == [(1, 0.0027)] and _s(ev, M.POLICY_CLIP_FRAC) == [(1, 0.0093)]
     assert _s(ev, M.LOSS_POLICY) == [(1, -0.0032)] and _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0)]
     assert not ev.has(ev.versions[0], M.POLICY_KL) and _s(ev, "objective/kl") == [(1, 6.81), (2, 6.95)]
+
+
+def test_wandb_run_summary_at_a_consoles_end(tmp_path):
+    """The end of a verl console on Ray as pasted in issues (Agent-R1#32's shape): W&B's sparkline history (no values:
+    not read) and its run summary, whose numbers are the last step's (here: every response clipped, a NaN loss)."""
+    p = tmp_path / "tail.log"
+    p.write_text("(main_task pid=82052) wandb: Run history:\n"
+                 "(main_task pid=82052) wandb:                  actor/entropy_loss █▇▇█▆▆▅▆▅▆▄▄▅▅▄▅▃▄▄▃\n"
+                 "(main_task pid=82052) wandb: \n"
+                 "(main_task pid=82052) wandb: Run summary:\n"
+                 "(main_task pid=82052) wandb:              actor/entropy_loss 0.41233\n"
+                 "(main_task pid=82052) wandb:                   actor/pg_loss nan\n"
+                 "(main_task pid=82052) wandb:                        run_name grpo-qwen\n"
+                 "(main_task pid=82052) wandb:      response_length/clip_ratio 1.0\n"
+                 "(main_task pid=82052) wandb:            training/global_step 54\n"
+                 "(main_task pid=82052) wandb: \n"
+                 "(main_task pid=82052) wandb: 🚀 View run at https://wandb.ai/x/y/runs/z\n", encoding="utf-8")
+    ev = ingest(p)
+    assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(54, 1.0)] and _s(ev, M.POLICY_ENTROPY) == [(54, 0.41233)]
+    (step, loss), = _s(ev, M.LOSS_POLICY)
+    assert step == 54 and math.isnan(loss)
