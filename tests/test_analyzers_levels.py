@@ -382,3 +382,16 @@ def test_a_constant_penalty_with_near_empty_completions_reads_all_wrong():
                 M.COMPLETIONS_MEAN_LENGTH: [40.0] * 4})
     f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
     assert f.data["cause"] == "unknown" and "completion_tokens" not in f.data
+
+
+def test_zero_variance_wording_with_a_critic():
+    """TinyZero#101 (verl PPO with a critic): every rollout scored 0 at the step. The reading is not GRPO's 'zero
+    group-relative advantage' (there are no groups), but that equal rewards leave the advantages to the value model."""
+    one = {n: np.array([5]) for n in (M.REWARD_MIN, M.REWARD_MAX, M.REWARD_MEAN, "critic/vf_loss")}
+    ev = ev_of({M.REWARD_MIN: [0.0], M.REWARD_MAX: [0.0], M.REWARD_MEAN: [0.0], "critic/vf_loss": [0.3]}, one)
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert "leave the advantages to the value model's own errors" in f.explanation
+    assert "group-relative" not in f.explanation
+    ev = ev_of({M.REWARD_MIN: [0.0], M.REWARD_MAX: [0.0], M.REWARD_MEAN: [0.0]}, one)
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert "Those groups get zero group-relative advantage" in f.explanation

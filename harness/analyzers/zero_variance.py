@@ -210,6 +210,15 @@ _READING = {
 }
 
 
+def _no_signal(ev: Evidence, v: str) -> str:
+    """What equal rewards take away: the group-relative advantage (GRPO), or, where a value model is trained (PPO with
+    a critic: verl's ``critic/vf_loss``, ``critic/values/*``), the reward's part of the advantage, which is then the
+    value model's own error (TinyZero#101's PPO batch scored 0 on every rollout)."""
+    critic = any(("vf_loss" in n or n.startswith("critic/values") or "vpred" in n) for n in ev.metric_names(v))
+    return ("Equal rewards leave the advantages to the value model's own errors (a critic is trained here)" if critic
+            else "Those groups get zero group-relative advantage")
+
+
 @ANALYZERS.analyzer("zero_variance_groups", description="groups whose rewards are all equal (no GRPO signal), by cause")
 def zero_variance_groups(ev: Evidence) -> list[Finding]:
     """Recent zero-variance fraction >= ZV_WARN (a level; see the module docstring for sources and cause)."""
@@ -278,7 +287,7 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
                         f"checkpoint), a wrong chat template or stop token before the data or the reward")
         out.append(Finding(kind="zero_variance_groups", severity=sev, versions=[v], steps=steps, judged="level",
                            evidence=[n for n in (frac[0].split(" + ") if by_frac else csrc)], data=data,
-                           explanation=f"{v}: {what}{g}. Those groups get zero group-relative advantage: the batch "
-                                       f"carries {'no' if z >= ZV_BLOCK else 'little'} learning signal; cause "
+                           explanation=f"{v}: {what}{g}. {_no_signal(ev, v)}: the batch carries "
+                                       f"{'no' if z >= ZV_BLOCK else 'little'} learning signal; cause "
                                        f"{cause.replace('_', '-')}: {reading}."))
     return out
