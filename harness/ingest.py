@@ -689,6 +689,7 @@ FORMATS = (
     "or 'global_step/max_steps': \"300/1296\"",
     "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
     "a pasted table whose first column is 'Step' (the HF notebook's 'Step | Training Loss | reward | ...')",
+    "a script's own lines of 'key=value' pairs, two or more a line: 'step 10 | loss=0.12 reward=0.5±0.1 kl=0.001'",
     "TRL trainer_state.json (log_history), W&B history JSON (a list of records with '_step')",
     "TensorBoard events.out.tfevents.*; MLflow run folder mlruns/<exp>/<run>/metrics/<key> "
     "(lines '<timestamp> <value> <step>')",
@@ -703,7 +704,7 @@ def unreadable(path: Path, tried: str) -> IngestError:
 
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
-    numbers (OpenRLHF), mlx-lm 'Iter N' lines, W&B's run summary, 'Step | ...' tables.
+    numbers (OpenRLHF), mlx-lm 'Iter N' lines, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
 
     The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
@@ -716,7 +717,8 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
                                 ("tqdm bars with numbers (OpenRLHF)", F.parse_tqdm_postfix_log, text),
                                 ("mlx-lm 'Iter N: ...' lines", F.parse_mlx_log, squeezed),
                                 ("W&B's 'Run summary:'", F.parse_wandb_summary, squeezed),
-                                ("'Step | ...' tables", F.parse_table_log, squeezed)):
+                                ("'Step | ...' tables", F.parse_table_log, squeezed),
+                                ("'key=value' lines", F.parse_kv_log, squeezed)):
         records = reader(given)
         if records:
             return records, name
@@ -882,7 +884,7 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
                                "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, W&B's 'Run summary:', "
-                               "'Step | ...' tables")
+                               "'Step | ...' tables, 'key=value' lines")
     return {None: records}, []
 
 

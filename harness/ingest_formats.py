@@ -528,6 +528,52 @@ def parse_wandb_summary(text: str) -> Records:
     return out
 
 
+# --- home-made 'key=value' lines (a script's own print) -------------------------------------------------------
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
+_KV_PAIR = re.compile(r"(?<![\w/.@-])(?P<k>[A-Za-z_][\w/.@-]{0,100})[ \t]{0,4}=[ \t]{0,4}(?P<v>" + _NUM
+                      + r")(?:[ \t]{0,4}(?:±|\+/-|\+-)[ \t]{0,4}(?P<sd>" + _NUM + r"))?(?![\w.])")
+_KV_STEP_WORD = re.compile(r"(?<![\w/])(?:global_step|step|iter|iteration|it|update)(?:[ \t]{0,4}[:=#]?[ \t]{0,4})"
+                           r"(\d{1,15})\b", re.I)
+_KV_STEP_KEYS = {"step", "global_step", "iter", "iteration", "it", "update", "_step"}
+KV_MIN_PAIRS = 2  # numeric key=value pairs a line needs to be a record
+KV_MIN_LINES = 2  # such lines a text needs: one line of pairs is as likely a command line or a config
+
+
+def parse_kv_log(text: str) -> Records:
+    """Per-step records of a training script's own print: lines holding at least :data:`KV_MIN_PAIRS` numeric
+    ``key=value`` pairs (``[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077``, ``step 10 |
+    loss=0.12 reward=0.5 kl=0.001``), at least :data:`KV_MIN_LINES` of them. A ``mean±std`` value (also ``+/-``) gives
+    ``key`` the mean and ``key/std`` the spread. The step is a ``step`` / ``iter`` / ``global_step`` key or word
+    with its number on the line (``step=10``, ``Step 10:``, ``iter #10``), else the line's order among the records
+    (an ``epoch`` value is a fraction, not a step). The last reader tried: a log in a known format is read by its own.
+    """
+    out = StepRecords()
+    ordinal, n_lines = 0, 0
+    for line in text.replace("\r", "\n").split("\n"):
+        if "=" not in line or len(line) > 20000:
+            continue
+        rec: dict[str, float] = {}
+        step: int | None = None
+        for m in _KV_PAIR.finditer(line):
+            k, x = m.group("k"), to_float(m.group("v"))
+            if x is None:
+                continue
+            if k.lower() in _KV_STEP_KEYS and x == int(x) and x >= 0:
+                step = int(x)
+                continue
+            rec[k] = x
+            if m.group("sd") is not None and (sd := to_float(m.group("sd"))) is not None:
+                rec[f"{k}/std"] = sd
+        if len([k for k in rec if not k.endswith("/std")]) < KV_MIN_PAIRS:
+            continue
+        if step is None and (sm := _KV_STEP_WORD.search(line)) is not None:
+            step = step_int(sm.group(1))
+        ordinal += 1
+        n_lines += 1
+        out.add_all(ordinal if step is None else step, rec)
+    return out if n_lines >= KV_MIN_LINES else StepRecords()
+
+
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------
 _TABLE_STEP = {"step", "steps", "global step", "global_step"}
 _TABLE_NAMES = {"training loss": "loss", "validation loss": "eval_loss"}

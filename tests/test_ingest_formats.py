@@ -371,3 +371,21 @@ def test_wandb_run_summary_at_a_consoles_end(tmp_path):
     assert _s(ev, M.COMPLETIONS_CLIPPED_RATIO) == [(54, 1.0)] and _s(ev, M.POLICY_ENTROPY) == [(54, 0.41233)]
     (step, loss), = _s(ev, M.LOSS_POLICY)
     assert step == 54 and math.isnan(loss)
+
+
+def test_a_scripts_own_key_value_lines():
+    """A training script's own print (kirang89/ocamler-grpo's learning.log: '[Epoch 0.28]  loss=..  reward=0.102±0.077'):
+    records in line order (an epoch is no step), mean±std split; a step word or key sets the step; one line of pairs
+    alone (a command line, a config) is no run."""
+    from evotrainer.harness.ingest_formats import parse_kv_log
+
+    text = ("[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  entropy=0.155\n"
+            "some other line\n"
+            "[Epoch 0.28]  loss=-0.0333  grad=0.0362  lr=3.58e-06  reward=0.066±0.072  entropy=0.090\n")
+    assert parse_kv_log(text) == {
+        1: {"loss": -0.0469, "grad": 0.0838, "lr": 3.58e-06, "reward": 0.102, "reward/std": 0.077, "entropy": 0.155},
+        2: {"loss": -0.0333, "grad": 0.0362, "lr": 3.58e-06, "reward": 0.066, "reward/std": 0.072, "entropy": 0.09}}
+    assert parse_kv_log("Step 10: loss=0.12 reward=0.5 +/- 0.1\nstep=11 loss=0.1 reward=0.6\n") == {
+        10: {"loss": 0.12, "reward": 0.5, "reward/std": 0.1}, 11: {"loss": 0.1, "reward": 0.6}}
+    assert parse_kv_log("python train.py --lr=1e-6 --beta=0.04\n") == {}
+    assert parse_kv_log("loss=0.1\nloss=0.2\n") == {}  # one pair a line: not enough to call it metrics
