@@ -530,7 +530,7 @@ def parse_wandb_summary(text: str) -> Records:
 
 # --- home-made 'key=value' lines (a script's own print) -------------------------------------------------------
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
-_KV_PAIR = re.compile(r"(?<![\w/.@-])(?P<k>[A-Za-z_][\w/.@-]{0,100})[ \t]{0,4}=[ \t]{0,4}(?P<v>" + _NUM
+_KV_PAIR = re.compile(r"(?<![\w/.@-])(?P<k>[A-Za-z_][\w/.@-]{0,100})(?:[ \t]{0,4}=|:)[ \t]{0,4}(?P<v>" + _NUM
                       + r")(?:[ \t]{0,4}(?:±|\+/-|\+-)[ \t]{0,4}(?P<sd>" + _NUM + r"))?(?![\w.])")
 _KV_STEP_WORD = re.compile(r"(?<![\w/])(?:global_step|step|iter|iteration|it|update)(?:[ \t]{0,4}[:=#]?[ \t]{0,4})"
                            r"(\d{1,15})\b", re.I)
@@ -541,8 +541,9 @@ KV_MIN_LINES = 2  # such lines a text needs: one line of pairs is as likely a co
 
 def parse_kv_log(text: str) -> Records:
     """Per-step records of a training script's own print: lines holding at least :data:`KV_MIN_PAIRS` numeric
-    ``key=value`` pairs (``[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077``, ``step 10 |
-    loss=0.12 reward=0.5 kl=0.001``), at least :data:`KV_MIN_LINES` of them. A ``mean±std`` value (also ``+/-``) gives
+    ``key=value`` (or ``key: value``) pairs (``[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06
+    reward=0.102±0.077``, ``step 10 | loss=0.12 reward=0.5 kl=0.001``, ``step: 10, loss: 0.12, reward: 0.5``), at
+    least :data:`KV_MIN_LINES` of them. A ``mean±std`` value (also ``+/-``) gives
     ``key`` the mean and ``key/std`` the spread. The step is a ``step`` / ``iter`` / ``global_step`` key or word
     with its number on the line (``step=10``, ``Step 10:``, ``iter #10``), else the line's order among the records
     (an ``epoch`` value is a fraction, not a step). The last reader tried: a log in a known format is read by its own.
@@ -550,7 +551,7 @@ def parse_kv_log(text: str) -> Records:
     out = StepRecords()
     ordinal, n_lines = 0, 0
     for line in text.replace("\r", "\n").split("\n"):
-        if "=" not in line or len(line) > 20000:
+        if ("=" not in line and ":" not in line) or len(line) > 20000:
             continue
         rec: dict[str, float] = {}
         step: int | None = None

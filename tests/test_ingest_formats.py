@@ -387,5 +387,9 @@ def test_a_scripts_own_key_value_lines():
         2: {"loss": -0.0333, "grad": 0.0362, "lr": 3.58e-06, "reward": 0.066, "reward/std": 0.072, "entropy": 0.09}}
     assert parse_kv_log("Step 10: loss=0.12 reward=0.5 +/- 0.1\nstep=11 loss=0.1 reward=0.6\n") == {
         10: {"loss": 0.12, "reward": 0.5, "reward/std": 0.1}, 11: {"loss": 0.1, "reward": 0.6}}
+    assert parse_kv_log("2025-01-02 12:00:01 INFO step: 3, loss: 0.5, reward: 0.25\n"
+                        "2025-01-02 12:00:09 INFO step: 4, loss: 0.4, reward: 0.5\n") == {
+        3: {"loss": 0.5, "reward": 0.25}, 4: {"loss": 0.4, "reward": 0.5}}
+    assert parse_kv_log("lr: 1e-6\nbatch_size: 8\nepochs: 3\n") == {}  # a YAML config: one pair a line
     assert parse_kv_log("python train.py --lr=1e-6 --beta=0.04\n") == {}
     assert parse_kv_log("loss=0.1\nloss=0.2\n") == {}  # one pair a line: not enough to call it metrics
