@@ -215,6 +215,10 @@ def test_zero_gradients_with_no_signal_or_all_truncated_are_not_judged():
     assert run_analyzers(_grad_ev([0.0, 0.0], zero_std=[1.0, 1.0]), ["no_gradient"]) == []
     # every completion cut at the cap (a trainer masking truncated completions has no token to learn from)
     assert run_analyzers(_grad_ev([0.0, 0.0], zero_std=[0.3, 0.3], clipped=[1.0, 1.0]), ["no_gradient"]) == []
+    # the group filters kept no group (EvoTrainer logs grad norm 0 and kept_group_frac 0 for a step it skipped)
+    ev = _grad_ev([0.0, 0.0], zero_std=[0.3, 0.3])
+    ev.metrics["v0"][M.REWARD_KEPT_GROUP_FRAC] = (np.array([1, 2]), np.array([0.0, 0.0]))
+    assert run_analyzers(ev, ["no_gradient"]) == []
     # a gradient on most steps (3 of 4 non-zero): no finding; nor without any signal series
     assert run_analyzers(_grad_ev([0.0, 0.2, 0.3, 0.1], zero_std=[0.3] * 4), ["no_gradient"]) == []
     assert run_analyzers(_grad_ev([0.0, 0.0]), ["no_gradient"]) == []

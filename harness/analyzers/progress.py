@@ -277,9 +277,10 @@ def update_size(ev: Evidence) -> list[Finding]:
 def no_gradient(ev: Evidence) -> list[Finding]:
     """``update_too_small`` (a level, one step shows it) where the logged gradient norm is exactly 0 on at least
     :data:`MOST` of the steps whose groups carry signal (``reward/frac_zero_std`` < 1, else the batch ``reward/std`` >
-    :data:`~evotrainer.harness.analyzers.rules.ZERO_STD_TOL`) and whose completions are not all cut at the cap (a
+    :data:`~evotrainer.harness.analyzers.rules.ZERO_STD_TOL`), whose completions are not all cut at the cap (a
     trainer that masks truncated completions, TRL's ``mask_truncated_completions``, has no token to learn from there:
-    ``truncation``'s finding). A group-relative advantage that is not 0 gives a gradient that is not 0, so a zero
+    ``truncation``'s finding) and whose group filters kept a group (``reward/kept_group_frac`` > 0 where logged: a step
+    whose dynamic-sampling bounds dropped every group makes no update by design; EvoTrainer logs its grad norm 0). A group-relative advantage that is not 0 gives a gradient that is not 0, so a zero
     norm means no gradient reaches the trained weights: adapters not attached or frozen, a wrong optimiser group, a
     distributed-engine bug (ms-swift#5890: grad_norm 0.0 with reward_std 0.16 on an NPU, fixed by a DeepSpeed upgrade;
     ms-swift#5571: 0.0 with every group's rewards spread, LoRA). Blocking from 2 such steps, warn on one."""
@@ -293,8 +294,10 @@ def no_gradient(ev: Evidence) -> list[Finding]:
         z = _aligned(ev, v, M.REWARD_FRAC_ZERO_STD, gs)
         sd = _aligned(ev, v, M.REWARD_STD, gs)
         clipped = _aligned(ev, v, M.COMPLETIONS_CLIPPED_RATIO, gs)
+        kept = _aligned(ev, v, M.REWARD_KEPT_GROUP_FRAC, gs)
         signal = np.where(np.isfinite(z), z < 1.0 - 1e-9, np.nan_to_num(sd, nan=0.0) > ZERO_STD_TOL)
-        judged = signal & ~(np.nan_to_num(clipped, nan=0.0) >= 0.99)
+        # a step whose filters kept no group (dynamic sampling's accuracy bounds, top-p std) made no update by design
+        judged = signal & ~(np.nan_to_num(clipped, nan=0.0) >= 0.99) & ~(np.nan_to_num(kept, nan=1.0) <= 0.0)
         n = int(judged.sum())
         zero = judged & (g == 0.0)
         if not n or zero.sum() < MOST * n:
