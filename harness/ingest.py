@@ -44,6 +44,7 @@ like (:data:`FORMATS`).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -69,6 +70,7 @@ from evotrainer.workspace import Workspace
 RawSeries = dict[str, list[tuple[int, float]]]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # ANSI CSI sequences (colours, cursor moves) with their ESC
 _STEP = re.compile(r"(?:^|[\s)])step:(\d+)\s+-\s+(.*)$")
 _VALIDATION = re.compile(r"(Initial|Final) validation metrics: (\{.*\})")
 _VERL_LINE = re.compile(r"^.*(?:step:|validation metrics: ).*$", re.M)  # the lines _STEP or _VALIDATION may match
@@ -254,17 +256,18 @@ def _jsonl(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
 
 
 def _held_last(lines: Iterable[str], last: list[tuple[int, str]]) -> Iterator[str]:
-    """``lines`` but the last non-blank one (blank lines in its place, so line numbers hold), which goes to ``last``
-    as ``(line number from 1, text)``."""
+    """``lines`` but the last non-blank one, which goes to ``last`` as ``(line number from 1, text)``; blank lines keep
+    their places, so the line numbers of errors hold."""
     held: tuple[int, str] | None = None
+    blanks = 0
     for n, line in enumerate(lines, 1):
         if not line.strip():
-            yield line
+            blanks += 1  # yielded once the next non-blank line shows the held one was not the last
             continue
         if held is not None:
             yield held[1]
-            for _ in range(n - held[0] - 1):
-                yield ""
+        yield from itertools.repeat("", blanks)
+        blanks = 0
         held = (n, line)
     if held is not None:
         last.append(held)
@@ -275,7 +278,8 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
 
     The last line may be cut off (a paste's excerpt ends mid-record: ms-swift#5890's ``logging.jsonl``, refused whole
     before): its whole ``"key": value`` pairs are read (:func:`~evotrainer.harness.ingest_formats.complete_pairs`), with
-    an :class:`IngestWarning` naming the line. A last line whose whole pairs name no step is an error as any other.
+    an :class:`IngestWarning` naming the line; a cut record whose whole pairs name no step yet is left out, saying so.
+    A byte-order mark before the first line is dropped.
 
     Raises:
         IngestError: a line is not JSON (the last one: and no whole pairs with a step), or a line has no ``step`` /
@@ -295,13 +299,24 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     return out
 
 
+def _no_bom(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` with a UTF-8 byte-order mark taken off the first (a file saved by a Windows editor)."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is not None:
+        yield first.lstrip("\ufeff")
+        yield from it
+
+
 def _records_then_last(lines: Iterable[str], last: list[tuple[int, str]], source: str) -> Iterator[tuple[int, Any]]:
     """The JSON records of ``lines`` (:func:`_jsonl`), then the held last line's: whole, or the whole pairs of a cut
     one (see :func:`parse_jsonl_metrics`)."""
-    yield from _jsonl(lines, source)
+    yield from _jsonl(_no_bom(lines), source)
     if not last:
         return
     n, line = last[0]
+    if n == 1:
+        line = line.lstrip("\ufeff")
     try:
         yield n, loads(line)
         return
@@ -315,7 +330,10 @@ def _records_then_last(lines: Iterable[str], last: list[tuple[int, str]], source
     except (json.JSONDecodeError, NumberTooLong):
         rec = None
     if not (isinstance(rec, dict) and F.record_step(rec) is not None):
-        raise error
+        if not line.lstrip().startswith("{") or n == 1:  # no cut record: garbage, or nothing else to read
+            raise error
+        _note(f"{source}:{n}: the last line is cut off (not JSON) before its step: left out")
+        return
     _note(f"{source}:{n}: the last line is cut off (not JSON): read its {len(rec)} whole pairs")
     yield n, rec
 
@@ -710,6 +728,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
     (a dict wrapped over lines by a paste spans at most so many of them).
     """
+    text = _ESCAPES.sub("", text)  # terminal colours (wandb's, rich's highlighted numbers) in every reader's way
     squeezed = F.squeeze_blank_lines(text)
     for name, reader, given in (("verl 'step:N - k:v' lines", parse_verl_log, squeezed),
                                 ("AReaL tables", F.parse_areal_log, squeezed),

@@ -12,7 +12,7 @@ import pytest
 from evotrainer import metrics as M
 from evotrainer.aliases import canonical, map_record
 from evotrainer.harness.evidence import Evidence
-from evotrainer.harness.ingest import IngestError, ingest, parse_verl_log
+from evotrainer.harness.ingest import IngestError, IngestWarning, ingest, parse_verl_log
 
 DATA = Path(__file__).parent / "data"
 ING = DATA / "ingest"
@@ -152,9 +152,18 @@ def test_ingest_jsonl_metrics(tmp_path):
     bad.write_text('{"reward": 1}\n')
     with pytest.raises(IngestError, match="bad.jsonl:1: no step key"):
         ingest(bad)
-    bad.write_text('{"step": 1, "reward": 1}\n\n{oops\n')  # line 2 is blank (skipped), line 3 is broken
+    bad.write_text('{"step": 1, "reward": 1}\n\n{oops\n{"step": 2}\n')  # line 2 is blank (skipped), line 3 is broken
     with pytest.raises(IngestError, match=r"bad.jsonl:3: not JSON \(Expecting property name"):
         ingest(bad)
+    # the same broken record as the last line is a paste's cut: left out, with a warning (its pairs name no step)
+    bad.write_text('{"step": 1, "reward": 1}\n\n{oops\n')
+    with pytest.warns(IngestWarning, match=r"bad.jsonl:3: the last line is cut off \(not JSON\) before its step"):
+        assert _s(ingest(bad), M.REWARD_MEAN) == [(1, 1.0)]
+    bad.write_text('oops\n')  # one line that is no record at all: refused
+    with pytest.raises(IngestError, match=r"bad.jsonl:1: not JSON"):
+        ingest(bad)
+    bad.write_bytes('\ufeff{"step": 1, "reward": 1}\n{"step": 2, "reward": 0.5}\n'.encode())  # a BOM: dropped
+    assert _s(ingest(bad), M.REWARD_MEAN) == [(1, 1.0), (2, 0.5)]
 
 
 def test_ingest_verl_rollout_dump():
