@@ -393,3 +393,15 @@ def test_a_scripts_own_key_value_lines():
     assert parse_kv_log("lr: 1e-6\nbatch_size: 8\nepochs: 3\n") == {}  # a YAML config: one pair a line
     assert parse_kv_log("python train.py --lr=1e-6 --beta=0.04\n") == {}
     assert parse_kv_log("loss=0.1\nloss=0.2\n") == {}  # one pair a line: not enough to call it metrics
+
+
+def test_windows_line_ends_and_terminal_colours(tmp_path):
+    """A dict wrapped across Windows line ends reads as across Unix ones (the \\r\\n was two breaks, and the wrap
+    was refused); wandb's own colours around 'wandb:' (as a terminal capture holds them) no longer hide its summary."""
+    wrapped = "{'loss': 0.1, 'rew\r\nard': 0.5, 'kl': 0.0\r\n01, 'epoch': 0.1}\r\n"
+    assert parse_dict_log(wrapped) == {1: {"loss": 0.1, "reward": 0.5, "kl": 0.001, "epoch": 0.1}}
+    p = tmp_path / "tail.log"
+    p.write_text("\x1b[34m\x1b[1mwandb\x1b[0m: Run summary:\n"
+                 "\x1b[34m\x1b[1mwandb\x1b[0m:   response_length/clip_ratio \x1b[1;36m1.0\x1b[0m\n"
+                 "\x1b[34m\x1b[1mwandb\x1b[0m: \n", encoding="utf-8")
+    assert _s(ingest(p), M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0)]
