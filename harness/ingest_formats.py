@@ -544,40 +544,63 @@ KV_MIN_PAIRS = 2  # numeric key=value pairs a line needs to be a record
 KV_MIN_LINES = 2  # such lines a text needs: one line of pairs is as likely a command line or a config
 
 
+def _kv_line(line: str) -> tuple[int | None, dict[str, float]]:
+    """``(step or None, {key: value})`` of one line for :func:`parse_kv_log` (a Ray actor's ``(name pid=...)`` prefix
+    and a logger's ``file.py:88`` left out)."""
+    line = _KV_PREFIX.sub("", line, count=1)
+    rec: dict[str, float] = {}
+    step: int | None = None
+    for m in _KV_PAIR.finditer(line):
+        k, x = m.group("k"), to_float(m.group("v"))
+        if x is None or _KV_SOURCE_FILE.search(k):
+            continue
+        if k.lower() in _KV_STEP_KEYS and x == int(x) and x >= 0:
+            step = int(x)
+            continue
+        rec[k] = x
+        if m.group("sd") is not None and (sd := to_float(m.group("sd"))) is not None:
+            rec[f"{k}/std"] = sd
+    if step is None and rec and (sm := _KV_STEP_WORD.search(line)) is not None:
+        step = step_int(sm.group(1))
+    return step, rec
+
+
+_KV_PREFIX = re.compile(r"^[ \t]*\([^()\n]{0,200}\)[ \t]*")
+_KV_SOURCE_FILE = re.compile(r"\.(?:py|pyx|cc|cpp|c|h|rs|go|js|ts|sh)$")
+_KV_MAX_KEYS = 10_000  # distinct key names counted by parse_kv_log's first pass
+
+
 def parse_kv_log(text: str) -> Records:
     """Per-step records of a training script's own print: lines holding at least :data:`KV_MIN_PAIRS` numeric
     ``key=value`` (or ``key: value``) pairs (``[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06
-    reward=0.102±0.077``, ``step 10 | loss=0.12 reward=0.5 kl=0.001``, ``step: 10, loss: 0.12, reward: 0.5``), at
-    least :data:`KV_MIN_LINES` of them. A ``mean±std`` value (also ``+/-``) gives
-    ``key`` the mean and ``key/std`` the spread. The step is a ``step`` / ``iter`` / ``global_step`` key or word
-    with its number on the line (``step=10``, ``Step 10:``, ``iter #10``), else the line's order among the records
-    (an ``epoch`` value is a fraction, not a step). The last reader tried: a log in a known format is read by its own.
+    reward=0.102±0.077``, ``step 10 | loss=0.12 reward=0.5 kl=0.001``, ``step: 10, loss: 0.12, reward: 0.5``) of keys
+    that recur: a run logs the same names at every step, so only keys on two or more such lines count, and a line
+    needs :data:`KV_MIN_PAIRS` of them (a header ``lr=1e-6 batch=8`` before the steps, shell ``export A=1 B=2`` lines
+    or ``Namespace(...)`` / ``GRPOConfig(...)`` dumps, whose keys differ line to line, are no records). At least
+    :data:`KV_MIN_LINES` records. A ``mean±std`` value (also ``+/-``) gives ``key`` the mean and ``key/std`` the spread.
+    The step is a ``step`` / ``iter`` / ``global_step`` key or word with its number on the line (``step=10``, ``Step
+    10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step). The last reader
+    tried: a log in a known format is read by its own.
     """
+    lines = [ln for ln in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+             if ("=" in ln or ":" in ln) and len(ln) <= 20000]
+    seen: dict[str, int] = {}
+    for line in lines:
+        _, rec = _kv_line(line)
+        if len(rec) >= KV_MIN_PAIRS:
+            for k in rec:
+                if k in seen or len(seen) < _KV_MAX_KEYS:
+                    seen[k] = seen.get(k, 0) + 1
     out = StepRecords()
-    ordinal, n_lines = 0, 0
-    for line in text.replace("\r", "\n").split("\n"):
-        if ("=" not in line and ":" not in line) or len(line) > 20000:
-            continue
-        rec: dict[str, float] = {}
-        step: int | None = None
-        for m in _KV_PAIR.finditer(line):
-            k, x = m.group("k"), to_float(m.group("v"))
-            if x is None:
-                continue
-            if k.lower() in _KV_STEP_KEYS and x == int(x) and x >= 0:
-                step = int(x)
-                continue
-            rec[k] = x
-            if m.group("sd") is not None and (sd := to_float(m.group("sd"))) is not None:
-                rec[f"{k}/std"] = sd
+    ordinal = 0
+    for line in lines:
+        step, rec = _kv_line(line)
+        rec = {k: x for k, x in rec.items() if seen.get(k.removesuffix("/std") if k.endswith("/std") else k, 0) >= 2}
         if len([k for k in rec if not k.endswith("/std")]) < KV_MIN_PAIRS:
             continue
-        if step is None and (sm := _KV_STEP_WORD.search(line)) is not None:
-            step = step_int(sm.group(1))
         ordinal += 1
-        n_lines += 1
         out.add_all(ordinal if step is None else step, rec)
-    return out if n_lines >= KV_MIN_LINES else StepRecords()
+    return out if ordinal >= KV_MIN_LINES else StepRecords()
 
 
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------

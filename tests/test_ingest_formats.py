@@ -405,3 +405,19 @@ def test_windows_line_ends_and_terminal_colours(tmp_path):
                  "\x1b[34m\x1b[1mwandb\x1b[0m:   response_length/clip_ratio \x1b[1;36m1.0\x1b[0m\n"
                  "\x1b[34m\x1b[1mwandb\x1b[0m: \n", encoding="utf-8")
     assert _s(ingest(p), M.COMPLETIONS_CLIPPED_RATIO) == [(1, 1.0)]
+
+
+def test_key_value_lines_that_are_no_run():
+    """A new user's pastes: shell exports, config dumps (keys differ line to line) are no run; a header line before
+    the steps and a Ray prefix or a logger's file:line are not metrics."""
+    from evotrainer.harness.ingest_formats import parse_kv_log
+
+    assert parse_kv_log("export CUDA_VISIBLE_DEVICES=0,1 WORLD_SIZE=2 RANK=0\n"
+                        "MASTER_PORT=29500 NNODES=1 NPROC=8 torchrun train.py\n") == {}
+    assert parse_kv_log("Namespace(actor_learning_rate=1e-06, init_kl_coef=0.001)\n"
+                        "GRPOConfig(output_dir='out', learning_rate=1e-06, beta=0.04)\n") == {}
+    text = ("Starting training with lr=1e-6 batch=8\n"
+            "(main_task pid=4567) step 1 | loss=0.1 reward=0.1 kl=0.001\n"
+            "2025-01-01 - INFO - trainer.py:88 - step: 2, loss: 0.2, reward: 0.2, kl: 0.002\n")
+    assert parse_kv_log(text) == {1: {"loss": 0.1, "reward": 0.1, "kl": 0.001},
+                                  2: {"loss": 0.2, "reward": 0.2, "kl": 0.002}}
