@@ -363,10 +363,11 @@ def _parse_dicts(text: str) -> Records:
 # tqdm's bar with ``set_postfix``: '{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}, k=v, k=v]'. Every
 # quantifier is bounded and no two tries scan the same bytes (a bar ends at its '|', a postfix at the next '[' or ']'),
 # so a hostile log costs time linear in its size; the description is read back from the match to its line's start.
-_TQDM_BAR = re.compile(r"(?<!\d)\d{1,3}%\|[^|\n]{0,512}\|[ \t]{0,16}(?P<n>\d{1,15})/(?:\d{1,15}|\?)[ \t]{0,16}"
+_TQDM_BAR = re.compile(r"(?<!\d)\d{1,3}%\|[^|\n]{0,512}\|[ \t]{0,16}(?P<n>\d{1,15})/(?P<total>\d{1,15}|\?)[ \t]{0,16}"
                        r"\[(?P<inner>[^\[\]\n]{0,8192})\]")
 _TQDM_KEY = re.compile(r"[A-Za-z_][\w/.@-]{0,200}")
 _TQDM_OUTER = re.compile(r"\bEpisode\s*\[", re.I)
+_TQDM_EPOCH = re.compile(r"\bepoch\s*\[(\d{1,9})/\d{1,9}\]", re.I)  # OpenRLHF's inner bar: 'Train epoch [e/E]' 
 # OpenRLHF's short postfix keys (ppo_trainer.py / ppo_actor.py ``short_status``) under the long names its status dict,
 # TensorBoard and wandb use (``evotrainer.aliases`` maps those)
 _OPENRLHF_SHORT = {"pg": "policy_loss", "act_loss": "policy_loss", "rm": "reward", "ret": "return",
@@ -396,22 +397,27 @@ def parse_tqdm_postfix_log(text: str) -> Records:
     (numbers in ``.3g``) inside the bar's brackets after the rate, and redraws a bar with ``\r``.
 
     A postfix is drawn at the count before the tick it belongs to (``set_postfix`` redraws, then ``update`` ticks), so
-    each run of drawings with the same numbers is one record, at the highest count it was drawn with. Steps: the outer
-    bar's records where an ``Episode`` bar with numbers is drawn (a later episode's bar, counting from 0 again, goes on
-    from the last count of the one before; a Ray actor's ``(pid=...)`` prefix is allowed); else each inner bar is one step, numbered by the order
-    the bars start (a count lower than the one before starts a new bar), its record the mean of its micro-batches'
-    records, as OpenRLHF's ``status_mean``. Pairs whose value is no number (``1.2s/it``) are left out.
+    each run of drawings with the same numbers, drawn at counts ``lo..hi``, is the record of the ticks ``lo+1..hi``
+    (of tick ``hi`` for a run drawn at one count): steps whose numbers repeat stay steps. Steps: the outer bar's ticks
+    where an ``Episode`` bar with numbers is drawn (a later episode's bar, counting from 0 again, goes on from the last
+    count of the one before; a Ray actor's ``(pid=...)`` prefix is allowed); else each inner bar is one step, numbered
+    by the order the bars start (a count lower than the one before, or new numbers at the bar's total after the total
+    was drawn, start a new bar; the bars of PPO epochs 2.. of one update, ``Train epoch [2/2]``, belong to epoch 1's
+    step), its record the mean of its micro-batches' records, as OpenRLHF's ``status_mean``. Pairs whose value is no
+    number (``1.2s/it``) are left out.
     """
     outer, inner = StepRecords(), StepRecords()
     bar: list[dict[str, float]] = []  # the records of the inner bar being drawn
-    run: dict[str, Any] = {"pairs": None, "n": -1, "outer": False}  # the run of equal drawings being read
+    run: dict[str, Any] = {"pairs": None, "lo": -1, "hi": -1, "outer": False}  # the run of equal drawings being read
     n_bars, last_n = 0, -1
     offset, outer_last = 0, -1  # an Episode bar counts from 0 again in each episode: its steps go on from the last
 
     def end_run() -> None:
         if run["pairs"] is not None:
             if run["outer"]:
-                outer.add_all(run["n"], run["pairs"])
+                lo, hi = run["lo"], run["hi"]
+                for tick in range(lo + 1, hi + 1) if hi > lo else (hi,):
+                    outer.add_all(tick, run["pairs"])
             else:
                 bar.append(run["pairs"])
         run["pairs"] = None
@@ -428,19 +434,27 @@ def parse_tqdm_postfix_log(text: str) -> Records:
         pairs = _postfix_numbers(m.group("inner"))
         if not pairs:
             continue
-        line = max(text.rfind("\n", 0, m.start()) + 1, m.start() - 512)
+        lo = max(0, m.start() - 512)
+        line = max(text.rfind("\n", lo, m.start()) + 1, lo)
         n, is_outer = step_int(m.group("n")), bool(_TQDM_OUTER.search(text, line, m.start()))
         if is_outer:
             if n < outer_last:
                 offset += outer_last
             outer_last, n = n, n + offset
-        if not is_outer and (n < last_n or not n_bars):
-            end_bar()
-            n_bars += 1
+        else:
+            total = m.group("total")
+            at_total = total is not None and total.isdigit() and n == int(total) == last_n
+            if n < last_n or not n_bars or (at_total and pairs != run["pairs"]):
+                ep = _TQDM_EPOCH.search(text, line, m.start())
+                if ep is not None and int(ep.group(1)) > 1 and n_bars:  # a later PPO epoch of the same update
+                    end_run()
+                else:
+                    end_bar()
+                    n_bars += 1
         if pairs != run["pairs"] or is_outer != run["outer"]:
             end_run()
-            run.update(pairs=pairs, n=n, outer=is_outer)
-        run["n"] = max(run["n"], n)
+            run.update(pairs=pairs, lo=n, hi=n, outer=is_outer)
+        run["hi"] = max(run["hi"], n)
         if not is_outer:
             last_n = n
     end_bar()

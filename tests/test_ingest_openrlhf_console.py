@@ -122,3 +122,41 @@ def test_bars_without_numbers_are_no_records():
     # a bar with no description is an inner bar: the first is step 1; 'nan' is kept (evidence), 'abc' is no number
     rec = parse_tqdm_postfix_log(" 40%|####      | 2/5 [00:01<00:01,  2.00it/s, loss=nan, note=abc]\n")
     assert list(rec) == [1] and list(rec[1]) == ["loss"] and math.isnan(rec[1]["loss"])
+
+
+def test_steps_whose_numbers_repeat_stay_steps():
+    """A stuck run logs the same status at every step (policy_loss=0, kl=0, reward=0): 6 ticks, 6 steps (they were
+    one run of equal drawings, one step)."""
+    buf = io.StringIO()
+    pbar = tqdm(range(STEPS), desc="Episode [1/1]", file=buf, mininterval=0)
+    for _ in range(STEPS):
+        pbar.set_postfix({"policy_loss": 0.0, "kl": 0.0, "reward": 0.0, "response_length": 512.0})
+        pbar.update()
+    pbar.close()
+    rec = parse_tqdm_postfix_log(buf.getvalue())
+    assert sorted(rec) == list(range(1, STEPS + 1)) and all(r["reward"] == 0.0 for r in rec.values())
+
+
+def test_ppo_epochs_of_one_update_are_one_step():
+    """max_epochs 2: each update draws 'Train epoch [1/2]' and '[2/2]' bars; 3 updates are 3 steps (they were 6),
+    each the mean of both epochs' micro-batches (OpenRLHF's status_mean over status_list)."""
+    buf = io.StringIO()
+    for step in range(1, 4):
+        for epoch in (1, 2):
+            bar = tqdm(range(2), desc=f"Train epoch [{epoch}/2]", file=buf, mininterval=0)
+            for i in (1, 2):
+                bar.set_postfix({"pg": float(step), "rm": 0.1 * step + 0.01 * (2 * (epoch - 1) + i)})
+                bar.update()
+            bar.close()
+    rec = parse_tqdm_postfix_log(buf.getvalue())
+    assert sorted(rec) == [1, 2, 3]
+    assert rec[2]["policy_loss"] == 2.0 and math.isclose(rec[2]["reward"], 0.2 + 0.01 * 2.5)
+
+
+def test_bars_pasted_as_their_final_lines_are_one_step_each():
+    """A paste that kept only each inner bar's last drawing ('4/4 [...]' lines): a new postfix at the total after the
+    total was drawn starts a new bar (10 lines were one step)."""
+    lines = "".join(f"Train epoch [1/1]: 100%|##########| 4/4 [00:20<00:00,  5.0s/it, act_loss=0.0{i}, "
+                    f"reward=0.{i}, gen_len=30{i}, kl=0.001, act_lr=1e-06]\n" for i in range(10))
+    rec = parse_tqdm_postfix_log(lines)
+    assert sorted(rec) == list(range(1, 11)) and rec[4]["reward"] == 0.3 and rec[4]["response_length"] == 303.0
