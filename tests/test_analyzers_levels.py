@@ -395,3 +395,20 @@ def test_zero_variance_wording_with_a_critic():
     ev = ev_of({M.REWARD_MIN: [0.0], M.REWARD_MAX: [0.0], M.REWARD_MEAN: [0.0]}, one)
     f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
     assert "Those groups get zero group-relative advantage" in f.explanation
+
+
+def test_a_mean_reward_stuck_at_zero_without_spread_statistics():
+    """OpenRLHF's console logs reward, kl and policy_loss, no spread: 25 steps of reward 0 (never negative) mean every
+    reward was 0: zero variance, all wrong, blocking (it raised nothing). A run that starts at 0 and then rises does
+    not; nor one of 2 steps (too few to say a mean of 0 is the rule)."""
+    s25 = {n: np.arange(1, 26) for n in (M.REWARD_MEAN, M.POLICY_KL)}
+    ev = ev_of({M.REWARD_MEAN: np.zeros(25), M.POLICY_KL: np.zeros(25)}, s25)
+    f = only(run_analyzers(ev, names=["zero_variance_groups"]), "zero_variance_groups")
+    assert (f.severity, f.data["cause"]) == ("blocking", "all_wrong")
+    assert "a mean reward of 0 in a run whose mean is never negative" in f.explanation
+    rising = np.r_[np.zeros(5), np.linspace(0.1, 0.5, 20)]
+    assert [g for g in run_analyzers(ev_of({M.REWARD_MEAN: rising}, s25), names=["zero_variance_groups"])
+            if g.is_failure] == []
+    two = {M.REWARD_MEAN: np.arange(1, 3)}
+    assert [g for g in run_analyzers(ev_of({M.REWARD_MEAN: np.zeros(2)}, two), names=["zero_variance_groups"])
+            if g.is_failure] == []

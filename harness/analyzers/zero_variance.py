@@ -65,6 +65,7 @@ ANALYZERS = AnalyzerTable()
 
 CAUSE_SHARE = 0.8  # all-wrong (or all-right) groups making up this share of the zero-variance groups name the cause
 NEAR_EMPTY_TOKENS = 3.0  # mean completion length (tokens) at or under which the completions are near-empty
+ZERO_MEAN_MIN_STEPS = 3  # logged steps a run needs before a mean reward of 0 alone says every reward was 0
 
 
 def _aligned(ev: Evidence, v: str, a: str, b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,6 +97,10 @@ def constant_batches(ev: Evidence, v: str) -> Batches:
     or a batch-wide baseline gives advantages from equal rewards, so there is no zero-variance group
     in the GRPO sense. A zero std says every group is constant, not which value each has (TRL's
     ``reward_std`` is the mean within-group std), so ``value`` is known only where reward min == max.
+    Where the run logs no spread statistic and no zero-variance fraction (OpenRLHF's console: ``reward``, ``kl``,
+    ``policy_loss``), a step
+    whose mean reward is 0 in a run of at least :data:`ZERO_MEAN_MIN_STEPS` steps whose mean reward is never
+    negative is constant at 0: rewards that are never negative and average 0 are all 0 (read as ``reward/mean``).
     """
     reward_const: dict[int, bool] = {}
     value: dict[int, float] = {}
@@ -119,6 +124,13 @@ def constant_batches(ev: Evidence, v: str) -> Batches:
     mark(adv_zero, s, np.maximum(np.abs(hi), np.abs(lo)), [M.POLICY_ADVANTAGE_MIN, M.POLICY_ADVANTAGE_MAX])
     ss, xs = ev.series(v, M.POLICY_ADVANTAGE_STD)
     mark(adv_zero, ss[np.isfinite(xs)], xs[np.isfinite(xs)], [M.POLICY_ADVANTAGE_STD])
+    if not reward_const and not adv_zero and _fraction(ev, v) is None:  # no spread statistic, no fraction at all
+        ss, xs = ev.series(v, M.REWARD_MEAN)
+        ok = np.isfinite(xs)
+        ss, xs = ss[ok], xs[ok]
+        if len(xs) >= ZERO_MEAN_MIN_STEPS and xs.min() >= -ZERO_STD_TOL:
+            mark(reward_const, ss, xs, [M.REWARD_MEAN])
+            value.update({st: 0.0 for st, x in zip(ss.tolist(), xs.tolist(), strict=True) if abs(x) <= ZERO_STD_TOL})
     steps = np.array(sorted(set(reward_const) | set(adv_zero)), dtype=np.int64)
     const = [adv_zero[x] if x in adv_zero else reward_const[x] for x in steps.tolist()]
     vetoed = [x for x in steps.tolist() if reward_const.get(x) and x in adv_zero and not adv_zero[x]]
@@ -265,8 +277,10 @@ def zero_variance_groups(ev: Evidence) -> list[Finding]:
             what = (f"{fmt(100 * z)}% of groups have zero reward variance ({name}, median of the last {n_recent} "
                     f"logged step(s)" + (f"; {fmt(100 * t.early)}% in the first 20%" if t is not None else "") + ")")
         else:
+            how_known = ("a mean reward of 0 in a run whose mean is never negative, so every reward was 0; no spread "
+                         "statistic is logged" if name == M.REWARD_MEAN else f"no spread in {name}")
             what = (f"every rollout of the batch got the same reward in {fmt(100 * share)}% of the last {n_recent} "
-                    f"logged step(s) (no spread in {name})")
+                    f"logged step(s) ({how_known})")
         if "frac_solve_none" in how:
             what += f"; {fmt(100 * how['frac_solve_none'])}% solve none, {fmt(100 * how['frac_solve_all'])}% solve all"
         elif "constant_reward" in how:
