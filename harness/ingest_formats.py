@@ -210,7 +210,6 @@ def literal_dict(text: str) -> dict[str, Any] | None:
 
 _MAX_WRAPPED_LINES = 20  # a dict wrapped by the paste (issue threads) may span this many lines
 _MAX_DICT_CHARS = 1 << 16  # a dict's length that the one-line fast path looks for its close in (TRL's: 1-5 KB)
-_MAX_PREFIX_CHARS = 512  # characters before a dict searched for its step word ('step 3: {...}')
 
 
 def _dict_spans(text: str) -> Iterable[tuple[int, int, bool]]:
@@ -339,7 +338,9 @@ def _parse_dicts(text: str) -> Records:
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # a Windows line end is one break (a wrap spans it)
     out = StepRecords()
     ordinal = 0
+    prev_end = 0  # where the previous dict ended: a step word before this dict lies after it (and after a line break)
     for start, end, closed in _dict_spans(text):
+        lo, prev_end = prev_end, end
         body = text[start:end].replace("\n", "")
         d = literal_dict(body if closed else complete_pairs(body))
         if not d:
@@ -347,7 +348,8 @@ def _parse_dicts(text: str) -> Records:
         vals = numeric_items(d)
         if not vals or _SUMMARY_KEYS & set(d):
             continue
-        lo = max(0, start - _MAX_PREFIX_CHARS)
+        # the text since the previous dict, from its last line break: each byte is searched once (a line of 16,000
+        # dicts searched back to the line's start for each took 85 s)
         m = _PREFIX.search(text[max(text.rfind("\n", lo, start) + 1, lo):start])
         step = step_int(m.group(1)) if m else record_step(d)
         if step is None:

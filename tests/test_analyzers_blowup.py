@@ -54,7 +54,8 @@ def test_the_wreck_after_a_nan_is_info_on_the_case():
     fail = {f.kind: f for f in found if f.is_failure}
     assert set(fail) == {"nan_blowup"} and fail["nan_blowup"].steps == [60, 79]
     demoted = {f.kind: f for f in found if f.data.get("after_blowup") == 60}
-    assert set(demoted) == {"truncation", "entropy_collapse", "length_blowup", "plateau"}
+    # zero variance too: reward 0 from step 60 in a log with no spread statistic (every reward 0 there)
+    assert set(demoted) == {"truncation", "entropy_collapse", "length_blowup", "plateau", "zero_variance_groups"}
     assert all(f.severity == "info" and "a consequence of the blow-up" in f.explanation for f in demoted.values())
     # the numbers stay the whole run's: the clipped ratio went to 1 at the cap
     assert demoted["truncation"].data["after_blowup"] == 60 and "100%" in demoted["truncation"].explanation
