@@ -516,9 +516,11 @@ _WANDB_STEP_KEYS = ("_step", "global_step", "training/global_step", "train/globa
 
 
 def parse_wandb_summary(text: str) -> Records:
-    """The one record of W&B's console summary at the end of a run (``wandb.finish``): after a ``wandb: Run summary:``
-    line, each ``wandb: <key> <number>`` line (a Ray actor's ``(main_task pid=...)`` prefix allowed; text values such as
-    the run's name skipped) until the blank ``wandb:`` line that ends the block; the record's step is its ``_step`` / ``global_step`` / ``training/global_step`` value, else 1.
+    """The records of W&B's console summaries (``wandb.finish`` at a run's end): after a ``wandb: Run summary:`` line,
+    each ``wandb: <key> <number>`` line (a Ray actor's ``(main_task pid=...)`` prefix allowed; text values such as the
+    run's name skipped) until the blank ``wandb:`` line that ends the block. A block's step is its ``_step`` /
+    ``global_step`` / ``training/global_step`` value, else its order among the blocks: a resumed run that finished
+    twice gives two records (only the first was read before).
 
     The ``Run history:`` block before it draws each series as an 8-level sparkline (``▁▂▃▄▅▆▇█``) without its scale:
     no values to read, so it is not read. A pasted end of a verl or TRL console often holds only these blocks: the
@@ -526,26 +528,36 @@ def parse_wandb_summary(text: str) -> Records:
     """
     out = StepRecords()
     rec: dict[str, float] | None = None
+    blocks = 0
+
+    def close() -> None:
+        nonlocal rec
+        if rec:
+            step = next((int(rec.pop(k)) for k in _WANDB_STEP_KEYS if k in rec and math.isfinite(rec[k])), blocks)
+            for k in _WANDB_STEP_KEYS:
+                rec.pop(k, None)
+            out.add_all(step, rec)
+        rec = None
+
     for m in _WANDB_LINE.finditer(text.replace("\r", "\n")):
         body = m.group("body").strip()
         if body.startswith("Run summary:"):
+            close()
+            blocks += 1
             rec = {}
             continue
         if rec is None:
             continue
         if not body and rec:  # the blank 'wandb:' line that ends the block
-            break
+            close()
+            continue
         pm = _WANDB_PAIR.fullmatch(body)
         if pm is None:  # a text value (a run name), or a key of spaces
             continue
         x = to_float(pm.group("v"))
         if x is not None:
             rec[pm.group("k")] = x
-    if rec:
-        step = next((int(rec.pop(k)) for k in _WANDB_STEP_KEYS if k in rec and math.isfinite(rec[k])), 1)
-        for k in _WANDB_STEP_KEYS:
-            rec.pop(k, None)
-        out.add_all(step, rec)
+    close()
     return out
 
 

@@ -421,3 +421,14 @@ def test_key_value_lines_that_are_no_run():
             "2025-01-01 - INFO - trainer.py:88 - step: 2, loss: 0.2, reward: 0.2, kl: 0.002\n")
     assert parse_kv_log(text) == {1: {"loss": 0.1, "reward": 0.1, "kl": 0.001},
                                   2: {"loss": 0.2, "reward": 0.2, "kl": 0.002}}
+
+
+def test_two_wandb_summaries_of_a_resumed_run():
+    """A run resumed and finished twice prints two summaries: both are read, each at its _step (the first alone was)."""
+    from evotrainer.harness.ingest_formats import parse_wandb_summary
+
+    block = "wandb: Run summary:\nwandb:   _step {}\nwandb:   reward {}\nwandb: \n"
+    assert parse_wandb_summary(block.format(100, 0.25) + "training resumed\n" + block.format(200, 0.5)) == {
+        100: {"reward": 0.25}, 200: {"reward": 0.5}}
+    no_step = "wandb: Run summary:\nwandb:   reward {}\nwandb: \n"
+    assert parse_wandb_summary(no_step.format(0.25) + no_step.format(0.5)) == {1: {"reward": 0.25}, 2: {"reward": 0.5}}
