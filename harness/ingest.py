@@ -287,7 +287,7 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     """
     out = StepRecords()
     last: list[tuple[int, str]] = []
-    for i, rec in _records_then_last(_held_last(lines, last), last, source):
+    for i, rec in _records_then_last(_held_last(_no_bom(lines), last), last, source):
         if not isinstance(rec, dict):
             raise IngestError(f"{source}:{i}: a JSON {type(rec).__name__}, not an object; one metrics object per line")
         step = F.record_step(rec)
@@ -311,16 +311,14 @@ def _no_bom(lines: Iterable[str]) -> Iterator[str]:
 def _records_then_last(lines: Iterable[str], last: list[tuple[int, str]], source: str) -> Iterator[tuple[int, Any]]:
     """The JSON records of ``lines`` (:func:`_jsonl`), then the held last line's: whole, or the whole pairs of a cut
     one (see :func:`parse_jsonl_metrics`)."""
-    yield from _jsonl(_no_bom(lines), source)
+    yield from _jsonl(lines, source)
     if not last:
         return
     n, line = last[0]
-    if n == 1:
-        line = line.lstrip("\ufeff")
     try:
         yield n, loads(line)
         return
-    except NumberTooLong as exc:
+    except NumberTooLong as exc:  # a number past the bound is refused, cut or not (review 19's rule)
         raise IngestError(f"{source}:{n}: {exc}") from None
     except json.JSONDecodeError as exc:
         error = IngestError(f"{source}:{n}: not JSON ({exc.msg})")  # iter_jsonl's words

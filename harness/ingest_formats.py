@@ -319,6 +319,11 @@ def _next_open(s: str, i: int) -> int:
 _BARE_DICT = re.compile(r"""^([ \t]*)(?=(?:'[^'\n{]{1,200}'|"[^"\n{]{1,200}")[ \t]*:[^{\n]*\}[ \t]*$)""", re.M)
 
 
+def _unix_lines(text: str) -> str:
+    """``text`` with each Windows (``\r\n``) or old-Mac / tqdm-redraw (``\r``) line end as one ``\n``."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse_dict_log(text: str) -> Records:
     """Per-step records of console dict lines (see module docstring for the step rule).
 
@@ -327,15 +332,15 @@ def parse_dict_log(text: str) -> Records:
     that was cut is dropped). Where no dict is found, lines that are a dict without its opening brace (``'loss':
     -0.0, 'grad_norm': 0.0, ...}``: a paste that missed the first character, ms-swift#5571) are read with it.
     """
+    text = _unix_lines(text)  # a Windows line end is one break (a wrap spans it)
     out = _parse_dicts(text)
     if not out and "}" in text:
-        out = _parse_dicts(_BARE_DICT.sub(r"\1{", text.replace("\r\n", "\n").replace("\r", "\n")))
+        out = _parse_dicts(_BARE_DICT.sub(r"\1{", text))
     return out
 
 
 def _parse_dicts(text: str) -> Records:
-    """:func:`parse_dict_log`'s reading of the dicts as they are."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")  # a Windows line end is one break (a wrap spans it)
+    """:func:`parse_dict_log`'s reading of the dicts as they are (``text`` with ``\n`` line ends only)."""
     out = StepRecords()
     ordinal = 0
     prev_end = 0  # where the previous dict ended: a step word before this dict lies after it (and after a line break)
@@ -464,9 +469,9 @@ def parse_tqdm_postfix_log(text: str) -> Records:
 
 
 # --- mlx-lm ('Iter N: Name value, Name value, ...') ------------------------------------------------------
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # a decimal literal (the readers below add nan / inf)
 _MLX_LINE = re.compile(r"^[^\S\n]*Iter[^\S\n]+(\d{1,15}):[^\S\n]*(.{1,20000})$", re.M)
-_MLX_PAIR = re.compile(r"([A-Za-z_][\w ./()-]{0,200}?)\s+([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
-                       r"(?:\s*[A-Za-z%/]{0,8})?")
+_MLX_PAIR = re.compile(r"([A-Za-z_][\w ./()-]{0,200}?)\s+(" + _NUMBER + r"|nan|inf)(?:\s*[A-Za-z%/]{0,8})?")
 # mlx-lm's names (mlx_lm/tuner/grpo_trainer.py, trainer.py) under the names TRL's GRPOTrainer logs the same numbers with
 _MLX_NAMES = {"train loss": "loss", "total rewards mean": "reward", "total rewards std": "reward/batch_std",
               "grouped rewards mean": "reward/group_mean", "grouped rewards std": "reward_std", "kl": "kl",
@@ -511,7 +516,7 @@ def parse_mlx_log(text: str) -> Records:
 
 # --- W&B's end-of-run console summary ('wandb: Run summary:' then 'wandb: <key> <value>' lines) ------------
 _WANDB_LINE = re.compile(r"^[^\n]{0,200}?wandb:[ \t]*(?P<body>[^\n]{0,2000})$", re.M)
-_WANDB_PAIR = re.compile(r"(?P<k>[A-Za-z_][\w/.@()-]{0,300})[ \t]+(?P<v>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)")
+_WANDB_PAIR = re.compile(r"(?P<k>[A-Za-z_][\w/.@()-]{0,300})[ \t]+(?P<v>" + _NUMBER + r"|nan|inf|-inf)")
 _WANDB_STEP_KEYS = ("_step", "global_step", "training/global_step", "train/global_step", "step", "trainer/global_step")
 
 
@@ -562,7 +567,7 @@ def parse_wandb_summary(text: str) -> Records:
 
 
 # --- home-made 'key=value' lines (a script's own print) -------------------------------------------------------
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
+_NUM = _NUMBER + r"|nan|inf|-inf"
 _KV_PAIR = re.compile(r"(?<![\w/.@-])(?P<k>[A-Za-z_][\w/.@-]{0,100})(?:[ \t]{0,4}=|:)[ \t]{0,4}(?P<v>" + _NUM
                       + r")(?:[ \t]{0,4}(?:±|\+/-|\+-)[ \t]{0,4}(?P<sd>" + _NUM + r"))?(?![\w.])")
 _KV_STEP_WORD = re.compile(r"(?<![\w/])(?:global_step|step|iter|iteration|it|update)(?:[ \t]{0,4}[:=#]?[ \t]{0,4})"
@@ -610,7 +615,7 @@ def parse_kv_log(text: str) -> Records:
     10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step). The last reader
     tried: a log in a known format is read by its own.
     """
-    lines = [ln for ln in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    lines = [ln for ln in _unix_lines(text).split("\n")
              if ("=" in ln or ":" in ln) and len(ln) <= 20000]
     seen: dict[str, int] = {}
     for line in lines:
@@ -623,7 +628,7 @@ def parse_kv_log(text: str) -> Records:
     ordinal = 0
     for line in lines:
         step, rec = _kv_line(line)
-        rec = {k: x for k, x in rec.items() if seen.get(k.removesuffix("/std") if k.endswith("/std") else k, 0) >= 2}
+        rec = {k: x for k, x in rec.items() if seen.get(k.removesuffix("/std"), 0) >= 2}
         if len([k for k in rec if not k.endswith("/std")]) < KV_MIN_PAIRS:
             continue
         ordinal += 1
