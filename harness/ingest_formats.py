@@ -320,7 +320,7 @@ _BARE_DICT = re.compile(r"""^([ \t]*)(?=(?:'[^'\n{]{1,200}'|"[^"\n{]{1,200}")[ \
 
 
 def _unix_lines(text: str) -> str:
-    """``text`` with each Windows (``\r\n``) or old-Mac / tqdm-redraw (``\r``) line end as one ``\n``."""
+    """``text`` with each Windows (``\\r\\n``) or old-Mac / tqdm-redraw (``\\r``) line end as one ``\\n``."""
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -340,7 +340,7 @@ def parse_dict_log(text: str) -> Records:
 
 
 def _parse_dicts(text: str) -> Records:
-    """:func:`parse_dict_log`'s reading of the dicts as they are (``text`` with ``\n`` line ends only)."""
+    """:func:`parse_dict_log`'s reading of the dicts as they are (``text`` with ``\\n`` line ends only)."""
     out = StepRecords()
     ordinal = 0
     prev_end = 0  # where the previous dict ended: a step word before this dict lies after it (and after a line break)
@@ -401,7 +401,7 @@ def parse_tqdm_postfix_log(text: str) -> Records:
     (``policy_loss``, ``kl``, ``reward``, ``response_length``, ``actor_lr``, ...), and an inner ``Train epoch [e/E]``
     bar, one tick per micro-batch of the update, with short names (``pg`` / ``act_loss``, ``rm`` / ``reward``,
     ``glen`` / ``gen_len``, ``kl``, ``act_lr``, ...: renamed to the long ones here). tqdm writes ``k=v`` pairs
-    (numbers in ``.3g``) inside the bar's brackets after the rate, and redraws a bar with ``\r``.
+    (numbers in ``.3g``) inside the bar's brackets after the rate, and redraws a bar with ``\\r``.
 
     A postfix is drawn at the count before the tick it belongs to (``set_postfix`` redraws, then ``update`` ticks), so
     each run of drawings with the same numbers, drawn at counts ``lo..hi``, is the record of the ticks ``lo+1..hi``
