@@ -255,8 +255,8 @@ class LoopBase:
         (``budget.max_tokens``, or ``cap`` when given) pays for; None without a token budget or before any step
         and dev evaluation gave the per-arm estimate.
 
-        Estimate: ``steps_per_version`` x the run's mean train tokens per trained step + its mean tokens per dev
-        evaluation. An arm may start while the budget is not yet spent (the static mode's rule for its segments),
+        Estimate: ``steps_per_version`` x the run's mean train tokens per trained step + its dev-eval tokens per
+        ``heldout`` evaluation (the top-ups of the sequential gate, ``recipe.eval.max_k``, counted with them). An arm may start while the budget is not yet spent (the static mode's rule for its segments),
         so the last arm overshoots by less than one arm: ``ceil((max_tokens - spent) / arm)``, 0 once spent.
 
         Raises:
@@ -267,10 +267,12 @@ class LoopBase:
             return None
         c = self.compute()
         steps = sum(max(self.lineage.last_step(v.id) + 1, 0) for v in self.lineage.versions())
-        devs = _dev_eval_tokens(self.lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {})
+        toks = self.lineage.kv_get("loop/eval_tokens", expected=PER_EVAL_SHAPE) or {}
+        devs = _dev_eval_tokens(toks)
+        n_evals = sum(1 for key in toks if key.rsplit("/", 1)[-1] == "heldout")  # top-ups count with their eval
         if not steps or not devs or not c["train_tokens"]:
             return None
-        arm = self.config.budget.steps_per_version * c["train_tokens"] / steps + sum(devs) / len(devs)
+        arm = self.config.budget.steps_per_version * c["train_tokens"] / steps + sum(devs) / max(1, n_evals)
         left = cap - (c["train_tokens"] + c["eval_tokens"])
         return max(0, math.ceil(left / arm)) if arm > 0 else None
 
@@ -467,17 +469,39 @@ class LoopBase:
             LineageError: the stored evaluation (kv ``loop/eval/<v>/<name>``) or those kv values are not of the
                 shape EvoTrainer writes (a crafted or damaged run folder).
         """
-        key = f"eval/{vid}/{eval_name}"
+        return self._eval_stage(f"eval/{vid}/{eval_name}", vid, eval_name, {} if k is None else {"k": k})
+
+    def top_up(self, vid: str, first: int, k: int, eval_name: str = "heldout") -> dict[str, Any]:
+        """``k`` more samples per problem of ``vid``'s dev evaluation ``eval_name``, numbered from ``first`` (the
+        samples it holds): ``evaluate_version`` with ``first_sample`` (the local backend's top-up); once per
+        ``(vid, first)`` (stage ``eval/<v>/<name>+<first>``). Returns the record of the evaluation over all its
+        samples (``k`` = ``first + k``); the generated tokens are the top-up's, added to the run's dev-eval compute
+        like an evaluation's.
+
+        Raises:
+            LoopError: the top-up job did not finish.
+            LineageError: as :meth:`evaluate`.
+        """
+        out = self._eval_stage(f"eval/{vid}/{eval_name}+{first}", vid, eval_name, {"k": k, "first_sample": first})
+        first_pass = self.lineage.kv_get(f"loop/eval/{vid}/{eval_name}", expected=EVAL_RECORD_SHAPE)
+        if first_pass is not None and (first_pass.get("k") or 0) < (out.get("k") or 0):
+            # the evaluation's record scores all its samples, as the version's eval_summary does (reports read it);
+            # its own compute fields stay the first pass's, counted once (the top-up's are under its own stage)
+            merged = {f: out.get(f) for f in ("k", "avg@k", "pass@k", "pass@1", "n_problems")}
+            self.lineage.kv_set(f"loop/eval/{vid}/{eval_name}", {**first_pass, **merged})
+        return out
+
+    def _eval_stage(self, key: str, vid: str, eval_name: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """The stage ``key`` of an ``evaluate_version`` call (``extra``: its k / first_sample arguments) and its
+        compute records (:meth:`evaluate`)."""
+        what = f"{eval_name}, samples {extra['first_sample']}.." if extra.get("first_sample") else eval_name
 
         def run() -> dict[str, Any]:
-            self.log(f"evaluating {vid} ({eval_name})", version=vid)
-            args: dict[str, Any] = {"version_id": vid, "eval_name": eval_name}
-            if k is not None:
-                args["k"] = k
-            job = self.tb.call("evaluate_version", args)
+            self.log(f"evaluating {vid} ({what})", version=vid)
+            job = self.tb.call("evaluate_version", {"version_id": vid, "eval_name": eval_name, **extra})
             job = self._wait_job(job, vid, f"eval:{eval_name}")
             if job["status"] != "done":
-                raise LoopError(f"evaluation of {vid} ({eval_name}) ended {job['status']}: {job.get('message', '')}")
+                raise LoopError(f"evaluation of {vid} ({what}) ended {job['status']}: {job.get('message', '')}")
             res = job.get("result") or {}
             if res.get("avg_at_k") is not None:  # an EvalResult (rl_backend.base)
                 return eval_record(res, eval_name)

@@ -1754,6 +1754,19 @@ class LineageStore:
                 [(version_id, eval_name, str(p), int(i), float(c), comp) for p, i, c, comp in samples],
             )
 
+    def eval_samples(self, version_id: str, eval_name: str = "heldout") -> list[tuple[str, int, float, str]]:
+        """The stored per-sample outcomes ``[(problem_id, sample_idx, correct, completion)]`` of ``(version_id,
+        eval_name)`` (what :meth:`log_eval_samples` wrote), by problem and sample index; ``correct`` checked as in
+        :meth:`eval_matrix`.
+
+        Raises:
+            LineageError: as :meth:`eval_matrix`.
+        """
+        self.eval_matrix(version_id, eval_name)  # the check of every sample's ``correct``
+        return [(str(r[0]), int(r[1]), float(r[2]), str(r[3] or "")) for r in self._q(
+            "SELECT problem_id, sample_idx, correct, completion FROM eval_samples WHERE version_id=? AND eval_name=? "
+            "ORDER BY problem_id, sample_idx", (version_id, eval_name))]
+
     def eval_sample_count(self, version_id: str, eval_name: str = "heldout") -> int:
         """Eval samples :meth:`eval_matrix` would read for ``(version_id, eval_name)``, counted in SQL (none read)."""
         return int(self._q("SELECT count(*) FROM eval_samples WHERE version_id=? AND eval_name=?",

@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -287,6 +288,17 @@ class EvalSpec(_Strict):
     k: int = Field(8, ge=1, le=1024, description="Samples per held-out problem (Avg@k, pass@k).")
     temperature: float = Field(0.7, ge=0.0, le=TEMPERATURE_MAX, description="Sampling temperature at evaluation (<= 10).")
     max_problems: int | None = Field(None, ge=1, le=COUNT_MAX, description="Evaluate on at most this many problems.")
+    max_k: int | None = Field(None, ge=1, le=1024, description=(
+        "evotrainer mode, local backend: a sequential gate. A dev evaluation draws k samples per problem; where a "
+        "round's gate is undecided on them (a change's gain over its control above 0, the CI's lower bound not), the "
+        "change and its control draw more, up to max_k per problem, and the gate decides on all. None: k only."))
+
+    @model_validator(mode="after")
+    def _max_k_at_least_k(self) -> EvalSpec:
+        if self.max_k is not None and self.max_k < self.k:
+            raise ValueError(f"eval.max_k={self.max_k} is below eval.k={self.k}: max_k is the most samples per "
+                             f"problem a topped-up evaluation holds; set it to at least {self.k}, or null")
+        return self
 
 
 class Recipe(_Strict):

@@ -88,9 +88,10 @@ class Backend(Protocol):
         ...
 
     def evaluate(self, ws: Any, version_id: str, k: int | None = None, eval_name: str = "heldout",
-                 progress: ProgressFn | None = None) -> EvalResult:
+                 progress: ProgressFn | None = None, first_sample: int = 0) -> EvalResult:
         """Evaluate ``version_id`` with k samples per dev problem; on the test split for :data:`TEST_EVALS`
-        (``no_rl_test``: the base model's weights)."""
+        (``no_rl_test``: the base model's weights); ``first_sample`` > 0: k more samples per problem appended to a
+        dev evaluation's first ``first_sample`` (a top-up; the local backend's ``evaluate``)."""
         ...
 
 

@@ -742,7 +742,7 @@ class LocalBackend:
 
     # --- evaluate ------------------------------------------------------------------------------------
     def evaluate(self, ws: Any, version_id: str, k: int | None = None, eval_name: str = "heldout",
-                 progress: ProgressFn | None = None) -> EvalResult:
+                 progress: ProgressFn | None = None, first_sample: int = 0) -> EvalResult:
         """k samples per dev problem of ``version_id``'s weights (its parent's / the base model's if
         untrained): Avg@k, pass@k, pass@1; per-sample outcomes into ``ws.lineage.log_eval_samples``,
         rollouts (split ``eval``, step = the version's last step), and ``eval_summary`` (for
@@ -751,9 +751,22 @@ class LocalBackend:
         The test eval names (``base.TEST_EVALS``: ``test`` = the version's weights, ``no_rl_test`` = the
         base model) score the test split and write its outcomes to ``log_eval_samples`` only: no rollouts
         and nothing in ``eval_summary``, so no analyzer or tool that reads those sees test outcomes.
+
+        ``first_sample`` > 0 is a top-up of a dev evaluation (the loop's sequential gate, ``recipe.eval.max_k``):
+        ``k`` more samples per problem, sample indices ``first_sample .. first_sample + k - 1`` with sample seeds of
+        their own (:func:`topup_seed`; the same for every version, so two versions topped up alike stay paired
+        sample by sample), appended to the stored samples of indices below ``first_sample`` (those at or above it,
+        left by a top-up a crash cut short, are replaced). The returned result and ``eval_summary`` score all the
+        samples (``k`` = ``first_sample + k``); ``gen_tokens``, ``wall_s`` and ``cpu_s`` are the top-up's own.
+
+        Raises:
+            BackendError: ``first_sample`` > 0 on a test eval name, or where fewer than ``first_sample`` samples of
+                every problem are stored (evaluate first, then top up).
         """
         v = ws.lineage.get(version_id)
         test = is_test_eval(eval_name)
+        if first_sample:
+            return self._top_up(ws, v, k or v.recipe.eval.k, eval_name, first_sample, progress)
         ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
             self._parent_checkpoint(ws, v) if v.parent_id else None)
         if eval_name == NO_RL_TEST_EVAL:
@@ -778,9 +791,47 @@ class LocalBackend:
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
 
+    def _top_up(self, ws: Any, v: Any, k: int, eval_name: str, first: int, progress: ProgressFn | None) -> EvalResult:
+        """:meth:`evaluate` with ``first_sample`` = ``first`` > 0 (see there)."""
+        if is_test_eval(eval_name):
+            raise BackendError(f"first_sample={first}: eval {eval_name!r} scores the sealed test split, which is "
+                               "evaluated once, never topped up; top up a dev evaluation (e.g. heldout)")
+        have = {p: xs[:first] for p, xs in ws.lineage.eval_matrix(v.id, eval_name).items()}
+        short = sorted(p for p, xs in have.items() if len(xs) < first)
+        if not have or short:
+            raise BackendError(f"first_sample={first}: {v.id}'s eval {eval_name!r} holds "
+                               + (f"fewer than {first} samples of problem {short[0]!r}" if short else "no samples")
+                               + "; evaluate it first (evaluate_version without first_sample), then top up from the "
+                               "number of samples it holds")
+        ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
+            self._parent_checkpoint(ws, v) if v.parent_id else None)
+        if ckpt is None:
+            _refuse_imported(ws, v.id, "evaluate")
+        res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
+                                                         version_id=v.id, step=max(0, ws.lineage.last_step(v.id)),
+                                                         pinned=run_data(ws), first_sample=first)
+        kept = [(p, i, c, comp) for p, i, c, comp in ws.lineage.eval_samples(v.id, eval_name) if i < first]
+        ws.lineage.log_eval_samples(v.id, eval_name, kept + samples)
+        ws.rollouts.add(records)
+        merged = [xs for _p, xs in sorted(ws.lineage.eval_matrix(v.id, eval_name).items())]
+        n = first + k
+        res = res.model_copy(update={
+            "version_id": v.id, "k": n, "avg_at_k": avg_at_k(merged), "n_problems": len(merged),
+            "pass_at_k": mean_pass_at_k([(len(x), int(sum(x))) for x in merged], n),
+            "pass_at_1": mean_pass_at_k([(len(x), int(sum(x))) for x in merged], 1)})
+        summary = dict(v.eval_summary or {})
+        summary["by_name"] = {**summary.get("by_name", {}), eval_name: res.summary()}
+        if eval_name == "heldout":
+            summary.update(res.summary())
+        ws.lineage.update_version(v.id, eval_summary=summary)
+        write_eval(ws, v.id, res.summary(), eval_name)
+        ws.log(f"topped up {v.id} ({eval_name}) by {k} sample(s) per problem: Avg@{n}={res.avg_at_k:.3f} "
+               f"pass@{n}={res.pass_at_k:.3f}", version=v.id, source="local")
+        return res
+
     def evaluate_checkpoint(self, recipe: Any, checkpoint: str | None, k: int | None = None,
                             eval_name: str = "heldout", progress: ProgressFn | None = None, version_id: str = "",
-                            step: int = 0, split: str = "dev", pinned: Any = None,
+                            step: int = 0, split: str = "dev", pinned: Any = None, first_sample: int = 0,
                             ) -> tuple[EvalResult, list[tuple[str, int, float, str]], list[dict[str, Any]]]:
         """Evaluate weights (a checkpoint folder, or the recipe's base model when None) on the dev split
         (the first ``eval.max_problems`` dev problems) or, with ``split="test"``, on the whole test split; with
@@ -788,8 +839,9 @@ class LocalBackend:
 
         Correctness alone is scored (the ``correctness`` component), whatever the recipe's reward; for
         ``data.task: swe`` each sample is an episode graded by the hidden tests (``swe_train.evaluate_episodes``).
-        Sample seeds depend on the recipe's seed and the problem batch only, so two versions evaluated on the
-        same split are paired sample by sample.
+        Sample seeds depend on the recipe's seed, the problem batch and ``first_sample`` only (:func:`topup_seed`:
+        the samples of a top-up are numbered from ``first_sample`` and drawn from a stream of their own), so two
+        versions evaluated on the same split are paired sample by sample.
 
         Returns:
             ``(EvalResult, [(problem_id, sample_idx, correct, completion)], rollout records)``.
@@ -818,7 +870,7 @@ class LocalBackend:
                 batch_tasks=self.eval_batch_prompts, progress=progress)
         else:
             per_problem, samples, records = self._eval_completions(bundle, recipe, held, k, eval_name, progress,
-                                                                   version_id, step)
+                                                                   version_id, step, first_sample)
         avg = avg_at_k(per_problem)
         pk = mean_pass_at_k([(k, int(sum(x))) for x in per_problem], k)
         p1 = mean_pass_at_k([(k, int(sum(x))) for x in per_problem], 1)
@@ -829,25 +881,27 @@ class LocalBackend:
         return res, samples, records
 
     def _eval_completions(self, bundle: PolicyBundle, recipe: Any, held: list[Any], k: int, eval_name: str,
-                          progress: ProgressFn | None, version_id: str, step: int
+                          progress: ProgressFn | None, version_id: str, step: int, first_sample: int = 0,
                           ) -> tuple[list[list[float]], list[tuple[str, int, float, str]], list[dict[str, Any]]]:
-        """k single completions per held-out problem: (per-problem outcomes, samples, rollout records)."""
+        """k single completions per held-out problem, numbered from ``first_sample``: (per-problem outcomes, samples,
+        rollout records)."""
         samples, records, per_problem = [], [], []
         for bi in range(0, len(held), self.eval_batch_prompts):
             probs = held[bi: bi + self.eval_batch_prompts]
             prompts = chat_prompts(bundle.tokenizer, [build_messages(p, recipe.data) for p in probs])
             rb = generate(bundle.model, bundle.tokenizer, prompts, k, max_new_tokens=recipe.generate_max_len,
                           temperature=recipe.eval.temperature, top_p=1.0, prompt_max_len=recipe.prompt_max_len,
-                          seed=recipe.seed * 7919 + bi, device=self.device)
+                          seed=topup_seed(recipe.seed * 7919 + bi, first_sample), device=self.device)
             rw = compute_rewards({"correctness": RewardComponent()}, probs, rb.completions,
                                  finish_reasons=rb.finish_reasons, lengths=rb.lengths,
                                  generate_max_len=recipe.generate_max_len)
             for i, c in enumerate(rw.correct):
                 p = probs[i // k]
                 c = 0.0 if math.isnan(c) else float(c)
-                samples.append((p.id, i % k, c, rb.completions[i]))
+                idx = first_sample + i % k
+                samples.append((p.id, idx, c, rb.completions[i]))
                 records.append(make_record(
-                    version_id=version_id, step=step, prompt_id=p.id, group_id=f"{eval_name}-{p.id}", sample_idx=i % k,
+                    version_id=version_id, step=step, prompt_id=p.id, group_id=f"{eval_name}-{p.id}", sample_idx=idx,
                     prompt=p.prompt, completion=rb.completions[i], reward=c, components={"correctness": c},
                     answer=p.answer, correct=c, length=rb.lengths[i], finish_reason=rb.finish_reasons[i], split="eval"))
             for j in range(len(probs)):
@@ -856,6 +910,17 @@ class LocalBackend:
                 progress({"step": min(len(held), bi + len(probs)), "steps": len(held), "problems_done": len(per_problem),
                           "avg@k": float(np.mean([np.mean(x) for x in per_problem]))})
         return per_problem, samples, records
+
+
+TOPUP_SEED_STRIDE = 1_000_003
+"""Seed offset per first sample index of a top-up (a prime above any batch offset ``bi`` a dev split reaches), so the
+samples a top-up adds come from a stream of their own, not a replay of the first pass's."""
+
+
+def topup_seed(seed: int, first_sample: int) -> int:
+    """The generation seed of a dev evaluation's batch whose first pass seeds with ``seed``, for the samples numbered
+    from ``first_sample`` (0: ``seed`` itself, the first pass)."""
+    return seed + TOPUP_SEED_STRIDE * first_sample
 
 
 def _filters(recipe: Any) -> dict[str, Any]:

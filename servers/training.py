@@ -458,10 +458,15 @@ async def evaluate_version(
                                    ge=1, le=256)] = None,
     eval_name: Annotated[str, Field(description="Name of the evaluation set.", min_length=1)] = "heldout",
     wait_s: WaitS = 0.0,
+    first_sample: Annotated[int, Field(
+        description="0: a new evaluation (replaces the stored outcomes of eval_name). N > 0: a top-up: k more "
+                    "samples per problem appended after the first N stored ones, with sample seeds of their own; the "
+                    "summary scores all. Dev evaluations only.", ge=0, le=1024)] = 0,
 ) -> JobInfo:
     """Evaluate a version on the dev (held-out) set (k samples per problem: Avg@k, pass@k) as a background
     job; the result lands in the version's eval_summary. Pass wait_s to stream progress. The test split
-    (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so."""
+    (eval_name 'test' / 'no_rl_test') is sealed while a run is under way: an error says so. first_sample > 0
+    tops up a dev evaluation (the loop's sequential gate: more samples only where a decision is undecided)."""
     st = state_of(ctx)
 
     def prelude() -> tuple[Workspace, Backend]:
@@ -477,6 +482,9 @@ async def evaluate_version(
                         f"backend {getattr(backend, 'name', '?')!r} would score the dev problems under that name")
 
     def run(wws: Workspace, progress: ProgressFn, should_stop: StopFn) -> Any:
+        if first_sample:
+            return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress,
+                                    first_sample=first_sample)
         return backend.evaluate(wws, version_id, k=k, eval_name=eval_name, progress=progress)
 
     job = await in_tool_worker(functools.partial(st.jobs.start, "eval", version_id, 0, run))

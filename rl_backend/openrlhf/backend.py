@@ -126,15 +126,20 @@ class OpenRLHFBackend:
                            stopped_early=status == "cancelled", wall_s=round(time.monotonic() - t0, 3))
 
     def evaluate(self, ws, version_id: str, k: int | None = None, eval_name: str = "heldout",
-                 progress=None):
+                 progress=None, first_sample: int = 0):
         """Held-out Avg@k / pass@k (``rl_backend.base.EvalResult``) from OpenRLHF's evaluation at the last
         training step: k samples per problem scored by correctness, so its pass1 is Avg@k (= unbiased
         pass@1) and its pass<k> (max over the k samples) the unbiased pass@k with n = k.
 
         Raises:
             OpenRLHFError: the version has no OpenRLHF evaluation (not trained here, or no eval step),
-                or ``k`` differs from the ``recipe.eval.k`` the job evaluated with.
+                ``k`` differs from the ``recipe.eval.k`` the job evaluated with, or ``first_sample`` > 0 (a top-up:
+                OpenRLHF's evaluation stores no per-sample outcomes to add to).
         """
+        if first_sample:
+            raise OpenRLHFError(f"first_sample={first_sample}: the OpenRLHF job's evaluation keeps no per-sample "
+                                "outcomes to top up; top up with the local backend on the checkpoint, or set "
+                                "recipe.eval.max_k to null")
         v = ws.lineage.get(version_id)
         if k is not None and k != v.recipe.eval.k:
             raise OpenRLHFError(f"k={k}: the OpenRLHF job evaluated with recipe.eval.k={v.recipe.eval.k}; "
