@@ -125,6 +125,13 @@ def test_only_an_undecided_comparison_draws_more_and_the_control_is_drawn_once(r
     logs = [r["message"] for r in ws.read_logs() if "sequential gate" in str(r.get("message", ""))]
     assert logs == [f"sequential gate: v1 against its control {control} +0.250 [+0.000, +0.625] on 1 sample(s) per "
                     "problem: undecided; both drawn to 2"]
+    # the arm estimate of the token budget counts the top-ups with their evaluation: 4 heldout evaluations (v0-v3),
+    # not 6 (the two top-ups as evaluations of their own would make an arm look cheaper than it is)
+    c = orch.compute()
+    dev = sum(n for k, n in toks.items() if not k.endswith("/no_rl"))
+    arm = 1 * c["train_tokens"] / 1 + dev / 4  # steps_per_version x train tokens per step + dev tokens per arm
+    spent = c["train_tokens"] + c["eval_tokens"]
+    assert orch.affordable_arms(spent + int(9.5 * arm)) == 10 and orch.affordable_arms(spent + int(8.5 * arm)) == 9
     # at max_k nothing more is drawn, and a second call (a resumed round) draws nothing again
     orch._sequential_gate(control, ["v1", "v2"])
     assert orch._dev_k("v1") == 2 and len(ws.lineage.kv_get("loop/eval_tokens")) == len(toks)
