@@ -238,11 +238,11 @@ def _log_history_records(hist: Iterable[Any]) -> StepRecords:
         if not isinstance(rec, dict) or "step" not in rec:
             continue
         step = F.step_int(rec["step"])
-        for k, x in rec.items():
-            if k in ("step", "epoch", "total_flos") or isinstance(x, bool) or not F.is_text(k):
-                continue
-            if isinstance(x, (int, float)) or x is None:
-                _add(out, step, k, math.nan if x is None else float(x))
+        vals = {k: math.nan if x is None else float(x) for k, x in rec.items()
+                if k not in ("step", "epoch", "total_flos") and not isinstance(x, bool) and F.is_text(k)
+                and (isinstance(x, (int, float)) or x is None)}
+        for k, x in (F.eval_renamed(vals) or vals).items():  # an evaluation's keys all under eval_
+            _add(out, step, k, x)
     return out
 
 
@@ -279,7 +279,9 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     The last line may be cut off (a paste's excerpt ends mid-record: ms-swift#5890's ``logging.jsonl``, refused whole
     before): its whole ``"key": value`` pairs are read (:func:`~evotrainer.harness.ingest_formats.complete_pairs`), with
     an :class:`IngestWarning` naming the line; a cut record whose whole pairs name no step yet is left out, saying so.
-    A byte-order mark before the first line is dropped.
+    A byte-order mark before the first line is dropped, and so is a line that is only an elision mark (``...``,
+    ``…``, ``[...]``: where a paste left lines out, LLaMA-Factory#856's ``trainer_log.jsonl``), with an
+    :class:`IngestWarning` naming the first.
 
     Raises:
         IngestError: a line is not JSON (the last one: and no whole pairs with a step), or a line has no ``step`` /
@@ -287,7 +289,7 @@ def parse_jsonl_metrics(lines: Iterable[str], source: str = "") -> dict[int, dic
     """
     out = StepRecords()
     last: list[tuple[int, str]] = []
-    for i, rec in _records_then_last(_held_last(_no_bom(lines), last), last, source):
+    for i, rec in _records_then_last(_held_last(_no_elisions(_no_bom(lines), source), last), last, source):
         if not isinstance(rec, dict):
             raise IngestError(f"{source}:{i}: a JSON {type(rec).__name__}, not an object; one metrics object per line")
         step = F.record_step(rec)
@@ -306,6 +308,24 @@ def _no_bom(lines: Iterable[str]) -> Iterator[str]:
     if first is not None:
         yield first.lstrip("\ufeff")
         yield from it
+
+
+_ELISION = re.compile(r"\s*(?:\.{3,}|…+|\[\s*(?:\.{3,}|…)\s*\]|\(\s*(?:\.{3,}|…)\s*\))\s*")
+
+
+def _no_elisions(lines: Iterable[str], source: str) -> Iterator[str]:
+    """``lines`` with each line that is only an elision mark (``...``, ``…``, ``[...]``, ``(...)``) made blank (so the
+    line numbers of errors hold); an :class:`IngestWarning` names the first and the count."""
+    marks: list[int] = []
+    for n, line in enumerate(lines, 1):
+        if len(line) <= 64 and _ELISION.fullmatch(line):
+            marks.append(n)
+            yield ""
+        else:
+            yield line
+    if marks:
+        _note(f"{source}:{marks[0]}: {len(marks)} line(s) that are only an elision mark ('...') left out: the paste "
+              "cut records there")
 
 
 def _records_then_last(lines: Iterable[str], last: list[tuple[int, str]], source: str) -> Iterator[tuple[int, Any]]:
@@ -700,9 +720,11 @@ FORMATS = (
     "OpenRLHF console: tqdm bars with numbers, 'Episode [1/1]:  10%|█| 5/50 [01:00<09:00, 12.0s/it, "
     "policy_loss=0.0123, kl=0.00102, reward=0.5, ...]' (or the 'Train epoch' bars' 'pg=..., rm=..., glen=...')",
     "mlx-lm: 'Iter 20: Train loss 0.000, Total rewards mean 0.000, ..., KL 0.000, Learning Rate 1.000e-05, ...'",
+    "DeepSpeed-Chat step 3: 'epoch: 0|step: 3183|ppo_ep: 1|act_loss: 30.9|cri_loss: 30.5|unsuper_loss: 0.0' then "
+    "'average reward score: -7.8'",
     "W&B's console summary at a run's end: 'wandb: Run summary:' then 'wandb: <key> <value>' lines (one step)",
-    "JSONL metrics (ms-swift logging.jsonl, W&B history): one object a line with 'step', 'global_step', '_step' "
-    "or 'global_step/max_steps': \"300/1296\"",
+    "JSONL metrics (ms-swift logging.jsonl, LLaMA-Factory trainer_log.jsonl, W&B history): one object a line with "
+    "'step', 'global_step', '_step', 'current_steps' or 'global_step/max_steps': \"300/1296\"",
     "W&B CSV export: a 'Step' or '_step' column, then '<run> - <metric>' or '<metric>' columns",
     "a pasted table whose first column is 'Step' (the HF notebook's 'Step | Training Loss | reward | ...')",
     "a script's own lines of 'key=value' pairs, two or more a line: 'step 10 | loss=0.12 reward=0.5±0.1 kl=0.001'",
@@ -720,7 +742,7 @@ def unreadable(path: Path, tried: str) -> IngestError:
 
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
-    numbers (OpenRLHF), mlx-lm 'Iter N' lines, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
+    numbers (OpenRLHF), mlx-lm 'Iter N' lines, DeepSpeed-Chat step lines, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
 
     The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
@@ -733,6 +755,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
                                 ("console dicts", F.parse_dict_log, text),
                                 ("tqdm bars with numbers (OpenRLHF)", F.parse_tqdm_postfix_log, text),
                                 ("mlx-lm 'Iter N: ...' lines", F.parse_mlx_log, squeezed),
+                                ("DeepSpeed-Chat 'epoch: E|step: N|...' lines", F.parse_dschat_log, squeezed),
                                 ("W&B's 'Run summary:'", F.parse_wandb_summary, squeezed),
                                 ("'Step | ...' tables", F.parse_table_log, squeezed),
                                 ("'key=value' lines", F.parse_kv_log, squeezed)):
@@ -900,8 +923,9 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
         raise IngestError(exc.located(str(path), text)) from None
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
-                               "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, W&B's 'Run summary:', "
-                               "'Step | ...' tables, 'key=value' lines")
+                               "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, DeepSpeed-Chat "
+                               "'epoch: E|step: N|...' lines, W&B's 'Run summary:', 'Step | ...' tables, 'key=value' "
+                               "lines")
     return {None: records}, []
 
 

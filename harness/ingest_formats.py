@@ -60,7 +60,8 @@ from evotrainer.points import StepRecords
 
 Records = dict[int, dict[str, float]]
 
-STEP_KEYS = ("step", "global_step", "train/global_step", "train/step", "_step", "rollout/step", "eval/step")
+STEP_KEYS = ("step", "global_step", "train/global_step", "train/step", "_step", "rollout/step", "eval/step",
+             "current_steps")  # the last: LLaMA-Factory's trainer_log.jsonl ({"current_steps": 10, "total_steps": ...})
 _SWIFT_STEP = "global_step/max_steps"  # ms-swift: "300/1296"
 _NAMES = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
 _PREFIX = re.compile(r"\b(?:step|rollout|perf|eval)(?:\s+is)?\s+(\d+)\b[^{}]*$")
@@ -357,13 +358,33 @@ def _parse_dicts(text: str) -> Records:
         # dicts searched back to the line's start for each took 85 s)
         m = _PREFIX.search(text[max(text.rfind("\n", lo, start) + 1, lo):start])
         step = step_int(m.group(1)) if m else record_step(d)
+        ev = eval_renamed(vals)
+        vals = vals if ev is None else ev
         if step is None:
-            is_eval = all(k.startswith("eval_") or k == "epoch" for k in vals)
-            if not is_eval:
+            if ev is None:
                 ordinal += 1
             step = ordinal
         out.add_all(step, vals)
     return out
+
+
+EVAL_MARKS = frozenset({"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
+"""Keys of an HF ``Trainer.evaluate`` record (``transformers.Trainer.evaluate`` adds ``eval_runtime`` and the two
+rates to every one): a record holding one is an evaluation, not a training step."""
+
+
+def eval_renamed(vals: dict[str, float]) -> dict[str, float] | None:
+    """An evaluation's record with every key under ``eval_`` (``completions/mean_length`` -> ``eval_completions/
+    mean_length``; ``epoch`` kept), or None when ``vals`` is a training step's.
+
+    An evaluation is a record of ``eval_*`` keys (and ``epoch``) only, or one holding an :data:`EVAL_MARKS` key: TRL's
+    GRPOTrainer logs some of its eval metrics without the prefix (unsloth#3485: ``{'eval_loss': ..., 'eval_runtime':
+    ..., 'completions/mean_length': 40.1, ...}``), which read as a training step gave the run a step whose completion
+    length halved.
+    """
+    if not (all(k.startswith("eval_") or k == "epoch" for k in vals) or EVAL_MARKS & set(vals)):
+        return None
+    return {k if k.startswith("eval_") or k == "epoch" else f"eval_{k}": x for k, x in vals.items()}
 
 
 # --- tqdm progress bars with a postfix (OpenRLHF console) ---------------------------------------------
@@ -509,6 +530,60 @@ def parse_mlx_log(text: str) -> Records:
             else:
                 key = low.replace(" ", "_")
             rec[key] = x
+        if rec:
+            out.add_all(step, rec)
+    return out
+
+
+# --- DeepSpeed-Chat step 3 (RLHF PPO) console lines ------------------------------------------------------------------
+_DSCHAT_STEP = re.compile(r"^[^\n]{0,200}?\bepoch[ \t]*:[ \t]*(?P<epoch>\d{1,9})[ \t]*\|[ \t]*step[ \t]*:[ \t]*"
+                          r"(?P<step>\d{1,15})[ \t]*\|(?P<rest>[^\n]{0,2000})$", re.I | re.M)
+_DSCHAT_REWARD = re.compile(r"^[^\n]{0,200}?\baverage reward score[ \t]*:[^\n]{0,2000}$", re.I | re.M)
+_DSCHAT_PAIR = re.compile(r"(?P<k>[A-Za-z][A-Za-z _.-]{0,60}?)[ \t]*:[ \t]*(?P<v>" + _NUMBER + r"|nan|inf|-inf)"
+                          r"(?![\w.])", re.I)
+_DSCHAT_NAMES = {"act_loss": "actor/pg_loss", "actor_loss": "actor/pg_loss", "cri_loss": "critic/vf_loss",
+                 "critic_loss": "critic/vf_loss", "average_reward_score": "reward", "average_kl": "kl",
+                 "average_entropy": "entropy", "average_length": "response_length/mean", "ppo_ep": "ppo_epoch"}
+
+
+def parse_dschat_log(text: str) -> Records:
+    """Per-step records of DeepSpeed-Chat's step-3 (RLHF PPO) console: ``epoch: 0|step: 3183|ppo_ep: 1|act_loss:
+    30.92|cri_loss: 30.52|unsuper_loss: 0.0`` (newer: ``Epoch: 0 | Step: 100 | PPO Epoch: 1 | Actor Loss: ...``),
+    then ``average reward score: -7.81`` (forks add ``Average return: ... Average kl: ...`` on that line), which
+    belongs to the step line before it (``applications/DeepSpeed-Chat/.../step3_rlhf_finetuning/main.py``,
+    DeepSpeedExamples#307, #444). The throughput lines between (``|E2E latency=2.12s |... |CurSamplesPerSec=1.89``)
+    and DeepSpeed's ``Grad overflow`` notes are no records.
+
+    Names: the actor loss is verl's ``actor/pg_loss``, the critic's ``critic/vf_loss``, the average reward score
+    ``reward`` (the mean reward), ``average kl`` / ``entropy`` / ``length`` TRL's and verl's names; others
+    lower-cased with ``_`` for spaces. ``step`` counts within an epoch: a later epoch's steps continue after the
+    last one read. One step line is enough (the format is its own signature).
+    """
+    out = StepRecords()
+    text = _unix_lines(text)
+    events = sorted([(m.start(), "step", m) for m in _DSCHAT_STEP.finditer(text)]
+                    + [(m.start(), "reward", m) for m in _DSCHAT_REWARD.finditer(text)], key=lambda e: e[0])
+    step: int | None = None
+    offset, epoch, last = 0, None, -1
+    for _pos, kind, m in events:
+        if kind == "step":
+            e, raw = int(m.group("epoch")), step_int(m.group("step"))
+            if epoch is not None and e > epoch and raw + offset <= last:
+                offset = last + 1 - raw
+            epoch, step = e, raw + offset
+            last = max(last, step)
+            body = m.group("rest")
+        elif step is None:
+            continue
+        else:
+            body = m.group(0)
+        rec: dict[str, float] = {}
+        for pm in _DSCHAT_PAIR.finditer(body.replace("|", "\n")):
+            x = to_float(pm.group("v"))
+            key = re.sub(r"[ \t]+", "_", pm.group("k").strip().lower())
+            if x is None or key in ("epoch", "step"):
+                continue
+            rec[_DSCHAT_NAMES.get(key, key)] = x
         if rec:
             out.add_all(step, rec)
     return out

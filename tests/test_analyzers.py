@@ -497,3 +497,16 @@ def test_analyzers_survive_ragged_and_non_finite_series():
                           parents={"v": "p", "p": None})
             for f in run_analyzers(ev):
                 assert f.explanation and f.severity in ("info", "warn", "blocking")
+
+
+def test_kl_blowup_at_the_start_that_decays_is_a_reference_that_is_not_the_starting_policy():
+    # unsloth_trl_grpo_kl1e4_all_clipped's shape: KL 10,833 -> 1,678 -> 907 -> 1,291 -> 65 at the first logs (TRL + PEFT
+    # with the base model as reference), then 0.04; no late level or upward shift, so before only grad_spike spoke
+    kl = np.concatenate([[10832.9, 1678.4, 906.6, 1291.3, 65.0, 14.0, 5.0], noisy(0.05, 0.04, 0.002)[7:]])
+    f = failures(run_analyzers(ev_of(healthy(**{M.POLICY_KL: kl}))))["kl_blowup"]
+    assert f.severity == "warn" and f.judged == "level"
+    assert f.data["head"] == pytest.approx(1291.3)  # median of the first 5 points: 10832.9, 1678.4, 906.6, 1291.3, 65
+    assert "first 5 logged steps (median)" in f.explanation and "not the policy's starting weights" in f.explanation
+    # a start at 0.5 nats/token (under KL_WARN = 1.0) is no blow-up
+    kl2 = np.concatenate([[0.5, 0.5, 0.5, 0.5, 0.5], noisy(0.05, 0.04, 0.002)[5:]])
+    assert "kl_blowup" not in failures(run_analyzers(ev_of(healthy(**{M.POLICY_KL: kl2}))))

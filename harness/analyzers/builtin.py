@@ -369,7 +369,9 @@ def length_blowup(ev: Evidence) -> list[Finding]:
 @ANALYZERS.analyzer("kl_blowup", description="KL to the reference policy explodes")
 def kl_blowup(ev: Evidence) -> list[Finding]:
     """KL recent level >= KL_WARN nats (a level: one step is enough), or a level shift by >= KL_JUMP x
-    to >= KL_JUMP_MIN (a change); info for a steady drift (a trend)."""
+    to >= KL_JUMP_MIN (a change), or a start at >= KL_WARN (the median of the first 5 logged steps: a run starts at
+    its reference, so a KL that high from the start is a reference that is not the starting policy, even when it
+    decays later); info for a steady drift (a trend)."""
     out = []
     for v in ev.versions:
         lv = level_of(ev, v, M.POLICY_KL)
@@ -394,6 +396,16 @@ def kl_blowup(ev: Evidence) -> list[Finding]:
                                evidence=[M.POLICY_KL], data=trend_data(t), judged="level" if t.late >= KL_WARN else "change",
                                explanation=f"{v}: KL to the reference shows {why} (early {fmt(t.early)}); the policy "
                                            f"left the trust region; raise init_kl_coef or lower the learning rate."))
+        elif t.head >= KL_WARN:
+            out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=span(t),
+                               evidence=[M.POLICY_KL], data=trend_data(t), judged="level",
+                               explanation=f"{v}: KL to the reference is {fmt(t.head)} nats/token over the first 5 "
+                                           f"logged steps (median), above the blow-up level {KL_WARN}, where a run "
+                                           f"starts at its reference (KL 0 before the first update); it falls to "
+                                           f"{fmt(t.late)} late. The reference is not the policy's starting weights "
+                                           "(e.g. the base model without the LoRA or SFT weights the policy starts "
+                                           "from), or the two score different tokens: point the reference at the "
+                                           "starting policy, or set the KL coefficient to 0."))
         elif t.rising(ALPHA) and t.late >= 10 * max(t.early, 1e-4) and t.late >= 0.01:
             out.append(Finding(kind="kl_blowup", severity="info", versions=[v], steps=span(t),
                                evidence=[M.POLICY_KL], data=trend_data(t), judged="trend",
