@@ -91,6 +91,10 @@ ALIASES: dict[str, str] = {
     "clip_ratio/region_mean": M.POLICY_CLIP_FRAC,
     "completion_length": M.COMPLETIONS_MEAN_LENGTH,  # TRL < 0.16
     "entropy/mean": M.POLICY_ENTROPY,  # ms-swift log_entropy
+    # --- scripts' own prints (a `key=value` / `Label: value` console: Marin's `mean_reward=0.00`, NeMo-RL's `Avg
+    # Reward`) -----------------------------------------------------------------------------------------------
+    "mean_reward": M.REWARD_MEAN,
+    "avg_reward": M.REWARD_MEAN,
     # --- slime (train/ prefix stripped; rollout/*) --------------------------------------------------
     "pg_loss": M.LOSS_POLICY,
     "pg_clipfrac": M.POLICY_CLIP_FRAC,

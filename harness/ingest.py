@@ -722,6 +722,7 @@ FORMATS = (
     "mlx-lm: 'Iter 20: Train loss 0.000, Total rewards mean 0.000, ..., KL 0.000, Learning Rate 1.000e-05, ...'",
     "DeepSpeed-Chat step 3: 'epoch: 0|step: 3183|ppo_ep: 1|act_loss: 30.9|cri_loss: 30.5|unsuper_loss: 0.0' then "
     "'average reward score: -7.8'",
+    "NeMo-RL: '===== Step 5/29687 =====' banners and '📊 Training Results:' blocks of '  • Loss: 0.0502' bullets",
     "W&B's console summary at a run's end: 'wandb: Run summary:' then 'wandb: <key> <value>' lines (one step)",
     "JSONL metrics (ms-swift logging.jsonl, LLaMA-Factory trainer_log.jsonl, W&B history): one object a line with "
     "'step', 'global_step', '_step', 'current_steps' or 'global_step/max_steps': \"300/1296\"",
@@ -742,7 +743,7 @@ def unreadable(path: Path, tried: str) -> IngestError:
 
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
-    numbers (OpenRLHF), mlx-lm 'Iter N' lines, DeepSpeed-Chat step lines, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
+    numbers (OpenRLHF), mlx-lm 'Iter N' lines, DeepSpeed-Chat step lines, NeMo-RL result blocks, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
 
     The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
@@ -756,6 +757,7 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
                                 ("tqdm bars with numbers (OpenRLHF)", F.parse_tqdm_postfix_log, text),
                                 ("mlx-lm 'Iter N: ...' lines", F.parse_mlx_log, squeezed),
                                 ("DeepSpeed-Chat 'epoch: E|step: N|...' lines", F.parse_dschat_log, squeezed),
+                                ("NeMo-RL 'Training Results:' blocks", F.parse_nemo_rl_log, text),
                                 ("W&B's 'Run summary:'", F.parse_wandb_summary, squeezed),
                                 ("'Step | ...' tables", F.parse_table_log, squeezed),
                                 ("'key=value' lines", F.parse_kv_log, squeezed)):
@@ -924,8 +926,8 @@ def _read_file_as_is(path: Path, version: str, max_rows: int | None, budget: F.R
     if not records:
         raise unreadable(path, "verl 'step:N - key:value' lines, AReaL 'Train step' tables, console dicts, "
                                "tqdm bars with numbers (OpenRLHF), mlx-lm 'Iter N: ...' lines, DeepSpeed-Chat "
-                               "'epoch: E|step: N|...' lines, W&B's 'Run summary:', 'Step | ...' tables, 'key=value' "
-                               "lines")
+                               "'epoch: E|step: N|...' lines, NeMo-RL 'Training Results:' blocks, W&B's 'Run summary:', "
+                               "'Step | ...' tables, 'key=value' lines")
     return {None: records}, []
 
 

@@ -589,6 +589,50 @@ def parse_dschat_log(text: str) -> Records:
     return out
 
 
+# --- NeMo-RL's GRPO console: '===== Step N/M =====' banners and bulleted '📊 Training Results:' blocks -------------
+_NEMO_BANNER = re.compile(r"^[ \t]*={3,}[ \t]*Step[ \t]+(?P<step>\d{1,15})[ \t]*/[ \t]*\d{1,15}[ \t]*={3,}[ \t]*$", re.M)
+_NEMO_BLOCK = re.compile(r"^[^\n]{0,20}?(?P<what>Training|Validation) Results:[ \t]*$", re.M)
+_NEMO_BULLET = re.compile(r"[ \t]*[•*-][ \t]*(?P<k>[A-Za-z][A-Za-z0-9 ._/()+-]{0,60}?)[ \t]*:[ \t]*(?P<v>" + _NUMBER
+                          + r"|nan|inf|-inf)(?:[ \t]?(?:%|[A-Za-z]{1,12}))?(?:[ \t]*\([^()\n]{0,40}\))?[ \t]*")
+_NEMO_NAMES = {"avg_reward": "reward", "mean_reward": "reward", "mean_generation_length": "response_length/mean",
+               "avg_generation_length": "response_length/mean"}
+
+
+def parse_nemo_rl_log(text: str) -> Records:
+    """Per-step records of NeMo-RL's GRPO console: each step opens with a ``===== Step 5/29687 =====`` banner, and its
+    ``📊 Training Results:`` block lists ``  • Loss: 0.0502``, ``  • Avg Reward: 0.0879``, ``  • Mean Generation
+    Length: 314.4863`` (a ``Validation Results:`` block's bullets go under ``val/``). A block belongs to the banner
+    before it; a block before the first banner (a paste that starts mid-step) to the step before the next banner.
+
+    Names: ``Avg Reward`` is the mean reward (``reward``), ``Mean Generation Length`` verl's ``response_length/mean``;
+    others lower-cased with ``_`` for spaces and dots. A bullet's unit or percentage in brackets is dropped.
+    """
+    text = _unix_lines(text)
+    banners = [(m.start(), step_int(m.group("step"))) for m in _NEMO_BANNER.finditer(text)]
+    out = StepRecords()
+    for m in _NEMO_BLOCK.finditer(text):
+        before = [st for pos, st in banners if pos < m.start()]
+        after = [st for pos, st in banners if pos > m.start()]
+        if before:
+            step = before[-1]
+        elif after:
+            step = after[0] - 1
+        else:
+            continue
+        prefix = "val/" if m.group("what") == "Validation" else ""
+        rec: dict[str, float] = {}
+        for line in text[m.end() + 1:].split("\n"):
+            bm = _NEMO_BULLET.fullmatch(line)
+            if bm is None:
+                break
+            if (x := to_float(bm.group("v"))) is not None:
+                key = re.sub(r"[.\s]+", "_", bm.group("k").strip().lower()).strip("_")
+                rec[prefix + _NEMO_NAMES.get(key, key)] = x
+        if rec:
+            out.add_all(step, rec)
+    return out
+
+
 # --- W&B's end-of-run console summary ('wandb: Run summary:' then 'wandb: <key> <value>' lines) ------------
 _WANDB_LINE = re.compile(r"^[^\n]{0,200}?wandb:[ \t]*(?P<body>[^\n]{0,2000})$", re.M)
 _WANDB_PAIR = re.compile(r"(?P<k>[A-Za-z_][\w/.@()-]{0,300})[ \t]+(?P<v>" + _NUMBER + r"|nan|inf|-inf)")
@@ -652,10 +696,43 @@ KV_MIN_PAIRS = 2  # numeric key=value pairs a line needs to be a record
 KV_MIN_LINES = 2  # such lines a text needs: one line of pairs is as likely a command line or a config
 
 
+_KV_FIELD = re.compile(r"[ \t]*(?P<k>[A-Za-z][A-Za-z0-9 ._/()+-]{0,60}?)[ \t]*[:=][ \t]*(?P<v>" + _NUM
+                       + r")(?:[ \t]?(?:%|[A-Za-z]{1,12}(?:/[A-Za-z]{1,12})?))?[ \t]*")
+
+
+def _label_key(label: str) -> str:
+    """A field's label as a metric name: lower case, runs of spaces and dots as one ``_`` (``Grad. Norm`` ->
+    ``grad_norm``, ``Mismatch KL`` -> ``mismatch_kl``, ``Peak Mem.`` -> ``peak_mem``)."""
+    return re.sub(r"[.\s]+", "_", label.strip().lower()).strip("_")
+
+
+def _kv_fields(line: str) -> dict[str, float] | None:
+    """The ``Label: value`` fields of a ``|``-separated line whose labels may hold spaces and dots (prime-rl's
+    ``SUCCESS Step 9 | Time: 4.29s | Loss: 0.0000 | Grad. Norm: 0.0000 | Peak Mem.: 17.4 GiB``), a unit after the
+    value dropped; None when fewer than :data:`KV_MIN_PAIRS` fields are such (then the pairs are read one token a key,
+    which cut ``Grad. Norm`` to ``Norm``)."""
+    if line.count("|") < KV_MIN_PAIRS - 1:
+        return None
+    rec: dict[str, float] = {}
+    for field in line.split("|"):
+        m = _KV_FIELD.fullmatch(field)
+        if m is not None and (x := to_float(m.group("v"))) is not None:
+            rec[_label_key(m.group("k"))] = x
+    return rec if len(rec) >= KV_MIN_PAIRS else None
+
+
 def _kv_line(line: str) -> tuple[int | None, dict[str, float]]:
     """``(step or None, {key: value})`` of one line for :func:`parse_kv_log` (a Ray actor's ``(name pid=...)`` prefix
     and a logger's ``file.py:88`` left out)."""
     line = _KV_PREFIX.sub("", line, count=1)
+    if (fields := _kv_fields(line)) is not None:
+        step = None
+        for k in [k for k in fields if k in _KV_STEP_KEYS]:
+            x = fields.pop(k)
+            step = int(x) if x == int(x) and x >= 0 else step
+        if step is None and (sm := _KV_STEP_WORD.search(line)) is not None:
+            step = step_int(sm.group(1))
+        return step, fields
     rec: dict[str, float] = {}
     step: int | None = None
     for m in _KV_PAIR.finditer(line):
@@ -687,8 +764,11 @@ def parse_kv_log(text: str) -> Records:
     or ``Namespace(...)`` / ``GRPOConfig(...)`` dumps, whose keys differ line to line, are no records). At least
     :data:`KV_MIN_LINES` records. A ``mean±std`` value (also ``+/-``) gives ``key`` the mean and ``key/std`` the spread.
     The step is a ``step`` / ``iter`` / ``global_step`` key or word with its number on the line (``step=10``, ``Step
-    10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step). The last reader
-    tried: a log in a known format is read by its own.
+    10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step); where some lines name
+    their step, a line that does not belongs to the next line that does (prime-rl's orchestrator prints ``Detected
+    97/128 rollouts (gibberish=2, zero_advantage=95)`` before its ``Step 9 | ...`` line; those were steps 1 and 3 of
+    their own). A ``|``-separated line of ``Label: value`` fields may have labels of several words (:func:`_kv_fields`).
+    The last reader tried: a log in a known format is read by its own.
     """
     lines = [ln for ln in _unix_lines(text).split("\n")
              if ("=" in ln or ":" in ln) and len(ln) <= 20000]
@@ -699,16 +779,32 @@ def parse_kv_log(text: str) -> Records:
             for k in rec:
                 if k in seen or len(seen) < _KV_MAX_KEYS:
                     seen[k] = seen.get(k, 0) + 1
-    out = StepRecords()
-    ordinal = 0
+    kept: list[tuple[int | None, dict[str, float]]] = []
     for line in lines:
         step, rec = _kv_line(line)
         rec = {k: x for k, x in rec.items() if seen.get(k.removesuffix("/std"), 0) >= 2}
-        if len([k for k in rec if not k.endswith("/std")]) < KV_MIN_PAIRS:
-            continue
-        ordinal += 1
-        out.add_all(ordinal if step is None else step, rec)
-    return out if ordinal >= KV_MIN_LINES else StepRecords()
+        if len([k for k in rec if not k.endswith("/std")]) >= KV_MIN_PAIRS:
+            kept.append((step, rec))
+    out = StepRecords()
+    if len(kept) < KV_MIN_LINES:
+        return out
+    if any(step is not None for step, _ in kept):  # a line without a step belongs to the next line with one
+        nxt = None
+        for i in range(len(kept) - 1, -1, -1):
+            step, rec = kept[i]
+            nxt = step if step is not None else nxt
+            kept[i] = (nxt, rec)
+        last = None
+        for i, (step, rec) in enumerate(kept):  # (after the last stepped line: the last one's)
+            last = step if step is not None else last
+            kept[i] = (last if step is None else step, rec)
+        for step, rec in kept:
+            if step is not None:
+                out.add_all(step, rec)
+        return out
+    for ordinal, (_, rec) in enumerate(kept, 1):
+        out.add_all(ordinal, rec)
+    return out
 
 
 # --- tables (Jupyter / HF notebook progress table, pasted whitespace tables) --------------------------

@@ -212,13 +212,14 @@ def test_ingest_errors(tmp_path):
     with pytest.raises(IngestError, match=r"notes.log: no training metrics found \(tried: verl 'step:N - key:value' "
                                           r"lines, AReaL 'Train step' tables, console dicts, tqdm bars with numbers \(OpenRLHF\), "
                                               r"mlx-lm 'Iter N: ...' lines, DeepSpeed-Chat 'epoch: E\|step: N\|...' "
-                                              r"lines, W&B's 'Run summary:', 'Step \| ...' tables, "
+                                              r"lines, NeMo-RL 'Training Results:' blocks, W&B's 'Run summary:', "
+                                              r"'Step \| ...' tables, "
                                               r"'key=value' lines\)") as exc:
         ingest(tmp_path / "notes.log")
     # the error says what each readable format looks like, one line each
     msg = str(exc.value)
     assert "'step:12 - actor/entropy:0.41" in msg and "global_step/max_steps" in msg and "mlruns/<exp>" in msg
-    assert len(msg.splitlines()) == 14  # the first line, then one line per format
+    assert len(msg.splitlines()) == 15  # the first line, then one line per format
     empty = tmp_path / "empty_run"
     empty.mkdir()
     with pytest.raises(IngestError, match="no run files"):

@@ -78,3 +78,62 @@ def test_an_evaluation_dict_is_no_training_step_and_its_keys_go_under_eval():
     assert recs[1]["eval_num_tokens"] == 1001646.0 and recs[2]["completions/mean_length"] == 78.5
     assert eval_renamed({"loss": 1.0, "reward": 2.0}) is None
     assert eval_renamed({"eval_reward": 1.0, "epoch": 0.5}) == {"eval_reward": 1.0, "epoch": 0.5}
+
+
+PRIME_TRAINER = """\
+[default0]:15:41:26    INFO Starting training step 9
+[default0]:15:41:30 SUCCESS Step 9 | Time: 4.29s | Loss: 0.0000 | Entropy: 0.3571 | Mismatch KL: 0.0007 | Grad. Norm: 0.0000 | LR: 3.00e-06 | Peak Mem.: 17.4 GiB
+[default0]:15:41:34 SUCCESS Step 10 | Time: 3.27s | Loss: 0.0000 | Entropy: 0.3794 | Mismatch KL: 0.0007 | Grad. Norm: 0.0000 | LR: 3.00e-06 | Peak Mem.: 17.4 GiB
+"""
+
+
+def test_labels_of_several_words_in_pipe_separated_fields():
+    # prime-rl#1117's trainer console: 'Grad. Norm' was read as 'Norm', 'Mismatch KL' (trainer vs inference) as 'KL'
+    records, reader = parse_text_log(PRIME_TRAINER)
+    assert reader == "'key=value' lines" and sorted(records) == [9, 10]
+    assert records[9] == {"time": 4.29, "loss": 0.0, "entropy": 0.3571, "mismatch_kl": 0.0007, "grad_norm": 0.0,
+                          "lr": 3e-06, "peak_mem": 17.4}
+    # a '|' line of 'key=value' pairs keeps the one-token reading
+    text = "step 1 | loss=0.12 reward=0.5 kl=0.001\nstep 2 | loss=0.10 reward=0.6 kl=0.002\n"
+    assert parse_text_log(text)[0] == {1: {"loss": 0.12, "reward": 0.5, "kl": 0.001},
+                                       2: {"loss": 0.10, "reward": 0.6, "kl": 0.002}}
+
+
+def test_a_line_without_a_step_belongs_to_the_next_line_with_one():
+    # prime-rl#2280's orchestrator: the filter line before each 'Step N |' line was a step of its own (1, 3)
+    text = ("00:27:06    INFO Detected 97/128 rollouts (gibberish=2, zero_advantage=95), enforced 95\n"
+            "00:27:06 SUCCESS Step 9 | Time: 3.20s | Reward: 0.9912 | Seq. Length: 331.1 tokens/sample\n"
+            "00:27:08    INFO Detected 97/128 rollouts (gibberish=1, zero_advantage=96), enforced 96\n"
+            "00:27:08 SUCCESS Step 10 | Time: 2.20s | Reward: 0.9912 | Seq. Length: 332.0 tokens/sample\n")
+    records, _ = parse_text_log(text)
+    assert records == {9: {"gibberish": 2.0, "zero_advantage": 95.0, "time": 3.2, "reward": 0.9912, "seq_length": 331.1},
+                       10: {"gibberish": 1.0, "zero_advantage": 96.0, "time": 2.2, "reward": 0.9912,
+                            "seq_length": 332.0}}
+
+
+NEMO = """\
+Logged data to logs/exp_001/train_data_step3.jsonl
+
+📊 Training Results:
+  • Loss: 0.0502
+  • Avg Reward: 0.0879
+  • Mean Generation Length: 314.4863
+
+⏱️  Timing:
+  • Total step time: 10.82s
+
+========================= Step 5/29687 =========================
+▶ Generating responses for batch of size 512...
+📊 Training Results:
+  • Loss: 0.0498
+  • Avg Reward: 0.0912
+  • Mean Generation Length: 310.0
+"""
+
+
+def test_nemo_rl_result_blocks_belong_to_their_step_banner():
+    records, reader = parse_text_log(NEMO)
+    assert reader == "NeMo-RL 'Training Results:' blocks"
+    # the first block precedes the first banner (a paste cut mid-step): it is step 5 - 1; the timing block is no record
+    assert records == {4: {"loss": 0.0502, "reward": 0.0879, "response_length/mean": 314.4863},
+                       5: {"loss": 0.0498, "reward": 0.0912, "response_length/mean": 310.0}}
