@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, NoReturn
 
 import typer
@@ -118,6 +119,14 @@ def run(app: Any, args: list[str] | None = None) -> int:
     A command's own exit code passes through (``typer.Exit``, ``SystemExit``, a returned int); Ctrl-C and
     ``typer.Abort`` print ``aborted`` and give 130; every exception goes through :func:`report`.
     """
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if not _show_ours(message, filename, lineno):
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
     try:
         rc = app(args=args, standalone_mode=False)  # click returns a command's exit code instead of exiting
         return rc if isinstance(rc, int) else 0
@@ -128,3 +137,16 @@ def run(app: Any, args: list[str] | None = None) -> int:
             typer.echo("aborted", err=True)
             return 130
         return report(exc)
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_ours(message: Warning | str, filename: str, lineno: int) -> bool:
+    """Show our own warning (raised with ``warn_explicit(..., "evotrainer", 0)``: a foreign run's lines left out,
+    metric points thinned) as ``warning: MESSAGE`` on stderr, like :func:`fail`'s ``error:`` line (Python's form,
+    ``evotrainer:0: IngestWarning: ...``, named a file and line that do not exist); False for anyone else's, which
+    :func:`run` passes to the ``warnings.showwarning`` it found."""
+    if filename != "evotrainer" or lineno != 0:
+        return False
+    typer.echo(f"warning: {neutralise(str(message))}", err=True)
+    return True

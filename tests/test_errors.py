@@ -161,3 +161,31 @@ def test_known_errors_are_the_loaded_subclasses():
     assert FileNotFoundError in errs and EvoTrainerError in errs and recipe.RecipeError in errs
     assert all(issubclass(e, EvoTrainerError) for e in errs if e is not FileNotFoundError)
     assert all(e.__module__ in sys.modules for e in errs)
+
+
+def test_our_warnings_print_as_a_warning_line_and_others_as_python_shows_them(capsys):
+    import warnings as w
+
+    app = typer.Typer()
+
+    @app.command()
+    def cmd() -> None:
+        # what harness.ingest / evotrainer.points raise: no real file and line, so Python showed "evotrainer:0: ..."
+        w.warn_explicit("run.jsonl:4: 1 line(s) that are only an elision mark ('...') left out", UserWarning,
+                        "evotrainer", 0, module="evotrainer.test")
+        w.warn_explicit("someone else's", UserWarning, "lib.py", 7, module="lib")
+
+    others: list[tuple[str, str, int]] = []
+    shown = w.showwarning
+    def record(m, c, f, n, file=None, line=None):
+        others.append((str(m), f, n))
+
+    w.showwarning = record
+    try:
+        assert cli_errors.run(app, []) == 0
+        assert w.showwarning is record  # restored after the command
+        assert others == [("someone else's", "lib.py", 7)]  # another's warning passed on as it was
+    finally:
+        w.showwarning = shown
+    err = capsys.readouterr().err
+    assert err == "warning: run.jsonl:4: 1 line(s) that are only an elision mark ('...') left out\n"
