@@ -780,7 +780,7 @@ class Orchestrator(LoopBase):
         Why: each dev evaluation is paid from the run's token budget (docs/compare.md: 31% of the loop's tokens at
         Avg@2 on 48 problems, against 5% for the static mode), while most of a round's comparisons are decided on one
         sample per problem (round 1's learning-rate arms by +0.12 to +0.32). Group-sequential designs (Pocock 1977;
-        Jennison & Turnbull 2000) stop sampling once the evidence decides; issue 21 asks to "sample what is needed
+        Jennison & Turnbull 2000) stop sampling once the evidence decides; the aim is to "sample what is needed
         for the CI the gate asks for". The cost: an undecided comparison has two looks at the gate's confidence, so
         the chance an inert change is kept is at most twice the one-look rate (Bonferroni: 5% one-sided at the 95%
         CI, against 2.5%).

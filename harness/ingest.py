@@ -107,11 +107,34 @@ def _add(out: StepRecords, step: int, key: str, value: float) -> None:
     out.add(step, key, value)
 
 
+_VERL_WRAP = re.compile(r"^([^\n]*\bstep:\d{1,15}[ \t]+-[ \t][^\n]*)\n(?=[^\n]*:)((?:[ \t]?-[ \t])?[^\s]*"
+                        r"(?:[ \t]-[ \t][^\s]+)+[ \t]*)$", re.M)
+VERL_WRAP_PASSES = 64  # continuation lines joined to one step line at most (a step line of ~150 metrics wrapped at 80)
+
+
+def join_verl_wraps(text: str) -> str:
+    """``text`` with each line that continues a verl step line joined back to it: a line of ``key:value`` tokens
+    separated by `` - `` (it may start with `` - ``; the break may fall inside a token: ``actor/ppo_kl:0.0`` /
+    ``00 - ...``), after a ``step:N - ...`` line (verl#1224's paste: the reader kept the first line's 6 metrics and
+    dropped the 40 on its continuation lines, the entropy among them). Joined with nothing between: a paste's or
+    terminal's wrap inserts a break and removes nothing. A line of prose (words apart by single spaces), a fence or
+    a lone token is no continuation. One regex pass per continuation line, at most :data:`VERL_WRAP_PASSES`."""
+    for _ in range(VERL_WRAP_PASSES):
+        text, n = _VERL_WRAP.subn(r"\1\2", text)
+        if not n:
+            break
+    return text
+
+
 def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
-    """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring)."""
+    """Per-step records ``{step: {foreign key: value}}`` of a verl console log (see module docstring); a step line the
+    paste wrapped is joined first (:func:`join_verl_wraps`)."""
     out = StepRecords()
     final: dict[str, float] = {}
-    for line in F.candidate_lines(_ANSI.sub("", text), _VERL_LINE):  # (an escape never spans a line)
+    text = _ANSI.sub("", text)
+    if "step:" in text:
+        text = join_verl_wraps(text)
+    for line in F.candidate_lines(text, _VERL_LINE):  # (an escape never spans a line)
         m = _STEP.search(line)
         if m:
             step = F.step_int(m.group(1))

@@ -510,3 +510,18 @@ def test_kl_blowup_at_the_start_that_decays_is_a_reference_that_is_not_the_start
     # a start at 0.5 nats/token (under KL_WARN = 1.0) is no blow-up
     kl2 = np.concatenate([[0.5, 0.5, 0.5, 0.5, 0.5], noisy(0.05, 0.04, 0.002)[5:]])
     assert "kl_blowup" not in failures(run_analyzers(ev_of(healthy(**{M.POLICY_KL: kl2}))))
+
+
+def test_an_entropy_near_zero_is_a_collapse_with_no_trend_to_judge():
+    # verl#1224: one logged step at 0.001 nats/token; before, fewer than 8 points was "insufficient evidence" only
+    ev = Evidence(metrics={"v1": {M.POLICY_ENTROPY: (np.array([1049]), np.array([0.001]))}})
+    f = failures(run_analyzers(ev))["entropy_collapse"]
+    assert f.severity == "warn" and f.judged == "level" and f.steps == [1049, 1049] and f.data["recent"] == 0.001
+    assert "at or below 0.01" in f.explanation
+    # 0.02 on a short log is no collapse (only the insufficient-evidence note); a long flat log at 0.004 is one
+    short = Evidence(metrics={"v1": {M.POLICY_ENTROPY: (np.array([1, 2]), np.array([0.02, 0.02]))}})
+    assert [(x.kind, x.severity) for x in run_analyzers(short) if x.kind == "entropy_collapse"] == [
+        ("entropy_collapse", "info")]
+    flat = noisy(0.004, 0.004, 0.0002)
+    g = failures(run_analyzers(ev_of(healthy(**{M.POLICY_ENTROPY: flat}))))["entropy_collapse"]
+    assert g.judged == "level" and g.data["recent"] == pytest.approx(0.004, abs=0.001)

@@ -9,7 +9,13 @@ import math
 import pytest
 
 from evotrainer import metrics as M
-from evotrainer.harness.ingest import IngestWarning, ingest, parse_jsonl_metrics, parse_text_log
+from evotrainer.harness.ingest import (
+    IngestWarning,
+    ingest,
+    join_verl_wraps,
+    parse_jsonl_metrics,
+    parse_text_log,
+)
 from evotrainer.harness.ingest_formats import eval_renamed, parse_dict_log, parse_dschat_log
 
 DSCHAT = """\
@@ -137,3 +143,22 @@ def test_nemo_rl_result_blocks_belong_to_their_step_banner():
     # the first block precedes the first banner (a paste cut mid-step): it is step 5 - 1; the timing block is no record
     assert records == {4: {"loss": 0.0502, "reward": 0.0879, "response_length/mean": 314.4863},
                        5: {"loss": 0.0498, "reward": 0.0912, "response_length/mean": 310.0}}
+
+
+def test_a_verl_step_line_the_paste_wrapped_is_joined_back():
+    # verl#1224's shape: the line broke before ' - ' and inside tokens ('actor/ppo_kl:0.0' / '00', 'c' / 'ritic/...')
+    text = ("(TaskRunner pid=3591053) step:1049 - global_seqlen/min:16832.000 - global_seqlen/mean:16842.000\n"
+            " - actor/entropy_loss:0.001 - critic/vf_loss:0.087 - actor/ppo_kl:0.0\n"
+            "00 - actor/grad_norm:0.629 - c\n"
+            "ritic/score/mean:0.104 - critic/score/max:0.133\n"
+            "When I check the log, the response length seems exceptional high.\n"
+            "step:1050 - global_seqlen/min:16000.000 - actor/entropy_loss:0.002\n")
+    records, reader = parse_text_log(text)
+    assert reader == "verl 'step:N - k:v' lines"
+    assert records == {1049: {"global_seqlen/min": 16832.0, "global_seqlen/mean": 16842.0, "actor/entropy_loss": 0.001,
+                              "critic/vf_loss": 0.087, "actor/ppo_kl": 0.0, "actor/grad_norm": 0.629,
+                              "critic/score/mean": 0.104, "critic/score/max": 0.133},
+                       1050: {"global_seqlen/min": 16000.0, "actor/entropy_loss": 0.002}}
+    # prose, a fence and a lone token after a step line are no continuation
+    assert join_verl_wraps("step:1 - a:1.0 - b:2.0\n```\nNote - see the log: below\nINFO:x\n") == \
+        "step:1 - a:1.0 - b:2.0\n```\nNote - see the log: below\nINFO:x\n"

@@ -285,9 +285,12 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
     rose with it from under ZV_WARN to ZV_BLOCK or more (the collapse emptied the groups)."""
     out = []
     for v in ev.versions:
-        if (t := trend_or_note(ev, v, "entropy_collapse", M.POLICY_ENTROPY, out)) is None:
-            continue
-        if (d := drop(t, ENTROPY_RATIO, ENTROPY_FLOOR)) is None:
+        t = trend_of(ev, v, M.POLICY_ENTROPY)
+        if (d := drop(t, ENTROPY_RATIO, ENTROPY_FLOOR) if t is not None else None) is None:
+            if (f := _deterministic(ev, v)) is not None:
+                out.append(f)
+            elif t is None and (f := insufficient("entropy_collapse", v, M.POLICY_ENTROPY, ev)) is not None:
+                out.append(f)
             continue
         basis = d[0]
         zt = _groups_emptied(ev, v)
@@ -304,6 +307,28 @@ def entropy_collapse(ev: Evidence) -> list[Finding]:
             f"; the policy stops exploring and groups lose reward variance.{early_note}{stop}",
             {"zero_std_frac_late": zt.late} if zt is not None else None))
     return out
+
+
+ENTROPY_DETERMINISTIC = 0.01
+"""nats/token: a recent entropy level at or below this is collapsed with no trend to judge (one logged step is enough):
+a token distribution that puts 99.9% on one token has 0.0079 nats. Ours, far under the 0.05 floor a drop must reach
+(ENTROPY_FLOOR) and under the ~0.1-0.3 where verl / DAPO runs call entropy collapsed; verl#1224's PPO run logged 0.001
+on its one pasted step."""
+
+
+def _deterministic(ev: Evidence, v: str) -> Finding | None:
+    """``entropy_collapse`` (warn, judged on the level) where the recent entropy is at or below
+    :data:`ENTROPY_DETERMINISTIC` and no drop was judged: a log too short for a trend, or one collapsed before it
+    starts."""
+    lv = level_of(ev, v, M.POLICY_ENTROPY)
+    if lv is None or not lv.recent <= ENTROPY_DETERMINISTIC:
+        return None
+    return Finding(kind="entropy_collapse", severity="warn", versions=[v], steps=span(lv), evidence=[M.POLICY_ENTROPY],
+                   judged="level", data=level_data(lv),
+                   explanation=f"{v}: policy entropy is {fmt(lv.recent)} nats/token over the last {lv.n_recent} logged "
+                               f"step(s) (median), at or below {ENTROPY_DETERMINISTIC}: the policy samples almost "
+                               "deterministically, so a group's samples barely differ and carry little reward "
+                               "variance; raise the temperature, add an entropy bonus or lower the learning rate.")
 
 
 @ANALYZERS.analyzer("length_collapse", description="completions shrink to a fraction of their start")
