@@ -107,8 +107,8 @@ def _add(out: StepRecords, step: int, key: str, value: float) -> None:
     out.add(step, key, value)
 
 
-_VERL_WRAP = re.compile(r"^([^\n]*\bstep:\d{1,15}[ \t]+-[ \t][^\n]*)\n(?=[^\n]*:)((?:[ \t]?-[ \t])?[^\s]*"
-                        r"(?:[ \t]-[ \t][^\s]+)+[ \t]*)$", re.M)
+_VERL_WRAP = re.compile(r"^([^\n]*\bstep:\d{1,15}[ \t]+-[ \t][^\n]*)\n(?=[^\n]*:)(?!(?:[^\n]*[\s)])?step:\d)"
+                        r"((?:[ \t]?-[ \t])?[^\s]*(?:[ \t]-[ \t][^\s]+)+[ \t]*)$", re.M)
 VERL_WRAP_PASSES = 64  # continuation lines joined to one step line at most (a step line of ~150 metrics wrapped at 80)
 
 
@@ -116,7 +116,8 @@ def join_verl_wraps(text: str) -> str:
     """``text`` with each line that continues a verl step line joined back to it: a line of ``key:value`` tokens
     separated by `` - `` (it may start with `` - ``; the break may fall inside a token: ``actor/ppo_kl:0.0`` /
     ``00 - ...``), after a ``step:N - ...`` line (verl#1224's paste: the reader kept the first line's 6 metrics and
-    dropped the 40 on its continuation lines, the entropy among them). Joined with nothing between: a paste's or
+    dropped the 40 on its continuation lines, the entropy among them); a line that is a step line itself
+    (``step:N`` at its start or after a space or ``)``) is none. Joined with nothing between: a paste's or
     terminal's wrap inserts a break and removes nothing. A line of prose (words apart by single spaces), a fence or
     a lone token is no continuation. One regex pass per continuation line, at most :data:`VERL_WRAP_PASSES`."""
     for _ in range(VERL_WRAP_PASSES):
@@ -133,7 +134,7 @@ def parse_verl_log(text: str) -> dict[int, dict[str, float]]:
     final: dict[str, float] = {}
     text = _ANSI.sub("", text)
     if "step:" in text:
-        text = join_verl_wraps(text)
+        text = join_verl_wraps(text.replace("\r\n", "\n"))  # (a Windows line end is one break)
     for line in F.candidate_lines(text, _VERL_LINE):  # (an escape never spans a line)
         m = _STEP.search(line)
         if m:

@@ -162,3 +162,9 @@ def test_a_verl_step_line_the_paste_wrapped_is_joined_back():
     # prose, a fence and a lone token after a step line are no continuation
     assert join_verl_wraps("step:1 - a:1.0 - b:2.0\n```\nNote - see the log: below\nINFO:x\n") == \
         "step:1 - a:1.0 - b:2.0\n```\nNote - see the log: below\nINFO:x\n"
+
+
+def test_consecutive_verl_step_lines_are_not_joined():
+    text = "".join(f"step:{i} - critic/score/mean:{i / 10} - timing_s/step:1.5\n" for i in range(1, 4))
+    assert join_verl_wraps(text) == text
+    assert sorted(parse_text_log(text)[0]) == [1, 2, 3]
