@@ -525,3 +525,10 @@ def test_an_entropy_near_zero_is_a_collapse_with_no_trend_to_judge():
     flat = noisy(0.004, 0.004, 0.0002)
     g = failures(run_analyzers(ev_of(healthy(**{M.POLICY_ENTROPY: flat}))))["entropy_collapse"]
     assert g.judged == "level" and g.data["recent"] == pytest.approx(0.004, abs=0.001)
+    # exactly 0 while the group's samples scored apart (reward_std 21.8) is an entropy never computed: open-r1#704
+    ph = Evidence(metrics={"v1": {M.POLICY_ENTROPY: (np.array([1]), np.array([0.0])),
+                                  M.REWARD_STD: (np.array([1]), np.array([21.810942]))}})
+    assert "entropy_collapse" not in failures(run_analyzers(ph))
+    same = Evidence(metrics={"v1": {M.POLICY_ENTROPY: (np.array([1]), np.array([0.0])),
+                                    M.REWARD_STD: (np.array([1]), np.array([0.0]))}})
+    assert failures(run_analyzers(same))["entropy_collapse"].judged == "level"  # no spread: deterministic indeed

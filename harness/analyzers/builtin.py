@@ -34,6 +34,7 @@ from evotrainer.harness.analyzers.rules import (
     CORRECTNESS,
     ENTROPY_FLOOR,
     ENTROPY_RATIO,
+    ZERO_STD_TOL,
     ZV_BLOCK,
     ZV_WARN,
     AnalyzerTable,
@@ -319,9 +320,14 @@ on its one pasted step."""
 def _deterministic(ev: Evidence, v: str) -> Finding | None:
     """``entropy_collapse`` (warn, judged on the level) where the recent entropy is at or below
     :data:`ENTROPY_DETERMINISTIC` and no drop was judged: a log too short for a trend, or one collapsed before it
-    starts."""
+    starts. An entropy of exactly 0 at every step beside a reward spread above 0 is none (not computed)."""
     lv = level_of(ev, v, M.POLICY_ENTROPY)
     if lv is None or not lv.recent <= ENTROPY_DETERMINISTIC:
+        return None
+    spread = level_of(ev, v, M.REWARD_STD)
+    if lv.lo == lv.hi == 0.0 and spread is not None and spread.hi > ZERO_STD_TOL:
+        # exactly 0 at every step while a group's samples scored apart: a placeholder for an entropy the trainer did
+        # not compute (open-r1#704's TRL table: entropy 0 with reward_std 21.8), not a deterministic policy
         return None
     return Finding(kind="entropy_collapse", severity="warn", versions=[v], steps=span(lv), evidence=[M.POLICY_ENTROPY],
                    judged="level", data=level_data(lv),
