@@ -95,6 +95,7 @@ ALIASES: dict[str, str] = {
     # Reward`) -----------------------------------------------------------------------------------------------
     "mean_reward": M.REWARD_MEAN,
     "avg_reward": M.REWARD_MEAN,
+    "lr": M.POLICY_LR,  # LLaMA-Factory's trainer_log.jsonl, prime-rl's 'LR:'
     # --- slime (train/ prefix stripped; rollout/*) --------------------------------------------------
     "pg_loss": M.LOSS_POLICY,
     "pg_clipfrac": M.POLICY_CLIP_FRAC,

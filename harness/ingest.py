@@ -107,8 +107,8 @@ def _add(out: StepRecords, step: int, key: str, value: float) -> None:
     out.add(step, key, value)
 
 
-_VERL_WRAP = re.compile(r"^([^\n]*\bstep:\d{1,15}[ \t]+-[ \t][^\n]*)\n(?=[^\n]*:)(?!(?:[^\n]*[\s)])?step:\d)"
-                        r"((?:[ \t]?-[ \t])?[^\s]*(?:[ \t]-[ \t][^\s]+)+[ \t]*)$", re.M)
+_VERL_WRAP = re.compile(r"^(?=[^\n]*\bstep:\d{1,15}[ \t]+-[ \t])([^\n]*+)\n(?=[^\n]*:)(?!(?:[^\n]*[ \t)])?step:\d)"
+                        r"((?:[ \t]?-[ \t]|[ \t])?[^\s]*+(?:[ \t]-[ \t][^\s]++)++[ \t]*)$", re.M)
 VERL_WRAP_PASSES = 64  # continuation lines joined to one step line at most (a step line of ~150 metrics wrapped at 80)
 
 
@@ -765,16 +765,25 @@ def unreadable(path: Path, tried: str) -> IngestError:
                        + "\n  - ".join(FORMATS))
 
 
+TEXT_READER_SURE = 20
+"""Steps a console reader must find for the readers after it not to be tried: a run logs its metrics at every step,
+while a config printed at a log's start (DeepSpeed's ``[config.py:1000:print] ... {'enabled': False, ...}`` lines,
+NeMo-RL's ``Final config:`` dump) gives a few records to a reader tried earlier, which then hid the log's own format."""
+
+
 def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
     """Records of a console log and the reader that found them: verl lines, AReaL tables, console dicts, tqdm bars with
     numbers (OpenRLHF), mlx-lm 'Iter N' lines, DeepSpeed-Chat step lines, NeMo-RL result blocks, W&B's run summary, 'Step | ...' tables, 'key=value' lines.
 
-    The first reader that finds any record wins; ``("", {})`` when none does. The line readers get the text without
+    The first reader that finds :data:`TEXT_READER_SURE` steps or more wins; else the framework reader that finds
+    the most (the earlier on ties); the generic readers (:data:`_GENERIC_READERS`) only when no framework reader found
+    a record; ``({}, "")`` when none finds any. The line readers get the text without
     its blank lines (which they skip; squeezed once here: review 17, Z-R17a), the dict reader the text as it is
     (a dict wrapped over lines by a paste spans at most so many of them).
     """
     text = _ESCAPES.sub("", text)  # terminal colours (wandb's, rich's highlighted numbers) in every reader's way
     squeezed = F.squeeze_blank_lines(text)
+    best: tuple[dict[int, dict[str, float]], str] = ({}, "")
     for name, reader, given in (("verl 'step:N - k:v' lines", parse_verl_log, squeezed),
                                 ("AReaL tables", F.parse_areal_log, squeezed),
                                 ("console dicts", F.parse_dict_log, text),
@@ -785,10 +794,16 @@ def parse_text_log(text: str) -> tuple[dict[int, dict[str, float]], str]:
                                 ("W&B's 'Run summary:'", F.parse_wandb_summary, squeezed),
                                 ("'Step | ...' tables", F.parse_table_log, squeezed),
                                 ("'key=value' lines", F.parse_kv_log, squeezed)):
+        if best[0] and (len(best[0]) >= TEXT_READER_SURE or name in _GENERIC_READERS):
+            break
         records = reader(given)
-        if records:
-            return records, name
-    return {}, ""
+        if len(records) > len(best[0]):
+            best = (records, name)
+    return best
+
+
+_GENERIC_READERS = ("W&B's 'Run summary:'", "'Step | ...' tables", "'key=value' lines")
+"""Readers of shapes many logs share: tried only when no reader of a framework's own format found a record."""
 
 
 Runs = dict[str | None, dict[int, dict[str, float]]]

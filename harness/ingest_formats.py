@@ -42,6 +42,7 @@ Formats (each was checked against a real sample under ``tests/data/ingest``, see
 from __future__ import annotations
 
 import ast
+import bisect
 import csv
 import gzip
 import math
@@ -340,6 +341,9 @@ def parse_dict_log(text: str) -> Records:
     return out
 
 
+_HELD = re.compile(r"""['"][ \t]*:[ \t]*$""")  # the end of a quoted key: a '{' after it is that key's value
+
+
 def _parse_dicts(text: str) -> Records:
     """:func:`parse_dict_log`'s reading of the dicts as they are (``text`` with ``\\n`` line ends only)."""
     out = StepRecords()
@@ -348,12 +352,15 @@ def _parse_dicts(text: str) -> Records:
     for start, end, closed in _dict_spans(text):
         lo, prev_end = prev_end, end
         body = text[start:end].replace("\n", "")
+        if not closed and body.rstrip().endswith(":") or _HELD.search(text, max(0, start - 16), start):
+            continue  # a dict holding a dict (its last key's value is the next '{'), or one held as a quoted key's
+            # value ('zero_optimization': {...}): a config print, not a record ('step 3: {...}' is a record)
         d = literal_dict(body if closed else complete_pairs(body))
         if not d:
             continue
         vals = numeric_items(d)
-        if not vals or _SUMMARY_KEYS & set(d):
-            continue
+        if not vals or _SUMMARY_KEYS & set(d) or any(isinstance(x, dict) for x in d.values()):
+            continue  # (a dict holding a dict is a config print: DeepSpeed's 'zero_optimization': {'stage': 2, ...})
         # the text since the previous dict, from its last line break: each byte is searched once (a line of 16,000
         # dicts searched back to the line's start for each took 85 s)
         m = _PREFIX.search(text[max(text.rfind("\n", lo, start) + 1, lo):start])
@@ -590,10 +597,13 @@ def parse_dschat_log(text: str) -> Records:
 
 
 # --- NeMo-RL's GRPO console: '===== Step N/M =====' banners and bulleted '📊 Training Results:' blocks -------------
-_NEMO_BANNER = re.compile(r"^[ \t]*={3,}[ \t]*Step[ \t]+(?P<step>\d{1,15})[ \t]*/[ \t]*\d{1,15}[ \t]*={3,}[ \t]*$", re.M)
-_NEMO_BLOCK = re.compile(r"^[^\n]{0,20}?(?P<what>Training|Validation) Results:[ \t]*$", re.M)
-_NEMO_BULLET = re.compile(r"[ \t]*[•*-][ \t]*(?P<k>[A-Za-z][A-Za-z0-9 ._/()+-]{0,60}?)[ \t]*:[ \t]*(?P<v>" + _NUMBER
-                          + r"|nan|inf|-inf)(?:[ \t]?(?:%|[A-Za-z]{1,12}))?(?:[ \t]*\([^()\n]{0,40}\))?[ \t]*")
+_NEMO_PREFIX = r"[^\n]{0,100}?"  # a logger's timestamp or a Ray actor's '(pid=...)' before each line
+_NEMO_BANNER = re.compile(r"^" + _NEMO_PREFIX + r"={3,}[ \t]*Step[ \t]+(?P<step>\d{1,15})[ \t]*/[ \t]*\d{1,15}[ \t]*"
+                          r"={3,}[ \t]*$", re.M)
+_NEMO_BLOCK = re.compile(r"^" + _NEMO_PREFIX + r"(?P<what>Training|Validation) Results:[ \t]*$", re.M)
+_NEMO_BULLET = re.compile(r"^" + _NEMO_PREFIX + r"[•*-][ \t]*(?P<k>[A-Za-z][A-Za-z0-9 ._/()+-]{0,60}?)[ \t]*:[ \t]*"
+                          r"(?P<v>" + _NUMBER + r"|nan|inf|-inf)(?:[ \t]?(?:%|[A-Za-z]{1,12}))?"
+                          r"(?:[ \t]*\([^()\n]{0,40}\))?[ \t]*$", re.M)
 _NEMO_NAMES = {"avg_reward": "reward", "mean_reward": "reward", "mean_generation_length": "response_length/mean",
                "avg_generation_length": "response_length/mean"}
 
@@ -609,22 +619,21 @@ def parse_nemo_rl_log(text: str) -> Records:
     """
     text = _unix_lines(text)
     banners = [(m.start(), step_int(m.group("step"))) for m in _NEMO_BANNER.finditer(text)]
+    starts = [pos for pos, _ in banners]
     out = StepRecords()
     for m in _NEMO_BLOCK.finditer(text):
-        before = [st for pos, st in banners if pos < m.start()]
-        after = [st for pos, st in banners if pos > m.start()]
-        if before:
-            step = before[-1]
-        elif after:
-            step = after[0] - 1
+        k = bisect.bisect_left(starts, m.start())
+        if k > 0:
+            step = banners[k - 1][1]
+        elif banners:
+            step = banners[0][1] - 1
         else:
             continue
         prefix = "val/" if m.group("what") == "Validation" else ""
         rec: dict[str, float] = {}
-        for line in text[m.end() + 1:].split("\n"):
-            bm = _NEMO_BULLET.fullmatch(line)
-            if bm is None:
-                break
+        at = m.end() + 1
+        while (bm := _NEMO_BULLET.match(text, at)) is not None:  # the block's bullets, one line after another
+            at = bm.end() + 1
             if (x := to_float(bm.group("v"))) is not None:
                 key = re.sub(r"[.\s]+", "_", bm.group("k").strip().lower()).strip("_")
                 rec[prefix + _NEMO_NAMES.get(key, key)] = x
@@ -729,7 +738,7 @@ def _kv_line(line: str) -> tuple[int | None, dict[str, float]]:
         step = None
         for k in [k for k in fields if k in _KV_STEP_KEYS]:
             x = fields.pop(k)
-            step = int(x) if x == int(x) and x >= 0 else step
+            step = int(x) if math.isfinite(x) and x == int(x) and x >= 0 else step
         if step is None and (sm := _KV_STEP_WORD.search(line)) is not None:
             step = step_int(sm.group(1))
         return step, fields
@@ -739,7 +748,7 @@ def _kv_line(line: str) -> tuple[int | None, dict[str, float]]:
         k, x = m.group("k"), to_float(m.group("v"))
         if x is None or _KV_SOURCE_FILE.search(k):
             continue
-        if k.lower() in _KV_STEP_KEYS and x == int(x) and x >= 0:
+        if k.lower() in _KV_STEP_KEYS and math.isfinite(x) and x == int(x) and x >= 0:
             step = int(x)
             continue
         rec[k] = x
@@ -764,10 +773,8 @@ def parse_kv_log(text: str) -> Records:
     or ``Namespace(...)`` / ``GRPOConfig(...)`` dumps, whose keys differ line to line, are no records). At least
     :data:`KV_MIN_LINES` records. A ``mean±std`` value (also ``+/-``) gives ``key`` the mean and ``key/std`` the spread.
     The step is a ``step`` / ``iter`` / ``global_step`` key or word with its number on the line (``step=10``, ``Step
-    10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step); where some lines name
-    their step, a line that does not belongs to the next line that does (prime-rl's orchestrator prints ``Detected
-    97/128 rollouts (gibberish=2, zero_advantage=95)`` before its ``Step 9 | ...`` line; those were steps 1 and 3 of
-    their own). A ``|``-separated line of ``Label: value`` fields may have labels of several words (:func:`_kv_fields`).
+    10:``, ``iter #10``), else the record's order (an ``epoch`` value is a fraction, not a step); a line that names no
+    step may be the companion of the next line that does (:func:`_companions`). A ``|``-separated line of ``Label: value`` fields may have labels of several words (:func:`_kv_fields`).
     The last reader tried: a log in a known format is read by its own.
     """
     lines = [ln for ln in _unix_lines(text).split("\n")
@@ -788,22 +795,30 @@ def parse_kv_log(text: str) -> Records:
     out = StepRecords()
     if len(kept) < KV_MIN_LINES:
         return out
-    if any(step is not None for step, _ in kept):  # a line without a step belongs to the next line with one
-        nxt = None
-        for i in range(len(kept) - 1, -1, -1):
-            step, rec = kept[i]
-            nxt = step if step is not None else nxt
-            kept[i] = (nxt, rec)
-        last = None
-        for i, (step, rec) in enumerate(kept):  # (after the last stepped line: the last one's)
-            last = step if step is not None else last
-            kept[i] = (last if step is None else step, rec)
-        for step, rec in kept:
-            if step is not None:
-                out.add_all(step, rec)
-        return out
-    for ordinal, (_, rec) in enumerate(kept, 1):
-        out.add_all(ordinal, rec)
+    for ordinal, (step, rec) in enumerate(_companions(kept), 1):
+        out.add_all(ordinal if step is None else step, rec)
+    return out
+
+
+def _companions(kept: list[tuple[int | None, dict[str, float]]]) -> list[tuple[int | None, dict[str, float]]]:
+    """``kept`` with each line that names no step given the step of the next line that does, where it is that line's
+    companion: no more such lines than stepped ones, at most one to a stepped line, and no key in common with it
+    (prime-rl's orchestrator prints ``Detected 97/128 rollouts (gibberish=2, zero_advantage=95)`` before each
+    ``Step 9 | ...`` line). Otherwise a line keeps its place in the order (a log of step-less lines with a checkpoint
+    line now and then is read line by line: merging them into the checkpoints' steps lost 95 of 100 points)."""
+    stepped = [i for i, (step, _) in enumerate(kept) if step is not None]
+    if not stepped or len(kept) - len(stepped) > len(stepped):
+        return kept
+    out, taken = list(kept), set()
+    j = 0
+    for i, (step, rec) in enumerate(kept):
+        if step is not None:
+            continue
+        while j < len(stepped) and stepped[j] < i:
+            j += 1
+        if j < len(stepped) and stepped[j] not in taken and not set(rec) & set(kept[stepped[j]][1]):
+            taken.add(stepped[j])
+            out[i] = (kept[stepped[j]][0], rec)
     return out
 
 

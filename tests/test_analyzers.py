@@ -532,3 +532,13 @@ def test_an_entropy_near_zero_is_a_collapse_with_no_trend_to_judge():
     same = Evidence(metrics={"v1": {M.POLICY_ENTROPY: (np.array([1]), np.array([0.0])),
                                     M.REWARD_STD: (np.array([1]), np.array([0.0]))}})
     assert failures(run_analyzers(same))["entropy_collapse"].judged == "level"  # no spread: deterministic indeed
+
+
+def test_a_kl_above_1_at_the_start_of_a_paste_from_mid_run_is_no_start_finding():
+    # a new user's probe: verl steps 800-860 with KL 1.3 decaying to 0.3; the log does not start with its run
+    steps = np.arange(800, 861)
+    kl = np.linspace(1.3, 0.3, len(steps))
+    ev = Evidence(metrics={"v1": {M.POLICY_KL: (steps, kl)}})
+    assert "kl_blowup" not in failures(run_analyzers(ev))
+    ev0 = Evidence(metrics={"v1": {M.POLICY_KL: (steps - 800, kl)}})  # the same numbers from step 0: it is one
+    assert failures(run_analyzers(ev0))["kl_blowup"].data["head"] == pytest.approx(1.3 - 2 / 60)  # median of 5

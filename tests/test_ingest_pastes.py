@@ -168,3 +168,33 @@ def test_consecutive_verl_step_lines_are_not_joined():
     text = "".join(f"step:{i} - critic/score/mean:{i / 10} - timing_s/step:1.5\n" for i in range(1, 4))
     assert join_verl_wraps(text) == text
     assert sorted(parse_text_log(text)[0]) == [1, 2, 3]
+
+
+def test_a_new_users_probes_of_the_new_readers():
+    # a config printed first no longer hides the log's own format (DeepSpeed's config lines are console dicts)
+    cfg = "[INFO] [config.py:1000:print] data_efficiency_config ... {'enabled': False, 'seed': 1234, 'num_epochs': 3}\n"
+    steps = "".join(f"epoch: 0|step: {i}|ppo_ep: 1|act_loss: 0.5|cri_loss: 0.25|unsuper_loss: 0.0\n"
+                    f"average reward score: {i / 10}\n" for i in range(5))
+    records, reader = parse_text_log(cfg + steps)
+    assert reader == "DeepSpeed-Chat 'epoch: E|step: N|...' lines" and sorted(records) == [0, 1, 2, 3, 4]
+    # a dict holding a dict (DeepSpeed's engine configuration) is no step of the TRL dicts after it
+    text = ("DeepSpeedEngine configuration: {'train_batch_size': 64, 'zero_optimization': {'stage': 2}, 'bf16': "
+            "{'enabled': True}}\n{'loss': 0.1, 'reward': 0.2, 'epoch': 0.1}\n{'loss': 0.2, 'reward': 0.3, 'epoch': 0.2}\n")
+    assert parse_dict_log(text) == {1: {"loss": 0.1, "reward": 0.2, "epoch": 0.1},
+                                    2: {"loss": 0.2, "reward": 0.3, "epoch": 0.2}}
+    # a step of nan is no step (it ended the file with "cannot convert float NaN to integer")
+    kv = "iter: 1 | loss: 0.5 | reward: 0.1\niter: 2 | loss: 0.4 | reward: 0.2\niter: nan | loss: nan | reward: nan\n"
+    recs = parse_text_log(kv)[0]
+    assert sorted(recs) == [1, 2, 3] and math.isnan(recs[3]["loss"])  # the third line keeps its place: 3
+    # step-less lines that outnumber the stepped ones keep their places (a checkpoint line now and then)
+    lines = "".join(f"loss={i / 100} reward={i / 50}\n" for i in range(1, 41))
+    lines += "saved at global_step 40 (loss=0.4, reward=0.8)\n"
+    recs = parse_text_log(lines)[0]
+    assert sorted(recs) == list(range(1, 41)) and recs[1] == {"loss": 0.01, "reward": 0.02}  # before: all at 40
+    # NeMo-RL lines behind a logger's prefix
+    nemo = ("2025-03-01 10:01:00 | ===== Step 3/100 =====\n2025-03-01 10:01:05 | 📊 Training Results:\n"
+            "2025-03-01 10:01:05 |   • Loss: 0.05\n2025-03-01 10:01:05 |   • Avg Reward: 0.25\n")
+    assert parse_text_log(nemo)[0] == {3: {"loss": 0.05, "reward": 0.25}}
+    # a verl line that broke between ' -' and ' key'
+    verl = "step:1 - a/x:1.0 -\n b/y:2.0 - c/z:3.0\nstep:2 - a/x:1.5 - b/y:2.5 - c/z:3.5\n"
+    assert parse_text_log(verl)[0] == {1: {"a/x": 1.0, "b/y": 2.0, "c/z": 3.0}, 2: {"a/x": 1.5, "b/y": 2.5, "c/z": 3.5}}

@@ -59,6 +59,8 @@ LEN_COLLAPSE_RATIO, LEN_BLOWUP_RATIO = 0.5, 2.0  # late / early mean completion 
 KL_WARN = 1.0  # nats per token: KL level that is a blow-up whatever the trend
 KL_JUMP = 5.0  # change-point after/before ratio that is a blow-up (with after >= KL_JUMP_MIN)
 KL_JUMP_MIN = 0.2
+KL_START_STEPS = 50  # a log whose first step is at most this starts with its run (TRL logs every 10 steps by default);
+# a paste from the middle of a run says nothing of where its policy started
 GRAD_SPIKE_K, GRAD_SPIKES_WARN = 10.0, 3  # spike size in robust sds; spikes that warn when no series shows damage
 GRAD_NORM_LEVEL = 1e4  # pre-clip grad norm at or above this is abnormal on one step (10^4 x verl / TRL / OpenRLHF max_norm 1.0)
 GRAD_DAMAGE_WINDOW = 5  # logged steps before / after a spike compared for damage
@@ -400,9 +402,9 @@ def length_blowup(ev: Evidence) -> list[Finding]:
 @ANALYZERS.analyzer("kl_blowup", description="KL to the reference policy explodes")
 def kl_blowup(ev: Evidence) -> list[Finding]:
     """KL recent level >= KL_WARN nats (a level: one step is enough), or a level shift by >= KL_JUMP x
-    to >= KL_JUMP_MIN (a change), or a start at >= KL_WARN (the median of the first 5 logged steps: a run starts at
-    its reference, so a KL that high from the start is a reference that is not the starting policy, even when it
-    decays later); info for a steady drift (a trend)."""
+    to >= KL_JUMP_MIN (a change), or a start at >= KL_WARN (the median of the first 5 logged steps, in a log whose
+    first step is at most KL_START_STEPS: a run starts at its reference, so a KL that high from the start is a
+    reference that is not the starting policy, even when it decays later); info for a steady drift (a trend)."""
     out = []
     for v in ev.versions:
         lv = level_of(ev, v, M.POLICY_KL)
@@ -427,7 +429,7 @@ def kl_blowup(ev: Evidence) -> list[Finding]:
                                evidence=[M.POLICY_KL], data=trend_data(t), judged="level" if t.late >= KL_WARN else "change",
                                explanation=f"{v}: KL to the reference shows {why} (early {fmt(t.early)}); the policy "
                                            f"left the trust region; raise init_kl_coef or lower the learning rate."))
-        elif t.head >= KL_WARN:
+        elif t.head >= KL_WARN and t.first_step <= KL_START_STEPS:
             out.append(Finding(kind="kl_blowup", severity="warn", versions=[v], steps=span(t),
                                evidence=[M.POLICY_KL], data=trend_data(t), judged="level",
                                explanation=f"{v}: KL to the reference is {fmt(t.head)} nats/token over the first 5 "
