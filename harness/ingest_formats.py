@@ -635,7 +635,7 @@ def parse_nemo_rl_log(text: str) -> Records:
         while (bm := _NEMO_BULLET.match(text, at)) is not None:  # the block's bullets, one line after another
             at = bm.end() + 1
             if (x := to_float(bm.group("v"))) is not None:
-                key = re.sub(r"[.\s]+", "_", bm.group("k").strip().lower()).strip("_")
+                key = _label_key(bm.group("k"))
                 rec[prefix + _NEMO_NAMES.get(key, key)] = x
         if rec:
             out.add_all(step, rec)

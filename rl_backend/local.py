@@ -767,10 +767,7 @@ class LocalBackend:
         test = is_test_eval(eval_name)
         if first_sample:
             return self._top_up(ws, v, k or v.recipe.eval.k, eval_name, first_sample, progress)
-        ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
-            self._parent_checkpoint(ws, v) if v.parent_id else None)
-        if eval_name == NO_RL_TEST_EVAL:
-            ckpt = None
+        ckpt = None if eval_name == NO_RL_TEST_EVAL else self._weights_of(ws, v)
         if ckpt is None:
             _refuse_imported(ws, version_id, "evaluate")
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
@@ -791,6 +788,13 @@ class LocalBackend:
                version=version_id, source="local")
         return res.model_copy(update={"version_id": version_id})
 
+    def _weights_of(self, ws: Any, v: Any) -> str | None:
+        """The checkpoint an evaluation of version ``v`` scores: its own, else its parent's (an untrained child), else
+        None (the base model: an untrained root)."""
+        if v.checkpoint and Path(v.checkpoint).is_dir():
+            return str(v.checkpoint)
+        return self._parent_checkpoint(ws, v) if v.parent_id else None
+
     def _top_up(self, ws: Any, v: Any, k: int, eval_name: str, first: int, progress: ProgressFn | None) -> EvalResult:
         """:meth:`evaluate` with ``first_sample`` = ``first`` > 0 (see there)."""
         if is_test_eval(eval_name):
@@ -803,9 +807,7 @@ class LocalBackend:
                                + (f"fewer than {first} samples of problem {short[0]!r}" if short else "no samples")
                                + "; evaluate it first (evaluate_version without first_sample), then top up from the "
                                "number of samples it holds")
-        ckpt = v.checkpoint if v.checkpoint and Path(v.checkpoint).is_dir() else (
-            self._parent_checkpoint(ws, v) if v.parent_id else None)
-        if ckpt is None:
+        if (ckpt := self._weights_of(ws, v)) is None:
             _refuse_imported(ws, v.id, "evaluate")
         res, samples, records = self.evaluate_checkpoint(v.recipe, ckpt, k=k, eval_name=eval_name, progress=progress,
                                                          version_id=v.id, step=max(0, ws.lineage.last_step(v.id)),
